@@ -1,0 +1,80 @@
+#include "bench_util.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/error.h"
+
+namespace specula::bench {
+
+Summary summarize(std::vector<double> s) {
+    Summary r;
+    if (s.empty()) return r;
+    std::sort(s.begin(), s.end());
+    r.n = static_cast<int>(s.size());
+    r.min = s.front();
+    r.max = s.back();
+    r.median = s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
+    return r;
+}
+
+namespace {
+std::pair<long long, long long> cpu_ticks() {  // (busy, total)
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    long long v[10] = {};
+    in >> cpu;
+    for (auto & x : v) in >> x;
+    long long total = 0;
+    for (auto x : v) total += x;
+    const long long idle = v[3] + v[4];
+    return {total - idle, total};
+}
+}  // namespace
+
+MachineLoad measure_machine_load(double seconds) {
+    MachineLoad m;
+    auto [b0, t0] = cpu_ticks();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    auto [b1, t1] = cpu_ticks();
+    m.busy_fraction = t1 > t0 ? double(b1 - b0) / double(t1 - t0) : 0.0;
+    std::ifstream("/proc/loadavg") >> m.loadavg_1m;
+    return m;
+}
+
+std::string peer_binary(const std::string & name) {
+    const std::string path = std::string(SPECULA_PEER_BIN_DIR) + "/" + name;
+    if (!std::filesystem::exists(path)) {
+        throw Error("peer tool " + path + " is missing: build it with `cmake --build build --target peers`");
+    }
+    return path;
+}
+
+std::string run_command(const std::string & cmd) {
+    const std::string err_file = std::filesystem::temp_directory_path() / ("specula-cmd-" + std::to_string(::getpid()) + ".err");
+    FILE * p = popen((cmd + " 2>" + err_file).c_str(), "r");
+    if (!p) throw Error("cannot run: " + cmd);
+    std::string out;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    const int rc = pclose(p);
+    if (rc != 0) {
+        std::stringstream err;
+        err << std::ifstream(err_file).rdbuf();
+        std::string tail = err.str();
+        if (tail.size() > 400) tail = tail.substr(tail.size() - 400);
+        throw Error("command failed (" + cmd + "): " + tail);
+    }
+    std::filesystem::remove(err_file);
+    return out;
+}
+
+}  // namespace specula::bench

@@ -1,0 +1,27 @@
+#pragma once
+// Shared by every benchmark: robust statistics, the machine-load check, running peer tools.
+#include <string>
+#include <vector>
+
+namespace specula::bench {
+
+struct Summary {
+    double median = 0, min = 0, max = 0;
+    int n = 0;
+};
+Summary summarize(std::vector<double> samples);
+
+// How busy the machine was over `seconds` before a benchmark, from /proc/stat (all cores).
+struct MachineLoad {
+    double busy_fraction = 0;  // 0..1
+    double loadavg_1m = 0;
+    bool idle() const { return busy_fraction < 0.10; }
+};
+MachineLoad measure_machine_load(double seconds = 1.0);
+
+// Path of a llama.cpp peer binary built by `cmake --build build --target peers`; throws if missing.
+std::string peer_binary(const std::string & name);
+// Runs a command, returns its stdout; throws Error with its stderr tail on failure.
+std::string run_command(const std::string & cmd);
+
+}  // namespace specula::bench

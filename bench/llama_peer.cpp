@@ -1,0 +1,98 @@
+#include "llama_peer.h"
+
+#include <cstring>
+#include <map>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+
+#include "common/error.h"
+#include "llama.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+
+struct LlamaPeer::Capture {
+    std::vector<int> layers;
+    std::map<int, std::vector<float>> data;
+
+    static bool eval(ggml_tensor * t, bool ask, void * user) {
+        auto * self = static_cast<Capture *>(user);
+        int layer = -1;
+        if (std::sscanf(t->name, "l_out-%d", &layer) != 1) return false;
+        bool wanted = false;
+        for (int l : self->layers) wanted |= l == layer;
+        if (ask || !wanted) return wanted;
+        auto & out = self->data[layer];
+        out.resize(ggml_nelements(t));
+        ggml_backend_tensor_get(t, out.data(), 0, ggml_nbytes(t));
+        return true;
+    }
+};
+
+LlamaPeer::LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, int n_batch, bool with_capture) : capture_(new Capture) {
+    init_llama_backend();
+    llama_model_params mp = llama_model_default_params();
+    model_ = llama_model_load_from_file(gguf_path.c_str(), mp);
+    if (!model_) throw Error(gguf_path + ": libllama could not load the model");
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = n_ctx;
+    cp.n_batch = n_batch;
+    cp.n_ubatch = n_batch;
+    cp.n_seq_max = 1;
+    cp.n_threads = n_threads;
+    cp.n_threads_batch = n_threads;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;  // specula's attention is flash attention too
+    if (with_capture) {
+        cp.cb_eval = &Capture::eval;
+        cp.cb_eval_user_data = capture_;
+    }
+    ctx_ = llama_init_from_model(model_, cp);
+    if (!ctx_) throw Error(gguf_path + ": libllama could not create a context");
+    n_vocab_ = llama_vocab_n_tokens(llama_model_get_vocab(model_));
+}
+
+LlamaPeer::~LlamaPeer() {
+    if (ctx_) llama_free(ctx_);
+    if (model_) llama_model_free(model_);
+    delete capture_;
+}
+
+void LlamaPeer::capture_layers(std::vector<int> layers) { capture_->layers = std::move(layers); }
+
+const std::vector<float> & LlamaPeer::captured(int layer) const {
+    auto it = capture_->data.find(layer);
+    if (it == capture_->data.end()) throw Error("layer " + std::to_string(layer) + " was not captured");
+    return it->second;
+}
+
+std::vector<float> LlamaPeer::decode(std::span<const int32_t> tokens, bool all_logits) {
+    const int n = static_cast<int>(tokens.size());
+    llama_batch batch = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        batch.token[i] = tokens[i];
+        batch.pos[i] = n_past_ + i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = all_logits || i == n - 1;
+    }
+    batch.n_tokens = n;
+    const int rc = llama_decode(ctx_, batch);
+    llama_batch_free(batch);
+    if (rc != 0) throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+    n_past_ += n;
+    const int rows = all_logits ? n : 1;
+    std::vector<float> out(static_cast<size_t>(rows) * n_vocab_);
+    for (int r = 0; r < rows; ++r) {
+        const float * l = llama_get_logits_ith(ctx_, all_logits ? r : n - 1);
+        std::memcpy(out.data() + static_cast<size_t>(r) * n_vocab_, l, sizeof(float) * n_vocab_);
+    }
+    return out;
+}
+
+void LlamaPeer::rollback(int n) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), 0, n, -1);
+    n_past_ = n;
+}
+
+}  // namespace specula

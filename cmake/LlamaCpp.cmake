@@ -1,0 +1,91 @@
+# Brings ggml + libllama (and llama.cpp's own tools, used as benchmark peers) into the build.
+#
+# llama.cpp is pinned at v0.5.0. Its only route here is the npm package node-llama-cpp@3.22.1,
+# whose llama/gitRelease.bundle is a git bundle of that release. We fetch it with `npm pack`,
+# verify the tarball's sha256, and clone the bundle into .deps/ (git-ignored, reused by rebuilds).
+# SPECULA_LLAMA_CPP_DIR points at an existing checkout instead.
+
+set(SPECULA_NODE_LLAMA_CPP_VERSION "3.22.1")
+set(SPECULA_NODE_LLAMA_CPP_SHA256 "a0d9dd80eacd2ab1cfe71aee57ac8a806487fd70b3d2a38fbec637752d9e5c5f")
+set(SPECULA_DEPS_DIR "${PROJECT_SOURCE_DIR}/.deps" CACHE PATH "where fetched dependencies are cached")
+set(SPECULA_LLAMA_CPP_DIR "" CACHE PATH "use this llama.cpp checkout instead of fetching the pinned v0.5.0")
+
+function(specula_fetch_llama_cpp out_dir)
+  set(src "${SPECULA_DEPS_DIR}/llama.cpp")
+  if(EXISTS "${src}/CMakeLists.txt")
+    set(${out_dir} "${src}" PARENT_SCOPE)
+    return()
+  endif()
+  file(MAKE_DIRECTORY "${SPECULA_DEPS_DIR}")
+  set(tgz "${SPECULA_DEPS_DIR}/node-llama-cpp-${SPECULA_NODE_LLAMA_CPP_VERSION}.tgz")
+  if(NOT EXISTS "${tgz}")
+    find_program(NPM npm REQUIRED)
+    message(STATUS "specula: fetching node-llama-cpp@${SPECULA_NODE_LLAMA_CPP_VERSION} (llama.cpp v0.5.0 bundle) with npm pack")
+    execute_process(COMMAND "${NPM}" pack "node-llama-cpp@${SPECULA_NODE_LLAMA_CPP_VERSION}" --silent
+                    WORKING_DIRECTORY "${SPECULA_DEPS_DIR}" RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0 OR NOT EXISTS "${tgz}")
+      message(FATAL_ERROR "specula: npm pack node-llama-cpp@${SPECULA_NODE_LLAMA_CPP_VERSION} failed (rc=${rc})")
+    endif()
+  endif()
+  file(SHA256 "${tgz}" sha)
+  if(NOT sha STREQUAL SPECULA_NODE_LLAMA_CPP_SHA256)
+    file(REMOVE "${tgz}")
+    message(FATAL_ERROR "specula: ${tgz} has sha256 ${sha}, expected ${SPECULA_NODE_LLAMA_CPP_SHA256}; removed it")
+  endif()
+  set(unpack "${SPECULA_DEPS_DIR}/node-llama-cpp")
+  file(REMOVE_RECURSE "${unpack}")
+  file(MAKE_DIRECTORY "${unpack}")
+  execute_process(COMMAND tar xzf "${tgz}" -C "${unpack}" package/llama/gitRelease.bundle RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "specula: could not extract llama/gitRelease.bundle from ${tgz}")
+  endif()
+  find_package(Git REQUIRED)
+  execute_process(COMMAND "${GIT_EXECUTABLE}" -c advice.detachedHead=false clone --quiet
+                          "${unpack}/package/llama/gitRelease.bundle" "${src}.tmp"
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "specula: git clone of the llama.cpp bundle failed")
+  endif()
+  file(RENAME "${src}.tmp" "${src}")
+  file(REMOVE_RECURSE "${unpack}")
+  set(${out_dir} "${src}" PARENT_SCOPE)
+endfunction()
+
+if(SPECULA_LLAMA_CPP_DIR)
+  if(NOT EXISTS "${SPECULA_LLAMA_CPP_DIR}/CMakeLists.txt")
+    message(FATAL_ERROR "specula: SPECULA_LLAMA_CPP_DIR=${SPECULA_LLAMA_CPP_DIR} is not a llama.cpp checkout")
+  endif()
+  set(LLAMA_CPP_SOURCE_DIR "${SPECULA_LLAMA_CPP_DIR}")
+else()
+  specula_fetch_llama_cpp(LLAMA_CPP_SOURCE_DIR)
+endif()
+message(STATUS "specula: llama.cpp source at ${LLAMA_CPP_SOURCE_DIR}")
+
+# ggml's AMX int8 path dies with SIGILL under GCC 12 + GGML_NATIVE on AMX CPUs (GCC drops the
+# tile-config stores). Keeping AMX instructions out of the native ISA avoids it without patching ggml.
+include(CheckCCompilerFlag)
+check_c_compiler_flag("-mno-amx-tile" SPECULA_HAS_MNO_AMX)
+if(SPECULA_HAS_MNO_AMX)
+  string(APPEND CMAKE_C_FLAGS " -mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+  string(APPEND CMAKE_CXX_FLAGS " -mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+endif()
+
+set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
+set(GGML_NATIVE ON CACHE BOOL "")
+set(LLAMA_BUILD_COMMON ON CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_TOOLS ON CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_EXAMPLES ON CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_SERVER ON CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_TESTS OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_APP OFF CACHE BOOL "" FORCE)
+set(LLAMA_USE_PREBUILT_UI OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_UI OFF CACHE BOOL "" FORCE)
+set(LLAMA_OPENSSL OFF CACHE BOOL "" FORCE)
+set(LLAMA_CURL OFF CACHE BOOL "" FORCE)
+
+# EXCLUDE_FROM_ALL: only what specula links (ggml, llama) and the peer tools it asks for get built.
+add_subdirectory("${LLAMA_CPP_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/llama.cpp" EXCLUDE_FROM_ALL)
+
+# Peer binaries for benchmarks: `cmake --build build --target peers`.
+set(SPECULA_PEER_TARGETS llama-bench llama-completion llama-speculative-simple llama-server llama-tokenize)
+add_custom_target(peers DEPENDS ${SPECULA_PEER_TARGETS})

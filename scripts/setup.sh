@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
+set -euo pipefail
+packages=(g++ cmake make git ca-certificates npm ccache libgtest-dev libbenchmark-dev
+          libcpp-httplib-dev nlohmann-json3-dev libcli11-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm may come from outside Debian (e.g. a node install); any working npm will do.
+if command -v npm >/dev/null 2>&1; then
+  missing=("${missing[@]/npm}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# README command 2: set up, build, run the whole test suite; then again under ASan + UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh
+ctest --test-dir build --output-on-failure --timeout 900
+
+# Sanitized run: specula's own code instrumented, ggml/llama.cpp built normally beside it.
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE=ON
+cmake --build build-asan -j"$(nproc)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure --timeout 1800

@@ -1,0 +1,69 @@
+#include "engine/generate.h"
+
+#include <chrono>
+#include <string>
+
+#include "common/error.h"
+#include "kv/kv_cache.h"
+#include "runtime/forward.h"
+#include "sample/sampler.h"
+
+namespace specula {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+std::vector<float> prefill(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt, int chunk) {
+    if (prompt.empty()) throw Error("empty prompt");
+    if (static_cast<int>(prompt.size()) > cache.capacity() - cache.size()) {
+        throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " +
+                    std::to_string(cache.capacity()) + "-token context");
+    }
+    ForwardOutput out;
+    for (size_t start = 0; start < prompt.size(); start += chunk) {
+        const size_t n = std::min<size_t>(chunk, prompt.size() - start);
+        const bool last = start + n == prompt.size();
+        runner.forward(ForwardBatch::causal(prompt.subspan(start, n), cache.size(), last ? std::vector<int32_t>{int32_t(n - 1)} : std::vector<int32_t>{}),
+                       cache, out);
+    }
+    return out.logits;
+}
+
+GenerationStats generate_plain(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt,
+                               const GenerationOptions & options, const std::function<bool(int32_t)> & is_end,
+                               const TokenSink & sink) {
+    GenerationStats stats;
+    stats.n_prompt = static_cast<int>(prompt.size());
+    Rng rng(options.sampling.seed);
+    std::vector<float> probs;
+    auto pick = [&](std::span<const float> logits) {
+        if (options.sampling.greedy()) return argmax(logits);
+        processed_probs(logits, options.sampling, probs);
+        return sample_from(probs, rng);
+    };
+
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = prefill(runner, cache, prompt);
+    stats.prompt_seconds = seconds_since(t0);
+
+    t0 = std::chrono::steady_clock::now();
+    ForwardOutput out;
+    int32_t token = pick(logits);
+    for (int i = 0; i < options.n_predict; ++i) {
+        ++stats.n_generated;
+        if (!sink(token)) break;
+        if (options.stop_at_end_of_generation && is_end(token)) break;
+        if (i + 1 == options.n_predict) break;
+        if (cache.size() >= cache.capacity()) break;  // context full: stop, as llama.cpp does
+        const int32_t one[1] = {token};
+        runner.forward(ForwardBatch::causal(one, cache.size(), {0}), cache, out);
+        token = pick(out.logits_row(0));
+    }
+    stats.generation_seconds = seconds_since(t0);
+    return stats;
+}
+
+}  // namespace specula

@@ -1,0 +1,56 @@
+#pragma once
+// specula's own KV cache: per layer one K and one V tensor of [n_embd_kv, capacity] F16 rows,
+// pre-allocated. Slot i holds the token at sequence index i, so the cache holds exactly the
+// accepted sequence: a forward writes its block after the last slot, then the caller keeps what
+// verification accepted with rollback() (a chain prefix, O(1)) or compact() (a tree path).
+#include <span>
+#include <vector>
+
+struct ggml_context;
+struct ggml_tensor;
+struct ggml_backend_buffer;
+
+namespace specula {
+
+class Backend;
+struct ModelConfig;
+
+class KvCache {
+public:
+    // n_layers: how many layers the cache holds (a model's n_layer, or 1 for a draft head).
+    KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity);
+    KvCache(Backend & backend, const ModelConfig & config, int capacity);
+    ~KvCache();
+    KvCache(const KvCache &) = delete;
+    KvCache & operator=(const KvCache &) = delete;
+
+    int size() const { return size_; }          // slots holding committed tokens
+    int capacity() const { return capacity_; }
+    int n_layers() const { return static_cast<int>(k_.size()); }
+    int n_embd_kv() const { return n_embd_kv_; }
+
+    // Forget every slot from `n` on. O(1): later writes overwrite, the mask hides the rest.
+    void rollback(int n);
+    // Keep rows base+kept[0], base+kept[1], ... (ascending) of the block that starts at `base` and
+    // move them to base, base+1, ...; the cache then holds base + kept.size() slots. Used after
+    // tree verification: the accepted path's rows were written at their tree positions.
+    void compact(int base, std::span<const int> kept);
+
+    // Runtime side: the forward reserves a block of n slots after size() and writes into them.
+    int append(int n);  // returns the block's first slot; throws Error if it does not fit
+    ggml_tensor * k(int layer) const { return k_[layer]; }
+    ggml_tensor * v(int layer) const { return v_[layer]; }
+
+    // One slot's K or V row as floats (tests and debugging).
+    std::vector<float> read_row(int layer, bool value, int slot) const;
+
+private:
+    int n_embd_kv_ = 0;
+    int capacity_ = 0;
+    int size_ = 0;
+    ggml_context * ctx_ = nullptr;
+    ggml_backend_buffer * buffer_ = nullptr;
+    std::vector<ggml_tensor *> k_, v_;
+};
+
+}  // namespace specula

@@ -1,0 +1,35 @@
+#pragma once
+// What a family's graph builder receives and returns. Internal to the runtime.
+#include <span>
+#include <vector>
+
+struct ggml_context;
+struct ggml_cgraph;
+struct ggml_tensor;
+
+namespace specula {
+
+class KvCache;
+class Model;
+
+struct GraphInputs {
+    ggml_tensor * tokens = nullptr;     // I32 [n]            (layer_begin == 0)
+    ggml_tensor * hidden_in = nullptr;  // F32 [n_embd, n]    (layer_begin > 0)
+    ggml_tensor * positions = nullptr;  // I32 [n]
+    ggml_tensor * kq_mask = nullptr;    // F16 [n_kv, n]
+    ggml_tensor * kv_slots = nullptr;   // I64 [n] cache slots the block's K/V are written to
+    ggml_tensor * out_rows = nullptr;   // I32 [n_out] rows to compute logits for (nullptr: none)
+    int n_kv = 0;                       // cache slots visible to the attention (padded)
+};
+
+struct GraphOutputs {
+    ggml_tensor * logits = nullptr;          // [n_vocab, n_out]
+    std::vector<ggml_tensor *> taps;         // [n_embd, n] per tap layer
+    ggml_tensor * hidden_out = nullptr;      // [n_embd, n] when the range stops before n_layer
+};
+
+GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
+                                      const GraphInputs & in, int layer_begin, int layer_end,
+                                      std::span<const int> tap_layers);
+
+}  // namespace specula

@@ -1,0 +1,98 @@
+// llama, qwen2 and qwen3 share one block: pre-RMSNorm attention with RoPE and GQA, then a SwiGLU
+// FFN. They differ only in RoPE style (interleaved vs NeoX), qwen2's q/k/v biases and qwen3's
+// per-head q/k RMSNorm. Mirrors llama.cpp's src/models/{llama,qwen2,qwen3}.cpp op for op, so that
+// the oracle tests can demand matching logits.
+#include <cmath>
+
+#include "ggml.h"
+#include "kv/kv_cache.h"
+#include "runtime/arch/graph.h"
+#include "runtime/model.h"
+
+namespace specula {
+
+namespace {
+
+ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
+}
+
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * bias) {
+    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    return bias ? ggml_add(ctx, y, bias) : y;
+}
+
+// Self-attention of the block against the cache; writes the block's K/V into its cache slots.
+ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L,
+                        KvCache & cache, int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs) {
+    const int n = static_cast<int>(x->ne[1]);
+    const int D = c.head_dim;
+    const int rope_mode = c.rope_style == RopeStyle::Neox ? GGML_ROPE_TYPE_NEOX : 0;
+
+    ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L.wq, x, L.bq), D, c.n_head, n);     // [D, n_head, n]
+    ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L.wk, x, L.bk), D, c.n_head_kv, n);  // [D, n_head_kv, n]
+    ggml_tensor * v = ggml_reshape_3d(ctx, linear(ctx, L.wv, x, L.bv), D, c.n_head_kv, n);
+    if (L.q_norm) {
+        q = rms_norm(ctx, q, L.q_norm, c.rms_eps);
+        k = rms_norm(ctx, k, L.k_norm, c.rms_eps);
+    }
+    q = ggml_rope_ext(ctx, q, in.positions, rope_freqs, D, rope_mode, c.n_ctx_train, c.rope_freq_base,
+                      c.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+    k = ggml_rope_ext(ctx, k, in.positions, rope_freqs, D, rope_mode, c.n_ctx_train, c.rope_freq_base,
+                      c.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+    ggml_set_name(q, "q_rope");
+
+    // Store the block's K/V rows at their slots; the attention then reads the cache view.
+    ggml_tensor * cache_k = cache.k(il);  // [n_embd_kv, capacity]
+    ggml_tensor * cache_v = cache.v(il);
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_k, ggml_reshape_2d(ctx, k, c.n_embd_kv(), n), in.kv_slots));
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, c.n_embd_kv(), n), in.kv_slots));
+
+    const size_t es = ggml_element_size(cache_k);
+    ggml_tensor * kv_k = ggml_view_3d(ctx, cache_k, D, c.n_head_kv, in.n_kv, es * D, cache_k->nb[1], 0);  // [D, n_head_kv, n_kv]
+    ggml_tensor * kv_v = ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0);
+
+    ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);     // [D, n, n_head]
+    ggml_tensor * kp = ggml_permute(ctx, kv_k, 0, 2, 1, 3);  // [D, n_kv, n_head_kv]
+    ggml_tensor * vp = ggml_permute(ctx, kv_v, 0, 2, 1, 3);
+    ggml_tensor * o = ggml_flash_attn_ext(ctx, qp, kp, vp, in.kq_mask, 1.0f / std::sqrt(static_cast<float>(D)), 0.0f, 0.0f);
+    ggml_prec_set_acc(o, GGML_PREC_F32);
+    o = ggml_reshape_2d(ctx, o, D * c.n_head, n);  // [D*n_head, n]
+    return ggml_mul_mat(ctx, L.wo, o);             // [n_embd, n]
+}
+
+}  // namespace
+
+GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
+                                      const GraphInputs & in, int layer_begin, int layer_end,
+                                      std::span<const int> tap_layers) {
+    const ModelConfig & c = model.config();
+    const ModelWeights & w = model.weights();
+    GraphOutputs out;
+    out.taps.assign(tap_layers.size(), nullptr);
+
+    ggml_tensor * x = layer_begin == 0 ? ggml_get_rows(ctx, w.tok_embd, in.tokens) : in.hidden_in;  // [n_embd, n]
+    for (int il = layer_begin; il < layer_end; ++il) {
+        const LayerWeights & L = w.layers[il];
+        ggml_tensor * h = rms_norm(ctx, x, L.attn_norm, c.rms_eps);
+        x = ggml_add(ctx, x, attention(ctx, gf, c, L, cache, il, h, in, w.rope_freqs));
+        h = rms_norm(ctx, x, L.ffn_norm, c.rms_eps);
+        h = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L.ffn_gate, h), ggml_mul_mat(ctx, L.ffn_up, h));
+        x = ggml_add(ctx, x, ggml_mul_mat(ctx, L.ffn_down, h));
+        ggml_format_name(x, "l_out-%d", il);
+        for (size_t t = 0; t < tap_layers.size(); ++t) {
+            if (tap_layers[t] == il) out.taps[t] = x;
+        }
+    }
+
+    if (layer_end < c.n_layer) {
+        out.hidden_out = x;
+    } else if (in.out_rows) {
+        x = ggml_get_rows(ctx, x, in.out_rows);  // [n_embd, n_out]
+        x = rms_norm(ctx, x, w.output_norm, c.rms_eps);
+        out.logits = ggml_mul_mat(ctx, w.output, x);  // [n_vocab, n_out]
+    }
+    return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,83 @@
+#include "runtime/backend.h"
+
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/error.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+namespace specula {
+
+int default_thread_count() {
+    // Physical cores: hyper-threads slow ggml decode down rather than up.
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::set<std::pair<std::string, std::string>> cores;
+    std::string line, phys, core;
+    while (std::getline(cpuinfo, line)) {
+        auto value = [&] { return line.substr(line.find(':') + 1); };
+        if (line.rfind("physical id", 0) == 0) phys = value();
+        if (line.rfind("core id", 0) == 0) {
+            core = value();
+            cores.insert({phys, core});
+        }
+    }
+    if (!cores.empty()) return static_cast<int>(cores.size());
+    unsigned n = std::thread::hardware_concurrency();
+    return n > 0 ? static_cast<int>(n) : 1;
+}
+
+Backend::Backend(const BackendOptions & opts) {
+    ggml_backend_dev_t cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!cpu_dev) throw Error("ggml has no CPU backend");
+
+    if (opts.device != "cpu") {
+        ggml_backend_dev_t dev = ggml_backend_dev_by_name(opts.device.c_str());
+        if (!dev) {
+            std::string available;
+            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+                available += std::string(available.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+            }
+            throw Error("device '" + opts.device + "' not found (this build has: " + available + ")");
+        }
+        ggml_backend_t b = ggml_backend_dev_init(dev, nullptr);
+        if (!b) throw Error("could not initialise device '" + opts.device + "'");
+        backends_.push_back(b);
+        matmul_bufts_.push_back({dev, ggml_backend_dev_buffer_type(dev)});
+    }
+
+    cpu_ = ggml_backend_dev_init(cpu_dev, nullptr);
+    if (!cpu_) throw Error("could not initialise the CPU backend");
+    backends_.push_back(cpu_);
+
+    if (backends_.size() == 1) {
+        // Repacked layouts (e.g. Q4_0 -> 8x8 interleaved) are what make ggml's CPU matmuls fast.
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu_dev);
+        auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+            ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+        if (get_extra) {
+            for (ggml_backend_buffer_type_t * p = get_extra(cpu_dev); p && *p; ++p) {
+                matmul_bufts_.push_back({cpu_dev, *p});
+            }
+        }
+    }
+    matmul_bufts_.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
+    set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
+}
+
+Backend::~Backend() {
+    for (ggml_backend_t b : backends_) ggml_backend_free(b);
+}
+
+ggml_backend_buffer_type * Backend::default_buft() const {
+    return ggml_backend_get_default_buffer_type(backends_.front());
+}
+
+void Backend::set_n_threads(int n) {
+    n_threads_ = n;
+    ggml_backend_cpu_set_n_threads(cpu_, n);
+}
+
+}  // namespace specula

@@ -1,0 +1,217 @@
+#include "runtime/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "kv/kv_cache.h"
+#include "runtime/arch/graph.h"
+#include "runtime/backend.h"
+#include "runtime/model.h"
+
+namespace specula {
+
+BlockMask BlockMask::causal(int n) {
+    BlockMask m;
+    m.n = n;
+    m.visible.assign(static_cast<size_t>(n) * n, 0);
+    for (int i = 0; i < n; ++i) {
+        for (int j = 0; j <= i; ++j) m.visible[static_cast<size_t>(i) * n + j] = 1;
+    }
+    return m;
+}
+
+BlockMask BlockMask::from_parents(std::span<const int> parents) {
+    BlockMask m;
+    m.n = static_cast<int>(parents.size());
+    m.visible.assign(static_cast<size_t>(m.n) * m.n, 0);
+    for (int i = 0; i < m.n; ++i) {
+        if (parents[i] >= i) throw Error("tree mask: parent of row " + std::to_string(i) + " must come before it");
+        m.visible[static_cast<size_t>(i) * m.n + i] = 1;
+        if (parents[i] >= 0) {
+            for (int j = 0; j < i; ++j) m.visible[static_cast<size_t>(i) * m.n + j] |= m.visible[static_cast<size_t>(parents[i]) * m.n + j];
+        }
+    }
+    return m;
+}
+
+ForwardBatch ForwardBatch::causal(std::span<const int32_t> tokens, int start_pos, std::vector<int32_t> logit_rows) {
+    ForwardBatch b;
+    b.tokens.assign(tokens.begin(), tokens.end());
+    b.positions.resize(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) b.positions[i] = start_pos + static_cast<int32_t>(i);
+    b.mask = BlockMask::causal(static_cast<int>(tokens.size()));
+    b.logit_rows = std::move(logit_rows);
+    return b;
+}
+
+namespace {
+
+// Attention reads a cache view padded to this many slots, so that one graph serves many steps.
+constexpr int kKvPad = 256;
+
+struct GraphKey {
+    int n_tokens, n_kv, n_out, layer_begin, layer_end;
+    std::vector<int> taps;
+    const KvCache * cache;
+    bool operator==(const GraphKey &) const = default;
+};
+
+}  // namespace
+
+struct ModelRunner::Graph {
+    GraphKey key;
+    ggml_context * ctx = nullptr;
+    ggml_cgraph * gf = nullptr;
+    GraphInputs in;
+    GraphOutputs out;
+    ~Graph() {
+        if (ctx) ggml_free(ctx);
+    }
+};
+
+ModelRunner::ModelRunner(const Model & model) : model_(model) {
+    auto & backends = model.backend().backends();
+    graph_size_ = std::max<size_t>(2048, static_cast<size_t>(model.config().n_layer) * 48 + 64);
+    sched_ = ggml_backend_sched_new(const_cast<ggml_backend_t *>(backends.data()), nullptr, static_cast<int>(backends.size()),
+                                    graph_size_, false, true);
+    if (!sched_) throw Error("could not create the ggml scheduler");
+}
+
+ModelRunner::~ModelRunner() {
+    graph_.reset();
+    if (sched_) ggml_backend_sched_free(sched_);
+}
+
+ForwardOutput ModelRunner::forward(const ForwardBatch & batch, KvCache & cache) {
+    ForwardOutput out;
+    forward(batch, cache, out);
+    return out;
+}
+
+void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput & out) {
+    const ModelConfig & c = model_.config();
+    const int n = b.n_tokens();
+    const int layer_end = b.layer_end < 0 ? c.n_layer : b.layer_end;
+    if (n <= 0) throw Error("forward: empty batch");
+    if (b.layer_begin < 0 || b.layer_begin >= layer_end || layer_end > c.n_layer) throw Error("forward: bad layer range");
+    if (b.layer_begin == 0 && static_cast<int>(b.tokens.size()) != n) throw Error("forward: tokens and positions differ in length");
+    if (b.layer_begin > 0 && b.hidden_in.size() != static_cast<size_t>(n) * c.n_embd) throw Error("forward: hidden_in has the wrong size");
+    if (b.mask.n != n) throw Error("forward: mask size differs from the batch size");
+    if (cache.n_layers() != c.n_layer || cache.n_embd_kv() != c.n_embd_kv()) throw Error("forward: KV cache does not fit this model");
+    for (int32_t t : b.tokens) {
+        if (t < 0 || t >= c.n_vocab) throw Error("forward: token id " + std::to_string(t) + " outside the vocabulary");
+    }
+    for (int32_t r : b.logit_rows) {
+        if (r < 0 || r >= n) throw Error("forward: logit row outside the batch");
+    }
+    for (int l : b.tap_layers) {
+        if (l < b.layer_begin || l >= layer_end) throw Error("forward: tap layer " + std::to_string(l) + " outside the layer range");
+    }
+    const bool want_logits = layer_end == c.n_layer && !b.logit_rows.empty();
+
+    const int first_slot = cache.append(n);
+    try {
+        run_graph(b, cache, first_slot, want_logits, layer_end, out);
+    } catch (...) {
+        cache.rollback(first_slot);
+        throw;
+    }
+}
+
+void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end,
+                            ForwardOutput & out) {
+    const ModelConfig & c = model_.config();
+    const int n = b.n_tokens();
+    const int kv_len = first_slot + n;
+    const int n_kv = std::min(cache.capacity(), (kv_len + kKvPad - 1) / kKvPad * kKvPad);
+
+    GraphKey key{n, n_kv, want_logits ? static_cast<int>(b.logit_rows.size()) : 0, b.layer_begin, layer_end, b.tap_layers, &cache};
+    if (!graph_ || !(graph_->key == key)) {
+        graph_.reset();
+        ggml_backend_sched_reset(sched_);
+        auto g = std::make_unique<Graph>();
+        g->key = key;
+        ggml_init_params params{ggml_tensor_overhead() * graph_size_ + ggml_graph_overhead_custom(graph_size_, false), nullptr, true};
+        g->ctx = ggml_init(params);
+        g->gf = ggml_new_graph_custom(g->ctx, graph_size_, false);
+        GraphInputs & in = g->in;
+        if (b.layer_begin == 0) {
+            in.tokens = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
+            ggml_set_input(in.tokens);
+        } else {
+            in.hidden_in = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F32, c.n_embd, n);
+            ggml_set_input(in.hidden_in);
+        }
+        in.positions = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
+        in.kq_mask = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F16, n_kv, n);
+        in.kv_slots = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I64, n);
+        in.n_kv = n_kv;
+        ggml_set_input(in.positions);
+        ggml_set_input(in.kq_mask);
+        ggml_set_input(in.kv_slots);
+        if (want_logits) {
+            in.out_rows = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, key.n_out);
+            ggml_set_input(in.out_rows);
+        }
+        g->out = build_llama_family_graph(g->ctx, g->gf, model_, cache, in, b.layer_begin, layer_end, b.tap_layers);
+        for (ggml_tensor * t : g->out.taps) {
+            ggml_set_output(t);
+            ggml_build_forward_expand(g->gf, t);
+        }
+        for (ggml_tensor * t : {g->out.logits, g->out.hidden_out}) {
+            if (t) {
+                ggml_set_output(t);
+                ggml_build_forward_expand(g->gf, t);
+            }
+        }
+        if (!ggml_backend_sched_alloc_graph(sched_, g->gf)) throw Error("forward: could not allocate the compute graph");
+        graph_ = std::move(g);
+    }
+    Graph & g = *graph_;
+
+    if (g.in.tokens) ggml_backend_tensor_set(g.in.tokens, b.tokens.data(), 0, sizeof(int32_t) * n);
+    if (g.in.hidden_in) ggml_backend_tensor_set(g.in.hidden_in, b.hidden_in.data(), 0, sizeof(float) * b.hidden_in.size());
+    ggml_backend_tensor_set(g.in.positions, b.positions.data(), 0, sizeof(int32_t) * n);
+    std::vector<int64_t> slots(n);
+    for (int i = 0; i < n; ++i) slots[i] = first_slot + i;
+    ggml_backend_tensor_set(g.in.kv_slots, slots.data(), 0, sizeof(int64_t) * n);
+    if (g.in.out_rows) ggml_backend_tensor_set(g.in.out_rows, b.logit_rows.data(), 0, sizeof(int32_t) * b.logit_rows.size());
+
+    // [n_kv, n]: 0 where row i may attend, -inf elsewhere (padding slots included).
+    std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv) * n);
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+    for (int i = 0; i < n; ++i) {
+        ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
+        std::fill(row, row + first_slot, zero);
+        for (int j = 0; j < n; ++j) row[first_slot + j] = b.mask.sees(i, j) ? zero : ninf;
+        std::fill(row + kv_len, row + n_kv, ninf);
+    }
+    ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
+
+    if (ggml_backend_sched_graph_compute(sched_, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");
+
+    out.n_vocab = c.n_vocab;
+    out.n_embd = c.n_embd;
+    out.logits.clear();
+    if (g.out.logits) {
+        out.logits.resize(static_cast<size_t>(key.n_out) * c.n_vocab);
+        ggml_backend_tensor_get(g.out.logits, out.logits.data(), 0, sizeof(float) * out.logits.size());
+    }
+    out.taps.resize(g.out.taps.size());
+    for (size_t t = 0; t < g.out.taps.size(); ++t) {
+        out.taps[t].resize(static_cast<size_t>(n) * c.n_embd);
+        ggml_backend_tensor_get(g.out.taps[t], out.taps[t].data(), 0, sizeof(float) * out.taps[t].size());
+    }
+    out.hidden_out.clear();
+    if (g.out.hidden_out) {
+        out.hidden_out.resize(static_cast<size_t>(n) * c.n_embd);
+        ggml_backend_tensor_get(g.out.hidden_out, out.hidden_out.data(), 0, sizeof(float) * out.hidden_out.size());
+    }
+}
+
+}  // namespace specula

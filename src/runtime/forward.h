@@ -1,0 +1,82 @@
+#pragma once
+// One forward pass of a model over a block of new tokens: explicit positions, an explicit
+// attention mask (a causal batch and a token tree are the same call), logits only for the rows
+// asked for, residual-stream taps at any layers, and a layer range for early exit.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+struct ggml_backend_sched;
+
+namespace specula {
+
+class KvCache;
+class Model;
+
+// Which rows of the new block each row may attend to. Every row always sees all slots already
+// in the cache: the cache holds only accepted tokens, so nothing there is ever hidden.
+struct BlockMask {
+    int n = 0;
+    std::vector<uint8_t> visible;  // [n * n], row-major: visible[i*n + j] = row i sees row j
+
+    static BlockMask causal(int n);
+    // Row i sees itself and its ancestors; parents[i] < i, -1 for rows whose parent is in the cache.
+    static BlockMask from_parents(std::span<const int> parents);
+    bool sees(int i, int j) const { return visible[static_cast<size_t>(i) * n + j] != 0; }
+};
+
+struct ForwardBatch {
+    std::vector<int32_t> tokens;      // [n] token ids (layer_begin == 0)
+    std::vector<float> hidden_in;     // [n, n_embd] residual stream entering layer_begin (layer_begin > 0)
+    std::vector<int32_t> positions;   // [n] RoPE positions
+    BlockMask mask;                   // attention among the n new rows
+    std::vector<int32_t> logit_rows;  // rows to return logits for (only when the range ends at n_layer)
+    std::vector<int> tap_layers;      // return the residual stream after each of these layers
+    int layer_begin = 0;
+    int layer_end = -1;               // exclusive; -1 = n_layer
+
+    int n_tokens() const { return static_cast<int>(positions.size()); }
+    // A causal block of `tokens` at positions start.. with logits for the listed rows.
+    static ForwardBatch causal(std::span<const int32_t> tokens, int start_pos, std::vector<int32_t> logit_rows);
+};
+
+struct ForwardOutput {
+    int n_vocab = 0;
+    int n_embd = 0;
+    std::vector<float> logits;               // [logit_rows.size(), n_vocab]
+    std::vector<std::vector<float>> taps;    // per tap layer: [n, n_embd]
+    std::vector<float> hidden_out;           // [n, n_embd] after layer_end - 1, when layer_end < n_layer
+
+    std::span<const float> logits_row(size_t i) const {
+        return {logits.data() + i * n_vocab, static_cast<size_t>(n_vocab)};
+    }
+};
+
+// Runs forwards of one model. Graphs are rebuilt only when the shape changes (token count,
+// padded KV length, outputs, layer range): steady decode reuses the previous graph and allocation.
+class ModelRunner {
+public:
+    explicit ModelRunner(const Model & model);
+    ~ModelRunner();
+    ModelRunner(const ModelRunner &) = delete;
+    ModelRunner & operator=(const ModelRunner &) = delete;
+
+    // Writes K/V of the block into `cache` after its current size (the cache grows by n) and
+    // returns what was asked for. Throws Error on malformed batches or a full cache.
+    void forward(const ForwardBatch & batch, KvCache & cache, ForwardOutput & out);
+    ForwardOutput forward(const ForwardBatch & batch, KvCache & cache);
+
+    const Model & model() const { return model_; }
+
+private:
+    struct Graph;
+    void run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end, ForwardOutput & out);
+    const Model & model_;
+    size_t graph_size_ = 0;
+    ggml_backend_sched * sched_ = nullptr;
+    std::unique_ptr<Graph> graph_;  // the last built graph, reused while its key matches
+};
+
+}  // namespace specula

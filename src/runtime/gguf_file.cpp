@@ -1,0 +1,150 @@
+#include "runtime/gguf_file.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "common/error.h"
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
+
+namespace specula {
+
+GgufFile::GgufFile(const std::string & path) : path_(path) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) throw Error(path + ": no such file");
+    if (std::filesystem::is_directory(path, ec)) throw Error(path + ": is a directory, not a GGUF file");
+    {
+        std::ifstream in(path, std::ios::binary);
+        char magic[4] = {};
+        if (!in.read(magic, 4) || std::memcmp(magic, "GGUF", 4) != 0) {
+            throw Error(path + ": not a GGUF file (bad magic)");
+        }
+    }
+    gguf_init_params params{};
+    params.no_alloc = true;
+    params.ctx = &meta_;
+    gguf_ = gguf_init_from_file(path.c_str(), params);
+    if (!gguf_) throw Error(path + ": corrupt or truncated GGUF file");
+}
+
+GgufFile::~GgufFile() {
+    if (meta_) ggml_free(meta_);
+    if (gguf_) gguf_free(gguf_);
+}
+
+int64_t GgufFile::key_id(const std::string & key) const { return gguf_find_key(gguf_, key.c_str()); }
+
+bool GgufFile::has(const std::string & key) const { return key_id(key) >= 0; }
+
+std::string GgufFile::architecture() const {
+    auto a = find_str("general.architecture");
+    if (!a) throw Error(path_ + ": GGUF has no general.architecture");
+    return *a;
+}
+
+std::optional<uint32_t> GgufFile::find_u32(const std::string & key) const {
+    const int64_t id = key_id(key);
+    if (id < 0) return std::nullopt;
+    switch (gguf_get_kv_type(gguf_, id)) {
+        case GGUF_TYPE_UINT8: return gguf_get_val_u8(gguf_, id);
+        case GGUF_TYPE_INT8: return static_cast<uint32_t>(gguf_get_val_i8(gguf_, id));
+        case GGUF_TYPE_UINT16: return gguf_get_val_u16(gguf_, id);
+        case GGUF_TYPE_INT16: return static_cast<uint32_t>(gguf_get_val_i16(gguf_, id));
+        case GGUF_TYPE_UINT32: return gguf_get_val_u32(gguf_, id);
+        case GGUF_TYPE_INT32: return static_cast<uint32_t>(gguf_get_val_i32(gguf_, id));
+        case GGUF_TYPE_UINT64: return static_cast<uint32_t>(gguf_get_val_u64(gguf_, id));
+        case GGUF_TYPE_INT64: return static_cast<uint32_t>(gguf_get_val_i64(gguf_, id));
+        default: throw Error(path_ + ": metadata key " + key + " is not an integer");
+    }
+}
+
+uint32_t GgufFile::get_u32(const std::string & key) const {
+    auto v = find_u32(key);
+    if (!v) throw Error(path_ + ": missing metadata key " + key);
+    return *v;
+}
+
+std::optional<float> GgufFile::find_f32(const std::string & key) const {
+    const int64_t id = key_id(key);
+    if (id < 0) return std::nullopt;
+    switch (gguf_get_kv_type(gguf_, id)) {
+        case GGUF_TYPE_FLOAT32: return gguf_get_val_f32(gguf_, id);
+        case GGUF_TYPE_FLOAT64: return static_cast<float>(gguf_get_val_f64(gguf_, id));
+        default: throw Error(path_ + ": metadata key " + key + " is not a float");
+    }
+}
+
+float GgufFile::get_f32(const std::string & key) const {
+    auto v = find_f32(key);
+    if (!v) throw Error(path_ + ": missing metadata key " + key);
+    return *v;
+}
+
+std::optional<std::string> GgufFile::find_str(const std::string & key) const {
+    const int64_t id = key_id(key);
+    if (id < 0) return std::nullopt;
+    if (gguf_get_kv_type(gguf_, id) != GGUF_TYPE_STRING) throw Error(path_ + ": metadata key " + key + " is not a string");
+    return std::string(gguf_get_val_str(gguf_, id));
+}
+
+std::optional<bool> GgufFile::find_bool(const std::string & key) const {
+    const int64_t id = key_id(key);
+    if (id < 0) return std::nullopt;
+    if (gguf_get_kv_type(gguf_, id) != GGUF_TYPE_BOOL) throw Error(path_ + ": metadata key " + key + " is not a bool");
+    return gguf_get_val_bool(gguf_, id);
+}
+
+size_t GgufFile::array_length(const std::string & key) const {
+    const int64_t id = key_id(key);
+    if (id < 0 || gguf_get_kv_type(gguf_, id) != GGUF_TYPE_ARRAY) return 0;
+    return gguf_get_arr_n(gguf_, id);
+}
+
+std::vector<int32_t> GgufFile::get_i32_array(const std::string & key) const {
+    const int64_t id = key_id(key);
+    if (id < 0) throw Error(path_ + ": missing metadata key " + key);
+    if (gguf_get_kv_type(gguf_, id) != GGUF_TYPE_ARRAY) throw Error(path_ + ": metadata key " + key + " is not an array");
+    const size_t n = gguf_get_arr_n(gguf_, id);
+    const auto t = gguf_get_arr_type(gguf_, id);
+    std::vector<int32_t> out(n);
+    const void * data = gguf_get_arr_data(gguf_, id);
+    for (size_t i = 0; i < n; ++i) {
+        switch (t) {
+            case GGUF_TYPE_INT32: out[i] = static_cast<const int32_t *>(data)[i]; break;
+            case GGUF_TYPE_UINT32: out[i] = static_cast<int32_t>(static_cast<const uint32_t *>(data)[i]); break;
+            case GGUF_TYPE_INT64: out[i] = static_cast<int32_t>(static_cast<const int64_t *>(data)[i]); break;
+            case GGUF_TYPE_UINT64: out[i] = static_cast<int32_t>(static_cast<const uint64_t *>(data)[i]); break;
+            default: throw Error(path_ + ": metadata key " + key + " is not an integer array");
+        }
+    }
+    return out;
+}
+
+ggml_tensor * GgufFile::tensor_meta(const std::string & name) const { return ggml_get_tensor(meta_, name.c_str()); }
+
+std::vector<ggml_tensor *> GgufFile::tensors() const {
+    std::vector<ggml_tensor *> out;
+    for (ggml_tensor * t = ggml_get_first_tensor(meta_); t; t = ggml_get_next_tensor(meta_, t)) out.push_back(t);
+    return out;
+}
+
+void GgufFile::load_tensor_data(const std::string & name, ggml_tensor * dst) const {
+    const int64_t id = gguf_find_tensor(gguf_, name.c_str());
+    if (id < 0) throw Error(path_ + ": missing tensor " + name);
+    const size_t offset = gguf_get_data_offset(gguf_) + gguf_get_tensor_offset(gguf_, id);
+    const size_t size = ggml_nbytes(dst);
+    if (gguf_get_tensor_size(gguf_, id) != size) throw Error(path_ + ": tensor " + name + " has an unexpected size");
+    std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen(path_.c_str(), "rb"), &std::fclose);
+    if (!f) throw Error(path_ + ": cannot open for reading");
+    std::vector<uint8_t> buf(size);
+    if (std::fseek(f.get(), static_cast<long>(offset), SEEK_SET) != 0 || std::fread(buf.data(), 1, size, f.get()) != size) {
+        throw Error(path_ + ": truncated data for tensor " + name);
+    }
+    ggml_backend_tensor_set(dst, buf.data(), 0, size);
+}
+
+}  // namespace specula

@@ -1,0 +1,195 @@
+#include "runtime/model.h"
+
+#include <map>
+
+#include "common/error.h"
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "runtime/backend.h"
+#include "runtime/gguf_file.h"
+
+namespace specula {
+
+const char * arch_display_name(Arch arch) {
+    switch (arch) {
+        case Arch::Llama: return "llama";
+        case Arch::Qwen2: return "qwen2";
+        case Arch::Qwen3: return "qwen3";
+    }
+    return "?";
+}
+
+namespace {
+
+bool is_supported_weight_type(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
+        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+ModelConfig read_config(const GgufFile & f) {
+    ModelConfig c;
+    c.arch_name = f.architecture();
+    if (c.arch_name == "llama") c.arch = Arch::Llama;
+    else if (c.arch_name == "qwen2") c.arch = Arch::Qwen2;
+    else if (c.arch_name == "qwen3") c.arch = Arch::Qwen3;
+    else throw Error(f.path() + ": unsupported architecture '" + c.arch_name + "' (specula runs llama, qwen2, qwen3)");
+
+    const std::string a = c.arch_name + ".";
+    c.n_layer = static_cast<int>(f.get_u32(a + "block_count"));
+    c.n_embd = static_cast<int>(f.get_u32(a + "embedding_length"));
+    c.n_ff = static_cast<int>(f.get_u32(a + "feed_forward_length"));
+    c.n_head = static_cast<int>(f.get_u32(a + "attention.head_count"));
+    c.n_head_kv = static_cast<int>(f.find_u32(a + "attention.head_count_kv").value_or(c.n_head));
+    c.n_ctx_train = static_cast<int>(f.get_u32(a + "context_length"));
+    c.rms_eps = f.get_f32(a + "attention.layer_norm_rms_epsilon");
+    c.rope_freq_base = f.find_f32(a + "rope.freq_base").value_or(10000.0f);
+    if (c.n_head <= 0 || c.n_embd <= 0 || c.n_layer <= 0 || c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) {
+        throw Error(f.path() + ": inconsistent head counts or sizes in metadata");
+    }
+    c.head_dim = static_cast<int>(f.find_u32(a + "attention.key_length").value_or(c.n_embd / c.n_head));
+    const int v_len = static_cast<int>(f.find_u32(a + "attention.value_length").value_or(c.head_dim));
+    const int n_rot = static_cast<int>(f.find_u32(a + "rope.dimension_count").value_or(c.head_dim));
+    if (v_len != c.head_dim || n_rot != c.head_dim) {
+        throw Error(f.path() + ": partial rotary or value_length != key_length is not supported");
+    }
+    if (auto type = f.find_str(a + "rope.scaling.type"); type && *type != "none") {
+        if (*type != "linear") throw Error(f.path() + ": unsupported rope scaling '" + *type + "'");
+        const float factor = f.find_f32(a + "rope.scaling.factor").value_or(1.0f);
+        c.rope_freq_scale = factor > 0.0f ? 1.0f / factor : 1.0f;
+    }
+    c.rope_style = c.arch == Arch::Llama ? RopeStyle::Interleaved : RopeStyle::Neox;
+    c.has_qkv_bias = c.arch == Arch::Qwen2;
+    c.has_qk_norm = c.arch == Arch::Qwen3;
+    return c;
+}
+
+// Whether `buft` can hold weight `w` used as the first operand of a matrix multiply (CPU repack
+// buffer types only take some types and shapes); asked the way the device itself decides.
+bool buft_supports_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) {
+    ggml_init_params params{ggml_tensor_overhead() * 4, nullptr, true};
+    ggml_context * ctx = ggml_init(params);
+    ggml_tensor * b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512);
+    ggml_tensor * op = ggml_mul_mat(ctx, w, b);
+    ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(buft, 0);
+    w->buffer = probe;
+    const bool ok = ggml_backend_dev_supports_op(dev, op);
+    w->buffer = nullptr;
+    ggml_backend_buffer_free(probe);
+    ggml_free(ctx);
+    return ok;
+}
+
+}  // namespace
+
+Model::~Model() {
+    for (auto * b : buffers_) ggml_backend_buffer_free(b);
+    for (auto * c : contexts_) ggml_free(c);
+}
+
+std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) {
+    GgufFile file(path);
+    std::unique_ptr<Model> m(new Model(path, backend));
+    ModelConfig & c = m->config_;
+    c = read_config(file);
+
+    for (ggml_tensor * t : file.tensors()) {
+        if (!is_supported_weight_type(t->type)) {
+            throw Error(path + ": unsupported tensor type " + ggml_type_name(t->type) + " for tensor " + ggml_get_name(t));
+        }
+    }
+
+    // One context per buffer type that ends up holding weights.
+    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_of;
+    auto ctx_for = [&](ggml_backend_buffer_type_t buft) {
+        auto it = ctx_of.find(buft);
+        if (it != ctx_of.end()) return it->second;
+        ggml_init_params params{ggml_tensor_overhead() * (file.tensors().size() + 1), nullptr, true};
+        ggml_context * ctx = ggml_init(params);
+        m->contexts_.push_back(ctx);
+        ctx_of[buft] = ctx;
+        return ctx;
+    };
+    std::vector<std::pair<std::string, ggml_tensor *>> to_load;
+
+    auto want = [&](const std::string & name, std::vector<int64_t> shape, bool matmul, bool required) -> ggml_tensor * {
+        ggml_tensor * meta = file.tensor_meta(name);
+        if (!meta) {
+            if (required) throw Error(path + ": missing tensor " + name);
+            return nullptr;
+        }
+        for (size_t i = 0; i < 4; ++i) {
+            const int64_t expect = i < shape.size() ? shape[i] : 1;
+            if (meta->ne[i] != expect) {
+                throw Error(path + ": tensor " + name + " has shape [" + std::to_string(meta->ne[0]) + ", " +
+                            std::to_string(meta->ne[1]) + "], expected [" + std::to_string(shape[0]) +
+                            (shape.size() > 1 ? ", " + std::to_string(shape[1]) : "") + "]");
+            }
+        }
+        ggml_backend_buffer_type_t buft = backend.default_buft();
+        if (matmul) {
+            for (auto [dev, candidate] : backend.matmul_weight_bufts()) {
+                if (buft_supports_matmul(dev, candidate, meta)) {
+                    buft = candidate;
+                    break;
+                }
+            }
+        }
+        ggml_tensor * t = ggml_dup_tensor(ctx_for(buft), meta);
+        ggml_set_name(t, name.c_str());
+        to_load.push_back({name, t});
+        return t;
+    };
+
+    const int64_t E = c.n_embd, Q = int64_t(c.n_head) * c.head_dim, KV = c.n_embd_kv(), F = c.n_ff, D = c.head_dim;
+    ggml_tensor * embd_meta = file.tensor_meta("token_embd.weight");
+    if (!embd_meta) throw Error(path + ": missing tensor token_embd.weight");
+    c.n_vocab = static_cast<int>(embd_meta->ne[1]);
+
+    ModelWeights & w = m->weights_;
+    w.tok_embd = want("token_embd.weight", {E, c.n_vocab}, false, true);
+    w.output_norm = want("output_norm.weight", {E}, false, true);
+    w.output = want("output.weight", {E, c.n_vocab}, true, false);
+    if (!w.output) {
+        c.tied_output = true;
+        w.output = w.tok_embd;
+    }
+    w.rope_freqs = want("rope_freqs.weight", {D / 2}, false, false);
+    c.has_rope_freqs = w.rope_freqs != nullptr;
+    w.layers.resize(c.n_layer);
+    for (int il = 0; il < c.n_layer; ++il) {
+        auto n = [&](const char * s) { return "blk." + std::to_string(il) + "." + s; };
+        LayerWeights & L = w.layers[il];
+        L.attn_norm = want(n("attn_norm.weight"), {E}, false, true);
+        L.wq = want(n("attn_q.weight"), {E, Q}, true, true);
+        L.wk = want(n("attn_k.weight"), {E, KV}, true, true);
+        L.wv = want(n("attn_v.weight"), {E, KV}, true, true);
+        L.wo = want(n("attn_output.weight"), {Q, E}, true, true);
+        L.bq = want(n("attn_q.bias"), {Q}, false, c.has_qkv_bias);
+        L.bk = want(n("attn_k.bias"), {KV}, false, c.has_qkv_bias);
+        L.bv = want(n("attn_v.bias"), {KV}, false, c.has_qkv_bias);
+        L.q_norm = want(n("attn_q_norm.weight"), {D}, false, c.has_qk_norm);
+        L.k_norm = want(n("attn_k_norm.weight"), {D}, false, c.has_qk_norm);
+        L.ffn_norm = want(n("ffn_norm.weight"), {E}, false, true);
+        L.ffn_gate = want(n("ffn_gate.weight"), {E, F}, true, true);
+        L.ffn_up = want(n("ffn_up.weight"), {E, F}, true, true);
+        L.ffn_down = want(n("ffn_down.weight"), {F, E}, true, true);
+    }
+
+    for (auto [buft, ctx] : ctx_of) {
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+        if (!buf) throw Error(path + ": out of memory allocating weights");
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        m->buffers_.push_back(buf);
+        m->weight_bytes_ += ggml_backend_buffer_get_size(buf);
+    }
+    for (auto & [name, t] : to_load) file.load_tensor_data(name, t);
+    return m;
+}
+
+}  // namespace specula

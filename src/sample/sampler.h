@@ -1,0 +1,33 @@
+#pragma once
+// Sampling transforms. `processed_probs` turns raw logits into the distribution a token is drawn
+// from; speculative verification applies the very same function to draft and target logits, which
+// is what makes rejection sampling reproduce the target's processed distribution exactly.
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "specula/sampling.h"
+
+namespace specula {
+
+// Deterministic per seed, identical on every platform (no std::*_distribution).
+class Rng {
+public:
+    explicit Rng(uint64_t seed) : gen_(seed) {}
+    double uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }  // [0, 1)
+private:
+    std::mt19937_64 gen_;
+};
+
+int32_t argmax(std::span<const float> logits);
+
+// Order, as llama.cpp's default chain: top-k on logits; top-p and min-p on softmax(logits);
+// then temperature on the survivors. Writes a full-vocabulary distribution (zeros off support).
+// Greedy params give a one-hot distribution at the argmax.
+void processed_probs(std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs);
+
+// Draws from a distribution that sums to ~1 (tolerates rounding).
+int32_t sample_from(std::span<const float> probs, Rng & rng);
+
+}  // namespace specula

@@ -1,0 +1,100 @@
+#include "tokenizer/tokenizer.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+
+#include "common/error.h"
+#include "llama.h"
+
+namespace specula {
+
+void init_llama_backend() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        llama_backend_init();
+        if (!std::getenv("SPECULA_VERBOSE")) {
+            llama_log_set([](ggml_log_level level, const char * text, void *) {
+                if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+            }, nullptr);
+        }
+    });
+}
+
+Tokenizer::Tokenizer(const std::string & gguf_path) {
+    init_llama_backend();
+    if (!std::filesystem::exists(gguf_path)) throw Error(gguf_path + ": no such file");
+    llama_model_params params = llama_model_default_params();
+    params.vocab_only = true;
+    model_ = llama_model_load_from_file(gguf_path.c_str(), params);
+    if (!model_) throw Error(gguf_path + ": libllama could not load the vocabulary");
+    vocab_ = llama_model_get_vocab(model_);
+}
+
+Tokenizer::~Tokenizer() {
+    if (model_) llama_model_free(model_);
+}
+
+std::vector<int32_t> Tokenizer::tokenize(const std::string & text, bool add_bos) const {
+    std::vector<llama_token> out(text.size() + 8);
+    int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                               static_cast<int32_t>(out.size()), add_bos, /*parse_special=*/true);
+    if (n < 0) {
+        out.resize(-n);
+        n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                           static_cast<int32_t>(out.size()), add_bos, true);
+    }
+    if (n < 0) throw Error("tokenization failed");
+    out.resize(n);
+    return out;
+}
+
+std::string Tokenizer::piece(int32_t token) const {
+    char buf[256];
+    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, /*special=*/false);
+    if (n < 0) {
+        std::string big(-n, '\0');
+        n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, false);
+        return big.substr(0, std::max(n, 0));
+    }
+    return std::string(buf, n);
+}
+
+std::string Tokenizer::detokenize(const std::vector<int32_t> & tokens) const {
+    std::string s;
+    for (int32_t t : tokens) s += piece(t);
+    return s;
+}
+
+bool Tokenizer::is_end_of_generation(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
+
+int Tokenizer::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
+
+uint64_t Tokenizer::fingerprint() const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over every token's text
+    const int n = n_vocab();
+    for (int t = 0; t < n; ++t) {
+        for (const char * p = llama_vocab_get_text(vocab_, t); *p; ++p) h = (h ^ static_cast<uint8_t>(*p)) * 1099511628211ull;
+        h = (h ^ 0xff) * 1099511628211ull;
+    }
+    return h ^ static_cast<uint64_t>(n);
+}
+
+std::string Tokenizer::apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
+                                           bool add_assistant) const {
+    const char * tmpl = llama_model_chat_template(model_, nullptr);
+    if (!tmpl) throw Error("the model has no chat template");
+    std::vector<llama_chat_message> chat;
+    for (auto & [role, content] : messages) chat.push_back({role.c_str(), content.c_str()});
+    std::string buf(4096, '\0');
+    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), static_cast<int32_t>(buf.size()));
+    if (n > static_cast<int32_t>(buf.size())) {
+        buf.resize(n);
+        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), static_cast<int32_t>(buf.size()));
+    }
+    if (n < 0) throw Error("the model's chat template is not supported by llama_chat_apply_template");
+    buf.resize(n);
+    return buf;
+}
+
+}  // namespace specula

@@ -1,0 +1,128 @@
+// The runtime's forward: tree masks, hidden-state taps, layer ranges.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/error.h"
+#include "kv/kv_cache.h"
+#include "llama_peer.h"
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "test_models.h"
+
+namespace specula {
+namespace {
+
+double max_abs_diff(std::span<const float> a, std::span<const float> b) {
+    EXPECT_EQ(a.size(), b.size());
+    double m = 0.0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+    return m;
+}
+
+struct Fixture {
+    Backend backend{BackendOptions{"cpu", 1}};
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ModelRunner> runner;
+    explicit Fixture(const std::string & variant) {
+        model = Model::load(test::model_path(variant), backend);
+        runner = std::make_unique<ModelRunner>(*model);
+    }
+    std::unique_ptr<KvCache> cache() { return std::make_unique<KvCache>(backend, model->config(), 128); }
+};
+
+const std::vector<int32_t> kPrefix = {1, 450, 4996, 17354, 1701};
+
+TEST(Forward, TreeMaskedBranchesMatchTheirCausalForwards) {
+    for (const char * variant : {"llama_gqa_f32", "qwen3_qknorm"}) {
+        Fixture f(variant);
+        auto cache = f.cache();
+        f.runner->forward(ForwardBatch::causal(kPrefix, 0, {}), *cache);
+        const int base = cache->size();
+
+        // Two roots; the first with two children, one of which has a child.
+        //   0:a -> 1:b -> 2:c ;  0:a -> 3:d -> 4:e ;  5:f
+        const std::vector<int32_t> tokens = {310, 526, 2253, 825, 29889, 3186};
+        const std::vector<int> parents = {-1, 0, 1, 0, 3, -1};
+        const std::vector<int32_t> depth = {0, 1, 2, 1, 2, 0};
+        ForwardBatch tree;
+        tree.tokens = tokens;
+        for (int d : depth) tree.positions.push_back(base + d);
+        tree.mask = BlockMask::from_parents(parents);
+        tree.logit_rows = {0, 1, 2, 3, 4, 5};
+        ForwardOutput t = f.runner->forward(tree, *cache);
+
+        const std::vector<std::vector<int>> paths = {{0, 1, 2}, {0, 3, 4}, {5}};
+        for (const auto & path : paths) {
+            auto plain = f.cache();
+            f.runner->forward(ForwardBatch::causal(kPrefix, 0, {}), *plain);
+            std::vector<int32_t> path_tokens, rows;
+            for (size_t i = 0; i < path.size(); ++i) path_tokens.push_back(tokens[path[i]]), rows.push_back(int32_t(i));
+            ForwardOutput p = f.runner->forward(ForwardBatch::causal(path_tokens, base, rows), *plain);
+            for (size_t i = 0; i < path.size(); ++i) {
+                // Different batch shapes take different matmul kernels: rounding differs, a wrong mask is O(1).
+                EXPECT_LT(max_abs_diff(t.logits_row(path[i]), p.logits_row(i)), 5e-3) << variant << " tree row " << path[i];
+            }
+        }
+    }
+}
+
+TEST(Forward, TapsEqualTheResidualStreamOfALayerRangeRun) {
+    Fixture f("llama_gqa_f32");
+    const int L = f.model->config().n_layer;
+    ForwardBatch b = ForwardBatch::causal(kPrefix, 0, {0, 1, 2, 3, 4});
+    b.tap_layers = {0, L - 1};
+    auto cache = f.cache();
+    ForwardOutput full = f.runner->forward(b, *cache);
+    ASSERT_EQ(full.taps.size(), 2u);
+
+    // Layers [0, 1) alone give tap 0; layers [1, L) fed with it give the same logits.
+    auto c2 = f.cache();
+    ForwardBatch first = ForwardBatch::causal(kPrefix, 0, {});
+    first.layer_end = 1;
+    ForwardOutput h = f.runner->forward(first, *c2);
+    EXPECT_LT(max_abs_diff(h.hidden_out, full.taps[0]), 1e-5);
+    c2->rollback(0);
+
+    auto c3 = f.cache();
+    ForwardBatch rest = ForwardBatch::causal(kPrefix, 0, {0, 1, 2, 3, 4});
+    rest.tokens.clear();
+    rest.hidden_in = h.hidden_out;
+    rest.layer_begin = 1;
+    ForwardOutput tail = f.runner->forward(rest, *c3);
+    EXPECT_LT(max_abs_diff(tail.logits, full.logits), 1e-4);
+}
+
+TEST(Forward, TapsEqualLibllamaResidualStream) {
+    const std::string path = test::model_path("llama_gqa_f32");
+    Fixture f("llama_gqa_f32");
+    ForwardBatch b = ForwardBatch::causal(kPrefix, 0, {0, 1, 2, 3, 4});
+    b.tap_layers = {0};
+    auto cache = f.cache();
+    ForwardOutput ours = f.runner->forward(b, *cache);
+
+    LlamaPeer peer(path, 128, 1, 512, /*with_capture=*/true);
+    peer.capture_layers({0});
+    peer.decode(kPrefix, true);
+    EXPECT_LT(max_abs_diff(ours.taps[0], peer.captured(0)), 2e-3);
+}
+
+TEST(Forward, MalformedBatchesAreRefused) {
+    Fixture f("llama_gqa_f32");
+    auto cache = f.cache();
+    ForwardBatch b = ForwardBatch::causal(kPrefix, 0, {7});
+    EXPECT_THROW(f.runner->forward(b, *cache), Error);
+    EXPECT_EQ(cache->size(), 0);
+    b = ForwardBatch::causal(std::vector<int32_t>{1, 999999}, 0, {1});
+    EXPECT_THROW(f.runner->forward(b, *cache), Error);
+    b = ForwardBatch::causal(kPrefix, 0, {0});
+    b.tap_layers = {99};
+    EXPECT_THROW(f.runner->forward(b, *cache), Error);
+    KvCache small(f.backend, f.model->config(), 4);
+    EXPECT_THROW(f.runner->forward(ForwardBatch::causal(kPrefix, 0, {0}), small), Error);
+    EXPECT_EQ(small.size(), 0);
+}
+
+}  // namespace
+}  // namespace specula

@@ -1,0 +1,59 @@
+#include "test_models.h"
+
+#include <filesystem>
+#include <unistd.h>
+#include <mutex>
+#include <stdexcept>
+
+#include "model_writer.h"
+
+namespace specula::test {
+
+std::string vocab_dir() { return SPECULA_VOCAB_DIR; }
+
+std::string scratch_dir() {
+    const std::string dir = std::string(SPECULA_TEST_DIR) + "/test-models";
+    std::filesystem::create_directories(dir);
+    return dir;
+}
+
+const std::vector<Variant> & oracle_variants() {
+    static const std::vector<Variant> v = {
+        // name            arch     vocab                       E   L  H KV  D   FF  tied  type  tol
+        {"llama_gqa_f32", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, false, "f32", 2e-3},
+        {"llama_tied_f16", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 4, 0, 128, true, "f16", 2e-2},
+        {"llama_bf16", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, false, "bf16", 2e-2},
+        {"llama_q8_0", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, false, "q8_0", 2e-2},
+        {"llama_q4_0", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, false, "q4_0", 2e-2},
+        {"llama_q4_k", "llama", "ggml-vocab-llama-spm.gguf", 256, 2, 4, 2, 0, 256, false, "q4_k", 2e-2},
+        {"llama_q6_k", "llama", "ggml-vocab-llama-spm.gguf", 256, 2, 4, 2, 0, 256, true, "q6_k", 2e-2},
+        {"llama3_bpe_tied", "llama", "ggml-vocab-llama-bpe.gguf", 64, 2, 4, 2, 0, 128, true, "f32", 2e-3},
+        {"qwen2_bias", "qwen2", "ggml-vocab-qwen2.gguf", 64, 2, 4, 2, 0, 128, true, "f32", 2e-3},
+        {"qwen3_qknorm", "qwen3", "ggml-vocab-qwen2.gguf", 64, 2, 4, 2, 32, 128, true, "f32", 2e-3},
+    };
+    return v;
+}
+
+std::string model_path(const std::string & name) {
+    static std::mutex mu;
+    std::lock_guard lock(mu);
+    for (const Variant & v : oracle_variants()) {
+        if (v.name != name) continue;
+        const std::string path = scratch_dir() + "/" + name + ".gguf";
+        if (!std::filesystem::exists(path)) {
+            RandomModelSpec s;
+            s.arch = v.arch;
+            s.vocab_gguf = vocab_dir() + "/" + v.vocab;
+            s.n_embd = v.n_embd, s.n_layer = v.n_layer, s.n_head = v.n_head, s.n_head_kv = v.n_head_kv;
+            s.head_dim = v.head_dim, s.n_ff = v.n_ff, s.tied_output = v.tied, s.weight_type = v.type;
+            s.seed = std::hash<std::string>{}(name) & 0xffff;
+            const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+            write_random_model(s, tmp);
+            std::filesystem::rename(tmp, path);
+        }
+        return path;
+    }
+    throw std::runtime_error("unknown test model " + name);
+}
+
+}  // namespace specula::test

@@ -1,0 +1,25 @@
+#pragma once
+// Random-weight fixture models, written once per build into the build tree and reused.
+#include <string>
+#include <vector>
+
+namespace specula::test {
+
+struct Variant {
+    std::string name;
+    std::string arch;
+    std::string vocab;  // file name under llama.cpp's models/
+    int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    bool tied;
+    std::string type;
+    double logit_tol;  // max |specula - libllama| allowed on logits
+};
+
+// Every supported family and option: GQA, tied output, qwen2 biases, qwen3 q/k norm, weight types.
+const std::vector<Variant> & oracle_variants();
+// Path of the model for `name` (one of oracle_variants()), created on first use.
+std::string model_path(const std::string & name);
+std::string vocab_dir();
+std::string scratch_dir();
+
+}  // namespace specula::test

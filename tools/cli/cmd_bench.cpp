@@ -1,0 +1,25 @@
+#include <CLI/CLI.hpp>
+#include <memory>
+
+#include "commands.h"
+#include "decode_bench.h"
+
+namespace specula::cli {
+
+void register_bench(CLI::App & app, Commands & commands) {
+    CLI::App * bench = app.add_subcommand("bench", "benchmarks against llama.cpp on the same model (not tests)");
+    bench->require_subcommand(1);
+
+    auto o = std::make_shared<bench::DecodeBenchOptions>();
+    CLI::App * decode = bench->add_subcommand("decode", "generation speed and verifier batch cost vs llama.cpp");
+    decode->add_option("-m,--model", o->model, "model GGUF")->required();
+    decode->add_option("-t,--threads", o->threads, "threads (0 = physical cores)")->capture_default_str();
+    decode->add_option("-r,--reps", o->reps, "repetitions per measurement")->capture_default_str();
+    decode->add_option("-n,--n-gen", o->n_gen, "tokens per generation run")->capture_default_str();
+    decode->add_option("--depth", o->depth, "cached tokens before each batch")->capture_default_str();
+    decode->add_option("-b,--batch-sizes", o->batch_sizes, "batch sizes")->delimiter(',');
+    decode->add_option("--json", o->json_path, "write results as JSON");
+    decode->callback([o, &commands] { commands.run = [o] { return bench::run_decode_bench(*o); }; });
+}
+
+}  // namespace specula::cli

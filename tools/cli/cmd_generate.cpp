@@ -1,0 +1,47 @@
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "specula/specula.h"
+
+namespace specula::cli {
+
+void register_generate(CLI::App & app, Commands & commands) {
+    struct Args {
+        EngineOptions engine;
+        GenerationOptions gen;
+        std::string prompt;
+    };
+    auto args = std::make_shared<Args>();
+    CLI::App * sub = app.add_subcommand("generate", "generate text from a prompt, streaming it to stdout");
+    sub->add_option("-m,--model", args->engine.model_path, "target model GGUF")->required();
+    sub->add_option("-p,--prompt", args->prompt, "prompt text")->required();
+    sub->add_option("-n,--n-predict", args->gen.n_predict, "tokens to generate")->capture_default_str();
+    sub->add_option("-c,--ctx-size", args->engine.n_ctx, "context size in tokens")->capture_default_str();
+    sub->add_option("--temp", args->gen.sampling.temperature, "temperature (0 = greedy)")->capture_default_str();
+    sub->add_option("--top-k", args->gen.sampling.top_k, "top-k (0 = off)")->capture_default_str();
+    sub->add_option("--top-p", args->gen.sampling.top_p, "top-p (1 = off)")->capture_default_str();
+    sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
+    sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
+    sub->add_option("-t,--threads", args->engine.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
+    sub->add_option("--device", args->engine.device, "ggml device (cpu, or e.g. CUDA0 in a GPU build)")->capture_default_str();
+    sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
+    commands.run = nullptr;
+    sub->callback([args, &commands] {
+        commands.run = [args] {
+            auto engine = Engine::open(args->engine);
+            std::fputs(args->prompt.c_str(), stdout);
+            const GenerationStats s = engine->generate(args->prompt, args->gen, [](const std::string & piece) {
+                std::fputs(piece.c_str(), stdout);
+                std::fflush(stdout);
+                return true;
+            });
+            std::fprintf(stderr, "\n[specula] prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s\n", s.n_prompt,
+                         s.prompt_tok_s(), s.n_generated, s.generation_tok_s());
+            return 0;
+        };
+    });
+}
+
+}  // namespace specula::cli

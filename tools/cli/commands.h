@@ -1,0 +1,17 @@
+#pragma once
+#include <functional>
+
+namespace CLI { class App; }
+
+namespace specula::cli {
+
+// The parsed subcommand's action.
+struct Commands {
+    std::function<int()> run;
+};
+
+void register_generate(CLI::App & app, Commands & commands);
+void register_bench(CLI::App & app, Commands & commands);
+void register_make_model(CLI::App & app, Commands & commands);
+
+}  // namespace specula::cli

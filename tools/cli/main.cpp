@@ -1,0 +1,28 @@
+// specula command line: generate | bench | make-model. Every failure prints one line and exits 1.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "common/error.h"
+
+int main(int argc, char ** argv) {
+    CLI::App app{"specula: speculative decoding for llama-family GGUF models"};
+    app.require_subcommand(1);
+    specula::cli::Commands commands;
+    specula::cli::register_generate(app, commands);
+    specula::cli::register_bench(app, commands);
+    specula::cli::register_make_model(app, commands);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e);
+    }
+    try {
+        return commands.run();
+    } catch (const std::exception & e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "\nspecula: error: %s\n", e.what());
+        return 1;
+    }
+}

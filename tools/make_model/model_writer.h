@@ -1,0 +1,31 @@
+#pragma once
+// Writes random-weight llama-family GGUF models: test fixtures for every supported family and
+// option, and bench-shaped models (e.g. Llama-3.2-1B shape) for cost curves. The vocabulary comes
+// from one of llama.cpp's models/ggml-vocab-*.gguf files, so libllama can load the result.
+#include <cstdint>
+#include <string>
+
+namespace specula {
+
+struct RandomModelSpec {
+    std::string arch = "llama";  // llama | qwen2 | qwen3
+    std::string vocab_gguf;      // path to a ggml-vocab-*.gguf
+    int n_embd = 64;
+    int n_layer = 2;
+    int n_head = 4;
+    int n_head_kv = 4;
+    int head_dim = 0;            // 0 = n_embd / n_head
+    int n_ff = 128;
+    int n_ctx = 1024;
+    bool tied_output = false;
+    std::string weight_type = "f32";  // matmul weights: f32 f16 bf16 q8_0 q4_0 q4_k q6_k
+    float rope_freq_base = 10000.0f;
+    uint64_t seed = 1;
+};
+
+// Named shapes for benchmarks: "llama-1b" (Llama-3.2-1B), "llama-100m", "tiny".
+RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_dir);
+
+void write_random_model(const RandomModelSpec & spec, const std::string & out_path);  // throws Error
+
+}  // namespace specula
