@@ -29,6 +29,7 @@ const std::vector<Variant> & oracle_variants() {
         {"llama_q6_k", "llama", "ggml-vocab-llama-spm.gguf", 256, 2, 4, 2, 0, 256, true, "q6_k", 2e-2},
         {"llama3_bpe_tied", "llama", "ggml-vocab-llama-bpe.gguf", 64, 2, 4, 2, 0, 128, true, "f32", 2e-3},
         {"qwen2_bias", "qwen2", "ggml-vocab-qwen2.gguf", 64, 2, 4, 2, 0, 128, true, "f32", 2e-3},
+        {"llama_draft_small", "llama", "ggml-vocab-llama-spm.gguf", 32, 1, 2, 1, 0, 64, false, "f32", 2e-3},
         {"qwen3_qknorm", "qwen3", "ggml-vocab-qwen2.gguf", 64, 2, 4, 2, 32, 128, true, "f32", 2e-3},
     };
     return v;
@@ -54,6 +55,19 @@ std::string model_path(const std::string & name) {
         return path;
     }
     throw std::runtime_error("unknown test model " + name);
+}
+
+std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed) {
+    const std::string path = scratch_dir() + "/" + name + ".gguf";
+    if (!std::filesystem::exists(path)) {
+        RandomModelSpec s;
+        s.n_vocab = n_vocab;
+        s.n_embd = 32, s.n_layer = 1, s.n_head = 2, s.n_head_kv = 2, s.n_ff = 64, s.seed = seed;
+        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+        write_random_model(s, tmp);
+        std::filesystem::rename(tmp, path);
+    }
+    return path;
 }
 
 }  // namespace specula::test

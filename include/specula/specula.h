@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "specula/sampling.h"
 
@@ -11,6 +12,12 @@ namespace specula {
 
 struct EngineOptions {
     std::string model_path;
+    // Speculation: at most one drafter. None = plain decoding.
+    std::string draft_model_path;  // a small LM sharing the target's vocabulary
+    bool ngram = false;            // prompt-lookup drafting
+    int ngram_min = 1, ngram_max = 3;
+    int draft_max = 8;             // longest draft per round
+    std::string draft_policy = "fixed";  // fixed | heuristic | cost
     int n_ctx = 2048;            // tokens of context (prompt + generation)
     int n_threads = 0;           // 0 = physical cores
     std::string device = "cpu";  // a ggml device name when built with a GPU backend
@@ -20,12 +27,44 @@ struct GenerationOptions {
     int n_predict = 128;
     SamplingParams sampling;
     bool stop_at_end_of_generation = true;
+    std::string trace_path;  // speculative runs: one JSON line per drafted/emitted token
+};
+
+// Counters of a speculative run. "Emitted" counts every token a round produced (accepted drafts
+// plus the target's correction or bonus token), so mean_accepted_length is tokens per target forward.
+struct SpeculationStats {
+    int rounds = 0;
+    int drafted = 0;
+    int accepted = 0;
+    int emitted = 0;
+    std::vector<int> reached_at;   // [d]: rounds whose draft had a token at depth d+1 with all before accepted
+    std::vector<int> accepted_at;  // [d]: rounds that accepted that token
+
+    double acceptance_rate() const { return drafted ? double(accepted) / drafted : 0.0; }
+    double mean_accepted_length() const { return rounds ? double(emitted) / rounds : 0.0; }
+    double acceptance_at(size_t d) const { return reached_at[d] ? double(accepted_at[d]) / reached_at[d] : 0.0; }
+    void add_round(int n_drafted, int draft_depth, int n_accepted) {
+        ++rounds;
+        drafted += n_drafted;
+        accepted += n_accepted;
+        emitted += n_accepted + 1;
+        if (static_cast<int>(reached_at.size()) < draft_depth) {
+            reached_at.resize(draft_depth, 0);
+            accepted_at.resize(draft_depth, 0);
+        }
+        for (int d = 0; d < draft_depth && d <= n_accepted; ++d) {
+            ++reached_at[d];
+            if (d < n_accepted) ++accepted_at[d];
+        }
+    }
 };
 
 struct GenerationStats {
     int n_prompt = 0;
     int n_generated = 0;
     double prompt_seconds = 0.0;
+    bool speculative = false;
+    SpeculationStats speculation;
     double generation_seconds = 0.0;
     double prompt_tok_s() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0.0; }
     double generation_tok_s() const { return generation_seconds > 0 ? n_generated / generation_seconds : 0.0; }

@@ -1,7 +1,11 @@
 #include <memory>
+#include <numeric>
 
 #include "common/error.h"
+#include "draft/draft_model.h"
+#include "draft/ngram.h"
 #include "engine/generate.h"
+#include "engine/speculative.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -16,6 +20,10 @@ struct Engine::Impl {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
+    std::unique_ptr<Model> draft_model;
+    std::unique_ptr<Drafter> drafter;
+    DraftPolicyKind policy = DraftPolicyKind::Fixed;
+    std::vector<double> verify_cost_ms;  // measured once, for the cost policy
 };
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -31,6 +39,30 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
     if (impl->tokenizer->n_vocab() > impl->model->config().n_vocab) {
         throw Error(options.model_path + ": tokenizer has more tokens than the embedding matrix");
     }
+
+    const bool speculative = !options.draft_model_path.empty() || options.ngram;
+    if (!options.draft_model_path.empty() && options.ngram) throw Error("choose one drafter: --draft or --ngram");
+    if (speculative) {
+        impl->policy = parse_draft_policy(options.draft_policy);
+        if (options.draft_max < 1) throw Error("--draft-max must be at least 1");
+        if (options.draft_max + 2 > options.n_ctx) {
+            throw Error("draft length " + std::to_string(options.draft_max) + " does not fit the " +
+                        std::to_string(options.n_ctx) + "-token context");
+        }
+    }
+    if (!options.draft_model_path.empty()) {
+        impl->draft_model = Model::load(options.draft_model_path, *impl->backend);
+        const Tokenizer draft_vocab(options.draft_model_path);
+        if (draft_vocab.fingerprint() != impl->tokenizer->fingerprint() ||
+            impl->draft_model->config().n_vocab != impl->model->config().n_vocab) {
+            throw Error("draft model " + options.draft_model_path + " has a different vocabulary (" +
+                        std::to_string(draft_vocab.n_vocab()) + " tokens) than the target (" +
+                        std::to_string(impl->tokenizer->n_vocab()) + " tokens)");
+        }
+        impl->drafter = std::make_unique<DraftModelDrafter>(*impl->draft_model, options.n_ctx);
+    } else if (options.ngram) {
+        impl->drafter = std::make_unique<NgramDrafter>(options.ngram_min, options.ngram_max);
+    }
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -39,9 +71,26 @@ GenerationStats Engine::generate(const std::string & prompt, const GenerationOpt
     const std::vector<int32_t> tokens = s.tokenizer->tokenize(prompt);
     KvCache cache(*s.backend, s.model->config(), s.options.n_ctx);
     ModelRunner runner(*s.model);
-    return generate_plain(runner, cache, tokens, options,
-                          [&](int32_t t) { return s.tokenizer->is_end_of_generation(t); },
-                          [&](int32_t t) { return sink(s.tokenizer->piece(t)); });
+    auto is_end = [&](int32_t t) { return s.tokenizer->is_end_of_generation(t); };
+    auto emit = [&](int32_t t) { return sink(s.tokenizer->piece(t)); };
+    if (!s.drafter) return generate_plain(runner, cache, tokens, options, is_end, emit);
+
+    const int k_max = s.options.draft_max;
+    if (s.policy == DraftPolicyKind::Cost && s.verify_cost_ms.empty()) {
+        std::vector<int32_t> probe(k_max + 1);
+        std::iota(probe.begin(), probe.end(), 0);
+        s.verify_cost_ms = measure_verify_cost(runner, cache, probe, k_max + 1);
+    }
+    auto policy = make_draft_policy(s.policy, k_max, s.verify_cost_ms);
+    std::unique_ptr<TraceWriter> trace;
+    if (!options.trace_path.empty()) {
+        trace = std::make_unique<TraceWriter>(options.trace_path, [&](int32_t t) { return s.tokenizer->piece(t); });
+    }
+    SpecContext ctx{runner, cache, *s.drafter, *policy, nullptr, nullptr};
+    if (trace) {
+        ctx.on_round = [&](const RoundInfo & r) { trace->round(r.round, r.base, r.draft_length, r.draft_ms, r.verify_ms, *r.result); };
+    }
+    return generate_speculative(ctx, tokens, options, is_end, emit);
 }
 
 }  // namespace specula

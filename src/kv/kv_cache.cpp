@@ -1,5 +1,6 @@
 #include "kv/kv_cache.h"
 
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -16,6 +17,8 @@ KvCache::KvCache(Backend & backend, const ModelConfig & config, int capacity)
 
 KvCache::KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity)
     : n_embd_kv_(n_embd_kv), capacity_(capacity) {
+    static std::atomic<uint64_t> next_id{1};
+    id_ = next_id++;
     if (capacity <= 0) throw Error("KV cache capacity must be positive");
     ggml_init_params params{ggml_tensor_overhead() * (2 * n_layers + 1), nullptr, true};
     ctx_ = ggml_init(params);

@@ -3,6 +3,7 @@
 // pre-allocated. Slot i holds the token at sequence index i, so the cache holds exactly the
 // accepted sequence: a forward writes its block after the last slot, then the caller keeps what
 // verification accepted with rollback() (a chain prefix, O(1)) or compact() (a tree path).
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -28,6 +29,7 @@ public:
     int capacity() const { return capacity_; }
     int n_layers() const { return static_cast<int>(k_.size()); }
     int n_embd_kv() const { return n_embd_kv_; }
+    uint64_t id() const { return id_; }  // unique per cache ever made (graphs that reference it key on this)
 
     // Forget every slot from `n` on. O(1): later writes overwrite, the mask hides the rest.
     void rollback(int n);
@@ -45,6 +47,7 @@ public:
     std::vector<float> read_row(int layer, bool value, int slot) const;
 
 private:
+    uint64_t id_ = 0;
     int n_embd_kv_ = 0;
     int capacity_ = 0;
     int size_ = 0;

@@ -57,7 +57,7 @@ constexpr int kKvPad = 256;
 struct GraphKey {
     int n_tokens, n_kv, n_out, layer_begin, layer_end;
     std::vector<int> taps;
-    const KvCache * cache;
+    uint64_t cache_id;
     bool operator==(const GraphKey &) const = default;
 };
 
@@ -65,27 +65,22 @@ struct GraphKey {
 
 struct ModelRunner::Graph {
     GraphKey key;
+    ggml_backend_sched_t sched = nullptr;
     ggml_context * ctx = nullptr;
     ggml_cgraph * gf = nullptr;
     GraphInputs in;
     GraphOutputs out;
     ~Graph() {
+        if (sched) ggml_backend_sched_free(sched);
         if (ctx) ggml_free(ctx);
     }
 };
 
 ModelRunner::ModelRunner(const Model & model) : model_(model) {
-    auto & backends = model.backend().backends();
     graph_size_ = std::max<size_t>(2048, static_cast<size_t>(model.config().n_layer) * 48 + 64);
-    sched_ = ggml_backend_sched_new(const_cast<ggml_backend_t *>(backends.data()), nullptr, static_cast<int>(backends.size()),
-                                    graph_size_, false, true);
-    if (!sched_) throw Error("could not create the ggml scheduler");
 }
 
-ModelRunner::~ModelRunner() {
-    graph_.reset();
-    if (sched_) ggml_backend_sched_free(sched_);
-}
+ModelRunner::~ModelRunner() = default;
 
 ForwardOutput ModelRunner::forward(const ForwardBatch & batch, KvCache & cache) {
     ForwardOutput out;
@@ -123,6 +118,61 @@ void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput
     }
 }
 
+ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end) {
+    const ModelConfig & c = model_.config();
+    const int n = b.n_tokens();
+    GraphKey key{n, n_kv, want_logits ? static_cast<int>(b.logit_rows.size()) : 0, b.layer_begin, layer_end, b.tap_layers, cache.id()};
+    for (size_t i = 0; i < graphs_.size(); ++i) {
+        if (graphs_[i]->key == key) {
+            std::rotate(graphs_.begin() + i, graphs_.begin() + i + 1, graphs_.end());
+            return *graphs_.back();
+        }
+    }
+    if (graphs_.size() >= kMaxGraphs) graphs_.erase(graphs_.begin());
+    auto g = std::make_unique<Graph>();
+    g->key = key;
+    auto & backends = model_.backend().backends();
+    g->sched = ggml_backend_sched_new(const_cast<ggml_backend_t *>(backends.data()), nullptr, static_cast<int>(backends.size()),
+                                      graph_size_, false, true);
+    if (!g->sched) throw Error("could not create the ggml scheduler");
+    ggml_init_params params{ggml_tensor_overhead() * graph_size_ + ggml_graph_overhead_custom(graph_size_, false), nullptr, true};
+    g->ctx = ggml_init(params);
+    g->gf = ggml_new_graph_custom(g->ctx, graph_size_, false);
+    GraphInputs & in = g->in;
+    if (b.layer_begin == 0) {
+        in.tokens = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
+        ggml_set_input(in.tokens);
+    } else {
+        in.hidden_in = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F32, c.n_embd, n);
+        ggml_set_input(in.hidden_in);
+    }
+    in.positions = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
+    in.kq_mask = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F16, n_kv, n);
+    in.kv_slots = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I64, n);
+    in.n_kv = n_kv;
+    ggml_set_input(in.positions);
+    ggml_set_input(in.kq_mask);
+    ggml_set_input(in.kv_slots);
+    if (want_logits) {
+        in.out_rows = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, key.n_out);
+        ggml_set_input(in.out_rows);
+    }
+    g->out = build_llama_family_graph(g->ctx, g->gf, model_, cache, in, b.layer_begin, layer_end, b.tap_layers);
+    for (ggml_tensor * t : g->out.taps) {
+        ggml_set_output(t);
+        ggml_build_forward_expand(g->gf, t);
+    }
+    for (ggml_tensor * t : {g->out.logits, g->out.hidden_out}) {
+        if (t) {
+            ggml_set_output(t);
+            ggml_build_forward_expand(g->gf, t);
+        }
+    }
+    if (!ggml_backend_sched_alloc_graph(g->sched, g->gf)) throw Error("forward: could not allocate the compute graph");
+    graphs_.push_back(std::move(g));
+    return *graphs_.back();
+}
+
 void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end,
                             ForwardOutput & out) {
     const ModelConfig & c = model_.config();
@@ -130,76 +180,41 @@ void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_s
     const int kv_len = first_slot + n;
     const int n_kv = std::min(cache.capacity(), (kv_len + kKvPad - 1) / kKvPad * kKvPad);
 
-    GraphKey key{n, n_kv, want_logits ? static_cast<int>(b.logit_rows.size()) : 0, b.layer_begin, layer_end, b.tap_layers, &cache};
-    if (!graph_ || !(graph_->key == key)) {
-        graph_.reset();
-        ggml_backend_sched_reset(sched_);
-        auto g = std::make_unique<Graph>();
-        g->key = key;
-        ggml_init_params params{ggml_tensor_overhead() * graph_size_ + ggml_graph_overhead_custom(graph_size_, false), nullptr, true};
-        g->ctx = ggml_init(params);
-        g->gf = ggml_new_graph_custom(g->ctx, graph_size_, false);
-        GraphInputs & in = g->in;
-        if (b.layer_begin == 0) {
-            in.tokens = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
-            ggml_set_input(in.tokens);
-        } else {
-            in.hidden_in = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F32, c.n_embd, n);
-            ggml_set_input(in.hidden_in);
-        }
-        in.positions = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
-        in.kq_mask = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F16, n_kv, n);
-        in.kv_slots = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I64, n);
-        in.n_kv = n_kv;
-        ggml_set_input(in.positions);
-        ggml_set_input(in.kq_mask);
-        ggml_set_input(in.kv_slots);
-        if (want_logits) {
-            in.out_rows = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, key.n_out);
-            ggml_set_input(in.out_rows);
-        }
-        g->out = build_llama_family_graph(g->ctx, g->gf, model_, cache, in, b.layer_begin, layer_end, b.tap_layers);
-        for (ggml_tensor * t : g->out.taps) {
-            ggml_set_output(t);
-            ggml_build_forward_expand(g->gf, t);
-        }
-        for (ggml_tensor * t : {g->out.logits, g->out.hidden_out}) {
-            if (t) {
-                ggml_set_output(t);
-                ggml_build_forward_expand(g->gf, t);
-            }
-        }
-        if (!ggml_backend_sched_alloc_graph(sched_, g->gf)) throw Error("forward: could not allocate the compute graph");
-        graph_ = std::move(g);
-    }
-    Graph & g = *graph_;
+    Graph & g = graph_for(b, cache, n_kv, want_logits, layer_end);
 
-    if (g.in.tokens) ggml_backend_tensor_set(g.in.tokens, b.tokens.data(), 0, sizeof(int32_t) * n);
-    if (g.in.hidden_in) ggml_backend_tensor_set(g.in.hidden_in, b.hidden_in.data(), 0, sizeof(float) * b.hidden_in.size());
-    ggml_backend_tensor_set(g.in.positions, b.positions.data(), 0, sizeof(int32_t) * n);
+    // An input the graph never reads (e.g. the mask when no layer's attention output is needed)
+    // has no buffer and needs no data.
+    auto set = [](ggml_tensor * t, const void * data, size_t bytes) {
+        if (t && t->buffer) ggml_backend_tensor_set(t, data, 0, bytes);
+    };
+    set(g.in.tokens, b.tokens.data(), sizeof(int32_t) * b.tokens.size());
+    set(g.in.hidden_in, b.hidden_in.data(), sizeof(float) * b.hidden_in.size());
+    set(g.in.positions, b.positions.data(), sizeof(int32_t) * n);
     std::vector<int64_t> slots(n);
     for (int i = 0; i < n; ++i) slots[i] = first_slot + i;
-    ggml_backend_tensor_set(g.in.kv_slots, slots.data(), 0, sizeof(int64_t) * n);
-    if (g.in.out_rows) ggml_backend_tensor_set(g.in.out_rows, b.logit_rows.data(), 0, sizeof(int32_t) * b.logit_rows.size());
+    set(g.in.kv_slots, slots.data(), sizeof(int64_t) * n);
+    set(g.in.out_rows, b.logit_rows.data(), sizeof(int32_t) * b.logit_rows.size());
 
-    // [n_kv, n]: 0 where row i may attend, -inf elsewhere (padding slots included).
-    std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv) * n);
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-    for (int i = 0; i < n; ++i) {
-        ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
-        std::fill(row, row + first_slot, zero);
-        for (int j = 0; j < n; ++j) row[first_slot + j] = b.mask.sees(i, j) ? zero : ninf;
-        std::fill(row + kv_len, row + n_kv, ninf);
+    if (g.in.kq_mask->buffer) {
+        // [n_kv, n]: 0 where row i may attend, -inf elsewhere (padding slots included).
+        std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv) * n);
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+        for (int i = 0; i < n; ++i) {
+            ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
+            std::fill(row, row + first_slot, zero);
+            for (int j = 0; j < n; ++j) row[first_slot + j] = b.mask.sees(i, j) ? zero : ninf;
+            std::fill(row + kv_len, row + n_kv, ninf);
+        }
+        set(g.in.kq_mask, mask.data(), sizeof(ggml_fp16_t) * mask.size());
     }
-    ggml_backend_tensor_set(g.in.kq_mask, mask.data(), 0, sizeof(ggml_fp16_t) * mask.size());
 
-    if (ggml_backend_sched_graph_compute(sched_, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");
+    if (ggml_backend_sched_graph_compute(g.sched, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");
 
     out.n_vocab = c.n_vocab;
     out.n_embd = c.n_embd;
     out.logits.clear();
     if (g.out.logits) {
-        out.logits.resize(static_cast<size_t>(key.n_out) * c.n_vocab);
+        out.logits.resize(static_cast<size_t>(g.key.n_out) * c.n_vocab);
         ggml_backend_tensor_get(g.out.logits, out.logits.data(), 0, sizeof(float) * out.logits.size());
     }
     out.taps.resize(g.out.taps.size());

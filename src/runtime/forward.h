@@ -3,12 +3,10 @@
 // attention mask (a causal batch and a token tree are the same call), logits only for the rows
 // asked for, residual-stream taps at any layers, and a layer range for early exit.
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <span>
 #include <vector>
 
-struct ggml_backend_sched;
 
 namespace specula {
 
@@ -54,8 +52,9 @@ struct ForwardOutput {
     }
 };
 
-// Runs forwards of one model. Graphs are rebuilt only when the shape changes (token count,
-// padded KV length, outputs, layer range): steady decode reuses the previous graph and allocation.
+// Runs forwards of one model. Built graphs are kept per shape (token count, padded KV length,
+// outputs, layer range, cache), each with its own scheduler and allocation, so alternating shapes
+// (draft steps, verify blocks, catch-up blocks) reuse their graphs instead of rebuilding them.
 class ModelRunner {
 public:
     explicit ModelRunner(const Model & model);
@@ -75,8 +74,9 @@ private:
     void run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end, ForwardOutput & out);
     const Model & model_;
     size_t graph_size_ = 0;
-    ggml_backend_sched * sched_ = nullptr;
-    std::unique_ptr<Graph> graph_;  // the last built graph, reused while its key matches
+    Graph & graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end);
+    std::vector<std::unique_ptr<Graph>> graphs_;  // most recently used last
+    static constexpr size_t kMaxGraphs = 8;
 };
 
 }  // namespace specula

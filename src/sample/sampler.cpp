@@ -17,6 +17,15 @@ void processed_probs(std::span<const float> logits, const SamplingParams & p, st
         probs[argmax(logits)] = 1.0f;
         return;
     }
+    if (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0.0f) {  // plain temperature: no sort needed
+        const double inv_t = 1.0 / p.temperature;
+        const float max_logit = *std::max_element(logits.begin(), logits.end());
+        double sum = 0.0;
+        for (size_t i = 0; i < n; ++i) sum += (probs[i] = static_cast<float>(std::exp((logits[i] - max_logit) * inv_t)));
+        const float inv = static_cast<float>(1.0 / sum);
+        for (float & x : probs) x *= inv;
+        return;
+    }
     // Candidates sorted by logit, descending (ties by id, so results are deterministic).
     std::vector<int32_t> ids(n);
     std::iota(ids.begin(), ids.end(), 0);

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "specula/specula.h"
+#include "trace/trace.h"
 
 namespace specula::cli {
 
@@ -26,6 +27,13 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
     sub->add_option("-t,--threads", args->engine.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
     sub->add_option("--device", args->engine.device, "ggml device (cpu, or e.g. CUDA0 in a GPU build)")->capture_default_str();
+    sub->add_option("--draft", args->engine.draft_model_path, "draft model GGUF (same vocabulary as the target)");
+    sub->add_flag("--ngram", args->engine.ngram, "draft by prompt lookup (n-gram matching)");
+    sub->add_option("--ngram-min", args->engine.ngram_min, "shortest n-gram to match")->capture_default_str();
+    sub->add_option("--ngram-max", args->engine.ngram_max, "longest n-gram to match")->capture_default_str();
+    sub->add_option("--draft-max", args->engine.draft_max, "longest draft per round")->capture_default_str();
+    sub->add_option("--draft-policy", args->engine.draft_policy, "draft length policy: fixed | heuristic | cost")->capture_default_str();
+    sub->add_option("--trace", args->gen.trace_path, "write a per-token JSON-lines trace of speculative rounds");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;
     sub->callback([args, &commands] {
@@ -39,6 +47,7 @@ void register_generate(CLI::App & app, Commands & commands) {
             });
             std::fprintf(stderr, "\n[specula] prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s\n", s.n_prompt,
                          s.prompt_tok_s(), s.n_generated, s.generation_tok_s());
+            if (s.speculative) std::fprintf(stderr, "[specula] %s\n", format_summary(s.speculation).c_str());
             return 0;
         };
     });

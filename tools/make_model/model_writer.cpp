@@ -58,18 +58,21 @@ void write_random_model(const RandomModelSpec & spec, const std::string & out_pa
     if (spec.arch != "llama" && spec.arch != "qwen2" && spec.arch != "qwen3") throw Error("unknown arch '" + spec.arch + "'");
     const int head_dim = spec.head_dim > 0 ? spec.head_dim : spec.n_embd / spec.n_head;
 
-    ggml_context * vocab_meta = nullptr;
-    gguf_init_params vp{true, &vocab_meta};
-    gguf_context * vocab = gguf_init_from_file(spec.vocab_gguf.c_str(), vp);
-    if (!vocab) throw Error(spec.vocab_gguf + ": cannot read vocabulary GGUF");
-    const int64_t tokens_key = gguf_find_key(vocab, "tokenizer.ggml.tokens");
-    if (tokens_key < 0) throw Error(spec.vocab_gguf + ": has no tokenizer.ggml.tokens");
-    const int n_vocab = static_cast<int>(gguf_get_arr_n(vocab, tokens_key));
-
+    int n_vocab = spec.n_vocab;
     gguf_context * out = gguf_init_empty();
-    gguf_set_kv(out, vocab);  // every tokenizer.* key, as stored
-    gguf_free(vocab);
-    if (vocab_meta) ggml_free(vocab_meta);
+    if (!spec.vocab_gguf.empty()) {
+        ggml_context * vocab_meta = nullptr;
+        gguf_init_params vp{true, &vocab_meta};
+        gguf_context * vocab = gguf_init_from_file(spec.vocab_gguf.c_str(), vp);
+        if (!vocab) throw Error(spec.vocab_gguf + ": cannot read vocabulary GGUF");
+        const int64_t tokens_key = gguf_find_key(vocab, "tokenizer.ggml.tokens");
+        if (tokens_key < 0) throw Error(spec.vocab_gguf + ": has no tokenizer.ggml.tokens");
+        n_vocab = static_cast<int>(gguf_get_arr_n(vocab, tokens_key));
+        gguf_set_kv(out, vocab);  // every tokenizer.* key, as stored
+        gguf_free(vocab);
+        if (vocab_meta) ggml_free(vocab_meta);
+    }
+    if (n_vocab <= 0) throw Error("a random model needs a vocabulary GGUF or n_vocab");
 
     const std::string a = spec.arch + ".";
     gguf_set_val_str(out, "general.architecture", spec.arch.c_str());

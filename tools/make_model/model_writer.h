@@ -10,6 +10,7 @@ namespace specula {
 struct RandomModelSpec {
     std::string arch = "llama";  // llama | qwen2 | qwen3
     std::string vocab_gguf;      // path to a ggml-vocab-*.gguf
+    int n_vocab = 0;             // with no vocab_gguf: this many tokens and no tokenizer (runtime-only models)
     int n_embd = 64;
     int n_layer = 2;
     int n_head = 4;

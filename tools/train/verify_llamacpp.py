@@ -89,7 +89,7 @@ if os.path.exists(B("llama-speculative-simple")):
     p = "import os\nimport sys\n\n\ndef main():\n"
     for name, extra in (("eagle3", ["-md", M("specula-eagle3.gguf"), "--spec-type", "draft-eagle3"]),
                         ("draft", ["-md", M("specula-draft.gguf"), "--spec-type", "draft-simple"])):
-        cmd = [B("llama-speculative-simple"), "-m", M("specula-target.gguf"), *extra, "--spec-draft-n-max", "4",
+        cmd = [B("llama-speculative-simple"), "-m", M("specula-target.gguf"), *extra, "--spec-draft-n-max", "4", "--spec-draft-p-min", "0",
                "-p", p, "-n", "64", "--temp", "0", "--top-k", "1", "--seed", "42", "-t", "1", "-c", "512"]
         rc, out, err = run(cmd)
         stats = {k: v for k, v in re.findall(r"(n_draft|n_predict|n_drafted|n_accept|accept)\s*=\s*([0-9.%]+)", err + out)}

@@ -1,0 +1,20 @@
+#pragma once
+// Prompt-lookup drafting: find the latest earlier occurrence of the sequence's last n tokens
+// (n from n_max down to n_min) and propose what followed it. No model, no distribution.
+#include "draft/drafter.h"
+
+namespace specula {
+
+class NgramDrafter : public Drafter {
+public:
+    NgramDrafter(int n_min, int n_max);
+    const char * name() const override { return "ngram"; }
+    Draft draft(const DraftRequest & request) override;
+    void accept(int) override {}
+    void reset() override {}
+
+private:
+    int n_min_, n_max_;
+};
+
+}  // namespace specula

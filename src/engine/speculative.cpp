@@ -1,0 +1,134 @@
+#include "engine/speculative.h"
+
+#include <chrono>
+#include <string>
+
+#include "common/error.h"
+#include "kv/kv_cache.h"
+#include "runtime/forward.h"
+
+namespace specula {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double ms_since(clock_type::time_point t0) { return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(); }
+
+// [root, nodes...] as one block: node i is row i + 1 at position base + depth(i).
+ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
+    ForwardBatch b;
+    const int n = tree.size() + 1;
+    b.tokens.reserve(n);
+    b.tokens.push_back(root);
+    b.tokens.insert(b.tokens.end(), tree.token.begin(), tree.token.end());
+    b.positions.resize(n);
+    std::vector<int> parents(n);
+    parents[0] = -1;
+    b.positions[0] = base;
+    for (int i = 0; i < tree.size(); ++i) {
+        parents[i + 1] = tree.parent[i] + 1;  // kRoot (-1) becomes row 0
+        b.positions[i + 1] = base + tree.depth[i];
+    }
+    b.mask = BlockMask::from_parents(parents);
+    b.logit_rows.resize(n);
+    for (int i = 0; i < n; ++i) b.logit_rows[i] = i;
+    return b;
+}
+}  // namespace
+
+std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps) {
+    if (static_cast<int>(tokens.size()) < max_tokens) throw Error("measure_verify_cost: not enough tokens");
+    const int base = cache.size();
+    if (base + max_tokens > cache.capacity()) throw Error("measure_verify_cost: context too small");
+    std::vector<double> ms(max_tokens, 1e30);
+    ForwardOutput out;
+    for (int r = 0; r < reps; ++r) {
+        for (int b = 1; b <= max_tokens; ++b) {
+            std::vector<int32_t> rows(b);
+            for (int i = 0; i < b; ++i) rows[i] = i;
+            const auto t0 = clock_type::now();
+            target.forward(ForwardBatch::causal(tokens.first(b), base, rows), cache, out);
+            ms[b - 1] = std::min(ms[b - 1], ms_since(t0));
+            cache.rollback(base);
+        }
+    }
+    return ms;
+}
+
+GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t> prompt, const GenerationOptions & options,
+                                     const std::function<bool(int32_t)> & is_end, const TokenSink & sink) {
+    GenerationStats run;
+    run.speculative = true;
+    run.n_prompt = static_cast<int>(prompt.size());
+    if (prompt.empty()) throw Error("empty prompt");
+    if (static_cast<int>(prompt.size()) >= ctx.cache.capacity()) {
+        throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " +
+                    std::to_string(ctx.cache.capacity()) + "-token context");
+    }
+    const SamplingParams & sp = options.sampling;
+    Rng rng(sp.seed);
+    VerifyFn verify = ctx.verify;
+    if (!verify) {
+        verify = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r) {
+            return sp.greedy() ? verify_greedy(t, l) : verify_sampled(t, l, sp, r);
+        };
+    }
+    std::vector<int32_t> history(prompt.begin(), prompt.end());
+    ctx.drafter.reset();
+
+    // The prompt minus its last token goes into the cache; the last token is the first root.
+    auto t0 = clock_type::now();
+    ForwardOutput out;
+    for (size_t start = 0; start + 1 < prompt.size(); start += 512) {
+        const size_t n = std::min<size_t>(512, prompt.size() - 1 - start);
+        ctx.target.forward(ForwardBatch::causal(prompt.subspan(start, n), ctx.cache.size(), {}), ctx.cache, out);
+    }
+    run.prompt_seconds = ms_since(t0) / 1000.0;
+
+    t0 = clock_type::now();
+    int emitted = 0;
+    bool done = false;
+    while (!done && emitted < options.n_predict) {
+        const int base = ctx.cache.size();
+        const int room = ctx.cache.capacity() - base - 1;
+        if (room < 0) break;  // context full
+        const int asked = ctx.policy.next_length();
+        const int k = std::max(0, std::min({asked, room, options.n_predict - emitted - 1}));
+
+        auto td = clock_type::now();
+        Draft draft;
+        if (k > 0) draft = ctx.drafter.draft(DraftRequest{history, k, &sp, &rng, 0.0f});
+        const double draft_ms = ms_since(td);
+
+        auto tv = clock_type::now();
+        ctx.target.forward(tree_batch(history.back(), draft.tree, base), ctx.cache, out);
+        const VerifyResult result = verify(draft.tree, TargetLogits{out.logits, out.n_vocab}, rng);
+        std::vector<int> kept{0};
+        for (int node : result.accepted) kept.push_back(node + 1);
+        ctx.cache.compact(base, kept);
+        const double verify_ms = ms_since(tv);
+        ctx.drafter.accept(static_cast<int>(history.size() + result.accepted.size()));
+
+        std::vector<int32_t> tokens;
+        for (int node : result.accepted) tokens.push_back(draft.tree.token[node]);
+        tokens.push_back(result.next_token);
+        for (int32_t t : tokens) {
+            history.push_back(t);
+            ++emitted;
+            if (!sink(t) || (options.stop_at_end_of_generation && is_end(t)) || emitted >= options.n_predict) {
+                done = true;
+                break;
+            }
+        }
+        run.speculation.add_round(draft.tree.size(), draft.tree.max_depth(), static_cast<int>(result.accepted.size()));
+        ctx.policy.observe({draft.tree.size(), static_cast<int>(result.accepted.size()), draft.mean_entropy,
+                            draft_ms / 1000.0, verify_ms / 1000.0, draft.tree.size() + 1});
+        if (ctx.on_round) {
+            ctx.on_round(RoundInfo{run.speculation.rounds - 1, base, asked, draft_ms, verify_ms, &draft, &result, history});
+        }
+    }
+    run.n_generated = emitted;
+    run.generation_seconds = ms_since(t0) / 1000.0;
+    return run;
+}
+
+}  // namespace specula

@@ -1,0 +1,52 @@
+#pragma once
+// The speculative round loop:
+//   draft (drafter) -> one target forward over [root, draft nodes] with the tree mask
+//   -> verify (greedy or rejection sampling) -> keep the accepted path in the target's cache
+//   (compact; a chain prefix is O(1)) -> tell the drafter what stands -> emit -> policy update.
+// Invariant between rounds: the target's cache holds the sequence minus its last token (the
+// next root), the drafter's holds at most that, and both hold nothing that was rejected.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "draft/drafter.h"
+#include "engine/generate.h"
+#include "policy/draft_length.h"
+#include "trace/trace.h"
+#include "verify/verify.h"
+
+namespace specula {
+
+class KvCache;
+class ModelRunner;
+
+struct RoundInfo {
+    int round = 0;
+    int base = 0;               // target cache size before the round (= position of the root)
+    int draft_length = 0;       // what the policy asked for
+    double draft_ms = 0, verify_ms = 0;
+    const Draft * draft = nullptr;
+    const VerifyResult * result = nullptr;
+    std::span<const int32_t> history;  // the sequence after this round's tokens
+};
+
+using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
+
+struct SpecContext {
+    ModelRunner & target;
+    KvCache & cache;
+    Drafter & drafter;
+    DraftLengthPolicy & policy;
+    std::function<void(const RoundInfo &)> on_round;  // trace, tests; may be empty
+    VerifyFn verify;                                   // empty = the standard verifier for the sampling params
+};
+
+GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t> prompt, const GenerationOptions & options,
+                             const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
+
+// Measured cost (ms, best of `reps`) of a target forward of b = 1..max_tokens tokens at the
+// cache's current depth; the cache is left as it was. Feeds the cost policy.
+std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 2);
+
+}  // namespace specula

@@ -1,0 +1,108 @@
+#include "policy/draft_length.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace specula {
+
+DraftPolicyKind parse_draft_policy(const std::string & name) {
+    if (name == "fixed") return DraftPolicyKind::Fixed;
+    if (name == "heuristic") return DraftPolicyKind::Heuristic;
+    if (name == "cost") return DraftPolicyKind::Cost;
+    throw Error("unknown draft policy '" + name + "' (fixed, heuristic, cost)");
+}
+
+double expected_tokens(const std::vector<double> & alpha, int k) {
+    double e = 1.0, reach = 1.0;
+    for (int i = 0; i < k && i < static_cast<int>(alpha.size()); ++i) e += (reach *= alpha[i]);
+    return e;
+}
+
+namespace {
+
+class FixedPolicy : public DraftLengthPolicy {
+public:
+    explicit FixedPolicy(int k) : k_(k) {}
+    const char * name() const override { return "fixed"; }
+    int next_length() override { return k_; }
+    void observe(const RoundObservation &) override {}
+
+private:
+    int k_;
+};
+
+class HeuristicPolicy : public DraftLengthPolicy {
+public:
+    explicit HeuristicPolicy(int k_max) : k_max_(k_max), k_(std::max(1, k_max / 2)) {}
+    const char * name() const override { return "heuristic"; }
+    int next_length() override { return k_; }
+    void observe(const RoundObservation & r) override {
+        if (r.drafted == 0) return;
+        const double rate = double(r.accepted) / r.drafted;
+        if (rate > 0.8) k_ = std::min(k_ + 1, k_max_);
+        else if (rate < 0.3) k_ = std::max(k_ - 1, 1);
+        if (r.mean_entropy < 2.0f && rate >= 0.5) k_ = std::min(k_ + 1, k_max_);
+    }
+
+private:
+    int k_max_, k_;
+};
+
+class CostPolicy : public DraftLengthPolicy {
+public:
+    CostPolicy(int k_max, std::vector<double> verify_ms)
+        : k_max_(k_max), verify_ms_(std::move(verify_ms)), reached_(k_max, 0.0), accepted_(k_max, 0.0) {
+        if (static_cast<int>(verify_ms_.size()) < k_max + 1) throw Error("cost policy: verify cost curve too short");
+    }
+    const char * name() const override { return "cost"; }
+
+    int next_length() override {
+        // Acceptance per position with a weak optimistic prior (so untried depths get tried).
+        std::vector<double> alpha(k_max_);
+        for (int i = 0; i < k_max_; ++i) alpha[i] = (accepted_[i] + 0.8 * kPrior) / (reached_[i] + kPrior);
+        int best = 1;
+        double best_rate = 0.0;
+        for (int k = 1; k <= k_max_; ++k) {
+            const double rate = expected_tokens(alpha, k) / (k * draft_ms_per_token_ + verify_ms_[k]);
+            if (rate > best_rate) best_rate = rate, best = k;
+        }
+        return best;
+    }
+
+    void observe(const RoundObservation & r) override {
+        // Position i was reached if every earlier draft was accepted.
+        for (int i = 0; i < r.drafted && i < k_max_; ++i) {
+            reached_[i] += 1.0;
+            if (i < r.accepted) accepted_[i] += 1.0;
+            if (i >= r.accepted) break;
+        }
+        if (r.drafted > 0) {
+            const double per_token = 1000.0 * r.draft_seconds / r.drafted;
+            draft_ms_per_token_ = n_rounds_ == 0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
+            ++n_rounds_;
+        }
+    }
+
+private:
+    static constexpr double kPrior = 2.0;
+    int k_max_;
+    std::vector<double> verify_ms_;
+    std::vector<double> reached_, accepted_;
+    double draft_ms_per_token_ = 0.0;
+    int n_rounds_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DraftLengthPolicy> make_draft_policy(DraftPolicyKind kind, int k_max, std::vector<double> verify_cost_ms) {
+    if (k_max < 1) throw Error("--draft-max must be at least 1");
+    switch (kind) {
+        case DraftPolicyKind::Fixed: return std::make_unique<FixedPolicy>(k_max);
+        case DraftPolicyKind::Heuristic: return std::make_unique<HeuristicPolicy>(k_max);
+        case DraftPolicyKind::Cost: return std::make_unique<CostPolicy>(k_max, std::move(verify_cost_ms));
+    }
+    throw Error("unknown draft policy");
+}
+
+}  // namespace specula

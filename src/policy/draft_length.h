@@ -1,0 +1,41 @@
+#pragma once
+// How many tokens to draft next round. Three policies:
+//   fixed     - always k;
+//   heuristic - the acceptance + entropy rule of the notebook in shared/seeds/004: grow k after a
+//               round accepting > 80% (or >= 50% with a confident draft, mean entropy < 2 nats),
+//               shrink it after one accepting < 30%;
+//   cost      - choose k maximising expected tokens per second, from the measured per-position
+//               acceptance and the measured cost of drafting and of verifying k + 1 tokens.
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace specula {
+
+struct RoundObservation {
+    int drafted = 0;
+    int accepted = 0;
+    float mean_entropy = 0.0f;
+    double draft_seconds = 0.0;
+    double verify_seconds = 0.0;
+    int verify_tokens = 0;  // batch size of the verify forward
+};
+
+enum class DraftPolicyKind { Fixed, Heuristic, Cost };
+DraftPolicyKind parse_draft_policy(const std::string & name);  // throws Error on unknown names
+
+class DraftLengthPolicy {
+public:
+    virtual ~DraftLengthPolicy() = default;
+    virtual const char * name() const = 0;
+    virtual int next_length() = 0;
+    virtual void observe(const RoundObservation & round) = 0;
+};
+
+// verify_cost_ms[b - 1]: measured cost of a target forward of b tokens (cost policy only).
+std::unique_ptr<DraftLengthPolicy> make_draft_policy(DraftPolicyKind kind, int k_max, std::vector<double> verify_cost_ms);
+
+// Expected tokens emitted by a round drafting k tokens, given P(accept position i | reached i).
+double expected_tokens(const std::vector<double> & accept_given_reached, int k);
+
+}  // namespace specula

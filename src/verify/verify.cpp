@@ -1,0 +1,100 @@
+#include "verify/verify.h"
+
+#include <algorithm>
+
+namespace specula {
+
+const char * outcome_name(Outcome o) {
+    switch (o) {
+        case Outcome::Accepted: return "accepted";
+        case Outcome::Rejected: return "rejected";
+        case Outcome::Correction: return "correction";
+        case Outcome::Bonus: return "bonus";
+    }
+    return "?";
+}
+
+VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits) {
+    VerifyResult r;
+    int cur = TokenTree::kRoot;
+    while (true) {
+        const int32_t want = argmax(logits.row_of(cur));
+        int next = -1;
+        for (int c = tree.first_child_of(cur); c >= 0; c = tree.next_sibling[c]) {
+            const bool match = tree.token[c] == want;
+            r.events.push_back({c, tree.depth[c], tree.token[c], 1.0f, match ? 1.0f : 0.0f, match ? 1.0f : 0.0f, -1.0,
+                                match ? Outcome::Accepted : Outcome::Rejected});
+            if (match) {
+                next = c;
+                break;
+            }
+        }
+        if (next < 0) {
+            r.bonus = tree.first_child_of(cur) < 0;
+            r.next_token = want;
+            const int d = cur == TokenTree::kRoot ? 1 : tree.depth[cur] + 1;
+            r.events.push_back({-1, d, want, 1.0f, 1.0f, 1.0f, -1.0, r.bonus ? Outcome::Bonus : Outcome::Correction});
+            return r;
+        }
+        r.accepted.push_back(next);
+        cur = next;
+    }
+}
+
+VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng) {
+    VerifyResult r;
+    std::vector<float> p, q;
+    int cur = TokenTree::kRoot;
+    while (true) {
+        processed_probs(logits.row_of(cur), params, p);
+        const std::span<const float> q_draft = tree.q_of(cur);
+        const bool deterministic = q_draft.empty();
+        if (!deterministic) q.assign(q_draft.begin(), q_draft.end());
+        int next = -1;
+        for (int c = tree.first_child_of(cur); c >= 0; c = tree.next_sibling[c]) {
+            const int32_t t = tree.token[c];
+            const float qc = deterministic ? 1.0f : q[t];
+            const float pc = p[t];
+            const float a = qc > 0.0f ? std::min(1.0f, pc / qc) : (pc > 0.0f ? 1.0f : 0.0f);
+            const double u = rng.uniform();
+            const bool accept = u < a;
+            r.events.push_back({c, tree.depth[c], t, qc, pc, a, u, accept ? Outcome::Accepted : Outcome::Rejected});
+            if (accept) {
+                next = c;
+                break;
+            }
+            // Residual: p <- norm(max(p - q, 0)), q a one-hot on t when the proposal was deterministic.
+            double sum = 0.0;
+            if (deterministic) {
+                p[t] = 0.0f;
+                for (float x : p) sum += x;
+            } else {
+                for (size_t i = 0; i < p.size(); ++i) sum += (p[i] = std::max(0.0f, p[i] - q[i]));
+            }
+            if (sum > 0.0) {
+                for (float & x : p) x = static_cast<float>(x / sum);
+            } else {  // p <= q everywhere: only reachable through rounding, where p == q
+                processed_probs(logits.row_of(cur), params, p);
+            }
+            if (!deterministic) {  // the next sibling was proposed from q without t
+                const float qt = q[t];
+                q[t] = 0.0f;
+                if (qt < 1.0f) {
+                    for (float & x : q) x /= (1.0f - qt);
+                }
+            }
+        }
+        if (next < 0) {
+            r.bonus = tree.first_child_of(cur) < 0;
+            r.next_token = sample_from(p, rng);
+            const int d = cur == TokenTree::kRoot ? 1 : tree.depth[cur] + 1;
+            r.events.push_back({-1, d, r.next_token, 0.0f, p[r.next_token], 1.0f, -1.0,
+                                r.bonus ? Outcome::Bonus : Outcome::Correction});
+            return r;
+        }
+        r.accepted.push_back(next);
+        cur = next;
+    }
+}
+
+}  // namespace specula

@@ -1,0 +1,62 @@
+#pragma once
+// Verification of a draft against the target's logits from one forward over [root, nodes...].
+//
+// Terms (as in vLLM's rejection sampler):
+//   accepted   - a drafted token the target keeps;
+//   rejected   - a drafted token the target refuses;
+//   correction - the target's token emitted where a draft was refused (drawn from the residual);
+//   bonus      - the target's token emitted after a fully accepted path (drawn from p).
+// Every round therefore emits accepted.size() + 1 tokens.
+//
+// The verifier knows nothing about which drafter made the draft: it sees a TokenTree and, per
+// expanded node, the draft distribution q its children were proposed from (or none: one-hot).
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "sample/sampler.h"
+#include "tree/token_tree.h"
+
+namespace specula {
+
+enum class Outcome { Accepted, Rejected, Correction, Bonus };
+const char * outcome_name(Outcome o);
+
+struct VerifyEvent {
+    int node = -1;              // tree node; -1 for the correction/bonus token
+    int depth = 0;              // 1-based position after the root
+    int32_t token = 0;
+    float q = 1.0f;             // draft probability of the token (1 when deterministic)
+    float p = 0.0f;             // target's processed probability of the token
+    float accept_prob = 0.0f;   // min(1, p/q); 1/0 for greedy match/mismatch
+    double draw = -1.0;         // the uniform draw compared against accept_prob (-1 if none)
+    Outcome outcome = Outcome::Accepted;
+};
+
+struct VerifyResult {
+    std::vector<int> accepted;   // accepted nodes, root-exclusive, top-down
+    int32_t next_token = -1;     // correction or bonus
+    bool bonus = false;
+    std::vector<VerifyEvent> events;
+};
+
+// Target logits, row 0 for the root and row i + 1 for node i, each n_vocab wide.
+struct TargetLogits {
+    std::span<const float> data;
+    int n_vocab = 0;
+    std::span<const float> row_of(int node) const {
+        return data.subspan(static_cast<size_t>(node + 1) * n_vocab, n_vocab);
+    }
+};
+
+// Temperature 0: follow the target's argmax through the tree as far as a child matches.
+VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits);
+
+// Temperature > 0: lossless multi-draft rejection sampling. At each node the children are tried
+// in order: accept child c with min(1, p(c)/q(c)); on rejection p <- norm(max(p - q, 0)) and c is
+// removed from q (children are proposals without replacement); if every child is refused, the
+// next token is drawn from what is left of p. With one child per node this is the classic
+// speculative-sampling rule; the output then follows the target's processed distribution exactly.
+VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng);
+
+}  // namespace specula

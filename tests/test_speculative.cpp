@@ -1,0 +1,316 @@
+// Chain speculation: greedy equivalence, lossless sampling, cache bookkeeping, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "draft/draft_model.h"
+#include "draft/ngram.h"
+#include "engine/generate.h"
+#include "engine/speculative.h"
+#include "kv/kv_cache.h"
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "test_models.h"
+
+namespace specula {
+namespace {
+
+const std::vector<std::vector<int32_t>> kPrompts = {
+    {1, 450, 4996, 17354, 1701, 29916},
+    {1, 822, 5713, 29898, 29876, 1125, 13, 1678},
+    {1, 29871, 29896, 29892, 29871, 29906, 29892, 29871, 29941, 29892, 29871, 29896, 29892, 29871, 29906},
+};
+
+std::vector<int32_t> plain_greedy(ModelRunner & runner, Backend & backend, std::span<const int32_t> prompt, int n) {
+    KvCache cache(backend, runner.model().config(), 256);
+    std::vector<int32_t> out;
+    GenerationOptions o;
+    o.n_predict = n;
+    o.stop_at_end_of_generation = false;
+    generate_plain(runner, cache, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        out.push_back(t);
+        return true;
+    });
+    return out;
+}
+
+struct Spec {
+    Backend backend{BackendOptions{"cpu", 1}};
+    std::unique_ptr<Model> target = Model::load(test::model_path("llama_gqa_f32"), backend);
+    std::unique_ptr<Model> draft_small = Model::load(test::model_path("llama_draft_small"), backend);
+    ModelRunner runner{*target};
+
+    std::vector<int32_t> run(Drafter & drafter, DraftPolicyKind policy, int k, std::span<const int32_t> prompt, int n,
+                             const SamplingParams & sp = {}, std::function<void(const RoundInfo &)> on_round = nullptr,
+                             VerifyFn verify = nullptr, KvCache * cache_out = nullptr) {
+        KvCache local(backend, target->config(), 256);
+        KvCache & cache = cache_out ? *cache_out : local;
+        std::vector<double> cost(k + 1);
+        for (int b = 0; b <= k; ++b) cost[b] = 1.0 + 0.1 * b;
+        auto pol = make_draft_policy(policy, k, cost);
+        SpecContext ctx{runner, cache, drafter, *pol, std::move(on_round), std::move(verify)};
+        GenerationOptions o;
+        o.n_predict = n;
+        o.sampling = sp;
+        o.stop_at_end_of_generation = false;
+        std::vector<int32_t> out;
+        generate_speculative(ctx, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+            out.push_back(t);
+            return true;
+        });
+        return out;
+    }
+};
+
+TEST(Speculative, GreedyOutputEqualsPlainDecodingForEveryDrafterLengthAndPolicy) {
+    Spec s;
+    DraftModelDrafter self_draft(*s.target, 256);        // accepts (nearly) everything
+    DraftModelDrafter small_draft(*s.draft_small, 256);  // accepts little
+    NgramDrafter ngram(1, 3);
+    std::vector<Drafter *> drafters = {&self_draft, &small_draft, &ngram};
+    int total_accepted = 0;
+    for (const auto & prompt : kPrompts) {
+        const auto want = plain_greedy(s.runner, s.backend, prompt, 40);
+        for (Drafter * d : drafters) {
+            for (int k = 1; k <= 8; ++k) {
+                for (auto policy : {DraftPolicyKind::Fixed, DraftPolicyKind::Heuristic, DraftPolicyKind::Cost}) {
+                    int accepted = 0;
+                    const auto got = s.run(*d, policy, k, prompt, 40, {}, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); });
+                    ASSERT_EQ(got, want) << d->name() << " k=" << k << " policy=" << int(policy);
+                    total_accepted += accepted;
+                }
+            }
+        }
+    }
+    EXPECT_GT(total_accepted, 1000);  // the accept path was exercised, not only corrections
+}
+
+double max_row_diff(const KvCache & a, const KvCache & b, int slots) {
+    double m = 0.0;
+    for (int layer = 0; layer < a.n_layers(); ++layer) {
+        for (bool value : {false, true}) {
+            for (int slot = 0; slot < slots; ++slot) {
+                auto x = a.read_row(layer, value, slot), y = b.read_row(layer, value, slot);
+                for (size_t i = 0; i < x.size(); ++i) m = std::max(m, double(std::fabs(x[i] - y[i])));
+            }
+        }
+    }
+    return m;
+}
+
+TEST(Speculative, CachesHoldExactlyTheAcceptedSequenceAfterEveryRound) {
+    Spec s;
+    DraftModelDrafter drafter(*s.draft_small, 256);
+    ModelRunner draft_runner(*s.draft_small);
+    for (float temperature : {0.0f, 1.0f}) {
+        SamplingParams sp;
+        sp.temperature = temperature;
+        sp.seed = 5;
+        KvCache cache(s.backend, s.target->config(), 256);
+        int checked = 0, rejected_rounds = 0;
+        auto check = [&](const RoundInfo & r) {
+            if (static_cast<int>(r.history.size()) - 1 != cache.size()) return;  // final, truncated round
+            rejected_rounds += r.result->accepted.size() < static_cast<size_t>(r.draft->tree.size());
+            KvCache plain(s.backend, s.target->config(), 256);
+            s.runner.forward(ForwardBatch::causal(r.history.first(cache.size()), 0, {}), plain);
+            EXPECT_LT(max_row_diff(cache, plain, cache.size()), 2e-3) << "round " << r.round;
+
+            const KvCache & dc = drafter.cache();
+            ASSERT_LE(dc.size(), cache.size());
+            KvCache draft_plain(s.backend, s.draft_small->config(), 256);
+            draft_runner.forward(ForwardBatch::causal(r.history.first(dc.size()), 0, {}), draft_plain);
+            EXPECT_LT(max_row_diff(dc, draft_plain, dc.size()), 2e-3) << "draft cache, round " << r.round;
+            ++checked;
+        };
+        s.run(drafter, DraftPolicyKind::Fixed, 4, kPrompts[0], 30, sp, check, nullptr, &cache);
+        EXPECT_GT(checked, 5);
+        EXPECT_GT(rejected_rounds, 0);  // rejected drafts really were rolled back
+    }
+}
+
+// ---- Lossless sampling on a tiny vocabulary --------------------------------------------------
+
+constexpr int kTinyVocab = 10;
+
+// Chi-square critical value at p = 1e-4 (Wilson-Hilferty).
+double chi2_critical(int dof) {
+    const double z = 3.719, a = 2.0 / (9.0 * dof);
+    return dof * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+struct Tiny {
+    Backend backend{BackendOptions{"cpu", 1}};
+    std::unique_ptr<Model> target = Model::load(test::tiny_vocab_model("tiny_target", kTinyVocab, 101), backend);
+    std::unique_ptr<Model> draft = Model::load(test::tiny_vocab_model("tiny_draft", kTinyVocab, 202), backend);
+    ModelRunner runner{*target};
+
+    // Exact joint distribution of the first two generated tokens under the processed target.
+    std::vector<double> exact_joint(std::span<const int32_t> prefix, const SamplingParams & sp) {
+        std::vector<double> joint(kTinyVocab * kTinyVocab);
+        std::vector<float> p1, p2;
+        KvCache cache(backend, target->config(), 64);
+        ForwardOutput out = runner.forward(ForwardBatch::causal(prefix, 0, {int32_t(prefix.size() - 1)}), cache);
+        processed_probs(out.logits_row(0), sp, p1);
+        const int base = cache.size();
+        for (int t1 = 0; t1 < kTinyVocab; ++t1) {
+            const int32_t one[1] = {t1};
+            ForwardOutput o2 = runner.forward(ForwardBatch::causal(one, base, {0}), cache);
+            cache.rollback(base);
+            processed_probs(o2.logits_row(0), sp, p2);
+            for (int t2 = 0; t2 < kTinyVocab; ++t2) joint[t1 * kTinyVocab + t2] = double(p1[t1]) * p2[t2];
+        }
+        return joint;
+    }
+
+    // Chi-square statistic and degrees of freedom of `runs` speculative generations against `joint`.
+    std::pair<double, int> chi2(Drafter & drafter, std::span<const int32_t> prefix, const SamplingParams & base_sp,
+                                const std::vector<double> & joint, int runs, VerifyFn verify) {
+        std::vector<int> counts(joint.size(), 0);
+        auto pol = make_draft_policy(DraftPolicyKind::Fixed, 3, {});
+        KvCache cache(backend, target->config(), 64);
+        for (int r = 0; r < runs; ++r) {
+            cache.rollback(0);
+            SpecContext ctx{runner, cache, drafter, *pol, nullptr, verify};
+            GenerationOptions o;
+            o.n_predict = 2;
+            o.sampling = base_sp;
+            o.sampling.seed = 1000 + r;
+            o.stop_at_end_of_generation = false;
+            std::vector<int32_t> got;
+            generate_speculative(ctx, prefix, o, [](int32_t) { return false; }, [&](int32_t t) {
+                got.push_back(t);
+                return true;
+            });
+            counts[got[0] * kTinyVocab + got[1]]++;
+        }
+        // Cells expected below 5 are pooled into one.
+        double stat = 0.0, pooled_e = 0.0, pooled_o = 0.0;
+        int cells = 0;
+        for (size_t i = 0; i < joint.size(); ++i) {
+            const double e = joint[i] * runs;
+            if (e < 5.0) {
+                pooled_e += e, pooled_o += counts[i];
+                continue;
+            }
+            stat += (counts[i] - e) * (counts[i] - e) / e;
+            ++cells;
+        }
+        if (pooled_e > 0.0) {
+            stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9);
+            ++cells;
+        }
+        return {stat, cells - 1};
+    }
+};
+
+// Accepts every drafted token, then samples the bonus from the target: a verifier with a bug.
+VerifyResult accept_everything(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & sp, Rng & rng) {
+    VerifyResult r;
+    int cur = TokenTree::kRoot;
+    for (int c = tree.first_child_of(cur); c >= 0; c = tree.first_child_of(c)) r.accepted.push_back(cur = c);
+    std::vector<float> p;
+    processed_probs(logits.row_of(cur), sp, p);
+    r.next_token = sample_from(p, rng);
+    r.bonus = true;
+    return r;
+}
+
+TEST(Speculative, SampledOutputFollowsTheTargetDistributionAndABrokenVerifierFails) {
+    Tiny t;
+    const std::vector<int32_t> prefix = {1, 2, 3, 1, 2};
+    DraftModelDrafter model_drafter(*t.draft, 64);
+    NgramDrafter ngram(1, 2);
+    SamplingParams plain_t;
+    plain_t.temperature = 1.0f;
+    SamplingParams shaped;
+    shaped.temperature = 0.8f, shaped.top_k = 6, shaped.top_p = 0.95f, shaped.min_p = 0.02f;
+    const int runs = 4000;
+    for (const SamplingParams & sp : {plain_t, shaped}) {
+        const auto joint = t.exact_joint(prefix, sp);
+        for (Drafter * d : std::vector<Drafter *>{&model_drafter, &ngram}) {
+            auto [stat, dof] = t.chi2(*d, prefix, sp, joint, runs, nullptr);
+            std::printf("[distribution] %-11s T=%.1f top_k=%d: chi2 = %.1f, dof = %d, critical = %.1f\n", d->name(),
+                        sp.temperature, sp.top_k, stat, dof, chi2_critical(dof));
+            EXPECT_LT(stat, chi2_critical(dof)) << d->name();
+        }
+        auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return accept_everything(tree, l, sp, rng); };
+        auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken);
+        std::printf("[distribution] broken verifier T=%.1f: chi2 = %.1f (critical %.1f)\n", sp.temperature, stat, chi2_critical(dof));
+        EXPECT_GT(stat, chi2_critical(dof)) << "the distribution test cannot tell a broken verifier";
+    }
+}
+
+TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {
+    Spec s;
+    DraftModelDrafter drafter(*s.draft_small, 256);
+    const std::string path = test::scratch_dir() + "/trace.jsonl";
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.seed = 3;
+    {
+        TraceWriter w(path, [](int32_t t) { return "t" + std::to_string(t); });
+        s.run(drafter, DraftPolicyKind::Fixed, 3, kPrompts[1], 20, sp,
+              [&](const RoundInfo & r) { w.round(r.round, r.base, r.draft_length, r.draft_ms, r.verify_ms, *r.result); });
+    }
+    std::ifstream in(path);
+    std::string line;
+    int lines = 0, emitted = 0;
+    while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line);
+        for (const char * k : {"round", "position", "token", "text", "q", "p", "accept_prob", "draw", "outcome", "draft_len", "draft_ms", "verify_ms"}) {
+            ASSERT_TRUE(j.contains(k)) << k;
+        }
+        const std::string o = j["outcome"];
+        emitted += o == "accepted" || o == "correction" || o == "bonus";
+        ++lines;
+    }
+    EXPECT_GT(lines, 0);
+    EXPECT_GE(emitted, 20);
+}
+
+TEST(Speculative, StatsCountRoundsAndPositions) {
+    SpeculationStats st;
+    st.add_round(4, 4, 2);  // accepted d1, d2; d3 rejected
+    st.add_round(4, 4, 4);
+    EXPECT_EQ(st.rounds, 2);
+    EXPECT_EQ(st.emitted, 8);
+    EXPECT_DOUBLE_EQ(st.mean_accepted_length(), 4.0);
+    EXPECT_EQ(st.reached_at, (std::vector<int>{2, 2, 2, 1}));
+    EXPECT_EQ(st.accepted_at, (std::vector<int>{2, 2, 1, 1}));
+    EXPECT_DOUBLE_EQ(expected_tokens({1.0, 0.5}, 2), 2.5);
+}
+
+TEST(Speculative, BadSetupsGiveClearErrors) {
+    auto message = [](const EngineOptions & o) {
+        try {
+            Engine::open(o);
+        } catch (const Error & e) {
+            return std::string(e.what());
+        }
+        return std::string("<no error>");
+    };
+    EngineOptions o;
+    o.model_path = test::model_path("llama_gqa_f32");
+    o.n_threads = 1;
+    o.draft_model_path = test::model_path("qwen2_bias");
+    EXPECT_NE(message(o).find("has a different vocabulary"), std::string::npos) << message(o);
+    o.draft_model_path = test::model_path("llama_draft_small");
+    o.n_ctx = 8;
+    o.draft_max = 8;
+    EXPECT_NE(message(o).find("does not fit the 8-token context"), std::string::npos) << message(o);
+    o.n_ctx = 256;
+    o.draft_policy = "fastest";
+    EXPECT_NE(message(o).find("unknown draft policy 'fastest'"), std::string::npos);
+    o.draft_policy = "fixed";
+    o.ngram = true;
+    EXPECT_NE(message(o).find("choose one drafter"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specula
