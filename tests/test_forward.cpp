@@ -72,12 +72,13 @@ TEST(Forward, TapsEqualTheResidualStreamOfALayerRangeRun) {
     Fixture f("llama_gqa_f32");
     const int L = f.model->config().n_layer;
     ForwardBatch b = ForwardBatch::causal(kPrefix, 0, {0, 1, 2, 3, 4});
-    b.tap_layers = {0, L - 1};
+    b.tap_layers = {1, L};
     auto cache = f.cache();
     ForwardOutput full = f.runner->forward(b, *cache);
     ASSERT_EQ(full.taps.size(), 2u);
 
-    // Layers [0, 1) alone give tap 0; layers [1, L) fed with it give the same logits.
+    // Layers [0, 1) alone give tap 1 (the stream entering layer 1); layers [1, L) fed with it
+    // give the same logits, and tap L is the final pre-norm state.
     auto c2 = f.cache();
     ForwardBatch first = ForwardBatch::causal(kPrefix, 0, {});
     first.layer_end = 1;
@@ -90,15 +91,17 @@ TEST(Forward, TapsEqualTheResidualStreamOfALayerRangeRun) {
     rest.tokens.clear();
     rest.hidden_in = h.hidden_out;
     rest.layer_begin = 1;
+    rest.tap_layers = {L};
     ForwardOutput tail = f.runner->forward(rest, *c3);
     EXPECT_LT(max_abs_diff(tail.logits, full.logits), 1e-4);
+    EXPECT_LT(max_abs_diff(tail.taps[0], full.taps[1]), 1e-5);
 }
 
 TEST(Forward, TapsEqualLibllamaResidualStream) {
     const std::string path = test::model_path("llama_gqa_f32");
     Fixture f("llama_gqa_f32");
     ForwardBatch b = ForwardBatch::causal(kPrefix, 0, {0, 1, 2, 3, 4});
-    b.tap_layers = {0};
+    b.tap_layers = {1};  // llama.cpp's "l_out-0": the output of layer 0 enters layer 1
     auto cache = f.cache();
     ForwardOutput ours = f.runner->forward(b, *cache);
 

@@ -35,26 +35,41 @@ const std::vector<Variant> & oracle_variants() {
     return v;
 }
 
+namespace {
+std::string write_variant(const Variant & v, const std::string & file_name, const std::string & type) {
+    const std::string path = scratch_dir() + "/" + file_name + ".gguf";
+    if (!std::filesystem::exists(path)) {
+        RandomModelSpec s;
+        s.arch = v.arch;
+        s.vocab_gguf = vocab_dir() + "/" + v.vocab;
+        s.n_embd = v.n_embd, s.n_layer = v.n_layer, s.n_head = v.n_head, s.n_head_kv = v.n_head_kv;
+        s.head_dim = v.head_dim, s.n_ff = v.n_ff, s.tied_output = v.tied, s.weight_type = type;
+        s.seed = std::hash<std::string>{}(v.name) & 0xffff;
+        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+        write_random_model(s, tmp);
+        std::filesystem::rename(tmp, path);
+    }
+    return path;
+}
+
+const Variant & find_variant(const std::string & name) {
+    for (const Variant & v : oracle_variants()) {
+        if (v.name == name) return v;
+    }
+    throw std::runtime_error("unknown test model " + name);
+}
+}  // namespace
+
 std::string model_path(const std::string & name) {
     static std::mutex mu;
     std::lock_guard lock(mu);
-    for (const Variant & v : oracle_variants()) {
-        if (v.name != name) continue;
-        const std::string path = scratch_dir() + "/" + name + ".gguf";
-        if (!std::filesystem::exists(path)) {
-            RandomModelSpec s;
-            s.arch = v.arch;
-            s.vocab_gguf = vocab_dir() + "/" + v.vocab;
-            s.n_embd = v.n_embd, s.n_layer = v.n_layer, s.n_head = v.n_head, s.n_head_kv = v.n_head_kv;
-            s.head_dim = v.head_dim, s.n_ff = v.n_ff, s.tied_output = v.tied, s.weight_type = v.type;
-            s.seed = std::hash<std::string>{}(name) & 0xffff;
-            const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-            write_random_model(s, tmp);
-            std::filesystem::rename(tmp, path);
-        }
-        return path;
-    }
-    throw std::runtime_error("unknown test model " + name);
+    const Variant & v = find_variant(name);
+    return write_variant(v, v.name, v.type);
+}
+
+std::string quantized_twin(const std::string & name, const std::string & type) {
+    const Variant & v = find_variant(name);
+    return write_variant(v, v.name + "_twin_" + type, type);
 }
 
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed) {

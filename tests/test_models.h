@@ -19,6 +19,8 @@ struct Variant {
 const std::vector<Variant> & oracle_variants();
 // Path of the model for `name` (one of oracle_variants()), created on first use.
 std::string model_path(const std::string & name);
+// The same weights as `name`, stored as `type`: a draft that mostly agrees with its target.
+std::string quantized_twin(const std::string & name, const std::string & type);
 // A model with n_vocab tokens and no tokenizer (runtime only): distribution tests.
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed);
 std::string vocab_dir();

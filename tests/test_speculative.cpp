@@ -48,13 +48,13 @@ struct Spec {
 
     std::vector<int32_t> run(Drafter & drafter, DraftPolicyKind policy, int k, std::span<const int32_t> prompt, int n,
                              const SamplingParams & sp = {}, std::function<void(const RoundInfo &)> on_round = nullptr,
-                             VerifyFn verify = nullptr, KvCache * cache_out = nullptr) {
+                             VerifyFn verify = nullptr, KvCache * cache_out = nullptr, TreeBudget tree = {}) {
         KvCache local(backend, target->config(), 256);
         KvCache & cache = cache_out ? *cache_out : local;
         std::vector<double> cost(k + 1);
         for (int b = 0; b <= k; ++b) cost[b] = 1.0 + 0.1 * b;
         auto pol = make_draft_policy(policy, k, cost);
-        SpecContext ctx{runner, cache, drafter, *pol, std::move(on_round), std::move(verify)};
+        SpecContext ctx{runner, cache, drafter, *pol, tree, std::move(on_round), std::move(verify)};
         GenerationOptions o;
         o.n_predict = n;
         o.sampling = sp;
@@ -91,6 +91,30 @@ TEST(Speculative, GreedyOutputEqualsPlainDecodingForEveryDrafterLengthAndPolicy)
     EXPECT_GT(total_accepted, 1000);  // the accept path was exercised, not only corrections
 }
 
+TEST(Speculative, GreedyTreesEqualPlainDecoding) {
+    Spec s;
+    auto twin = Model::load(test::quantized_twin("llama_gqa_f32", "q4_0"), s.backend);
+    DraftModelDrafter self_draft(*twin, 256);  // agrees mostly, so side branches get accepted too
+    DraftModelDrafter small_draft(*s.draft_small, 256);
+    int accepted_beyond_first_child = 0;
+    for (const auto & prompt : kPrompts) {
+        const auto want = plain_greedy(s.runner, s.backend, prompt, 40);
+        for (Drafter * d : std::vector<Drafter *>{&self_draft, &small_draft}) {
+            for (TreeBudget tree : {TreeBudget{TreeShape::Static, 5, 4, 16}, TreeBudget{TreeShape::Dynamic, 4, 3, 12},
+                                    TreeBudget{TreeShape::Dynamic, 6, 4, 40}}) {
+                auto on_round = [&](const RoundInfo & r) {
+                    for (int node : r.result->accepted) {
+                        accepted_beyond_first_child += r.draft->tree.first_child_of(r.draft->tree.parent[node]) != node;
+                    }
+                };
+                const auto got = s.run(*d, DraftPolicyKind::Fixed, 4, prompt, 40, {}, on_round, nullptr, nullptr, tree);
+                ASSERT_EQ(got, want) << d->name() << " tree " << tree_shape_name(tree.shape) << " nodes " << tree.max_nodes;
+            }
+        }
+    }
+    EXPECT_GT(accepted_beyond_first_child, 0);  // side branches were accepted and compacted
+}
+
 double max_row_diff(const KvCache & a, const KvCache & b, int slots) {
     double m = 0.0;
     for (int layer = 0; layer < a.n_layers(); ++layer) {
@@ -108,7 +132,9 @@ TEST(Speculative, CachesHoldExactlyTheAcceptedSequenceAfterEveryRound) {
     Spec s;
     DraftModelDrafter drafter(*s.draft_small, 256);
     ModelRunner draft_runner(*s.draft_small);
-    for (float temperature : {0.0f, 1.0f}) {
+    const TreeBudget dynamic_tree{TreeShape::Dynamic, 4, 3, 10};
+    for (auto [temperature, tree] : {std::pair{0.0f, TreeBudget{}}, std::pair{1.0f, TreeBudget{}}, std::pair{0.0f, dynamic_tree},
+                                     std::pair{1.0f, dynamic_tree}}) {
         SamplingParams sp;
         sp.temperature = temperature;
         sp.seed = 5;
@@ -128,7 +154,7 @@ TEST(Speculative, CachesHoldExactlyTheAcceptedSequenceAfterEveryRound) {
             EXPECT_LT(max_row_diff(dc, draft_plain, dc.size()), 2e-3) << "draft cache, round " << r.round;
             ++checked;
         };
-        s.run(drafter, DraftPolicyKind::Fixed, 4, kPrompts[0], 30, sp, check, nullptr, &cache);
+        s.run(drafter, DraftPolicyKind::Fixed, 4, kPrompts[0], 30, sp, check, nullptr, &cache, tree);
         EXPECT_GT(checked, 5);
         EXPECT_GT(rejected_rounds, 0);  // rejected drafts really were rolled back
     }
@@ -170,13 +196,13 @@ struct Tiny {
 
     // Chi-square statistic and degrees of freedom of `runs` speculative generations against `joint`.
     std::pair<double, int> chi2(Drafter & drafter, std::span<const int32_t> prefix, const SamplingParams & base_sp,
-                                const std::vector<double> & joint, int runs, VerifyFn verify) {
+                                const std::vector<double> & joint, int runs, VerifyFn verify, TreeBudget tree = {}) {
         std::vector<int> counts(joint.size(), 0);
         auto pol = make_draft_policy(DraftPolicyKind::Fixed, 3, {});
         KvCache cache(backend, target->config(), 64);
         for (int r = 0; r < runs; ++r) {
             cache.rollback(0);
-            SpecContext ctx{runner, cache, drafter, *pol, nullptr, verify};
+            SpecContext ctx{runner, cache, drafter, *pol, tree, nullptr, verify};
             GenerationOptions o;
             o.n_predict = 2;
             o.sampling = base_sp;
@@ -244,6 +270,46 @@ TEST(Speculative, SampledOutputFollowsTheTargetDistributionAndABrokenVerifierFai
         std::printf("[distribution] broken verifier T=%.1f: chi2 = %.1f (critical %.1f)\n", sp.temperature, stat, chi2_critical(dof));
         EXPECT_GT(stat, chi2_critical(dof)) << "the distribution test cannot tell a broken verifier";
     }
+}
+
+// A tree verifier that forgets the residual between siblings: tries each child against the
+// untouched p. Subtly wrong; the test must notice.
+VerifyResult no_residual(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & sp, Rng & rng) {
+    VerifyResult r;
+    std::vector<float> p;
+    int cur = TokenTree::kRoot;
+    while (true) {
+        processed_probs(logits.row_of(cur), sp, p);
+        int next = -1;
+        for (int c = tree.first_child_of(cur); c >= 0 && next < 0; c = tree.next_sibling[c]) {
+            const std::span<const float> q = tree.q_of(cur);
+            if (rng.uniform() < std::min(1.0f, p[tree.token[c]] / q[tree.token[c]])) next = c;
+        }
+        if (next < 0) {
+            r.next_token = sample_from(p, rng);
+            return r;
+        }
+        r.accepted.push_back(cur = next);
+    }
+}
+
+TEST(Speculative, SampledTreesFollowTheTargetDistributionAndABrokenTreeVerifierFails) {
+    Tiny t;
+    const std::vector<int32_t> prefix = {4, 2, 3, 1, 2};
+    DraftModelDrafter model_drafter(*t.draft, 64);
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    const auto joint = t.exact_joint(prefix, sp);
+    const int runs = 4000;
+    for (TreeBudget tree : {TreeBudget{TreeShape::Dynamic, 2, 3, 9}, TreeBudget{TreeShape::Static, 3, 4, 12}}) {
+        auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, nullptr, tree);
+        std::printf("[distribution] %s tree: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape), stat, dof, chi2_critical(dof));
+        EXPECT_LT(stat, chi2_critical(dof));
+    }
+    auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return no_residual(tree, l, sp, rng); };
+    auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken, TreeBudget{TreeShape::Dynamic, 2, 3, 9});
+    std::printf("[distribution] tree verifier without residual: chi2 = %.1f (critical %.1f)\n", stat, chi2_critical(dof));
+    EXPECT_GT(stat, chi2_critical(dof));
 }
 
 TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {

@@ -17,7 +17,11 @@ struct EngineOptions {
     bool ngram = false;            // prompt-lookup drafting
     int ngram_min = 1, ngram_max = 3;
     int draft_max = 8;             // longest draft per round
-    std::string draft_policy = "fixed";  // fixed | heuristic | cost
+    std::string draft_policy = "fixed";  // fixed | heuristic | cost (chains)
+    std::string tree = "chain";  // chain | static | dynamic
+    int tree_depth = 6;
+    int tree_branching = 4;      // dynamic: children per node and nodes expanded per depth
+    int tree_nodes = 0;          // nodes verified per round; 0 = chosen from the measured verify cost
     int n_ctx = 2048;            // tokens of context (prompt + generation)
     int n_threads = 0;           // 0 = physical cores
     std::string device = "cpu";  // a ggml device name when built with a GPU backend

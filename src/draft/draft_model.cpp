@@ -8,59 +8,86 @@
 
 namespace specula {
 
-namespace {
-float entropy_and_top(std::span<const float> logits, float & top_prob) {
-    const float m = *std::max_element(logits.begin(), logits.end());
-    double z = 0.0, s = 0.0;
-    for (float l : logits) {
-        const double e = std::exp(double(l) - m);
-        z += e;
-        s += e * (double(l) - m);
-    }
-    top_prob = static_cast<float>(1.0 / z);
-    return static_cast<float>(std::log(z) - s / z);  // H = log Z - E[l - m]
-}
-}  // namespace
-
 DraftModelDrafter::DraftModelDrafter(const Model & model, int n_ctx)
     : model_(model), runner_(model), cache_(model.backend(), model.config(), n_ctx) {}
 
 void DraftModelDrafter::accept(int n_valid) { cache_.rollback(std::min(cache_.size(), n_valid)); }
 
-Draft DraftModelDrafter::draft(const DraftRequest & req) {
-    Draft d;
-    const int L = static_cast<int>(req.history.size());
-    if (cache_.size() >= L) cache_.rollback(L - 1);  // the root must be fed to get its successor
-    if (req.max_tokens <= 0) return d;
-    const bool greedy = req.sampling == nullptr || req.sampling->greedy();
-
-    // Catch up on every token the cache lacks (the root, plus a bonus token's predecessor).
-    const int n_in = cache_.size();
-    runner_.forward(ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}), cache_, out_);
-    int prev = TokenTree::kRoot;
-    float cum = 0.0f, entropy_sum = 0.0f;
-    for (int i = 0; i < req.max_tokens; ++i) {
-        const std::span<const float> logits = out_.logits_row(0);
-        float top = 0.0f;
-        entropy_sum += entropy_and_top(logits, top);
-        int32_t tok;
-        if (greedy) {
-            tok = argmax(logits);
-            cum += std::log(top);
-        } else {
-            processed_probs(logits, *req.sampling, probs_);
-            tok = sample_from(probs_, *req.rng);
-            cum += std::log(std::max(probs_[tok], 1e-30f));
-            d.tree.q.resize(d.tree.size() + 1);
-            d.tree.q.back() = probs_;  // q for node prev's children
-        }
-        prev = d.tree.add(prev, tok, cum);
-        if (i + 1 == req.max_tokens || top < req.min_confidence) break;
-        if (cache_.size() >= cache_.capacity()) break;
-        const int32_t one[1] = {tok};
-        runner_.forward(ForwardBatch::causal(one, cache_.size(), {0}), cache_, out_);
+Expansion DraftModelDrafter::propose(std::span<const float> logits, int n_children, const DraftRequest & req) {
+    Expansion e;
+    // log-softmax at temperature 1: entropy for the policies, log-probs for tree ranking.
+    const float m = *std::max_element(logits.begin(), logits.end());
+    double z = 0.0, s = 0.0;
+    for (float l : logits) {
+        const double x = std::exp(double(l) - m);
+        z += x;
+        s += x * (double(l) - m);
     }
-    d.mean_entropy = entropy_sum / static_cast<float>(d.tree.size());
+    const double log_z = std::log(z);
+    e.entropy = static_cast<float>(log_z - s / z);
+    const bool greedy = req.sampling == nullptr || req.sampling->greedy();
+    if (greedy) {
+        e.tokens = top_k_ids(logits, n_children);
+        for (int32_t t : e.tokens) e.logp.push_back(static_cast<float>(logits[t] - m - log_z));
+    } else {
+        processed_probs(logits, *req.sampling, probs_);
+        e.tokens = sample_without_replacement(probs_, n_children, *req.rng);
+        for (int32_t t : e.tokens) e.logp.push_back(std::log(std::max(probs_[t], 1e-30f)));
+        e.q = probs_;
+    }
+    return e;
+}
+
+Draft DraftModelDrafter::draft(const DraftRequest & req) {
+    const int L = static_cast<int>(req.history.size());
+    if (cache_.size() >= L) cache_.rollback(L - 1);  // the root must be fed to get its successors
+    std::vector<int> slot_of;  // tree node -> cache slot, once fed
+
+    auto expand = [&](const TokenTree & tree, std::span<const int> frontier, std::span<const int> n_children) {
+        std::vector<Expansion> out;
+        if (frontier.size() == 1 && frontier[0] == TokenTree::kRoot) {
+            // Catch up on every token the cache lacks (the root, plus accepted tokens of a tree round).
+            const int n_in = cache_.size();
+            runner_.forward(ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}), cache_, out_);
+            out.push_back(propose(out_.logits_row(0), n_children[0], req));
+            return out;
+        }
+        ForwardBatch b;
+        const int first_slot = cache_.size();
+        b.visible_prefix = L;
+        b.mask = BlockMask::causal(static_cast<int>(frontier.size()));
+        std::fill(b.mask.visible.begin(), b.mask.visible.end(), 0);
+        for (size_t i = 0; i < frontier.size(); ++i) {
+            const int node = frontier[i];
+            b.tokens.push_back(tree.token[node]);
+            b.positions.push_back(L - 1 + tree.depth[node]);
+            b.logit_rows.push_back(static_cast<int32_t>(i));
+            b.mask.visible[i * frontier.size() + i] = 1;
+            std::vector<int32_t> ancestors;
+            for (int a = tree.parent[node]; a != TokenTree::kRoot; a = tree.parent[a]) ancestors.push_back(slot_of[a]);
+            b.cached_visible.push_back(std::move(ancestors));
+        }
+        runner_.forward(b, cache_, out_);
+        if (static_cast<int>(slot_of.size()) < tree.size()) slot_of.resize(tree.size(), -1);
+        for (size_t i = 0; i < frontier.size(); ++i) {
+            slot_of[frontier[i]] = first_slot + static_cast<int>(i);
+            out.push_back(propose(out_.logits_row(i), n_children[i], req));
+        }
+        return out;
+    };
+
+    Draft d;
+    TreeBudget budget = req.budget;
+    // Each depth needs a cache slot per frontier node; stop at the context's edge.
+    budget.depth = std::min(budget.depth, std::max(1, (cache_.capacity() - L) / std::max(1, budget.branching)));
+    BuiltTree built = build_tree(budget, expand);
+    d.tree = std::move(built.tree);
+    d.mean_entropy = built.mean_entropy;
+    if (req.budget.shape != TreeShape::Chain) {
+        // Tree nodes sit in the cache in drafting order, not path order: keep only the sequence;
+        // the accepted path is re-fed with the next catch-up block.
+        cache_.rollback(L);
+    }
     return d;
 }
 

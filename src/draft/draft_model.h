@@ -1,7 +1,8 @@
 #pragma once
-// A small language model sharing the target's vocabulary drafts a chain autoregressively, with
-// its own KV cache. After a round its cache is cut back to the accepted tokens (never rejected
-// drafts), so every draft step attends to exactly the sequence the target has.
+// A small language model sharing the target's vocabulary drafts chains or trees with its own KV
+// cache. A tree is drafted one depth per forward (the frontier as one block, each node seeing its
+// cached ancestors). Afterwards the cache keeps only accepted tokens, never rejected drafts, so
+// every draft step attends to exactly the sequence the target has.
 #include <memory>
 
 #include "draft/drafter.h"
@@ -23,6 +24,10 @@ public:
     const KvCache & cache() const { return cache_; }
 
 private:
+    // Children for each frontier node from its draft logits: top-k at T = 0, sampled without
+    // replacement from the processed distribution otherwise.
+    Expansion propose(std::span<const float> logits, int n_children, const DraftRequest & req);
+
     const Model & model_;
     ModelRunner runner_;
     KvCache cache_;

@@ -6,16 +6,15 @@
 
 #include "sample/sampler.h"
 #include "tree/token_tree.h"
+#include "tree/tree_builder.h"
 
 namespace specula {
 
 struct DraftRequest {
     std::span<const int32_t> history;    // every token so far; the last is the root of the draft
-    int max_tokens = 4;                  // nodes to propose at most
+    TreeBudget budget;                   // shape and size of the draft (a chain of depth k, or a tree)
     const SamplingParams * sampling = nullptr;  // drafts follow the processed draft distribution
     Rng * rng = nullptr;
-    // Stop a chain early once the draft's own top probability falls below this (0 = never).
-    float min_confidence = 0.0f;
 };
 
 struct Draft {

@@ -21,7 +21,7 @@ Draft NgramDrafter::draft(const DraftRequest & req) {
         for (int start = L - n - 1; start >= 0; --start) {
             if (!std::equal(suffix.begin(), suffix.end(), h.begin() + start)) continue;
             int prev = TokenTree::kRoot;
-            for (int i = start + n; i < L && d.tree.size() < req.max_tokens; ++i) prev = d.tree.add(prev, h[i], 0.0f);
+            for (int i = start + n; i < L && d.tree.size() < req.budget.depth; ++i) prev = d.tree.add(prev, h[i], 0.0f);
             return d;
         }
     }

@@ -1,6 +1,7 @@
 #pragma once
 // Prompt-lookup drafting: find the latest earlier occurrence of the sequence's last n tokens
-// (n from n_max down to n_min) and propose what followed it. No model, no distribution.
+// (n from n_max down to n_min) and propose what followed it, as a chain of up to budget.depth
+// tokens whatever shape is asked. No model, no distribution.
 #include "draft/drafter.h"
 
 namespace specula {

@@ -23,7 +23,8 @@ struct Engine::Impl {
     std::unique_ptr<Model> draft_model;
     std::unique_ptr<Drafter> drafter;
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
-    std::vector<double> verify_cost_ms;  // measured once, for the cost policy
+    TreeBudget tree;
+    std::vector<double> verify_cost_ms;  // measured once: cost policy, default tree size
 };
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -44,6 +45,11 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
     if (!options.draft_model_path.empty() && options.ngram) throw Error("choose one drafter: --draft or --ngram");
     if (speculative) {
         impl->policy = parse_draft_policy(options.draft_policy);
+        impl->tree = TreeBudget{parse_tree_shape(options.tree), options.tree_depth, options.tree_branching, options.tree_nodes};
+        if (impl->tree.shape != TreeShape::Chain && (options.tree_depth < 1 || options.tree_branching < 1 || options.tree_nodes < 0)) {
+            throw Error("tree depth and branching must be at least 1, tree nodes at least 0");
+        }
+        if (impl->tree.shape != TreeShape::Chain && options.ngram) throw Error("the n-gram drafter drafts chains only (--tree chain)");
         if (options.draft_max < 1) throw Error("--draft-max must be at least 1");
         if (options.draft_max + 2 > options.n_ctx) {
             throw Error("draft length " + std::to_string(options.draft_max) + " does not fit the " +
@@ -76,17 +82,21 @@ GenerationStats Engine::generate(const std::string & prompt, const GenerationOpt
     if (!s.drafter) return generate_plain(runner, cache, tokens, options, is_end, emit);
 
     const int k_max = s.options.draft_max;
-    if (s.policy == DraftPolicyKind::Cost && s.verify_cost_ms.empty()) {
-        std::vector<int32_t> probe(k_max + 1);
+    const bool auto_tree = s.tree.shape != TreeShape::Chain && s.tree.max_nodes == 0;
+    if ((s.policy == DraftPolicyKind::Cost || auto_tree) && s.verify_cost_ms.empty()) {
+        const int probe_len = std::min(std::max(k_max + 1, auto_tree ? 64 : 0), s.options.n_ctx);
+        std::vector<int32_t> probe(probe_len);
         std::iota(probe.begin(), probe.end(), 0);
-        s.verify_cost_ms = measure_verify_cost(runner, cache, probe, k_max + 1);
+        s.verify_cost_ms = measure_verify_cost(runner, cache, probe, probe_len);
     }
+    TreeBudget tree = s.tree;
+    if (auto_tree) tree.max_nodes = tree_nodes_from_cost(s.verify_cost_ms);
     auto policy = make_draft_policy(s.policy, k_max, s.verify_cost_ms);
     std::unique_ptr<TraceWriter> trace;
     if (!options.trace_path.empty()) {
         trace = std::make_unique<TraceWriter>(options.trace_path, [&](int32_t t) { return s.tokenizer->piece(t); });
     }
-    SpecContext ctx{runner, cache, *s.drafter, *policy, nullptr, nullptr};
+    SpecContext ctx{runner, cache, *s.drafter, *policy, tree, nullptr, nullptr};
     if (trace) {
         ctx.on_round = [&](const RoundInfo & r) { trace->round(r.round, r.base, r.draft_length, r.draft_ms, r.verify_ms, *r.result); };
     }

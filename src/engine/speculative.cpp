@@ -35,6 +35,14 @@ ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
 }
 }  // namespace
 
+int tree_nodes_from_cost(const std::vector<double> & ms) {
+    int best = std::min<int>(4, static_cast<int>(ms.size()));
+    for (int b = 1; b <= static_cast<int>(ms.size()); ++b) {
+        if (ms[b - 1] <= 1.5 * ms[0]) best = std::max(best, b);
+    }
+    return best;
+}
+
 std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps) {
     if (static_cast<int>(tokens.size()) < max_tokens) throw Error("measure_verify_cost: not enough tokens");
     const int base = cache.size();
@@ -91,12 +99,21 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
         const int base = ctx.cache.size();
         const int room = ctx.cache.capacity() - base - 1;
         if (room < 0) break;  // context full
-        const int asked = ctx.policy.next_length();
-        const int k = std::max(0, std::min({asked, room, options.n_predict - emitted - 1}));
+        TreeBudget budget = ctx.tree;
+        int asked = budget.max_nodes;
+        if (budget.shape == TreeShape::Chain) {
+            asked = ctx.policy.next_length();
+            const int k = std::max(0, std::min({asked, room, options.n_predict - emitted - 1}));
+            budget.depth = budget.max_nodes = k;
+            budget.branching = 1;
+        } else {
+            budget.max_nodes = std::min(budget.max_nodes, room);
+            budget.depth = std::min(budget.depth, room);
+        }
 
         auto td = clock_type::now();
         Draft draft;
-        if (k > 0) draft = ctx.drafter.draft(DraftRequest{history, k, &sp, &rng, 0.0f});
+        if (budget.max_nodes > 0 && budget.depth > 0) draft = ctx.drafter.draft(DraftRequest{history, budget, &sp, &rng});
         const double draft_ms = ms_since(td);
 
         auto tv = clock_type::now();

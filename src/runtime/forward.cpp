@@ -104,8 +104,14 @@ void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput
     for (int32_t r : b.logit_rows) {
         if (r < 0 || r >= n) throw Error("forward: logit row outside the batch");
     }
+    if (!b.cached_visible.empty() && static_cast<int>(b.cached_visible.size()) != n) throw Error("forward: cached_visible needs one entry per row");
+    for (const auto & slots : b.cached_visible) {
+        for (int32_t slot : slots) {
+            if (slot < 0 || slot >= cache.size()) throw Error("forward: cached_visible names a slot outside the cache");
+        }
+    }
     for (int l : b.tap_layers) {
-        if (l < b.layer_begin || l >= layer_end) throw Error("forward: tap layer " + std::to_string(l) + " outside the layer range");
+        if (l < b.layer_begin || l > layer_end) throw Error("forward: tap layer " + std::to_string(l) + " outside the layer range");
     }
     const bool want_logits = layer_end == c.n_layer && !b.logit_rows.empty();
 
@@ -201,7 +207,12 @@ void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_s
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
         for (int i = 0; i < n; ++i) {
             ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
-            std::fill(row, row + first_slot, zero);
+            const int prefix = b.visible_prefix < 0 ? first_slot : std::min(b.visible_prefix, first_slot);
+            std::fill(row, row + prefix, zero);
+            std::fill(row + prefix, row + first_slot, ninf);
+            if (!b.cached_visible.empty()) {
+                for (int32_t slot : b.cached_visible[i]) row[slot] = zero;
+            }
             for (int j = 0; j < n; ++j) row[first_slot + j] = b.mask.sees(i, j) ? zero : ninf;
             std::fill(row + kv_len, row + n_kv, ninf);
         }

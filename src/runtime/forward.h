@@ -13,8 +13,8 @@ namespace specula {
 class KvCache;
 class Model;
 
-// Which rows of the new block each row may attend to. Every row always sees all slots already
-// in the cache: the cache holds only accepted tokens, so nothing there is ever hidden.
+// Which rows of the new block each row may attend to. What a row sees of the cache is set by
+// ForwardBatch::visible_prefix / cached_visible (by default: all of it).
 struct BlockMask {
     int n = 0;
     std::vector<uint8_t> visible;  // [n * n], row-major: visible[i*n + j] = row i sees row j
@@ -30,8 +30,15 @@ struct ForwardBatch {
     std::vector<float> hidden_in;     // [n, n_embd] residual stream entering layer_begin (layer_begin > 0)
     std::vector<int32_t> positions;   // [n] RoPE positions
     BlockMask mask;                   // attention among the n new rows
+    // Cached slots every row sees: [0, visible_prefix); -1 = the whole cache (the usual case: the
+    // cache holds only accepted tokens). A tree drafted over several forwards lists each row's
+    // cached ancestors in cached_visible[i] (slots at or past visible_prefix).
+    int visible_prefix = -1;
+    std::vector<std::vector<int32_t>> cached_visible;
     std::vector<int32_t> logit_rows;  // rows to return logits for (only when the range ends at n_layer)
-    std::vector<int> tap_layers;      // return the residual stream after each of these layers
+    std::vector<int> tap_layers;      // return the residual stream entering each of these layers
+                                      // (0 = token embeddings, n_layer = final pre-norm state), as
+                                      // llama.cpp's eagle3 extract_layers count them
     int layer_begin = 0;
     int layer_end = -1;               // exclusive; -1 = n_layer
 

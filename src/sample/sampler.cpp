@@ -73,6 +73,30 @@ void processed_probs(std::span<const float> logits, const SamplingParams & p, st
     for (int32_t id : ids) probs[id] = static_cast<float>(probs[id] / sum);
 }
 
+std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {
+    std::vector<int32_t> ids(scores.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    k = std::min<int>(k, static_cast<int>(ids.size()));
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    });
+    ids.resize(k);
+    return ids;
+}
+
+std::vector<int32_t> sample_without_replacement(std::span<const float> probs, int k, Rng & rng) {
+    // argsort of log p + Gumbel noise = successive draws without replacement.
+    std::vector<float> keys(probs.size(), -INFINITY);
+    int support = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+        if (probs[i] <= 0.0f) continue;
+        const double u = std::max(rng.uniform(), 1e-300);
+        keys[i] = static_cast<float>(std::log(double(probs[i])) - std::log(-std::log(u)));
+        ++support;
+    }
+    return top_k_ids(keys, std::min(k, support));
+}
+
 int32_t sample_from(std::span<const float> probs, Rng & rng) {
     double total = 0.0;
     for (float q : probs) total += q;

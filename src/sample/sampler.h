@@ -27,6 +27,12 @@ int32_t argmax(std::span<const float> logits);
 // Greedy params give a one-hot distribution at the argmax.
 void processed_probs(std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs);
 
+// The k highest-scoring ids, best first (ties by id).
+std::vector<int32_t> top_k_ids(std::span<const float> scores, int k);
+
+// k distinct ids drawn from `probs` without replacement, in draw order (Gumbel-top-k).
+std::vector<int32_t> sample_without_replacement(std::span<const float> probs, int k, Rng & rng);
+
 // Draws from a distribution that sums to ~1 (tolerates rounding).
 int32_t sample_from(std::span<const float> probs, Rng & rng);
 

@@ -3,6 +3,7 @@
 
 #include "commands.h"
 #include "decode_bench.h"
+#include "spec_bench.h"
 
 namespace specula::cli {
 
@@ -20,6 +21,20 @@ void register_bench(CLI::App & app, Commands & commands) {
     decode->add_option("-b,--batch-sizes", o->batch_sizes, "batch sizes")->delimiter(',');
     decode->add_option("--json", o->json_path, "write results as JSON");
     decode->callback([o, &commands] { commands.run = [o] { return bench::run_decode_bench(*o); }; });
+
+    auto s = std::make_shared<bench::SpecBenchOptions>();
+    CLI::App * spec = bench->add_subcommand("spec", "speculative decoding by prompt category vs plain and llama.cpp");
+    spec->add_option("-m,--model", s->model, "target model GGUF")->required();
+    spec->add_option("--draft", s->draft, "draft model GGUF (same vocabulary)")->required();
+    spec->add_option("-t,--threads", s->threads, "threads for every engine (0 = physical cores)")->capture_default_str();
+    spec->add_option("-r,--reps", s->reps, "repetitions of the whole prompt set")->capture_default_str();
+    spec->add_option("-n,--n-gen", s->n_gen, "tokens per generation")->capture_default_str();
+    spec->add_option("--draft-max", s->draft_max, "draft length (fixed policy, llama.cpp); cap for the others")->capture_default_str();
+    spec->add_option("--prompts", s->prompts, "prompt set JSON (default: bench/prompts.json)");
+    spec->add_option("--temps", s->temps, "temperatures")->delimiter(',')->capture_default_str();
+    spec->add_option("--seed", s->seed, "sampling seed (prompt i uses seed + i)")->capture_default_str();
+    spec->add_option("--json", s->json_path, "write results as JSON");
+    spec->callback([s, &commands] { commands.run = [s] { return bench::run_spec_bench(*s); }; });
 }
 
 }  // namespace specula::cli

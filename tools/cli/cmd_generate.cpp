@@ -33,6 +33,10 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--ngram-max", args->engine.ngram_max, "longest n-gram to match")->capture_default_str();
     sub->add_option("--draft-max", args->engine.draft_max, "longest draft per round")->capture_default_str();
     sub->add_option("--draft-policy", args->engine.draft_policy, "draft length policy: fixed | heuristic | cost")->capture_default_str();
+    sub->add_option("--tree", args->engine.tree, "draft shape: chain | static | dynamic")->capture_default_str();
+    sub->add_option("--tree-depth", args->engine.tree_depth, "tree depth below the root")->capture_default_str();
+    sub->add_option("--tree-branching", args->engine.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
+    sub->add_option("--tree-nodes", args->engine.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();
     sub->add_option("--trace", args->gen.trace_path, "write a per-token JSON-lines trace of speculative rounds");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;

@@ -72,7 +72,13 @@ GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, cons
     out.taps.assign(tap_layers.size(), nullptr);
 
     ggml_tensor * x = layer_begin == 0 ? ggml_get_rows(ctx, w.tok_embd, in.tokens) : in.hidden_in;  // [n_embd, n]
+    auto tap = [&](int il) {
+        for (size_t t = 0; t < tap_layers.size(); ++t) {
+            if (tap_layers[t] == il) out.taps[t] = x;
+        }
+    };
     for (int il = layer_begin; il < layer_end; ++il) {
+        tap(il);
         const LayerWeights & L = w.layers[il];
         ggml_tensor * h = rms_norm(ctx, x, L.attn_norm, c.rms_eps);
         x = ggml_add(ctx, x, attention(ctx, gf, c, L, cache, il, h, in, w.rope_freqs));
@@ -80,10 +86,8 @@ GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, cons
         h = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L.ffn_gate, h), ggml_mul_mat(ctx, L.ffn_up, h));
         x = ggml_add(ctx, x, ggml_mul_mat(ctx, L.ffn_down, h));
         ggml_format_name(x, "l_out-%d", il);
-        for (size_t t = 0; t < tap_layers.size(); ++t) {
-            if (tap_layers[t] == il) out.taps[t] = x;
-        }
     }
+    tap(layer_end);
 
     if (layer_end < c.n_layer) {
         out.hidden_out = x;

@@ -1,0 +1,176 @@
+#include "tree/tree_builder.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "common/error.h"
+
+namespace specula {
+
+TreeShape parse_tree_shape(const std::string & name) {
+    if (name == "chain") return TreeShape::Chain;
+    if (name == "static") return TreeShape::Static;
+    if (name == "dynamic") return TreeShape::Dynamic;
+    throw Error("unknown tree shape '" + name + "' (chain, static, dynamic)");
+}
+
+const char * tree_shape_name(TreeShape s) {
+    switch (s) {
+        case TreeShape::Chain: return "chain";
+        case TreeShape::Static: return "static";
+        case TreeShape::Dynamic: return "dynamic";
+    }
+    return "?";
+}
+
+const std::vector<std::vector<int>> & static_tree_paths() {
+    // Wide near the root, a deep spine on the most likely branch: EAGLE-1's tree in miniature.
+    static const std::vector<std::vector<int>> paths = {
+        {0}, {1}, {2}, {3},
+        {0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {2, 0},
+        {0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {1, 0, 0},
+        {0, 0, 0, 0}, {0, 0, 0, 1}, {0, 1, 0, 0},
+        {0, 0, 0, 0, 0}, {0, 0, 0, 0, 1},
+        {0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0},
+    };
+    return paths;
+}
+
+namespace {
+
+struct Builder {
+    TokenTree tree;
+    std::vector<std::vector<int>> rank_path;  // per node
+    float entropy_sum = 0.0f;
+    int n_expansions = 0;
+
+    void add_children(int parent, const Expansion & e) {
+        const float base = parent == TokenTree::kRoot ? 0.0f : tree.logp[parent];
+        if (!e.q.empty()) {
+            if (tree.q.size() < static_cast<size_t>(tree.size() + 1)) tree.q.resize(tree.size() + 1);
+            tree.q[parent + 1] = e.q;
+        }
+        entropy_sum += e.entropy;
+        ++n_expansions;
+        for (size_t c = 0; c < e.tokens.size(); ++c) {
+            const int id = tree.add(parent, e.tokens[c], base + e.logp[c]);
+            rank_path.push_back(parent == TokenTree::kRoot ? std::vector<int>{} : rank_path[parent]);
+            rank_path.back().push_back(static_cast<int>(c));
+        }
+    }
+
+    void expand(const ExpandFn & fn, const std::vector<int> & frontier, const std::vector<int> & n_children) {
+        if (frontier.empty()) return;
+        const auto ex = fn(tree, frontier, n_children);
+        if (ex.size() != frontier.size()) throw Error("drafter returned the wrong number of expansions");
+        for (size_t i = 0; i < frontier.size(); ++i) add_children(frontier[i], ex[i]);
+    }
+};
+
+// Keeps the `max_nodes` best nodes by cumulative log-probability such that every kept node's
+// parent and earlier siblings are kept too (children are proposals tried in order: a kept set
+// must be a prefix of each proposal list for sampling to stay lossless).
+TokenTree prune(const TokenTree & t, int max_nodes) {
+    std::vector<int> order(t.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return t.logp[a] > t.logp[b]; });
+    std::vector<char> keep(t.size(), 0);
+    int kept = 0;
+    // Repeatedly take the best node whose parent and previous sibling are already kept.
+    std::vector<int> prev_sibling(t.size(), -1);
+    for (int n = 0; n < t.size(); ++n) {
+        for (int c = t.first_child_of(n), prev = -1; c >= 0; prev = c, c = t.next_sibling[c]) prev_sibling[c] = prev;
+    }
+    for (int c = t.root_first_child, prev = -1; c >= 0; prev = c, c = t.next_sibling[c]) prev_sibling[c] = prev;
+    bool progress = true;
+    while (kept < max_nodes && progress) {
+        progress = false;
+        for (int n : order) {
+            if (keep[n]) continue;
+            const bool parent_ok = t.parent[n] == TokenTree::kRoot || keep[t.parent[n]];
+            const bool sibling_ok = prev_sibling[n] < 0 || keep[prev_sibling[n]];
+            if (parent_ok && sibling_ok) {
+                keep[n] = 1;
+                ++kept;
+                progress = true;
+                break;
+            }
+        }
+    }
+    TokenTree out;
+    std::vector<int> new_id(t.size(), -1);
+    for (int n = 0; n < t.size(); ++n) {
+        if (!keep[n]) continue;
+        new_id[n] = out.add(t.parent[n] == TokenTree::kRoot ? TokenTree::kRoot : new_id[t.parent[n]], t.token[n], t.logp[n]);
+    }
+    if (!t.q.empty()) {
+        out.q.resize(out.size() + 1);
+        if (!t.q[0].empty()) out.q[0] = t.q[0];
+        for (int n = 0; n < t.size(); ++n) {
+            if (keep[n] && static_cast<size_t>(n + 1) < t.q.size() && out.first_child_of(new_id[n]) >= 0) out.q[new_id[n] + 1] = t.q[n + 1];
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
+    if (budget.depth < 1 || budget.max_nodes < 1 || budget.branching < 1) throw Error("tree budget must be positive");
+    Builder b;
+    const auto & paths = static_tree_paths();
+
+    // Root.
+    int root_children = 1;
+    if (budget.shape == TreeShape::Dynamic) root_children = budget.branching;
+    if (budget.shape == TreeShape::Static) {
+        root_children = 0;
+        for (const auto & p : paths) {
+            if (p.size() == 1) root_children = std::max(root_children, p[0] + 1);
+        }
+    }
+    b.expand(fn, {TokenTree::kRoot}, {root_children});
+
+    for (int d = 2; d <= budget.depth; ++d) {
+        std::vector<int> frontier, n_children;
+        std::vector<int> level;
+        for (int n = 0; n < b.tree.size(); ++n) {
+            if (b.tree.depth[n] == d - 1) level.push_back(n);
+        }
+        if (level.empty()) break;
+        switch (budget.shape) {
+            case TreeShape::Chain:
+                frontier = {level.front()};
+                n_children = {1};
+                break;
+            case TreeShape::Static: {
+                std::map<int, int> want;  // node -> children
+                for (const auto & p : paths) {
+                    if (static_cast<int>(p.size()) != d) continue;
+                    const std::vector<int> parent_path(p.begin(), p.end() - 1);
+                    for (int n : level) {
+                        if (b.rank_path[n] == parent_path) want[n] = std::max(want[n], p.back() + 1);
+                    }
+                }
+                for (auto [n, k] : want) frontier.push_back(n), n_children.push_back(k);
+                break;
+            }
+            case TreeShape::Dynamic: {
+                std::stable_sort(level.begin(), level.end(), [&](int a, int c) { return b.tree.logp[a] > b.tree.logp[c]; });
+                level.resize(std::min<size_t>(level.size(), budget.branching));
+                frontier = level;
+                n_children.assign(frontier.size(), budget.branching);
+                break;
+            }
+        }
+        b.expand(fn, frontier, n_children);
+    }
+
+    BuiltTree out;
+    out.mean_entropy = b.n_expansions ? b.entropy_sum / b.n_expansions : 0.0f;
+    out.tree = b.tree.size() > budget.max_nodes ? prune(b.tree, budget.max_nodes) : std::move(b.tree);
+    return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,52 @@
+#pragma once
+// Builds a draft tree from a drafter's proposals. Pure: the drafter supplies an ExpandFn that
+// proposes children for a set of frontier nodes (one forward for the whole frontier); the shape
+// decides which nodes get expanded and which are kept.
+//   chain   - the top child of the last node, `depth` times;
+//   static  - a fixed set of child-rank paths (EAGLE-1): the same shape every round;
+//   dynamic - EAGLE-2: expand the `branching` best nodes of each depth by cumulative draft
+//             log-probability, then keep the `max_nodes` best nodes of the whole tree.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tree/token_tree.h"
+
+namespace specula {
+
+enum class TreeShape { Chain, Static, Dynamic };
+TreeShape parse_tree_shape(const std::string & name);  // chain | static | dynamic; throws Error
+const char * tree_shape_name(TreeShape s);
+
+struct TreeBudget {
+    TreeShape shape = TreeShape::Chain;
+    int depth = 4;       // levels below the root
+    int branching = 4;   // children per expanded node (dynamic), frontier width per depth (dynamic)
+    int max_nodes = 4;   // nodes sent to verification
+};
+
+// Children proposed for one frontier node, in proposal order (the order the verifier tries them).
+struct Expansion {
+    std::vector<int32_t> tokens;
+    std::vector<float> logp;  // draft log-probability of each child given the node
+    std::vector<float> q;     // draft distribution the children were drawn from; empty at T = 0
+    float entropy = 0.0f;     // of the draft distribution, nats
+};
+
+// Proposes up to n_children[i] children for each frontier[i] (TokenTree::kRoot on the first call).
+using ExpandFn = std::function<std::vector<Expansion>(const TokenTree & tree, std::span<const int> frontier,
+                                                      std::span<const int> n_children)>;
+
+struct BuiltTree {
+    TokenTree tree;
+    float mean_entropy = 0.0f;
+};
+
+BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & expand);
+
+// The static shape: child-rank paths, e.g. {0, 1} = second child of the first child of the root.
+const std::vector<std::vector<int>> & static_tree_paths();
+
+}  // namespace specula
