@@ -27,8 +27,8 @@ const std::vector<std::vector<int32_t>> kPrompts = {
     {1, 29871, 29896, 29892, 29871, 29906, 29892, 29871, 29941, 29892, 29871, 29896, 29892, 29871, 29906},
 };
 
-std::vector<int32_t> plain_greedy(ModelRunner & runner, Backend & backend, std::span<const int32_t> prompt, int n) {
-    KvCache cache(backend, runner.model().config(), 256);
+std::vector<int32_t> plain_greedy(const Model & model, ModelRunner & runner, std::span<const int32_t> prompt, int n) {
+    KvCache cache(model.backend(), model.config(), 256);
     std::vector<int32_t> out;
     GenerationOptions o;
     o.n_predict = n;
@@ -76,7 +76,7 @@ TEST(Speculative, GreedyOutputEqualsPlainDecodingForEveryDrafterLengthAndPolicy)
     std::vector<Drafter *> drafters = {&self_draft, &small_draft, &ngram};
     int total_accepted = 0;
     for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(s.runner, s.backend, prompt, 40);
+        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
         for (Drafter * d : drafters) {
             for (int k = 1; k <= 8; ++k) {
                 for (auto policy : {DraftPolicyKind::Fixed, DraftPolicyKind::Heuristic, DraftPolicyKind::Cost}) {
@@ -98,7 +98,7 @@ TEST(Speculative, GreedyTreesEqualPlainDecoding) {
     DraftModelDrafter small_draft(*s.draft_small, 256);
     int accepted_beyond_first_child = 0;
     for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(s.runner, s.backend, prompt, 40);
+        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
         for (Drafter * d : std::vector<Drafter *>{&self_draft, &small_draft}) {
             for (TreeBudget tree : {TreeBudget{TreeShape::Static, 5, 4, 16}, TreeBudget{TreeShape::Dynamic, 4, 3, 12},
                                     TreeBudget{TreeShape::Dynamic, 6, 4, 40}}) {

@@ -11,7 +11,7 @@
 #include "kv/kv_cache.h"
 #include "runtime/arch/graph.h"
 #include "runtime/backend.h"
-#include "runtime/model.h"
+#include "runtime/network.h"
 
 namespace specula {
 
@@ -55,7 +55,7 @@ namespace {
 constexpr int kKvPad = 256;
 
 struct GraphKey {
-    int n_tokens, n_kv, n_out, layer_begin, layer_end;
+    int n_tokens, hidden_width, n_kv, n_out, layer_begin, layer_end;
     std::vector<int> taps;
     uint64_t cache_id;
     bool operator==(const GraphKey &) const = default;
@@ -76,8 +76,8 @@ struct ModelRunner::Graph {
     }
 };
 
-ModelRunner::ModelRunner(const Model & model) : model_(model) {
-    graph_size_ = std::max<size_t>(2048, static_cast<size_t>(model.config().n_layer) * 48 + 64);
+ModelRunner::ModelRunner(const Network & network) : net_(network) {
+    graph_size_ = std::max<size_t>(2048, static_cast<size_t>(network.shape().n_layer) * 48 + 128);
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -89,17 +89,19 @@ ForwardOutput ModelRunner::forward(const ForwardBatch & batch, KvCache & cache) 
 }
 
 void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput & out) {
-    const ModelConfig & c = model_.config();
+    const NetworkShape & c = net_.shape();
     const int n = b.n_tokens();
     const int layer_end = b.layer_end < 0 ? c.n_layer : b.layer_end;
     if (n <= 0) throw Error("forward: empty batch");
     if (b.layer_begin < 0 || b.layer_begin >= layer_end || layer_end > c.n_layer) throw Error("forward: bad layer range");
-    if (b.layer_begin == 0 && static_cast<int>(b.tokens.size()) != n) throw Error("forward: tokens and positions differ in length");
-    if (b.layer_begin > 0 && b.hidden_in.size() != static_cast<size_t>(n) * c.n_embd) throw Error("forward: hidden_in has the wrong size");
+    if (!b.tokens.empty() && static_cast<int>(b.tokens.size()) != n) throw Error("forward: tokens and positions differ in length");
+    if (b.hidden_in.size() % n != 0) throw Error("forward: hidden_in is not a whole number of rows");
+    const int hidden_width = static_cast<int>(b.hidden_in.size() / n);
+    net_.check_hidden_in(b, hidden_width);
     if (b.mask.n != n) throw Error("forward: mask size differs from the batch size");
-    if (cache.n_layers() != c.n_layer || cache.n_embd_kv() != c.n_embd_kv()) throw Error("forward: KV cache does not fit this model");
+    if (cache.n_layers() != c.n_layer || cache.n_embd_kv() != c.n_embd_kv) throw Error("forward: KV cache does not fit this model");
     for (int32_t t : b.tokens) {
-        if (t < 0 || t >= c.n_vocab) throw Error("forward: token id " + std::to_string(t) + " outside the vocabulary");
+        if (t < 0 || t >= c.n_token_vocab) throw Error("forward: token id " + std::to_string(t) + " outside the vocabulary");
     }
     for (int32_t r : b.logit_rows) {
         if (r < 0 || r >= n) throw Error("forward: logit row outside the batch");
@@ -125,9 +127,9 @@ void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput
 }
 
 ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end) {
-    const ModelConfig & c = model_.config();
     const int n = b.n_tokens();
-    GraphKey key{n, n_kv, want_logits ? static_cast<int>(b.logit_rows.size()) : 0, b.layer_begin, layer_end, b.tap_layers, cache.id()};
+    const int hidden_width = static_cast<int>(b.hidden_in.size() / n);
+    GraphKey key{n, hidden_width, n_kv, want_logits ? static_cast<int>(b.logit_rows.size()) : 0, b.layer_begin, layer_end, b.tap_layers, cache.id()};
     for (size_t i = 0; i < graphs_.size(); ++i) {
         if (graphs_[i]->key == key) {
             std::rotate(graphs_.begin() + i, graphs_.begin() + i + 1, graphs_.end());
@@ -137,7 +139,7 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     if (graphs_.size() >= kMaxGraphs) graphs_.erase(graphs_.begin());
     auto g = std::make_unique<Graph>();
     g->key = key;
-    auto & backends = model_.backend().backends();
+    auto & backends = net_.backend().backends();
     g->sched = ggml_backend_sched_new(const_cast<ggml_backend_t *>(backends.data()), nullptr, static_cast<int>(backends.size()),
                                       graph_size_, false, true);
     if (!g->sched) throw Error("could not create the ggml scheduler");
@@ -145,11 +147,12 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     g->ctx = ggml_init(params);
     g->gf = ggml_new_graph_custom(g->ctx, graph_size_, false);
     GraphInputs & in = g->in;
-    if (b.layer_begin == 0) {
+    if (!b.tokens.empty()) {
         in.tokens = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
         ggml_set_input(in.tokens);
-    } else {
-        in.hidden_in = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F32, c.n_embd, n);
+    }
+    if (hidden_width > 0) {
+        in.hidden_in = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F32, hidden_width, n);
         ggml_set_input(in.hidden_in);
     }
     in.positions = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, n);
@@ -163,7 +166,7 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
         in.out_rows = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, key.n_out);
         ggml_set_input(in.out_rows);
     }
-    g->out = build_llama_family_graph(g->ctx, g->gf, model_, cache, in, b.layer_begin, layer_end, b.tap_layers);
+    g->out = net_.build_graph(g->ctx, g->gf, cache, in, b, layer_end);
     for (ggml_tensor * t : g->out.taps) {
         ggml_set_output(t);
         ggml_build_forward_expand(g->gf, t);
@@ -181,7 +184,7 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
 
 void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end,
                             ForwardOutput & out) {
-    const ModelConfig & c = model_.config();
+    const NetworkShape & c = net_.shape();
     const int n = b.n_tokens();
     const int kv_len = first_slot + n;
     const int n_kv = std::min(cache.capacity(), (kv_len + kKvPad - 1) / kKvPad * kKvPad);

@@ -11,7 +11,7 @@
 namespace specula {
 
 class KvCache;
-class Model;
+class Network;
 
 // Which rows of the new block each row may attend to. What a row sees of the cache is set by
 // ForwardBatch::visible_prefix / cached_visible (by default: all of it).
@@ -26,8 +26,9 @@ struct BlockMask {
 };
 
 struct ForwardBatch {
-    std::vector<int32_t> tokens;      // [n] token ids (layer_begin == 0)
-    std::vector<float> hidden_in;     // [n, n_embd] residual stream entering layer_begin (layer_begin > 0)
+    std::vector<int32_t> tokens;      // [n] token ids (models: when layer_begin == 0; heads: always)
+    std::vector<float> hidden_in;     // [n, width] models: residual stream entering layer_begin > 0;
+                                      // heads: target features or their own fed-back hidden state
     std::vector<int32_t> positions;   // [n] RoPE positions
     BlockMask mask;                   // attention among the n new rows
     // Cached slots every row sees: [0, visible_prefix); -1 = the whole cache (the usual case: the
@@ -52,19 +53,20 @@ struct ForwardOutput {
     int n_embd = 0;
     std::vector<float> logits;               // [logit_rows.size(), n_vocab]
     std::vector<std::vector<float>> taps;    // per tap layer: [n, n_embd]
-    std::vector<float> hidden_out;           // [n, n_embd] after layer_end - 1, when layer_end < n_layer
+    std::vector<float> hidden_out;           // [n, n_embd] after layer_end - 1 (when layer_end < n_layer),
+                                             // or a head's pre-norm output (every row)
 
     std::span<const float> logits_row(size_t i) const {
         return {logits.data() + i * n_vocab, static_cast<size_t>(n_vocab)};
     }
 };
 
-// Runs forwards of one model. Built graphs are kept per shape (token count, padded KV length,
+// Runs forwards of one network (a model or a draft head). Built graphs are kept per shape (token count, padded KV length,
 // outputs, layer range, cache), each with its own scheduler and allocation, so alternating shapes
 // (draft steps, verify blocks, catch-up blocks) reuse their graphs instead of rebuilding them.
 class ModelRunner {
 public:
-    explicit ModelRunner(const Model & model);
+    explicit ModelRunner(const Network & network);
     ~ModelRunner();
     ModelRunner(const ModelRunner &) = delete;
     ModelRunner & operator=(const ModelRunner &) = delete;
@@ -74,12 +76,12 @@ public:
     void forward(const ForwardBatch & batch, KvCache & cache, ForwardOutput & out);
     ForwardOutput forward(const ForwardBatch & batch, KvCache & cache);
 
-    const Model & model() const { return model_; }
+    const Network & network() const { return net_; }
 
 private:
     struct Graph;
     void run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end, ForwardOutput & out);
-    const Model & model_;
+    const Network & net_;
     size_t graph_size_ = 0;
     Graph & graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end);
     std::vector<std::unique_ptr<Graph>> graphs_;  // most recently used last

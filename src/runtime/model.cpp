@@ -5,7 +5,9 @@
 #include "common/error.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "runtime/arch/graph.h"
 #include "runtime/backend.h"
+#include "runtime/forward.h"
 #include "runtime/gguf_file.h"
 
 namespace specula {
@@ -189,7 +191,19 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
         m->weight_bytes_ += ggml_backend_buffer_get_size(buf);
     }
     for (auto & [name, t] : to_load) file.load_tensor_data(name, t);
+    m->shape_ = NetworkShape{c.n_layer, c.n_embd, c.n_embd_kv(), c.n_vocab, c.n_vocab};
     return m;
+}
+
+void Model::check_hidden_in(const ForwardBatch & b, int hidden_width) const {
+    if (b.layer_begin == 0 && hidden_width != 0) throw Error("forward: a batch starting at layer 0 takes tokens, not hidden_in");
+    if (b.layer_begin > 0 && hidden_width != config_.n_embd) throw Error("forward: hidden_in has the wrong size");
+    if (b.layer_begin > 0 && !b.tokens.empty()) throw Error("forward: a batch starting past layer 0 takes hidden_in, not tokens");
+}
+
+GraphOutputs Model::build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCache & cache, const GraphInputs & in,
+                                const ForwardBatch & b, int layer_end) const {
+    return build_llama_family_graph(ctx, gf, *this, cache, in, b.layer_begin, layer_end, b.tap_layers);
 }
 
 }  // namespace specula

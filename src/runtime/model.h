@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/model_config.h"
+#include "runtime/network.h"
 
 struct ggml_context;
 struct ggml_tensor;
@@ -41,15 +42,20 @@ struct ModelWeights {
     std::vector<LayerWeights> layers;
 };
 
-class Model {
+class Model : public Network {
 public:
     static std::unique_ptr<Model> load(const std::string & path, Backend & backend);
-    ~Model();
+    ~Model() override;
+
+    const NetworkShape & shape() const override { return shape_; }
+    Backend & backend() const override { return backend_; }
+    void check_hidden_in(const ForwardBatch & batch, int hidden_width) const override;
+    GraphOutputs build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCache & cache, const GraphInputs & in,
+                             const ForwardBatch & batch, int layer_end) const override;
 
     const ModelConfig & config() const { return config_; }
     const ModelWeights & weights() const { return weights_; }
     const std::string & path() const { return path_; }
-    Backend & backend() const { return backend_; }
     size_t weight_bytes() const { return weight_bytes_; }
 
 private:
@@ -57,6 +63,7 @@ private:
     std::string path_;
     Backend & backend_;
     ModelConfig config_;
+    NetworkShape shape_;
     ModelWeights weights_;
     std::vector<ggml_context *> contexts_;
     std::vector<ggml_backend_buffer *> buffers_;
