@@ -72,6 +72,28 @@ std::string quantized_twin(const std::string & name, const std::string & type) {
     return write_variant(v, v.name + "_twin_" + type, type);
 }
 
+std::string eagle_head_path(const std::string & kind, const std::string & target, int n_draft_vocab, int hidden,
+                            std::vector<int> target_layers) {
+    const Variant & v = find_variant(target);
+    std::string name = kind + "_for_" + target + "_v" + std::to_string(n_draft_vocab) + "_h" + std::to_string(hidden);
+    for (int l : target_layers) name += "_l" + std::to_string(l);
+    const std::string path = scratch_dir() + "/" + name + ".gguf";
+    if (!std::filesystem::exists(path)) {
+        RandomEagleSpec e;
+        e.kind = kind;
+        e.target.vocab_gguf = vocab_dir() + "/" + v.vocab;
+        e.target.n_embd = hidden ? hidden : v.n_embd;
+        e.target.n_layer = v.n_layer;
+        e.n_draft_vocab = n_draft_vocab;
+        e.target_layers = target_layers;
+        e.seed = std::hash<std::string>{}(name) & 0xffff;
+        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+        write_random_eagle_head(e, tmp);
+        std::filesystem::rename(tmp, path);
+    }
+    return path;
+}
+
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed) {
     const std::string path = scratch_dir() + "/" + name + ".gguf";
     if (!std::filesystem::exists(path)) {

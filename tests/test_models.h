@@ -21,6 +21,10 @@ const std::vector<Variant> & oracle_variants();
 std::string model_path(const std::string & name);
 // The same weights as `name`, stored as `type`: a draft that mostly agrees with its target.
 std::string quantized_twin(const std::string & name, const std::string & type);
+// A random EAGLE head ("eagle1" | "eagle3") for the fixture model `target`; n_draft_vocab > 0
+// gives an EAGLE-3 head a compact vocabulary with d2t; hidden != 0 pretends a target of that width.
+std::string eagle_head_path(const std::string & kind, const std::string & target, int n_draft_vocab = 0, int hidden = 0,
+                            std::vector<int> target_layers = {});
 // A model with n_vocab tokens and no tokenizer (runtime only): distribution tests.
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed);
 std::string vocab_dir();

@@ -14,11 +14,13 @@ struct EngineOptions {
     std::string model_path;
     // Speculation: at most one drafter. None = plain decoding.
     std::string draft_model_path;  // a small LM sharing the target's vocabulary
+    std::string eagle_path;        // EAGLE-1/2 head for the target (specula-eagle1 GGUF)
+    std::string eagle3_path;       // EAGLE-3 head for the target (llama.cpp eagle3 GGUF)
     bool ngram = false;            // prompt-lookup drafting
     int ngram_min = 1, ngram_max = 3;
     int draft_max = 8;             // longest draft per round
     std::string draft_policy = "fixed";  // fixed | heuristic | cost (chains)
-    std::string tree = "chain";  // chain | static | dynamic
+    std::string tree;            // chain | static | dynamic; empty: dynamic for EAGLE heads, else chain
     int tree_depth = 6;
     int tree_branching = 4;      // dynamic: children per node and nodes expanded per depth
     int tree_nodes = 0;          // nodes verified per round; 0 = chosen from the measured verify cost

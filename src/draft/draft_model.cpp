@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/error.h"
+#include "draft/propose.h"
 #include "runtime/model.h"
 
 namespace specula {
@@ -11,32 +12,7 @@ namespace specula {
 DraftModelDrafter::DraftModelDrafter(const Model & model, int n_ctx)
     : model_(model), runner_(model), cache_(model.backend(), model.config(), n_ctx) {}
 
-void DraftModelDrafter::accept(int n_valid) { cache_.rollback(std::min(cache_.size(), n_valid)); }
-
-Expansion DraftModelDrafter::propose(std::span<const float> logits, int n_children, const DraftRequest & req) {
-    Expansion e;
-    // log-softmax at temperature 1: entropy for the policies, log-probs for tree ranking.
-    const float m = *std::max_element(logits.begin(), logits.end());
-    double z = 0.0, s = 0.0;
-    for (float l : logits) {
-        const double x = std::exp(double(l) - m);
-        z += x;
-        s += x * (double(l) - m);
-    }
-    const double log_z = std::log(z);
-    e.entropy = static_cast<float>(log_z - s / z);
-    const bool greedy = req.sampling == nullptr || req.sampling->greedy();
-    if (greedy) {
-        e.tokens = top_k_ids(logits, n_children);
-        for (int32_t t : e.tokens) e.logp.push_back(static_cast<float>(logits[t] - m - log_z));
-    } else {
-        processed_probs(logits, *req.sampling, probs_);
-        e.tokens = sample_without_replacement(probs_, n_children, *req.rng);
-        for (int32_t t : e.tokens) e.logp.push_back(std::log(std::max(probs_[t], 1e-30f)));
-        e.q = probs_;
-    }
-    return e;
-}
+void DraftModelDrafter::accept(const Acceptance & a) { cache_.rollback(std::min(cache_.size(), a.n_valid)); }
 
 Draft DraftModelDrafter::draft(const DraftRequest & req) {
     const int L = static_cast<int>(req.history.size());
@@ -49,7 +25,7 @@ Draft DraftModelDrafter::draft(const DraftRequest & req) {
             // Catch up on every token the cache lacks (the root, plus accepted tokens of a tree round).
             const int n_in = cache_.size();
             runner_.forward(ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}), cache_, out_);
-            out.push_back(propose(out_.logits_row(0), n_children[0], req));
+            out.push_back(propose_children(out_.logits_row(0), n_children[0], req, probs_));
             return out;
         }
         ForwardBatch b;
@@ -71,7 +47,7 @@ Draft DraftModelDrafter::draft(const DraftRequest & req) {
         if (static_cast<int>(slot_of.size()) < tree.size()) slot_of.resize(tree.size(), -1);
         for (size_t i = 0; i < frontier.size(); ++i) {
             slot_of[frontier[i]] = first_slot + static_cast<int>(i);
-            out.push_back(propose(out_.logits_row(i), n_children[i], req));
+            out.push_back(propose_children(out_.logits_row(i), n_children[i], req, probs_));
         }
         return out;
     };

@@ -18,16 +18,12 @@ public:
     DraftModelDrafter(const Model & model, int n_ctx);
     const char * name() const override { return "draft-model"; }
     Draft draft(const DraftRequest & request) override;
-    void accept(int n_valid) override;
+    void accept(const Acceptance & a) override;
     void reset() override { cache_.rollback(0); }
 
     const KvCache & cache() const { return cache_; }
 
 private:
-    // Children for each frontier node from its draft logits: top-k at T = 0, sampled without
-    // replacement from the processed distribution otherwise.
-    Expansion propose(std::span<const float> logits, int n_children, const DraftRequest & req);
-
     const Model & model_;
     ModelRunner runner_;
     KvCache cache_;

@@ -3,6 +3,7 @@
 // touches the target's cache: after each round it is told how much of what it saw still stands.
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "sample/sampler.h"
 #include "tree/token_tree.h"
@@ -17,6 +18,15 @@ struct DraftRequest {
     Rng * rng = nullptr;
 };
 
+// What verification settled, told to the drafter after every round (and after the prompt).
+struct Acceptance {
+    int n_valid = 0;  // leading tokens of the sequence that are now final (last root + accepted drafts)
+    // Target features for positions first_position.. (one row per position, feature_layers()
+    // concatenated), for drafters that ask for them; empty otherwise.
+    int first_position = 0;
+    std::span<const float> features;
+};
+
 struct Draft {
     TokenTree tree;
     float mean_entropy = 0.0f;  // of the draft distributions used (nats); 0 for deterministic drafters
@@ -27,9 +37,10 @@ public:
     virtual ~Drafter() = default;
     virtual const char * name() const = 0;
     virtual Draft draft(const DraftRequest & request) = 0;
-    // After verification: the first n_valid tokens of the sequence the last draft() saw, extended
-    // by its accepted drafts, are final; anything the drafter cached past them must go.
-    virtual void accept(int n_valid) = 0;
+    // After verification: anything the drafter cached past what is final must go.
+    virtual void accept(const Acceptance & acceptance) = 0;
+    // Target layers whose input hidden states the drafter needs (EAGLE); empty for none.
+    virtual std::vector<int> feature_layers() const { return {}; }
     // Forget everything (a new sequence starts).
     virtual void reset() = 0;
 };

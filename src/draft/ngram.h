@@ -11,7 +11,7 @@ public:
     NgramDrafter(int n_min, int n_max);
     const char * name() const override { return "ngram"; }
     Draft draft(const DraftRequest & request) override;
-    void accept(int) override {}
+    void accept(const Acceptance &) override {}
     void reset() override {}
 
 private:

@@ -3,6 +3,8 @@
 
 #include "common/error.h"
 #include "draft/draft_model.h"
+#include "draft/eagle.h"
+#include "runtime/eagle_head.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
@@ -21,6 +23,7 @@ struct Engine::Impl {
     std::unique_ptr<Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
     std::unique_ptr<Model> draft_model;
+    std::unique_ptr<EagleHead> head;
     std::unique_ptr<Drafter> drafter;
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
     TreeBudget tree;
@@ -41,11 +44,13 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
         throw Error(options.model_path + ": tokenizer has more tokens than the embedding matrix");
     }
 
-    const bool speculative = !options.draft_model_path.empty() || options.ngram;
-    if (!options.draft_model_path.empty() && options.ngram) throw Error("choose one drafter: --draft or --ngram");
-    if (speculative) {
+    const int n_drafters = !options.draft_model_path.empty() + !options.eagle_path.empty() + !options.eagle3_path.empty() + options.ngram;
+    if (n_drafters > 1) throw Error("choose one drafter: --draft, --eagle, --eagle3 or --ngram");
+    const bool eagle = !options.eagle_path.empty() || !options.eagle3_path.empty();
+    if (n_drafters == 1) {
         impl->policy = parse_draft_policy(options.draft_policy);
-        impl->tree = TreeBudget{parse_tree_shape(options.tree), options.tree_depth, options.tree_branching, options.tree_nodes};
+        const std::string shape = options.tree.empty() ? (eagle ? "dynamic" : "chain") : options.tree;
+        impl->tree = TreeBudget{parse_tree_shape(shape), options.tree_depth, options.tree_branching, options.tree_nodes};
         if (impl->tree.shape != TreeShape::Chain && (options.tree_depth < 1 || options.tree_branching < 1 || options.tree_nodes < 0)) {
             throw Error("tree depth and branching must be at least 1, tree nodes at least 0");
         }
@@ -66,6 +71,14 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
                         std::to_string(impl->tokenizer->n_vocab()) + " tokens)");
         }
         impl->drafter = std::make_unique<DraftModelDrafter>(*impl->draft_model, options.n_ctx);
+    } else if (eagle) {
+        const std::string & path = options.eagle_path.empty() ? options.eagle3_path : options.eagle_path;
+        impl->head = EagleHead::load(path, *impl->model, *impl->backend);
+        const EagleKind want = options.eagle_path.empty() ? EagleKind::Eagle3 : EagleKind::Eagle1;
+        if (impl->head->config().kind != want) {
+            throw Error(path + (want == EagleKind::Eagle3 ? " is an EAGLE-1 head: use --eagle" : " is an EAGLE-3 head: use --eagle3"));
+        }
+        impl->drafter = std::make_unique<EagleDrafter>(*impl->head, options.n_ctx);
     } else if (options.ngram) {
         impl->drafter = std::make_unique<NgramDrafter>(options.ngram_min, options.ngram_max);
     }

@@ -13,6 +13,15 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double ms_since(clock_type::time_point t0) { return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(); }
 
+// Target features of the given block rows, each row the drafter's feature layers concatenated.
+void gather_features(const ForwardOutput & out, std::span<const int> rows, std::vector<float> & dst) {
+    dst.clear();
+    const size_t E = out.n_embd;
+    for (int r : rows) {
+        for (const auto & tap : out.taps) dst.insert(dst.end(), tap.begin() + r * E, tap.begin() + (r + 1) * E);
+    }
+}
+
 // [root, nodes...] as one block: node i is row i + 1 at position base + depth(i).
 ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
     ForwardBatch b;
@@ -82,13 +91,22 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
     }
     std::vector<int32_t> history(prompt.begin(), prompt.end());
     ctx.drafter.reset();
+    const std::vector<int> feature_layers = ctx.drafter.feature_layers();
+    std::vector<float> features;
+    std::vector<int> rows;
 
     // The prompt minus its last token goes into the cache; the last token is the first root.
     auto t0 = clock_type::now();
     ForwardOutput out;
     for (size_t start = 0; start + 1 < prompt.size(); start += 512) {
-        const size_t n = std::min<size_t>(512, prompt.size() - 1 - start);
-        ctx.target.forward(ForwardBatch::causal(prompt.subspan(start, n), ctx.cache.size(), {}), ctx.cache, out);
+        const int n = static_cast<int>(std::min<size_t>(512, prompt.size() - 1 - start));
+        ForwardBatch b = ForwardBatch::causal(prompt.subspan(start, n), ctx.cache.size(), {});
+        b.tap_layers = feature_layers;
+        ctx.target.forward(b, ctx.cache, out);
+        rows.resize(n);
+        for (int i = 0; i < n; ++i) rows[i] = i;
+        gather_features(out, rows, features);
+        ctx.drafter.accept(Acceptance{ctx.cache.size(), static_cast<int>(start), features});
     }
     run.prompt_seconds = ms_since(t0) / 1000.0;
 
@@ -117,13 +135,16 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
         const double draft_ms = ms_since(td);
 
         auto tv = clock_type::now();
-        ctx.target.forward(tree_batch(history.back(), draft.tree, base), ctx.cache, out);
+        ForwardBatch verify_batch = tree_batch(history.back(), draft.tree, base);
+        verify_batch.tap_layers = feature_layers;
+        ctx.target.forward(verify_batch, ctx.cache, out);
         const VerifyResult result = verify(draft.tree, TargetLogits{out.logits, out.n_vocab}, rng);
         std::vector<int> kept{0};
         for (int node : result.accepted) kept.push_back(node + 1);
         ctx.cache.compact(base, kept);
         const double verify_ms = ms_since(tv);
-        ctx.drafter.accept(static_cast<int>(history.size() + result.accepted.size()));
+        gather_features(out, kept, features);
+        ctx.drafter.accept(Acceptance{static_cast<int>(history.size() + result.accepted.size()), base, features});
 
         std::vector<int32_t> tokens;
         for (int node : result.accepted) tokens.push_back(draft.tree.token[node]);

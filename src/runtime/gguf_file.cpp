@@ -132,19 +132,24 @@ std::vector<ggml_tensor *> GgufFile::tensors() const {
     return out;
 }
 
-void GgufFile::load_tensor_data(const std::string & name, ggml_tensor * dst) const {
+std::vector<uint8_t> GgufFile::read_tensor_bytes(const std::string & name) const {
     const int64_t id = gguf_find_tensor(gguf_, name.c_str());
     if (id < 0) throw Error(path_ + ": missing tensor " + name);
     const size_t offset = gguf_get_data_offset(gguf_) + gguf_get_tensor_offset(gguf_, id);
-    const size_t size = ggml_nbytes(dst);
-    if (gguf_get_tensor_size(gguf_, id) != size) throw Error(path_ + ": tensor " + name + " has an unexpected size");
+    const size_t size = gguf_get_tensor_size(gguf_, id);
     std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen(path_.c_str(), "rb"), &std::fclose);
     if (!f) throw Error(path_ + ": cannot open for reading");
     std::vector<uint8_t> buf(size);
     if (std::fseek(f.get(), static_cast<long>(offset), SEEK_SET) != 0 || std::fread(buf.data(), 1, size, f.get()) != size) {
         throw Error(path_ + ": truncated data for tensor " + name);
     }
-    ggml_backend_tensor_set(dst, buf.data(), 0, size);
+    return buf;
+}
+
+void GgufFile::load_tensor_data(const std::string & name, ggml_tensor * dst) const {
+    const std::vector<uint8_t> buf = read_tensor_bytes(name);
+    if (buf.size() != ggml_nbytes(dst)) throw Error(path_ + ": tensor " + name + " has an unexpected size");
+    ggml_backend_tensor_set(dst, buf.data(), 0, buf.size());
 }
 
 }  // namespace specula

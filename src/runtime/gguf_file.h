@@ -37,6 +37,7 @@ public:
     std::vector<ggml_tensor *> tensors() const;
     // Reads the named tensor's bytes from the file into `dst` (already allocated in a backend buffer).
     void load_tensor_data(const std::string & name, ggml_tensor * dst) const;
+    std::vector<uint8_t> read_tensor_bytes(const std::string & name) const;
 
 private:
     std::string path_;

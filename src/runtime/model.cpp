@@ -1,6 +1,5 @@
 #include "runtime/model.h"
 
-#include <map>
 
 #include "common/error.h"
 #include "ggml-backend.h"
@@ -9,6 +8,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/gguf_file.h"
+#include "runtime/weight_store.h"
 
 namespace specula {
 
@@ -22,17 +22,6 @@ const char * arch_display_name(Arch arch) {
 }
 
 namespace {
-
-bool is_supported_weight_type(ggml_type t) {
-    switch (t) {
-        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
-        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
-            return true;
-        default:
-            return false;
-    }
-}
 
 ModelConfig read_config(const GgufFile & f) {
     ModelConfig c;
@@ -71,28 +60,9 @@ ModelConfig read_config(const GgufFile & f) {
     return c;
 }
 
-// Whether `buft` can hold weight `w` used as the first operand of a matrix multiply (CPU repack
-// buffer types only take some types and shapes); asked the way the device itself decides.
-bool buft_supports_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) {
-    ggml_init_params params{ggml_tensor_overhead() * 4, nullptr, true};
-    ggml_context * ctx = ggml_init(params);
-    ggml_tensor * b = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512);
-    ggml_tensor * op = ggml_mul_mat(ctx, w, b);
-    ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(buft, 0);
-    w->buffer = probe;
-    const bool ok = ggml_backend_dev_supports_op(dev, op);
-    w->buffer = nullptr;
-    ggml_backend_buffer_free(probe);
-    ggml_free(ctx);
-    return ok;
-}
-
 }  // namespace
 
-Model::~Model() {
-    for (auto * b : buffers_) ggml_backend_buffer_free(b);
-    for (auto * c : contexts_) ggml_free(c);
-}
+Model::~Model() = default;
 
 std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) {
     GgufFile file(path);
@@ -100,52 +70,8 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
     ModelConfig & c = m->config_;
     c = read_config(file);
 
-    for (ggml_tensor * t : file.tensors()) {
-        if (!is_supported_weight_type(t->type)) {
-            throw Error(path + ": unsupported tensor type " + ggml_type_name(t->type) + " for tensor " + ggml_get_name(t));
-        }
-    }
-
-    // One context per buffer type that ends up holding weights.
-    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_of;
-    auto ctx_for = [&](ggml_backend_buffer_type_t buft) {
-        auto it = ctx_of.find(buft);
-        if (it != ctx_of.end()) return it->second;
-        ggml_init_params params{ggml_tensor_overhead() * (file.tensors().size() + 1), nullptr, true};
-        ggml_context * ctx = ggml_init(params);
-        m->contexts_.push_back(ctx);
-        ctx_of[buft] = ctx;
-        return ctx;
-    };
-    std::vector<std::pair<std::string, ggml_tensor *>> to_load;
-
-    auto want = [&](const std::string & name, std::vector<int64_t> shape, bool matmul, bool required) -> ggml_tensor * {
-        ggml_tensor * meta = file.tensor_meta(name);
-        if (!meta) {
-            if (required) throw Error(path + ": missing tensor " + name);
-            return nullptr;
-        }
-        for (size_t i = 0; i < 4; ++i) {
-            const int64_t expect = i < shape.size() ? shape[i] : 1;
-            if (meta->ne[i] != expect) {
-                throw Error(path + ": tensor " + name + " has shape [" + std::to_string(meta->ne[0]) + ", " +
-                            std::to_string(meta->ne[1]) + "], expected [" + std::to_string(shape[0]) +
-                            (shape.size() > 1 ? ", " + std::to_string(shape[1]) : "") + "]");
-            }
-        }
-        ggml_backend_buffer_type_t buft = backend.default_buft();
-        if (matmul) {
-            for (auto [dev, candidate] : backend.matmul_weight_bufts()) {
-                if (buft_supports_matmul(dev, candidate, meta)) {
-                    buft = candidate;
-                    break;
-                }
-            }
-        }
-        ggml_tensor * t = ggml_dup_tensor(ctx_for(buft), meta);
-        ggml_set_name(t, name.c_str());
-        to_load.push_back({name, t});
-        return t;
+    auto want = [&](const std::string & name, std::vector<int64_t> shape, bool matmul, bool required) {
+        return m->store_.want(file, backend, name, std::move(shape), matmul, required);
     };
 
     const int64_t E = c.n_embd, Q = int64_t(c.n_head) * c.head_dim, KV = c.n_embd_kv(), F = c.n_ff, D = c.head_dim;
@@ -183,14 +109,7 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
         L.ffn_down = want(n("ffn_down.weight"), {F, E}, true, true);
     }
 
-    for (auto [buft, ctx] : ctx_of) {
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
-        if (!buf) throw Error(path + ": out of memory allocating weights");
-        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        m->buffers_.push_back(buf);
-        m->weight_bytes_ += ggml_backend_buffer_get_size(buf);
-    }
-    for (auto & [name, t] : to_load) file.load_tensor_data(name, t);
+    m->store_.load(file);
     m->shape_ = NetworkShape{c.n_layer, c.n_embd, c.n_embd_kv(), c.n_vocab, c.n_vocab};
     return m;
 }

@@ -8,6 +8,7 @@
 
 #include "runtime/model_config.h"
 #include "runtime/network.h"
+#include "runtime/weight_store.h"
 
 struct ggml_context;
 struct ggml_tensor;
@@ -56,7 +57,7 @@ public:
     const ModelConfig & config() const { return config_; }
     const ModelWeights & weights() const { return weights_; }
     const std::string & path() const { return path_; }
-    size_t weight_bytes() const { return weight_bytes_; }
+    size_t weight_bytes() const { return store_.bytes(); }
 
 private:
     Model(std::string path, Backend & backend) : path_(std::move(path)), backend_(backend) {}
@@ -65,9 +66,7 @@ private:
     ModelConfig config_;
     NetworkShape shape_;
     ModelWeights weights_;
-    std::vector<ggml_context *> contexts_;
-    std::vector<ggml_backend_buffer *> buffers_;
-    size_t weight_bytes_ = 0;
+    WeightStore store_;
 };
 
 }  // namespace specula

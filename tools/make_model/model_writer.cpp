@@ -53,25 +53,79 @@ RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_
     return s;
 }
 
+namespace {
+
+// Copies every tokenizer.* key of a vocabulary GGUF into `out`; returns its token count.
+int copy_vocabulary(const std::string & vocab_gguf, gguf_context * out) {
+    ggml_context * vocab_meta = nullptr;
+    gguf_init_params vp{true, &vocab_meta};
+    gguf_context * vocab = gguf_init_from_file(vocab_gguf.c_str(), vp);
+    if (!vocab) throw Error(vocab_gguf + ": cannot read vocabulary GGUF");
+    const int64_t tokens_key = gguf_find_key(vocab, "tokenizer.ggml.tokens");
+    if (tokens_key < 0) throw Error(vocab_gguf + ": has no tokenizer.ggml.tokens");
+    const int n_vocab = static_cast<int>(gguf_get_arr_n(vocab, tokens_key));
+    gguf_set_kv(out, vocab);
+    gguf_free(vocab);
+    if (vocab_meta) ggml_free(vocab_meta);
+    return n_vocab;
+}
+
+struct Planned {
+    std::string name;
+    ggml_type type;
+    int64_t ne0, ne1;
+    float scale, offset;
+};
+
+// Fills each planned tensor with uniform noise (offset +- scale), adds it to `out`, writes the file.
+void write_tensors(gguf_context * out, const std::vector<Planned> & plan, uint64_t seed, const std::string & out_path,
+                   const std::vector<int64_t> & i64_data = {}, const std::string & i64_name = "") {
+    size_t bytes = ggml_tensor_overhead() * 2 + i64_data.size() * sizeof(int64_t) + 64;
+    for (auto & p : plan) {
+        if (p.type != GGML_TYPE_F32 && p.ne0 % ggml_blck_size(p.type) != 0) {
+            throw Error("row length " + std::to_string(p.ne0) + " of " + p.name + " is not a multiple of the " +
+                        ggml_type_name(p.type) + " block size");
+        }
+        bytes += ggml_row_size(p.type, p.ne0) * p.ne1 + 2 * ggml_tensor_overhead() + 64;  // + reshape view
+    }
+    ggml_init_params params{bytes + 1024, nullptr, false};
+    ggml_context * ctx = ggml_init(params);
+    SplitMix rng{seed};
+    std::vector<float> f32;
+    for (auto & p : plan) {
+        ggml_tensor * t = ggml_new_tensor_2d(ctx, p.type, p.ne0, p.ne1);
+        if (p.ne1 == 1) t = ggml_reshape_1d(ctx, t, p.ne0);
+        ggml_set_name(t, p.name.c_str());
+        f32.resize(static_cast<size_t>(p.ne0) * p.ne1);
+        for (float & x : f32) x = p.offset + p.scale * rng.uniform();
+        if (p.type == GGML_TYPE_F32) {
+            std::memcpy(t->data, f32.data(), f32.size() * sizeof(float));
+        } else {
+            ggml_quantize_chunk(p.type, f32.data(), t->data, 0, p.ne1, p.ne0, nullptr);
+        }
+        gguf_add_tensor(out, t);
+    }
+    if (!i64_data.empty()) {
+        ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, static_cast<int64_t>(i64_data.size()));
+        std::memcpy(t->data, i64_data.data(), i64_data.size() * sizeof(int64_t));
+        ggml_set_name(t, i64_name.c_str());
+        gguf_add_tensor(out, t);
+    }
+    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
+    gguf_free(out);
+    ggml_free(ctx);
+    if (!ok) throw Error(out_path + ": could not write");
+}
+
+}  // namespace
+
 void write_random_model(const RandomModelSpec & spec, const std::string & out_path) {
     const ggml_type wtype = parse_type(spec.weight_type);
     if (spec.arch != "llama" && spec.arch != "qwen2" && spec.arch != "qwen3") throw Error("unknown arch '" + spec.arch + "'");
     const int head_dim = spec.head_dim > 0 ? spec.head_dim : spec.n_embd / spec.n_head;
 
-    int n_vocab = spec.n_vocab;
     gguf_context * out = gguf_init_empty();
-    if (!spec.vocab_gguf.empty()) {
-        ggml_context * vocab_meta = nullptr;
-        gguf_init_params vp{true, &vocab_meta};
-        gguf_context * vocab = gguf_init_from_file(spec.vocab_gguf.c_str(), vp);
-        if (!vocab) throw Error(spec.vocab_gguf + ": cannot read vocabulary GGUF");
-        const int64_t tokens_key = gguf_find_key(vocab, "tokenizer.ggml.tokens");
-        if (tokens_key < 0) throw Error(spec.vocab_gguf + ": has no tokenizer.ggml.tokens");
-        n_vocab = static_cast<int>(gguf_get_arr_n(vocab, tokens_key));
-        gguf_set_kv(out, vocab);  // every tokenizer.* key, as stored
-        gguf_free(vocab);
-        if (vocab_meta) ggml_free(vocab_meta);
-    }
+    const int n_vocab = spec.vocab_gguf.empty() ? spec.n_vocab : copy_vocabulary(spec.vocab_gguf, out);
     if (n_vocab <= 0) throw Error("a random model needs a vocabulary GGUF or n_vocab");
 
     const std::string a = spec.arch + ".";
@@ -90,8 +144,6 @@ void write_random_model(const RandomModelSpec & spec, const std::string & out_pa
     gguf_set_val_f32(out, (a + "rope.freq_base").c_str(), spec.rope_freq_base);
     gguf_set_val_u32(out, (a + "vocab_size").c_str(), n_vocab);
 
-    // Count bytes for one context holding every tensor.
-    struct Planned { std::string name; ggml_type type; int64_t ne0, ne1; float scale; float offset; };
     std::vector<Planned> plan;
     const int64_t E = spec.n_embd, Q = int64_t(spec.n_head) * head_dim, KV = int64_t(spec.n_head_kv) * head_dim, F = spec.n_ff;
     auto mat = [&](std::string n, int64_t in, int64_t outd, float gain = 1.0f) {
@@ -125,35 +177,65 @@ void write_random_model(const RandomModelSpec & spec, const std::string & out_pa
     }
     if (spec.tied_output) plan[0].scale = 3.0f * std::sqrt(3.0f / E);  // tied: embeddings double as lm_head
 
-    size_t bytes = 0;
-    for (auto & p : plan) {
-        if (p.type != GGML_TYPE_F32 && p.ne0 % ggml_blck_size(p.type) != 0) {
-            throw Error("row length " + std::to_string(p.ne0) + " of " + p.name + " is not a multiple of the " +
-                        ggml_type_name(p.type) + " block size");
+    write_tensors(out, plan, spec.seed, out_path);
+}
+
+void write_random_eagle_head(const RandomEagleSpec & spec, const std::string & out_path) {
+    const RandomModelSpec & t = spec.target;
+    const bool eagle3 = spec.kind == "eagle3";
+    if (!eagle3 && spec.kind != "eagle1") throw Error("unknown head kind '" + spec.kind + "' (eagle1, eagle3)");
+    const std::string arch = eagle3 ? "eagle3" : "specula-eagle1";
+    gguf_context * out = gguf_init_empty();
+    const int n_vocab = copy_vocabulary(t.vocab_gguf, out);
+    const int E = t.n_embd, D = E / spec.n_head;
+    const std::string a = arch + ".";
+    gguf_set_val_str(out, "general.architecture", arch.c_str());
+    gguf_set_val_str(out, "general.name", ("specula random " + spec.kind).c_str());
+    gguf_set_val_u32(out, (a + "block_count").c_str(), 1);
+    gguf_set_val_u32(out, (a + "embedding_length").c_str(), E);
+    gguf_set_val_u32(out, (a + "feed_forward_length").c_str(), spec.n_ff);
+    gguf_set_val_u32(out, (a + "attention.head_count").c_str(), spec.n_head);
+    gguf_set_val_u32(out, (a + "attention.head_count_kv").c_str(), spec.n_head_kv);
+    gguf_set_val_u32(out, (a + "rope.dimension_count").c_str(), D);
+    gguf_set_val_u32(out, (a + "context_length").c_str(), t.n_ctx);
+    gguf_set_val_f32(out, (a + "attention.layer_norm_rms_epsilon").c_str(), 1e-5f);
+    gguf_set_val_f32(out, (a + "rope.freq_base").c_str(), t.rope_freq_base);
+    gguf_set_val_u32(out, (a + "vocab_size").c_str(), n_vocab);
+    gguf_set_val_u32(out, (a + "target_hidden_size").c_str(), E);
+    std::vector<int64_t> d2t;
+    const int n_draft = eagle3 && spec.n_draft_vocab > 0 ? spec.n_draft_vocab : n_vocab;
+    if (eagle3) {
+        std::vector<int> layers = spec.target_layers.empty() ? std::vector<int>{1, t.n_layer / 2, t.n_layer} : spec.target_layers;
+        gguf_set_arr_data(out, "eagle3.target_layers", GGUF_TYPE_INT32, layers.data(), layers.size());
+        gguf_set_val_bool(out, "eagle3.norm_before_residual", false);
+        if (n_draft < n_vocab) {  // every k-th target token, in increasing order
+            for (int i = 0; i < n_draft; ++i) d2t.push_back(static_cast<int64_t>(i) * n_vocab / n_draft);
         }
-        bytes += ggml_row_size(p.type, p.ne0) * p.ne1 + 2 * ggml_tensor_overhead() + 64;  // + reshape view
     }
-    ggml_init_params params{bytes + 1024, nullptr, false};
-    ggml_context * ctx = ggml_init(params);
-    SplitMix rng{spec.seed};
-    std::vector<float> f32;
-    for (auto & p : plan) {
-        ggml_tensor * t = ggml_new_tensor_2d(ctx, p.type, p.ne0, p.ne1);
-        if (p.ne1 == 1) t = ggml_reshape_1d(ctx, t, p.ne0);
-        ggml_set_name(t, p.name.c_str());
-        f32.resize(static_cast<size_t>(p.ne0) * p.ne1);
-        for (float & x : f32) x = p.offset + p.scale * rng.uniform();
-        if (p.type == GGML_TYPE_F32) {
-            std::memcpy(t->data, f32.data(), f32.size() * sizeof(float));
-        } else {
-            ggml_quantize_chunk(p.type, f32.data(), t->data, 0, p.ne1, p.ne0, nullptr);
-        }
-        gguf_add_tensor(out, t);
+    std::vector<Planned> plan;
+    auto mat = [&](std::string n, int64_t in, int64_t outd, float gain = 1.0f) {
+        plan.push_back({n, GGML_TYPE_F32, in, outd, gain * std::sqrt(3.0f / in), 0.0f});
+    };
+    auto vec = [&](std::string n, int64_t len) { plan.push_back({n, GGML_TYPE_F32, len, 1, 0.1f, 1.0f}); };
+    const int64_t Q = int64_t(spec.n_head) * D, KV = int64_t(spec.n_head_kv) * D, attn_in = eagle3 ? 2 * E : E;
+    mat("fc.weight", eagle3 ? 3 * E : 2 * E, E);
+    if (eagle3) {
+        vec("blk.0.attn_norm.weight", E);
+        vec("blk.0.attn_norm_2.weight", E);
     }
-    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
-    gguf_free(out);
-    ggml_free(ctx);
-    if (!ok) throw Error(out_path + ": could not write");
+    mat("blk.0.attn_q.weight", attn_in, Q);
+    mat("blk.0.attn_k.weight", attn_in, KV);
+    mat("blk.0.attn_v.weight", attn_in, KV);
+    mat("blk.0.attn_output.weight", Q, E);
+    vec("blk.0.ffn_norm.weight", E);
+    mat("blk.0.ffn_gate.weight", E, spec.n_ff);
+    mat("blk.0.ffn_up.weight", E, spec.n_ff);
+    mat("blk.0.ffn_down.weight", spec.n_ff, E);
+    if (eagle3) {
+        vec("output_norm.weight", E);
+        mat("output.weight", E, n_draft, 3.0f);
+    }
+    write_tensors(out, plan, spec.seed, out_path, d2t, "d2t");
 }
 
 }  // namespace specula

@@ -4,6 +4,7 @@
 // from one of llama.cpp's models/ggml-vocab-*.gguf files, so libllama can load the result.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace specula {
 
@@ -28,5 +29,16 @@ struct RandomModelSpec {
 RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_dir);
 
 void write_random_model(const RandomModelSpec & spec, const std::string & out_path);  // throws Error
+
+// A random EAGLE head for a target written from `target` (same vocabulary file, sizes).
+struct RandomEagleSpec {
+    std::string kind = "eagle3";          // eagle3 (llama.cpp layout) | eagle1 (specula layout)
+    RandomModelSpec target;
+    std::vector<int> target_layers;       // eagle3: 3 layer ids; default {1, L/2, L}
+    int n_head = 4, n_head_kv = 2, n_ff = 128;
+    int n_draft_vocab = 0;                // eagle3: > 0 writes a compact vocabulary with d2t
+    uint64_t seed = 7;
+};
+void write_random_eagle_head(const RandomEagleSpec & spec, const std::string & out_path);
 
 }  // namespace specula

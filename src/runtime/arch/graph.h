@@ -11,6 +11,8 @@ namespace specula {
 
 class KvCache;
 class Model;
+struct LayerWeights;
+struct ModelConfig;
 
 struct GraphInputs {
     ggml_tensor * tokens = nullptr;     // I32 [n]            (layer_begin == 0)
@@ -27,6 +29,15 @@ struct GraphOutputs {
     std::vector<ggml_tensor *> taps;         // [n_embd, n] per tap layer
     ggml_tensor * hidden_out = nullptr;      // [n_embd, n] when the range stops before n_layer
 };
+
+// Shared building blocks (arch/llama_family.cpp).
+ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps);
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * bias = nullptr);
+// Self-attention of the block against layer `il` of the cache; writes the block's K/V there.
+ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L, KvCache & cache,
+                        int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs);
+// SwiGLU feed-forward of a pre-normed input.
+ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h);
 
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
                                       const GraphInputs & in, int layer_begin, int layer_end,

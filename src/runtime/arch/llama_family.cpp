@@ -11,8 +11,6 @@
 
 namespace specula {
 
-namespace {
-
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps) {
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
 }
@@ -22,7 +20,6 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_
     return bias ? ggml_add(ctx, y, bias) : y;
 }
 
-// Self-attention of the block against the cache; writes the block's K/V into its cache slots.
 ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L,
                         KvCache & cache, int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs) {
     const int n = static_cast<int>(x->ne[1]);
@@ -61,7 +58,9 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
     return ggml_mul_mat(ctx, L.wo, o);             // [n_embd, n]
 }
 
-}  // namespace
+ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h) {
+    return ggml_mul_mat(ctx, L.ffn_down, ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L.ffn_gate, h), ggml_mul_mat(ctx, L.ffn_up, h)));
+}
 
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
                                       const GraphInputs & in, int layer_begin, int layer_end,
@@ -82,9 +81,7 @@ GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, cons
         const LayerWeights & L = w.layers[il];
         ggml_tensor * h = rms_norm(ctx, x, L.attn_norm, c.rms_eps);
         x = ggml_add(ctx, x, attention(ctx, gf, c, L, cache, il, h, in, w.rope_freqs));
-        h = rms_norm(ctx, x, L.ffn_norm, c.rms_eps);
-        h = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L.ffn_gate, h), ggml_mul_mat(ctx, L.ffn_up, h));
-        x = ggml_add(ctx, x, ggml_mul_mat(ctx, L.ffn_down, h));
+        x = ggml_add(ctx, x, feed_forward(ctx, L, rms_norm(ctx, x, L.ffn_norm, c.rms_eps)));
         ggml_format_name(x, "l_out-%d", il);
     }
     tap(layer_end);

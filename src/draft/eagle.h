@@ -1,0 +1,43 @@
+#pragma once
+// EAGLE-1/2 and EAGLE-3 drafting with a head (runtime/eagle_head.h) and its own one-layer KV cache.
+//
+// The head's cache holds one entry per sequence position P < root, each pairing token t[P+1] with
+// the *target's* features at P (never the head's own guesses). Target features arrive through
+// accept() after every verify (root + accepted rows) and after the prompt; draft() first writes
+// them all as one block, whose last row drafts the root's successors, then grows the tree with
+// self-fed entries (token, the head's pre-norm output that proposed it) and finally drops those
+// again. Keeping self-fed entries would poison later drafts: the "1/n_draft ceiling" in
+// shared/seeds/002 was exactly that.
+#include <memory>
+
+#include "draft/drafter.h"
+#include "kv/kv_cache.h"
+#include "runtime/eagle_head.h"
+#include "runtime/forward.h"
+
+namespace specula {
+
+class EagleDrafter : public Drafter {
+public:
+    EagleDrafter(const EagleHead & head, int n_ctx);
+    const char * name() const override;
+    Draft draft(const DraftRequest & request) override;
+    void accept(const Acceptance & a) override;
+    void reset() override;
+    std::vector<int> feature_layers() const override { return head_.config().target_layers; }
+
+    const KvCache & cache() const { return cache_; }
+
+private:
+    std::span<const float> target_logits(std::span<const float> head_logits);
+
+    const EagleHead & head_;
+    ModelRunner runner_;
+    KvCache cache_;
+    std::vector<float> pending_;  // target features not yet written, positions pending_first_..
+    int pending_first_ = 0;
+    ForwardOutput out_;
+    std::vector<float> mapped_, probs_;
+};
+
+}  // namespace specula

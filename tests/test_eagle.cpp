@@ -1,0 +1,235 @@
+// EAGLE heads: loading and fit checks, greedy equivalence, the head's cache after every round,
+// and EAGLE-3 logits against llama.cpp's own eagle3 implementation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/error.h"
+#include "draft/eagle.h"
+#include "engine/generate.h"
+#include "engine/speculative.h"
+#include "kv/kv_cache.h"
+#include "llama.h"
+#include "llama-ext.h"
+#include "runtime/backend.h"
+#include "runtime/eagle_head.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "test_models.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+namespace {
+
+const std::vector<int32_t> kPrompt = {1, 822, 5713, 29898, 29876, 1125, 13, 1678, 565, 302, 529, 29871, 29906};
+
+struct Fixture {
+    Backend backend{BackendOptions{"cpu", 1}};
+    std::unique_ptr<Model> target = Model::load(test::model_path("llama_gqa_f32"), backend);
+    ModelRunner runner{*target};
+
+    std::vector<int32_t> plain(int n) {
+        KvCache cache(backend, target->config(), 256);
+        std::vector<int32_t> out;
+        GenerationOptions o;
+        o.n_predict = n;
+        o.stop_at_end_of_generation = false;
+        generate_plain(runner, cache, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+            out.push_back(t);
+            return true;
+        });
+        return out;
+    }
+
+    std::vector<int32_t> speculative(Drafter & d, TreeBudget tree, int n, std::function<void(const RoundInfo &)> on_round = nullptr,
+                                     KvCache * cache_out = nullptr) {
+        KvCache local(backend, target->config(), 256);
+        KvCache & cache = cache_out ? *cache_out : local;
+        auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
+        SpecContext ctx{runner, cache, d, *policy, tree, std::move(on_round), nullptr};
+        GenerationOptions o;
+        o.n_predict = n;
+        o.stop_at_end_of_generation = false;
+        std::vector<int32_t> out;
+        generate_speculative(ctx, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+            out.push_back(t);
+            return true;
+        });
+        return out;
+    }
+};
+
+std::string message_of(const std::function<void()> & f) {
+    try {
+        f();
+    } catch (const Error & e) {
+        return e.what();
+    }
+    return "<no error>";
+}
+
+TEST(Eagle, GreedyOutputEqualsPlainDecodingForEveryHeadAndShape) {
+    Fixture f;
+    const auto want = f.plain(40);
+    for (const auto & [kind, n_draft] : std::vector<std::pair<std::string, int>>{{"eagle1", 0}, {"eagle3", 0}, {"eagle3", 4000}}) {
+        auto head = EagleHead::load(test::eagle_head_path(kind, "llama_gqa_f32", n_draft), *f.target, f.backend);
+        EagleDrafter drafter(*head, 256);
+        for (TreeBudget tree : {TreeBudget{TreeShape::Chain, 4, 1, 4}, TreeBudget{TreeShape::Static, 5, 4, 16},
+                                TreeBudget{TreeShape::Dynamic, 5, 4, 24}}) {
+            int drafted = 0;
+            const auto got = f.speculative(drafter, tree, 40, [&](const RoundInfo & r) { drafted += r.draft->tree.size(); });
+            EXPECT_EQ(got, want) << kind << " d2t=" << n_draft << " " << tree_shape_name(tree.shape);
+            EXPECT_GT(drafted, 40) << "the head drafted nothing";
+        }
+    }
+}
+
+// After every round the head's cache must equal one written from scratch from the target's
+// features of the accepted sequence: entry P = (token P+1, target features at P), for P < root.
+TEST(Eagle, HeadCacheHoldsTargetFeatureEntriesForTheAcceptedSequence) {
+    Fixture f;
+    for (const std::string kind : {"eagle1", "eagle3"}) {
+        auto head = EagleHead::load(test::eagle_head_path(kind, "llama_gqa_f32"), *f.target, f.backend);
+        EagleDrafter drafter(*head, 256);
+        ModelRunner head_runner(*head);
+        const auto layers = head->config().target_layers;
+        int checked = 0;
+        auto check = [&](const RoundInfo & r) {
+            const KvCache & hc = drafter.cache();
+            ASSERT_EQ(hc.size(), r.base) << "entries past the verified root: self-fed drafts leaked";
+            if (hc.size() < 2) return;
+            KvCache tc(f.backend, f.target->config(), 256);
+            ForwardBatch tb = ForwardBatch::causal(r.history.first(hc.size()), 0, {});
+            tb.tap_layers = layers;
+            ForwardOutput to = f.runner.forward(tb, tc);
+            ForwardBatch hb = ForwardBatch::causal(r.history.subspan(1, hc.size()), 0, {});
+            const int E = f.target->config().n_embd;
+            for (int p = 0; p < hc.size(); ++p) {
+                for (const auto & tap : to.taps) hb.hidden_in.insert(hb.hidden_in.end(), tap.begin() + p * E, tap.begin() + (p + 1) * E);
+            }
+            KvCache fresh(f.backend, 1, head->shape().n_embd_kv, 256);
+            head_runner.forward(hb, fresh);
+            double diff = 0.0;
+            for (int slot = 0; slot < hc.size(); ++slot) {
+                for (bool value : {false, true}) {
+                    auto a = hc.read_row(0, value, slot), b = fresh.read_row(0, value, slot);
+                    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+                }
+            }
+            EXPECT_LT(diff, 5e-3) << kind << " round " << r.round;
+            ++checked;
+        };
+        f.speculative(drafter, TreeBudget{TreeShape::Dynamic, 4, 3, 12}, 30, check);
+        EXPECT_GT(checked, 3);
+    }
+}
+
+TEST(Eagle, MismatchedHeadsAreRefused) {
+    Fixture f;
+    const std::string narrow = test::eagle_head_path("eagle3", "llama_gqa_f32", 0, 32);
+    EXPECT_NE(message_of([&] { EagleHead::load(narrow, *f.target, f.backend); }).find("expects a target hidden size of 32"), std::string::npos);
+    const std::string deep = test::eagle_head_path("eagle3", "llama_gqa_f32", 0, 0, {1, 2, 9});
+    EXPECT_NE(message_of([&] { EagleHead::load(deep, *f.target, f.backend); }).find("taps target layer 9"), std::string::npos);
+    const std::string other_vocab = test::eagle_head_path("eagle3", "qwen2_bias");  // 151k-token lm_head
+    EXPECT_NE(message_of([&] { EagleHead::load(other_vocab, *f.target, f.backend); }).find("lm_head has"), std::string::npos);
+    EXPECT_NE(message_of([&] { EagleHead::load(test::model_path("llama_draft_small"), *f.target, f.backend); }).find("not an EAGLE head"),
+              std::string::npos);
+    EngineOptions o;
+    o.model_path = test::model_path("llama_gqa_f32");
+    o.n_threads = 1;
+    o.eagle3_path = test::eagle_head_path("eagle1", "llama_gqa_f32");
+    EXPECT_NE(message_of([&] { Engine::open(o); }).find("is an EAGLE-1 head: use --eagle"), std::string::npos);
+}
+
+// llama.cpp runs the same eagle3 GGUF: encoder (fc) on the target features, then the decoder on
+// (token, g) pairs. specula's head must give the same logits and pre-norm outputs.
+TEST(Eagle, Eagle3LogitsMatchLlamaCpp) {
+    Fixture f;
+    const std::string target_path = test::model_path("llama_gqa_f32");
+    for (int n_draft : {0, 4000}) {
+        const std::string head_path = test::eagle_head_path("eagle3", "llama_gqa_f32", n_draft);
+        auto head = EagleHead::load(head_path, *f.target, f.backend);
+        const int E = f.target->config().n_embd, n = 8;
+
+        // Target features for the prompt's first n positions.
+        KvCache tc(f.backend, f.target->config(), 64);
+        ForwardBatch tb = ForwardBatch::causal(std::span(kPrompt).first(n), 0, {});
+        tb.tap_layers = head->config().target_layers;
+        ForwardOutput to = f.runner.forward(tb, tc);
+        std::vector<float> features;
+        for (int p = 0; p < n; ++p) {
+            for (const auto & tap : to.taps) features.insert(features.end(), tap.begin() + p * E, tap.begin() + (p + 1) * E);
+        }
+        ForwardBatch hb = ForwardBatch::causal(std::span(kPrompt).subspan(1, n), 0, {0, 1, 2, 3, 4, 5, 6, 7});
+        hb.hidden_in = features;
+        KvCache hc(f.backend, 1, head->shape().n_embd_kv, 64);
+        ModelRunner head_runner(*head);
+        ForwardOutput ours = head_runner.forward(hb, hc);
+
+        init_llama_backend();
+        llama_model * tgt = llama_model_load_from_file(target_path.c_str(), llama_model_default_params());
+        llama_model * dft = llama_model_load_from_file(head_path.c_str(), llama_model_default_params());
+        ASSERT_TRUE(tgt && dft);
+        llama_context_params tp = llama_context_default_params();
+        tp.n_ctx = 64, tp.n_threads = 1, tp.n_threads_batch = 1;
+        llama_context * ctx_tgt = llama_init_from_model(tgt, tp);
+        llama_context_params dp = tp;
+        dp.ctx_other = ctx_tgt;
+        dp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        llama_context * ctx_dft = llama_init_from_model(dft, dp);
+        ASSERT_TRUE(ctx_tgt && ctx_dft);
+        llama_set_embeddings_nextn(ctx_dft, true, true);
+
+        llama_batch enc{n, nullptr, features.data(), nullptr, nullptr, nullptr, nullptr};
+        ASSERT_EQ(llama_encode(ctx_dft, enc), 0);
+        std::vector<float> g(llama_get_embeddings_nextn(ctx_dft), llama_get_embeddings_nextn(ctx_dft) + n * E);
+
+        llama_batch dec = llama_batch_init(n, E, 1);
+        dec.token = static_cast<llama_token *>(malloc(sizeof(llama_token) * n));
+        for (int i = 0; i < n; ++i) {
+            dec.token[i] = kPrompt[i + 1];
+            std::copy(g.begin() + i * E, g.begin() + (i + 1) * E, dec.embd + i * E);
+            dec.pos[i] = i;
+            dec.n_seq_id[i] = 1;
+            dec.seq_id[i][0] = 0;
+            dec.logits[i] = 1;
+        }
+        dec.n_tokens = n;
+        ASSERT_EQ(llama_decode(ctx_dft, dec), 0);
+        const int V = f.target->config().n_vocab;
+        double max_diff = 0.0;
+        for (int i = 0; i < n; ++i) {
+            const float * ref = llama_get_logits_ith(ctx_dft, i);  // target vocabulary (d2t scattered)
+            std::vector<float> mine(V, -INFINITY);
+            const auto row = ours.logits_row(i);
+            if (head->d2t().empty()) {
+                mine.assign(row.begin(), row.end());
+            } else {
+                for (size_t k = 0; k < head->d2t().size(); ++k) mine[head->d2t()[k]] = row[k];
+            }
+            int arg_ref = 0, arg_mine = 0;
+            for (int v = 0; v < V; ++v) {
+                if (std::isfinite(ref[v]) != std::isfinite(mine[v])) {
+                    ADD_FAILURE() << "finite pattern differs at row " << i << " token " << v;
+                    break;
+                }
+                if (std::isfinite(ref[v])) max_diff = std::max(max_diff, double(std::fabs(ref[v] - mine[v])));
+                if (ref[v] > ref[arg_ref]) arg_ref = v;
+                if (mine[v] > mine[arg_mine]) arg_mine = v;
+            }
+            EXPECT_EQ(arg_ref, arg_mine) << "row " << i;
+        }
+        std::printf("[eagle3 vs llama.cpp] d2t=%d: max |logit diff| = %.3g over %d rows\n", n_draft, max_diff, n);
+        EXPECT_LT(max_diff, 5e-3);
+        free(dec.token);
+        dec.token = nullptr;
+        llama_batch_free(dec);
+        llama_free(ctx_dft);
+        llama_free(ctx_tgt);
+        llama_model_free(dft);
+        llama_model_free(tgt);
+    }
+}
+
+}  // namespace
+}  // namespace specula
