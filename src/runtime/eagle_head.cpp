@@ -80,6 +80,7 @@ std::unique_ptr<EagleHead> EagleHead::load(const std::string & path, const Model
         if (c.norm_before_fc) h->enc_norm_ = want("enc.output_norm.weight", {3 * int64_t(c.target_hidden)}, false, true);
     } else {
         h->fc_ = want("fc.weight", {2 * int64_t(E), E}, true, true);
+        h->fc_bias_ = want("fc.bias", {E}, false, false);
     }
     w.wq = want("blk.0.attn_q.weight", {attn_in, Q}, true, true);
     w.wk = want("blk.0.attn_k.weight", {attn_in, KV}, true, true);
@@ -161,7 +162,7 @@ GraphOutputs EagleHead::build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCach
         ggml_tensor * cat = ggml_concat(ctx, emb_norm, g_norm, 0);  // [2E, n]
         x = ggml_add(ctx, residual, attention(ctx, gf, c.layer, layer_, cache, 0, cat, in, nullptr));
     } else {
-        x = ggml_mul_mat(ctx, fc_, ggml_concat(ctx, emb, in.hidden_in, 0));  // fc([emb; f])
+        x = linear(ctx, fc_, ggml_concat(ctx, emb, in.hidden_in, 0), fc_bias_);  // fc([emb; f])
         x = ggml_add(ctx, x, attention(ctx, gf, c.layer, layer_, cache, 0, x, in, nullptr));
     }
     x = ggml_add(ctx, x, feed_forward(ctx, layer_, rms_norm(ctx, x, layer_.ffn_norm, eps)));

@@ -58,6 +58,7 @@ private:
     WeightStore store_;
     LayerWeights layer_;
     ggml_tensor * fc_ = nullptr;           // [feature_width (+ n_embd for EAGLE-1), n_embd]
+    ggml_tensor * fc_bias_ = nullptr;      // EAGLE-1 checkpoints carry one
     ggml_tensor * attn_norm_2_ = nullptr;  // eagle3 hidden_norm
     ggml_tensor * enc_norm_ = nullptr;     // eagle3 norm_before_fc
     ggml_tensor * tok_embd_ = nullptr;     // own or the target's

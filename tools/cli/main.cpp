@@ -13,6 +13,7 @@ int main(int argc, char ** argv) {
     specula::cli::register_generate(app, commands);
     specula::cli::register_bench(app, commands);
     specula::cli::register_make_model(app, commands);
+    specula::cli::register_convert(app, commands);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
