@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "model_writer.h"
+#include "twin.h"
 
 namespace specula::cli {
 
@@ -30,6 +31,23 @@ void register_make_model(CLI::App & app, Commands & commands) {
             spec.seed = args->spec.seed;
             write_random_model(spec, args->out);
             std::printf("wrote %s\n", args->out.c_str());
+            return 0;
+        };
+    });
+
+    struct TwinArgs {
+        std::string target, shape = "llama-1b", type = "q8_0", out;
+    };
+    auto twin = std::make_shared<TwinArgs>();
+    CLI::App * t = app.add_subcommand("make-twin", "write a bench twin: a bigger-shaped model computing the same function as a llama target");
+    t->add_option("--target", twin->target, "trained llama GGUF to embed")->required();
+    t->add_option("--shape", twin->shape, "named shape (llama-1b = Llama-3.2-1B)")->capture_default_str();
+    t->add_option("--type", twin->type, "matrix type: f32 f16 q8_0 q4_0")->capture_default_str();
+    t->add_option("-o,--output", twin->out, "output GGUF path")->required();
+    t->callback([twin, &commands] {
+        commands.run = [twin] {
+            write_bench_twin(twin->target, twin->shape, twin->type, twin->out);
+            std::printf("wrote %s (bench twin of %s, %s shape)\n", twin->out.c_str(), twin->target.c_str(), twin->shape.c_str());
             return 0;
         };
     });

@@ -45,10 +45,13 @@ RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_
     } else if (name == "llama-100m") {
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-spm.gguf";
         s.n_embd = 768, s.n_layer = 12, s.n_head = 12, s.n_head_kv = 4, s.n_ff = 2048, s.n_ctx = 4096;
+    } else if (name == "twin-test") {  // small, for the bench-twin test
+        s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-spm.gguf";
+        s.n_embd = 128, s.n_layer = 4, s.n_head = 8, s.n_head_kv = 4, s.n_ff = 256;
     } else if (name == "tiny") {
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-spm.gguf";
     } else {
-        throw Error("unknown shape '" + name + "' (llama-1b, llama-100m, tiny)");
+        throw Error("unknown shape '" + name + "' (llama-1b, llama-100m, tiny, twin-test)");
     }
     return s;
 }

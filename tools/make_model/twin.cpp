@@ -1,0 +1,162 @@
+#include "twin.h"
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "common/error.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "model_writer.h"
+#include "runtime/gguf_file.h"
+
+namespace specula {
+
+namespace {
+
+std::vector<float> read_f32(const GgufFile & f, const std::string & name) {
+    ggml_tensor * meta = f.tensor_meta(name);
+    if (!meta) throw Error(f.path() + ": missing tensor " + name);
+    const std::vector<uint8_t> raw = f.read_tensor_bytes(name);
+    std::vector<float> out(ggml_nelements(meta));
+    if (meta->type == GGML_TYPE_F32) {
+        std::memcpy(out.data(), raw.data(), raw.size());
+    } else {
+        const auto * traits = ggml_get_type_traits(meta->type);
+        if (!traits->to_float) throw Error(f.path() + ": cannot read tensor " + name + " as floats");
+        traits->to_float(raw.data(), out.data(), static_cast<int64_t>(out.size()));
+    }
+    return out;
+}
+
+ggml_type parse(const std::string & t) {
+    if (t == "f16") return GGML_TYPE_F16;
+    if (t == "f32") return GGML_TYPE_F32;
+    if (t == "q8_0") return GGML_TYPE_Q8_0;
+    if (t == "q4_0") return GGML_TYPE_Q4_0;
+    throw Error("twin weight type must be f32, f16, q8_0 or q4_0 (got '" + t + "')");
+}
+
+}  // namespace
+
+void write_bench_twin(const std::string & target_path, const std::string & shape_name, const std::string & weight_type,
+                      const std::string & out_path) {
+    GgufFile f(target_path);
+    if (f.architecture() != "llama") throw Error(target_path + ": bench twins are made from llama models");
+    const RandomModelSpec shape = bench_shape(shape_name, "");
+    const int Et = static_cast<int>(f.get_u32("llama.embedding_length"));
+    const int Lt = static_cast<int>(f.get_u32("llama.block_count"));
+    const int Ht = static_cast<int>(f.get_u32("llama.attention.head_count"));
+    const int KVt = static_cast<int>(f.find_u32("llama.attention.head_count_kv").value_or(Ht));
+    const int Ft = static_cast<int>(f.get_u32("llama.feed_forward_length"));
+    const int D = Et / Ht;
+    const int E = shape.n_embd, L = shape.n_layer, H = shape.n_head, KV = shape.n_head_kv, F = shape.n_ff;
+    const int Gt = Ht / KVt, G = H / KV;
+    if (E / H != D) throw Error("twin shape has head size " + std::to_string(E / H) + ", the target " + std::to_string(D));
+    if (E < Et || L < Lt || KV < KVt || G < Gt || F < Ft) throw Error("the twin shape is smaller than the target in some dimension");
+    const int V = static_cast<int>(f.tensor_meta("token_embd.weight")->ne[1]);
+    const ggml_type wtype = parse(weight_type);
+    const float norm_scale = std::sqrt(float(Et) / float(E));
+    auto q_slot = [&](int head) { return (head / Gt) * G + head % Gt; };  // keeps each head's kv group
+
+    gguf_context * out = gguf_init_empty();
+    {
+        ggml_context * meta = nullptr;
+        gguf_init_params p{true, &meta};
+        gguf_context * src = gguf_init_from_file(target_path.c_str(), p);
+        gguf_set_kv(out, src);
+        gguf_free(src);
+        ggml_free(meta);
+    }
+    gguf_set_val_str(out, "general.name", ("bench twin (" + shape_name + " shape) of " + target_path).c_str());
+    gguf_set_val_u32(out, "llama.embedding_length", E);
+    gguf_set_val_u32(out, "llama.block_count", L);
+    gguf_set_val_u32(out, "llama.attention.head_count", H);
+    gguf_set_val_u32(out, "llama.attention.head_count_kv", KV);
+    gguf_set_val_u32(out, "llama.feed_forward_length", F);
+    gguf_set_val_u32(out, "llama.rope.dimension_count", D);
+    gguf_remove_key(out, "general.file_type");
+
+    // Planned tensors: shapes first (to size one context), contents made one at a time.
+    struct Planned {
+        std::string name;
+        int64_t ne0, ne1;
+        ggml_type type;
+        std::function<std::vector<float>()> make;
+    };
+    std::vector<Planned> plan;
+    auto add = [&](const std::string & name, int64_t ne0, int64_t ne1, bool matrix, std::function<std::vector<float>()> make) {
+        plan.push_back({name, ne0, ne1, matrix ? wtype : GGML_TYPE_F32, std::move(make)});
+    };
+    // W[out][in] with in = ne0: copy the target's rows/cols into a zero matrix through index maps.
+    auto embed = [](const std::vector<float> & src, int in_t, int out_t, int in, int out, auto in_map, auto out_map) {
+        std::vector<float> dst(static_cast<size_t>(in) * out, 0.0f);
+        for (int o = 0; o < out_t; ++o) {
+            for (int i = 0; i < in_t; ++i) dst[static_cast<size_t>(out_map(o)) * in + in_map(i)] = src[static_cast<size_t>(o) * in_t + i];
+        }
+        return dst;
+    };
+    auto id = [](int i) { return i; };
+    auto q_row = [&](int r) { return q_slot(r / D) * D + r % D; };
+    auto norm = [&](const std::string & name) {
+        std::vector<float> w = read_f32(f, name), dst(E, norm_scale);
+        for (int i = 0; i < Et; ++i) dst[i] = w[i] * norm_scale;
+        return dst;
+    };
+
+    auto zeros = [](int64_t n) { return [n] { return std::vector<float>(static_cast<size_t>(n), 0.0f); }; };
+    auto ones = [](int64_t n) { return [n] { return std::vector<float>(static_cast<size_t>(n), 1.0f); }; };
+    auto from = [&](std::string name, int in_t, int out_t, int in, int out, std::function<int(int)> in_map, std::function<int(int)> out_map) {
+        return [=, &f] { return embed(read_f32(f, name), in_t, out_t, in, out, in_map, out_map); };
+    };
+    add("token_embd.weight", E, V, true, from("token_embd.weight", Et, V, E, V, id, id));
+    add("output_norm.weight", E, 1, false, [&] { return norm("output_norm.weight"); });
+    if (f.tensor_meta("output.weight")) add("output.weight", E, V, true, from("output.weight", Et, V, E, V, id, id));
+    for (int l = 0; l < L; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        if (l < Lt) {
+            add(p + "attn_norm.weight", E, 1, false, [&, p] { return norm(p + "attn_norm.weight"); });
+            add(p + "attn_q.weight", E, H * D, true, from(p + "attn_q.weight", Et, Ht * D, E, H * D, id, q_row));
+            add(p + "attn_k.weight", E, KV * D, true, from(p + "attn_k.weight", Et, KVt * D, E, KV * D, id, id));
+            add(p + "attn_v.weight", E, KV * D, true, from(p + "attn_v.weight", Et, KVt * D, E, KV * D, id, id));
+            add(p + "attn_output.weight", H * D, E, true, from(p + "attn_output.weight", Ht * D, Et, H * D, E, q_row, id));
+            add(p + "ffn_norm.weight", E, 1, false, [&, p] { return norm(p + "ffn_norm.weight"); });
+            add(p + "ffn_gate.weight", E, F, true, from(p + "ffn_gate.weight", Et, Ft, E, F, id, id));
+            add(p + "ffn_up.weight", E, F, true, from(p + "ffn_up.weight", Et, Ft, E, F, id, id));
+            add(p + "ffn_down.weight", F, E, true, from(p + "ffn_down.weight", Ft, Et, F, E, id, id));
+        } else {  // identity layer: zero output projections, full-size compute
+            add(p + "attn_norm.weight", E, 1, false, ones(E));
+            add(p + "attn_q.weight", E, H * D, true, zeros(int64_t(E) * H * D));
+            add(p + "attn_k.weight", E, KV * D, true, zeros(int64_t(E) * KV * D));
+            add(p + "attn_v.weight", E, KV * D, true, zeros(int64_t(E) * KV * D));
+            add(p + "attn_output.weight", H * D, E, true, zeros(int64_t(H) * D * E));
+            add(p + "ffn_norm.weight", E, 1, false, ones(E));
+            add(p + "ffn_gate.weight", E, F, true, zeros(int64_t(E) * F));
+            add(p + "ffn_up.weight", E, F, true, zeros(int64_t(E) * F));
+            add(p + "ffn_down.weight", F, E, true, zeros(int64_t(F) * E));
+        }
+    }
+
+    size_t bytes = 1 << 20;
+    for (const Planned & t : plan) bytes += ggml_row_size(t.type, t.ne0) * t.ne1 + 2 * ggml_tensor_overhead();
+    ggml_init_params params{bytes, nullptr, false};
+    ggml_context * ctx = ggml_init(params);
+    for (Planned & t : plan) {
+        ggml_tensor * tensor = t.ne1 == 1 ? ggml_new_tensor_1d(ctx, t.type, t.ne0) : ggml_new_tensor_2d(ctx, t.type, t.ne0, t.ne1);
+        ggml_set_name(tensor, t.name.c_str());
+        const std::vector<float> data = t.make();
+        if (t.type == GGML_TYPE_F32) {
+            std::memcpy(tensor->data, data.data(), data.size() * sizeof(float));
+        } else {
+            ggml_quantize_chunk(t.type, data.data(), tensor->data, 0, t.ne1, t.ne0, nullptr);
+        }
+        gguf_add_tensor(out, tensor);
+    }
+    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
+    gguf_free(out);
+    ggml_free(ctx);
+    if (!ok) throw Error(out_path + ": could not write");
+}
+
+}  // namespace specula
