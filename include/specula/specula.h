@@ -34,6 +34,7 @@ struct GenerationOptions {
     SamplingParams sampling;
     bool stop_at_end_of_generation = true;
     std::string trace_path;  // speculative runs: one JSON line per drafted/emitted token
+    bool chat = false;       // wrap the prompt as a user message in the model's chat template
 };
 
 // Counters of a speculative run. "Emitted" counts every token a round produced (accepted drafts

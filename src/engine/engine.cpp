@@ -87,7 +87,8 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
 
 GenerationStats Engine::generate(const std::string & prompt, const GenerationOptions & options, const PieceSink & sink) {
     Impl & s = *impl_;
-    const std::vector<int32_t> tokens = s.tokenizer->tokenize(prompt);
+    const std::vector<int32_t> tokens =
+        s.tokenizer->tokenize(options.chat ? s.tokenizer->apply_chat_template({{"user", prompt}}, true) : prompt);
     KvCache cache(*s.backend, s.model->config(), s.options.n_ctx);
     ModelRunner runner(*s.model);
     auto is_end = [&](int32_t t) { return s.tokenizer->is_end_of_generation(t); };

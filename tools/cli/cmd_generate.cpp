@@ -40,6 +40,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--tree-branching", args->engine.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
     sub->add_option("--tree-nodes", args->engine.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();
     sub->add_option("--trace", args->gen.trace_path, "write a per-token JSON-lines trace of speculative rounds");
+    sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;
     sub->callback([args, &commands] {
