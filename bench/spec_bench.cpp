@@ -1,0 +1,688 @@
+#include "spec_bench.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <tuple>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "common/error.h"
+#include "draft/draft_model.h"
+#include "draft/ngram.h"
+#include "engine/generate.h"
+#include "engine/speculative.h"
+#include "kv/kv_cache.h"
+#include "policy/draft_length.h"
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "specula/specula.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula::bench {
+
+namespace {
+
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// What is compared
+
+enum class Kind { SpeculaPlain, SpeculaDraft, SpeculaNgram, LlamaSpec, LlamaPlain };
+
+struct Mode {
+    const char * name;
+    Kind kind;
+    DraftPolicyKind policy = DraftPolicyKind::Fixed;
+};
+
+// Modes of one prompt run back to back, so that load drift on a shared machine hits all alike.
+const std::vector<Mode> kModes = {
+    {"specula-plain", Kind::SpeculaPlain},
+    {"specula-draft-fixed", Kind::SpeculaDraft, DraftPolicyKind::Fixed},
+    {"specula-draft-heuristic", Kind::SpeculaDraft, DraftPolicyKind::Heuristic},
+    {"specula-draft-cost", Kind::SpeculaDraft, DraftPolicyKind::Cost},
+    {"specula-ngram", Kind::SpeculaNgram, DraftPolicyKind::Fixed},
+    {"llamacpp-spec", Kind::LlamaSpec},
+    {"llamacpp-plain", Kind::LlamaPlain},
+};
+constexpr int kPlainMode = 0;
+// The headline specula figure: the default policy, drafting exactly as many tokens as llama.cpp.
+constexpr int kHeadlineSpecMode = 1;
+constexpr const char * kAllCategories = "all";
+
+bool is_specula(Kind k) { return k == Kind::SpeculaPlain || k == Kind::SpeculaDraft || k == Kind::SpeculaNgram; }
+bool is_speculative(Kind k) { return k != Kind::SpeculaPlain && k != Kind::LlamaPlain; }
+int mode_index(const char * name) {
+    for (size_t i = 0; i < kModes.size(); ++i) {
+        if (std::string(kModes[i].name) == name) return static_cast<int>(i);
+    }
+    throw Error(std::string("unknown mode ") + name);
+}
+
+// Where a specula speculative run's time went, from its rounds. The first round is kept apart:
+// its draft time includes the draft model's pass over the prompt.
+struct RoundTimes {
+    int runs = 0;
+    double first_draft_ms = 0;
+    double draft_ms = 0;     // rounds after the first
+    int drafted = 0;         // tokens drafted in those rounds
+    double verify_ms = 0;    // every round
+    void add(const RoundTimes & t) {
+        runs += t.runs, first_draft_ms += t.first_draft_ms, draft_ms += t.draft_ms, drafted += t.drafted, verify_ms += t.verify_ms;
+    }
+};
+
+// One generation: tokens over decode time (prompt processing excluded in every engine).
+struct Run {
+    int tokens = 0;
+    double seconds = 0.0;
+    SpeculationStats spec;           // llama.cpp: totals only, no per-position counts
+    std::vector<int> rounds_by_k;    // specula: rounds that drafted k tokens, [k]
+    RoundTimes times;                // specula speculative runs
+};
+
+// ---------------------------------------------------------------------------------------------
+// Prompts
+
+struct Prompt {
+    std::string category, name, text;
+    std::vector<int32_t> tokens;
+    std::string file;  // the text as a file, for llama.cpp's -f (no shell quoting of prompts)
+};
+
+// A scratch directory for prompt files and llama.cpp logs, removed when the benchmark ends.
+struct ScratchDir {
+    std::filesystem::path path;
+    ScratchDir() : path(std::filesystem::temp_directory_path() / ("specula-spec-bench-" + std::to_string(::getpid()))) {
+        std::filesystem::create_directories(path);
+    }
+    ~ScratchDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+    }
+};
+
+std::vector<Prompt> load_prompts(const std::string & path, const Tokenizer & tokenizer, const ScratchDir & scratch) {
+    std::ifstream in(path);
+    if (!in) throw Error(path + ": cannot open the prompt set");
+    std::vector<Prompt> prompts;
+    try {
+        const json j = json::parse(in);
+        for (const auto & p : j.at("prompts")) {
+            prompts.push_back({p.at("category").get<std::string>(), p.at("name").get<std::string>(), p.at("text").get<std::string>(), {}, {}});
+        }
+    } catch (const json::exception & e) {
+        throw Error(path + ": expected {\"prompts\": [{\"category\", \"name\", \"text\"}, ...]}: " + e.what());
+    }
+    if (prompts.empty()) throw Error(path + ": no prompts");
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        Prompt & q = prompts[i];
+        if (q.text.empty()) throw Error(path + ": prompt '" + q.name + "' is empty");
+        q.tokens = tokenizer.tokenize(q.text);
+        q.file = scratch.path / ("prompt-" + std::to_string(i) + ".txt");
+        // llama.cpp's -f drops one trailing newline; add one so it sees exactly `text`.
+        std::ofstream(q.file) << q.text << "\n";
+    }
+    return prompts;
+}
+
+std::vector<std::string> categories_of(const std::vector<Prompt> & prompts) {
+    std::vector<std::string> cats;
+    for (const auto & p : prompts) {
+        if (std::find(cats.begin(), cats.end(), p.category) == cats.end()) cats.push_back(p.category);
+    }
+    return cats;
+}
+
+// ---------------------------------------------------------------------------------------------
+// specula side: both models, one target cache, the drafters, and the cost curve measured once
+
+struct CostCurve {
+    int depth = 0;                  // cached tokens when measured (a typical mid-generation depth)
+    std::vector<double> verify_ms;  // [b - 1]: target forward of b tokens, b = 1..k_max + 1
+    double draft_ms_per_token = 0;  // one draft-model forward of 1 token
+};
+
+// Same rule as Engine::open: the draft must share the target's vocabulary exactly.
+void check_same_vocabulary(const SpecBenchOptions & o, const Tokenizer & target_vocab, const Model & target, const Model & draft) {
+    const Tokenizer draft_vocab(o.draft);
+    if (draft_vocab.fingerprint() != target_vocab.fingerprint() || draft.config().n_vocab != target.config().n_vocab) {
+        throw Error("draft model " + o.draft + " has a different vocabulary (" + std::to_string(draft_vocab.n_vocab()) +
+                    " tokens) than the target " + o.model + " (" + std::to_string(target_vocab.n_vocab()) + " tokens)");
+    }
+}
+
+struct SpeculaRig {
+    Backend backend;
+    std::unique_ptr<Model> target, draft;
+    ModelRunner runner;
+    KvCache cache;
+    DraftModelDrafter draft_drafter;
+    NgramDrafter ngram{1, 3};  // EngineOptions' defaults
+    CostCurve cost;
+
+    SpeculaRig(const SpecBenchOptions & o, int n_ctx)
+        : backend(BackendOptions{"cpu", o.threads}),
+          target(Model::load(o.model, backend)),
+          draft(Model::load(o.draft, backend)),
+          runner(*target),
+          cache(backend, target->config(), n_ctx),
+          draft_drafter(*draft, n_ctx) {}
+};
+
+// `n` tokens cycled from the prompts: realistic ids for cost probes.
+std::vector<int32_t> probe_tokens(const std::vector<Prompt> & prompts, int n) {
+    std::vector<int32_t> t;
+    while (static_cast<int>(t.size()) < n) {
+        for (const auto & p : prompts) t.insert(t.end(), p.tokens.begin(), p.tokens.end());
+    }
+    t.resize(n);
+    return t;
+}
+
+// Cost of one forward of 1..max_tokens tokens on `depth` cached tokens. Best of 5, not the
+// engine's 2: on a shared machine fewer repetitions give visibly non-monotonic curves.
+std::vector<double> forward_cost(ModelRunner & runner, KvCache & cache, std::span<const int32_t> probe, int depth, int max_tokens) {
+    cache.rollback(0);
+    prefill(runner, cache, probe.first(depth));
+    auto ms = measure_verify_cost(runner, cache, probe.subspan(depth), max_tokens, 5);
+    cache.rollback(0);
+    return ms;
+}
+
+CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & prompts, int n_gen, int k_max) {
+    CostCurve c;
+    size_t prompt_tokens = 0;
+    for (const auto & p : prompts) prompt_tokens += p.tokens.size();
+    c.depth = static_cast<int>(prompt_tokens / prompts.size()) + n_gen / 2;
+    const auto probe = probe_tokens(prompts, c.depth + k_max + 1);
+    c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, k_max + 1);
+    // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
+    ModelRunner draft_runner(*rig.draft);
+    KvCache draft_cache(rig.backend, rig.draft->config(), rig.cache.capacity());
+    c.draft_ms_per_token = forward_cost(draft_runner, draft_cache, probe, c.depth, 1)[0];
+    return c;
+}
+
+void record_round(Run & run, const RoundInfo & r, int k_max) {
+    const int k = r.draft->tree.size();
+    ++run.rounds_by_k[std::min(k, k_max)];
+    run.times.verify_ms += r.verify_ms;
+    if (r.round == 0) {
+        ++run.times.runs;
+        run.times.first_draft_ms += r.draft_ms;
+    } else {
+        run.times.draft_ms += r.draft_ms;
+        run.times.drafted += k;
+    }
+}
+
+Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, const GenerationOptions & g, int k_max) {
+    rig.cache.rollback(0);
+    const auto never_end = [](int32_t) { return false; };  // stop_at_end_of_generation is off
+    const auto keep_going = [](int32_t) { return true; };
+    Run run;
+    GenerationStats s;
+    if (mode.kind == Kind::SpeculaPlain) {
+        s = generate_plain(rig.runner, rig.cache, prompt.tokens, g, never_end, keep_going);
+    } else {
+        Drafter & drafter = mode.kind == Kind::SpeculaNgram ? static_cast<Drafter &>(rig.ngram) : rig.draft_drafter;
+        auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms);
+        run.rounds_by_k.assign(k_max + 1, 0);
+        SpecContext ctx{.target = rig.runner, .cache = rig.cache, .drafter = drafter, .policy = *policy,
+                        .tree = TreeBudget{},  // a chain: the policy sets its length each round
+                        .on_round = [&](const RoundInfo & r) { record_round(run, r, k_max); },
+                        .verify = nullptr};
+        s = generate_speculative(ctx, prompt.tokens, g, never_end, keep_going);
+    }
+    run.tokens = s.n_generated;
+    run.seconds = s.generation_seconds;
+    run.spec = s.speculation;
+    return run;
+}
+
+// ---------------------------------------------------------------------------------------------
+// llama.cpp side: its own tools as subprocesses, timings parsed from their log
+
+std::string quoted(const std::string & s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+struct LlamaSetup {
+    std::string spec_bin, plain_bin;
+    int threads = 0, n_ctx = 0;
+    std::filesystem::path log_file;
+};
+
+// Flags both tools share: same prompt, length, context, threads, flash attention as specula, and
+// sampling equal to specula's SamplingParams (pure temperature: llama.cpp's default top-k 40,
+// top-p 0.95, min-p 0.05 switched off). --ignore-eos: every engine generates the full n tokens.
+std::string common_flags(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp) {
+    std::ostringstream f;
+    f << " -m " << quoted(o.model) << " -f " << quoted(p.file) << " -n " << o.n_gen << " -c " << s.n_ctx << " -t "
+      << s.threads << " --temp " << sp.temperature << " --seed " << sp.seed
+      << " --top-k 0 --top-p 1 --min-p 0 --ignore-eos -fa on --log-file " << quoted(s.log_file.string()) << " </dev/null";
+    return f.str();
+}
+
+// Runs a llama.cpp tool and parses its log (stdout carries only the generated text). llama.cpp
+// logs through an asynchronous queue that, on a loaded machine, now and then loses the final
+// summary lines of an otherwise successful run (v0.5.0; 2 runs in ~40 here); a fresh run is
+// the only way to get its figures, so such runs are repeated a couple of times.
+Run run_llama(const std::string & cmd, const LlamaSetup & s, const std::function<Run(const std::string &)> & parse) {
+    for (int attempt = 1;; ++attempt) {
+        std::filesystem::remove(s.log_file);
+        run_command(cmd);
+        std::stringstream log;
+        log << std::ifstream(s.log_file).rdbuf();
+        try {
+            return parse(log.str());
+        } catch (const Error &) {
+            if (attempt == 3) throw;
+        }
+    }
+}
+
+// The first match of `re` in llama.cpp's log; a clear error if the tool's output format changed.
+std::smatch find_in_log(const std::string & log, const char * re, const char * tool) {
+    std::smatch m;
+    if (!std::regex_search(log, m, std::regex(re))) {
+        throw Error(std::string("cannot find /") + re + "/ in the log of " + tool + " (has its output format changed?)");
+    }
+    return m;
+}
+
+Run run_llama_spec(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp) {
+    const std::string cmd = s.spec_bin + common_flags(o, s, p, sp) + " -md " + quoted(o.draft) +
+                            " --spec-type draft-simple --spec-draft-n-max " + std::to_string(o.draft_max) +
+                            " --spec-draft-n-min 0 --spec-draft-p-min 0";  // always draft k, as specula's fixed policy
+    return run_llama(cmd, s, [](const std::string & log) {
+        const char * tool = "llama-speculative-simple";
+        const auto dec = find_in_log(log, R"(decoded\s+(\d+) tokens in\s+([0-9.]+) seconds)", tool);
+        Run run;
+        run.tokens = std::stoi(dec[1]);
+        run.seconds = std::stod(dec[2]);
+        run.spec.drafted = std::stoi(find_in_log(log, R"(n_drafted\s*=\s*(\d+))", tool)[1]);
+        run.spec.accepted = std::stoi(find_in_log(log, R"(n_accept\s*=\s*(\d+))", tool)[1]);
+        // Every round emits its accepted drafts plus one target token.
+        run.spec.emitted = run.tokens;
+        run.spec.rounds = run.tokens - run.spec.accepted;
+        return run;
+    });
+}
+
+Run run_llama_plain(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp) {
+    return run_llama(s.plain_bin + common_flags(o, s, p, sp) + " -no-cnv", s, [](const std::string & log) {
+        const char * tool = "llama-completion";
+        const auto eval = find_in_log(log, R"(\beval time =\s+([0-9.]+) ms /\s+(\d+) runs)", tool);
+        const auto sampling = find_in_log(log, R"(sampling time =\s+([0-9.]+) ms)", tool);
+        // Like specula's plain loop: n tokens = the first, sampled from the prompt's logits, plus
+        // one per decode; the time includes sampling.
+        Run run;
+        run.tokens = std::stoi(eval[2]) + 1;
+        run.seconds = (std::stod(eval[1]) + std::stod(sampling[1])) / 1000.0;
+        return run;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Aggregation: per (temperature, category, mode), summed over the prompts of the category
+
+struct Cell {
+    std::vector<int> tokens;         // [rep]
+    std::vector<double> seconds;     // [rep]
+    SpeculationStats spec;           // over all prompts and reps
+    std::vector<int> rounds_by_k;
+    RoundTimes times;                // over all prompts and reps
+};
+using CellKey = std::tuple<int, std::string, int>;  // temperature index, category, mode index
+
+void merge(SpeculationStats & into, const SpeculationStats & s) {
+    into.rounds += s.rounds;
+    into.drafted += s.drafted;
+    into.accepted += s.accepted;
+    into.emitted += s.emitted;
+    into.reached_at.resize(std::max(into.reached_at.size(), s.reached_at.size()), 0);
+    into.accepted_at.resize(into.reached_at.size(), 0);
+    for (size_t d = 0; d < s.reached_at.size(); ++d) {
+        into.reached_at[d] += s.reached_at[d];
+        into.accepted_at[d] += s.accepted_at[d];
+    }
+}
+
+void add_run(Cell & c, int rep, const Run & r) {
+    if (static_cast<int>(c.tokens.size()) <= rep) {
+        c.tokens.resize(rep + 1, 0);
+        c.seconds.resize(rep + 1, 0.0);
+    }
+    c.tokens[rep] += r.tokens;
+    c.seconds[rep] += r.seconds;
+    merge(c.spec, r.spec);
+    c.rounds_by_k.resize(std::max(c.rounds_by_k.size(), r.rounds_by_k.size()), 0);
+    for (size_t k = 0; k < r.rounds_by_k.size(); ++k) c.rounds_by_k[k] += r.rounds_by_k[k];
+    c.times.add(r.times);
+}
+
+Summary tok_s(const Cell & c) {
+    std::vector<double> v;
+    for (size_t r = 0; r < c.tokens.size(); ++r) v.push_back(c.seconds[r] > 0 ? c.tokens[r] / c.seconds[r] : 0.0);
+    return summarize(v);
+}
+
+std::vector<double> acceptance_by_position(const SpeculationStats & s) {
+    std::vector<double> a;
+    for (size_t d = 0; d < s.reached_at.size(); ++d) a.push_back(s.acceptance_at(d));
+    return a;
+}
+
+// The cost model's speedup: each round drafting k tokens is expected to emit E(k) tokens (from
+// the measured per-position acceptance) at a cost of k draft steps plus a (k+1)-token verify;
+// relative to plain decoding's measured ms per token. Rounds are weighted by how often each k
+// was actually drafted, so adaptive policies are predicted too. N-gram drafting is taken as free.
+double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
+    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || plain_tok_s <= 0) return 0.0;
+    const double draft_ms = mode.kind == Kind::SpeculaDraft ? cost.draft_ms_per_token : 0.0;
+    const std::vector<double> alpha = acceptance_by_position(c.spec);
+    double tokens = 0, ms = 0;
+    for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) {
+        tokens += c.rounds_by_k[k] * expected_tokens(alpha, static_cast<int>(k));
+        ms += c.rounds_by_k[k] * (k * draft_ms + cost.verify_ms[k]);
+    }
+    return ms > 0 ? (tokens / ms) * (1000.0 / plain_tok_s) : 0.0;
+}
+
+// One table row / JSON entry, derived from a cell and its category's specula-plain cell.
+struct Row {
+    std::string category;
+    const Mode * mode;
+    Summary tok_s;
+    double speedup = 0, predicted = 0;
+    const Cell * cell;
+};
+
+Row make_row(const std::map<CellKey, Cell> & cells, int t, const std::string & cat, int m, const CostCurve & cost) {
+    const Cell & c = cells.at({t, cat, m});
+    const double plain = tok_s(cells.at({t, cat, kPlainMode})).median;
+    Row r{cat, &kModes[m], tok_s(c), 0.0, 0.0, &c};
+    r.speedup = plain > 0 ? r.tok_s.median / plain : 0.0;
+    r.predicted = predicted_speedup(c, kModes[m], cost, plain);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+std::string fmt(const char * f, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+void print_row(const Row & r) {
+    const SpeculationStats & s = r.cell->spec;
+    const bool spec = is_speculative(r.mode->kind);
+    std::string positions;
+    const auto a = acceptance_by_position(s);
+    for (size_t d = 0; d < a.size(); ++d) positions += s.reached_at[d] ? fmt("%.2f ", a[d]) : std::string("- ");
+    if (spec && positions.empty()) positions = "-";
+    std::printf("%-11s %-24s %8.1f [%7.1f .. %7.1f] %7.2fx %7s %7s %9s  %s\n", r.category.c_str(), r.mode->name, r.tok_s.median,
+                r.tok_s.min, r.tok_s.max, r.speedup, spec ? fmt("%.3f", s.acceptance_rate()).c_str() : "-",
+                spec ? fmt("%.2f", s.mean_accepted_length()).c_str() : "-",
+                r.predicted > 0 ? fmt("%.2fx", r.predicted).c_str() : "-", positions.c_str());
+}
+
+void print_header(float temp) {
+    std::printf("\n== temperature %g ==\n", temp);
+    std::printf("%-11s %-24s %8s %-20s %8s %7s %7s %9s  %s\n", "category", "mode", "tok/s", " [min .. max]", "speedup",
+                "accept", "tok/fwd", "predicted", "acceptance by position");
+}
+
+// The costs the prediction assumes, as measured inside the runs: a gap to the cost curve shows
+// where the speculative loop loses time (draft sampling, verification, cache moves, ...).
+json measured_costs(const Cell & c) {
+    const RoundTimes & t = c.times;
+    const int rounds = c.spec.rounds;
+    double total_ms = 0;
+    for (double s : c.seconds) total_ms += 1000.0 * s;
+    return {{"draft_ms_per_token", t.drafted ? t.draft_ms / t.drafted : 0.0},
+            {"first_round_draft_ms", t.runs ? t.first_draft_ms / t.runs : 0.0},  // includes the drafter's prompt pass
+            {"verify_ms_per_round", rounds ? t.verify_ms / rounds : 0.0},
+            {"other_ms_per_round", rounds ? (total_ms - t.first_draft_ms - t.draft_ms - t.verify_ms) / rounds : 0.0}};
+}
+
+json row_json(const Row & r, float temp) {
+    const SpeculationStats & s = r.cell->spec;
+    json j = {{"temperature", temp},
+              {"category", r.category},
+              {"mode", r.mode->name},
+              {"tok_s", r.tok_s.median},
+              {"tok_s_min", r.tok_s.min},
+              {"tok_s_max", r.tok_s.max},
+              {"reps", r.tok_s.n},
+              {"speedup_vs_specula_plain", r.speedup}};
+    if (is_speculative(r.mode->kind)) {
+        j["acceptance_rate"] = s.acceptance_rate();
+        j["mean_accepted_len"] = s.mean_accepted_length();
+        j["rounds"] = s.rounds;
+        j["drafted"] = s.drafted;
+        j["accepted"] = s.accepted;
+        if (is_specula(r.mode->kind)) {
+            json positions = json::array();  // null: no round reached that depth
+            const auto a = acceptance_by_position(s);
+            for (size_t d = 0; d < a.size(); ++d) positions.push_back(s.reached_at[d] ? json(a[d]) : json(nullptr));
+            j["acceptance_by_position"] = positions;
+            j["rounds_by_draft_length"] = r.cell->rounds_by_k;
+            j["predicted_speedup"] = r.predicted;
+            j["measured_costs"] = measured_costs(*r.cell);
+        }
+    }
+    return j;
+}
+
+void print_machine(const MachineLoad & load) {
+    std::printf("machine: %.0f%% busy before start, loadavg %.2f%s\n", load.busy_fraction * 100, load.loadavg_1m,
+                load.idle() ? "" : "  ** NOT IDLE: figures are unreliable **");
+}
+
+void print_cost(const CostCurve & c) {
+    std::printf("cost curve at depth %d: draft %.3f ms/token; target verify ms for 1..%zu tokens:", c.depth,
+                c.draft_ms_per_token, c.verify_ms.size());
+    for (double v : c.verify_ms) std::printf(" %.3f", v);
+    std::printf("\n");
+}
+
+void validate(const SpecBenchOptions & o) {
+    if (o.model.empty() || o.draft.empty()) throw Error("bench spec needs a target (-m) and a draft model (--draft)");
+    if (o.reps < 1) throw Error("--reps must be at least 1");
+    if (o.n_gen < 1) throw Error("-n must be at least 1");
+    if (o.draft_max < 1) throw Error("--draft-max must be at least 1");
+    if (o.temps.empty()) throw Error("--temps needs at least one temperature");
+    for (float t : o.temps) {
+        if (t < 0) throw Error("temperatures must be >= 0");
+    }
+}
+
+// Same sampling in every engine; prompt i gets seed + i (the same in every mode and rep).
+GenerationOptions generation_options(const SpecBenchOptions & o, float temp, size_t prompt) {
+    GenerationOptions g;
+    g.n_predict = o.n_gen;
+    g.sampling.temperature = temp;
+    g.sampling.seed = o.seed + prompt;
+    g.stop_at_end_of_generation = false;  // as --ignore-eos for llama.cpp: always n tokens
+    return g;
+}
+
+std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig, const LlamaSetup & llama,
+                                   const std::vector<Prompt> & prompts) {
+    // Warm-up (untimed): builds specula's graphs for every batch shape the modes use.
+    for (const Mode & mode : kModes) {
+        if (is_specula(mode.kind)) run_specula(rig, mode, prompts[0], generation_options(o, o.temps[0], 0), o.draft_max);
+    }
+    std::map<CellKey, Cell> cells;
+    for (int rep = 0; rep < o.reps; ++rep) {
+        for (size_t t = 0; t < o.temps.size(); ++t) {
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                const GenerationOptions g = generation_options(o, o.temps[t], i);
+                for (size_t m = 0; m < kModes.size(); ++m) {
+                    Run r;
+                    switch (kModes[m].kind) {
+                        case Kind::LlamaSpec: r = run_llama_spec(o, llama, prompts[i], g.sampling); break;
+                        case Kind::LlamaPlain: r = run_llama_plain(o, llama, prompts[i], g.sampling); break;
+                        default: r = run_specula(rig, kModes[m], prompts[i], g, o.draft_max);
+                    }
+                    add_run(cells[{int(t), prompts[i].category, int(m)}], rep, r);
+                    add_run(cells[{int(t), kAllCategories, int(m)}], rep, r);
+                }
+            }
+            std::fprintf(stderr, "rep %d/%d, temperature %g done\n", rep + 1, o.reps, o.temps[t]);
+        }
+    }
+    return cells;
+}
+
+// Prints one table per temperature; returns every row as JSON.
+json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & cells, std::vector<std::string> categories,
+                  const CostCurve & cost) {
+    categories.push_back(kAllCategories);
+    json rows = json::array();
+    for (size_t t = 0; t < o.temps.size(); ++t) {
+        print_header(o.temps[t]);
+        for (const auto & cat : categories) {
+            for (size_t m = 0; m < kModes.size(); ++m) {
+                const Row r = make_row(cells, int(t), cat, int(m), cost);
+                print_row(r);
+                rows.push_back(row_json(r, o.temps[t]));
+            }
+        }
+    }
+    std::printf("note: speedup = vs specula plain; tok/fwd = mean accepted length (tokens per target forward); "
+                "predicted = cost-model speedup from measured acceptance and the cost curve\n");
+    if (std::any_of(o.temps.begin(), o.temps.end(), [](float t) { return t > 0; })) {
+        std::printf("note: at T > 0 llama.cpp drafts greedily and keeps a draft token only if the target samples the same "
+                    "one; specula uses rejection sampling, so acceptances differ by design\n");
+    }
+    return rows;
+}
+
+// The figures a dashboard wants: all prompts, first temperature.
+struct Headline {
+    Row spec, best, plain, llama_spec, llama_plain;
+};
+
+Headline headline(const std::map<CellKey, Cell> & cells, const CostCurve & cost) {
+    auto all = [&](const char * mode) { return make_row(cells, 0, kAllCategories, mode_index(mode), cost); };
+    Headline h{all(kModes[kHeadlineSpecMode].name), all(kModes[kHeadlineSpecMode].name), all("specula-plain"),
+               all("llamacpp-spec"), all("llamacpp-plain")};
+    for (const char * m : {"specula-draft-heuristic", "specula-draft-cost"}) {
+        const Row r = all(m);
+        if (r.tok_s.median > h.best.tok_s.median) h.best = r;
+    }
+    return h;
+}
+
+void print_headline(const Headline & h, float temp) {
+    const auto line = [](const std::string & label, const Row & r, const std::string & extra) {
+        std::printf("  %-40s %8.1f  %s\n", label.c_str(), r.tok_s.median, extra.c_str());
+    };
+    const double llama_gain = h.llama_plain.tok_s.median > 0 ? h.llama_spec.tok_s.median / h.llama_plain.tok_s.median : 0.0;
+    char extra[160];
+    std::printf("\nall prompts, temperature %g (tok/s, median):\n", temp);
+    std::snprintf(extra, sizeof extra, "%.2fx specula plain (predicted %.2fx), %.2f tokens/forward", h.spec.speedup,
+                  h.spec.predicted, h.spec.cell->spec.mean_accepted_length());
+    line(std::string(h.spec.mode->name) + " (headline)", h.spec, extra);
+    line(std::string("best: ") + h.best.mode->name, h.best, "");
+    line("specula-plain", h.plain, "");
+    std::snprintf(extra, sizeof extra, "%.2fx llama.cpp plain, %.2f tokens/forward", llama_gain,
+                  h.llama_spec.cell->spec.mean_accepted_length());
+    line("llamacpp-spec (llama-speculative-simple)", h.llama_spec, extra);
+    line("llamacpp-plain (llama-completion)", h.llama_plain, "");
+}
+
+void write_json(const SpecBenchOptions & o, const std::string & prompts_path, int threads, const MachineLoad & load,
+                const CostCurve & cost, const Headline & h, json rows) {
+    const json j = {
+        {"target", o.model},
+        {"draft", o.draft},
+        {"prompts", prompts_path},
+        {"threads", threads},
+        {"reps", o.reps},
+        {"n_gen", o.n_gen},
+        {"draft_max", o.draft_max},
+        {"temperatures", o.temps},
+        {"seed", o.seed},
+        {"machine_busy_fraction_before", load.busy_fraction},
+        {"machine_loadavg_1m", load.loadavg_1m},
+        {"machine_idle", load.idle()},
+        {"headline_temperature", o.temps[0]},
+        {"specula_spec_mode", std::string(h.spec.mode->name) + " (default policy, k = draft_max as llama.cpp)"},
+        {"specula_spec_tok_s", h.spec.tok_s.median},
+        {"specula_spec_best_mode", h.best.mode->name},
+        {"specula_spec_best_tok_s", h.best.tok_s.median},
+        {"specula_plain_tok_s", h.plain.tok_s.median},
+        {"llamacpp_spec_tok_s", h.llama_spec.tok_s.median},
+        {"llamacpp_plain_tok_s", h.llama_plain.tok_s.median},
+        {"mean_accepted_len", h.spec.cell->spec.mean_accepted_length()},
+        {"llamacpp_mean_accepted_len", h.llama_spec.cell->spec.mean_accepted_length()},
+        {"predicted_speedup", h.spec.predicted},
+        {"measured_speedup", h.spec.speedup},
+        {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}}},
+        {"results", std::move(rows)},
+    };
+    std::ofstream(o.json_path) << j.dump(2) << "\n";
+    std::printf("wrote %s\n", o.json_path.c_str());
+}
+
+}  // namespace
+
+int run_spec_bench(const SpecBenchOptions & o) {
+    validate(o);
+    // Fail on a missing peer before spending minutes on specula's runs.
+    LlamaSetup llama;
+    llama.spec_bin = peer_binary("llama-speculative-simple");
+    llama.plain_bin = peer_binary("llama-completion");
+    const MachineLoad load = measure_machine_load();
+    print_machine(load);
+
+    const ScratchDir scratch;
+    const Tokenizer tokenizer(o.model);
+    const std::string prompts_path = o.prompts.empty() ? std::string(SPECULA_BENCH_PROMPTS) : o.prompts;
+    const std::vector<Prompt> prompts = load_prompts(prompts_path, tokenizer, scratch);
+    size_t longest = 0;
+    for (const auto & p : prompts) longest = std::max(longest, p.tokens.size());
+    // Room for the prompt, n tokens and a final draft (llama-speculative-simple overshoots by up to k).
+    const int n_ctx = static_cast<int>(longest) + o.n_gen + o.draft_max + 8;
+
+    SpeculaRig rig(o, n_ctx);
+    check_same_vocabulary(o, tokenizer, *rig.target, *rig.draft);
+    if (const int trained = rig.target->config().n_ctx_train; trained > 0 && n_ctx > trained) {
+        std::printf("warning: %d-token context exceeds the target's trained %d: shorten -n or the prompts\n", n_ctx, trained);
+    }
+    llama.threads = rig.backend.n_threads();
+    llama.n_ctx = n_ctx;
+    llama.log_file = scratch.path / "llama.log";
+    rig.cost = measure_cost_curve(rig, prompts, o.n_gen, o.draft_max);
+    print_cost(rig.cost);
+    const std::vector<std::string> categories = categories_of(prompts);
+    std::printf("%zu prompts in %zu categories, n = %d, k = %d, %d threads, %d reps\n", prompts.size(), categories.size(),
+                o.n_gen, o.draft_max, llama.threads, o.reps);
+
+    const auto cells = run_matrix(o, rig, llama, prompts);
+    json rows = print_tables(o, cells, categories, rig.cost);
+    const Headline h = headline(cells, rig.cost);
+    print_headline(h, o.temps[0]);
+    if (!o.json_path.empty()) write_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
+    return 0;
+}
+
+}  // namespace specula::bench

@@ -1,0 +1,27 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace specula::bench {
+
+struct SpecBenchOptions {
+    std::string model;        // target GGUF
+    std::string draft;        // draft GGUF (same vocabulary)
+    std::string prompts;      // prompt set (JSON); empty = bench/prompts.json of the source tree
+    std::string json_path;    // write results as JSON
+    int threads = 0;          // 0 = physical cores; every engine gets the same count
+    int reps = 3;
+    int n_gen = 128;          // tokens per generation
+    int draft_max = 4;        // k for the fixed policy and llama.cpp; the cap for heuristic/cost
+    std::vector<float> temps = {0.0f, 1.0f};
+    uint64_t seed = 42;       // prompt i uses seed + i, in every mode and rep
+};
+
+// Speculative decoding on a categorised prompt set, in one process, same threads and prompts:
+// specula plain, specula chain speculation (draft model x fixed/heuristic/cost policy, n-gram),
+// llama-speculative-simple and llama-completion. Reports tok/s (median and spread over reps),
+// speedup over specula plain, acceptance, and the speedup the cost model predicts.
+int run_spec_bench(const SpecBenchOptions & options);
+
+}  // namespace specula::bench
