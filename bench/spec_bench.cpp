@@ -16,6 +16,8 @@
 #include "bench_util.h"
 #include "common/error.h"
 #include "draft/draft_model.h"
+#include "draft/eagle.h"
+#include "runtime/eagle_head.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
@@ -36,12 +38,13 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // What is compared
 
-enum class Kind { SpeculaPlain, SpeculaDraft, SpeculaNgram, LlamaSpec, LlamaPlain };
+enum class Kind { SpeculaPlain, SpeculaDraft, SpeculaNgram, SpeculaEagle1, SpeculaEagle3, LlamaSpec, LlamaPlain, LlamaEagle3 };
 
 struct Mode {
     const char * name;
     Kind kind;
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
+    TreeShape tree = TreeShape::Chain;
 };
 
 // Modes of one prompt run back to back, so that load drift on a shared machine hits all alike.
@@ -53,14 +56,31 @@ const std::vector<Mode> kModes = {
     {"specula-ngram", Kind::SpeculaNgram, DraftPolicyKind::Fixed},
     {"llamacpp-spec", Kind::LlamaSpec},
     {"llamacpp-plain", Kind::LlamaPlain},
+    {"specula-draft-tree", Kind::SpeculaDraft, DraftPolicyKind::Fixed, TreeShape::Dynamic},
+    {"specula-eagle1-chain", Kind::SpeculaEagle1, DraftPolicyKind::Fixed, TreeShape::Chain},
+    {"specula-eagle1-static", Kind::SpeculaEagle1, DraftPolicyKind::Fixed, TreeShape::Static},
+    {"specula-eagle1-dynamic", Kind::SpeculaEagle1, DraftPolicyKind::Fixed, TreeShape::Dynamic},
+    {"specula-eagle3-chain", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain},
+    {"specula-eagle3-static", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Static},
+    {"specula-eagle3-dynamic", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Dynamic},
+    {"llamacpp-eagle3", Kind::LlamaEagle3},
 };
+// With --eagle3, the headline compares specula's default EAGLE-3 mode with llama.cpp's EAGLE-3.
+constexpr const char * kEagle3Headline = "specula-eagle3-dynamic";
+constexpr const char * kLlamaEagle3 = "llamacpp-eagle3";
 constexpr int kPlainMode = 0;
 // The headline specula figure: the default policy, drafting exactly as many tokens as llama.cpp.
 constexpr int kHeadlineSpecMode = 1;
 constexpr const char * kAllCategories = "all";
 
-bool is_specula(Kind k) { return k == Kind::SpeculaPlain || k == Kind::SpeculaDraft || k == Kind::SpeculaNgram; }
+bool is_specula(Kind k) { return k != Kind::LlamaSpec && k != Kind::LlamaPlain && k != Kind::LlamaEagle3; }
 bool is_speculative(Kind k) { return k != Kind::SpeculaPlain && k != Kind::LlamaPlain; }
+// Modes that need a file the user did not give are skipped.
+bool available(const Mode & m, const SpecBenchOptions & o) {
+    if (m.kind == Kind::SpeculaEagle1) return !o.eagle.empty();
+    if (m.kind == Kind::SpeculaEagle3 || m.kind == Kind::LlamaEagle3) return !o.eagle3.empty();
+    return true;
+}
 int mode_index(const char * name) {
     for (size_t i = 0; i < kModes.size(); ++i) {
         if (std::string(kModes[i].name) == name) return static_cast<int>(i);
@@ -168,7 +188,10 @@ struct SpeculaRig {
     KvCache cache;
     DraftModelDrafter draft_drafter;
     NgramDrafter ngram{1, 3};  // EngineOptions' defaults
+    std::unique_ptr<EagleHead> eagle1, eagle3;
+    std::unique_ptr<EagleDrafter> eagle1_drafter, eagle3_drafter;
     CostCurve cost;
+    TreeBudget tree{TreeShape::Dynamic, 6, 4, 0};  // tree modes: Engine's defaults; nodes from the verify cost
 
     SpeculaRig(const SpecBenchOptions & o, int n_ctx)
         : backend(BackendOptions{"cpu", o.threads}),
@@ -176,7 +199,27 @@ struct SpeculaRig {
           draft(Model::load(o.draft, backend)),
           runner(*target),
           cache(backend, target->config(), n_ctx),
-          draft_drafter(*draft, n_ctx) {}
+          draft_drafter(*draft, n_ctx) {
+        if (!o.eagle.empty()) {
+            eagle1 = EagleHead::load(o.eagle, *target, backend);
+            if (eagle1->config().kind != EagleKind::Eagle1) throw Error(o.eagle + " is not an EAGLE-1 head");
+            eagle1_drafter = std::make_unique<EagleDrafter>(*eagle1, n_ctx);
+        }
+        if (!o.eagle3.empty()) {
+            eagle3 = EagleHead::load(o.eagle3, *target, backend);
+            if (eagle3->config().kind != EagleKind::Eagle3) throw Error(o.eagle3 + " is not an EAGLE-3 head");
+            eagle3_drafter = std::make_unique<EagleDrafter>(*eagle3, n_ctx);
+        }
+    }
+
+    Drafter & drafter_for(Kind k) {
+        switch (k) {
+            case Kind::SpeculaNgram: return ngram;
+            case Kind::SpeculaEagle1: return *eagle1_drafter;
+            case Kind::SpeculaEagle3: return *eagle3_drafter;
+            default: return draft_drafter;
+        }
+    }
 };
 
 // `n` tokens cycled from the prompts: realistic ids for cost probes.
@@ -235,11 +278,16 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, cons
     if (mode.kind == Kind::SpeculaPlain) {
         s = generate_plain(rig.runner, rig.cache, prompt.tokens, g, never_end, keep_going);
     } else {
-        Drafter & drafter = mode.kind == Kind::SpeculaNgram ? static_cast<Drafter &>(rig.ngram) : rig.draft_drafter;
+        Drafter & drafter = rig.drafter_for(mode.kind);
         auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms);
         run.rounds_by_k.assign(k_max + 1, 0);
+        TreeBudget tree;  // a chain: the policy sets its length each round
+        if (mode.tree != TreeShape::Chain) {
+            tree = rig.tree;
+            tree.shape = mode.tree;
+        }
         SpecContext ctx{.target = rig.runner, .cache = rig.cache, .drafter = drafter, .policy = *policy,
-                        .tree = TreeBudget{},  // a chain: the policy sets its length each round
+                        .tree = tree,
                         .on_round = [&](const RoundInfo & r) { record_round(run, r, k_max); },
                         .verify = nullptr};
         s = generate_speculative(ctx, prompt.tokens, g, never_end, keep_going);
@@ -303,10 +351,12 @@ std::smatch find_in_log(const std::string & log, const char * re, const char * t
     return m;
 }
 
-Run run_llama_spec(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp) {
-    const std::string cmd = s.spec_bin + common_flags(o, s, p, sp) + " -md " + quoted(o.draft) +
-                            " --spec-type draft-simple --spec-draft-n-max " + std::to_string(o.draft_max) +
-                            " --spec-draft-n-min 0 --spec-draft-p-min 0";  // always draft k, as specula's fixed policy
+// llama-speculative-simple drafting a chain of exactly draft_max (as specula's fixed policy) with
+// `draft` as draft model (draft-simple) or EAGLE-3 head (draft-eagle3).
+Run run_llama_spec(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp,
+                   const std::string & draft, const char * spec_type) {
+    const std::string cmd = s.spec_bin + common_flags(o, s, p, sp) + " -md " + quoted(draft) + " --spec-type " + spec_type +
+                            " --spec-draft-n-max " + std::to_string(o.draft_max) + " --spec-draft-n-min 0 --spec-draft-p-min 0";
     return run_llama(cmd, s, [](const std::string & log) {
         const char * tool = "llama-speculative-simple";
         const auto dec = find_in_log(log, R"(decoded\s+(\d+) tokens in\s+([0-9.]+) seconds)", tool);
@@ -527,7 +577,7 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
                                    const std::vector<Prompt> & prompts) {
     // Warm-up (untimed): builds specula's graphs for every batch shape the modes use.
     for (const Mode & mode : kModes) {
-        if (is_specula(mode.kind)) run_specula(rig, mode, prompts[0], generation_options(o, o.temps[0], 0), o.draft_max);
+        if (is_specula(mode.kind) && available(mode, o)) run_specula(rig, mode, prompts[0], generation_options(o, o.temps[0], 0), o.draft_max);
     }
     std::map<CellKey, Cell> cells;
     for (int rep = 0; rep < o.reps; ++rep) {
@@ -535,9 +585,11 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
             for (size_t i = 0; i < prompts.size(); ++i) {
                 const GenerationOptions g = generation_options(o, o.temps[t], i);
                 for (size_t m = 0; m < kModes.size(); ++m) {
+                    if (!available(kModes[m], o)) continue;
                     Run r;
                     switch (kModes[m].kind) {
-                        case Kind::LlamaSpec: r = run_llama_spec(o, llama, prompts[i], g.sampling); break;
+                        case Kind::LlamaSpec: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.draft, "draft-simple"); break;
+                        case Kind::LlamaEagle3: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.eagle3, "draft-eagle3"); break;
                         case Kind::LlamaPlain: r = run_llama_plain(o, llama, prompts[i], g.sampling); break;
                         default: r = run_specula(rig, kModes[m], prompts[i], g, o.draft_max);
                     }
@@ -560,6 +612,7 @@ json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
         print_header(o.temps[t]);
         for (const auto & cat : categories) {
             for (size_t m = 0; m < kModes.size(); ++m) {
+                if (!available(kModes[m], o)) continue;
                 const Row r = make_row(cells, int(t), cat, int(m), cost);
                 print_row(r);
                 rows.push_back(row_json(r, o.temps[t]));
@@ -580,12 +633,14 @@ struct Headline {
     Row spec, best, plain, llama_spec, llama_plain;
 };
 
-Headline headline(const std::map<CellKey, Cell> & cells, const CostCurve & cost) {
+Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & cells, const CostCurve & cost) {
     auto all = [&](const char * mode) { return make_row(cells, 0, kAllCategories, mode_index(mode), cost); };
-    Headline h{all(kModes[kHeadlineSpecMode].name), all(kModes[kHeadlineSpecMode].name), all("specula-plain"),
-               all("llamacpp-spec"), all("llamacpp-plain")};
-    for (const char * m : {"specula-draft-heuristic", "specula-draft-cost"}) {
-        const Row r = all(m);
+    const bool eagle3 = !o.eagle3.empty();
+    const char * spec = eagle3 ? kEagle3Headline : kModes[kHeadlineSpecMode].name;
+    Headline h{all(spec), all(spec), all("specula-plain"), all(eagle3 ? kLlamaEagle3 : "llamacpp-spec"), all("llamacpp-plain")};
+    for (const Mode & m : kModes) {
+        if (!available(m, o) || !is_specula(m.kind) || !is_speculative(m.kind)) continue;
+        const Row r = all(m.name);
         if (r.tok_s.median > h.best.tok_s.median) h.best = r;
     }
     return h;
@@ -625,7 +680,9 @@ void write_json(const SpecBenchOptions & o, const std::string & prompts_path, in
         {"machine_loadavg_1m", load.loadavg_1m},
         {"machine_idle", load.idle()},
         {"headline_temperature", o.temps[0]},
-        {"specula_spec_mode", std::string(h.spec.mode->name) + " (default policy, k = draft_max as llama.cpp)"},
+        {"specula_spec_mode", !o.eagle3.empty() ? std::string(h.spec.mode->name) + " (specula's default EAGLE-3 mode)"
+                                                 : std::string(h.spec.mode->name) + " (default policy, k = draft_max as llama.cpp)"},
+        {"llamacpp_spec_mode", h.llama_spec.mode->name},
         {"specula_spec_tok_s", h.spec.tok_s.median},
         {"specula_spec_best_mode", h.best.mode->name},
         {"specula_spec_best_tok_s", h.best.tok_s.median},
@@ -661,7 +718,7 @@ int run_spec_bench(const SpecBenchOptions & o) {
     size_t longest = 0;
     for (const auto & p : prompts) longest = std::max(longest, p.tokens.size());
     // Room for the prompt, n tokens and a final draft (llama-speculative-simple overshoots by up to k).
-    const int n_ctx = static_cast<int>(longest) + o.n_gen + o.draft_max + 8;
+    const int n_ctx = static_cast<int>(longest) + o.n_gen + std::max(o.draft_max, 64) + 8;
 
     SpeculaRig rig(o, n_ctx);
     check_same_vocabulary(o, tokenizer, *rig.target, *rig.draft);
@@ -673,13 +730,19 @@ int run_spec_bench(const SpecBenchOptions & o) {
     llama.log_file = scratch.path / "llama.log";
     rig.cost = measure_cost_curve(rig, prompts, o.n_gen, o.draft_max);
     print_cost(rig.cost);
+    rig.tree.max_nodes = o.tree_nodes;
+    if (rig.tree.max_nodes == 0) {
+        const auto probe = probe_tokens(prompts, rig.cost.depth + 32);
+        rig.tree.max_nodes = tree_nodes_from_cost(forward_cost(rig.runner, rig.cache, probe, rig.cost.depth, 32));
+    }
+    std::printf("tree modes: depth %d, branching %d, %d nodes per verify\n", rig.tree.depth, rig.tree.branching, rig.tree.max_nodes);
     const std::vector<std::string> categories = categories_of(prompts);
     std::printf("%zu prompts in %zu categories, n = %d, k = %d, %d threads, %d reps\n", prompts.size(), categories.size(),
                 o.n_gen, o.draft_max, llama.threads, o.reps);
 
     const auto cells = run_matrix(o, rig, llama, prompts);
     json rows = print_tables(o, cells, categories, rig.cost);
-    const Headline h = headline(cells, rig.cost);
+    const Headline h = headline(o, cells, rig.cost);
     print_headline(h, o.temps[0]);
     if (!o.json_path.empty()) write_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
     return 0;

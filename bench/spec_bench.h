@@ -8,6 +8,9 @@ namespace specula::bench {
 struct SpecBenchOptions {
     std::string model;        // target GGUF
     std::string draft;        // draft GGUF (same vocabulary)
+    std::string eagle;        // optional EAGLE-1 head: adds its chain/static/dynamic modes
+    std::string eagle3;       // optional EAGLE-3 head: adds its modes and llama.cpp's EAGLE-3
+    int tree_nodes = 0;       // nodes per tree verify; 0 = from the measured verify cost
     std::string prompts;      // prompt set (JSON); empty = bench/prompts.json of the source tree
     std::string json_path;    // write results as JSON
     int threads = 0;          // 0 = physical cores; every engine gets the same count
@@ -20,7 +23,8 @@ struct SpecBenchOptions {
 
 // Speculative decoding on a categorised prompt set, in one process, same threads and prompts:
 // specula plain, specula chain speculation (draft model x fixed/heuristic/cost policy, n-gram),
-// llama-speculative-simple and llama-completion. Reports tok/s (median and spread over reps),
+// draft-model dynamic tree, EAGLE-1/EAGLE-3 chain/static/dynamic trees (when heads are given),
+// llama-speculative-simple (draft model; EAGLE-3) and llama-completion. Reports tok/s (median and spread over reps),
 // speedup over specula plain, acceptance, and the speedup the cost model predicts.
 int run_spec_bench(const SpecBenchOptions & options);
 

@@ -26,6 +26,9 @@ void register_bench(CLI::App & app, Commands & commands) {
     CLI::App * spec = bench->add_subcommand("spec", "speculative decoding by prompt category vs plain and llama.cpp");
     spec->add_option("-m,--model", s->model, "target model GGUF")->required();
     spec->add_option("--draft", s->draft, "draft model GGUF (same vocabulary)")->required();
+    spec->add_option("--eagle", s->eagle, "EAGLE-1 head GGUF: adds EAGLE-1 chain/static/dynamic modes");
+    spec->add_option("--eagle3", s->eagle3, "EAGLE-3 head GGUF: adds EAGLE-3 modes and llama.cpp's EAGLE-3");
+    spec->add_option("--tree-nodes", s->tree_nodes, "nodes per tree verify (0 = from the measured verify cost)")->capture_default_str();
     spec->add_option("-t,--threads", s->threads, "threads for every engine (0 = physical cores)")->capture_default_str();
     spec->add_option("-r,--reps", s->reps, "repetitions of the whole prompt set")->capture_default_str();
     spec->add_option("-n,--n-gen", s->n_gen, "tokens per generation")->capture_default_str();

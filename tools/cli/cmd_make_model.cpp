@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "common/error.h"
 #include "model_writer.h"
 #include "twin.h"
 
@@ -36,7 +37,7 @@ void register_make_model(CLI::App & app, Commands & commands) {
     });
 
     struct TwinArgs {
-        std::string target, shape = "llama-1b", type = "q8_0", out;
+        std::string target, shape = "llama-1b", type = "q8_0", out, eagle3, eagle3_out;
     };
     auto twin = std::make_shared<TwinArgs>();
     CLI::App * t = app.add_subcommand("make-twin", "write a bench twin: a bigger-shaped model computing the same function as a llama target");
@@ -44,9 +45,16 @@ void register_make_model(CLI::App & app, Commands & commands) {
     t->add_option("--shape", twin->shape, "named shape (llama-1b = Llama-3.2-1B)")->capture_default_str();
     t->add_option("--type", twin->type, "matrix type: f32 f16 q8_0 q4_0")->capture_default_str();
     t->add_option("-o,--output", twin->out, "output GGUF path")->required();
+    t->add_option("--eagle3", twin->eagle3, "also rewrite this EAGLE-3 head of the target for the twin");
+    t->add_option("--eagle3-output", twin->eagle3_out, "where to write the twin's EAGLE-3 head");
     t->callback([twin, &commands] {
         commands.run = [twin] {
+            if (twin->eagle3.empty() != twin->eagle3_out.empty()) throw Error("--eagle3 and --eagle3-output go together");
             write_bench_twin(twin->target, twin->shape, twin->type, twin->out);
+            if (!twin->eagle3.empty()) {
+                write_bench_twin_eagle3(twin->eagle3, twin->target, twin->shape, twin->eagle3_out);
+                std::printf("wrote %s (EAGLE-3 head for the twin)\n", twin->eagle3_out.c_str());
+            }
             std::printf("wrote %s (bench twin of %s, %s shape)\n", twin->out.c_str(), twin->target.c_str(), twin->shape.c_str());
             return 0;
         };

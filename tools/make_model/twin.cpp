@@ -1,5 +1,6 @@
 #include "twin.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -152,6 +153,77 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
             ggml_quantize_chunk(t.type, data.data(), tensor->data, 0, t.ne1, t.ne0, nullptr);
         }
         gguf_add_tensor(out, tensor);
+    }
+    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
+    gguf_free(out);
+    ggml_free(ctx);
+    if (!ok) throw Error(out_path + ": could not write");
+}
+
+void write_bench_twin_eagle3(const std::string & head_path, const std::string & target_path, const std::string & shape_name,
+                             const std::string & out_path) {
+    GgufFile head(head_path), target(target_path);
+    if (head.architecture() != "eagle3") throw Error(head_path + ": not an EAGLE-3 head");
+    if (head.tensor_meta("token_embd.weight")) throw Error(head_path + ": head already has its own token embeddings");
+    const RandomModelSpec shape = bench_shape(shape_name, "");
+    const int Et = static_cast<int>(head.get_u32("eagle3.target_hidden_size"));
+    const int Eh = static_cast<int>(head.get_u32("eagle3.embedding_length"));
+    if (Et != static_cast<int>(target.get_u32("llama.embedding_length"))) throw Error(head_path + ": head does not belong to " + target_path);
+    if (Eh != Et) throw Error(head_path + ": the head's hidden size must equal its target's to take over its embeddings");
+    const int E = shape.n_embd;
+
+    gguf_context * out = gguf_init_empty();
+    {
+        ggml_context * meta = nullptr;
+        gguf_init_params p{true, &meta};
+        gguf_context * src = gguf_init_from_file(head_path.c_str(), p);
+        gguf_set_kv(out, src);
+        gguf_free(src);
+        ggml_free(meta);
+    }
+    gguf_set_val_u32(out, "eagle3.target_hidden_size", E);
+    gguf_set_val_str(out, "general.name", ("EAGLE-3 head for the bench twin (" + shape_name + " shape) of " + target_path).c_str());
+
+    std::vector<std::pair<std::string, std::vector<float>>> tensors;  // F32 copies, small
+    std::vector<std::pair<std::string, std::array<int64_t, 2>>> shapes;
+    for (ggml_tensor * t : head.tensors()) {
+        const std::string name = ggml_get_name(t);
+        std::vector<float> data = read_f32(head, name);
+        std::array<int64_t, 2> ne{t->ne[0], t->ne[1]};
+        if (name == "fc.weight") {  // [3 Et, Eh] -> [3 E, Eh]: each feature block padded with zeros
+            std::vector<float> wide(static_cast<size_t>(3) * E * Eh, 0.0f);
+            for (int o = 0; o < Eh; ++o) {
+                for (int b = 0; b < 3; ++b) {
+                    for (int i = 0; i < Et; ++i) wide[static_cast<size_t>(o) * 3 * E + b * E + i] = data[static_cast<size_t>(o) * 3 * Et + b * Et + i];
+                }
+            }
+            data = std::move(wide);
+            ne = {3 * int64_t(E), Eh};
+        }
+        tensors.push_back({name, std::move(data)});
+        shapes.push_back({name, ne});
+    }
+    ggml_tensor * embd = target.tensor_meta("token_embd.weight");
+    tensors.push_back({"token_embd.weight", read_f32(target, "token_embd.weight")});
+    shapes.push_back({"token_embd.weight", {embd->ne[0], embd->ne[1]}});
+
+    size_t bytes = 1 << 20;
+    for (auto & [name, d] : tensors) bytes += d.size() * sizeof(uint16_t) + 2 * ggml_tensor_overhead();
+    ggml_init_params params{bytes, nullptr, false};
+    ggml_context * ctx = ggml_init(params);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const auto & [name, data] = tensors[i];
+        const auto ne = shapes[i].second;
+        const bool matrix = ne[1] > 1;
+        const ggml_type type = matrix ? GGML_TYPE_F16 : GGML_TYPE_F32;
+        ggml_tensor * t = matrix ? ggml_new_tensor_2d(ctx, type, ne[0], ne[1]) : ggml_new_tensor_1d(ctx, type, ne[0]);
+        ggml_set_name(t, name.c_str());
+        if (matrix) {
+            ggml_quantize_chunk(type, data.data(), t->data, 0, ne[1], ne[0], nullptr);
+        } else {
+            std::memcpy(t->data, data.data(), data.size() * sizeof(float));
+        }
+        gguf_add_tensor(out, t);
     }
     const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
     gguf_free(out);

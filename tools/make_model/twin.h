@@ -11,4 +11,9 @@ namespace specula {
 void write_bench_twin(const std::string & target_path, const std::string & shape, const std::string & weight_type,
                       const std::string & out_path);  // throws Error
 
+// The EAGLE-3 head of `target`, rewritten for its bench twin: fc reads the twin's wider features
+// (zero weights on the padding) and the head gets its own copy of the target's token embeddings.
+void write_bench_twin_eagle3(const std::string & head_path, const std::string & target_path, const std::string & shape,
+                             const std::string & out_path);  // throws Error
+
 }  // namespace specula
