@@ -61,9 +61,17 @@ std::string Tokenizer::piece(int32_t token) const {
 }
 
 std::string Tokenizer::detokenize(const std::vector<int32_t> & tokens) const {
-    std::string s;
-    for (int32_t t : tokens) s += piece(t);
-    return s;
+    // Not a concatenation of pieces: libllama drops SentencePiece's leading dummy space here.
+    std::string text(tokens.size() * 8 + 16, '\0');
+    int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), text.data(),
+                                 static_cast<int32_t>(text.size()), /*remove_special=*/false, /*unparse_special=*/false);
+    if (n < 0) {
+        text.resize(-n);
+        n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()), text.data(),
+                             static_cast<int32_t>(text.size()), false, false);
+    }
+    text.resize(std::max(n, 0));
+    return text;
 }
 
 bool Tokenizer::is_end_of_generation(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }

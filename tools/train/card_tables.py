@@ -34,6 +34,9 @@ for r in log:
         extra = f" (top-1 agree by TTT step {r['heldout_top1_agree_by_step']})" if "heldout_top1_agree_by_step" in r else ""
         out.append(f"| {r['model']} | {r['step']} | {r['tokens']} | {r['loss']} | {r['heldout_loss']}{extra} | {r['elapsed_s']} |")
 out.append("\nGreedy samples (PyTorch fp32, target):\n")
+import sentencepiece as spm
+sp = spm.SentencePieceProcessor(model_file=sys.argv[3]) if len(sys.argv) > 3 else None
 for s in ev.get("greedy_samples", []):
-    out.append("```text\n" + s["prompt"] + "⟦" + s["continuation"] + "⟧\n```")
+    cont = sp.decode(s["prompt_tokens"][1:] + s["continuation_tokens"])[len(s["prompt"]):] if sp else s["continuation"]
+    out.append("```text\n" + s["prompt"] + "⟦" + cont + "⟧\n```")
 print("\n".join(out))

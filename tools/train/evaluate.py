@@ -221,7 +221,7 @@ with torch.no_grad():
         for _ in range(48):
             lg, _, _ = tgt(torch.tensor([ids]))
             ids.append(int(lg[0, -1].argmax()))
-        samples.append({"prompt": p, "prompt_tokens": ids[:n0], "continuation_tokens": ids[n0:], "continuation": sp.decode(ids[n0:])})
+        samples.append({"prompt": p, "prompt_tokens": ids[:n0], "continuation_tokens": ids[n0:], "continuation": sp.decode(ids[1:])[len(p):]})
         print(repr(p), "->", repr(samples[-1]["continuation"]), flush=True)
 res["greedy_samples"] = samples
 json.dump(res, open(a.out, "w"), indent=1)

@@ -54,4 +54,8 @@ w, out = sys.argv[1], sys.argv[2]
 meta = json.load(open(f"{w}/corpus_meta.json")); meta["tokenized"] = json.load(open(f"{w}/tokenized.json"))
 json.dump(meta, open(out, "w"), indent=1)
 PYEOF
+# 6. llama.cpp-side checks (tokenizer, greedy equality, speculative runs) if the binaries exist
+if [ -x "$ROOT/build/bin/llama-tokenize" ]; then
+  $PY "$HERE/verify_llamacpp.py" --bin "$ROOT/build/bin" --models "$MODELS" --work "$WORK" --out "$MODELS/llamacpp_verify.json" --n 40
+fi
 echo "done: $(ls -la "$MODELS")"

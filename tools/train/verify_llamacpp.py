@@ -65,23 +65,31 @@ def torch_greedy(p, n):
             lg, _, _ = tgt(torch.tensor([ids]))
             ids.append(int(lg[0, -1].argmax()))
     return ids[n0:]
-if os.path.exists(B("llama-simple")):
+GEN = "llama-simple" if os.path.exists(B("llama-simple")) else "llama-completion"
+if os.path.exists(B(GEN)):
     res = []
     for p in PROMPTS:
         cont = torch_greedy(p, a.n)
-        txt = sp.decode(cont)
-        rc, out, err = run([B("llama-simple"), "-m", M("specula-target.gguf"), "-n", str(a.n), p])
+        full = sp.decode(sp.encode(p) + cont)  # decode with the prompt so the first piece keeps its leading space
+        assert full.startswith(p)
+        txt = full[len(p):]
+        if GEN == "llama-simple":
+            cmd = [B(GEN), "-m", M("specula-target.gguf"), "-n", str(a.n), p]
+        else:
+            cmd = [B(GEN), "-m", M("specula-target.gguf"), "-p", p, "-n", str(a.n), "--temp", "0", "--top-k", "1",
+                   "-no-cnv", "--no-display-prompt", "-t", "1", "-c", "512", "--no-warmup", "--seed", "1"]
+        rc, out, err = run(cmd)
         # llama-simple echoes the prompt then the continuation
-        gen = out[out.find(p) + len(p):] if p in out else out
+        gen = out[out.find(p) + len(p):] if (GEN == "llama-simple" and p in out) else out
         k = 0
         while k < min(len(gen), len(txt)) and gen[k] == txt[k]:
             k += 1
-        res.append({"prompt": p, "torch": txt, "llama_cpp": gen, "identical": gen.rstrip("\n") == txt.rstrip("\n") or gen.startswith(txt),
+        res.append({"tool": GEN, "prompt": p, "torch": txt, "llama_cpp": gen, "identical": gen.rstrip("\n") == txt.rstrip("\n") or gen.startswith(txt), "n_tokens": a.n,
                     "common_prefix_chars": k, "rc": rc})
         print(repr(p), "identical" if res[-1]["identical"] else f"DIFF after {k} chars", flush=True)
     rep["greedy_vs_torch"] = res
 else:
-    rep["greedy_vs_torch"] = "llama-simple not built"
+    rep["greedy_vs_torch"] = "neither llama-simple nor llama-completion built"
 
 # 3. speculative decoding with llama.cpp
 if os.path.exists(B("llama-speculative-simple")):
