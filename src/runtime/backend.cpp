@@ -1,5 +1,7 @@
 #include "runtime/backend.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -8,6 +10,7 @@
 #include "common/error.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "ggml.h"
 
 namespace specula {
 
@@ -30,6 +33,11 @@ int default_thread_count() {
 }
 
 Backend::Backend(const BackendOptions & opts) {
+    if (!std::getenv("SPECULA_VERBOSE")) {  // ggml's info lines (e.g. per-tensor repacking) are noise for users
+        ggml_log_set([](ggml_log_level level, const char * text, void *) {
+            if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+        }, nullptr);
+    }
     ggml_backend_dev_t cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!cpu_dev) throw Error("ggml has no CPU backend");
 

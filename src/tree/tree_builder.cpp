@@ -1,6 +1,7 @@
 #include "tree/tree_builder.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -123,7 +124,7 @@ BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
 
     // Root.
     int root_children = 1;
-    if (budget.shape == TreeShape::Dynamic) root_children = budget.branching;
+    if (budget.shape == TreeShape::Dynamic) root_children = std::min(budget.branching, budget.max_nodes);
     if (budget.shape == TreeShape::Static) {
         root_children = 0;
         for (const auto & p : paths) {
@@ -158,9 +159,17 @@ BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
             }
             case TreeShape::Dynamic: {
                 std::stable_sort(level.begin(), level.end(), [&](int a, int c) { return b.tree.logp[a] > b.tree.logp[c]; });
-                level.resize(std::min<size_t>(level.size(), budget.branching));
+                level.resize(std::min<size_t>(level.size(), std::min(budget.branching, budget.max_nodes)));
+                // A child's log-probability never exceeds its parent's: once max_nodes nodes beat a
+                // frontier node, nothing below it can make the final tree, so it is not expanded.
+                if (b.tree.size() >= budget.max_nodes) {
+                    std::vector<float> lp = b.tree.logp;
+                    std::nth_element(lp.begin(), lp.begin() + (budget.max_nodes - 1), lp.end(), std::greater<float>());
+                    const float bar = lp[budget.max_nodes - 1];
+                    std::erase_if(level, [&](int n) { return b.tree.logp[n] <= bar; });
+                }
                 frontier = level;
-                n_children.assign(frontier.size(), budget.branching);
+                n_children.assign(frontier.size(), std::min(budget.branching, budget.max_nodes));
                 break;
             }
         }
