@@ -198,14 +198,6 @@ std::string convert(const std::string & kind, const std::string & dir, const std
     return out;
 }
 
-std::string message_of(const std::function<void()> & f) {
-    try {
-        f();
-    } catch (const Error & e) {
-        return e.what();
-    }
-    return "<no error>";
-}
 
 // ---------------------------------------------------------------- reading the GGUF back
 
@@ -634,7 +626,7 @@ TEST(Convert, Eagle3NormFlagsAndInputNormPassThrough) {
     Checkpoint c = eagle3_checkpoint();
     c.config["norm_before_fc"] = true;
     c.config["norm_before_residual"] = true;
-    EXPECT_NE(message_of([&] { convert("eagle3", write_checkpoint(c, "e3_nofc")); }).find("missing tensor input_norm.weight"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { convert("eagle3", write_checkpoint(c, "e3_nofc")); }).find("missing tensor input_norm.weight"), std::string::npos);
     add_float(c, "input_norm.weight", {3 * E}, false, 0.2f, 1.0f);
     const std::string out = convert("eagle3", write_checkpoint(c, "e3_fc"));
     Gguf g(out);
@@ -649,7 +641,7 @@ TEST(Convert, Eagle3NormFlagsAndInputNormPassThrough) {
 TEST(Convert, MalformedCheckpointsFailWithOneClearLine) {
     auto fails = [](const std::string & kind, const Checkpoint & c, const std::string & name) {
         const std::string dir = write_checkpoint(c, name);
-        return message_of([&] { convert(kind, dir); });
+        return test::error_message([&] { convert(kind, dir); });
     };
     auto has = [](const std::string & msg, const std::string & want) {
         return msg.find(want) != std::string::npos && msg.find('\n') == std::string::npos;
@@ -716,7 +708,7 @@ TEST(Convert, MalformedCheckpointsFailWithOneClearLine) {
         fs::create_directories(dir);
         std::ofstream(dir + "/config.json") << base_config().dump();
         std::ofstream(dir + "/pytorch_model.bin") << "x";
-        const std::string m = message_of([&] { convert("eagle1", dir); });
+        const std::string m = test::error_message([&] { convert("eagle1", dir); });
         EXPECT_TRUE(has(m, "pytorch .bin checkpoints are not supported")) << m;
     }
 }

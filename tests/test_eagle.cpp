@@ -59,14 +59,6 @@ struct Fixture {
     }
 };
 
-std::string message_of(const std::function<void()> & f) {
-    try {
-        f();
-    } catch (const Error & e) {
-        return e.what();
-    }
-    return "<no error>";
-}
 
 TEST(Eagle, GreedyOutputEqualsPlainDecodingForEveryHeadAndShape) {
     Fixture f;
@@ -127,18 +119,18 @@ TEST(Eagle, HeadCacheHoldsTargetFeatureEntriesForTheAcceptedSequence) {
 TEST(Eagle, MismatchedHeadsAreRefused) {
     Fixture f;
     const std::string narrow = test::eagle_head_path("eagle3", "llama_gqa_f32", 0, 32);
-    EXPECT_NE(message_of([&] { EagleHead::load(narrow, *f.target, f.backend); }).find("expects a target hidden size of 32"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { EagleHead::load(narrow, *f.target, f.backend); }).find("expects a target hidden size of 32"), std::string::npos);
     const std::string deep = test::eagle_head_path("eagle3", "llama_gqa_f32", 0, 0, {1, 2, 9});
-    EXPECT_NE(message_of([&] { EagleHead::load(deep, *f.target, f.backend); }).find("taps target layer 9"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { EagleHead::load(deep, *f.target, f.backend); }).find("taps target layer 9"), std::string::npos);
     const std::string other_vocab = test::eagle_head_path("eagle3", "qwen2_bias");  // 151k-token lm_head
-    EXPECT_NE(message_of([&] { EagleHead::load(other_vocab, *f.target, f.backend); }).find("lm_head has"), std::string::npos);
-    EXPECT_NE(message_of([&] { EagleHead::load(test::model_path("llama_draft_small"), *f.target, f.backend); }).find("not an EAGLE head"),
+    EXPECT_NE(test::error_message([&] { EagleHead::load(other_vocab, *f.target, f.backend); }).find("lm_head has"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { EagleHead::load(test::model_path("llama_draft_small"), *f.target, f.backend); }).find("not an EAGLE head"),
               std::string::npos);
     EngineOptions o;
     o.model_path = test::model_path("llama_gqa_f32");
     o.n_threads = 1;
     o.eagle3_path = test::eagle_head_path("eagle1", "llama_gqa_f32");
-    EXPECT_NE(message_of([&] { Engine::open(o); }).find("is an EAGLE-1 head: use --eagle"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { Engine::open(o); }).find("is an EAGLE-1 head: use --eagle"), std::string::npos);
 }
 
 // llama.cpp runs the same eagle3 GGUF: encoder (fc) on the target features, then the decoder on

@@ -15,14 +15,6 @@
 namespace specula {
 namespace {
 
-std::string message_of(const std::function<void()> & f) {
-    try {
-        f();
-    } catch (const Error & e) {
-        return e.what();
-    }
-    return "<no error>";
-}
 
 std::string write_gguf(const std::string & name, const std::string & arch, ggml_type embd_type) {
     const std::string path = test::scratch_dir() + "/" + name;
@@ -45,30 +37,30 @@ std::string write_gguf(const std::string & name, const std::string & arch, ggml_
 
 TEST(Errors, MissingFile) {
     Backend b(BackendOptions{"cpu", 1});
-    EXPECT_EQ(message_of([&] { Model::load("/no/such/model.gguf", b); }), "/no/such/model.gguf: no such file");
+    EXPECT_EQ(test::error_message([&] { Model::load("/no/such/model.gguf", b); }), "/no/such/model.gguf: no such file");
 }
 
 TEST(Errors, NotGguf) {
     Backend b(BackendOptions{"cpu", 1});
     const std::string path = test::scratch_dir() + "/not-a-model.txt";
     std::ofstream(path) << "hello, I am text\n";
-    EXPECT_EQ(message_of([&] { Model::load(path, b); }), path + ": not a GGUF file (bad magic)");
+    EXPECT_EQ(test::error_message([&] { Model::load(path, b); }), path + ": not a GGUF file (bad magic)");
     const std::string trunc = test::scratch_dir() + "/truncated.gguf";
     std::ofstream(trunc) << "GGUF\x03";
-    EXPECT_EQ(message_of([&] { Model::load(trunc, b); }), trunc + ": corrupt or truncated GGUF file");
+    EXPECT_EQ(test::error_message([&] { Model::load(trunc, b); }), trunc + ": corrupt or truncated GGUF file");
 }
 
 TEST(Errors, UnsupportedArchitecture) {
     Backend b(BackendOptions{"cpu", 1});
     const std::string path = write_gguf("gpt2.gguf", "gpt2", GGML_TYPE_F32);
-    EXPECT_EQ(message_of([&] { Model::load(path, b); }),
+    EXPECT_EQ(test::error_message([&] { Model::load(path, b); }),
               path + ": unsupported architecture 'gpt2' (specula runs llama, qwen2, qwen3)");
 }
 
 TEST(Errors, UnsupportedTensorType) {
     Backend b(BackendOptions{"cpu", 1});
     const std::string path = write_gguf("i32-embd.gguf", "llama", GGML_TYPE_I32);
-    EXPECT_EQ(message_of([&] { Model::load(path, b); }), path + ": unsupported tensor type i32 for tensor token_embd.weight");
+    EXPECT_EQ(test::error_message([&] { Model::load(path, b); }), path + ": unsupported tensor type i32 for tensor token_embd.weight");
 }
 
 TEST(Errors, PromptLongerThanContext) {
@@ -78,14 +70,14 @@ TEST(Errors, PromptLongerThanContext) {
     o.n_threads = 1;
     auto engine = Engine::open(o);
     GenerationOptions g;
-    const std::string msg = message_of([&] {
+    const std::string msg = test::error_message([&] {
         engine->generate("one two three four five six seven eight nine ten eleven", g, [](const std::string &) { return true; });
     });
     EXPECT_NE(msg.find("longer than the 8-token context"), std::string::npos) << msg;
 }
 
 TEST(Errors, UnknownDevice) {
-    EXPECT_NE(message_of([] { Backend b(BackendOptions{"CUDA7", 1}); }).find("device 'CUDA7' not found"), std::string::npos);
+    EXPECT_NE(test::error_message([] { Backend b(BackendOptions{"CUDA7", 1}); }).find("device 'CUDA7' not found"), std::string::npos);
 }
 
 }  // namespace

@@ -5,11 +5,21 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "common/error.h"
 #include "model_writer.h"
 
 namespace specula::test {
 
 std::string vocab_dir() { return SPECULA_VOCAB_DIR; }
+
+std::string error_message(const std::function<void()> & f) {
+    try {
+        f();
+    } catch (const Error & e) {
+        return e.what();
+    }
+    return "<no error>";
+}
 
 std::string scratch_dir() {
     const std::string dir = std::string(SPECULA_TEST_DIR) + "/test-models";

@@ -1,5 +1,6 @@
 #pragma once
 // Random-weight fixture models, written once per build into the build tree and reused.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ std::string eagle_head_path(const std::string & kind, const std::string & target
 // A model with n_vocab tokens and no tokenizer (runtime only): distribution tests.
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed);
 std::string vocab_dir();
+// The message of the specula::Error that `f` throws, or "<no error>".
+std::string error_message(const std::function<void()> & f);
 std::string scratch_dir();
 
 }  // namespace specula::test

@@ -28,21 +28,8 @@ Draft DraftModelDrafter::draft(const DraftRequest & req) {
             out.push_back(propose_children(out_.logits_row(0), n_children[0], req, probs_));
             return out;
         }
-        ForwardBatch b;
         const int first_slot = cache_.size();
-        b.visible_prefix = L;
-        b.mask = BlockMask::causal(static_cast<int>(frontier.size()));
-        std::fill(b.mask.visible.begin(), b.mask.visible.end(), 0);
-        for (size_t i = 0; i < frontier.size(); ++i) {
-            const int node = frontier[i];
-            b.tokens.push_back(tree.token[node]);
-            b.positions.push_back(L - 1 + tree.depth[node]);
-            b.logit_rows.push_back(static_cast<int32_t>(i));
-            b.mask.visible[i * frontier.size() + i] = 1;
-            std::vector<int32_t> ancestors;
-            for (int a = tree.parent[node]; a != TokenTree::kRoot; a = tree.parent[a]) ancestors.push_back(slot_of[a]);
-            b.cached_visible.push_back(std::move(ancestors));
-        }
+        const ForwardBatch b = frontier_batch(tree, frontier, L - 1, L, slot_of);
         runner_.forward(b, cache_, out_);
         if (static_cast<int>(slot_of.size()) < tree.size()) slot_of.resize(tree.size(), -1);
         for (size_t i = 0; i < frontier.size(); ++i) {

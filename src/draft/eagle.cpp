@@ -50,7 +50,9 @@ Draft EagleDrafter::draft(const DraftRequest & req) {
     // Entries exist (or are pending) for positions < root_pos; the last one drafts the root's successor.
     if (pending_rows == 0 || pending_first_ + pending_rows != root_pos || cache_.size() != pending_first_) return d;
 
-    std::vector<std::vector<float>> proposer_hidden;  // per tree node: pre-norm output of the entry that proposed it
+    // Per tree node: the pre-norm output of its own entry; its children are proposed from that
+    // entry and are fed that output as their hidden state.
+    std::vector<std::vector<float>> proposer_hidden;
     std::vector<int> slot_of;
     std::vector<float> root_hidden;
     const int committed = root_pos;  // cache slots holding target-feature entries after catch-up
@@ -73,22 +75,11 @@ Draft EagleDrafter::draft(const DraftRequest & req) {
             out.push_back(propose_children(target_logits(out_.logits_row(0)), n_children[0], req, probs_));
             return out;
         }
-        ForwardBatch b;
         const int first_slot = cache_.size();
-        b.visible_prefix = committed;
-        b.mask = BlockMask::causal(static_cast<int>(frontier.size()));
-        std::fill(b.mask.visible.begin(), b.mask.visible.end(), 0);
-        for (size_t i = 0; i < frontier.size(); ++i) {
-            const int node = frontier[i];
-            b.tokens.push_back(tree.token[node]);
-            b.positions.push_back(root_pos - 1 + tree.depth[node]);
+        ForwardBatch b = frontier_batch(tree, frontier, root_pos - 1, committed, slot_of);
+        for (const int node : frontier) {  // self-fed: the pre-norm output of the entry that proposed it
             const std::vector<float> & h = tree.parent[node] == TokenTree::kRoot ? root_hidden : proposer_hidden[tree.parent[node]];
             b.hidden_in.insert(b.hidden_in.end(), h.begin(), h.end());
-            b.logit_rows.push_back(static_cast<int32_t>(i));
-            b.mask.visible[i * frontier.size() + i] = 1;
-            std::vector<int32_t> ancestors;
-            for (int a = tree.parent[node]; a != TokenTree::kRoot; a = tree.parent[a]) ancestors.push_back(slot_of[a]);
-            b.cached_visible.push_back(std::move(ancestors));
         }
         runner_.forward(b, cache_, out_);
         if (static_cast<int>(slot_of.size()) < tree.size()) {
@@ -102,8 +93,6 @@ Draft EagleDrafter::draft(const DraftRequest & req) {
         }
         return out;
     };
-    // proposer_hidden is indexed by the node whose entry proposed the children: a node's own entry
-    // output proposes its children, so children read proposer_hidden[parent].
     TreeBudget budget = req.budget;
     budget.depth = std::min(budget.depth, std::max(1, (cache_.capacity() - root_pos) / std::max(1, budget.branching)));
     BuiltTree built = build_tree(budget, expand);

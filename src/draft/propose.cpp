@@ -30,4 +30,24 @@ Expansion propose_children(std::span<const float> logits, int n_children, const 
     return e;
 }
 
+ForwardBatch frontier_batch(const TokenTree & tree, std::span<const int> frontier, int position_base, int visible_prefix,
+                            const std::vector<int> & slot_of) {
+    ForwardBatch b;
+    const int n = static_cast<int>(frontier.size());
+    b.visible_prefix = visible_prefix;
+    b.mask.n = n;
+    b.mask.visible.assign(static_cast<size_t>(n) * n, 0);
+    for (int i = 0; i < n; ++i) {
+        const int node = frontier[i];
+        b.tokens.push_back(tree.token[node]);
+        b.positions.push_back(position_base + tree.depth[node]);
+        b.logit_rows.push_back(i);
+        b.mask.visible[static_cast<size_t>(i) * n + i] = 1;
+        std::vector<int32_t> ancestors;
+        for (int a = tree.parent[node]; a != TokenTree::kRoot; a = tree.parent[a]) ancestors.push_back(slot_of[a]);
+        b.cached_visible.push_back(std::move(ancestors));
+    }
+    return b;
+}
+
 }  // namespace specula

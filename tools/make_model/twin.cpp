@@ -31,6 +31,19 @@ std::vector<float> read_f32(const GgufFile & f, const std::string & name) {
     return out;
 }
 
+// A new GGUF context holding every metadata key of `path` (no tensors).
+gguf_context * metadata_of(const std::string & path) {
+    ggml_context * meta = nullptr;
+    gguf_init_params p{true, &meta};
+    gguf_context * src = gguf_init_from_file(path.c_str(), p);
+    if (!src) throw Error(path + ": cannot read GGUF metadata");
+    gguf_context * out = gguf_init_empty();
+    gguf_set_kv(out, src);
+    gguf_free(src);
+    ggml_free(meta);
+    return out;
+}
+
 ggml_type parse(const std::string & t) {
     if (t == "f16") return GGML_TYPE_F16;
     if (t == "f32") return GGML_TYPE_F32;
@@ -61,15 +74,7 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
     const float norm_scale = std::sqrt(float(Et) / float(E));
     auto q_slot = [&](int head) { return (head / Gt) * G + head % Gt; };  // keeps each head's kv group
 
-    gguf_context * out = gguf_init_empty();
-    {
-        ggml_context * meta = nullptr;
-        gguf_init_params p{true, &meta};
-        gguf_context * src = gguf_init_from_file(target_path.c_str(), p);
-        gguf_set_kv(out, src);
-        gguf_free(src);
-        ggml_free(meta);
-    }
+    gguf_context * out = metadata_of(target_path);
     gguf_set_val_str(out, "general.name", ("bench twin (" + shape_name + " shape) of " + target_path).c_str());
     gguf_set_val_u32(out, "llama.embedding_length", E);
     gguf_set_val_u32(out, "llama.block_count", L);
@@ -172,15 +177,7 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
     if (Eh != Et) throw Error(head_path + ": the head's hidden size must equal its target's to take over its embeddings");
     const int E = shape.n_embd;
 
-    gguf_context * out = gguf_init_empty();
-    {
-        ggml_context * meta = nullptr;
-        gguf_init_params p{true, &meta};
-        gguf_context * src = gguf_init_from_file(head_path.c_str(), p);
-        gguf_set_kv(out, src);
-        gguf_free(src);
-        ggml_free(meta);
-    }
+    gguf_context * out = metadata_of(head_path);
     gguf_set_val_u32(out, "eagle3.target_hidden_size", E);
     gguf_set_val_str(out, "general.name", ("EAGLE-3 head for the bench twin (" + shape_name + " shape) of " + target_path).c_str());
 
