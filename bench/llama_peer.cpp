@@ -1,12 +1,14 @@
 #include "llama_peer.h"
 
 #include <cstring>
+#include <memory>
 #include <map>
 
 #include "ggml-backend.h"
 #include "ggml.h"
 
 #include "common/error.h"
+#include "llama-ext.h"
 #include "llama.h"
 #include "tokenizer/tokenizer.h"
 
@@ -93,6 +95,58 @@ std::vector<float> LlamaPeer::decode(std::span<const int32_t> tokens, bool all_l
 void LlamaPeer::rollback(int n) {
     llama_memory_seq_rm(llama_get_memory(ctx_), 0, n, -1);
     n_past_ = n;
+}
+
+std::vector<float> llama_eagle3_logits(const std::string & target_path, const std::string & head_path,
+                                       std::span<const int32_t> tokens, std::span<const float> features, int & n_vocab) {
+    init_llama_backend();
+    const int n = static_cast<int>(tokens.size());
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> tgt(llama_model_load_from_file(target_path.c_str(), llama_model_default_params()),
+                                                                 &llama_model_free);
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> dft(llama_model_load_from_file(head_path.c_str(), llama_model_default_params()),
+                                                                 &llama_model_free);
+    if (!tgt || !dft) throw Error("libllama could not load " + target_path + " or " + head_path);
+    llama_context_params tp = llama_context_default_params();
+    tp.n_ctx = 64, tp.n_threads = 1, tp.n_threads_batch = 1;
+    std::unique_ptr<llama_context, decltype(&llama_free)> ctx_tgt(llama_init_from_model(tgt.get(), tp), &llama_free);
+    llama_context_params dp = tp;
+    dp.ctx_other = ctx_tgt.get();  // the head borrows the target's embeddings / lm_head
+    dp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    std::unique_ptr<llama_context, decltype(&llama_free)> ctx_dft(llama_init_from_model(dft.get(), dp), &llama_free);
+    if (!ctx_tgt || !ctx_dft) throw Error("libllama could not create the EAGLE-3 contexts");
+    llama_set_embeddings_nextn(ctx_dft.get(), true, true);
+
+    std::vector<float> feats(features.begin(), features.end());
+    llama_batch enc{n, nullptr, feats.data(), nullptr, nullptr, nullptr, nullptr};
+    if (llama_encode(ctx_dft.get(), enc) != 0) throw Error("llama_encode (EAGLE-3 encoder) failed");
+    const int E = llama_model_n_embd(dft.get());
+    const float * g = llama_get_embeddings_nextn(ctx_dft.get());
+    llama_batch dec = llama_batch_init(n, E, 1);
+    // llama_batch_init allocates either tokens or embeddings; the eagle3 decoder takes both.
+    dec.token = static_cast<llama_token *>(malloc(sizeof(llama_token) * n));
+    for (int i = 0; i < n; ++i) {
+        dec.token[i] = tokens[i];
+        std::copy(g + i * E, g + (i + 1) * E, dec.embd + i * E);
+        dec.pos[i] = i;
+        dec.n_seq_id[i] = 1;
+        dec.seq_id[i][0] = 0;
+        dec.logits[i] = 1;
+    }
+    dec.n_tokens = n;
+    const int rc = llama_decode(ctx_dft.get(), dec);
+    n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(tgt.get()));
+    std::vector<float> out;
+    if (rc == 0) {
+        for (int i = 0; i < n; ++i) {
+            const float * row = llama_get_logits_ith(ctx_dft.get(), i);
+            out.insert(out.end(), row, row + n_vocab);
+        }
+    }
+    free(dec.token);
+    dec.token = nullptr;
+    llama_batch_free(dec);
+    if (rc != 0) throw Error("llama_decode (EAGLE-3 decoder) failed");
+    return out;
 }
 
 }  // namespace specula

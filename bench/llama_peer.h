@@ -37,4 +37,10 @@ private:
     Capture * capture_ = nullptr;
 };
 
+// llama.cpp's own EAGLE-3 on a head GGUF: its encoder (fc) over target `features` ([n, 3 x target
+// hidden]), then its decoder on (tokens[i], g[i]) at positions 0..n-1. Returns the logits of every
+// row over the target vocabulary ([n, n_vocab], -inf off d2t); throws Error if llama.cpp refuses.
+std::vector<float> llama_eagle3_logits(const std::string & target_path, const std::string & head_path,
+                                       std::span<const int32_t> tokens, std::span<const float> features, int & n_vocab);
+
 }  // namespace specula

@@ -19,7 +19,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "kv/kv_cache.h"
-#include "llama.h"
+#include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"
@@ -27,10 +27,6 @@
 #include "runtime/model.h"
 #include "test_models.h"
 #include "tokenizer/tokenizer.h"
-
-// llama.cpp's extension API (src/llama-ext.h, as tests/test_eagle.cpp uses it): eagle3 encoder outputs.
-LLAMA_API void llama_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked);
-LLAMA_API float * llama_get_embeddings_nextn(struct llama_context * ctx);
 
 namespace specula {
 namespace {
@@ -505,41 +501,15 @@ TEST(Convert, LlamaCppRunsTheConvertedEagle3Head) {
     eagle3_reference(f, c, feats, hidden, logits);
     const int n = static_cast<int>(kTokens.size());
 
-    init_llama_backend();
-    llama_model * tgt = llama_model_load_from_file(target_path().c_str(), llama_model_default_params());
-    llama_model * dft = llama_model_load_from_file(head_path.c_str(), llama_model_default_params());
-    ASSERT_TRUE(tgt && dft) << "llama.cpp refused the converted GGUF";
-    llama_context_params tp = llama_context_default_params();
-    tp.n_ctx = 64, tp.n_threads = 1, tp.n_threads_batch = 1;
-    llama_context * ctx_tgt = llama_init_from_model(tgt, tp);
-    llama_context_params dp = tp;
-    dp.ctx_other = ctx_tgt;
-    dp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-    llama_context * ctx_dft = llama_init_from_model(dft, dp);
-    ASSERT_TRUE(ctx_tgt && ctx_dft);
-    llama_set_embeddings_nextn(ctx_dft, true, true);
-
     Vec features;
     for (const auto & row : feats) features.insert(features.end(), row.begin(), row.end());
-    llama_batch enc{n, nullptr, features.data(), nullptr, nullptr, nullptr, nullptr};
-    ASSERT_EQ(llama_encode(ctx_dft, enc), 0);
-    const float * g = llama_get_embeddings_nextn(ctx_dft);
-    llama_batch dec = llama_batch_init(n, E, 1);
-    dec.token = static_cast<llama_token *>(malloc(sizeof(llama_token) * n));
-    for (int i = 0; i < n; ++i) {
-        dec.token[i] = kTokens[i];
-        std::copy(g + i * E, g + (i + 1) * E, dec.embd + i * E);
-        dec.pos[i] = i;
-        dec.n_seq_id[i] = 1;
-        dec.seq_id[i][0] = 0;
-        dec.logits[i] = 1;
-    }
-    dec.n_tokens = n;
-    ASSERT_EQ(llama_decode(ctx_dft, dec), 0);
+    int n_vocab = 0;
+    const std::vector<float> llama_logits = llama_eagle3_logits(target_path(), head_path, kTokens, features, n_vocab);
+    ASSERT_EQ(n_vocab, V);
     double diff = 0.0, scale = 0.0;
     int finite = 0;
     for (int i = 0; i < n; ++i) {
-        const float * ref = llama_get_logits_ith(ctx_dft, i);  // target vocabulary, d2t-scattered
+        const float * ref = llama_logits.data() + static_cast<size_t>(i) * V;  // target vocabulary, d2t-scattered
         for (int v = 0; v < V; ++v) finite += std::isfinite(ref[v]) ? 1 : 0;
         for (int k = 0; k < NDRAFT; ++k) {
             diff = std::max(diff, double(std::fabs(ref[draft_id(k)] - logits[i][k])));
@@ -549,13 +519,6 @@ TEST(Convert, LlamaCppRunsTheConvertedEagle3Head) {
     std::printf("eagle3 in llama.cpp: |llama.cpp - HF reference| logits %.2e (scale %.2f)\n", diff, scale);
     EXPECT_EQ(finite, n * NDRAFT) << "llama.cpp should score exactly the d2t ids";
     EXPECT_LT(diff, 5e-3 * scale);
-    free(dec.token);
-    dec.token = nullptr;
-    llama_batch_free(dec);
-    llama_free(ctx_dft);
-    llama_free(ctx_tgt);
-    llama_model_free(dft);
-    llama_model_free(tgt);
 }
 
 TEST(Convert, Eagle1HeadForwardMatchesTheCheckpointsHfSemantics) {

@@ -9,8 +9,7 @@
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
-#include "llama.h"
-#include "llama-ext.h"
+#include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"
@@ -158,40 +157,13 @@ TEST(Eagle, Eagle3LogitsMatchLlamaCpp) {
         ModelRunner head_runner(*head);
         ForwardOutput ours = head_runner.forward(hb, hc);
 
-        init_llama_backend();
-        llama_model * tgt = llama_model_load_from_file(target_path.c_str(), llama_model_default_params());
-        llama_model * dft = llama_model_load_from_file(head_path.c_str(), llama_model_default_params());
-        ASSERT_TRUE(tgt && dft);
-        llama_context_params tp = llama_context_default_params();
-        tp.n_ctx = 64, tp.n_threads = 1, tp.n_threads_batch = 1;
-        llama_context * ctx_tgt = llama_init_from_model(tgt, tp);
-        llama_context_params dp = tp;
-        dp.ctx_other = ctx_tgt;
-        dp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-        llama_context * ctx_dft = llama_init_from_model(dft, dp);
-        ASSERT_TRUE(ctx_tgt && ctx_dft);
-        llama_set_embeddings_nextn(ctx_dft, true, true);
-
-        llama_batch enc{n, nullptr, features.data(), nullptr, nullptr, nullptr, nullptr};
-        ASSERT_EQ(llama_encode(ctx_dft, enc), 0);
-        std::vector<float> g(llama_get_embeddings_nextn(ctx_dft), llama_get_embeddings_nextn(ctx_dft) + n * E);
-
-        llama_batch dec = llama_batch_init(n, E, 1);
-        dec.token = static_cast<llama_token *>(malloc(sizeof(llama_token) * n));
-        for (int i = 0; i < n; ++i) {
-            dec.token[i] = kPrompt[i + 1];
-            std::copy(g.begin() + i * E, g.begin() + (i + 1) * E, dec.embd + i * E);
-            dec.pos[i] = i;
-            dec.n_seq_id[i] = 1;
-            dec.seq_id[i][0] = 0;
-            dec.logits[i] = 1;
-        }
-        dec.n_tokens = n;
-        ASSERT_EQ(llama_decode(ctx_dft, dec), 0);
+        int n_vocab = 0;
+        const std::vector<float> llama_logits =
+            llama_eagle3_logits(target_path, head_path, std::span(kPrompt).subspan(1, n), features, n_vocab);
         const int V = f.target->config().n_vocab;
         double max_diff = 0.0;
         for (int i = 0; i < n; ++i) {
-            const float * ref = llama_get_logits_ith(ctx_dft, i);  // target vocabulary (d2t scattered)
+            const float * ref = llama_logits.data() + static_cast<size_t>(i) * V;  // target vocabulary (d2t scattered)
             std::vector<float> mine(V, -INFINITY);
             const auto row = ours.logits_row(i);
             if (head->d2t().empty()) {
@@ -213,13 +185,6 @@ TEST(Eagle, Eagle3LogitsMatchLlamaCpp) {
         }
         std::printf("[eagle3 vs llama.cpp] d2t=%d: max |logit diff| = %.3g over %d rows\n", n_draft, max_diff, n);
         EXPECT_LT(max_diff, 5e-3);
-        free(dec.token);
-        dec.token = nullptr;
-        llama_batch_free(dec);
-        llama_free(ctx_dft);
-        llama_free(ctx_tgt);
-        llama_model_free(dft);
-        llama_model_free(tgt);
     }
 }
 
