@@ -31,9 +31,9 @@ std::vector<int32_t> bench_tokens(int n, int n_vocab) {
 }
 
 // llama-bench's own tg figure (decode n tokens one by one from an empty cache).
-Summary llama_bench_tg(const DecodeBenchOptions & o, int threads) {
+Summary llama_bench_tg(const DecodeBenchOptions & o, int threads, bool flash_attn) {
     const std::string cmd = peer_binary("llama-bench") + " -m '" + o.model + "' -p 0 -n " + std::to_string(o.n_gen) +
-                            " -t " + std::to_string(threads) + " -r " + std::to_string(o.reps) + " -fa on -o json";
+                            " -t " + std::to_string(threads) + " -r " + std::to_string(o.reps) + (flash_attn ? " -fa on" : " -fa off") + " -o json";
     const auto j = nlohmann::json::parse(run_command(cmd));
     std::vector<double> samples = j.at(0).at("samples_ts").get<std::vector<double>>();
     return summarize(samples);
@@ -46,14 +46,16 @@ int run_decode_bench(const DecodeBenchOptions & o) {
     std::printf("machine: %.0f%% busy before start, loadavg %.2f%s\n", load.busy_fraction * 100, load.loadavg_1m,
                 load.idle() ? "" : "  ** NOT IDLE: figures are unreliable **");
 
-    Backend backend(BackendOptions{"cpu", o.threads});
+    Backend backend(BackendOptions{"cpu", o.threads, o.attention});
     const int threads = backend.n_threads();
+    const bool flash = backend.flash_attention();
+    std::printf("attention: %s in both engines\n", flash ? "flash (llama.cpp -fa on)" : "matmul (llama.cpp -fa off)");
     auto model = Model::load(o.model, backend);
     ModelRunner runner(*model);
     const int max_b = *std::max_element(o.batch_sizes.begin(), o.batch_sizes.end());
     const int n_ctx = o.depth + std::max(max_b, o.n_gen) + 8;
     KvCache cache(backend, model->config(), n_ctx);
-    LlamaPeer peer(o.model, n_ctx, threads, std::max(512, max_b));
+    LlamaPeer peer(o.model, n_ctx, threads, flash, std::max(512, max_b));
     const std::vector<int32_t> tokens = bench_tokens(o.depth + std::max(max_b, o.n_gen), model->config().n_vocab);
 
     // Generation: one token at a time from an empty cache, as llama-bench's tg does.
@@ -68,7 +70,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
         if (r > 0) tg.push_back(o.n_gen * 1000.0 / ms_since(t0));  // first run is warm-up
     }
     const Summary ours_tg = summarize(tg);
-    const Summary peer_tg = llama_bench_tg(o, threads);
+    const Summary peer_tg = llama_bench_tg(o, threads, flash);
 
     // Verifier-style batch cost: B rows with logits, on top of `depth` cached tokens.
     cache.rollback(0);
@@ -113,6 +115,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
             {"threads", threads},
             {"reps", o.reps},
             {"depth", o.depth},
+            {"attention", flash ? "flash" : "matmul"},
             {"machine_busy_fraction_before", load.busy_fraction},
             {"machine_idle", load.idle()},
             {"specula_tg_tok_s", ours_tg.median}, {"specula_tg_tok_s_min", ours_tg.min}, {"specula_tg_tok_s_max", ours_tg.max},

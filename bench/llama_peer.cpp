@@ -32,7 +32,8 @@ struct LlamaPeer::Capture {
     }
 };
 
-LlamaPeer::LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, int n_batch, bool with_capture) : capture_(new Capture) {
+LlamaPeer::LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, bool flash_attn, int n_batch, bool with_capture)
+    : capture_(new Capture) {
     init_llama_backend();
     llama_model_params mp = llama_model_default_params();
     model_ = llama_model_load_from_file(gguf_path.c_str(), mp);
@@ -44,7 +45,7 @@ LlamaPeer::LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, in
     cp.n_seq_max = 1;
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;  // specula's attention is flash attention too
+    cp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     if (with_capture) {
         cp.cb_eval = &Capture::eval;
         cp.cb_eval_user_data = capture_;
@@ -98,7 +99,8 @@ void LlamaPeer::rollback(int n) {
 }
 
 std::vector<float> llama_eagle3_logits(const std::string & target_path, const std::string & head_path,
-                                       std::span<const int32_t> tokens, std::span<const float> features, int & n_vocab) {
+                                       std::span<const int32_t> tokens, std::span<const float> features, bool flash_attn,
+                                       int & n_vocab) {
     init_llama_backend();
     const int n = static_cast<int>(tokens.size());
     std::unique_ptr<llama_model, decltype(&llama_model_free)> tgt(llama_model_load_from_file(target_path.c_str(), llama_model_default_params()),
@@ -111,7 +113,7 @@ std::vector<float> llama_eagle3_logits(const std::string & target_path, const st
     std::unique_ptr<llama_context, decltype(&llama_free)> ctx_tgt(llama_init_from_model(tgt.get(), tp), &llama_free);
     llama_context_params dp = tp;
     dp.ctx_other = ctx_tgt.get();  // the head borrows the target's embeddings / lm_head
-    dp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    dp.flash_attn_type = flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     std::unique_ptr<llama_context, decltype(&llama_free)> ctx_dft(llama_init_from_model(dft.get(), dp), &llama_free);
     if (!ctx_tgt || !ctx_dft) throw Error("libllama could not create the EAGLE-3 contexts");
     llama_set_embeddings_nextn(ctx_dft.get(), true, true);

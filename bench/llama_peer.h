@@ -13,8 +13,11 @@ namespace specula {
 
 class LlamaPeer {
 public:
-    // with_capture: enable capture_layers() (adds an eval callback, so keep it off when timing).
-    LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, int n_batch = 512, bool with_capture = false);
+    // flash_attn: llama.cpp's fused attention kernel, else its KQ/softmax/KQV path (use specula's
+    // Backend::flash_attention() for a like-for-like comparison). with_capture: enable
+    // capture_layers() (adds an eval callback, so keep it off when timing).
+    LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, bool flash_attn, int n_batch = 512,
+              bool with_capture = false);
     ~LlamaPeer();
     LlamaPeer(const LlamaPeer &) = delete;
     LlamaPeer & operator=(const LlamaPeer &) = delete;
@@ -41,6 +44,7 @@ private:
 // hidden]), then its decoder on (tokens[i], g[i]) at positions 0..n-1. Returns the logits of every
 // row over the target vocabulary ([n, n_vocab], -inf off d2t); throws Error if llama.cpp refuses.
 std::vector<float> llama_eagle3_logits(const std::string & target_path, const std::string & head_path,
-                                       std::span<const int32_t> tokens, std::span<const float> features, int & n_vocab);
+                                       std::span<const int32_t> tokens, std::span<const float> features, bool flash_attn,
+                                       int & n_vocab);
 
 }  // namespace specula

@@ -45,6 +45,7 @@ struct Mode {
     Kind kind;
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
     TreeShape tree = TreeShape::Chain;
+    bool llama_flash_attn = true;  // llama.cpp modes: -fa on (its CPU default) or -fa off
 };
 
 // Modes of one prompt run back to back, so that load drift on a shared machine hits all alike.
@@ -55,7 +56,9 @@ const std::vector<Mode> kModes = {
     {"specula-draft-cost", Kind::SpeculaDraft, DraftPolicyKind::Cost},
     {"specula-ngram", Kind::SpeculaNgram, DraftPolicyKind::Fixed},
     {"llamacpp-spec", Kind::LlamaSpec},
+    {"llamacpp-spec-fa-off", Kind::LlamaSpec, DraftPolicyKind::Fixed, TreeShape::Chain, false},
     {"llamacpp-plain", Kind::LlamaPlain},
+    {"llamacpp-plain-fa-off", Kind::LlamaPlain, DraftPolicyKind::Fixed, TreeShape::Chain, false},
     {"specula-draft-tree", Kind::SpeculaDraft, DraftPolicyKind::Fixed, TreeShape::Dynamic},
     {"specula-eagle1-chain", Kind::SpeculaEagle1, DraftPolicyKind::Fixed, TreeShape::Chain},
     {"specula-eagle1-static", Kind::SpeculaEagle1, DraftPolicyKind::Fixed, TreeShape::Static},
@@ -64,10 +67,10 @@ const std::vector<Mode> kModes = {
     {"specula-eagle3-static", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Static},
     {"specula-eagle3-dynamic", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Dynamic},
     {"llamacpp-eagle3", Kind::LlamaEagle3},
+    {"llamacpp-eagle3-fa-off", Kind::LlamaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain, false},
 };
 // With --eagle3, the headline compares specula's default EAGLE-3 mode with llama.cpp's EAGLE-3.
 constexpr const char * kEagle3Headline = "specula-eagle3-dynamic";
-constexpr const char * kLlamaEagle3 = "llamacpp-eagle3";
 constexpr int kPlainMode = 0;
 // The headline specula figure: the default policy, drafting exactly as many tokens as llama.cpp.
 constexpr int kHeadlineSpecMode = 1;
@@ -194,7 +197,7 @@ struct SpeculaRig {
     TreeBudget tree{TreeShape::Dynamic, 6, 4, 0};  // tree modes: Engine's defaults; nodes from the verify cost
 
     SpeculaRig(const SpecBenchOptions & o, int n_ctx)
-        : backend(BackendOptions{"cpu", o.threads}),
+        : backend(BackendOptions{"cpu", o.threads, o.attention}),
           target(Model::load(o.model, backend)),
           draft(Model::load(o.draft, backend)),
           runner(*target),
@@ -313,14 +316,15 @@ struct LlamaSetup {
     std::filesystem::path log_file;
 };
 
-// Flags both tools share: same prompt, length, context, threads, flash attention as specula, and
-// sampling equal to specula's SamplingParams (pure temperature: llama.cpp's default top-k 40,
-// top-p 0.95, min-p 0.05 switched off). --ignore-eos: every engine generates the full n tokens.
-std::string common_flags(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp) {
+// Flags both tools share: same prompt, length, context, threads, and sampling equal to specula's
+// SamplingParams (pure temperature: llama.cpp's default top-k 40, top-p 0.95, min-p 0.05 switched
+// off). --ignore-eos: every engine generates the full n tokens.
+std::string common_flags(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp,
+                         bool flash_attn) {
     std::ostringstream f;
     f << " -m " << quoted(o.model) << " -f " << quoted(p.file) << " -n " << o.n_gen << " -c " << s.n_ctx << " -t "
       << s.threads << " --temp " << sp.temperature << " --seed " << sp.seed
-      << " --top-k 0 --top-p 1 --min-p 0 --ignore-eos -fa on --log-file " << quoted(s.log_file.string()) << " </dev/null";
+      << " --top-k 0 --top-p 1 --min-p 0 --ignore-eos -fa " << (flash_attn ? "on" : "off") << " --log-file " << quoted(s.log_file.string()) << " </dev/null";
     return f.str();
 }
 
@@ -354,8 +358,8 @@ std::smatch find_in_log(const std::string & log, const char * re, const char * t
 // llama-speculative-simple drafting a chain of exactly draft_max (as specula's fixed policy) with
 // `draft` as draft model (draft-simple) or EAGLE-3 head (draft-eagle3).
 Run run_llama_spec(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp,
-                   const std::string & draft, const char * spec_type) {
-    const std::string cmd = s.spec_bin + common_flags(o, s, p, sp) + " -md " + quoted(draft) + " --spec-type " + spec_type +
+                   const std::string & draft, const char * spec_type, bool flash_attn) {
+    const std::string cmd = s.spec_bin + common_flags(o, s, p, sp, flash_attn) + " -md " + quoted(draft) + " --spec-type " + spec_type +
                             " --spec-draft-n-max " + std::to_string(o.draft_max) + " --spec-draft-n-min 0 --spec-draft-p-min 0";
     return run_llama(cmd, s, [](const std::string & log) {
         const char * tool = "llama-speculative-simple";
@@ -372,8 +376,9 @@ Run run_llama_spec(const SpecBenchOptions & o, const LlamaSetup & s, const Promp
     });
 }
 
-Run run_llama_plain(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp) {
-    return run_llama(s.plain_bin + common_flags(o, s, p, sp) + " -no-cnv", s, [](const std::string & log) {
+Run run_llama_plain(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp,
+                    bool flash_attn) {
+    return run_llama(s.plain_bin + common_flags(o, s, p, sp, flash_attn) + " -no-cnv", s, [](const std::string & log) {
         const char * tool = "llama-completion";
         const auto eval = find_in_log(log, R"(\beval time =\s+([0-9.]+) ms /\s+(\d+) runs)", tool);
         const auto sampling = find_in_log(log, R"(sampling time =\s+([0-9.]+) ms)", tool);
@@ -587,10 +592,11 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
                 for (size_t m = 0; m < kModes.size(); ++m) {
                     if (!available(kModes[m], o)) continue;
                     Run r;
+                    const bool fa = kModes[m].llama_flash_attn;
                     switch (kModes[m].kind) {
-                        case Kind::LlamaSpec: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.draft, "draft-simple"); break;
-                        case Kind::LlamaEagle3: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.eagle3, "draft-eagle3"); break;
-                        case Kind::LlamaPlain: r = run_llama_plain(o, llama, prompts[i], g.sampling); break;
+                        case Kind::LlamaSpec: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.draft, "draft-simple", fa); break;
+                        case Kind::LlamaEagle3: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.eagle3, "draft-eagle3", fa); break;
+                        case Kind::LlamaPlain: r = run_llama_plain(o, llama, prompts[i], g.sampling, fa); break;
                         default: r = run_specula(rig, kModes[m], prompts[i], g, o.draft_max);
                     }
                     add_run(cells[{int(t), prompts[i].category, int(m)}], rep, r);
@@ -637,7 +643,14 @@ Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
     auto all = [&](const char * mode) { return make_row(cells, 0, kAllCategories, mode_index(mode), cost); };
     const bool eagle3 = !o.eagle3.empty();
     const char * spec = eagle3 ? kEagle3Headline : kModes[kHeadlineSpecMode].name;
-    Headline h{all(spec), all(spec), all("specula-plain"), all(eagle3 ? kLlamaEagle3 : "llamacpp-spec"), all("llamacpp-plain")};
+    // llama.cpp's figure is the faster of its two attention settings.
+    auto best_llama = [&](const char * fa_on, const char * fa_off) {
+        const Row a = all(fa_on), b = all(fa_off);
+        return b.tok_s.median > a.tok_s.median ? b : a;
+    };
+    Headline h{all(spec), all(spec), all("specula-plain"),
+               eagle3 ? best_llama("llamacpp-eagle3", "llamacpp-eagle3-fa-off") : best_llama("llamacpp-spec", "llamacpp-spec-fa-off"),
+               best_llama("llamacpp-plain", "llamacpp-plain-fa-off")};
     for (const Mode & m : kModes) {
         if (!available(m, o) || !is_specula(m.kind) || !is_speculative(m.kind)) continue;
         const Row r = all(m.name);
@@ -660,8 +673,8 @@ void print_headline(const Headline & h, float temp) {
     line("specula-plain", h.plain, "");
     std::snprintf(extra, sizeof extra, "%.2fx llama.cpp plain, %.2f tokens/forward", llama_gain,
                   h.llama_spec.cell->spec.mean_accepted_length());
-    line("llamacpp-spec (llama-speculative-simple)", h.llama_spec, extra);
-    line("llamacpp-plain (llama-completion)", h.llama_plain, "");
+    line(std::string(h.llama_spec.mode->name) + " (llama.cpp's faster -fa)", h.llama_spec, extra);
+    line(std::string(h.llama_plain.mode->name) + " (llama.cpp's faster -fa)", h.llama_plain, "");
 }
 
 void write_json(const SpecBenchOptions & o, const std::string & prompts_path, int threads, const MachineLoad & load,
@@ -682,7 +695,9 @@ void write_json(const SpecBenchOptions & o, const std::string & prompts_path, in
         {"headline_temperature", o.temps[0]},
         {"specula_spec_mode", !o.eagle3.empty() ? std::string(h.spec.mode->name) + " (specula's default EAGLE-3 mode)"
                                                  : std::string(h.spec.mode->name) + " (default policy, k = draft_max as llama.cpp)"},
+        {"specula_attention", o.attention},
         {"llamacpp_spec_mode", h.llama_spec.mode->name},
+        {"llamacpp_plain_mode", h.llama_plain.mode->name},
         {"specula_spec_tok_s", h.spec.tok_s.median},
         {"specula_spec_best_mode", h.best.mode->name},
         {"specula_spec_best_tok_s", h.best.tok_s.median},

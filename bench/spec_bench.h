@@ -14,6 +14,7 @@ struct SpecBenchOptions {
     std::string prompts;      // prompt set (JSON); empty = bench/prompts.json of the source tree
     std::string json_path;    // write results as JSON
     int threads = 0;          // 0 = physical cores; every engine gets the same count
+    std::string attention = "auto";  // specula's attention kernel; llama.cpp runs with -fa on and with -fa off
     int reps = 3;
     int n_gen = 128;          // tokens per generation
     int draft_max = 4;        // k for the fixed policy and llama.cpp; the cap for heuristic/cost

@@ -504,7 +504,7 @@ TEST(Convert, LlamaCppRunsTheConvertedEagle3Head) {
     Vec features;
     for (const auto & row : feats) features.insert(features.end(), row.begin(), row.end());
     int n_vocab = 0;
-    const std::vector<float> llama_logits = llama_eagle3_logits(target_path(), head_path, kTokens, features, n_vocab);
+    const std::vector<float> llama_logits = llama_eagle3_logits(target_path(), head_path, kTokens, features, /*flash_attn=*/true, n_vocab);
     ASSERT_EQ(n_vocab, V);
     double diff = 0.0, scale = 0.0;
     int finite = 0;

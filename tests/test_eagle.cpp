@@ -159,7 +159,8 @@ TEST(Eagle, Eagle3LogitsMatchLlamaCpp) {
 
         int n_vocab = 0;
         const std::vector<float> llama_logits =
-            llama_eagle3_logits(target_path, head_path, std::span(kPrompt).subspan(1, n), features, n_vocab);
+            llama_eagle3_logits(target_path, head_path, std::span(kPrompt).subspan(1, n), features,
+                                f.backend.flash_attention(), n_vocab);
         const int V = f.target->config().n_vocab;
         double max_diff = 0.0;
         for (int i = 0; i < n; ++i) {

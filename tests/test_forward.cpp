@@ -61,8 +61,9 @@ TEST(Forward, TreeMaskedBranchesMatchTheirCausalForwards) {
             for (size_t i = 0; i < path.size(); ++i) path_tokens.push_back(tokens[path[i]]), rows.push_back(int32_t(i));
             ForwardOutput p = f.runner->forward(ForwardBatch::causal(path_tokens, base, rows), *plain);
             for (size_t i = 0; i < path.size(); ++i) {
-                // Different batch shapes take different matmul kernels: rounding differs, a wrong mask is O(1).
-                EXPECT_LT(max_abs_diff(t.logits_row(path[i]), p.logits_row(i)), 5e-3) << variant << " tree row " << path[i];
+                // Different batch shapes take different matmul kernels (and the matmul attention rounds
+                // probabilities to F16): rounding differs by up to ~7e-3, a wrong mask is O(1).
+                EXPECT_LT(max_abs_diff(t.logits_row(path[i]), p.logits_row(i)), 2e-2) << variant << " tree row " << path[i];
             }
         }
     }
@@ -105,7 +106,7 @@ TEST(Forward, TapsEqualLibllamaResidualStream) {
     auto cache = f.cache();
     ForwardOutput ours = f.runner->forward(b, *cache);
 
-    LlamaPeer peer(path, 128, 1, 512, /*with_capture=*/true);
+    LlamaPeer peer(path, 128, 1, f.backend.flash_attention(), 512, /*with_capture=*/true);
     peer.capture_layers({0});
     peer.decode(kPrefix, true);
     EXPECT_LT(max_abs_diff(ours.taps[0], peer.captured(0)), 2e-3);

@@ -15,15 +15,19 @@ namespace {
 
 const std::vector<int32_t> kPrefix = {1, 450, 4996, 17354, 1701, 29916};
 
+// Both V layouts: row-major (flash attention) and transposed (matmul attention).
 struct Fixture {
-    Backend backend{BackendOptions{"cpu", 1}};
+    explicit Fixture(const char * attention = "auto") : backend(BackendOptions{"cpu", 1, attention}) {}
+    Backend backend;
     std::unique_ptr<Model> model = Model::load(test::model_path("llama_q8_0"), backend);
     ModelRunner runner{*model};
     std::unique_ptr<KvCache> cache() { return std::make_unique<KvCache>(backend, model->config(), 64); }
 };
 
-TEST(KvCache, RollbackThenRedecodeGivesIdenticalLogits) {
-    Fixture f;
+class KvLayout : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(KvLayout, RollbackThenRedecodeGivesIdenticalLogits) {
+    Fixture f(GetParam());
     auto cache = f.cache();
     f.runner.forward(ForwardBatch::causal(kPrefix, 0, {}), *cache);
     const std::vector<int32_t> block = {310, 526, 2253, 825};
@@ -40,8 +44,9 @@ TEST(KvCache, RollbackThenRedecodeGivesIdenticalLogits) {
     EXPECT_THROW(cache->rollback(11), Error);
 }
 
-TEST(KvCache, CompactLeavesTheCacheOfTheKeptPathAlone) {
-    Fixture f;
+TEST_P(KvLayout, CompactLeavesTheCacheOfTheKeptPathAlone) {
+    Fixture f(GetParam());
+    EXPECT_EQ(f.cache()->v_transposed(), std::string(GetParam()) == "matmul");
     auto tree_cache = f.cache();
     f.runner.forward(ForwardBatch::causal(kPrefix, 0, {}), *tree_cache);
     const int base = tree_cache->size();
@@ -79,6 +84,8 @@ TEST(KvCache, CompactLeavesTheCacheOfTheKeptPathAlone) {
     for (size_t i = 0; i < x.logits.size(); ++i) logit_diff = std::max(logit_diff, double(std::fabs(x.logits[i] - y.logits[i])));
     EXPECT_LT(logit_diff, 1e-2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, KvLayout, ::testing::Values("flash", "matmul"));
 
 TEST(KvCache, CompactRejectsBadRows) {
     Fixture f;

@@ -25,14 +25,17 @@ std::vector<int32_t> sequence(int n, int n_vocab, uint64_t seed) {
     return t;
 }
 
+// Both attention kernels, each against libllama running the same one.
 TEST_P(Oracle, TeacherForcedLogitsMatchLibllama) {
+  for (const char * kernel : {"flash", "matmul"}) {
+    SCOPED_TRACE(kernel);
     const test::Variant & v = GetParam();
     const std::string path = test::model_path(v.name);
-    Backend backend(BackendOptions{"cpu", 1});
+    Backend backend(BackendOptions{"cpu", 1, kernel});
     auto model = Model::load(path, backend);
     ModelRunner runner(*model);
     KvCache cache(backend, model->config(), 256);
-    LlamaPeer peer(path, 256, 1);
+    LlamaPeer peer(path, 256, 1, backend.flash_attention());
     ASSERT_EQ(peer.n_vocab(), model->config().n_vocab);
 
     const int n = 72;
@@ -53,8 +56,9 @@ TEST_P(Oracle, TeacherForcedLogitsMatchLibllama) {
         for (int j = 0; j < V; ++j) max_diff = std::max(max_diff, double(std::fabs(ours[j] - ref[j])));
         EXPECT_EQ(argmax(ours), argmax(ref)) << "top-1 differs at position " << i;
     }
-    std::printf("[oracle] %-16s max |logit diff| over %d positions = %.3g\n", v.name.c_str(), n, max_diff);
+    std::printf("[oracle] %-16s %-6s max |logit diff| over %d positions = %.3g\n", v.name.c_str(), kernel, n, max_diff);
     EXPECT_LT(max_diff, v.logit_tol);
+  }
 }
 
 TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
@@ -75,7 +79,7 @@ TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
         return true;
     });
 
-    LlamaPeer peer(path, 256, 1);
+    LlamaPeer peer(path, 256, 1, backend.flash_attention());
     std::vector<int32_t> ref;
     std::vector<float> logits = peer.decode(prompt, false);
     for (int i = 0; i < 64; ++i) {

@@ -27,6 +27,7 @@ struct EngineOptions {
     int n_ctx = 2048;            // tokens of context (prompt + generation)
     int n_threads = 0;           // 0 = physical cores
     std::string device = "cpu";  // a ggml device name when built with a GPU backend
+    std::string attention = "auto";  // auto | flash | matmul; auto = matmul on the CPU, flash on GPUs
 };
 
 struct GenerationOptions {

@@ -16,7 +16,7 @@ KvCache::KvCache(Backend & backend, const ModelConfig & config, int capacity)
     : KvCache(backend, config.n_layer, config.n_embd_kv(), capacity) {}
 
 KvCache::KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity)
-    : n_embd_kv_(n_embd_kv), capacity_(capacity) {
+    : n_embd_kv_(n_embd_kv), capacity_(capacity), v_transposed_(!backend.flash_attention()) {
     static std::atomic<uint64_t> next_id{1};
     id_ = next_id++;
     if (capacity <= 0) throw Error("KV cache capacity must be positive");
@@ -24,7 +24,8 @@ KvCache::KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity)
     ctx_ = ggml_init(params);
     for (int il = 0; il < n_layers; ++il) {
         k_.push_back(ggml_new_tensor_2d(ctx_, GGML_TYPE_F16, n_embd_kv, capacity));  // [n_embd_kv, capacity]
-        v_.push_back(ggml_new_tensor_2d(ctx_, GGML_TYPE_F16, n_embd_kv, capacity));
+        v_.push_back(v_transposed_ ? ggml_new_tensor_2d(ctx_, GGML_TYPE_F16, capacity, n_embd_kv)
+                                   : ggml_new_tensor_2d(ctx_, GGML_TYPE_F16, n_embd_kv, capacity));
         ggml_format_name(k_.back(), "cache_k_l%d", il);
         ggml_format_name(v_.back(), "cache_v_l%d", il);
     }
@@ -65,18 +66,27 @@ void KvCache::compact(int base, std::span<const int> kept) {
     size_t first_moved = 0;
     while (first_moved < kept.size() && kept[first_moved] == static_cast<int>(first_moved)) ++first_moved;
     if (first_moved < kept.size()) {
-        // One read and one write per tensor: moves stay correct on any backend.
-        const size_t row = ggml_row_size(GGML_TYPE_F16, n_embd_kv_);
-        const int span_rows = kept.back() + 1 - static_cast<int>(first_moved);
-        std::vector<uint8_t> src(row * span_rows), dst(row * (kept.size() - first_moved));
-        for (auto * tensors : {&k_, &v_}) {
-            for (ggml_tensor * t : *tensors) {
-                ggml_backend_tensor_get(t, src.data(), row * (base + first_moved), src.size());
-                for (size_t i = first_moved; i < kept.size(); ++i) {
-                    std::memcpy(dst.data() + row * (i - first_moved), src.data() + row * (kept[i] - first_moved), row);
-                }
-                ggml_backend_tensor_set(t, dst.data(), row * (base + first_moved), dst.size());
+        // Slots [base + first_moved, base + kept.back()] are read once and their kept rows written
+        // back packed, through the host: correct on any backend. A slot is a row of `width` values
+        // `stride` apart; a row-major tensor has one such run of slots, a transposed V one per channel.
+        const int span = kept.back() + 1 - static_cast<int>(first_moved);
+        const int n_kept = static_cast<int>(kept.size() - first_moved);
+        auto move = [&](ggml_tensor * t, size_t offset, size_t width) {
+            std::vector<uint8_t> src(width * span), dst(width * n_kept);
+            ggml_backend_tensor_get(t, src.data(), offset + width * (base + first_moved), src.size());
+            for (size_t i = first_moved; i < kept.size(); ++i) {
+                std::memcpy(dst.data() + width * (i - first_moved), src.data() + width * (kept[i] - first_moved), width);
             }
+            ggml_backend_tensor_set(t, dst.data(), offset + width * (base + first_moved), dst.size());
+        };
+        const size_t row = ggml_row_size(GGML_TYPE_F16, n_embd_kv_);
+        for (ggml_tensor * t : k_) move(t, 0, row);
+        for (ggml_tensor * t : v_) {
+            if (!v_transposed_) {
+                move(t, 0, row);
+                continue;
+            }
+            for (int j = 0; j < n_embd_kv_; ++j) move(t, ggml_row_size(GGML_TYPE_F16, capacity_) * j, sizeof(ggml_fp16_t));
         }
     }
     size_ = base + static_cast<int>(kept.size());
@@ -85,7 +95,14 @@ void KvCache::compact(int base, std::span<const int> kept) {
 std::vector<float> KvCache::read_row(int layer, bool value, int slot) const {
     ggml_tensor * t = value ? v_.at(layer) : k_.at(layer);
     std::vector<ggml_fp16_t> h(n_embd_kv_);
-    ggml_backend_tensor_get(t, h.data(), ggml_row_size(GGML_TYPE_F16, n_embd_kv_) * slot, h.size() * sizeof(ggml_fp16_t));
+    if (value && v_transposed_) {
+        for (int j = 0; j < n_embd_kv_; ++j) {
+            ggml_backend_tensor_get(t, &h[j], ggml_row_size(GGML_TYPE_F16, capacity_) * j + sizeof(ggml_fp16_t) * slot,
+                                    sizeof(ggml_fp16_t));
+        }
+    } else {
+        ggml_backend_tensor_get(t, h.data(), ggml_row_size(GGML_TYPE_F16, n_embd_kv_) * slot, h.size() * sizeof(ggml_fp16_t));
+    }
     std::vector<float> out(n_embd_kv_);
     ggml_fp16_to_fp32_row(h.data(), out.data(), n_embd_kv_);
     return out;

@@ -1,6 +1,7 @@
 #pragma once
-// specula's own KV cache: per layer one K and one V tensor of [n_embd_kv, capacity] F16 rows,
-// pre-allocated. Slot i holds the token at sequence index i, so the cache holds exactly the
+// specula's own KV cache: per layer one K tensor of [n_embd_kv, capacity] F16 rows and one V
+// tensor, pre-allocated. V is stored transposed ([capacity, n_embd_kv]) when the backend computes
+// attention with matmuls (Backend::flash_attention() false), so that KQV reads it in place. Slot i holds the token at sequence index i, so the cache holds exactly the
 // accepted sequence: a forward writes its block after the last slot, then the caller keeps what
 // verification accepted with rollback() (a chain prefix, O(1)) or compact() (a tree path).
 #include <cstdint>
@@ -29,6 +30,7 @@ public:
     int capacity() const { return capacity_; }
     int n_layers() const { return static_cast<int>(k_.size()); }
     int n_embd_kv() const { return n_embd_kv_; }
+    bool v_transposed() const { return v_transposed_; }
     uint64_t id() const { return id_; }  // unique per cache ever made (graphs that reference it key on this)
 
     // Forget every slot from `n` on. O(1): later writes overwrite, the mask hides the rest.
@@ -41,7 +43,7 @@ public:
     // Runtime side: the forward reserves a block of n slots after size() and writes into them.
     int append(int n);  // returns the block's first slot; throws Error if it does not fit
     ggml_tensor * k(int layer) const { return k_[layer]; }
-    ggml_tensor * v(int layer) const { return v_[layer]; }
+    ggml_tensor * v(int layer) const { return v_[layer]; }  // [n_embd_kv, capacity], or [capacity, n_embd_kv] transposed
 
     // One slot's K or V row as floats (tests and debugging).
     std::vector<float> read_row(int layer, bool value, int slot) const;
@@ -50,6 +52,7 @@ private:
     uint64_t id_ = 0;
     int n_embd_kv_ = 0;
     int capacity_ = 0;
+    bool v_transposed_ = false;
     int size_ = 0;
     ggml_context * ctx_ = nullptr;
     ggml_backend_buffer * buffer_ = nullptr;

@@ -72,11 +72,19 @@ Backend::Backend(const BackendOptions & opts) {
         }
     }
     matmul_bufts_.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
+    if (opts.attention == "auto") {
+        flash_attention_ = backends_.size() > 1;  // a GPU (or other accelerator) device was chosen
+    } else if (opts.attention == "flash" || opts.attention == "matmul") {
+        flash_attention_ = opts.attention == "flash";
+    } else {
+        throw Error("unknown attention kernel '" + opts.attention + "' (expected auto, flash or matmul)");
+    }
     set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
 }
 
 Backend::~Backend() {
     for (ggml_backend_t b : backends_) ggml_backend_free(b);
+    if (threadpool_) ggml_threadpool_free(threadpool_);
 }
 
 ggml_backend_buffer_type * Backend::default_buft() const {
@@ -86,6 +94,12 @@ ggml_backend_buffer_type * Backend::default_buft() const {
 void Backend::set_n_threads(int n) {
     n_threads_ = n;
     ggml_backend_cpu_set_n_threads(cpu_, n);
+    ggml_threadpool_params params = ggml_threadpool_params_default(n);
+    ggml_threadpool * pool = ggml_threadpool_new(&params);
+    if (!pool) throw Error("could not start a CPU thread pool of " + std::to_string(n) + " threads");
+    ggml_backend_cpu_set_threadpool(cpu_, pool);
+    if (threadpool_) ggml_threadpool_free(threadpool_);
+    threadpool_ = pool;
 }
 
 }  // namespace specula

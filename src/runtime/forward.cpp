@@ -162,6 +162,10 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     ggml_set_input(in.positions);
     ggml_set_input(in.kq_mask);
     ggml_set_input(in.kv_slots);
+    if (cache.v_transposed()) {
+        in.v_elements = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I64, static_cast<int64_t>(cache.n_embd_kv()) * n);
+        ggml_set_input(in.v_elements);
+    }
     if (want_logits) {
         in.out_rows = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, key.n_out);
         ggml_set_input(in.out_rows);
@@ -202,6 +206,14 @@ void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_s
     std::vector<int64_t> slots(n);
     for (int i = 0; i < n; ++i) slots[i] = first_slot + i;
     set(g.in.kv_slots, slots.data(), sizeof(int64_t) * n);
+    if (g.in.v_elements) {
+        const int width = cache.n_embd_kv();
+        std::vector<int64_t> elements(static_cast<size_t>(width) * n);
+        for (int i = 0; i < n; ++i) {
+            for (int j = 0; j < width; ++j) elements[static_cast<size_t>(i) * width + j] = static_cast<int64_t>(j) * cache.capacity() + slots[i];
+        }
+        set(g.in.v_elements, elements.data(), sizeof(int64_t) * elements.size());
+    }
     set(g.in.out_rows, b.logit_rows.data(), sizeof(int32_t) * b.logit_rows.size());
 
     if (g.in.kq_mask->buffer) {

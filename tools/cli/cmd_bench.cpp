@@ -18,6 +18,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     decode->add_option("-r,--reps", o->reps, "repetitions per measurement")->capture_default_str();
     decode->add_option("-n,--n-gen", o->n_gen, "tokens per generation run")->capture_default_str();
     decode->add_option("--depth", o->depth, "cached tokens before each batch")->capture_default_str();
+    decode->add_option("--attention", o->attention, "attention kernel for both engines: auto | flash | matmul")->capture_default_str();
     decode->add_option("-b,--batch-sizes", o->batch_sizes, "batch sizes")->delimiter(',');
     decode->add_option("--json", o->json_path, "write results as JSON");
     decode->callback([o, &commands] { commands.run = [o] { return bench::run_decode_bench(*o); }; });
@@ -30,6 +31,8 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_option("--eagle3", s->eagle3, "EAGLE-3 head GGUF: adds EAGLE-3 modes and llama.cpp's EAGLE-3");
     spec->add_option("--tree-nodes", s->tree_nodes, "nodes per tree verify (0 = from the measured verify cost)")->capture_default_str();
     spec->add_option("-t,--threads", s->threads, "threads for every engine (0 = physical cores)")->capture_default_str();
+    spec->add_option("--attention", s->attention, "specula's attention kernel: auto | flash | matmul (llama.cpp runs both -fa on and off)")
+        ->capture_default_str();
     spec->add_option("-r,--reps", s->reps, "repetitions of the whole prompt set")->capture_default_str();
     spec->add_option("-n,--n-gen", s->n_gen, "tokens per generation")->capture_default_str();
     spec->add_option("--draft-max", s->draft_max, "draft length (fixed policy, llama.cpp); cap for the others")->capture_default_str();

@@ -19,7 +19,8 @@ struct GraphInputs {
     ggml_tensor * hidden_in = nullptr;  // F32 [n_embd, n]    (layer_begin > 0)
     ggml_tensor * positions = nullptr;  // I32 [n]
     ggml_tensor * kq_mask = nullptr;    // F16 [n_kv, n]
-    ggml_tensor * kv_slots = nullptr;   // I64 [n] cache slots the block's K/V are written to
+    ggml_tensor * kv_slots = nullptr;   // I64 [n] cache slots the block's K (and row-major V) rows are written to
+    ggml_tensor * v_elements = nullptr; // I64 [n_embd_kv * n] element indices of a transposed V cache
     ggml_tensor * out_rows = nullptr;   // I32 [n_out] rows to compute logits for (nullptr: none)
     int n_kv = 0;                       // cache slots visible to the attention (padded)
 };

@@ -39,22 +39,35 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
                       c.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
     ggml_set_name(q, "q_rope");
 
-    // Store the block's K/V rows at their slots; the attention then reads the cache view.
+    // Store the block's K/V at their slots; the attention then reads the cache views.
     ggml_tensor * cache_k = cache.k(il);  // [n_embd_kv, capacity]
     ggml_tensor * cache_v = cache.v(il);
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_k, ggml_reshape_2d(ctx, k, c.n_embd_kv(), n), in.kv_slots));
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, c.n_embd_kv(), n), in.kv_slots));
-
+    const int64_t n_embd_kv = c.n_embd_kv();
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_k, ggml_reshape_2d(ctx, k, n_embd_kv, n), in.kv_slots));
     const size_t es = ggml_element_size(cache_k);
-    ggml_tensor * kv_k = ggml_view_3d(ctx, cache_k, D, c.n_head_kv, in.n_kv, es * D, cache_k->nb[1], 0);  // [D, n_head_kv, n_kv]
-    ggml_tensor * kv_v = ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0);
+    ggml_tensor * kp = ggml_permute(ctx, ggml_view_3d(ctx, cache_k, D, c.n_head_kv, in.n_kv, es * D, cache_k->nb[1], 0), 0, 2, 1, 3);
+    ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [D, n, n_head];  kp: [D, n_kv, n_head_kv]
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
-    ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);     // [D, n, n_head]
-    ggml_tensor * kp = ggml_permute(ctx, kv_k, 0, 2, 1, 3);  // [D, n_kv, n_head_kv]
-    ggml_tensor * vp = ggml_permute(ctx, kv_v, 0, 2, 1, 3);
-    ggml_tensor * o = ggml_flash_attn_ext(ctx, qp, kp, vp, in.kq_mask, 1.0f / std::sqrt(static_cast<float>(D)), 0.0f, 0.0f);
-    ggml_prec_set_acc(o, GGML_PREC_F32);
-    o = ggml_reshape_2d(ctx, o, D * c.n_head, n);  // [D*n_head, n]
+    ggml_tensor * o;
+    if (!cache.v_transposed()) {  // fused flash attention
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, n_embd_kv, n), in.kv_slots));
+        ggml_tensor * vp = ggml_permute(ctx, ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0), 0, 2, 1, 3);
+        o = ggml_flash_attn_ext(ctx, qp, kp, vp, in.kq_mask, scale, 0.0f, 0.0f);
+        ggml_prec_set_acc(o, GGML_PREC_F32);
+        o = ggml_reshape_2d(ctx, o, D * c.n_head, n);  // [D*n_head, n]
+    } else {  // llama.cpp's -fa off path op for op: KQ, masked softmax, V^T KQ
+        // Element (channel j, slot s) of the transposed V lives at j * capacity + s: one scatter per element.
+        ggml_tensor * v_flat = ggml_reshape_2d(ctx, cache_v, 1, ggml_nelements(cache_v));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_flat, ggml_reshape_2d(ctx, v, 1, n_embd_kv * n), in.v_elements));
+        const size_t row = cache_v->nb[1];  // one channel across all slots
+        ggml_tensor * vt = ggml_view_3d(ctx, cache_v, in.n_kv, D, c.n_head_kv, row, row * D, 0);  // [n_kv, D, n_head_kv]
+        ggml_tensor * kq = ggml_mul_mat(ctx, kp, qp);                                             // [n_kv, n, n_head]
+        ggml_prec_set_acc(kq, GGML_PREC_F32);
+        kq = ggml_soft_max_ext(ctx, kq, in.kq_mask, scale, 0.0f);
+        o = ggml_mul_mat(ctx, vt, kq);                                             // [D, n, n_head]
+        o = ggml_cont_2d(ctx, ggml_permute(ctx, o, 0, 2, 1, 3), D * c.n_head, n);  // [D*n_head, n]
+    }
     return ggml_mul_mat(ctx, L.wo, o);             // [n_embd, n]
 }
 
