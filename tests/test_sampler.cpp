@@ -71,5 +71,72 @@ TEST(Sampler, SampleFromFollowsTheDistribution) {
     EXPECT_LT(chi2, 13.8);  // 2 dof, p = 0.001
 }
 
+TEST(Sampler, SoftmaxStatsMatchADoublePrecisionReference) {
+    // A vocabulary-sized spread of logits, with tokens a compact draft vocabulary cannot propose.
+    std::vector<float> logits(8192);
+    Rng rng(3);
+    for (auto & l : logits) l = static_cast<float>(30.0 * rng.uniform() - 20.0);
+    for (size_t i = 0; i < logits.size(); i += 7) logits[i] = -INFINITY;
+    double m = -1e30, z = 0, s = 0;
+    for (float l : logits) m = std::max(m, double(l));
+    for (float l : logits) {
+        if (!std::isfinite(l)) continue;
+        z += std::exp(l - m);
+        s += std::exp(l - m) * (l - m);
+    }
+    std::vector<float> scratch;
+    const SoftmaxStats st = softmax_stats(logits, scratch);
+    EXPECT_NEAR(st.log_z, std::log(z), 1e-5);
+    EXPECT_NEAR(st.entropy, std::log(z) - s / z, 1e-4);
+    EXPECT_NEAR(st.log_prob(logits[1]), logits[1] - m - std::log(z), 1e-5);
+
+    SamplingParams t;
+    t.temperature = 0.8f;
+    std::vector<float> p;
+    processed_probs(logits, t, p);
+    double zt = 0;
+    for (float l : logits) zt += std::isfinite(l) ? std::exp((l - m) / 0.8) : 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+        const double ref = std::isfinite(logits[i]) ? std::exp((logits[i] - m) / 0.8) / zt : 0.0;
+        ASSERT_NEAR(p[i], ref, 1e-6 * std::max(ref, 1e-3)) << i;
+    }
+}
+
+TEST(Sampler, TopKIdsAgreeWithAFullSortTiesByIdFirst) {
+    std::vector<float> scores(500);
+    Rng rng(5);
+    for (auto & x : scores) x = static_cast<float>(static_cast<int>(rng.uniform() * 40));  // many ties
+    std::vector<int32_t> order(scores.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+    for (int k : {1, 3, 16, 40}) {
+        EXPECT_EQ(top_k_ids(scores, k), std::vector<int32_t>(order.begin(), order.begin() + k)) << k;
+    }
+}
+
+TEST(Sampler, DrawsWithoutReplacementAreDistinctAndFollowTheDistribution) {
+    const std::vector<float> p = {0.5f, 0.0f, 0.3f, 0.2f};
+    Rng rng(9);
+    std::vector<int> first(4, 0), second(4, 0);
+    const int n = 30000;
+    for (int i = 0; i < n; ++i) {
+        const auto d = sample_without_replacement(p, 4, rng);
+        ASSERT_EQ(d.size(), 3u);  // the zero-probability token is never drawn
+        ASSERT_NE(d[0], d[1]);
+        first[d[0]]++;
+        second[d[1]]++;
+    }
+    // P(second = j) = sum_i p_i p_j / (1 - p_i).
+    double chi2 = 0;
+    for (int j : {0, 2, 3}) {
+        double e2 = 0;
+        for (int i : {0, 2, 3}) {
+            if (i != j) e2 += p[i] * p[j] / (1 - p[i]);
+        }
+        chi2 += std::pow(first[j] - n * p[j], 2) / (n * p[j]) + std::pow(second[j] - n * e2, 2) / (n * e2);
+    }
+    EXPECT_LT(chi2, 22.5);  // 4 dof, p = 0.0002
+}
+
 }  // namespace
 }  // namespace specula

@@ -1,10 +1,65 @@
 #include "sample/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
 namespace specula {
+
+namespace {
+
+// e^x for x <= 0 with relative error < 2e-7, and 0 below -87 (so for -inf). Plain arithmetic,
+// which the compiler vectorises where it cannot vectorise calls to std::exp: drafting and
+// verification exponentiate a whole vocabulary per token, which otherwise costs as much as a small
+// draft model's forward.
+inline float exp_nonpositive(float x) {
+    const float xc = std::max(x, -87.0f);
+    const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+    const float r = (xc - k * 0.693145751953125f) - k * 1.428606765330187045e-06f;  // |r| <= ln2 / 2
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const float scale = std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
+// Sixteen independent partial sums: vectorisable without letting the compiler reassociate.
+double sum(std::span<const float> v) {
+    float acc[16] = {};
+    size_t i = 0;
+    for (; i + 16 <= v.size(); i += 16) {
+        for (size_t j = 0; j < 16; ++j) acc[j] += v[i + j];
+    }
+    double s = 0.0;
+    for (float a : acc) s += a;
+    for (; i < v.size(); ++i) s += v[i];
+    return s;
+}
+
+}  // namespace
+
+SoftmaxStats softmax_stats(std::span<const float> logits, std::vector<float> & scratch) {
+    SoftmaxStats st;
+    const size_t n = logits.size();
+    st.max_logit = *std::max_element(logits.begin(), logits.end());
+    scratch.resize(2 * n);
+    float * e = scratch.data();
+    float * ed = scratch.data() + n;
+    for (size_t i = 0; i < n; ++i) {
+        const float d = logits[i] - st.max_logit;
+        e[i] = exp_nonpositive(d);
+        ed[i] = e[i] * std::max(d, -87.0f);
+    }
+    const double z = sum({e, n});
+    st.log_z = static_cast<float>(std::log(z));
+    st.entropy = static_cast<float>(std::log(z) - sum({ed, n}) / z);
+    return st;
+}
 
 int32_t argmax(std::span<const float> logits) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -18,11 +73,10 @@ void processed_probs(std::span<const float> logits, const SamplingParams & p, st
         return;
     }
     if (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0.0f) {  // plain temperature: no sort needed
-        const double inv_t = 1.0 / p.temperature;
+        const float inv_t = 1.0f / p.temperature;
         const float max_logit = *std::max_element(logits.begin(), logits.end());
-        double sum = 0.0;
-        for (size_t i = 0; i < n; ++i) sum += (probs[i] = static_cast<float>(std::exp((logits[i] - max_logit) * inv_t)));
-        const float inv = static_cast<float>(1.0 / sum);
+        for (size_t i = 0; i < n; ++i) probs[i] = exp_nonpositive((logits[i] - max_logit) * inv_t);
+        const float inv = static_cast<float>(1.0 / sum(probs));
         for (float & x : probs) x *= inv;
         return;
     }
@@ -74,6 +128,21 @@ void processed_probs(std::span<const float> logits, const SamplingParams & p, st
 }
 
 std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {
+    k = std::min<int>(k, static_cast<int>(scores.size()));
+    if (k <= 16) {
+        // One pass keeping the best k in order; scanning ids upwards and admitting only strictly
+        // better scores breaks ties by id.
+        std::vector<int32_t> best;
+        best.reserve(k + 1);
+        for (size_t i = 0; i < scores.size(); ++i) {
+            if (static_cast<int>(best.size()) == k && !(scores[i] > scores[best.back()])) continue;
+            auto pos = best.end();
+            while (pos != best.begin() && scores[i] > scores[*(pos - 1)]) --pos;
+            best.insert(pos, static_cast<int32_t>(i));
+            if (static_cast<int>(best.size()) > k) best.pop_back();
+        }
+        return best;
+    }
     std::vector<int32_t> ids(scores.size());
     std::iota(ids.begin(), ids.end(), 0);
     k = std::min<int>(k, static_cast<int>(ids.size()));
@@ -85,16 +154,24 @@ std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {
 }
 
 std::vector<int32_t> sample_without_replacement(std::span<const float> probs, int k, Rng & rng) {
-    // argsort of log p + Gumbel noise = successive draws without replacement.
-    std::vector<float> keys(probs.size(), -INFINITY);
-    int support = 0;
-    for (size_t i = 0; i < probs.size(); ++i) {
-        if (probs[i] <= 0.0f) continue;
-        const double u = std::max(rng.uniform(), 1e-300);
-        keys[i] = static_cast<float>(std::log(double(probs[i])) - std::log(-std::log(u)));
-        ++support;
+    // k successive draws, each from what is left renormalised: one uniform and one pass per draw.
+    std::vector<int32_t> drawn;
+    double left = sum(probs);
+    for (int j = 0; j < k; ++j) {
+        const double r = rng.uniform() * left;
+        double acc = 0.0;
+        int32_t pick = -1;
+        for (size_t i = 0; i < probs.size(); ++i) {
+            if (probs[i] <= 0.0f || std::find(drawn.begin(), drawn.end(), static_cast<int32_t>(i)) != drawn.end()) continue;
+            acc += probs[i];
+            pick = static_cast<int32_t>(i);  // the last candidate absorbs rounding in `left`
+            if (r < acc) break;
+        }
+        if (pick < 0) break;  // support exhausted
+        drawn.push_back(pick);
+        left -= probs[pick];
     }
-    return top_k_ids(keys, std::min(k, support));
+    return drawn;
 }
 
 int32_t sample_from(std::span<const float> probs, Rng & rng) {

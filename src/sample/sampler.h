@@ -27,6 +27,16 @@ int32_t argmax(std::span<const float> logits);
 // Greedy params give a one-hot distribution at the argmax.
 void processed_probs(std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs);
 
+// Of softmax(logits) at temperature 1: the log normaliser relative to the max logit, and the
+// entropy in nats. -inf logits (tokens a compact draft vocabulary cannot propose) weigh nothing.
+struct SoftmaxStats {
+    float max_logit = 0.0f;
+    float log_z = 0.0f;  // log sum exp(logit - max_logit)
+    float entropy = 0.0f;
+    float log_prob(float logit) const { return logit - max_logit - log_z; }
+};
+SoftmaxStats softmax_stats(std::span<const float> logits, std::vector<float> & scratch);
+
 // The k highest-scoring ids, best first (ties by id).
 std::vector<int32_t> top_k_ids(std::span<const float> scores, int k);
 
