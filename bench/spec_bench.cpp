@@ -109,7 +109,8 @@ struct Run {
     int tokens = 0;
     double seconds = 0.0;
     SpeculationStats spec;           // llama.cpp: totals only, no per-position counts
-    std::vector<int> rounds_by_k;    // specula: rounds that drafted k tokens, [k]
+    std::vector<int> rounds_by_k;    // specula: rounds that drafted (chains) or verified (trees) k tokens, [k]
+    int tree_depth = 0;              // specula trees: deepest draft of the run
     RoundTimes times;                // specula speculative runs
 };
 
@@ -171,7 +172,7 @@ std::vector<std::string> categories_of(const std::vector<Prompt> & prompts) {
 
 struct CostCurve {
     int depth = 0;                  // cached tokens when measured (a typical mid-generation depth)
-    std::vector<double> verify_ms;  // [b - 1]: target forward of b tokens, b = 1..k_max + 1
+    std::vector<double> verify_ms;  // [b - 1]: target forward of b tokens, b = 1..max(k_max, kAutoTreeMaxNodes) + 1
     double draft_ms_per_token = 0;  // one draft-model forward of 1 token
 };
 
@@ -194,7 +195,7 @@ struct SpeculaRig {
     std::unique_ptr<EagleHead> eagle1, eagle3;
     std::unique_ptr<EagleDrafter> eagle1_drafter, eagle3_drafter;
     CostCurve cost;
-    TreeBudget tree{TreeShape::Dynamic, 6, 4, 0};  // tree modes: Engine's defaults; nodes from the verify cost
+    TreeBudget tree{TreeShape::Dynamic, 6, 4, 0};  // tree modes: Engine's defaults; 0 nodes = TreeSizePolicy
 
     SpeculaRig(const SpecBenchOptions & o, int n_ctx)
         : backend(BackendOptions{"cpu", o.threads, o.attention}),
@@ -250,8 +251,9 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     size_t prompt_tokens = 0;
     for (const auto & p : prompts) prompt_tokens += p.tokens.size();
     c.depth = static_cast<int>(prompt_tokens / prompts.size()) + n_gen / 2;
-    const auto probe = probe_tokens(prompts, c.depth + k_max + 1);
-    c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, k_max + 1);
+    const int max_tokens = std::max(k_max, kAutoTreeMaxNodes) + 1;
+    const auto probe = probe_tokens(prompts, c.depth + max_tokens);
+    c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
     ModelRunner draft_runner(*rig.draft);
     KvCache draft_cache(rig.backend, rig.draft->config(), rig.cache.capacity());
@@ -259,9 +261,10 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     return c;
 }
 
-void record_round(Run & run, const RoundInfo & r, int k_max) {
+void record_round(Run & run, const RoundInfo & r) {
     const int k = r.draft->tree.size();
-    ++run.rounds_by_k[std::min(k, k_max)];
+    ++run.rounds_by_k[std::min<size_t>(k, run.rounds_by_k.size() - 1)];
+    run.tree_depth = std::max(run.tree_depth, r.draft->tree.max_depth());
     run.times.verify_ms += r.verify_ms;
     if (r.round == 0) {
         ++run.times.runs;
@@ -283,16 +286,19 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, cons
     } else {
         Drafter & drafter = rig.drafter_for(mode.kind);
         auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms);
-        run.rounds_by_k.assign(k_max + 1, 0);
+        run.rounds_by_k.assign(rig.cost.verify_ms.size(), 0);
         TreeBudget tree;  // a chain: the policy sets its length each round
+        std::unique_ptr<TreeSizePolicy> tree_size;  // per generation, as Engine::generate
         if (mode.tree != TreeShape::Chain) {
             tree = rig.tree;
             tree.shape = mode.tree;
+            if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms);
         }
         SpecContext ctx{.target = rig.runner, .cache = rig.cache, .drafter = drafter, .policy = *policy,
                         .tree = tree,
-                        .on_round = [&](const RoundInfo & r) { record_round(run, r, k_max); },
-                        .verify = nullptr};
+                        .on_round = [&](const RoundInfo & r) { record_round(run, r); },
+                        .verify = nullptr,
+                        .tree_size = tree_size.get()};
         s = generate_speculative(ctx, prompt.tokens, g, never_end, keep_going);
     }
     run.tokens = s.n_generated;
@@ -399,6 +405,7 @@ struct Cell {
     std::vector<double> seconds;     // [rep]
     SpeculationStats spec;           // over all prompts and reps
     std::vector<int> rounds_by_k;
+    int tree_depth = 0;
     RoundTimes times;                // over all prompts and reps
 };
 using CellKey = std::tuple<int, std::string, int>;  // temperature index, category, mode index
@@ -427,6 +434,7 @@ void add_run(Cell & c, int rep, const Run & r) {
     c.rounds_by_k.resize(std::max(c.rounds_by_k.size(), r.rounds_by_k.size()), 0);
     for (size_t k = 0; k < r.rounds_by_k.size(); ++k) c.rounds_by_k[k] += r.rounds_by_k[k];
     c.times.add(r.times);
+    c.tree_depth = std::max(c.tree_depth, r.tree_depth);
 }
 
 Summary tok_s(const Cell & c) {
@@ -441,18 +449,19 @@ std::vector<double> acceptance_by_position(const SpeculationStats & s) {
     return a;
 }
 
-// The cost model's speedup: each round drafting k tokens is expected to emit E(k) tokens (from
-// the measured per-position acceptance) at a cost of k draft steps plus a (k+1)-token verify;
-// relative to plain decoding's measured ms per token. Rounds are weighted by how often each k
-// was actually drafted, so adaptive policies are predicted too. N-gram drafting is taken as free.
+// The cost model's speedup: a chain round drafting k tokens is expected to emit E(k) tokens (from
+// the measured per-position acceptance), a tree round E(depth) (acceptance per depth); it costs
+// the draft time measured in the run plus a verify of its size from the cost curve, against
+// plain decoding's measured ms per token. Rounds are weighted by how often each size occurred,
+// so adaptive policies and tree sizes are predicted too.
 double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
     if (!is_specula(mode.kind) || !is_speculative(mode.kind) || plain_tok_s <= 0) return 0.0;
-    const double draft_ms = mode.kind == Kind::SpeculaDraft ? cost.draft_ms_per_token : 0.0;
     const std::vector<double> alpha = acceptance_by_position(c.spec);
-    double tokens = 0, ms = 0;
+    double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
     for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) {
-        tokens += c.rounds_by_k[k] * expected_tokens(alpha, static_cast<int>(k));
-        ms += c.rounds_by_k[k] * (k * draft_ms + cost.verify_ms[k]);
+        const int depth = mode.tree == TreeShape::Chain ? static_cast<int>(k) : c.tree_depth;
+        tokens += c.rounds_by_k[k] * expected_tokens(alpha, depth);
+        ms += c.rounds_by_k[k] * cost.verify_ms[k];
     }
     return ms > 0 ? (tokens / ms) * (1000.0 / plain_tok_s) : 0.0;
 }
@@ -746,11 +755,9 @@ int run_spec_bench(const SpecBenchOptions & o) {
     rig.cost = measure_cost_curve(rig, prompts, o.n_gen, o.draft_max);
     print_cost(rig.cost);
     rig.tree.max_nodes = o.tree_nodes;
-    if (rig.tree.max_nodes == 0) {
-        const auto probe = probe_tokens(prompts, rig.cost.depth + 32);
-        rig.tree.max_nodes = tree_nodes_from_cost(forward_cost(rig.runner, rig.cache, probe, rig.cost.depth, 32));
-    }
-    std::printf("tree modes: depth %d, branching %d, %d nodes per verify\n", rig.tree.depth, rig.tree.branching, rig.tree.max_nodes);
+    std::printf("tree modes: depth %d, branching %d, nodes per verify: ", rig.tree.depth, rig.tree.branching);
+    if (o.tree_nodes > 0) std::printf("%d\n", o.tree_nodes);
+    else std::printf("chosen each round (at most %d)\n", kAutoTreeMaxNodes);
     const std::vector<std::string> categories = categories_of(prompts);
     std::printf("%zu prompts in %zu categories, n = %d, k = %d, %d threads, %d reps\n", prompts.size(), categories.size(),
                 o.n_gen, o.draft_max, llama.threads, o.reps);

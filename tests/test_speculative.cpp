@@ -1,10 +1,13 @@
 // Chain speculation: greedy equivalence, lossless sampling, cache bookkeeping, errors.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
@@ -48,13 +51,14 @@ struct Spec {
 
     std::vector<int32_t> run(Drafter & drafter, DraftPolicyKind policy, int k, std::span<const int32_t> prompt, int n,
                              const SamplingParams & sp = {}, std::function<void(const RoundInfo &)> on_round = nullptr,
-                             VerifyFn verify = nullptr, KvCache * cache_out = nullptr, TreeBudget tree = {}) {
+                             VerifyFn verify = nullptr, KvCache * cache_out = nullptr, TreeBudget tree = {},
+                             TreeSizePolicy * tree_size = nullptr) {
         KvCache local(backend, target->config(), 256);
         KvCache & cache = cache_out ? *cache_out : local;
         std::vector<double> cost(k + 1);
         for (int b = 0; b <= k; ++b) cost[b] = 1.0 + 0.1 * b;
         auto pol = make_draft_policy(policy, k, cost);
-        SpecContext ctx{runner, cache, drafter, *pol, tree, std::move(on_round), std::move(verify)};
+        SpecContext ctx{runner, cache, drafter, *pol, tree, std::move(on_round), std::move(verify), tree_size};
         GenerationOptions o;
         o.n_predict = n;
         o.sampling = sp;
@@ -113,6 +117,28 @@ TEST(Speculative, GreedyTreesEqualPlainDecoding) {
         }
     }
     EXPECT_GT(accepted_beyond_first_child, 0);  // side branches were accepted and compacted
+}
+
+// Trees sized each round by TreeSizePolicy (the default for --tree-nodes 0): pruned to a prefix
+// of their prune order, still exactly greedy decoding, for a flat and a steep cost curve.
+TEST(Speculative, GreedyPolicySizedTreesEqualPlainDecoding) {
+    Spec s;
+    auto twin = Model::load(test::quantized_twin("llama_gqa_f32", "q4_0"), s.backend);
+    DraftModelDrafter self_draft(*twin, 256);
+    std::set<int> sizes;
+    for (double slope : {0.0, 0.5}) {
+        std::vector<double> cost;
+        for (int b = 1; b <= 17; ++b) cost.push_back(1.0 + slope * (b - 1));
+        for (const auto & prompt : kPrompts) {
+            const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+            TreeSizePolicy policy(cost);
+            const auto got = s.run(self_draft, DraftPolicyKind::Fixed, 4, prompt, 40, {},
+                                   [&](const RoundInfo & r) { sizes.insert(r.draft->tree.size()); }, nullptr, nullptr,
+                                   TreeBudget{TreeShape::Dynamic, 6, 4, 0}, &policy);
+            ASSERT_EQ(got, want) << "slope " << slope;
+        }
+    }
+    EXPECT_GT(sizes.size(), 2u);  // the size really varied
 }
 
 double max_row_diff(const KvCache & a, const KvCache & b, int slots) {
@@ -320,7 +346,7 @@ TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {
     sp.temperature = 1.0f;
     sp.seed = 3;
     {
-        TraceWriter w(path, [](int32_t t) { return "t" + std::to_string(t); });
+        TraceWriter w(path, [](int32_t t) { return std::string("t").append(std::to_string(t)); });
         s.run(drafter, DraftPolicyKind::Fixed, 3, kPrompts[1], 20, sp,
               [&](const RoundInfo & r) { w.round(r.round, r.base, r.draft_length, r.draft_ms, r.verify_ms, *r.result); });
     }

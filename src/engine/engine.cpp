@@ -98,19 +98,24 @@ GenerationStats Engine::generate(const std::string & prompt, const GenerationOpt
     const int k_max = s.options.draft_max;
     const bool auto_tree = s.tree.shape != TreeShape::Chain && s.tree.max_nodes == 0;
     if ((s.policy == DraftPolicyKind::Cost || auto_tree) && s.verify_cost_ms.empty()) {
-        const int probe_len = std::min(std::max(k_max + 1, auto_tree ? 64 : 0), s.options.n_ctx);
-        std::vector<int32_t> probe(probe_len);
-        std::iota(probe.begin(), probe.end(), 0);
-        s.verify_cost_ms = measure_verify_cost(runner, cache, probe, probe_len);
+        // Once per engine, at a typical depth (attention grows with it), on the prompt's token ids.
+        const int max_tokens = std::min(std::max(k_max + 1, auto_tree ? kAutoTreeMaxNodes + 1 : 0), s.options.n_ctx);
+        const int depth = std::min(128, s.options.n_ctx - max_tokens);
+        std::vector<int32_t> probe;
+        while (static_cast<int>(probe.size()) < depth + max_tokens) probe.insert(probe.end(), tokens.begin(), tokens.end());
+        prefill(runner, cache, std::span(probe).first(depth));
+        s.verify_cost_ms = measure_verify_cost(runner, cache, std::span(probe).subspan(depth), max_tokens);
+        cache.rollback(0);
     }
     TreeBudget tree = s.tree;
-    if (auto_tree) tree.max_nodes = tree_nodes_from_cost(s.verify_cost_ms);
+    std::unique_ptr<TreeSizePolicy> tree_size;
+    if (auto_tree) tree_size = std::make_unique<TreeSizePolicy>(s.verify_cost_ms);
     auto policy = make_draft_policy(s.policy, k_max, s.verify_cost_ms);
     std::unique_ptr<TraceWriter> trace;
     if (!options.trace_path.empty()) {
         trace = std::make_unique<TraceWriter>(options.trace_path, [&](int32_t t) { return s.tokenizer->piece(t); });
     }
-    SpecContext ctx{runner, cache, *s.drafter, *policy, tree, nullptr, nullptr};
+    SpecContext ctx{runner, cache, *s.drafter, *policy, tree, nullptr, nullptr, tree_size.get()};
     if (trace) {
         ctx.on_round = [&](const RoundInfo & r) { trace->round(r.round, r.base, r.draft_length, r.draft_ms, r.verify_ms, *r.result); };
     }

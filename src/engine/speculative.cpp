@@ -1,6 +1,7 @@
 #include "engine/speculative.h"
 
 #include <chrono>
+#include <cmath>
 #include <string>
 
 #include "common/error.h"
@@ -43,14 +44,6 @@ ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
     return b;
 }
 }  // namespace
-
-int tree_nodes_from_cost(const std::vector<double> & ms) {
-    int best = std::min<int>(4, static_cast<int>(ms.size()));
-    for (int b = 1; b <= static_cast<int>(ms.size()); ++b) {
-        if (ms[b - 1] <= 1.5 * ms[0]) best = std::max(best, b);
-    }
-    return best;
-}
 
 std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps) {
     if (static_cast<int>(tokens.size()) < max_tokens) throw Error("measure_verify_cost: not enough tokens");
@@ -125,6 +118,10 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
             budget.depth = budget.max_nodes = k;
             budget.branching = 1;
         } else {
+            if (ctx.tree_size) {
+                budget.max_nodes = ctx.tree_size->max_nodes();
+                budget.min_path_prob = static_cast<float>(ctx.tree_size->min_path_prob());
+            }
             budget.max_nodes = std::min(budget.max_nodes, room);
             budget.depth = std::min(budget.depth, room);
         }
@@ -132,6 +129,15 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
         auto td = clock_type::now();
         Draft draft;
         if (budget.max_nodes > 0 && budget.depth > 0) draft = ctx.drafter.draft(DraftRequest{history, budget, &sp, &rng});
+        double promised = 0.0;
+        if (ctx.tree_size && !draft.tree.empty()) {
+            ctx.tree_size->observe_draft(ms_since(td), draft.tree.max_depth());
+            std::vector<double> path_probs;
+            for (int node : prune_order(draft.tree)) path_probs.push_back(std::exp(double(draft.tree.logp[node])));
+            const int n = ctx.tree_size->choose(path_probs, ms_since(td));
+            if (n < draft.tree.size()) draft.tree = prune_tree(draft.tree, n);
+            for (int i = 0; i < n; ++i) promised += path_probs[i];
+        }
         const double draft_ms = ms_since(td);
 
         auto tv = clock_type::now();
@@ -156,6 +162,9 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
                 done = true;
                 break;
             }
+        }
+        if (ctx.tree_size && !draft.tree.empty()) {
+            ctx.tree_size->observe(promised, static_cast<int>(result.accepted.size()), draft.tree.size(), verify_ms);
         }
         run.speculation.add_round(draft.tree.size(), draft.tree.max_depth(), static_cast<int>(result.accepted.size()));
         ctx.policy.observe({draft.tree.size(), static_cast<int>(result.accepted.size()), draft.mean_entropy,

@@ -13,6 +13,7 @@
 #include "draft/drafter.h"
 #include "engine/generate.h"
 #include "policy/draft_length.h"
+#include "policy/tree_size.h"
 #include "tree/tree_builder.h"
 #include "trace/trace.h"
 #include "verify/verify.h"
@@ -42,14 +43,11 @@ struct SpecContext {
     TreeBudget tree;                                   // shape Chain: a chain of the policy's length
     std::function<void(const RoundInfo &)> on_round;  // trace, tests; may be empty
     VerifyFn verify;                                   // empty = the standard verifier for the sampling params
+    TreeSizePolicy * tree_size = nullptr;              // trees: nodes verified per round (else tree.max_nodes)
 };
 
 GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t> prompt, const GenerationOptions & options,
                              const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
-
-// Tree size for a verify-cost curve: the largest batch costing at most 1.5x a single token,
-// within [4, curve size]. Verifying more nodes than that costs more than the extra depth it buys.
-int tree_nodes_from_cost(const std::vector<double> & verify_cost_ms);
 
 // Measured cost (ms, best of `reps`) of a target forward of b = 1..max_tokens tokens at the
 // cache's current depth; the cache is left as it was. Feeds the cost policy.

@@ -61,16 +61,24 @@ public:
         // Acceptance per position with a weak optimistic prior (so untried depths get tried).
         std::vector<double> alpha(k_max_);
         for (int i = 0; i < k_max_; ++i) alpha[i] = (accepted_[i] + 0.8 * kPrior) / (reached_[i] + kPrior);
-        int best = 1;
-        double best_rate = 0.0;
+        int best = 0;
+        double best_rate = 1.0 / (overhead_ * verify_ms_[0]);  // a plain step
         for (int k = 1; k <= k_max_; ++k) {
-            const double rate = expected_tokens(alpha, k) / (k * draft_ms_per_token_ + verify_ms_[k]);
+            const double rate = expected_tokens(alpha, k) / (k * draft_ms_per_token_ + overhead_ * verify_ms_[k]);
             if (rate > best_rate) best_rate = rate, best = k;
+        }
+        if (best > 0) {
+            plain_streak_ = 0;
+        } else if (++plain_streak_ >= kProbeEvery) {
+            plain_streak_ = 0;
+            return 1;
         }
         return best;
     }
 
     void observe(const RoundObservation & r) override {
+        // Recent rounds count more: acceptance drifts with the text.
+        for (int i = 0; i < k_max_; ++i) reached_[i] *= kKeep, accepted_[i] *= kKeep;
         // Position i was reached if every earlier draft was accepted.
         for (int i = 0; i < r.drafted && i < k_max_; ++i) {
             reached_[i] += 1.0;
@@ -79,18 +87,26 @@ public:
         }
         if (r.drafted > 0) {
             const double per_token = 1000.0 * r.draft_seconds / r.drafted;
-            draft_ms_per_token_ = n_rounds_ == 0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
-            ++n_rounds_;
+            draft_ms_per_token_ = n_drafting_rounds_ == 0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
+            ++n_drafting_rounds_;
+        }
+        // The curve was measured once, for the forward alone: scale it by what rounds really cost.
+        if (r.verify_tokens >= 1 && r.verify_tokens <= static_cast<int>(verify_ms_.size()) && verify_ms_[r.verify_tokens - 1] > 0) {
+            overhead_ = 0.9 * overhead_ + 0.1 * (1000.0 * r.verify_seconds / verify_ms_[r.verify_tokens - 1]);
         }
     }
 
 private:
     static constexpr double kPrior = 2.0;
+    static constexpr double kKeep = 0.98;
+    static constexpr int kProbeEvery = 8;
     int k_max_;
     std::vector<double> verify_ms_;
     std::vector<double> reached_, accepted_;
     double draft_ms_per_token_ = 0.0;
-    int n_rounds_ = 0;
+    double overhead_ = 1.0;
+    int n_drafting_rounds_ = 0;
+    int plain_streak_ = 0;
 };
 
 }  // namespace

@@ -4,8 +4,10 @@
 //   heuristic - the acceptance + entropy rule of the notebook in shared/seeds/004: grow k after a
 //               round accepting > 80% (or >= 50% with a confident draft, mean entropy < 2 nats),
 //               shrink it after one accepting < 30%;
-//   cost      - choose k maximising expected tokens per second, from the measured per-position
-//               acceptance and the measured cost of drafting and of verifying k + 1 tokens.
+//   cost      - choose k in 0..k_max maximising expected tokens per second, from the measured
+//               per-position acceptance and the measured cost of drafting and of verifying k + 1
+//               tokens; k = 0 (a plain step) when no draft pays, with a one-token probe now and
+//               then so that a drafter that starts to agree is noticed.
 #include <memory>
 #include <string>
 #include <vector>

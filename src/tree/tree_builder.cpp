@@ -1,6 +1,7 @@
 #include "tree/tree_builder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -55,7 +56,7 @@ struct Builder {
         entropy_sum += e.entropy;
         ++n_expansions;
         for (size_t c = 0; c < e.tokens.size(); ++c) {
-            const int id = tree.add(parent, e.tokens[c], base + e.logp[c]);
+            tree.add(parent, e.tokens[c], base + e.logp[c]);
             rank_path.push_back(parent == TokenTree::kRoot ? std::vector<int>{} : rank_path[parent]);
             rank_path.back().push_back(static_cast<int>(c));
         }
@@ -69,53 +70,56 @@ struct Builder {
     }
 };
 
-// Keeps the `max_nodes` best nodes by cumulative log-probability such that every kept node's
-// parent and earlier siblings are kept too (children are proposals tried in order: a kept set
-// must be a prefix of each proposal list for sampling to stay lossless).
-TokenTree prune(const TokenTree & t, int max_nodes) {
-    std::vector<int> order(t.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return t.logp[a] > t.logp[b]; });
-    std::vector<char> keep(t.size(), 0);
-    int kept = 0;
-    // Repeatedly take the best node whose parent and previous sibling are already kept.
+}  // namespace
+
+std::vector<int> prune_order(const TokenTree & t) {
+    std::vector<int> by_logp(t.size());
+    std::iota(by_logp.begin(), by_logp.end(), 0);
+    std::stable_sort(by_logp.begin(), by_logp.end(), [&](int a, int b) { return t.logp[a] > t.logp[b]; });
     std::vector<int> prev_sibling(t.size(), -1);
-    for (int n = 0; n < t.size(); ++n) {
+    for (int n = TokenTree::kRoot; n < t.size(); ++n) {
         for (int c = t.first_child_of(n), prev = -1; c >= 0; prev = c, c = t.next_sibling[c]) prev_sibling[c] = prev;
     }
-    for (int c = t.root_first_child, prev = -1; c >= 0; prev = c, c = t.next_sibling[c]) prev_sibling[c] = prev;
-    bool progress = true;
-    while (kept < max_nodes && progress) {
-        progress = false;
-        for (int n : order) {
-            if (keep[n]) continue;
-            const bool parent_ok = t.parent[n] == TokenTree::kRoot || keep[t.parent[n]];
-            const bool sibling_ok = prev_sibling[n] < 0 || keep[prev_sibling[n]];
-            if (parent_ok && sibling_ok) {
-                keep[n] = 1;
-                ++kept;
+    std::vector<char> in(t.size(), 0);
+    std::vector<int> order;
+    // Repeatedly admit the best node whose parent and previous sibling are in.
+    while (static_cast<int>(order.size()) < t.size()) {
+        bool progress = false;
+        for (int n : by_logp) {
+            if (in[n]) continue;
+            const bool parent_in = t.parent[n] == TokenTree::kRoot || in[t.parent[n]];
+            const bool sibling_in = prev_sibling[n] < 0 || in[prev_sibling[n]];
+            if (parent_in && sibling_in) {
+                in[n] = 1;
+                order.push_back(n);
                 progress = true;
                 break;
             }
         }
+        if (!progress) break;
     }
+    return order;
+}
+
+TokenTree prune_tree(const TokenTree & t, int n) {
+    const std::vector<int> order = prune_order(t);
+    std::vector<char> keep(t.size(), 0);
+    for (int i = 0; i < std::min<int>(n, static_cast<int>(order.size())); ++i) keep[order[i]] = 1;
     TokenTree out;
     std::vector<int> new_id(t.size(), -1);
-    for (int n = 0; n < t.size(); ++n) {
-        if (!keep[n]) continue;
-        new_id[n] = out.add(t.parent[n] == TokenTree::kRoot ? TokenTree::kRoot : new_id[t.parent[n]], t.token[n], t.logp[n]);
+    for (int i = 0; i < t.size(); ++i) {
+        if (!keep[i]) continue;
+        new_id[i] = out.add(t.parent[i] == TokenTree::kRoot ? TokenTree::kRoot : new_id[t.parent[i]], t.token[i], t.logp[i]);
     }
     if (!t.q.empty()) {
         out.q.resize(out.size() + 1);
         if (!t.q[0].empty()) out.q[0] = t.q[0];
-        for (int n = 0; n < t.size(); ++n) {
-            if (keep[n] && static_cast<size_t>(n + 1) < t.q.size() && out.first_child_of(new_id[n]) >= 0) out.q[new_id[n] + 1] = t.q[n + 1];
+        for (int i = 0; i < t.size(); ++i) {
+            if (keep[i] && static_cast<size_t>(i + 1) < t.q.size() && out.first_child_of(new_id[i]) >= 0) out.q[new_id[i] + 1] = t.q[i + 1];
         }
     }
     return out;
 }
-
-}  // namespace
 
 BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
     if (budget.depth < 1 || budget.max_nodes < 1 || budget.branching < 1) throw Error("tree budget must be positive");
@@ -168,6 +172,9 @@ BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
                     const float bar = lp[budget.max_nodes - 1];
                     std::erase_if(level, [&](int n) { return b.tree.logp[n] <= bar; });
                 }
+                // Children are no likelier than their parent: below the bar they cannot pay for a forward.
+                const float log_min = std::log(budget.min_path_prob);
+                std::erase_if(level, [&](int n) { return b.tree.logp[n] < log_min; });
                 frontier = level;
                 n_children.assign(frontier.size(), std::min(budget.branching, budget.max_nodes));
                 break;
@@ -178,7 +185,7 @@ BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
 
     BuiltTree out;
     out.mean_entropy = b.n_expansions ? b.entropy_sum / b.n_expansions : 0.0f;
-    out.tree = b.tree.size() > budget.max_nodes ? prune(b.tree, budget.max_nodes) : std::move(b.tree);
+    out.tree = b.tree.size() > budget.max_nodes ? prune_tree(b.tree, budget.max_nodes) : std::move(b.tree);
     return out;
 }
 

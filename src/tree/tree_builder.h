@@ -25,6 +25,7 @@ struct TreeBudget {
     int depth = 4;       // levels below the root
     int branching = 4;   // children per expanded node (dynamic), frontier width per depth (dynamic)
     int max_nodes = 4;   // nodes sent to verification
+    float min_path_prob = 0.0f;  // dynamic: nodes whose path is less likely than this are not expanded
 };
 
 // Children proposed for one frontier node, in proposal order (the order the verifier tries them).
@@ -45,6 +46,13 @@ struct BuiltTree {
 };
 
 BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & expand);
+
+// The order in which nodes enter a pruned tree: best cumulative log-probability first, among the
+// nodes whose parent and earlier siblings are already in (children are proposals tried in order,
+// so a kept set must be a prefix of each proposal list for sampling to stay lossless).
+std::vector<int> prune_order(const TokenTree & tree);
+// The first n nodes of prune_order(tree), with their draft distributions.
+TokenTree prune_tree(const TokenTree & tree, int n);
 
 // The static shape: child-rank paths, e.g. {0, 1} = second child of the first child of the root.
 const std::vector<std::vector<int>> & static_tree_paths();

@@ -1,0 +1,41 @@
+#pragma once
+// How many nodes of a drafted tree to verify this round. A node's cumulative draft probability
+// estimates the chance that the target accepts the whole path to it (EAGLE-2's observation), so
+// verifying the first n nodes of prune_order is expected to emit 1 + gamma * (their summed
+// probabilities) tokens, for draft time + verify(n + 1) ms. The policy picks the n with the most
+// tokens per millisecond on the measured verify-cost curve, and learns gamma, the ratio of what
+// the target accepted to what the draft's probabilities promised, from the rounds so far.
+#include <span>
+#include <vector>
+
+namespace specula {
+
+// Largest tree verified when the size is left to the policy (--tree-nodes 0).
+inline constexpr int kAutoTreeMaxNodes = 32;
+
+class TreeSizePolicy {
+public:
+    // verify_cost_ms[b - 1]: measured cost of a target forward of b tokens; trees are capped at
+    // its length - 1 nodes.
+    explicit TreeSizePolicy(std::vector<double> verify_cost_ms);
+
+    int max_nodes() const { return static_cast<int>(verify_ms_.size()) - 1; }
+    // path_probs: cumulative draft probability of each node, in prune order. Returns n >= 1.
+    int choose(std::span<const double> path_probs, double draft_ms);
+    // After verification of the n chosen nodes: the promised sum and what was accepted.
+    void observe(double promised, int accepted, int n_verified, double verify_ms);
+    // A drafting round's time and how many drafter forwards (tree levels) it took.
+    void observe_draft(double draft_ms, int levels);
+    // Expanding a node of path probability P adds at most gamma * P expected tokens for one more
+    // drafter forward; below this P that cannot beat plain decoding's rate, so it is not drafted.
+    double min_path_prob() const;
+    double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
+
+private:
+    std::vector<double> verify_ms_;
+    double promised_ = 0.0, accepted_ = 0.0;  // decayed sums
+    double overhead_ = 1.0;                   // measured verify time / curve, smoothed
+    double level_ms_ = 0.0;                   // drafter time per tree level, smoothed
+};
+
+}  // namespace specula
