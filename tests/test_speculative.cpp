@@ -1,8 +1,6 @@
 // Chain speculation: greedy equivalence, lossless sampling, cache bookkeeping, errors.
 #include <gtest/gtest.h>
 
-#include <set>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>

@@ -71,8 +71,10 @@ public:
             plain_streak_ = 0;
         } else if (++plain_streak_ >= kProbeEvery) {
             plain_streak_ = 0;
+            probing_ = true;
             return 1;
         }
+        probing_ = false;
         return best;
     }
 
@@ -85,10 +87,11 @@ public:
             if (i < r.accepted) accepted_[i] += 1.0;
             if (i >= r.accepted) break;
         }
-        if (r.drafted > 0) {
+        // Draft time per token, except where it pays for catching up: the first drafting round
+        // (the drafter's pass over the prompt) and probes after plain steps (the tokens it skipped).
+        if (r.drafted > 0 && n_drafting_rounds_++ > 0 && !probing_) {
             const double per_token = 1000.0 * r.draft_seconds / r.drafted;
-            draft_ms_per_token_ = n_drafting_rounds_ == 0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
-            ++n_drafting_rounds_;
+            draft_ms_per_token_ = draft_ms_per_token_ == 0.0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
         }
         // The curve was measured once, for the forward alone: scale it by what rounds really cost.
         if (r.verify_tokens >= 1 && r.verify_tokens <= static_cast<int>(verify_ms_.size()) && verify_ms_[r.verify_tokens - 1] > 0) {
@@ -107,6 +110,7 @@ private:
     double overhead_ = 1.0;
     int n_drafting_rounds_ = 0;
     int plain_streak_ = 0;
+    bool probing_ = false;
 };
 
 }  // namespace
