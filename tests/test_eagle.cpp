@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "draft/eagle.h"
+#include "eagle3_vocab.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
@@ -113,6 +114,57 @@ TEST(Eagle, HeadCacheHoldsTargetFeatureEntriesForTheAcceptedSequence) {
         f.speculative(drafter, TreeBudget{TreeShape::Dynamic, 4, 3, 12}, 30, check);
         EXPECT_GT(checked, 3);
     }
+}
+
+// compact-eagle3 keeps the lm_head rows of the most frequent tokens: their logits are unchanged,
+// the rest cannot be proposed, and the compact head still decodes exactly greedily.
+TEST(Eagle, CompactVocabularyKeepsTheFrequentTokensLogits) {
+    Fixture f;
+    const std::string full_path = test::eagle_head_path("eagle3", "llama_gqa_f32");
+    const int V = f.target->config().n_vocab;
+    std::vector<int64_t> counts(V, 0);
+    for (int id = 0; id < V; ++id) counts[id] = (id * 7919) % 1000;  // an arbitrary frequency table
+    const std::string compact_path = std::string(SPECULA_TEST_DIR) + "/test-models/eagle3-compact.gguf";
+    const CompactVocabResult r = write_compact_eagle3(full_path, counts, 3000, compact_path);
+    EXPECT_EQ(r.kept, 3000);
+    EXPECT_GT(r.coverage, 3000.0 / V);
+    EXPECT_NE(test::error_message([&] { write_compact_eagle3(compact_path, counts, 100, compact_path + ".x"); }).find("already has a compact"),
+              std::string::npos);
+
+    auto full = EagleHead::load(full_path, *f.target, f.backend);
+    auto compact = EagleHead::load(compact_path, *f.target, f.backend);
+    ASSERT_EQ(compact->d2t().size(), 3000u);
+    const int E = f.target->config().n_embd, n = 6;
+    std::vector<float> features(static_cast<size_t>(n) * 3 * E);
+    Rng rng(4);
+    for (auto & x : features) x = static_cast<float>(rng.uniform() - 0.5);
+    ForwardBatch b = ForwardBatch::causal(std::span(kPrompt).first(n), 0, {0, 1, 2, 3, 4, 5});
+    b.hidden_in = features;
+    KvCache c1(f.backend, 1, full->shape().n_embd_kv, 16), c2(f.backend, 1, compact->shape().n_embd_kv, 16);
+    ModelRunner r1(*full), r2(*compact);
+    const ForwardOutput a = r1.forward(b, c1), c = r2.forward(b, c2);
+    double diff = 0.0;
+    for (int i = 0; i < n; ++i) {
+        for (size_t k = 0; k < compact->d2t().size(); ++k) {
+            const int64_t id = compact->d2t()[k];
+            diff = std::max(diff, double(std::fabs(c.logits_row(i)[k] - a.logits_row(i)[id])));
+        }
+    }
+    EXPECT_LT(diff, 2e-2);  // the kept rows are re-stored as F16, as they were
+
+    // Every kept id is at least as frequent as every dropped one.
+    std::vector<char> kept(V, 0);
+    for (int32_t id : compact->d2t()) kept[id] = 1;
+    int64_t min_kept = 1 << 30, max_dropped = -1;
+    for (int id = 0; id < V; ++id) {
+        if (kept[id]) min_kept = std::min(min_kept, counts[id]);
+        else max_dropped = std::max(max_dropped, counts[id]);
+    }
+    EXPECT_GE(min_kept, max_dropped);
+
+    const auto want = f.plain(40);
+    EagleDrafter d(*compact, 256);
+    EXPECT_EQ(f.speculative(d, TreeBudget{TreeShape::Dynamic, 4, 3, 10}, 40), want);
 }
 
 TEST(Eagle, MismatchedHeadsAreRefused) {

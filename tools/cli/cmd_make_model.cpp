@@ -1,10 +1,15 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "commands.h"
 #include "common/error.h"
+#include "eagle3_vocab.h"
 #include "model_writer.h"
+#include "tokenizer/tokenizer.h"
 #include "twin.h"
 
 namespace specula::cli {
@@ -56,6 +61,57 @@ void register_make_model(CLI::App & app, Commands & commands) {
                 std::printf("wrote %s (EAGLE-3 head for the twin)\n", twin->eagle3_out.c_str());
             }
             std::printf("wrote %s (bench twin of %s, %s shape)\n", twin->out.c_str(), twin->target.c_str(), twin->shape.c_str());
+            return 0;
+        };
+    });
+
+    struct CompactArgs {
+        std::string head, target, out;
+        std::vector<std::string> corpus;
+        int keep = 2048;
+        long long max_bytes = 64ll << 20;
+    };
+    auto compact = std::make_shared<CompactArgs>();
+    CLI::App * c = app.add_subcommand("compact-eagle3", "give an EAGLE-3 head a compact draft vocabulary: the corpus's most frequent tokens, via d2t");
+    c->add_option("--head", compact->head, "EAGLE-3 head GGUF (full target vocabulary)")->required();
+    c->add_option("--target", compact->target, "the target GGUF (its tokenizer counts the corpus)")->required();
+    c->add_option("--corpus", compact->corpus, "text files or directories (read recursively; binary files skipped)")->required();
+    c->add_option("--keep", compact->keep, "draft vocabulary size")->capture_default_str();
+    c->add_option("--max-bytes", compact->max_bytes, "read at most this much of the corpus")->capture_default_str();
+    c->add_option("-o,--output", compact->out, "output GGUF path")->required();
+    c->callback([compact, &commands] {
+        commands.run = [compact] {
+            namespace fs = std::filesystem;
+            const Tokenizer tok(compact->target);
+            std::vector<int64_t> counts(tok.n_vocab(), 0);
+            long long read = 0;
+            auto count_file = [&](const fs::path & p) {
+                if (read >= compact->max_bytes) return;
+                std::ifstream in(p, std::ios::binary);
+                std::stringstream text;
+                text << in.rdbuf();
+                const std::string s = text.str();
+                if (s.find('\0') != std::string::npos) return;  // binary (e.g. .pyc): not text
+                read += static_cast<long long>(s.size());
+                for (int32_t t : tok.tokenize(s, false)) ++counts[t];
+            };
+            for (const std::string & path : compact->corpus) {
+                if (!fs::exists(path)) throw Error(path + ": no such file or directory");
+                if (!fs::is_directory(path)) {
+                    count_file(path);
+                    continue;
+                }
+                std::vector<fs::path> files;  // sorted: the same corpus gives the same vocabulary
+                for (const auto & e : fs::recursive_directory_iterator(path)) {
+                    if (e.is_regular_file()) files.push_back(e.path());
+                }
+                std::sort(files.begin(), files.end());
+                for (const auto & f : files) count_file(f);
+            }
+            if (read == 0) throw Error("the corpus is empty");
+            const CompactVocabResult r = write_compact_eagle3(compact->head, counts, compact->keep, compact->out);
+            std::printf("wrote %s: draft vocabulary %d of %d tokens, covering %.1f%% of %lld corpus bytes' tokens\n",
+                        compact->out.c_str(), r.kept, tok.n_vocab(), 100.0 * r.coverage, read);
             return 0;
         };
     });
