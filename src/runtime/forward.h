@@ -85,7 +85,8 @@ private:
     size_t graph_size_ = 0;
     Graph & graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end);
     std::vector<std::unique_ptr<Graph>> graphs_;  // most recently used last
-    static constexpr size_t kMaxGraphs = 16;
+    // Enough for a tree run's verify sizes plus its draft shapes; each holds its compute buffers.
+    static constexpr size_t kMaxGraphs = 32;
 };
 
 }  // namespace specula
