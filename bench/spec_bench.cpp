@@ -110,7 +110,7 @@ struct Run {
     double seconds = 0.0;
     SpeculationStats spec;           // llama.cpp: totals only, no per-position counts
     std::vector<int> rounds_by_k;    // specula: rounds that drafted (chains) or verified (trees) k tokens, [k]
-    int tree_depth = 0;              // specula trees: deepest draft of the run
+    std::vector<int> rounds_by_depth;  // specula: rounds whose draft was d tokens deep, [d]
     RoundTimes times;                // specula speculative runs
 };
 
@@ -264,7 +264,9 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
 void record_round(Run & run, const RoundInfo & r) {
     const int k = r.draft->tree.size();
     ++run.rounds_by_k[std::min<size_t>(k, run.rounds_by_k.size() - 1)];
-    run.tree_depth = std::max(run.tree_depth, r.draft->tree.max_depth());
+    const size_t depth = r.draft->tree.max_depth();
+    if (run.rounds_by_depth.size() <= depth) run.rounds_by_depth.resize(depth + 1, 0);
+    ++run.rounds_by_depth[depth];
     run.times.verify_ms += r.verify_ms;
     if (r.round == 0) {
         ++run.times.runs;
@@ -404,8 +406,7 @@ struct Cell {
     std::vector<int> tokens;         // [rep]
     std::vector<double> seconds;     // [rep]
     SpeculationStats spec;           // over all prompts and reps
-    std::vector<int> rounds_by_k;
-    int tree_depth = 0;
+    std::vector<int> rounds_by_k, rounds_by_depth;
     RoundTimes times;                // over all prompts and reps
 };
 using CellKey = std::tuple<int, std::string, int>;  // temperature index, category, mode index
@@ -434,7 +435,8 @@ void add_run(Cell & c, int rep, const Run & r) {
     c.rounds_by_k.resize(std::max(c.rounds_by_k.size(), r.rounds_by_k.size()), 0);
     for (size_t k = 0; k < r.rounds_by_k.size(); ++k) c.rounds_by_k[k] += r.rounds_by_k[k];
     c.times.add(r.times);
-    c.tree_depth = std::max(c.tree_depth, r.tree_depth);
+    c.rounds_by_depth.resize(std::max(c.rounds_by_depth.size(), r.rounds_by_depth.size()), 0);
+    for (size_t d = 0; d < r.rounds_by_depth.size(); ++d) c.rounds_by_depth[d] += r.rounds_by_depth[d];
 }
 
 Summary tok_s(const Cell & c) {
@@ -449,20 +451,17 @@ std::vector<double> acceptance_by_position(const SpeculationStats & s) {
     return a;
 }
 
-// The cost model's speedup: a chain round drafting k tokens is expected to emit E(k) tokens (from
-// the measured per-position acceptance), a tree round E(depth) (acceptance per depth); it costs
-// the draft time measured in the run plus a verify of its size from the cost curve, against
-// plain decoding's measured ms per token. Rounds are weighted by how often each size occurred,
-// so adaptive policies and tree sizes are predicted too.
+// The cost model's speedup: a round whose draft is d deep is expected to emit E(d) tokens, from
+// the measured acceptance per depth (a chain's depth is its length); it costs the draft time
+// measured in the run plus, from the cost curve, a verify of its size, against plain decoding's
+// measured ms per token. Rounds are weighted by how often each depth and size occurred, so
+// adaptive policies and policy-sized trees are predicted too.
 double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
     if (!is_specula(mode.kind) || !is_speculative(mode.kind) || plain_tok_s <= 0) return 0.0;
     const std::vector<double> alpha = acceptance_by_position(c.spec);
     double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
-    for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) {
-        const int depth = mode.tree == TreeShape::Chain ? static_cast<int>(k) : c.tree_depth;
-        tokens += c.rounds_by_k[k] * expected_tokens(alpha, depth);
-        ms += c.rounds_by_k[k] * cost.verify_ms[k];
-    }
+    for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) tokens += c.rounds_by_depth[d] * expected_tokens(alpha, static_cast<int>(d));
+    for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) ms += c.rounds_by_k[k] * cost.verify_ms[k];
     return ms > 0 ? (tokens / ms) * (1000.0 / plain_tok_s) : 0.0;
 }
 
@@ -546,7 +545,8 @@ json row_json(const Row & r, float temp) {
             const auto a = acceptance_by_position(s);
             for (size_t d = 0; d < a.size(); ++d) positions.push_back(s.reached_at[d] ? json(a[d]) : json(nullptr));
             j["acceptance_by_position"] = positions;
-            j["rounds_by_draft_length"] = r.cell->rounds_by_k;
+            j["rounds_by_size"] = r.cell->rounds_by_k;  // drafted tokens (chains) / verified nodes (trees)
+            j["rounds_by_depth"] = r.cell->rounds_by_depth;
             j["predicted_speedup"] = r.predicted;
             j["measured_costs"] = measured_costs(*r.cell);
         }

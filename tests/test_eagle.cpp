@@ -167,6 +167,25 @@ TEST(Eagle, CompactVocabularyKeepsTheFrequentTokensLogits) {
     EXPECT_EQ(f.speculative(d, TreeBudget{TreeShape::Dynamic, 4, 3, 10}, 40), want);
 }
 
+// The Engine's defaults for a head (dynamic tree sized each round from a verify-cost curve it
+// measures itself) also work when the context is shorter than the largest tree.
+TEST(Eagle, EngineDefaultsFitASmallContext) {
+    for (int n_ctx : {16, 64}) {
+        EngineOptions o;
+        o.model_path = test::model_path("llama_gqa_f32");
+        o.eagle3_path = test::eagle_head_path("eagle3", "llama_gqa_f32");
+        o.n_threads = 1;
+        o.n_ctx = n_ctx;
+        auto engine = Engine::open(o);
+        GenerationOptions g;
+        g.n_predict = 8;
+        g.stop_at_end_of_generation = false;
+        const GenerationStats s = engine->generate("def f(x):", g, [](const std::string &) { return true; });
+        EXPECT_EQ(s.n_generated, 8) << n_ctx;
+        EXPECT_GT(s.speculation.rounds, 0);
+    }
+}
+
 TEST(Eagle, MismatchedHeadsAreRefused) {
     Fixture f;
     const std::string narrow = test::eagle_head_path("eagle3", "llama_gqa_f32", 0, 32);

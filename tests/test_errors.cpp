@@ -76,6 +76,11 @@ TEST(Errors, PromptLongerThanContext) {
     EXPECT_NE(msg.find("longer than the 8-token context"), std::string::npos) << msg;
 }
 
+TEST(Errors, UnknownAttentionKernel) {
+    EXPECT_NE(test::error_message([] { Backend b(BackendOptions{"cpu", 1, "fast"}); }).find("unknown attention kernel 'fast'"),
+              std::string::npos);
+}
+
 TEST(Errors, UnknownDevice) {
     EXPECT_NE(test::error_message([] { Backend b(BackendOptions{"CUDA7", 1}); }).find("device 'CUDA7' not found"), std::string::npos);
 }

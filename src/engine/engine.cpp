@@ -103,7 +103,7 @@ GenerationStats Engine::generate(const std::string & prompt, const GenerationOpt
         const int depth = std::min(128, s.options.n_ctx - max_tokens);
         std::vector<int32_t> probe;
         while (static_cast<int>(probe.size()) < depth + max_tokens) probe.insert(probe.end(), tokens.begin(), tokens.end());
-        prefill(runner, cache, std::span(probe).first(depth));
+        if (depth > 0) prefill(runner, cache, std::span(probe).first(depth));
         s.verify_cost_ms = measure_verify_cost(runner, cache, std::span(probe).subspan(depth), max_tokens);
         cache.rollback(0);
     }
