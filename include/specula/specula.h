@@ -19,7 +19,7 @@ struct EngineOptions {
     bool ngram = false;            // prompt-lookup drafting
     int ngram_min = 1, ngram_max = 3;
     int draft_max = 8;             // longest draft per round
-    std::string draft_policy = "fixed";  // fixed | heuristic | cost (chains)
+    std::string draft_policy = "cost";   // cost | heuristic | fixed (chains; docs/policies.md)
     std::string tree;            // chain | static | dynamic; empty: dynamic for EAGLE heads, else chain
     int tree_depth = 6;
     int tree_branching = 4;      // dynamic: children per node and nodes expanded per depth

@@ -36,7 +36,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--ngram-min", args->engine.ngram_min, "shortest n-gram to match")->capture_default_str();
     sub->add_option("--ngram-max", args->engine.ngram_max, "longest n-gram to match")->capture_default_str();
     sub->add_option("--draft-max", args->engine.draft_max, "longest draft per round")->capture_default_str();
-    sub->add_option("--draft-policy", args->engine.draft_policy, "draft length policy: fixed | heuristic | cost")->capture_default_str();
+    sub->add_option("--draft-policy", args->engine.draft_policy, "draft length policy: cost | heuristic | fixed")->capture_default_str();
     sub->add_option("--tree", args->engine.tree, "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
     sub->add_option("--tree-depth", args->engine.tree_depth, "tree depth below the root")->capture_default_str();
     sub->add_option("--tree-branching", args->engine.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
