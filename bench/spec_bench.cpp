@@ -455,16 +455,16 @@ std::vector<double> acceptance_by_position(const SpeculationStats & s) {
 
 // The cost model's speedup: a round whose draft is d deep is expected to emit E(d) tokens, from
 // the measured acceptance per depth (a chain's depth is its length); it costs the draft time
-// measured in the run plus, from the cost curve, a verify of its size, against plain decoding's
-// measured ms per token. Rounds are weighted by how often each depth and size occurred, so
-// adaptive policies and policy-sized trees are predicted too.
-double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
-    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || plain_tok_s <= 0) return 0.0;
+// measured in the run plus, from the cost curve, a verify of its size, against a plain decoding
+// step at the curve's 1-token cost. Rounds are weighted by how often each depth and size
+// occurred, so adaptive policies and policy-sized trees are predicted too.
+double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost) {
+    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty()) return 0.0;
     const std::vector<double> alpha = acceptance_by_position(c.spec);
     double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) tokens += c.rounds_by_depth[d] * expected_tokens(alpha, static_cast<int>(d));
     for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) ms += c.rounds_by_k[k] * cost.verify_ms[k];
-    return ms > 0 ? (tokens / ms) * (1000.0 / plain_tok_s) : 0.0;
+    return ms > 0 ? (tokens / ms) * cost.verify_ms[0] : 0.0;
 }
 
 // One table row / JSON entry, derived from a cell and its category's specula-plain cell.
@@ -481,7 +481,7 @@ Row make_row(const std::map<CellKey, Cell> & cells, int t, const std::string & c
     const double plain = tok_s(cells.at({t, cat, kPlainMode})).median;
     Row r{cat, &kModes[m], tok_s(c), 0.0, 0.0, &c};
     r.speedup = plain > 0 ? r.tok_s.median / plain : 0.0;
-    r.predicted = predicted_speedup(c, kModes[m], cost, plain);
+    r.predicted = predicted_speedup(c, kModes[m], cost);
     return r;
 }
 
