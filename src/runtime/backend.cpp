@@ -33,6 +33,10 @@ int default_thread_count() {
 }
 
 Backend::Backend(const BackendOptions & opts) {
+    // Options are checked before any ggml backend exists: a throwing constructor runs no destructor.
+    if (opts.attention != "auto" && opts.attention != "flash" && opts.attention != "matmul") {
+        throw Error("unknown attention kernel '" + opts.attention + "' (expected auto, flash or matmul)");
+    }
     if (!std::getenv("SPECULA_VERBOSE")) {  // ggml's info lines (e.g. per-tensor repacking) are noise for users
         ggml_log_set([](ggml_log_level level, const char * text, void *) {
             if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
@@ -57,7 +61,10 @@ Backend::Backend(const BackendOptions & opts) {
     }
 
     cpu_ = ggml_backend_dev_init(cpu_dev, nullptr);
-    if (!cpu_) throw Error("could not initialise the CPU backend");
+    if (!cpu_) {
+        for (ggml_backend_t b : backends_) ggml_backend_free(b);
+        throw Error("could not initialise the CPU backend");
+    }
     backends_.push_back(cpu_);
 
     if (backends_.size() == 1) {
@@ -72,14 +79,14 @@ Backend::Backend(const BackendOptions & opts) {
         }
     }
     matmul_bufts_.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
-    if (opts.attention == "auto") {
-        flash_attention_ = backends_.size() > 1;  // a GPU (or other accelerator) device was chosen
-    } else if (opts.attention == "flash" || opts.attention == "matmul") {
-        flash_attention_ = opts.attention == "flash";
-    } else {
-        throw Error("unknown attention kernel '" + opts.attention + "' (expected auto, flash or matmul)");
+    flash_attention_ = opts.attention == "auto" ? backends_.size() > 1  // a GPU (or other accelerator) device was chosen
+                                                : opts.attention == "flash";
+    try {
+        set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
+    } catch (...) {
+        for (ggml_backend_t b : backends_) ggml_backend_free(b);
+        throw;
     }
-    set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
 }
 
 Backend::~Backend() {
