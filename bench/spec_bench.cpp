@@ -455,16 +455,34 @@ std::vector<double> acceptance_by_position(const SpeculationStats & s) {
 
 // The cost model's speedup: a round whose draft is d deep is expected to emit E(d) tokens, from
 // the measured acceptance per depth (a chain's depth is its length); it costs the draft time
-// measured in the run plus, from the cost curve, a verify of its size, against a plain decoding
-// step at the curve's 1-token cost. Rounds are weighted by how often each depth and size
-// occurred, so adaptive policies and policy-sized trees are predicted too.
-double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost) {
-    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty()) return 0.0;
+// measured in the run plus, from the cost curve, a verify of its size. Rounds are weighted by how
+// often each depth and size occurred, so adaptive policies and policy-sized trees are predicted
+// too. The baseline is plain decoding's measured time per token: it is the curve's 1-token point
+// measured over every generated token rather than a handful of probes (a single noisy probe there
+// moved every prediction by up to 20%).
+double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
+    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_tok_s <= 0) return 0.0;
     const std::vector<double> alpha = acceptance_by_position(c.spec);
     double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) tokens += c.rounds_by_depth[d] * expected_tokens(alpha, static_cast<int>(d));
     for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) ms += c.rounds_by_k[k] * cost.verify_ms[k];
-    return ms > 0 ? (tokens / ms) * cost.verify_ms[0] : 0.0;
+    return ms > 0 ? (tokens / ms) * 1000.0 / plain_tok_s : 0.0;
+}
+
+// What no drafter of this run's cost can beat: every draft accepted, a round of depth k costing k
+// drafter levels (at the run's measured time per level: one token for chains, a batch of nodes
+// for trees) plus a verify of k + 1 tokens from the curve, emitting k + 1 tokens. A tree of depth
+// k emits at most that and verifies at least that many tokens, so trees are bounded too.
+double speedup_ceiling(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
+    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || plain_tok_s <= 0) return 0.0;
+    double levels = 0;
+    for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) levels += static_cast<double>(d) * c.rounds_by_depth[d];
+    const double level_ms = levels > 0 ? c.times.draft_ms / levels : 0.0;
+    double best = 0;
+    for (size_t k = 1; k < cost.verify_ms.size(); ++k) {
+        best = std::max(best, (k + 1) / (k * level_ms + cost.verify_ms[k]) * 1000.0 / plain_tok_s);
+    }
+    return best;
 }
 
 // One table row / JSON entry, derived from a cell and its category's specula-plain cell.
@@ -472,16 +490,17 @@ struct Row {
     std::string category;
     const Mode * mode;
     Summary tok_s;
-    double speedup = 0, predicted = 0;
+    double speedup = 0, predicted = 0, ceiling = 0;
     const Cell * cell;
 };
 
 Row make_row(const std::map<CellKey, Cell> & cells, int t, const std::string & cat, int m, const CostCurve & cost) {
     const Cell & c = cells.at({t, cat, m});
     const double plain = tok_s(cells.at({t, cat, kPlainMode})).median;
-    Row r{cat, &kModes[m], tok_s(c), 0.0, 0.0, &c};
+    Row r{cat, &kModes[m], tok_s(c), 0.0, 0.0, 0.0, &c};
     r.speedup = plain > 0 ? r.tok_s.median / plain : 0.0;
-    r.predicted = predicted_speedup(c, kModes[m], cost);
+    r.predicted = predicted_speedup(c, kModes[m], cost, plain);
+    r.ceiling = speedup_ceiling(c, kModes[m], cost, plain);
     return r;
 }
 
@@ -501,16 +520,17 @@ void print_row(const Row & r) {
     const auto a = acceptance_by_position(s);
     for (size_t d = 0; d < a.size(); ++d) positions += s.reached_at[d] ? fmt("%.2f ", a[d]) : std::string("- ");
     if (spec && positions.empty()) positions = "-";
-    std::printf("%-11s %-24s %8.1f [%7.1f .. %7.1f] %7.2fx %7s %7s %9s  %s\n", r.category.c_str(), r.mode->name, r.tok_s.median,
+    std::printf("%-11s %-24s %8.1f [%7.1f .. %7.1f] %7.2fx %7s %7s %9s %7s  %s\n", r.category.c_str(), r.mode->name, r.tok_s.median,
                 r.tok_s.min, r.tok_s.max, r.speedup, spec ? fmt("%.3f", s.acceptance_rate()).c_str() : "-",
                 spec ? fmt("%.2f", s.mean_accepted_length()).c_str() : "-",
-                r.predicted > 0 ? fmt("%.2fx", r.predicted).c_str() : "-", positions.c_str());
+                r.predicted > 0 ? fmt("%.2fx", r.predicted).c_str() : "-",
+                r.ceiling > 0 ? fmt("%.2fx", r.ceiling).c_str() : "-", positions.c_str());
 }
 
 void print_header(float temp) {
     std::printf("\n== temperature %g ==\n", temp);
-    std::printf("%-11s %-24s %8s %-20s %8s %7s %7s %9s  %s\n", "category", "mode", "tok/s", " [min .. max]", "speedup",
-                "accept", "tok/fwd", "predicted", "acceptance by position");
+    std::printf("%-11s %-24s %8s %-20s %8s %7s %7s %9s %7s  %s\n", "category", "mode", "tok/s", " [min .. max]", "speedup",
+                "accept", "tok/fwd", "predicted", "ceiling", "acceptance by position");
 }
 
 // The costs the prediction assumes, as measured inside the runs: a gap to the cost curve shows
@@ -550,6 +570,7 @@ json row_json(const Row & r, float temp) {
             j["rounds_by_size"] = r.cell->rounds_by_k;  // drafted tokens (chains) / verified nodes (trees)
             j["rounds_by_depth"] = r.cell->rounds_by_depth;
             j["predicted_speedup"] = r.predicted;
+            j["speedup_ceiling"] = r.ceiling;
             j["measured_costs"] = measured_costs(*r.cell);
         }
     }
@@ -637,7 +658,8 @@ json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
         }
     }
     std::printf("note: speedup = vs specula plain; tok/fwd = mean accepted length (tokens per target forward); "
-                "predicted = cost-model speedup from measured acceptance and the cost curve\n");
+                "predicted = cost-model speedup from measured acceptance and the cost curve;\n"
+                "      ceiling = speedup if every draft were accepted, at this run's draft cost and the cost curve\n");
     if (std::any_of(o.temps.begin(), o.temps.end(), [](float t) { return t > 0; })) {
         std::printf("note: at T > 0 llama.cpp drafts greedily and keeps a draft token only if the target samples the same "
                     "one; specula uses rejection sampling, so acceptances differ by design\n");
@@ -677,8 +699,8 @@ void print_headline(const Headline & h, float temp) {
     const double llama_gain = h.llama_plain.tok_s.median > 0 ? h.llama_spec.tok_s.median / h.llama_plain.tok_s.median : 0.0;
     char extra[160];
     std::printf("\nall prompts, temperature %g (tok/s, median):\n", temp);
-    std::snprintf(extra, sizeof extra, "%.2fx specula plain (predicted %.2fx), %.2f tokens/forward", h.spec.speedup,
-                  h.spec.predicted, h.spec.cell->spec.mean_accepted_length());
+    std::snprintf(extra, sizeof extra, "%.2fx specula plain (predicted %.2fx, ceiling %.2fx), %.2f tokens/forward",
+                  h.spec.speedup, h.spec.predicted, h.spec.ceiling, h.spec.cell->spec.mean_accepted_length());
     line(std::string(h.spec.mode->name) + " (headline)", h.spec, extra);
     if (h.fixed.mode != h.spec.mode) {
         std::snprintf(extra, sizeof extra, "%.2fx specula plain, %.2f tokens/forward (k fixed, as llama.cpp)", h.fixed.speedup,
@@ -725,6 +747,7 @@ void write_json(const SpecBenchOptions & o, const std::string & prompts_path, in
         {"llamacpp_mean_accepted_len", h.llama_spec.cell->spec.mean_accepted_length()},
         {"predicted_speedup", h.spec.predicted},
         {"measured_speedup", h.spec.speedup},
+        {"speedup_ceiling", h.spec.ceiling},
         {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}}},
         {"results", std::move(rows)},
     };

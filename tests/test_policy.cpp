@@ -5,10 +5,23 @@
 
 #include "policy/draft_length.h"
 #include "policy/tree_size.h"
+#include "policy/verify_cost.h"
 #include "tree/tree_builder.h"
 
 namespace specula {
 namespace {
+
+TEST(VerifyCost, ScalesTheCurveByWhatRoundsReallyCost) {
+    VerifyCost v({2.0, 3.0, 4.0});
+    EXPECT_EQ(v.max_tokens(), 3);
+    EXPECT_DOUBLE_EQ(v.ms(2), 3.0);
+    // Verification keeps costing twice the curve (at any size): the whole curve doubles.
+    for (int r = 0; r < 100; ++r) v.observe(1 + r % 3, 2.0 * (2.0 + r % 3));
+    EXPECT_NEAR(v.ms(1), 4.0, 1e-3);
+    EXPECT_NEAR(v.ms(3), 8.0, 1e-3);
+    v.observe(4, 1000.0);  // beyond the curve: ignored
+    EXPECT_NEAR(v.ms(3), 8.0, 1e-3);
+}
 
 TEST(TreeSizePolicy, VerifiesTheNodesThatPayForTheirVerifyCost) {
     // Verify cost: flat up to 4 tokens, then +1 ms per token.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "policy/verify_cost.h"
 
 namespace specula {
 
@@ -52,8 +53,8 @@ private:
 class CostPolicy : public DraftLengthPolicy {
 public:
     CostPolicy(int k_max, std::vector<double> verify_ms)
-        : k_max_(k_max), verify_ms_(std::move(verify_ms)), reached_(k_max, 0.0), accepted_(k_max, 0.0) {
-        if (static_cast<int>(verify_ms_.size()) < k_max + 1) throw Error("cost policy: verify cost curve too short");
+        : k_max_(k_max), verify_(std::move(verify_ms)), reached_(k_max, 0.0), accepted_(k_max, 0.0) {
+        if (verify_.max_tokens() < k_max + 1) throw Error("cost policy: verify cost curve too short");
     }
     const char * name() const override { return "cost"; }
 
@@ -62,9 +63,9 @@ public:
         std::vector<double> alpha(k_max_);
         for (int i = 0; i < k_max_; ++i) alpha[i] = (accepted_[i] + 0.8 * kPrior) / (reached_[i] + kPrior);
         int best = 0;
-        double best_rate = 1.0 / (overhead_ * verify_ms_[0]);  // a plain step
+        double best_rate = 1.0 / verify_.ms(1);  // a plain step
         for (int k = 1; k <= k_max_; ++k) {
-            const double rate = expected_tokens(alpha, k) / (k * draft_ms_per_token_ + overhead_ * verify_ms_[k]);
+            const double rate = expected_tokens(alpha, k) / (k * draft_ms_per_token_ + verify_.ms(k + 1));
             if (rate > best_rate) best_rate = rate, best = k;
         }
         if (best > 0) {
@@ -93,10 +94,7 @@ public:
             const double per_token = 1000.0 * r.draft_seconds / r.drafted;
             draft_ms_per_token_ = draft_ms_per_token_ == 0.0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
         }
-        // The curve was measured once, for the forward alone: scale it by what rounds really cost.
-        if (r.verify_tokens >= 1 && r.verify_tokens <= static_cast<int>(verify_ms_.size()) && verify_ms_[r.verify_tokens - 1] > 0) {
-            overhead_ = 0.9 * overhead_ + 0.1 * (1000.0 * r.verify_seconds / verify_ms_[r.verify_tokens - 1]);
-        }
+        verify_.observe(r.verify_tokens, 1000.0 * r.verify_seconds);
     }
 
 private:
@@ -104,10 +102,9 @@ private:
     static constexpr double kKeep = 0.98;
     static constexpr int kProbeEvery = 8;
     int k_max_;
-    std::vector<double> verify_ms_;
+    VerifyCost verify_;
     std::vector<double> reached_, accepted_;
     double draft_ms_per_token_ = 0.0;
-    double overhead_ = 1.0;
     int n_drafting_rounds_ = 0;
     int plain_streak_ = 0;
     bool probing_ = false;

@@ -6,8 +6,8 @@
 
 namespace specula {
 
-TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms) : verify_ms_(std::move(verify_cost_ms)) {
-    if (verify_ms_.size() < 2) throw Error("tree size policy: verify cost curve too short");
+TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms) : verify_(std::move(verify_cost_ms)) {
+    if (verify_.max_tokens() < 2) throw Error("tree size policy: verify cost curve too short");
 }
 
 int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms) {
@@ -17,7 +17,7 @@ int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms) 
     const int n_max = std::min<int>(static_cast<int>(path_probs.size()), max_nodes());
     for (int n = 1; n <= n_max; ++n) {
         promised += path_probs[n - 1];
-        const double rate = (1.0 + gamma * promised) / (draft_ms + overhead_ * verify_ms_[n]);
+        const double rate = (1.0 + gamma * promised) / (draft_ms + verify_.ms(n + 1));
         if (rate > best_rate) best_rate = rate, best = n;
     }
     return best;
@@ -31,7 +31,7 @@ void TreeSizePolicy::observe_draft(double draft_ms, int levels) {
 
 double TreeSizePolicy::min_path_prob() const {
     const double gamma = std::clamp(calibration(), 0.05, 2.0);
-    return level_ms_ / (gamma * overhead_ * verify_ms_[0]);
+    return level_ms_ / (gamma * verify_.ms(1));
 }
 
 void TreeSizePolicy::observe(double promised, int accepted, int n_verified, double verify_ms) {
@@ -39,11 +39,7 @@ void TreeSizePolicy::observe(double promised, int accepted, int n_verified, doub
     constexpr double kKeep = 0.95;
     promised_ = kKeep * promised_ + promised;
     accepted_ = kKeep * accepted_ + accepted;
-    // The curve was measured once, at one depth, for the forward alone: scale all of it by how a
-    // round's verification (forward, verify, compaction) compares with it now.
-    if (n_verified >= 0 && n_verified < static_cast<int>(verify_ms_.size()) && verify_ms_[n_verified] > 0) {
-        overhead_ = 0.9 * overhead_ + 0.1 * (verify_ms / verify_ms_[n_verified]);
-    }
+    verify_.observe(n_verified + 1, verify_ms);
 }
 
 }  // namespace specula

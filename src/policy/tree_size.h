@@ -8,6 +8,8 @@
 #include <span>
 #include <vector>
 
+#include "policy/verify_cost.h"
+
 namespace specula {
 
 // Largest tree verified when the size is left to the policy (--tree-nodes 0).
@@ -19,7 +21,7 @@ public:
     // its length - 1 nodes.
     explicit TreeSizePolicy(std::vector<double> verify_cost_ms);
 
-    int max_nodes() const { return static_cast<int>(verify_ms_.size()) - 1; }
+    int max_nodes() const { return verify_.max_tokens() - 1; }
     // path_probs: cumulative draft probability of each node, in prune order. Returns n >= 1.
     int choose(std::span<const double> path_probs, double draft_ms);
     // After verification of the n chosen nodes: the promised sum and what was accepted.
@@ -32,9 +34,8 @@ public:
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
 
 private:
-    std::vector<double> verify_ms_;
+    VerifyCost verify_;
     double promised_ = 0.0, accepted_ = 0.0;  // decayed sums
-    double overhead_ = 1.0;                   // measured verify time / curve, smoothed
     double level_ms_ = 0.0;                   // drafter time per tree level, smoothed
 };
 

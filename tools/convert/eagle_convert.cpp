@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "gguf_edit.h"
 #include "runtime/gguf_file.h"
 
 namespace specula {
@@ -549,10 +550,7 @@ EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
         g->data = t.data.data();
         gguf_add_tensor(out, g);
     }
-    const bool ok = gguf_write_to_file(out, o.out_path.c_str(), false);
-    gguf_free(out);
-    ggml_free(ctx);
-    if (!ok) throw Error(o.out_path + ": could not write");
+    write_gguf(out, ctx, o.out_path);
     return result;
 }
 

@@ -63,10 +63,7 @@ CompactVocabResult write_compact_eagle3(const std::string & head_path, std::span
     ggml_set_name(d2t, "d2t");
     std::memcpy(d2t->data, ids.data(), ids.size() * sizeof(int64_t));
     gguf_add_tensor(out, d2t);
-    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
-    gguf_free(out);
-    ggml_free(ctx);
-    if (!ok) throw Error(out_path + ": could not write");
+    write_gguf(out, ctx, out_path);
     return {keep, total > 0 ? covered / total : 0.0};
 }
 

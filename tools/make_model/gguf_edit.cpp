@@ -36,4 +36,11 @@ gguf_context * metadata_of(const std::string & path) {
     return out;
 }
 
+void write_gguf(gguf_context * out, ggml_context * ctx, const std::string & path) {
+    const bool ok = gguf_write_to_file(out, path.c_str(), false);
+    gguf_free(out);
+    ggml_free(ctx);
+    if (!ok) throw Error(path + ": could not write");
+}
+
 }  // namespace specula

@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "gguf_edit.h"
 
 namespace specula {
 
@@ -114,10 +115,7 @@ void write_tensors(gguf_context * out, const std::vector<Planned> & plan, uint64
         ggml_set_name(t, i64_name.c_str());
         gguf_add_tensor(out, t);
     }
-    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
-    gguf_free(out);
-    ggml_free(ctx);
-    if (!ok) throw Error(out_path + ": could not write");
+    write_gguf(out, ctx, out_path);
 }
 
 }  // namespace

@@ -132,10 +132,7 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
         }
         gguf_add_tensor(out, tensor);
     }
-    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
-    gguf_free(out);
-    ggml_free(ctx);
-    if (!ok) throw Error(out_path + ": could not write");
+    write_gguf(out, ctx, out_path);
 }
 
 void write_bench_twin_eagle3(const std::string & head_path, const std::string & target_path, const std::string & shape_name,
@@ -195,10 +192,7 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
         }
         gguf_add_tensor(out, t);
     }
-    const bool ok = gguf_write_to_file(out, out_path.c_str(), false);
-    gguf_free(out);
-    ggml_free(ctx);
-    if (!ok) throw Error(out_path + ": could not write");
+    write_gguf(out, ctx, out_path);
 }
 
 }  // namespace specula
