@@ -340,9 +340,11 @@ std::string common_flags(const SpecBenchOptions & o, const LlamaSetup & s, const
 
 // Runs a llama.cpp tool and parses its log (stdout carries only the generated text). llama.cpp
 // logs through an asynchronous queue that, on a loaded machine, now and then loses the final
-// summary lines of an otherwise successful run (v0.5.0; 2 runs in ~40 here); a fresh run is
-// the only way to get its figures, so such runs are repeated a couple of times.
+// summary lines of an otherwise successful run (v0.5.0; 2 runs in ~40 on one machine, 3 in a row on
+// another, and 0 in 60 when retried by hand); a fresh run is the only way to get its figures, so
+// such runs are repeated, and a final failure shows the log's tail.
 Run run_llama(const std::string & cmd, const LlamaSetup & s, const std::function<Run(const std::string &)> & parse) {
+    constexpr int kAttempts = 5;
     for (int attempt = 1;; ++attempt) {
         std::filesystem::remove(s.log_file);
         run_command(cmd);
@@ -350,8 +352,15 @@ Run run_llama(const std::string & cmd, const LlamaSetup & s, const std::function
         log << std::ifstream(s.log_file).rdbuf();
         try {
             return parse(log.str());
-        } catch (const Error &) {
-            if (attempt == 3) throw;
+        } catch (const Error & e) {
+            const std::string text = log.str();
+            if (attempt == kAttempts) {
+                throw Error(std::string(e.what()) + "; " + std::to_string(kAttempts) + " runs failed alike, the last with " +
+                            std::to_string(text.size()) + " bytes of log ending in:\n" +
+                            text.substr(text.size() > 600 ? text.size() - 600 : 0) + "\ncommand: " + cmd);
+            }
+            std::fprintf(stderr, "note: llama.cpp run %d of at most %d gave an incomplete log (%zu bytes), running it again\n",
+                         attempt, kAttempts, text.size());
         }
     }
 }
@@ -455,32 +464,39 @@ std::vector<double> acceptance_by_position(const SpeculationStats & s) {
 
 // The cost model's speedup: a round whose draft is d deep is expected to emit E(d) tokens, from
 // the measured acceptance per depth (a chain's depth is its length); it costs the draft time
-// measured in the run plus, from the cost curve, a verify of its size. Rounds are weighted by how
+// measured in the run plus a verify of its size from the cost curve. Rounds are weighted by how
 // often each depth and size occurred, so adaptive policies and policy-sized trees are predicted
-// too. The baseline is plain decoding's measured time per token: it is the curve's 1-token point
-// measured over every generated token rather than a handful of probes (a single noisy probe there
-// moved every prediction by up to 20%).
+// too. The curve gives verify costs relative to a 1-token forward; plain decoding's measured time
+// per token gives their absolute size. Isolated probes run 10-20% off what forwards cost inside a
+// generation loop, in either direction by machine (docs/policies.md), so the probes' own absolute
+// times would shift every prediction by that much.
+double verify_ms_in_run(const CostCurve & cost, size_t k, double plain_tok_s) {
+    return cost.verify_ms[k] / cost.verify_ms[0] * 1000.0 / plain_tok_s;
+}
+
 double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
     if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_tok_s <= 0) return 0.0;
     const std::vector<double> alpha = acceptance_by_position(c.spec);
     double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) tokens += c.rounds_by_depth[d] * expected_tokens(alpha, static_cast<int>(d));
-    for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) ms += c.rounds_by_k[k] * cost.verify_ms[k];
+    for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) {
+        ms += c.rounds_by_k[k] * verify_ms_in_run(cost, k, plain_tok_s);
+    }
     return ms > 0 ? (tokens / ms) * 1000.0 / plain_tok_s : 0.0;
 }
 
 // What no drafter of this run's cost can beat: every draft accepted, a round of depth k costing k
 // drafter levels (at the run's measured time per level: one token for chains, a batch of nodes
-// for trees) plus a verify of k + 1 tokens from the curve, emitting k + 1 tokens. A tree of depth
-// k emits at most that and verifies at least that many tokens, so trees are bounded too.
+// for trees) plus a verify of k + 1 tokens, emitting k + 1 tokens. A tree of depth k emits at
+// most that and verifies at least that many tokens, so trees are bounded too.
 double speedup_ceiling(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
-    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || plain_tok_s <= 0) return 0.0;
+    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_tok_s <= 0) return 0.0;
     double levels = 0;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) levels += static_cast<double>(d) * c.rounds_by_depth[d];
     const double level_ms = levels > 0 ? c.times.draft_ms / levels : 0.0;
     double best = 0;
     for (size_t k = 1; k < cost.verify_ms.size(); ++k) {
-        best = std::max(best, (k + 1) / (k * level_ms + cost.verify_ms[k]) * 1000.0 / plain_tok_s);
+        best = std::max(best, (k + 1) / (k * level_ms + verify_ms_in_run(cost, k, plain_tok_s)) * 1000.0 / plain_tok_s);
     }
     return best;
 }
