@@ -16,7 +16,15 @@ Expansion propose_children(std::span<const float> logits, int n_children, const 
     } else {
         processed_probs(logits, *req.sampling, probs);
         e.tokens = sample_without_replacement(probs, n_children, *req.rng);
-        for (int32_t t : e.tokens) e.logp.push_back(std::log(std::max(probs[t], 1e-30f)));
+        // The verifier tries sampled siblings in drawn order, and a later one counts only after
+        // every earlier one was rejected. The first is accepted about as often as q matches p,
+        // whichever token was drawn, so it gets the draft's confidence (its top probability);
+        // the later ones share the rest by their own probability.
+        const float top = *std::max_element(probs.begin(), probs.end());
+        for (size_t j = 0; j < e.tokens.size(); ++j) {
+            const float reach = j == 0 ? top : (1.0f - top) * probs[e.tokens[j]];
+            e.logp.push_back(std::log(std::max(reach, 1e-30f)));
+        }
         e.q = probs;
     }
     return e;

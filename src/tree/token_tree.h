@@ -14,7 +14,7 @@ struct TokenTree {
     std::vector<int32_t> token;       // [n] drafted token of node i
     std::vector<int> parent;          // [n] parent node, kRoot for depth-1 nodes
     std::vector<int> depth;           // [n] 1 for children of the root
-    std::vector<float> logp;          // [n] cumulative draft log-probability of the path to i
+    std::vector<float> logp;          // [n] draft's log-probability that verification reaches i (draft/propose.cpp)
     std::vector<int> first_child;     // [n] -1 if none
     std::vector<int> next_sibling;    // [n] -1 if none
     int root_first_child = -1;

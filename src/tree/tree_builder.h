@@ -31,7 +31,7 @@ struct TreeBudget {
 // Children proposed for one frontier node, in proposal order (the order the verifier tries them).
 struct Expansion {
     std::vector<int32_t> tokens;
-    std::vector<float> logp;  // draft log-probability of each child given the node
+    std::vector<float> logp;  // log-probability, given the node, that verification reaches each child (from the draft)
     std::vector<float> q;     // draft distribution the children were drawn from; empty at T = 0
     float entropy = 0.0f;     // of the draft distribution, nats
 };
