@@ -238,12 +238,13 @@ std::vector<int32_t> probe_tokens(const std::vector<Prompt> & prompts, int n) {
     return t;
 }
 
-// Cost of one forward of 1..max_tokens tokens on `depth` cached tokens. Best of 5, not the
-// engine's 2: on a shared machine fewer repetitions give visibly non-monotonic curves.
+// Cost of one forward of 1..max_tokens tokens on `depth` cached tokens. Median of 15, not the
+// engine's 2: the prediction rests on the curve's shape, and with 5 repetitions its 1-token point
+// moved by 8-13% from run to run on the same machine (docs/policies.md).
 std::vector<double> forward_cost(ModelRunner & runner, KvCache & cache, std::span<const int32_t> probe, int depth, int max_tokens) {
     cache.rollback(0);
     prefill(runner, cache, probe.first(depth));
-    auto ms = measure_verify_cost(runner, cache, probe.subspan(depth), max_tokens, 5);
+    auto ms = measure_verify_cost(runner, cache, probe.subspan(depth), max_tokens, 15);
     cache.rollback(0);
     return ms;
 }

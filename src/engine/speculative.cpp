@@ -1,5 +1,6 @@
 #include "engine/speculative.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -49,20 +50,26 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
     if (static_cast<int>(tokens.size()) < max_tokens) throw Error("measure_verify_cost: not enough tokens");
     const int base = cache.size();
     if (base + max_tokens > cache.capacity()) throw Error("measure_verify_cost: context too small");
-    std::vector<double> ms(max_tokens, 1e30);
+    if (reps < 1) throw Error("measure_verify_cost: reps must be positive");
+    std::vector<double> ms(max_tokens);
     ForwardOutput out;
     // Size by size, with an untimed first run: more sizes than the runner keeps graphs for would
-    // otherwise time a graph build with every forward.
+    // otherwise time a graph build with every forward. The median, not the best: the curve
+    // predicts what forwards cost inside a generation loop, where they are not the best case.
     for (int b = 1; b <= max_tokens; ++b) {
         std::vector<int32_t> rows(b);
         for (int i = 0; i < b; ++i) rows[i] = i;
         const ForwardBatch batch = ForwardBatch::causal(tokens.first(b), base, rows);
+        std::vector<double> samples;
         for (int r = 0; r <= reps; ++r) {
             const auto t0 = clock_type::now();
             target.forward(batch, cache, out);
-            if (r > 0) ms[b - 1] = std::min(ms[b - 1], ms_since(t0));
+            if (r > 0) samples.push_back(ms_since(t0));
             cache.rollback(base);
         }
+        std::sort(samples.begin(), samples.end());
+        const size_t mid = samples.size() / 2;
+        ms[b - 1] = samples.size() % 2 ? samples[mid] : 0.5 * (samples[mid - 1] + samples[mid]);
     }
     return ms;
 }

@@ -49,7 +49,7 @@ struct SpecContext {
 GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t> prompt, const GenerationOptions & options,
                              const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
 
-// Measured cost (ms, best of `reps`) of a target forward of b = 1..max_tokens tokens at the
+// Measured cost (ms, median of `reps`) of a target forward of b = 1..max_tokens tokens at the
 // cache's current depth; the cache is left as it was. Feeds the cost policy.
 std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 2);
 
