@@ -11,17 +11,17 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/stats.h"
 
 namespace specula::bench {
 
 Summary summarize(std::vector<double> s) {
     Summary r;
     if (s.empty()) return r;
-    std::sort(s.begin(), s.end());
     r.n = static_cast<int>(s.size());
-    r.min = s.front();
-    r.max = s.back();
-    r.median = s.size() % 2 ? s[s.size() / 2] : 0.5 * (s[s.size() / 2 - 1] + s[s.size() / 2]);
+    r.min = *std::min_element(s.begin(), s.end());
+    r.max = *std::max_element(s.begin(), s.end());
+    r.median = median(std::move(s));
     return r;
 }
 

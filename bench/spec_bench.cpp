@@ -471,33 +471,32 @@ std::vector<double> acceptance_by_position(const SpeculationStats & s) {
 // per token gives their absolute size. Isolated probes run 10-20% off what forwards cost inside a
 // generation loop, in either direction by machine (docs/policies.md), so the probes' own absolute
 // times would shift every prediction by that much.
-double verify_ms_in_run(const CostCurve & cost, size_t k, double plain_tok_s) {
-    return cost.verify_ms[k] / cost.verify_ms[0] * 1000.0 / plain_tok_s;
-}
+double verify_ms_in_run(const CostCurve & cost, size_t k, double plain_ms) { return cost.verify_ms[k] / cost.verify_ms[0] * plain_ms; }
 
-double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
-    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_tok_s <= 0) return 0.0;
+// plain_ms: plain decoding's measured time per token (the baseline of both figures below).
+double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_ms) {
+    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_ms <= 0) return 0.0;
     const std::vector<double> alpha = acceptance_by_position(c.spec);
     double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) tokens += c.rounds_by_depth[d] * expected_tokens(alpha, static_cast<int>(d));
     for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) {
-        ms += c.rounds_by_k[k] * verify_ms_in_run(cost, k, plain_tok_s);
+        ms += c.rounds_by_k[k] * verify_ms_in_run(cost, k, plain_ms);
     }
-    return ms > 0 ? (tokens / ms) * 1000.0 / plain_tok_s : 0.0;
+    return ms > 0 ? tokens / ms * plain_ms : 0.0;
 }
 
 // What no drafter of this run's cost can beat: every draft accepted, a round of depth k costing k
 // drafter levels (at the run's measured time per level: one token for chains, a batch of nodes
 // for trees) plus a verify of k + 1 tokens, emitting k + 1 tokens. A tree of depth k emits at
 // most that and verifies at least that many tokens, so trees are bounded too.
-double speedup_ceiling(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_tok_s) {
-    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_tok_s <= 0) return 0.0;
+double speedup_ceiling(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_ms) {
+    if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_ms <= 0) return 0.0;
     double levels = 0;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) levels += static_cast<double>(d) * c.rounds_by_depth[d];
     const double level_ms = levels > 0 ? c.times.draft_ms / levels : 0.0;
     double best = 0;
     for (size_t k = 1; k < cost.verify_ms.size(); ++k) {
-        best = std::max(best, (k + 1) / (k * level_ms + verify_ms_in_run(cost, k, plain_tok_s)) * 1000.0 / plain_tok_s);
+        best = std::max(best, (k + 1) / (k * level_ms + verify_ms_in_run(cost, k, plain_ms)) * plain_ms);
     }
     return best;
 }
@@ -516,8 +515,9 @@ Row make_row(const std::map<CellKey, Cell> & cells, int t, const std::string & c
     const double plain = tok_s(cells.at({t, cat, kPlainMode})).median;
     Row r{cat, &kModes[m], tok_s(c), 0.0, 0.0, 0.0, &c};
     r.speedup = plain > 0 ? r.tok_s.median / plain : 0.0;
-    r.predicted = predicted_speedup(c, kModes[m], cost, plain);
-    r.ceiling = speedup_ceiling(c, kModes[m], cost, plain);
+    const double plain_ms = plain > 0 ? 1000.0 / plain : 0.0;
+    r.predicted = predicted_speedup(c, kModes[m], cost, plain_ms);
+    r.ceiling = speedup_ceiling(c, kModes[m], cost, plain_ms);
     return r;
 }
 

@@ -77,7 +77,7 @@ TEST(TreeBuilder, DynamicKeepsTheBestNodesAncestorAndSiblingClosed) {
 // is ranked by the draft's confidence whatever token it is, the later ones below it by the mass
 // left. Ranking each by its own probability (as at T = 0) let a likely second draw outrank the
 // first, and 16-node dynamic EAGLE-3 trees at T = 1 accepted 2.36 tokens per forward instead of
-// 2.69 (README).
+// 2.69 (docs/policies.md).
 TEST(ProposeChildren, SampledSiblingsAreRankedInDrawnOrderFromTheDraftsConfidence) {
     const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
     SamplingParams sp;

@@ -1,11 +1,11 @@
 #include "engine/speculative.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
 
 #include "common/error.h"
+#include "common/stats.h"
 #include "kv/kv_cache.h"
 #include "runtime/forward.h"
 
@@ -67,9 +67,7 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
             if (r > 0) samples.push_back(ms_since(t0));
             cache.rollback(base);
         }
-        std::sort(samples.begin(), samples.end());
-        const size_t mid = samples.size() / 2;
-        ms[b - 1] = samples.size() % 2 ? samples[mid] : 0.5 * (samples[mid - 1] + samples[mid]);
+        ms[b - 1] = median(std::move(samples));
     }
     return ms;
 }
