@@ -27,7 +27,9 @@ struct EngineOptions {
     int n_ctx = 2048;            // tokens of context (prompt + generation)
     int n_threads = 0;           // 0 = physical cores
     std::string device = "cpu";  // a ggml device name when built with a GPU backend
-    std::string attention = "auto";  // auto | flash | matmul; auto = matmul on the CPU, flash on GPUs
+    std::string kernels = "auto";    // auto | specula | ggml; auto = specula's batch-invariant kernels on the CPU
+    std::string attention = "auto";  // auto | flash | matmul | specula; auto = specula's with specula's
+                                     // kernels, else matmul on the CPU and flash on GPUs
 };
 
 struct GenerationOptions {

@@ -37,7 +37,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
     auto impl = std::make_unique<Impl>();
     impl->options = options;
     if (options.n_ctx <= 0) throw Error("context size must be positive");
-    impl->backend = std::make_unique<Backend>(BackendOptions{options.device, options.n_threads, options.attention});
+    impl->backend = std::make_unique<Backend>(BackendOptions{options.device, options.n_threads, options.attention, options.kernels});
     impl->model = Model::load(options.model_path, *impl->backend);
     impl->tokenizer = std::make_unique<Tokenizer>(options.model_path);
     if (impl->tokenizer->n_vocab() > impl->model->config().n_vocab) {

@@ -16,7 +16,7 @@ KvCache::KvCache(Backend & backend, const ModelConfig & config, int capacity)
     : KvCache(backend, config.n_layer, config.n_embd_kv(), capacity) {}
 
 KvCache::KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity)
-    : n_embd_kv_(n_embd_kv), capacity_(capacity), v_transposed_(!backend.flash_attention()) {
+    : n_embd_kv_(n_embd_kv), capacity_(capacity), v_transposed_(backend.attention_kernel() == AttentionKernel::Matmul) {
     static std::atomic<uint64_t> next_id{1};
     id_ = next_id++;
     if (capacity <= 0) throw Error("KV cache capacity must be positive");

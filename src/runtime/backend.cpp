@@ -32,10 +32,33 @@ int default_thread_count() {
     return n > 0 ? static_cast<int>(n) : 1;
 }
 
+const char * attention_kernel_name(AttentionKernel k) {
+    switch (k) {
+        case AttentionKernel::Flash: return "flash";
+        case AttentionKernel::Matmul: return "matmul";
+        case AttentionKernel::Specula: return "specula";
+    }
+    return "?";
+}
+
 Backend::Backend(const BackendOptions & opts) {
     // Options are checked before any ggml backend exists: a throwing constructor runs no destructor.
-    if (opts.attention != "auto" && opts.attention != "flash" && opts.attention != "matmul") {
-        throw Error("unknown attention kernel '" + opts.attention + "' (expected auto, flash or matmul)");
+    if (opts.attention != "auto" && opts.attention != "flash" && opts.attention != "matmul" && opts.attention != "specula") {
+        throw Error("unknown attention kernel '" + opts.attention + "' (expected auto, flash, matmul or specula)");
+    }
+    if (opts.kernels != "auto" && opts.kernels != "specula" && opts.kernels != "ggml") {
+        throw Error("unknown kernels '" + opts.kernels + "' (expected auto, specula or ggml)");
+    }
+    const bool on_cpu = opts.device == "cpu";
+    if (!on_cpu && (opts.kernels == "specula" || opts.attention == "specula")) {
+        throw Error("specula's own kernels run on the CPU only; device '" + opts.device + "' takes --kernels ggml (or auto)");
+    }
+    own_kernels_ = on_cpu && opts.kernels != "ggml";
+    if (opts.attention == "auto") {
+        attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul : AttentionKernel::Flash;
+    } else {
+        attention_ = opts.attention == "flash" ? AttentionKernel::Flash
+                   : opts.attention == "matmul" ? AttentionKernel::Matmul : AttentionKernel::Specula;
     }
     if (!std::getenv("SPECULA_VERBOSE")) {  // ggml's info lines (e.g. per-tensor repacking) are noise for users
         ggml_log_set([](ggml_log_level level, const char * text, void *) {
@@ -79,8 +102,6 @@ Backend::Backend(const BackendOptions & opts) {
         }
     }
     matmul_bufts_.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
-    flash_attention_ = opts.attention == "auto" ? backends_.size() > 1  // a GPU (or other accelerator) device was chosen
-                                                : opts.attention == "flash";
     try {
         set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
     } catch (...) {

@@ -15,8 +15,15 @@ namespace specula {
 struct BackendOptions {
     std::string device = "cpu";  // "cpu", or a ggml device name such as "CUDA0" / "RPC[host:port]"
     int n_threads = 0;           // CPU threads; 0 = number of physical cores
-    std::string attention = "auto";  // auto | flash | matmul (see Backend::flash_attention)
+    std::string attention = "auto";  // auto | flash | matmul | specula (see Backend::attention_kernel)
+    std::string kernels = "auto";    // auto | specula | ggml (see Backend::own_kernels)
 };
+
+// How attention runs: ggml's fused flash-attention kernel; ggml's KQ matmul, masked softmax and
+// KQV matmul over a transposed V cache (llama.cpp's -fa off); or specula's batch-invariant
+// CPU op (runtime/kernels/attention.h).
+enum class AttentionKernel { Flash, Matmul, Specula };
+const char * attention_kernel_name(AttentionKernel k);
 
 class Backend {
 public:
@@ -34,11 +41,17 @@ public:
     ggml_backend_buffer_type * default_buft() const;
     ggml_backend * primary() const { return backends_.front(); }
     int n_threads() const { return n_threads_; }
-    // Attention as ggml's fused flash-attention kernel, or as KQ matmul, masked softmax, KQV matmul
-    // over a transposed V cache (llama.cpp's -fa off). "auto": matmul on the CPU, where the fused
-    // kernel walks the keys one query row at a time, so that a 4-8 row verify block costs 1.5-3x
-    // the matmul form; the fused kernel on GPUs. KV caches take their V layout from this.
-    bool flash_attention() const { return flash_attention_; }
+    // Whether weight matmuls run specula's packed small-batch kernels (runtime/kernels/matmul.h)
+    // instead of ggml's mul_mat: "auto" = yes on the CPU device, where they make verifying a
+    // few tokens cost about what one costs, and keep every row batch-invariant; other devices
+    // keep ggml's kernels ("specula" there is an error).
+    bool own_kernels() const { return own_kernels_; }
+    // "auto": specula's op with specula's kernels (the whole forward stays batch-invariant);
+    // with ggml's kernels, matmul on the CPU (the fused kernel walks the keys one query row at a
+    // time, so a 4-8 row verify costs 1.5-3x the matmul form) and flash on GPUs.
+    // KV caches take their V layout from this (transposed for Matmul only).
+    AttentionKernel attention_kernel() const { return attention_; }
+    bool flash_attention() const { return attention_ == AttentionKernel::Flash; }
     void set_n_threads(int n);
 
 private:
@@ -49,7 +62,8 @@ private:
     // which is a visible share of a small draft model's step.
     ggml_threadpool * threadpool_ = nullptr;
     int n_threads_ = 1;
-    bool flash_attention_ = false;
+    bool own_kernels_ = false;
+    AttentionKernel attention_ = AttentionKernel::Matmul;
 };
 
 int default_thread_count();

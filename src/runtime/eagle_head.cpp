@@ -154,7 +154,7 @@ GraphOutputs EagleHead::build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCach
         ggml_tensor * g = in.hidden_in;  // [feature_width or E, n]
         if (g->ne[0] == feature_width() && feature_width() != c.layer.n_embd) {
             if (enc_norm_) g = rms_norm(ctx, g, enc_norm_, eps);
-            g = ggml_mul_mat(ctx, fc_, g);  // fuse target features
+            g = linear(ctx, fc_, g);  // fuse target features
         }
         ggml_tensor * emb_norm = rms_norm(ctx, emb, layer_.attn_norm, eps);
         ggml_tensor * g_norm = rms_norm(ctx, g, attn_norm_2_, eps);
@@ -170,7 +170,7 @@ GraphOutputs EagleHead::build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCach
     if (in.out_rows) {
         ggml_tensor * rows = ggml_get_rows(ctx, x, in.out_rows);
         const float out_eps = c.kind == EagleKind::Eagle3 ? eps : target_.config().rms_eps;
-        out.logits = ggml_mul_mat(ctx, output_, rms_norm(ctx, rows, output_norm_, out_eps));
+        out.logits = linear(ctx, output_, rms_norm(ctx, rows, output_norm_, out_eps));
     }
     return out;
 }

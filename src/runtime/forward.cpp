@@ -159,6 +159,7 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     in.kq_mask = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F16, n_kv, n);
     in.kv_slots = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I64, n);
     in.n_kv = n_kv;
+    in.attention = net_.backend().attention_kernel();
     ggml_set_input(in.positions);
     ggml_set_input(in.kq_mask);
     ggml_set_input(in.kv_slots);

@@ -85,7 +85,8 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
     w.output = want("output.weight", {E, c.n_vocab}, true, false);
     if (!w.output) {
         c.tied_output = true;
-        w.output = w.tok_embd;
+        // The embedding rows stay as stored for get_rows; the LM head may need its own packed copy.
+        w.output = WeightStore::packs(backend, embd_meta) ? want("token_embd.weight", {E, c.n_vocab}, true, true) : w.tok_embd;
     }
     w.rope_freqs = want("rope_freqs.weight", {D / 2}, false, false);
     c.has_rope_freqs = w.rope_freqs != nullptr;

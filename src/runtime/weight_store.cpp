@@ -1,10 +1,14 @@
 #include "runtime/weight_store.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "common/error.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "runtime/backend.h"
 #include "runtime/gguf_file.h"
+#include "runtime/kernels/matmul.h"
 
 namespace specula {
 
@@ -45,9 +49,15 @@ std::string shape_str(const int64_t * ne, size_t n) {
 
 }  // namespace
 
+bool WeightStore::packs(const Backend & backend, const ggml_tensor * meta) {
+    kernels::PackedFormat format;
+    return backend.own_kernels() && meta->ne[2] == 1 && meta->ne[3] == 1 && kernels::packable(meta->type, meta->ne[0], &format);
+}
+
 WeightStore::~WeightStore() {
     for (auto * b : buffers_) ggml_backend_buffer_free(b);
     for (auto & [buft, ctx] : ctx_by_buft_) ggml_free(ctx);
+    if (staging_ctx_) ggml_free(staging_ctx_);
 }
 
 ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int64_t> shape,
@@ -67,6 +77,37 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
                         ", expected " + shape_str(shape.data(), shape.size()));
         }
     }
+    auto context_for = [&](ggml_backend_buffer_type_t buft) {
+        for (auto & [b, c] : ctx_by_buft_) {
+            if (b == buft) return c;
+        }
+        ggml_init_params params{ggml_tensor_overhead() * (file.tensors().size() + 1), nullptr, true};
+        ggml_context * c = ggml_init(params);
+        ctx_by_buft_.push_back({buft, c});
+        return c;
+    };
+    kernels::PackedFormat format;
+    if (matmul && packs(backend, meta)) {
+        kernels::packable(meta->type, meta->ne[0], &format);
+        kernels::PackedMatrix & m = packed_.emplace_back();
+        m.format = format;
+        m.source_type = meta->type;
+        m.k = meta->ne[0];
+        m.n_rows = meta->ne[1];
+        if (!staging_ctx_) {
+            ggml_init_params params{ggml_tensor_overhead() * (file.tensors().size() + 1), nullptr, true};
+            staging_ctx_ = ggml_init(params);
+        }
+        ggml_tensor * staging = ggml_dup_tensor(staging_ctx_, meta);
+        ggml_tensor * packed = ggml_new_tensor_2d(context_for(backend.default_buft()), GGML_TYPE_I8,
+                                                  static_cast<int64_t>(m.group_bytes()), m.n_groups());
+        packed->extra = &m;
+        ggml_set_name(staging, name.c_str());
+        ggml_set_name(packed, name.c_str());
+        declared_.push_back({name, staging});
+        pending_.push_back({staging, packed});
+        return packed;
+    }
     ggml_backend_buffer_type_t buft = backend.default_buft();
     if (matmul) {
         for (auto [dev, candidate] : backend.matmul_weight_bufts()) {
@@ -76,16 +117,11 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
             }
         }
     }
-    ggml_context * ctx = nullptr;
-    for (auto & [b, c] : ctx_by_buft_) {
-        if (b == buft) ctx = c;
+    if (std::getenv("SPECULA_VERBOSE") && matmul) {
+        std::fprintf(stderr, "specula: %s (%s) -> ggml mul_mat, buffer %s\n", name.c_str(), ggml_type_name(meta->type),
+                     ggml_backend_buft_name(buft));
     }
-    if (!ctx) {
-        ggml_init_params params{ggml_tensor_overhead() * (file.tensors().size() + 1), nullptr, true};
-        ctx = ggml_init(params);
-        ctx_by_buft_.push_back({buft, ctx});
-    }
-    ggml_tensor * t = ggml_dup_tensor(ctx, meta);
+    ggml_tensor * t = ggml_dup_tensor(context_for(buft), meta);
     ggml_set_name(t, name.c_str());
     declared_.push_back({name, t});
     return t;
@@ -99,7 +135,32 @@ void WeightStore::load(const GgufFile & file) {
         buffers_.push_back(buf);
         bytes_ += ggml_backend_buffer_get_size(buf);
     }
-    for (auto & [name, t] : declared_) file.load_tensor_data(name, t);
+    ggml_backend_buffer_t staging = nullptr;
+    if (staging_ctx_) {
+        staging = ggml_backend_alloc_ctx_tensors_from_buft(staging_ctx_, ggml_backend_cpu_buffer_type());
+        if (!staging) throw Error(file.path() + ": out of memory allocating weights to repack");
+    }
+    try {
+        for (auto & [name, t] : declared_) file.load_tensor_data(name, t);
+    } catch (...) {
+        if (staging) ggml_backend_buffer_free(staging);
+        throw;
+    }
+    const bool verbose = std::getenv("SPECULA_VERBOSE") != nullptr;
+    for (const PendingPack & p : pending_) {
+        const auto & m = *kernels::packed_matrix_of(p.packed);
+        kernels::pack_matrix(m, p.staging->data, p.packed->data);
+        if (verbose) {
+            std::fprintf(stderr, "specula: %s (%s) -> specula %s kernel\n", p.packed->name, ggml_type_name(m.source_type),
+                         kernels::cpu_path_name(kernels::detected_cpu_path()));
+        }
+    }
+    pending_.clear();
+    if (staging) ggml_backend_buffer_free(staging);
+    if (staging_ctx_) {
+        ggml_free(staging_ctx_);
+        staging_ctx_ = nullptr;
+    }
 }
 
 }  // namespace specula

@@ -1,11 +1,16 @@
 #pragma once
-// Weights of one GGUF file placed in backend buffers: each matrix in the first buffer type the
-// device accepts for a matrix multiply with it (CPU repack layouts first), everything else in the
-// device's default type. Shared by models and draft heads.
+// Weights of one GGUF file placed in backend buffers. A matrix is repacked for specula's own
+// matmul (runtime/kernels/packed_matrix.h) when the backend runs specula's kernels and has one
+// for its type; otherwise it goes to the first buffer type the device accepts for a matrix
+// multiply with it (ggml's CPU repack layouts first). Everything else goes to the device's default
+// type. Shared by models and draft heads.
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "runtime/kernels/packed_matrix.h"
 
 struct ggml_context;
 struct ggml_tensor;
@@ -24,9 +29,12 @@ public:
     WeightStore & operator=(const WeightStore &) = delete;
 
     // Declares tensor `name` of the given shape; nullptr if absent and not required.
-    // Throws Error on a missing required tensor, a wrong shape or an unsupported type.
+    // Throws Error on a missing required tensor, a wrong shape or an unsupported type. A matmul
+    // weight may come back packed (kernels::packed_matrix_of tells); use it through linear().
     ggml_tensor * want(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int64_t> shape,
                        bool matmul, bool required);
+    // Whether want(..., matmul = true) would repack this tensor for specula's kernels.
+    static bool packs(const Backend & backend, const ggml_tensor * meta);
     // Allocates the buffers and reads every declared tensor from `file`.
     void load(const GgufFile & file);
     size_t bytes() const { return bytes_; }
@@ -35,6 +43,14 @@ private:
     std::vector<std::pair<void *, ggml_context *>> ctx_by_buft_;
     std::vector<ggml_backend_buffer *> buffers_;
     std::vector<std::pair<std::string, ggml_tensor *>> declared_;
+    // Packing: the file's matrix is read into a staging tensor, repacked, and the staging freed.
+    struct PendingPack {
+        ggml_tensor * staging;
+        ggml_tensor * packed;
+    };
+    std::vector<PendingPack> pending_;
+    std::deque<kernels::PackedMatrix> packed_;  // stable addresses: packed tensors' extra point here
+    ggml_context * staging_ctx_ = nullptr;
     size_t bytes_ = 0;
 };
 

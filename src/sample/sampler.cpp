@@ -5,28 +5,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/fast_exp.h"
+
 namespace specula {
 
 namespace {
-
-// e^x for x <= 0 with relative error < 2e-7, and 0 below -87 (so for -inf). Plain arithmetic,
-// which the compiler vectorises where it cannot vectorise calls to std::exp: drafting and
-// verification exponentiate a whole vocabulary per token, which otherwise costs as much as a small
-// draft model's forward.
-inline float exp_nonpositive(float x) {
-    const float xc = std::max(x, -87.0f);
-    const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-    const float r = (xc - k * 0.693145751953125f) - k * 1.428606765330187045e-06f;  // |r| <= ln2 / 2
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const float scale = std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
-    return x < -87.0f ? 0.0f : p * scale;
-}
 
 // Sixteen independent partial sums: vectorisable without letting the compiler reassociate.
 double sum(std::span<const float> v) {

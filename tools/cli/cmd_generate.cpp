@@ -27,7 +27,10 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
     sub->add_option("-t,--threads", args->engine.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
     sub->add_option("--device", args->engine.device, "ggml device (cpu, or e.g. CUDA0 in a GPU build)")->capture_default_str();
-    sub->add_option("--attention", args->engine.attention, "attention kernel: auto (matmul on CPU, flash on GPU) | flash | matmul")
+    sub->add_option("--kernels", args->engine.kernels, "matmul kernels: auto (specula's on the CPU) | specula | ggml")
+        ->capture_default_str();
+    sub->add_option("--attention", args->engine.attention,
+                    "attention kernel: auto (specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula")
         ->capture_default_str();
     sub->add_option("--draft", args->engine.draft_model_path, "draft model GGUF (same vocabulary as the target)");
     sub->add_option("--eagle", args->engine.eagle_path, "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");

@@ -3,6 +3,8 @@
 #include <span>
 #include <vector>
 
+#include "runtime/backend.h"
+
 struct ggml_context;
 struct ggml_cgraph;
 struct ggml_tensor;
@@ -23,6 +25,7 @@ struct GraphInputs {
     ggml_tensor * v_elements = nullptr; // I64 [n_embd_kv * n] element indices of a transposed V cache
     ggml_tensor * out_rows = nullptr;   // I32 [n_out] rows to compute logits for (nullptr: none)
     int n_kv = 0;                       // cache slots visible to the attention (padded)
+    AttentionKernel attention = AttentionKernel::Matmul;
 };
 
 struct GraphOutputs {

@@ -7,6 +7,8 @@
 #include "ggml.h"
 #include "kv/kv_cache.h"
 #include "runtime/arch/graph.h"
+#include "runtime/kernels/attention.h"
+#include "runtime/kernels/matmul.h"
 #include "runtime/model.h"
 
 namespace specula {
@@ -15,8 +17,10 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
 }
 
+// The one seam for weight matmuls: a weight the WeightStore packed runs specula's kernel, any
+// other ggml's mul_mat (on whatever device holds it).
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * bias) {
-    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    ggml_tensor * y = kernels::packed_matrix_of(w) ? kernels::packed_matmul(ctx, w, x) : ggml_mul_mat(ctx, w, x);
     return bias ? ggml_add(ctx, y, bias) : y;
 }
 
@@ -50,7 +54,10 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
     ggml_tensor * o;
-    if (!cache.v_transposed()) {  // fused flash attention
+    if (in.attention == AttentionKernel::Specula) {
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, n_embd_kv, n), in.kv_slots));
+        o = kernels::masked_attention(ctx, q, cache_k, cache_v, in.kq_mask, scale);  // [D*n_head, n]
+    } else if (in.attention == AttentionKernel::Flash) {
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, n_embd_kv, n), in.kv_slots));
         ggml_tensor * vp = ggml_permute(ctx, ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0), 0, 2, 1, 3);
         o = ggml_flash_attn_ext(ctx, qp, kp, vp, in.kq_mask, scale, 0.0f, 0.0f);
@@ -68,11 +75,11 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
         o = ggml_mul_mat(ctx, vt, kq);                                             // [D, n, n_head]
         o = ggml_cont_2d(ctx, ggml_permute(ctx, o, 0, 2, 1, 3), D * c.n_head, n);  // [D*n_head, n]
     }
-    return ggml_mul_mat(ctx, L.wo, o);             // [n_embd, n]
+    return linear(ctx, L.wo, o);  // [n_embd, n]
 }
 
 ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h) {
-    return ggml_mul_mat(ctx, L.ffn_down, ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L.ffn_gate, h), ggml_mul_mat(ctx, L.ffn_up, h)));
+    return linear(ctx, L.ffn_down, ggml_swiglu_split(ctx, linear(ctx, L.ffn_gate, h), linear(ctx, L.ffn_up, h)));
 }
 
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
@@ -104,7 +111,7 @@ GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, cons
     } else if (in.out_rows) {
         x = ggml_get_rows(ctx, x, in.out_rows);  // [n_embd, n_out]
         x = rms_norm(ctx, x, w.output_norm, c.rms_eps);
-        out.logits = ggml_mul_mat(ctx, w.output, x);  // [n_vocab, n_out]
+        out.logits = linear(ctx, w.output, x);  // [n_vocab, n_out]
     }
     return out;
 }

@@ -1,0 +1,2 @@
+#define SPECULA_ISA avx2
+#include "runtime/kernels/attention_body.inc"

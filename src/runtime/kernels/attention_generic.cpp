@@ -1,0 +1,2 @@
+#define SPECULA_ISA generic
+#include "runtime/kernels/attention_body.inc"

@@ -1,0 +1,105 @@
+#include "runtime/kernels/matmul.h"
+
+#include <vector>
+
+#include "common/error.h"
+#include "ggml.h"
+#include "runtime/kernels/matmul_impl.h"
+
+namespace specula::kernels {
+
+CpuPath detected_cpu_path() {
+    static const CpuPath path = [] {
+#if defined(SPECULA_X86_KERNELS)
+        __builtin_cpu_init();
+        const bool vnni512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+        const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return vnni512 ? CpuPath::Avx512Vnni : avx2 ? CpuPath::Avx2 : CpuPath::Generic;
+#else
+        return CpuPath::Generic;
+#endif
+    }();
+    return path;
+}
+
+const char * cpu_path_name(CpuPath path) {
+    switch (path) {
+        case CpuPath::Avx512Vnni: return "avx512-vnni";
+        case CpuPath::Avx2: return "avx2";
+        case CpuPath::Generic: return "generic";
+    }
+    return "?";
+}
+
+namespace {
+
+// Per-thread activation scratch: each thread quantizes the (few) activation rows itself, which
+// costs far less than a barrier would, and keeps threads independent.
+struct Scratch {
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s;
+    QuantizedActivations view(int n_tokens, int64_t k) {
+        q.resize(static_cast<size_t>(n_tokens) * k);
+        d.resize(static_cast<size_t>(n_tokens) * (k / kBlock));
+        s.resize(d.size());
+        return QuantizedActivations{n_tokens, k, q.data(), d.data(), s.data()};
+    }
+};
+
+void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens,
+         float * y, int64_t g_begin, int64_t g_end) {
+    thread_local Scratch scratch;
+    QuantizedActivations a = scratch.view(n_tokens, m.k);
+#if defined(SPECULA_X86_KERNELS)
+    if (path == CpuPath::Avx512Vnni) {
+        avx512::quantize_activations(x, x_stride, a);
+        avx512::matmul(m, packed, a, y, g_begin, g_end);
+        return;
+    }
+    if (path == CpuPath::Avx2) {
+        avx2::quantize_activations(x, x_stride, a);
+        avx2::matmul(m, packed, a, y, g_begin, g_end);
+        return;
+    }
+#endif
+    {
+        generic::quantize_activations(x, x_stride, a);
+        generic::matmul(m, packed, a, y, g_begin, g_end);
+    }
+}
+
+void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const auto & m = *static_cast<const PackedMatrix *>(userdata);
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * x = dst->src[1];
+    // Threads take contiguous runs of row groups and never split K: the split changes nothing
+    // in any output element.
+    const int64_t n_groups = m.n_groups();
+    const int64_t g_begin = n_groups * ith / nth, g_end = n_groups * (ith + 1) / nth;
+    if (g_begin == g_end) return;
+    run(detected_cpu_path(), m, static_cast<const uint8_t *>(w->data), static_cast<const float *>(x->data),
+        static_cast<int64_t>(x->nb[1] / sizeof(float)), static_cast<int>(ggml_nrows(x)), static_cast<float *>(dst->data),
+        g_begin, g_end);
+}
+
+}  // namespace
+
+void matmul_groups(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
+                   int n_tokens, float * y, int64_t g_begin, int64_t g_end) {
+    run(path, m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+}
+
+ggml_tensor * packed_matmul(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    const PackedMatrix * m = packed_matrix_of(w);
+    if (!m) throw Error("packed_matmul: weight is not packed");
+    if (x->type != GGML_TYPE_F32 || x->ne[0] != m->k) throw Error("packed_matmul: activations must be F32 rows of the weight's width");
+    // Rows must sit at a fixed stride: flatten anything else into a contiguous copy first.
+    if (x->nb[0] != sizeof(float) || (x->ne[2] * x->ne[3] > 1 && !ggml_is_contiguous(x))) x = ggml_cont(ctx, x);
+    ggml_tensor * args[2] = {w, x};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, m->n_rows, x->ne[1], x->ne[2], x->ne[3], args, 2, matmul_op, GGML_N_TASKS_MAX,
+                          const_cast<PackedMatrix *>(m));
+}
+
+}  // namespace specula::kernels

@@ -1,0 +1,32 @@
+#pragma once
+// specula's CPU matmul for a few activation rows (1..16 verify tokens) against a packed weight
+// (kernels/packed_matrix.h): each weight block is read once for all rows, and every output
+// element is computed in one fixed order, so that row i's result is bit-identical whether it is
+// computed alone or in a batch, with any thread count. That order, for output (row r, token t):
+//   activations: per 32-block b, d = max|x| / 127, q = nearest-even(x * (1/d)), s = sum q
+//   isum = exact integer dot of the block (offset-corrected: Q8_0 - 128 s, Q4_0 - 8 s)
+//   acc  = fma(float(isum), dw[r,b] * d[t,b], acc)         for b = 0, 1, ... in order
+//   Q4_1 adds acc = fma(m[r,b], d[t,b] * float(s[t,b]), acc) after each block's first fma
+// The AVX-512 VNNI, AVX2 and portable paths all follow it to the bit.
+#include <cstdint>
+
+#include "runtime/kernels/packed_matrix.h"
+
+struct ggml_context;
+struct ggml_tensor;
+
+namespace specula::kernels {
+
+enum class CpuPath { Generic, Avx2, Avx512Vnni };
+CpuPath detected_cpu_path();
+const char * cpu_path_name(CpuPath path);
+
+// y = W x as a ggml custom op: w packed ([K, N] logically), x F32 [K, B] -> F32 [N, B].
+ggml_tensor * packed_matmul(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+
+// The op's arithmetic, callable directly (tests, benchmarks): rows of groups [g_begin, g_end)
+// for all n_tokens columns of x (row stride x_stride floats); y is [n_tokens, m.n_rows].
+void matmul_groups(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
+                   int n_tokens, float * y, int64_t g_begin, int64_t g_end);
+
+}  // namespace specula::kernels

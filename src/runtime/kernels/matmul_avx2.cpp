@@ -1,0 +1,156 @@
+// The AVX2 body of kernels/matmul.h (built with -mavx2 -mfma -mf16c, run only where the CPU has
+// them). AVX2 has no vpdpbusd: `vpmaddubsw` (u8 x s8 -> pairs of s16) then `vpmaddwd` with ones
+// (-> s32) take its place. Q8_0 uses the sign trick (|w| x sign(w) * a, so no pair can
+// saturate s16) and needs no offset; Q4 nibbles are small enough to sum all 8 slices in s16.
+// Each (row, token) float accumulator takes one FMA per block in block order, as in matmul.h.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "runtime/kernels/matmul_impl.h"
+
+namespace specula::kernels::avx2 {
+
+void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a) {
+    const int64_t nb = a.k / kBlock;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int t = 0; t < a.n_tokens; ++t) {
+        const float * xr = x + t * x_stride;
+        for (int64_t b = 0; b < nb; ++b) {
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int i = 0; i < 4; ++i) {
+                v[i] = _mm256_loadu_ps(xr + b * kBlock + 8 * i);
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, m);
+            float amax = 0.0f;
+            for (float l : lanes) amax = amax > l ? amax : l;  // max is exact in any order
+            const float d = amax / 127.0f;
+            const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+            int32_t q[32];
+            for (int i = 0; i < 4; ++i) {
+                // cvtps rounds to nearest-even under the default MXCSR, as nearbyint does in the generic body.
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
+            }
+            int32_t sum = 0;
+            for (int c = 0; c < 32; ++c) {
+                a.q[t * a.k + b * kBlock + c] = static_cast<int8_t>(q[c]);
+                sum += q[c];
+            }
+            a.d[t * nb + b] = d;
+            a.s[t * nb + b] = sum;
+        }
+    }
+}
+
+namespace {
+
+inline __m256i broadcast4(const int8_t * p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// One 8-row half (h) of a 16-row group, NT tokens, all blocks.
+template <PackedFormat F, int NT>
+void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, int h, float * y, int64_t g) {
+    constexpr size_t kBytes = packed_block_bytes(F);
+    constexpr size_t kScales = F == PackedFormat::Q8_0 ? 512 : 256;
+    const int64_t nb = m.n_blocks();
+    const int64_t nbk = a.k / kBlock;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+
+    __m256 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    const int8_t * q[NT];
+    for (int t = 0; t < NT; ++t) q[t] = a.q + (t0 + t) * a.k;
+
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t * blk = wg + b * kBytes;
+        if (h == 0) {
+            for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + 4 * kBytes + line), _MM_HINT_T0);
+        }
+        __m256i isum[NT];
+        if constexpr (F == PackedFormat::Q8_0) {
+            for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j) {
+                // Stored bytes are w + 128: flip the top bit back to the signed weight.
+                const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32 * h)),
+                                                   _mm256_set1_epi8(static_cast<char>(0x80)));
+                const __m256i aw = _mm256_abs_epi8(w);
+                for (int t = 0; t < NT; ++t) {
+                    const __m256i x = _mm256_sign_epi8(broadcast4(q[t] + b * kBlock + 4 * j), w);
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones));
+                }
+            }
+        } else {
+            __m256i p16[NT];
+            for (int t = 0; t < NT; ++t) p16[t] = _mm256_setzero_si256();
+            for (int j = 0; j < 4; ++j) {
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32 * h));
+                const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                for (int t = 0; t < NT; ++t) {
+                    // 8 slices x 2 pairs of 15 * 127 stay below 2^15: exact in s16.
+                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(lo, broadcast4(q[t] + b * kBlock + 4 * j)));
+                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(hi, broadcast4(q[t] + b * kBlock + 16 + 4 * j)));
+                }
+            }
+            for (int t = 0; t < NT; ++t) isum[t] = _mm256_madd_epi16(p16[t], ones);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + kScales + 16 * h)));
+        __m256 mw = _mm256_setzero_ps();
+        if constexpr (F == PackedFormat::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 288 + 16 * h)));
+        for (int t = 0; t < NT; ++t) {
+            const int32_t s = a.s[(t0 + t) * nbk + b];
+            const float d = a.d[(t0 + t) * nbk + b];
+            __m256i i32 = isum[t];
+            if constexpr (F == PackedFormat::Q4_0) i32 = _mm256_sub_epi32(i32, _mm256_set1_epi32(8 * s));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d)), acc[t]);
+            if constexpr (F == PackedFormat::Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(d * static_cast<float>(s)), acc[t]);
+        }
+    }
+    const int64_t row0 = g * kGroupRows + 8 * h;
+    const int64_t rows = m.n_rows - row0 < 8 ? m.n_rows - row0 : 8;
+    if (rows <= 0) return;
+    for (int t = 0; t < NT; ++t) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[t]);
+        std::memcpy(y + (t0 + t) * m.n_rows + row0, out, sizeof(float) * rows);
+    }
+}
+
+template <PackedFormat F>
+void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
+            int64_t g_end) {
+    // 16 ymm registers: up to 4 tokens per pass keep their sums in registers; more tokens make
+    // further passes over the group while its weights are in L1/L2.
+    constexpr int kTile = 4;
+    for (int64_t g = g_begin; g < g_end; ++g) {
+        const uint8_t * wg = packed + g * m.group_bytes();
+        for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
+            for (int h = 0; h < 2; ++h) {
+                switch (a.n_tokens - t0 < kTile ? a.n_tokens - t0 : kTile) {
+                    case 1: tile<F, 1>(m, wg, a, t0, h, y, g); break;
+                    case 2: tile<F, 2>(m, wg, a, t0, h, y, g); break;
+                    case 3: tile<F, 3>(m, wg, a, t0, h, y, g); break;
+                    default: tile<F, 4>(m, wg, a, t0, h, y, g); break;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
+            int64_t g_end) {
+    switch (m.format) {
+        case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, g_begin, g_end); break;
+    }
+}
+
+}  // namespace specula::kernels::avx2

@@ -1,0 +1,29 @@
+#pragma once
+// Per-instruction-set bodies of kernels/matmul.h; internal to the kernels.
+#include <cstdint>
+
+#include "runtime/kernels/fp16.h"
+#include "runtime/kernels/packed_matrix.h"
+
+namespace specula::kernels {
+
+// Activations quantized per 32-block: q [n_tokens, k], d and s [n_tokens, k / 32].
+struct QuantizedActivations {
+    int n_tokens = 0;
+    int64_t k = 0;
+    int8_t * q = nullptr;
+    float * d = nullptr;
+    int32_t * s = nullptr;
+};
+
+#define SPECULA_KERNEL_DECLS                                                                            \
+    void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);            \
+    void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, \
+                int64_t g_begin, int64_t g_end);
+
+namespace generic { SPECULA_KERNEL_DECLS }
+namespace avx2 { SPECULA_KERNEL_DECLS }
+namespace avx512 { SPECULA_KERNEL_DECLS }
+#undef SPECULA_KERNEL_DECLS
+
+}  // namespace specula::kernels

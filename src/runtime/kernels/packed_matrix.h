@@ -1,0 +1,64 @@
+#pragma once
+// Weight matrices repacked once at load for specula's small-batch CPU matmul (kernels/matmul.h).
+//
+// A matrix of N rows x K columns (ggml's [K, N]) is cut into groups of 16 rows. A group stores,
+// for each 32-column block in increasing k, the block's 16 x 32 weights as unsigned bytes laid
+// out so that one 64-byte load holds one 4-column slice ("k-group") of all 16 rows:
+//   byte 4*r + i of slice j = weight (row r, column 32*b + 4*j + i)
+// which is what one `vpdpbusd` multiplies against 4 broadcast activation bytes. Beside them the
+// 16 rows' scales (and Q4_1 minimums) as F16. Q4 formats keep two slices per byte (slice j in the
+// low nibble, slice j + 4 in the high one), so a pass over the weights reads as many bytes as
+// ggml's own layout does. Rows past N in the last group are zero.
+#include <cstddef>
+#include <cstdint>
+
+#include "ggml.h"
+
+namespace specula::kernels {
+
+enum class PackedFormat : uint8_t {
+    Q8_0,  // w = d * (u - 128), u = stored byte
+    Q4_0,  // w = d * (u - 8),   u = nibble
+    Q4_1,  // w = d * u + m,     u = nibble
+};
+
+constexpr int kGroupRows = 16;
+constexpr int kBlock = 32;
+
+// Bytes of one 16-row x 32-column block of a format: weights, then 16 F16 scales (then 16 F16 mins).
+constexpr size_t packed_block_bytes(PackedFormat f) {
+    switch (f) {
+        case PackedFormat::Q8_0: return 16 * 32 + 16 * 2;
+        case PackedFormat::Q4_0: return 16 * 16 + 16 * 2;
+        case PackedFormat::Q4_1: return 16 * 16 + 16 * 2 * 2;
+    }
+    return 0;
+}
+
+// What a repacked weight tensor holds; a packed tensor is GGML_TYPE_I8 [group_bytes, n_groups]
+// whose `extra` points at its PackedMatrix (owned by the WeightStore that packed it).
+struct PackedMatrix {
+    static constexpr uint32_t kMagic = 0x53504b4d;  // "SPKM": extra really is one of ours
+    uint32_t magic = kMagic;
+    PackedFormat format = PackedFormat::Q8_0;
+    ggml_type source_type = GGML_TYPE_Q8_0;
+    int64_t k = 0;       // columns (input width)
+    int64_t n_rows = 0;  // rows (output width)
+
+    int64_t n_blocks() const { return k / kBlock; }
+    int64_t n_groups() const { return (n_rows + kGroupRows - 1) / kGroupRows; }
+    size_t group_bytes() const { return static_cast<size_t>(n_blocks()) * packed_block_bytes(format); }
+};
+
+// The format a ggml weight type packs to, or false when specula has no kernel for it (ggml's
+// mul_mat keeps it). K must be a whole number of 32-column blocks.
+bool packable(ggml_type type, int64_t k, PackedFormat * format);
+
+// Repacks rows [0, n_rows) of a ggml-layout matrix (`src`, ggml row size per row) into `dst`
+// (m.n_groups() * m.group_bytes() bytes).
+void pack_matrix(const PackedMatrix & m, const void * src, void * dst);
+
+// The PackedMatrix behind a weight tensor, or nullptr for an ordinary ggml weight.
+const PackedMatrix * packed_matrix_of(const ggml_tensor * w);
+
+}  // namespace specula::kernels

@@ -1,0 +1,232 @@
+// specula's CPU kernels (runtime/kernels/): accuracy against a double-precision reference, and
+// batch invariance to the bit, for the packed matmul alone and for the whole forward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "kv/kv_cache.h"
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/kernels/matmul.h"
+#include "runtime/model.h"
+#include "test_models.h"
+
+namespace specula {
+namespace {
+
+using kernels::CpuPath;
+using kernels::PackedMatrix;
+
+struct Packed {
+    PackedMatrix m;
+    std::vector<uint8_t> bytes;
+    std::vector<float> weights;  // the quantized weights, dequantized by ggml: [n_rows, k]
+};
+
+Packed make_packed(ggml_type type, int64_t n_rows, int64_t k, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(n_rows * k));
+    for (float & x : w) x = normal(rng);
+    std::vector<uint8_t> q(ggml_row_size(type, k) * n_rows);
+    ggml_quantize_chunk(type, w.data(), q.data(), 0, n_rows, k, nullptr);
+    Packed p;
+    EXPECT_TRUE(kernels::packable(type, k, &p.m.format));
+    p.m.source_type = type;
+    p.m.k = k;
+    p.m.n_rows = n_rows;
+    p.bytes.resize(p.m.n_groups() * p.m.group_bytes());
+    kernels::pack_matrix(p.m, q.data(), p.bytes.data());
+    p.weights.resize(w.size());
+    const auto * traits = ggml_get_type_traits(type);
+    for (int64_t r = 0; r < n_rows; ++r) traits->to_float(q.data() + r * ggml_row_size(type, k), p.weights.data() + r * k, k);
+    return p;
+}
+
+std::vector<float> random_activations(int n_tokens, int64_t k, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(n_tokens * k));
+    for (float & v : x) v = normal(rng);
+    return x;
+}
+
+std::vector<float> run(CpuPath path, const Packed & p, const float * x, int n_tokens, std::vector<std::pair<int64_t, int64_t>> splits = {}) {
+    std::vector<float> y(static_cast<size_t>(n_tokens * p.m.n_rows), NAN);
+    if (splits.empty()) splits = {{0, p.m.n_groups()}};
+    for (auto [g0, g1] : splits) kernels::matmul_groups(path, p.m, p.bytes.data(), x, p.m.k, n_tokens, y.data(), g0, g1);
+    return y;
+}
+
+const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1};
+
+// The paths this CPU can run: the generic one always, then every faster one up to the detected.
+std::vector<CpuPath> paths() {
+    std::vector<CpuPath> p = {CpuPath::Generic};
+    const CpuPath best = kernels::detected_cpu_path();
+    if (best == CpuPath::Avx2 || best == CpuPath::Avx512Vnni) p.push_back(CpuPath::Avx2);
+    if (best == CpuPath::Avx512Vnni) p.push_back(CpuPath::Avx512Vnni);
+    return p;
+}
+
+TEST(PackedMatmul, MatchesADoublePrecisionReferenceWithinTheActivationRounding) {
+    ggml_cpu_init();
+    // The kernel computes with the weights exactly as stored; its only approximation is the
+    // activations' rounding to int8 per 32-block, at most d/2 = max|x|/254 per element. So for
+    // every output |y - y_ref| <= sum_b sum_c |w_c| * d_b / 2, plus float rounding of the sums
+    // (1e-5 relative to sum |w x|, far above float's 6e-8 per step over ~10 blocks).
+    const int64_t n_rows = 50, k = 320;  // 4 groups, the last one partial; 10 blocks
+    const int n_tokens = 11;
+    for (ggml_type type : kTypes) {
+        const Packed p = make_packed(type, n_rows, k, 1);
+        const std::vector<float> x = random_activations(n_tokens, k, 2);
+        for (CpuPath path : paths()) {
+            const std::vector<float> y = run(path, p, x.data(), n_tokens);
+            for (int t = 0; t < n_tokens; ++t) {
+                for (int64_t r = 0; r < n_rows; ++r) {
+                    double ref = 0.0, bound = 0.0, magnitude = 0.0;
+                    for (int64_t b = 0; b < k / 32; ++b) {
+                        double amax = 0.0, wsum = 0.0;
+                        for (int c = 0; c < 32; ++c) {
+                            const int64_t col = b * 32 + c;
+                            const double w = p.weights[r * k + col], xv = x[t * k + col];
+                            ref += w * xv;
+                            magnitude += std::fabs(w * xv);
+                            amax = std::max(amax, std::fabs(xv));
+                            wsum += std::fabs(w);
+                        }
+                        bound += wsum * amax / 254.0;
+                    }
+                    bound = bound * 1.0001 + 1e-5 * magnitude;
+                    ASSERT_LE(std::fabs(y[t * n_rows + r] - ref), bound)
+                        << ggml_type_name(type) << " " << kernels::cpu_path_name(path) << " row " << r << " token " << t;
+                }
+            }
+        }
+    }
+}
+
+TEST(PackedMatmul, EveryRowIsBitIdenticalAloneInAnyBatchAndAnyThreadSplit) {
+    ggml_cpu_init();
+    const int64_t n_rows = 70, k = 256;
+    for (ggml_type type : kTypes) {
+        const Packed p = make_packed(type, n_rows, k, 3);
+        const std::vector<float> x = random_activations(16, k, 4);
+        for (CpuPath path : paths()) {
+            std::vector<std::vector<float>> alone(16);
+            for (int t = 0; t < 16; ++t) alone[t] = run(path, p, x.data() + t * k, 1);
+            for (int b = 1; b <= 16; ++b) {
+                const int64_t G = p.m.n_groups();
+                for (const auto & splits : std::vector<std::vector<std::pair<int64_t, int64_t>>>{
+                         {{0, G}}, {{0, G / 2}, {G / 2, G}}, {{0, 1}, {1, 3}, {3, G}}}) {
+                    const std::vector<float> y = run(path, p, x.data(), b, splits);
+                    for (int t = 0; t < b; ++t) {
+                        ASSERT_EQ(0, std::memcmp(y.data() + t * n_rows, alone[t].data(), sizeof(float) * n_rows))
+                            << ggml_type_name(type) << " " << kernels::cpu_path_name(path) << " token " << t << " of " << b
+                            << ", " << splits.size() << " thread ranges";
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST(PackedMatmul, EverySimdPathGivesTheGenericPathsBits) {
+    if (paths().size() == 1) GTEST_SKIP() << "this CPU runs the generic path only";
+    ggml_cpu_init();
+    for (ggml_type type : kTypes) {
+        const Packed p = make_packed(type, 40, 512, 5);
+        const std::vector<float> x = random_activations(13, 512, 6);
+        const std::vector<float> ref = run(CpuPath::Generic, p, x.data(), 13);
+        for (CpuPath path : paths()) {
+            const std::vector<float> y = run(path, p, x.data(), 13);
+            EXPECT_EQ(0, std::memcmp(ref.data(), y.data(), sizeof(float) * ref.size())) << ggml_type_name(type) << " " << kernels::cpu_path_name(path);
+        }
+    }
+}
+
+// The whole forward with specula's kernels: each row's logits, computed in a chain or tree block
+// of 1..16 rows with 1 or 2 threads, equal to the bit those of a one-token forward of the same
+// row after the same accepted prefix.
+class ForwardBatchInvariance : public ::testing::TestWithParam<std::string> {};
+
+std::vector<float> row_logits(const ForwardOutput & o, int i) {
+    auto r = o.logits_row(i);
+    return {r.begin(), r.end()};
+}
+
+TEST_P(ForwardBatchInvariance, EveryRowEqualsItsOneTokenForward) {
+    const std::string path = test::model_path(GetParam());
+    Backend one(BackendOptions{"cpu", 1});
+    Backend two(BackendOptions{"cpu", 2});
+    ASSERT_TRUE(one.own_kernels());
+    ASSERT_EQ(one.attention_kernel(), AttentionKernel::Specula);
+    auto model1 = Model::load(path, one);
+    auto model2 = Model::load(path, two);
+    ModelRunner runner1(*model1), runner2(*model2);
+    const std::vector<int32_t> prefix = {1, 450, 4996, 17354, 1701, 338};
+    const std::vector<int32_t> block = {310, 526, 2253, 825, 29889, 3186, 263, 1243, 363, 278, 937, 2582, 29892, 322, 591, 1073};
+    const int base = static_cast<int>(prefix.size());
+
+    // Reference: the chain decoded one token at a time.
+    std::vector<std::vector<float>> chain_ref;
+    {
+        KvCache cache(one, model1->config(), 64);
+        runner1.forward(ForwardBatch::causal(prefix, 0, {}), cache);
+        for (int i = 0; i < 16; ++i) chain_ref.push_back(row_logits(runner1.forward(ForwardBatch::causal(std::span(block).subspan(i, 1), base + i, {0}), cache), 0));
+    }
+    for (int n = 1; n <= 16; ++n) {
+        for (ModelRunner * runner : {&runner1, &runner2}) {
+            const Backend & backend = runner == &runner1 ? one : two;
+            KvCache cache(const_cast<Backend &>(backend), model1->config(), 64);
+            runner->forward(ForwardBatch::causal(prefix, 0, {}), cache);
+            std::vector<int32_t> rows(n);
+            for (int i = 0; i < n; ++i) rows[i] = i;
+            ForwardOutput out = runner->forward(ForwardBatch::causal(std::span(block).first(n), base, rows), cache);
+            for (int i = 0; i < n; ++i) {
+                ASSERT_EQ(row_logits(out, i), chain_ref[i]) << "chain row " << i << " of " << n << ", " << backend.n_threads() << " threads";
+            }
+        }
+    }
+
+    // A tree: row i's parent is (i - 1) / 2 (a binary tree over the block's tokens). Reference:
+    // each row's root-to-node path decoded one token at a time.
+    for (int n : {3, 5, 7, 9, 13, 16}) {
+        std::vector<int> parents(n), depth(n);
+        for (int i = 0; i < n; ++i) {
+            parents[i] = i == 0 ? -1 : (i - 1) / 2;
+            depth[i] = i == 0 ? 0 : depth[parents[i]] + 1;
+        }
+        ForwardBatch tree;
+        tree.tokens.assign(block.begin(), block.begin() + n);
+        for (int i = 0; i < n; ++i) tree.positions.push_back(base + depth[i]), tree.logit_rows.push_back(i);
+        tree.mask = BlockMask::from_parents(parents);
+        for (ModelRunner * runner : {&runner1, &runner2}) {
+            Backend & backend = runner == &runner1 ? one : two;
+            KvCache cache(backend, model1->config(), 64);
+            runner->forward(ForwardBatch::causal(prefix, 0, {}), cache);
+            ForwardOutput out = runner->forward(tree, cache);
+            for (int i = 0; i < n; ++i) {
+                std::vector<int> path;
+                for (int j = i; j >= 0; j = parents[j]) path.insert(path.begin(), j);
+                KvCache ref_cache(one, model1->config(), 64);
+                runner1.forward(ForwardBatch::causal(prefix, 0, {}), ref_cache);
+                std::vector<float> ref;
+                for (size_t d = 0; d < path.size(); ++d) {
+                    const int32_t token = block[path[d]];
+                    ref = row_logits(runner1.forward(ForwardBatch::causal(std::span(&token, 1), base + static_cast<int>(d), {0}), ref_cache), 0);
+                }
+                ASSERT_EQ(row_logits(out, i), ref) << "tree row " << i << " of " << n << ", " << backend.n_threads() << " threads";
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Quantized, ForwardBatchInvariance, ::testing::Values("llama_q8_0", "llama_q4_0", "llama_q4_1_tied"));
+
+}  // namespace
+}  // namespace specula
