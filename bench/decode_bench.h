@@ -10,8 +10,8 @@ struct DecodeBenchOptions {
     int reps = 5;
     int n_gen = 64;
     int depth = 128;  // context already in the cache when a batch is verified
-    std::string attention = "auto";  // specula's attention kernel; llama.cpp runs the same one (-fa on/off)
-    std::vector<int> batch_sizes = {1, 2, 4, 8, 16, 32, 64};
+    std::string attention = "auto";  // attention of the ggml-kernels engine; llama.cpp runs the same one (-fa on/off)
+    std::vector<int> batch_sizes = {1, 2, 3, 4, 5, 8, 12, 16};
     std::string json_path;
 };
 

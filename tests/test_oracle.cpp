@@ -1,7 +1,9 @@
 // specula's forward pass against libllama's on the same GGUF, for every family and option.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 
 #include "engine/generate.h"
@@ -25,13 +27,28 @@ std::vector<int32_t> sequence(int n, int n_vocab, uint64_t seed) {
     return t;
 }
 
-// Both attention kernels, each against libllama running the same one.
+// Weight types whose matmuls round the activations coarsely: to int8 (quantized types) or to
+// BF16's 8-bit mantissa (ggml's BF16 kernels).
+bool coarse_activations(const test::Variant & v) { return v.type != "f32" && v.type != "f16"; }
+
+// ggml's kernels with both attention kernels, each against libllama running the same one (equal
+// to the bit); and specula's own kernels (packed matmuls, own attention) against libllama -fa off.
+// Own kernels differ from ggml's in rounding: F32 attention where ggml rounds q and the
+// probabilities to F16, F32 activation scales where ggml stores F16 ones. In a model whose
+// activations are rounded coarsely before every matmul (int8, or BF16), any such difference moves
+// some values across a rounding boundary, so the two engines differ by that rounding noise itself
+// (measured on these random 2-layer fixtures: 0.06-0.44 at |logit| <= 17), not by the tiny
+// original difference (0.003-0.014 for the F32/F16 fixtures, where only attention changes).
+// Hence the tolerances below; the kernels' own accuracy is tested tightly in test_kernels.
+// Where the tolerance holds, top-1 can only differ at positions whose top-2 margin is below twice
+// the difference: such positions are counted, every other one must agree.
 TEST_P(Oracle, TeacherForcedLogitsMatchLibllama) {
-  for (const char * kernel : {"flash", "matmul"}) {
+  for (auto [kernels, attention] : {std::pair{"ggml", "flash"}, std::pair{"ggml", "matmul"}, std::pair{"specula", "auto"}}) {
+    const std::string kernel = std::string(kernels) + "/" + attention;
     SCOPED_TRACE(kernel);
     const test::Variant & v = GetParam();
     const std::string path = test::model_path(v.name);
-    Backend backend(BackendOptions{"cpu", 1, kernel});
+    Backend backend(BackendOptions{"cpu", 1, attention, kernels});
     auto model = Model::load(path, backend);
     ModelRunner runner(*model);
     KvCache cache(backend, model->config(), 256);
@@ -49,22 +66,41 @@ TEST_P(Oracle, TeacherForcedLogitsMatchLibllama) {
     const std::vector<float> ref_b = peer.decode(std::span(tokens).subspan(40), true);
 
     const int V = model->config().n_vocab;
-    double max_diff = 0.0;
+    const bool own = backend.own_kernels();
+    const double tol = !own ? v.logit_tol : coarse_activations(v) ? 0.6 : 2e-2;
+    double max_diff = 0.0, max_logit = 0.0;
+    int near_ties = 0;
     for (int i = 0; i < n; ++i) {
         std::span<const float> ours = i < 40 ? a.logits_row(i) : b.logits_row(i - 40);
         std::span<const float> ref(i < 40 ? ref_a.data() + size_t(i) * V : ref_b.data() + size_t(i - 40) * V, V);
-        for (int j = 0; j < V; ++j) max_diff = std::max(max_diff, double(std::fabs(ours[j] - ref[j])));
-        EXPECT_EQ(argmax(ours), argmax(ref)) << "top-1 differs at position " << i;
+        for (int j = 0; j < V; ++j) {
+            max_diff = std::max(max_diff, double(std::fabs(ours[j] - ref[j])));
+            max_logit = std::max(max_logit, double(std::fabs(ref[j])));
+        }
+        if (argmax(ours) != argmax(ref)) {
+            std::vector<float> sorted(ref.begin(), ref.end());
+            std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+            const double margin = sorted[0] - sorted[1];
+            EXPECT_TRUE(own && margin < 2 * tol) << "top-1 differs at position " << i << " (libllama's margin " << margin << ")";
+            ++near_ties;
+        }
     }
-    std::printf("[oracle] %-16s %-6s max |logit diff| over %d positions = %.3g\n", v.name.c_str(), kernel, n, max_diff);
-    EXPECT_LT(max_diff, v.logit_tol);
+    std::printf("[oracle] %-16s %-14s max |logit diff| over %d positions = %.3g (max |logit| %.3g, tolerance %.3g), "
+                "top-1 flips at near-ties %d\n", v.name.c_str(), kernel.c_str(), n, max_diff, max_logit, tol, near_ties);
+    EXPECT_LT(max_diff, tol);
   }
 }
 
+// ggml's kernels reproduce libllama's B=1 greedy decoding token for token. So do specula's own
+// kernels where activations stay F32/F16 (only the attention's rounding differs); with coarsely
+// rounded activations they differ by rounding noise (see above), which flips random fixtures' near-ties.
 TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
+  for (const char * kernels : {"ggml", "specula"}) {
+    SCOPED_TRACE(kernels);
     const test::Variant & v = GetParam();
+    if (std::string(kernels) == "specula" && coarse_activations(v)) continue;
     const std::string path = test::model_path(v.name);
-    Backend backend(BackendOptions{"cpu", 1});
+    Backend backend(BackendOptions{"cpu", 1, "auto", kernels});
     auto model = Model::load(path, backend);
     ModelRunner runner(*model);
     KvCache cache(backend, model->config(), 256);
@@ -89,6 +125,7 @@ TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
         logits = peer.decode(one, false);
     }
     EXPECT_EQ(ours, ref);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Oracle, ::testing::ValuesIn(test::oracle_variants()),

@@ -43,9 +43,11 @@ std::vector<int32_t> plain_greedy(const Model & model, ModelRunner & runner, std
 
 struct Spec {
     Backend backend{BackendOptions{"cpu", 1}};
-    std::unique_ptr<Model> target = Model::load(test::model_path("llama_gqa_f32"), backend);
+    std::unique_ptr<Model> target;
     std::unique_ptr<Model> draft_small = Model::load(test::model_path("llama_draft_small"), backend);
-    ModelRunner runner{*target};
+    ModelRunner runner;
+    explicit Spec(const std::string & target_name = "llama_gqa_f32")
+        : target(Model::load(test::model_path(target_name), backend)), runner(*target) {}
 
     std::vector<int32_t> run(Drafter & drafter, DraftPolicyKind policy, int k, std::span<const int32_t> prompt, int n,
                              const SamplingParams & sp = {}, std::function<void(const RoundInfo &)> on_round = nullptr,
@@ -137,6 +139,35 @@ TEST(Speculative, GreedyPolicySizedTreesEqualPlainDecoding) {
         }
     }
     EXPECT_GT(sizes.size(), 2u);  // the size really varied
+}
+
+// A quantized target on specula's own kernels (the CPU default): every row is batch-invariant, so
+// each drafter, chain or tree, reproduces plain greedy decoding by construction.
+TEST(Speculative, GreedyOutputOfAQuantizedTargetOnSpeculasKernelsEqualsPlainDecoding) {
+    Spec s("llama_q8_0");
+    ASSERT_TRUE(s.backend.own_kernels());
+    auto twin = Model::load(test::quantized_twin("llama_q8_0", "q4_0"), s.backend);
+    DraftModelDrafter self_draft(*twin, 256);
+    DraftModelDrafter small_draft(*s.draft_small, 256);
+    NgramDrafter ngram(1, 3);
+    int accepted = 0;
+    for (const auto & prompt : kPrompts) {
+        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        for (Drafter * d : std::vector<Drafter *>{&self_draft, &small_draft, &ngram}) {
+            for (int k : {1, 3, 5, 8}) {
+                for (auto policy : {DraftPolicyKind::Fixed, DraftPolicyKind::Cost}) {
+                    const auto got = s.run(*d, policy, k, prompt, 40, {}, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); });
+                    ASSERT_EQ(got, want) << d->name() << " k=" << k << " policy=" << int(policy);
+                }
+            }
+            if (d == &ngram) continue;
+            for (TreeBudget tree : {TreeBudget{TreeShape::Static, 5, 4, 16}, TreeBudget{TreeShape::Dynamic, 6, 4, 16}}) {
+                const auto got = s.run(*d, DraftPolicyKind::Fixed, 4, prompt, 40, {}, nullptr, nullptr, nullptr, tree);
+                ASSERT_EQ(got, want) << d->name() << " tree " << tree_shape_name(tree.shape);
+            }
+        }
+    }
+    EXPECT_GT(accepted, 300);
 }
 
 double max_row_diff(const KvCache & a, const KvCache & b, int slots) {

@@ -18,7 +18,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     decode->add_option("-r,--reps", o->reps, "repetitions per measurement")->capture_default_str();
     decode->add_option("-n,--n-gen", o->n_gen, "tokens per generation run")->capture_default_str();
     decode->add_option("--depth", o->depth, "cached tokens before each batch")->capture_default_str();
-    decode->add_option("--attention", o->attention, "attention kernel for both engines: auto | flash | matmul")->capture_default_str();
+    decode->add_option("--attention", o->attention, "attention of the ggml-kernels engine and llama.cpp: auto | flash | matmul")->capture_default_str();
     decode->add_option("-b,--batch-sizes", o->batch_sizes, "batch sizes")->delimiter(',');
     decode->add_option("--json", o->json_path, "write results as JSON");
     decode->callback([o, &commands] { commands.run = [o] { return bench::run_decode_bench(*o); }; });
