@@ -226,6 +226,28 @@ TEST_P(ForwardBatchInvariance, EveryRowEqualsItsOneTokenForward) {
     }
 }
 
+// The control: ggml's kernels are not batch-invariant (here F32 weights: ggml runs one row through
+// its dot product and 8 rows through tinyBLAS), which is why specula has its own; the same
+// comparison as above sees the difference.
+TEST(ForwardBatchInvariance, GgmlsKernelsAreNotAndTheCheckSeesIt) {
+    Backend backend(BackendOptions{"cpu", 1, "auto", "ggml"});
+    auto model = Model::load(test::model_path("llama_gqa_f32"), backend);
+    ModelRunner runner(*model);
+    const std::vector<int32_t> prefix = {1, 450, 4996, 17354, 1701, 338};
+    const std::vector<int32_t> block = {310, 526, 2253, 825, 29889, 3186, 263, 1243};
+    const int base = static_cast<int>(prefix.size());
+    KvCache one(backend, model->config(), 64), batch(backend, model->config(), 64);
+    runner.forward(ForwardBatch::causal(prefix, 0, {}), one);
+    runner.forward(ForwardBatch::causal(prefix, 0, {}), batch);
+    ForwardOutput all = runner.forward(ForwardBatch::causal(block, base, {0, 1, 2, 3, 4, 5, 6, 7}), batch);
+    int differing = 0;
+    for (int i = 0; i < 8; ++i) {
+        ForwardOutput o = runner.forward(ForwardBatch::causal(std::span(block).subspan(i, 1), base + i, {0}), one);
+        differing += row_logits(o, 0) != row_logits(all, i);
+    }
+    EXPECT_GT(differing, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Quantized, ForwardBatchInvariance, ::testing::Values("llama_q8_0", "llama_q4_0", "llama_q4_1_tied"));
 
 }  // namespace
