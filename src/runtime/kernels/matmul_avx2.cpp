@@ -52,91 +52,104 @@ inline __m256i broadcast4(const int8_t * p) {
     return _mm256_set1_epi32(v);
 }
 
-// One 8-row half (h) of a 16-row group, NT tokens, all blocks.
+// One 16-row group (two 8-row halves in ymm) x NT tokens, all blocks. Each token's broadcast
+// activations serve both halves; the per-block integer sums stay in registers, the float
+// accumulators live in L1 (one load + FMA + store per block), which keeps 16 ymm enough for 4 tokens.
 template <PackedFormat F, int NT>
-void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, int h, float * y, int64_t g) {
+void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t g) {
     constexpr size_t kBytes = packed_block_bytes(F);
     constexpr size_t kScales = F == PackedFormat::Q8_0 ? 512 : 256;
     const int64_t nb = m.n_blocks();
     const int64_t nbk = a.k / kBlock;
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i nibble = _mm256_set1_epi8(0x0f);
 
-    __m256 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    alignas(32) float acc[NT][16] = {};
     const int8_t * q[NT];
-    for (int t = 0; t < NT; ++t) q[t] = a.q + (t0 + t) * a.k;
+    const float * d[NT];
+    const int32_t * s[NT];
+    for (int t = 0; t < NT; ++t) {
+        q[t] = a.q + (t0 + t) * a.k;
+        d[t] = a.d + (t0 + t) * nbk;
+        s[t] = a.s + (t0 + t) * nbk;
+    }
 
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wg + b * kBytes;
-        if (h == 0) {
-            for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + 4 * kBytes + line), _MM_HINT_T0);
-        }
-        __m256i isum[NT];
+        for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + 4 * kBytes + line), _MM_HINT_T0);
+        __m256i isum[NT][2];
         if constexpr (F == PackedFormat::Q8_0) {
-            for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+            for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+            const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
             for (int j = 0; j < 8; ++j) {
-                // Stored bytes are w + 128: flip the top bit back to the signed weight.
-                const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32 * h)),
-                                                   _mm256_set1_epi8(static_cast<char>(0x80)));
-                const __m256i aw = _mm256_abs_epi8(w);
+                // Stored bytes are w + 128: flipping the top bit gives the signed weight back.
+                const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j)), flip);
+                const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32)), flip);
+                const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
                 for (int t = 0; t < NT; ++t) {
-                    const __m256i x = _mm256_sign_epi8(broadcast4(q[t] + b * kBlock + 4 * j), w);
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones));
+                    const __m256i x = broadcast4(q[t] + b * kBlock + 4 * j);
+                    isum[t][0] = _mm256_add_epi32(isum[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
+                    isum[t][1] = _mm256_add_epi32(isum[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
                 }
             }
         } else {
-            __m256i p16[NT];
-            for (int t = 0; t < NT; ++t) p16[t] = _mm256_setzero_si256();
+            const __m256i nibble = _mm256_set1_epi8(0x0f);
+            __m256i p16[NT][2];
+            for (int t = 0; t < NT; ++t) p16[t][0] = p16[t][1] = _mm256_setzero_si256();
             for (int j = 0; j < 4; ++j) {
-                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32 * h));
-                const __m256i lo = _mm256_and_si256(v, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j));
+                const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32));
+                const __m256i lo0 = _mm256_and_si256(v0, nibble), lo1 = _mm256_and_si256(v1, nibble);
                 for (int t = 0; t < NT; ++t) {
                     // 8 slices x 2 pairs of 15 * 127 stay below 2^15: exact in s16.
-                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(lo, broadcast4(q[t] + b * kBlock + 4 * j)));
-                    p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(hi, broadcast4(q[t] + b * kBlock + 16 + 4 * j)));
+                    const __m256i x = broadcast4(q[t] + b * kBlock + 4 * j);
+                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(lo0, x));
+                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(lo1, x));
+                }
+                const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
+                const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
+                for (int t = 0; t < NT; ++t) {
+                    const __m256i x = broadcast4(q[t] + b * kBlock + 16 + 4 * j);
+                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(hi0, x));
+                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(hi1, x));
                 }
             }
-            for (int t = 0; t < NT; ++t) isum[t] = _mm256_madd_epi16(p16[t], ones);
+            for (int t = 0; t < NT; ++t) {
+                isum[t][0] = _mm256_madd_epi16(p16[t][0], ones);
+                isum[t][1] = _mm256_madd_epi16(p16[t][1], ones);
+            }
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + kScales + 16 * h)));
-        __m256 mw = _mm256_setzero_ps();
-        if constexpr (F == PackedFormat::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 288 + 16 * h)));
-        for (int t = 0; t < NT; ++t) {
-            const int32_t s = a.s[(t0 + t) * nbk + b];
-            const float d = a.d[(t0 + t) * nbk + b];
-            __m256i i32 = isum[t];
-            if constexpr (F == PackedFormat::Q4_0) i32 = _mm256_sub_epi32(i32, _mm256_set1_epi32(8 * s));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d)), acc[t]);
-            if constexpr (F == PackedFormat::Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(d * static_cast<float>(s)), acc[t]);
+        for (int h = 0; h < 2; ++h) {
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + kScales + 16 * h)));
+            __m256 mw = _mm256_setzero_ps();
+            if constexpr (F == PackedFormat::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 288 + 16 * h)));
+            for (int t = 0; t < NT; ++t) {
+                __m256i i32 = isum[t][h];
+                if constexpr (F == PackedFormat::Q4_0) i32 = _mm256_sub_epi32(i32, _mm256_set1_epi32(8 * s[t][b]));
+                __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d[t][b])), _mm256_load_ps(acc[t] + 8 * h));
+                if constexpr (F == PackedFormat::Q4_1) r = _mm256_fmadd_ps(mw, _mm256_set1_ps(d[t][b] * static_cast<float>(s[t][b])), r);
+                _mm256_store_ps(acc[t] + 8 * h, r);
+            }
         }
     }
-    const int64_t row0 = g * kGroupRows + 8 * h;
-    const int64_t rows = m.n_rows - row0 < 8 ? m.n_rows - row0 : 8;
-    if (rows <= 0) return;
-    for (int t = 0; t < NT; ++t) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[t]);
-        std::memcpy(y + (t0 + t) * m.n_rows + row0, out, sizeof(float) * rows);
-    }
+    const int64_t row0 = g * kGroupRows;
+    const int64_t rows = m.n_rows - row0 < kGroupRows ? m.n_rows - row0 : kGroupRows;
+    for (int t = 0; t < NT; ++t) std::memcpy(y + (t0 + t) * m.n_rows + row0, acc[t], sizeof(float) * rows);
 }
 
 template <PackedFormat F>
 void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
             int64_t g_end) {
-    // 16 ymm registers: up to 4 tokens per pass keep their sums in registers; more tokens make
-    // further passes over the group while its weights are in L1/L2.
+    // Up to 4 tokens per pass; more tokens make further passes over the group while its weights
+    // are in L1/L2.
     constexpr int kTile = 4;
     for (int64_t g = g_begin; g < g_end; ++g) {
         const uint8_t * wg = packed + g * m.group_bytes();
         for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
-            for (int h = 0; h < 2; ++h) {
-                switch (a.n_tokens - t0 < kTile ? a.n_tokens - t0 : kTile) {
-                    case 1: tile<F, 1>(m, wg, a, t0, h, y, g); break;
-                    case 2: tile<F, 2>(m, wg, a, t0, h, y, g); break;
-                    case 3: tile<F, 3>(m, wg, a, t0, h, y, g); break;
-                    default: tile<F, 4>(m, wg, a, t0, h, y, g); break;
-                }
+            switch (a.n_tokens - t0 < kTile ? a.n_tokens - t0 : kTile) {
+                case 1: tile<F, 1>(m, wg, a, t0, y, g); break;
+                case 2: tile<F, 2>(m, wg, a, t0, y, g); break;
+                case 3: tile<F, 3>(m, wg, a, t0, y, g); break;
+                default: tile<F, 4>(m, wg, a, t0, y, g); break;
             }
         }
     }
