@@ -67,9 +67,7 @@ const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1};
 // The paths this CPU can run: the generic one always, then every faster one up to the detected.
 std::vector<CpuPath> paths() {
     std::vector<CpuPath> p = {CpuPath::Generic};
-    const CpuPath best = kernels::detected_cpu_path();
-    if (best == CpuPath::Avx2 || best == CpuPath::Avx512Vnni) p.push_back(CpuPath::Avx2);
-    if (best == CpuPath::Avx512Vnni) p.push_back(CpuPath::Avx512Vnni);
+    if (kernels::detected_cpu_path() == CpuPath::Avx2) p.push_back(CpuPath::Avx2);
     return p;
 }
 

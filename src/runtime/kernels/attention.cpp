@@ -37,10 +37,6 @@ void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const int64_t pairs = q->ne[2] * a.n_head_kv;
     const int64_t begin = pairs * ith / nth, end = pairs * (ith + 1) / nth;
 #if defined(SPECULA_X86_KERNELS)
-    if (detected_cpu_path() == CpuPath::Avx512Vnni) {
-        avx512::attend(a, begin, end);
-        return;
-    }
     if (detected_cpu_path() == CpuPath::Avx2) {
         avx2::attend(a, begin, end);
         return;

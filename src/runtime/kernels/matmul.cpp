@@ -12,10 +12,8 @@ CpuPath detected_cpu_path() {
     static const CpuPath path = [] {
 #if defined(SPECULA_X86_KERNELS)
         __builtin_cpu_init();
-        const bool vnni512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
         const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-        return vnni512 ? CpuPath::Avx512Vnni : avx2 ? CpuPath::Avx2 : CpuPath::Generic;
+        return avx2 ? CpuPath::Avx2 : CpuPath::Generic;
 #else
         return CpuPath::Generic;
 #endif
@@ -25,7 +23,6 @@ CpuPath detected_cpu_path() {
 
 const char * cpu_path_name(CpuPath path) {
     switch (path) {
-        case CpuPath::Avx512Vnni: return "avx512-vnni";
         case CpuPath::Avx2: return "avx2";
         case CpuPath::Generic: return "generic";
     }
@@ -53,11 +50,6 @@ void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const flo
     thread_local Scratch scratch;
     QuantizedActivations a = scratch.view(n_tokens, m.k);
 #if defined(SPECULA_X86_KERNELS)
-    if (path == CpuPath::Avx512Vnni) {
-        avx512::quantize_activations(x, x_stride, a);
-        avx512::matmul(m, packed, a, y, g_begin, g_end);
-        return;
-    }
     if (path == CpuPath::Avx2) {
         avx2::quantize_activations(x, x_stride, a);
         avx2::matmul(m, packed, a, y, g_begin, g_end);

@@ -7,7 +7,7 @@
 //   isum = exact integer dot of the block (offset-corrected: Q8_0 - 128 s, Q4_0 - 8 s)
 //   acc  = fma(float(isum), dw[r,b] * d[t,b], acc)         for b = 0, 1, ... in order
 //   Q4_1 adds acc = fma(m[r,b], d[t,b] * float(s[t,b]), acc) after each block's first fma
-// The AVX-512 VNNI, AVX2 and portable paths all follow it to the bit.
+// The AVX2 path and the portable path follow it to the bit.
 #include <cstdint>
 
 #include "runtime/kernels/packed_matrix.h"
@@ -17,7 +17,7 @@ struct ggml_tensor;
 
 namespace specula::kernels {
 
-enum class CpuPath { Generic, Avx2, Avx512Vnni };
+enum class CpuPath { Generic, Avx2 };
 CpuPath detected_cpu_path();
 const char * cpu_path_name(CpuPath path);
 

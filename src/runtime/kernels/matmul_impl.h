@@ -23,7 +23,6 @@ struct QuantizedActivations {
 
 namespace generic { SPECULA_KERNEL_DECLS }
 namespace avx2 { SPECULA_KERNEL_DECLS }
-namespace avx512 { SPECULA_KERNEL_DECLS }
 #undef SPECULA_KERNEL_DECLS
 
 }  // namespace specula::kernels

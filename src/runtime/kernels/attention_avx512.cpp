@@ -1,2 +1,0 @@
-#define SPECULA_ISA avx512
-#include "runtime/kernels/attention_body.inc"
