@@ -62,7 +62,7 @@ std::vector<float> run(CpuPath path, const Packed & p, const float * x, int n_to
     return y;
 }
 
-const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1};
+const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_F16, GGML_TYPE_BF16};
 
 // The paths this CPU can run: the generic one always, then every faster one up to the detected.
 std::vector<CpuPath> paths() {
@@ -76,7 +76,8 @@ TEST(PackedMatmul, MatchesADoublePrecisionReferenceWithinTheActivationRounding) 
     // The kernel computes with the weights exactly as stored; its only approximation is the
     // activations' rounding to int8 per 32-block, at most d/2 = max|x|/254 per element. So for
     // every output |y - y_ref| <= sum_b sum_c |w_c| * d_b / 2, plus float rounding of the sums
-    // (1e-5 relative to sum |w x|, far above float's 6e-8 per step over ~10 blocks).
+    // (1e-5 relative to sum |w x|, far above float's 6e-8 per step over ~10 blocks). F16 and BF16
+    // weights meet the activations unrounded: only the float term applies.
     const int64_t n_rows = 50, k = 320;  // 4 groups, the last one partial; 10 blocks
     const int n_tokens = 11;
     for (ggml_type type : kTypes) {
@@ -97,7 +98,7 @@ TEST(PackedMatmul, MatchesADoublePrecisionReferenceWithinTheActivationRounding) 
                             amax = std::max(amax, std::fabs(xv));
                             wsum += std::fabs(w);
                         }
-                        bound += wsum * amax / 254.0;
+                        if (!p.m.is_float()) bound += wsum * amax / 254.0;  // F16/BF16 meet F32 activations as they are
                     }
                     bound = bound * 1.0001 + 1e-5 * magnitude;
                     ASSERT_LE(std::fabs(y[t * n_rows + r] - ref), bound)
@@ -246,7 +247,8 @@ TEST(ForwardBatchInvariance, GgmlsKernelsAreNotAndTheCheckSeesIt) {
     EXPECT_GT(differing, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Quantized, ForwardBatchInvariance, ::testing::Values("llama_q8_0", "llama_q4_0", "llama_q4_1_tied"));
+INSTANTIATE_TEST_SUITE_P(PackedTypes, ForwardBatchInvariance,
+                         ::testing::Values("llama_q8_0", "llama_q4_0", "llama_q4_1_tied", "llama_tied_f16", "llama_bf16"));
 
 }  // namespace
 }  // namespace specula

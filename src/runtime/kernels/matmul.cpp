@@ -47,6 +47,12 @@ struct Scratch {
 
 void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens,
          float * y, int64_t g_begin, int64_t g_end) {
+    if (m.is_float()) {
+#if defined(SPECULA_X86_KERNELS)
+        if (path == CpuPath::Avx2) return avx2::matmul_float(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+#endif
+        return generic::matmul_float(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+    }
     thread_local Scratch scratch;
     QuantizedActivations a = scratch.view(n_tokens, m.k);
 #if defined(SPECULA_X86_KERNELS)

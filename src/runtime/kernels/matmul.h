@@ -7,6 +7,9 @@
 //   isum = exact integer dot of the block (offset-corrected: Q8_0 - 128 s, Q4_0 - 8 s)
 //   acc  = fma(float(isum), dw[r,b] * d[t,b], acc)         for b = 0, 1, ... in order
 //   Q4_1 adds acc = fma(m[r,b], d[t,b] * float(s[t,b]), acc) after each block's first fma
+// F16 and BF16 weights meet the F32 activations as they are: 16 lane sums,
+//   lane[l] = fma(w[k + l], x[k + l], lane[l])                for k = 0, 16, 32, ... in order
+// then a fixed halving tree (lane[l] += lane[l + w] for w = 8, 4, 2, 1); the result is lane[0].
 // The AVX2 path and the portable path follow it to the bit.
 #include <cstdint>
 

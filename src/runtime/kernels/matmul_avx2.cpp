@@ -163,7 +163,66 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
         case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, g_begin, g_end); break;
         case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, g_begin, g_end); break;
         case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::F16:
+        case PackedFormat::BF16: break;  // matmul_float
     }
+}
+
+namespace {
+
+template <bool kBf16>
+inline __m256 load8(const uint16_t * p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p));
+    if constexpr (kBf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+// The 16 lanes of matmul.h as two ymm (lanes 0-7, 8-15), reduced by the same halving tree.
+inline float reduce16(__m256 lo, __m256 hi) {
+    const __m256 s8 = _mm256_add_ps(lo, hi);                                                   // l + (l + 8)
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));    // l + (l + 4)
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                   // l + (l + 2)
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                          // 0 + 1
+}
+
+template <bool kBf16, int NT>
+void float_row(const uint16_t * w, int64_t k, const float * x, int64_t x_stride, int t0, float * y, int64_t n_rows, int64_t row) {
+    __m256 lo[NT], hi[NT];
+    for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += 16) {
+        const __m256 w0 = load8<kBf16>(w + c), w1 = load8<kBf16>(w + c + 8);
+        for (int t = 0; t < NT; ++t) {
+            const float * xt = x + (t0 + t) * x_stride + c;
+            lo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), lo[t]);
+            hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), hi[t]);
+        }
+    }
+    for (int t = 0; t < NT; ++t) y[(t0 + t) * n_rows + row] = reduce16(lo[t], hi[t]);
+}
+
+template <bool kBf16>
+void float_rows(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, float * y,
+                int64_t g_begin, int64_t g_end) {
+    constexpr int kTile = 4;  // 2 ymm per token + 2 for the weights: 10 of 16 registers
+    for (int64_t row = g_begin * kGroupRows; row < g_end * kGroupRows && row < m.n_rows; ++row) {
+        const auto * w = reinterpret_cast<const uint16_t *>(packed + (row / kGroupRows) * m.group_bytes()) + (row % kGroupRows) * m.k;
+        for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
+            switch (n_tokens - t0 < kTile ? n_tokens - t0 : kTile) {
+                case 1: float_row<kBf16, 1>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
+                case 2: float_row<kBf16, 2>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
+                case 3: float_row<kBf16, 3>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
+                default: float_row<kBf16, 4>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens,
+                  float * y, int64_t g_begin, int64_t g_end) {
+    if (m.format == PackedFormat::BF16) float_rows<true>(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+    else float_rows<false>(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
 }
 
 }  // namespace specula::kernels::avx2

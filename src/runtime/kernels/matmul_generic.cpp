@@ -73,4 +73,25 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
     }
 }
 
+void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens,
+                  float * y, int64_t g_begin, int64_t g_end) {
+    const bool bf16 = m.format == PackedFormat::BF16;
+    for (int64_t row = g_begin * kGroupRows; row < g_end * kGroupRows && row < m.n_rows; ++row) {
+        const auto * w = reinterpret_cast<const uint16_t *>(packed + (row / kGroupRows) * m.group_bytes()) + (row % kGroupRows) * m.k;
+        for (int t = 0; t < n_tokens; ++t) {
+            const float * xt = x + t * x_stride;
+            float lane[16] = {};
+            for (int64_t k = 0; k < m.k; k += 16) {
+                for (int l = 0; l < 16; ++l) {
+                    lane[l] = std::fma(bf16 ? bf16_to_fp32(w[k + l]) : fp16_to_fp32(w[k + l]), xt[k + l], lane[l]);
+                }
+            }
+            for (int width = 8; width >= 1; width /= 2) {
+                for (int l = 0; l < width; ++l) lane[l] = lane[l] + lane[l + width];
+            }
+            y[t * m.n_rows + row] = lane[0];
+        }
+    }
+}
+
 }  // namespace specula::kernels::generic

@@ -1,6 +1,7 @@
 #pragma once
 // Per-instruction-set bodies of kernels/matmul.h; internal to the kernels.
 #include <cstdint>
+#include <cstring>
 
 #include "runtime/kernels/fp16.h"
 #include "runtime/kernels/packed_matrix.h"
@@ -19,10 +20,19 @@ struct QuantizedActivations {
 #define SPECULA_KERNEL_DECLS                                                                            \
     void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);            \
     void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, \
-                int64_t g_begin, int64_t g_end);
+                int64_t g_begin, int64_t g_end);                                                         \
+    void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, \
+                      float * y, int64_t g_begin, int64_t g_end);
 
 namespace generic { SPECULA_KERNEL_DECLS }
 namespace avx2 { SPECULA_KERNEL_DECLS }
 #undef SPECULA_KERNEL_DECLS
+
+inline float bf16_to_fp32(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
 
 }  // namespace specula::kernels

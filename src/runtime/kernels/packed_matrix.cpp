@@ -20,6 +20,8 @@ bool packable(ggml_type type, int64_t k, PackedFormat * format) {
         case GGML_TYPE_Q8_0: *format = PackedFormat::Q8_0; return true;
         case GGML_TYPE_Q4_0: *format = PackedFormat::Q4_0; return true;
         case GGML_TYPE_Q4_1: *format = PackedFormat::Q4_1; return true;
+        case GGML_TYPE_F16: *format = PackedFormat::F16; return true;
+        case GGML_TYPE_BF16: *format = PackedFormat::BF16; return true;
         default: return false;
     }
 }
@@ -29,6 +31,14 @@ void pack_matrix(const PackedMatrix & m, const void * src, void * dst) {
     const size_t block_bytes = packed_block_bytes(m.format);
     auto * out = static_cast<uint8_t *>(dst);
     std::memset(out, 0, static_cast<size_t>(m.n_groups()) * m.group_bytes());
+    if (m.is_float()) {
+        const size_t row_bytes = static_cast<size_t>(m.k) * 2;
+        for (int64_t row = 0; row < m.n_rows; ++row) {
+            std::memcpy(out + (row / kGroupRows) * m.group_bytes() + (row % kGroupRows) * row_bytes,
+                        static_cast<const uint8_t *>(src) + row * row_bytes, row_bytes);
+        }
+        return;
+    }
     for (int64_t row = 0; row < m.n_rows; ++row) {
         const int64_t g = row / kGroupRows;
         const int r = static_cast<int>(row % kGroupRows);
@@ -56,6 +66,8 @@ void pack_matrix(const PackedMatrix & m, const void * src, void * dst) {
                     std::memcpy(blk + 288 + 2 * r, &s.m, 2);
                     break;
                 }
+                case PackedFormat::F16:
+                case PackedFormat::BF16: break;  // handled above
             }
         }
     }

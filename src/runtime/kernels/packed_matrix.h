@@ -8,7 +8,8 @@
 // which is what one `vpdpbusd` multiplies against 4 broadcast activation bytes. Beside them the
 // 16 rows' scales (and Q4_1 minimums) as F16. Q4 formats keep two slices per byte (slice j in the
 // low nibble, slice j + 4 in the high one), so a pass over the weights reads as many bytes as
-// ggml's own layout does. Rows past N in the last group are zero.
+// ggml's own layout does. F16 and BF16 keep ggml's row layout (only grouped and padded). Rows
+// past N in the last group are zero.
 #include <cstddef>
 #include <cstdint>
 
@@ -20,6 +21,8 @@ enum class PackedFormat : uint8_t {
     Q8_0,  // w = d * (u - 128), u = stored byte
     Q4_0,  // w = d * (u - 8),   u = nibble
     Q4_1,  // w = d * u + m,     u = nibble
+    F16,   // float formats: the group's 16 rows one after another, as stored in the file
+    BF16,
 };
 
 constexpr int kGroupRows = 16;
@@ -31,6 +34,8 @@ constexpr size_t packed_block_bytes(PackedFormat f) {
         case PackedFormat::Q8_0: return 16 * 32 + 16 * 2;
         case PackedFormat::Q4_0: return 16 * 16 + 16 * 2;
         case PackedFormat::Q4_1: return 16 * 16 + 16 * 2 * 2;
+        case PackedFormat::F16:
+        case PackedFormat::BF16: return 16 * 32 * 2;
     }
     return 0;
 }
@@ -45,6 +50,7 @@ struct PackedMatrix {
     int64_t k = 0;       // columns (input width)
     int64_t n_rows = 0;  // rows (output width)
 
+    bool is_float() const { return format == PackedFormat::F16 || format == PackedFormat::BF16; }
     int64_t n_blocks() const { return k / kBlock; }
     int64_t n_groups() const { return (n_rows + kGroupRows - 1) / kGroupRows; }
     size_t group_bytes() const { return static_cast<size_t>(n_blocks()) * packed_block_bytes(format); }
