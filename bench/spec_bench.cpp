@@ -200,7 +200,7 @@ struct SpeculaRig {
     TreeBudget tree{TreeShape::Dynamic, 6, 4, 0};  // tree modes: Engine's defaults; 0 nodes = TreeSizePolicy
 
     SpeculaRig(const SpecBenchOptions & o, int n_ctx)
-        : backend(BackendOptions{"cpu", o.threads, o.attention}),
+        : backend(BackendOptions{"cpu", o.threads, o.attention, o.kernels}),
           target(Model::load(o.model, backend)),
           draft(Model::load(o.draft, backend)),
           runner(*target),
@@ -752,6 +752,7 @@ void write_json(const SpecBenchOptions & o, const std::string & prompts_path, in
                                                  : std::string(h.spec.mode->name) + " (default policy, k <= draft_max = llama.cpp's k)"},
         {"specula_fixed_k_tok_s", h.fixed.tok_s.median},
         {"specula_attention", o.attention},
+        {"specula_kernels", o.kernels},
         {"llamacpp_spec_mode", h.llama_spec.mode->name},
         {"llamacpp_plain_mode", h.llama_plain.mode->name},
         {"specula_spec_tok_s", h.spec.tok_s.median},

@@ -15,6 +15,7 @@ struct SpecBenchOptions {
     std::string json_path;    // write results as JSON
     int threads = 0;          // 0 = physical cores; every engine gets the same count
     std::string attention = "auto";  // specula's attention kernel; llama.cpp runs with -fa on and with -fa off
+    std::string kernels = "auto";    // specula's matmul kernels: auto (own on the CPU) | specula | ggml
     int reps = 3;
     int n_gen = 128;          // tokens per generation
     int draft_max = 4;        // k for the fixed policy and llama.cpp; the cap for heuristic/cost

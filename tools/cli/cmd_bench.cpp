@@ -31,7 +31,8 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_option("--eagle3", s->eagle3, "EAGLE-3 head GGUF: adds EAGLE-3 modes and llama.cpp's EAGLE-3");
     spec->add_option("--tree-nodes", s->tree_nodes, "nodes per tree verify (0 = from the measured verify cost)")->capture_default_str();
     spec->add_option("-t,--threads", s->threads, "threads for every engine (0 = physical cores)")->capture_default_str();
-    spec->add_option("--attention", s->attention, "specula's attention kernel: auto | flash | matmul (llama.cpp runs both -fa on and off)")
+    spec->add_option("--kernels", s->kernels, "specula's kernels: auto (own on the CPU) | specula | ggml")->capture_default_str();
+    spec->add_option("--attention", s->attention, "specula's attention kernel: auto | flash | matmul | specula (llama.cpp runs both -fa on and off)")
         ->capture_default_str();
     spec->add_option("-r,--reps", s->reps, "repetitions of the whole prompt set")->capture_default_str();
     spec->add_option("-n,--n-gen", s->n_gen, "tokens per generation")->capture_default_str();
