@@ -135,9 +135,10 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
         L.ffn_gate = want(n("ffn_gate.weight"), {E, F}, true, true);
         L.ffn_up = want(n("ffn_up.weight"), {E, F}, true, true);
         L.ffn_down = want(n("ffn_down.weight"), {F, E}, true, true);
-        const bool sandwich = c.arch == Arch::Gemma3;
-        L.attn_post_norm = want(n("post_attention_norm.weight"), {E}, false, sandwich);
-        L.ffn_post_norm = want(n("post_ffw_norm.weight"), {E}, false, sandwich);
+        if (c.arch == Arch::Gemma3) {
+            L.attn_post_norm = want(n("post_attention_norm.weight"), {E}, false, true);
+            L.ffn_post_norm = want(n("post_ffw_norm.weight"), {E}, false, true);
+        }
     }
 
     m->store_.load(file);

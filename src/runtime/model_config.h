@@ -30,7 +30,7 @@ struct ModelConfig {
     RopeStyle rope_style = RopeStyle::Interleaved;
     bool tied_output = false;      // lm_head shares token_embd
     bool has_qkv_bias = false;     // qwen2
-    bool has_qk_norm = false;      // qwen3
+    bool has_qk_norm = false;      // qwen3, gemma3
     bool has_rope_freqs = false;   // llama3 per-dimension rope factors
 
     // Gemma 3 (src/runtime/arch/gemma3.cpp)
