@@ -2,7 +2,7 @@
 # Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
 set -euo pipefail
 packages=(g++ cmake make git ca-certificates npm ccache libgtest-dev libbenchmark-dev
-          libcpp-httplib-dev nlohmann-json3-dev libcli11-dev)
+          libcpp-httplib-dev nlohmann-json3-dev libcli11-dev python3-pip unzip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -10,6 +10,10 @@ done
 # npm may come from outside Debian (e.g. a node install); any working npm will do.
 if command -v npm >/dev/null 2>&1; then
   missing=("${missing[@]/npm}")
+fi
+# The same for pip (scripts/fetch_models.sh downloads the real models with it).
+if command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1; then
+  missing=("${missing[@]/python3-pip}")
 fi
 missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
 if [ ${#missing[@]} -gt 0 ]; then

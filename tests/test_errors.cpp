@@ -7,7 +7,9 @@
 #include "common/error.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "kv/kv_cache.h"
 #include "runtime/backend.h"
+#include "runtime/forward.h"
 #include "runtime/model.h"
 #include "specula/specula.h"
 #include "test_models.h"
@@ -54,7 +56,7 @@ TEST(Errors, UnsupportedArchitecture) {
     Backend b(BackendOptions{"cpu", 1});
     const std::string path = write_gguf("gpt2.gguf", "gpt2", GGML_TYPE_F32);
     EXPECT_EQ(test::error_message([&] { Model::load(path, b); }),
-              path + ": unsupported architecture 'gpt2' (specula runs llama, qwen2, qwen3)");
+              path + ": unsupported architecture 'gpt2' (specula runs llama, qwen2, qwen3, gemma3)");
 }
 
 TEST(Errors, UnsupportedTensorType) {
@@ -83,6 +85,29 @@ TEST(Errors, UnknownAttentionKernel) {
 
 TEST(Errors, UnknownDevice) {
     EXPECT_NE(test::error_message([] { Backend b(BackendOptions{"CUDA7", 1}); }).find("device 'CUDA7' not found"), std::string::npos);
+}
+
+// A sliding-window model cannot place a cached tree slot (cached_visible) whose position is
+// unknown once the query is a window or more past the cached prefix; it says so, and the cache
+// is left as it was.
+TEST(Errors, SlidingWindowRefusesCachedTreeSlotsBeyondTheWindow) {
+    Backend b(BackendOptions{"cpu", 1});
+    auto model = Model::load(test::model_path("gemma3_swa"), b);
+    const int window = model->config().sliding_window;
+    ModelRunner runner(*model);
+    KvCache cache(b, model->config(), 64);
+    std::vector<int32_t> prompt(window + 2, 5);
+    runner.forward(ForwardBatch::causal(prompt, 0, {}), cache);
+    const int32_t one[1] = {7};
+    ForwardBatch tree_node = ForwardBatch::causal(one, window + 2, {0});
+    tree_node.visible_prefix = 2;      // slots 2.. are tree nodes drafted earlier
+    tree_node.cached_visible = {{3}};  // its cached ancestor
+    EXPECT_EQ(test::error_message([&] { runner.forward(tree_node, cache); }),
+              "forward: a sliding-window model cannot see cached tree slots farther than its window from the cached prefix");
+    EXPECT_EQ(cache.size(), window + 2);
+    tree_node.visible_prefix = 4;  // the query is now inside the window of every slot past the prefix
+    tree_node.cached_visible = {{5}};
+    EXPECT_EQ(runner.forward(tree_node, cache).logits.size(), size_t(model->config().n_vocab));
 }
 
 }  // namespace

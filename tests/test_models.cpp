@@ -42,6 +42,9 @@ const std::vector<Variant> & oracle_variants() {
         {"qwen2_bias", "qwen2", "ggml-vocab-qwen2.gguf", 64, 2, 4, 2, 0, 128, true, "f32", 2e-3},
         {"llama_draft_small", "llama", "ggml-vocab-llama-spm.gguf", 32, 1, 2, 1, 0, 64, false, "f32", 2e-3},
         {"qwen3_qknorm", "qwen3", "ggml-vocab-qwen2.gguf", 64, 2, 4, 2, 32, 128, true, "f32", 2e-3},
+        // window 8, layers 0-1 sliding and 2 global, softcapped logits (write_variant)
+        {"gemma3_swa", "gemma3", "ggml-vocab-llama-spm.gguf", 64, 3, 4, 2, 32, 128, true, "f32", 2e-3},
+        {"gemma3_swa_q8_0", "gemma3", "ggml-vocab-llama-spm.gguf", 64, 3, 4, 1, 32, 128, true, "q8_0", 2e-2},
     };
     return v;
 }
@@ -56,6 +59,9 @@ std::string write_variant(const Variant & v, const std::string & file_name, cons
         s.n_embd = v.n_embd, s.n_layer = v.n_layer, s.n_head = v.n_head, s.n_head_kv = v.n_head_kv;
         s.head_dim = v.head_dim, s.n_ff = v.n_ff, s.tied_output = v.tied, s.weight_type = type;
         s.seed = std::hash<std::string>{}(v.name) & 0xffff;
+        if (v.arch == "gemma3") {  // a window far shorter than the oracle's sequences, so that it masks
+            s.sliding_window = 8, s.sliding_period = 3, s.final_logit_softcap = 30.0f;
+        }
         const std::string tmp = path + ".tmp" + std::to_string(::getpid());
         write_random_model(s, tmp);
         std::filesystem::rename(tmp, path);

@@ -119,6 +119,29 @@ TEST(Speculative, GreedyTreesEqualPlainDecoding) {
     EXPECT_GT(accepted_beyond_first_child, 0);  // side branches were accepted and compacted
 }
 
+// A Gemma 3 target whose sliding window (8 positions) is far shorter than prompt + output: the
+// window must hold inside chain and tree verify masks and across rollback and compaction.
+TEST(Speculative, GreedyChainsAndTreesEqualPlainDecodingOnSlidingWindowGemma3) {
+    Spec s("gemma3_swa");
+    ASSERT_EQ(s.target->config().sliding_window, 8);
+    auto twin = Model::load(test::quantized_twin("gemma3_swa", "q8_0"), s.backend);
+    DraftModelDrafter twin_draft(*twin, 256);
+    NgramDrafter ngram(1, 3);
+    int accepted = 0;
+    auto on_round = [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); };
+    for (const auto & prompt : kPrompts) {
+        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        for (Drafter * d : std::vector<Drafter *>{&twin_draft, &ngram}) {
+            ASSERT_EQ(s.run(*d, DraftPolicyKind::Fixed, 4, prompt, 40, {}, on_round), want) << d->name() << " chain";
+        }
+        for (TreeBudget tree : {TreeBudget{TreeShape::Static, 5, 4, 16}, TreeBudget{TreeShape::Dynamic, 6, 4, 40}}) {
+            const auto got = s.run(twin_draft, DraftPolicyKind::Fixed, 4, prompt, 40, {}, on_round, nullptr, nullptr, tree);
+            ASSERT_EQ(got, want) << "tree " << tree_shape_name(tree.shape) << " nodes " << tree.max_nodes;
+        }
+    }
+    EXPECT_GT(accepted, 100);  // drafts were accepted, not only corrected
+}
+
 // Trees sized each round by TreeSizePolicy (the default for --tree-nodes 0): pruned to a prefix
 // of their prune order, still exactly greedy decoding, for a flat and a steep cost curve.
 TEST(Speculative, GreedyPolicySizedTreesEqualPlainDecoding) {

@@ -163,6 +163,10 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     ggml_set_input(in.positions);
     ggml_set_input(in.kq_mask);
     ggml_set_input(in.kv_slots);
+    if (net_.shape().sliding_window > 0) {
+        in.kq_mask_sliding = ggml_new_tensor_2d(g->ctx, GGML_TYPE_F16, n_kv, n);
+        ggml_set_input(in.kq_mask_sliding);
+    }
     if (cache.v_transposed()) {
         in.v_elements = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I64, static_cast<int64_t>(cache.n_embd_kv()) * n);
         ggml_set_input(in.v_elements);
@@ -217,13 +221,14 @@ void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_s
     }
     set(g.in.out_rows, b.logit_rows.data(), sizeof(int32_t) * b.logit_rows.size());
 
-    if (g.in.kq_mask->buffer) {
+    const bool need_mask = g.in.kq_mask->buffer || (g.in.kq_mask_sliding && g.in.kq_mask_sliding->buffer);
+    if (need_mask) {
         // [n_kv, n]: 0 where row i may attend, -inf elsewhere (padding slots included).
         std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv) * n);
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+        const int prefix = b.visible_prefix < 0 ? first_slot : std::min(b.visible_prefix, first_slot);
         for (int i = 0; i < n; ++i) {
             ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
-            const int prefix = b.visible_prefix < 0 ? first_slot : std::min(b.visible_prefix, first_slot);
             std::fill(row, row + prefix, zero);
             std::fill(row + prefix, row + first_slot, ninf);
             if (!b.cached_visible.empty()) {
@@ -233,6 +238,26 @@ void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_s
             std::fill(row + kv_len, row + n_kv, ninf);
         }
         set(g.in.kq_mask, mask.data(), sizeof(ggml_fp16_t) * mask.size());
+        if (g.in.kq_mask_sliding) {
+            // Sliding-window layers also hide every key whose position is window or more before
+            // the query's (llama.cpp's standard SWA rule). A cached slot below the prefix holds the
+            // token at sequence index = slot, so its position is the slot number.
+            const int window = c.sliding_window;
+            for (int i = 0; i < n; ++i) {
+                ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
+                const int pos = b.positions[i];
+                std::fill(row, row + std::clamp(pos - window + 1, 0, prefix), ninf);
+                // cached_visible slots hold draft-tree nodes at positions >= prefix, not recorded
+                // here; they are surely inside the window only while the query is near the prefix.
+                if (!b.cached_visible.empty() && !b.cached_visible[i].empty() && pos - prefix >= window) {
+                    throw Error("forward: a sliding-window model cannot see cached tree slots farther than its window from the cached prefix");
+                }
+                for (int j = 0; j < n; ++j) {
+                    if (pos - b.positions[j] >= window) row[first_slot + j] = ninf;
+                }
+            }
+            set(g.in.kq_mask_sliding, mask.data(), sizeof(ggml_fp16_t) * mask.size());
+        }
     }
 
     if (ggml_backend_sched_graph_compute(g.sched, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");

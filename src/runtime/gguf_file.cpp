@@ -118,7 +118,8 @@ std::vector<int32_t> GgufFile::get_i32_array(const std::string & key) const {
             case GGUF_TYPE_UINT32: out[i] = static_cast<int32_t>(static_cast<const uint32_t *>(data)[i]); break;
             case GGUF_TYPE_INT64: out[i] = static_cast<int32_t>(static_cast<const int64_t *>(data)[i]); break;
             case GGUF_TYPE_UINT64: out[i] = static_cast<int32_t>(static_cast<const uint64_t *>(data)[i]); break;
-            default: throw Error(path_ + ": metadata key " + key + " is not an integer array");
+            case GGUF_TYPE_BOOL: out[i] = static_cast<const int8_t *>(data)[i] != 0; break;
+            default: throw Error(path_ + ": metadata key " + key + " is not an integer or bool array");
         }
     }
     return out;

@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <cmath>
 
 #include "common/error.h"
 #include "ggml-backend.h"
@@ -17,11 +18,36 @@ const char * arch_display_name(Arch arch) {
         case Arch::Llama: return "llama";
         case Arch::Qwen2: return "qwen2";
         case Arch::Qwen3: return "qwen3";
+        case Arch::Gemma3: return "gemma3";
     }
     return "?";
 }
 
 namespace {
+
+// The keys llama.cpp's gemma3 loader reads, with its defaults for the absent ones.
+void read_gemma3_config(const GgufFile & f, ModelConfig & c) {
+    const std::string a = c.arch_name + ".";
+    c.sliding_window = static_cast<int>(f.find_u32(a + "attention.sliding_window").value_or(0));
+    if (c.sliding_window > 0) {
+        const std::string pattern_key = a + "attention.sliding_window_pattern";
+        if (f.array_length(pattern_key) > 0) {  // one flag per layer
+            const std::vector<int32_t> flags = f.get_i32_array(pattern_key);
+            if (static_cast<int>(flags.size()) != c.n_layer) throw Error(f.path() + ": " + pattern_key + " does not have one entry per layer");
+            c.sliding_layers.assign(flags.begin(), flags.end());
+        } else {  // a period: the last layer of every period is global (Gemma 3: 5 sliding, 1 global)
+            const int period = static_cast<int>(f.find_u32(pattern_key).value_or(6));
+            c.sliding_layers.resize(c.n_layer);
+            for (int il = 0; il < c.n_layer; ++il) c.sliding_layers[il] = period == 0 || il % period < period - 1;
+        }
+        c.rope_freq_base_sliding = f.find_f32(a + "rope.freq_base_swa").value_or(10000.0f);
+    }
+    c.final_logit_softcap = f.find_f32(a + "final_logit_softcapping").value_or(0.0f);
+    // Gemma 3 scales queries by 1/sqrt(query_pre_attn_scalar), which is the head size except in
+    // the 27B model (62 layers), where it is n_embd / n_head; llama.cpp tells them apart the same way.
+    const int pre_attn_scalar = c.n_layer == 62 ? c.n_embd / c.n_head : c.head_dim;
+    c.query_scale = 1.0f / std::sqrt(static_cast<float>(pre_attn_scalar));
+}
 
 ModelConfig read_config(const GgufFile & f) {
     ModelConfig c;
@@ -29,7 +55,8 @@ ModelConfig read_config(const GgufFile & f) {
     if (c.arch_name == "llama") c.arch = Arch::Llama;
     else if (c.arch_name == "qwen2") c.arch = Arch::Qwen2;
     else if (c.arch_name == "qwen3") c.arch = Arch::Qwen3;
-    else throw Error(f.path() + ": unsupported architecture '" + c.arch_name + "' (specula runs llama, qwen2, qwen3)");
+    else if (c.arch_name == "gemma3") c.arch = Arch::Gemma3;
+    else throw Error(f.path() + ": unsupported architecture '" + c.arch_name + "' (specula runs llama, qwen2, qwen3, gemma3)");
 
     const std::string a = c.arch_name + ".";
     c.n_layer = static_cast<int>(f.get_u32(a + "block_count"));
@@ -56,7 +83,8 @@ ModelConfig read_config(const GgufFile & f) {
     }
     c.rope_style = c.arch == Arch::Llama ? RopeStyle::Interleaved : RopeStyle::Neox;
     c.has_qkv_bias = c.arch == Arch::Qwen2;
-    c.has_qk_norm = c.arch == Arch::Qwen3;
+    c.has_qk_norm = c.arch == Arch::Qwen3 || c.arch == Arch::Gemma3;
+    if (c.arch == Arch::Gemma3) read_gemma3_config(f, c);
     return c;
 }
 
@@ -108,10 +136,14 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
         L.ffn_gate = want(n("ffn_gate.weight"), {E, F}, true, true);
         L.ffn_up = want(n("ffn_up.weight"), {E, F}, true, true);
         L.ffn_down = want(n("ffn_down.weight"), {F, E}, true, true);
+        if (c.arch == Arch::Gemma3) {
+            L.attn_post_norm = want(n("post_attention_norm.weight"), {E}, false, true);
+            L.ffn_post_norm = want(n("post_ffw_norm.weight"), {E}, false, true);
+        }
     }
 
     m->store_.load(file);
-    m->shape_ = NetworkShape{c.n_layer, c.n_embd, c.n_embd_kv(), c.n_vocab, c.n_vocab};
+    m->shape_ = NetworkShape{c.n_layer, c.n_embd, c.n_embd_kv(), c.n_vocab, c.n_vocab, c.sliding_window};
     return m;
 }
 
@@ -123,6 +155,7 @@ void Model::check_hidden_in(const ForwardBatch & b, int hidden_width) const {
 
 GraphOutputs Model::build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCache & cache, const GraphInputs & in,
                                 const ForwardBatch & b, int layer_end) const {
+    if (config_.arch == Arch::Gemma3) return build_gemma3_graph(ctx, gf, *this, cache, in, b.layer_begin, layer_end, b.tap_layers);
     return build_llama_family_graph(ctx, gf, *this, cache, in, b.layer_begin, layer_end, b.tap_layers);
 }
 

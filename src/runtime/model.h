@@ -1,5 +1,5 @@
 #pragma once
-// A loaded llama-family model: hyper-parameters and weights resident in backend buffers, used as
+// A loaded llama-family or Gemma 3 model: hyper-parameters and weights resident in backend buffers, used as
 // stored in the GGUF (quantized types included). Immutable after load; the forward pass and the
 // KV cache live elsewhere (runtime/forward.h, kv/kv_cache.h).
 #include <memory>
@@ -27,12 +27,14 @@ struct LayerWeights {
     ggml_tensor * bq = nullptr;         // qwen2 biases
     ggml_tensor * bk = nullptr;
     ggml_tensor * bv = nullptr;
-    ggml_tensor * q_norm = nullptr;     // qwen3 per-head norms [head_dim]
+    ggml_tensor * q_norm = nullptr;     // qwen3/gemma3 per-head norms [head_dim]
     ggml_tensor * k_norm = nullptr;
     ggml_tensor * ffn_norm = nullptr;   // [n_embd]
     ggml_tensor * ffn_gate = nullptr;   // [n_embd, n_ff]
     ggml_tensor * ffn_up = nullptr;     // [n_embd, n_ff]
     ggml_tensor * ffn_down = nullptr;   // [n_ff, n_embd]
+    ggml_tensor * attn_post_norm = nullptr;  // gemma3 sandwich norms [n_embd]: on the attention output
+    ggml_tensor * ffn_post_norm = nullptr;   // and on the FFN output, before each joins the residual
 };
 
 struct ModelWeights {

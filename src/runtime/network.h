@@ -21,6 +21,7 @@ struct NetworkShape {
     int n_embd_kv = 0;  // KV row width
     int n_vocab = 0;    // logit width (a head's draft vocabulary)
     int n_token_vocab = 0;  // valid token ids for inputs
+    int sliding_window = 0; // > 0: some layers attend only to keys fewer than this many positions back
 };
 
 class Network {

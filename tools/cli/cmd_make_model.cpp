@@ -20,12 +20,14 @@ void register_make_model(CLI::App & app, Commands & commands) {
         std::string shape, vocab_dir, out;
     };
     auto args = std::make_shared<Args>();
-    CLI::App * sub = app.add_subcommand("make-model", "write a random-weight llama-family GGUF (tests, cost benchmarks)");
+    CLI::App * sub = app.add_subcommand("make-model", "write a random-weight llama-family or Gemma 3 GGUF (tests, cost benchmarks)");
     sub->add_option("-o,--output", args->out, "output GGUF path")->required();
     sub->add_option("--shape", args->shape, "named shape: llama-1b, llama-100m, tiny");
     sub->add_option("--vocab-dir", args->vocab_dir, "directory with llama.cpp's ggml-vocab-*.gguf")->default_val(SPECULA_VOCAB_DIR);
     sub->add_option("--vocab", args->spec.vocab_gguf, "vocabulary GGUF (overrides the shape's)");
-    sub->add_option("--arch", args->spec.arch, "llama | qwen2 | qwen3");
+    sub->add_option("--arch", args->spec.arch, "llama | qwen2 | qwen3 | gemma3");
+    sub->add_option("--sliding-window", args->spec.sliding_window,
+                    "gemma3: attention window of the sliding layers (5 of every 6; 0 = all global)");
     sub->add_option("--type", args->spec.weight_type, "matmul weight type: f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
     sub->add_option("--seed", args->spec.seed, "weight seed");
     sub->callback([args, &commands] {
@@ -33,6 +35,7 @@ void register_make_model(CLI::App & app, Commands & commands) {
             RandomModelSpec spec = bench_shape(args->shape.empty() ? "tiny" : args->shape, args->vocab_dir);
             if (!args->spec.vocab_gguf.empty()) spec.vocab_gguf = args->spec.vocab_gguf;
             spec.arch = args->spec.arch;
+            spec.sliding_window = args->spec.sliding_window;
             spec.weight_type = args->spec.weight_type;
             spec.seed = args->spec.seed;
             write_random_model(spec, args->out);

@@ -123,7 +123,10 @@ void write_tensors(gguf_context * out, const std::vector<Planned> & plan, uint64
 
 void write_random_model(const RandomModelSpec & spec, const std::string & out_path) {
     const ggml_type wtype = parse_type(spec.weight_type);
-    if (spec.arch != "llama" && spec.arch != "qwen2" && spec.arch != "qwen3") throw Error("unknown arch '" + spec.arch + "'");
+    if (spec.arch != "llama" && spec.arch != "qwen2" && spec.arch != "qwen3" && spec.arch != "gemma3") {
+        throw Error("unknown arch '" + spec.arch + "'");
+    }
+    const bool gemma3 = spec.arch == "gemma3";
     const int head_dim = spec.head_dim > 0 ? spec.head_dim : spec.n_embd / spec.n_head;
 
     gguf_context * out = gguf_init_empty();
@@ -145,6 +148,14 @@ void write_random_model(const RandomModelSpec & spec, const std::string & out_pa
     gguf_set_val_f32(out, (a + "attention.layer_norm_rms_epsilon").c_str(), 1e-5f);
     gguf_set_val_f32(out, (a + "rope.freq_base").c_str(), spec.rope_freq_base);
     gguf_set_val_u32(out, (a + "vocab_size").c_str(), n_vocab);
+    if (gemma3 && spec.sliding_window > 0) {
+        gguf_set_val_u32(out, (a + "attention.sliding_window").c_str(), spec.sliding_window);
+        gguf_set_val_u32(out, (a + "attention.sliding_window_pattern").c_str(), spec.sliding_period);
+        gguf_set_val_f32(out, (a + "rope.freq_base_swa").c_str(), spec.rope_freq_base_sliding);
+    }
+    if (gemma3 && spec.final_logit_softcap > 0.0f) {
+        gguf_set_val_f32(out, (a + "final_logit_softcapping").c_str(), spec.final_logit_softcap);
+    }
 
     std::vector<Planned> plan;
     const int64_t E = spec.n_embd, Q = int64_t(spec.n_head) * head_dim, KV = int64_t(spec.n_head_kv) * head_dim, F = spec.n_ff;
@@ -168,9 +179,13 @@ void write_random_model(const RandomModelSpec & spec, const std::string & out_pa
             vec(n("attn_k.bias"), KV, 0.0f);
             vec(n("attn_v.bias"), KV, 0.0f);
         }
-        if (spec.arch == "qwen3") {
+        if (spec.arch == "qwen3" || gemma3) {
             vec(n("attn_q_norm.weight"), head_dim, 1.0f);
             vec(n("attn_k_norm.weight"), head_dim, 1.0f);
+        }
+        if (gemma3) {
+            vec(n("post_attention_norm.weight"), E, 1.0f);
+            vec(n("post_ffw_norm.weight"), E, 1.0f);
         }
         vec(n("ffn_norm.weight"), E, 1.0f);
         mat(n("ffn_gate.weight"), E, F);

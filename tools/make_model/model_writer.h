@@ -1,5 +1,5 @@
 #pragma once
-// Writes random-weight llama-family GGUF models: test fixtures for every supported family and
+// Writes random-weight llama-family and Gemma 3 GGUF models: test fixtures for every supported family and
 // option, and bench-shaped models (e.g. Llama-3.2-1B shape) for cost curves. The vocabulary comes
 // from one of llama.cpp's models/ggml-vocab-*.gguf files, so libllama can load the result.
 #include <cstdint>
@@ -9,7 +9,7 @@
 namespace specula {
 
 struct RandomModelSpec {
-    std::string arch = "llama";  // llama | qwen2 | qwen3
+    std::string arch = "llama";  // llama | qwen2 | qwen3 | gemma3
     std::string vocab_gguf;      // path to a ggml-vocab-*.gguf
     int n_vocab = 0;             // with no vocab_gguf: this many tokens and no tokenizer (runtime-only models)
     int n_embd = 64;
@@ -22,6 +22,11 @@ struct RandomModelSpec {
     bool tied_output = false;
     std::string weight_type = "f32";  // matmul weights: f32 f16 bf16 q8_0 q4_0 q4_k q6_k
     float rope_freq_base = 10000.0f;
+    // gemma3 only
+    int sliding_window = 0;                   // > 0: sliding-window layers attend this far back
+    int sliding_period = 6;                   // the last layer of every period is global
+    float rope_freq_base_sliding = 10000.0f;
+    float final_logit_softcap = 0.0f;         // 0: none
     uint64_t seed = 1;
 };
 

