@@ -42,12 +42,15 @@ struct RealModel {
     std::string arch;
     int n_tokens;  // teacher-forced sequence length
     int n_prompt;  // prompt length of the speculative test
+    // Every matrix has a type specula's own kernels take (SmolLM2: Q4_1 + Q8_0), so the whole
+    // forward is batch-invariant; Gemma 3's Q4_K/Q6_K matrices keep ggml's kernels.
+    bool batch_invariant;
 };
 
 // Gemma 3's sequences are longer than its 512-token window, so that the sliding layers mask keys.
 const RealModel kModels[] = {
-    {"SmolLM2_135M_Instruct_Q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf", "llama", 320, 256},
-    {"Gemma3_270M_Q4_K_M", "gemma-3-270m-q4_k_m.gguf", "gemma3", 640, 520},
+    {"SmolLM2_135M_Instruct_Q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf", "llama", 320, 256, true},
+    {"Gemma3_270M_Q4_K_M", "gemma-3-270m-q4_k_m.gguf", "gemma3", 640, 520, false},
 };
 
 std::string cached_model_path(const RealModel & m) { return model_cache() + "/" + m.file; }
@@ -72,16 +75,37 @@ std::vector<int32_t> text_tokens(const std::string & model_path, int n) {
 
 class RealModelOracle : public ::testing::TestWithParam<RealModel> {};
 
-// Both attention kernels, each against libllama running the same one. The sequence goes through
-// in blocks of 64, so every block after the first attends to a cache written by earlier ones.
-TEST_P(RealModelOracle, TeacherForcedTop1MatchesLibllama) {
+// Mean negative log-likelihood (nats) of tokens[i + 1] under row i's logits.
+double mean_nll(std::span<const float> logits, int V, std::span<const int32_t> next) {
+    double sum = 0.0;
+    for (size_t i = 0; i < next.size(); ++i) {
+        const std::span<const float> row = logits.subspan(i * V, V);
+        const float mx = *std::max_element(row.begin(), row.end());
+        double z = 0.0;
+        for (float x : row) z += std::exp(double(x) - mx);
+        sum += std::log(z) + mx - row[next[i]];
+    }
+    return sum / double(next.size());
+}
+
+// ggml's kernels with both attention kernels, each against libllama running the same one: equal.
+// specula's own kernels against libllama -fa off: they round differently (F32 activation scales and
+// attention where ggml uses F16), and in a 30-layer model whose activations are rounded to int8
+// before every matmul that difference becomes rounding noise of the same size as ggml's own
+// between batch shapes (see the next test). So the own-kernel check is the one that tells a
+// wrong kernel from rounding: the model must predict the text as well as libllama does (mean NLL
+// within 0.01 nats per token), and the noise is reported (max |logit diff|, top-1 agreement).
+// The sequence goes through in blocks of 64, so every block after the first attends to a cache
+// written by earlier ones.
+TEST_P(RealModelOracle, TeacherForcedLogitsMatchLibllama) {
     const RealModel & m = GetParam();
     const std::string path = cached_model_path(m);
     if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
     const std::vector<int32_t> tokens = text_tokens(path, m.n_tokens);
-    for (const char * kernel : {"flash", "matmul"}) {
+    for (auto [kernels, attention] : {std::pair{"ggml", "flash"}, std::pair{"ggml", "matmul"}, std::pair{"specula", "auto"}}) {
+        const std::string kernel = std::string(kernels) + "/" + attention;
         SCOPED_TRACE(kernel);
-        Backend backend(BackendOptions{"cpu", 1, kernel});
+        Backend backend(BackendOptions{"cpu", 1, attention, kernels});
         auto model = Model::load(path, backend);
         ASSERT_EQ(model->config().arch_name, m.arch);
         ModelRunner runner(*model);
@@ -93,6 +117,7 @@ TEST_P(RealModelOracle, TeacherForcedTop1MatchesLibllama) {
         constexpr int kBlock = 64;
         double max_diff = 0.0;
         int top1_mismatches = 0;
+        std::vector<float> ours_all, ref_all;
         for (int start = 0; start < m.n_tokens; start += kBlock) {
             const int n = std::min(kBlock, m.n_tokens - start);
             std::vector<int32_t> rows(n);
@@ -100,32 +125,42 @@ TEST_P(RealModelOracle, TeacherForcedTop1MatchesLibllama) {
             const auto block = std::span(tokens).subspan(start, n);
             const ForwardOutput ours = runner.forward(ForwardBatch::causal(block, start, rows), cache);
             const std::vector<float> ref = peer.decode(block, true);
+            ours_all.insert(ours_all.end(), ours.logits.begin(), ours.logits.end());
+            ref_all.insert(ref_all.end(), ref.begin(), ref.end());
             for (int i = 0; i < n; ++i) {
                 const std::span<const float> a = ours.logits_row(i);
                 const std::span<const float> r(ref.data() + size_t(i) * V, V);
                 for (int j = 0; j < V; ++j) max_diff = std::max(max_diff, double(std::fabs(a[j] - r[j])));
-                if (argmax(a) != argmax(r)) {
-                    ++top1_mismatches;
-                    ADD_FAILURE() << "top-1 differs at position " << start + i;
-                }
+                top1_mismatches += argmax(a) != argmax(r);
             }
         }
-        std::printf("[real-oracle] %-28s %-6s %d positions: top-1 mismatches %d, max |logit diff| = %.3g\n", m.name.c_str(),
-                    kernel, m.n_tokens, top1_mismatches, max_diff);
-        EXPECT_LT(max_diff, 1e-2);
+        const auto next = std::span(tokens).subspan(1);
+        const double nll_ours = mean_nll(std::span(ours_all).first(next.size() * V), V, next);
+        const double nll_ref = mean_nll(std::span(ref_all).first(next.size() * V), V, next);
+        std::printf("[real-oracle] %-28s %-14s %d positions: top-1 mismatches %d, max |logit diff| = %.3g, "
+                    "mean NLL %.4f (libllama %.4f)\n", m.name.c_str(), kernel.c_str(), m.n_tokens, top1_mismatches, max_diff,
+                    nll_ours, nll_ref);
+        if (backend.own_kernels()) {
+            EXPECT_LT(nll_ours, nll_ref + 0.01);
+        } else {
+            EXPECT_EQ(top1_mismatches, 0);
+            EXPECT_LT(max_diff, 1e-2);
+        }
     }
 }
 
 // Greedy speculative decoding on a real model against plain greedy decoding: an n-gram chain,
 // and a dynamic tree drafted by the model itself (accepts nearly everything, so long paths get
 // verified and compacted). On Gemma 3 the prompt reaches past the sliding window.
-// Exact equality cannot be demanded here: ggml's kernels round differently for a 1-row forward
+// On specula's own kernels with every matrix packed (SmolLM2) the forward is batch-invariant and
+// the outputs must be identical. Where ggml's kernels remain (Gemma 3's k-quants), exact equality
+// cannot be demanded: ggml's kernels round differently for a 1-row forward
 // (plain decoding) than for a multi-row verify block, and libllama does the same. Measured on
 // these files, the logits of one position computed alone and inside a 32-row block differ by up
 // to 0.89 (SmolLM2, matmul kernel; 0 with flash) and 1.95 (Gemma 3), identically in libllama, and
 // flip the top-1 token where two candidates are close. So the outputs must agree up to a
 // position where plain decoding's own logits put both tokens within kTieLogits of each other.
-TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecodingUpToNearTies) {
+TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecoding) {
     constexpr float kTieLogits = 0.5f;
     const RealModel & m = GetParam();
     const std::string path = cached_model_path(m);
@@ -169,6 +204,7 @@ TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecodingUpToNearTies) {
         std::printf("[real-spec] %-28s %-11s %-7s accepted %d of %d tokens, identical to plain for %zu\n", m.name.c_str(),
                     drafter->name(), tree_shape_name(tree.shape), accepted, kGenerate, d);
         if (d == got.size()) continue;
+        EXPECT_FALSE(m.batch_invariant) << "a batch-invariant forward must reproduce plain decoding exactly";
         // Plain decoding's logits at the first difference: one-row forwards after the prompt.
         KvCache replay(backend, model->config(), kCapacity);
         ForwardOutput out = runner.forward(ForwardBatch::causal(prompt, 0, {int32_t(prompt.size()) - 1}), replay);
