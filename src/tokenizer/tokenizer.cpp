@@ -29,6 +29,24 @@ Tokenizer::Tokenizer(const std::string & gguf_path) {
     model_ = llama_model_load_from_file(gguf_path.c_str(), params);
     if (!model_) throw Error(gguf_path + ": libllama could not load the vocabulary");
     vocab_ = llama_model_get_vocab(model_);
+    // libllama drops a special token id outside the vocabulary with a warning, then asserts (abort)
+    // when tokenizing if the vocabulary still asks for that token to be added.
+    const struct {
+        bool added;
+        llama_token id;
+        const char * key;
+    } added_tokens[] = {
+        {llama_vocab_get_add_bos(vocab_), llama_vocab_bos(vocab_), "bos"},
+        {llama_vocab_get_add_eos(vocab_), llama_vocab_eos(vocab_), "eos"},
+        {llama_vocab_get_add_sep(vocab_), llama_vocab_sep(vocab_), "sep"},
+    };
+    for (const auto & t : added_tokens) {
+        if (t.added && t.id == LLAMA_TOKEN_NULL) {
+            llama_model_free(model_);
+            throw Error(gguf_path + ": tokenizer.ggml.add_" + t.key + "_token is set but tokenizer.ggml." + t.key +
+                        "_token_id names no token of the " + std::to_string(llama_vocab_n_tokens(vocab_)) + "-token vocabulary");
+        }
+    }
 }
 
 Tokenizer::~Tokenizer() {
