@@ -341,5 +341,11 @@ TEST(HostileCli, D2tOfTheWrongShape) {
     expect_cli_error("generate -m " + target() + " --eagle3 " + p + " -p hi -n 4", p + ": tensor d2t has shape [2, 2]");
 }
 
+TEST(HostileCli, BenchTwinOfATargetWithZeroHeads) {  // divided the width by the head count before
+    const std::string p = edited(target(), "heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count", 0); });
+    expect_cli_error("make-twin --target " + p + " --shape twin-test -o " + test::scratch_dir() + "/hostile-twin.gguf",
+                     p + ": metadata key llama.attention.head_count is 0");
+}
+
 }  // namespace
 }  // namespace specula
