@@ -88,17 +88,6 @@ void add_i64(Checkpoint & c, const std::string & name, const std::vector<int64_t
     c.tensors[name] = std::move(t);
 }
 
-// A safetensors file: 8-byte little-endian header length, the header JSON, then `data` as given.
-void write_safetensors_file(const std::string & path, const json & header, const std::vector<uint8_t> & data) {
-    std::string hs = header.dump();
-    while (hs.size() % 8) hs += ' ';
-    std::ofstream out(path, std::ios::binary);
-    const uint64_t n = hs.size();
-    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-    out.write(hs.data(), hs.size());
-    out.write(reinterpret_cast<const char *>(data.data()), data.size());
-}
-
 void write_safetensors(const std::string & path, const std::map<std::string, StTensor> & ts) {
     json h = json::object();
     h["__metadata__"] = {{"format", "pt"}};
@@ -107,7 +96,7 @@ void write_safetensors(const std::string & path, const std::map<std::string, StT
         h[n] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
         data.insert(data.end(), t.bytes.begin(), t.bytes.end());
     }
-    write_safetensors_file(path, h, data);
+    write_safetensors_file(path, h.dump(), data);
 }
 
 std::string write_checkpoint(const Checkpoint & c, const std::string & name, int n_shards = 1) {
@@ -688,7 +677,7 @@ TEST(Convert, HostileSafetensorsHeadersAndConfigs) {
         const std::string dir = test::scratch_dir() + "/convert/" + name;
         fs::remove_all(dir);
         fs::create_directories(dir);
-        write_safetensors_file(dir + "/model.safetensors", {{"x", entry}}, std::vector<uint8_t>(data_bytes));
+        write_safetensors_file(dir + "/model.safetensors", json{{"x", entry}}.dump(), std::vector<uint8_t>(data_bytes));
         return test::error_message([&] { SafetensorsCheckpoint ck(dir); });
     };
     const uint64_t top = ~uint64_t(0);

@@ -31,16 +31,27 @@ GgufFile::GgufFile(const std::string & path) : path_(path) {
     params.ctx = &meta_;
     gguf_ = gguf_init_from_file(path.c_str(), params);
     if (!gguf_) throw Error(path + ": corrupt or truncated GGUF file");
-    // ggml's parser reads only the header when not loading data: a file cut short passes it. Every
-    // tensor's data must lie inside the file before any reader sizes a buffer by its metadata.
-    const uint64_t file_size = std::filesystem::file_size(path, ec);
-    if (ec) throw Error(path + ": cannot read the file size (" + ec.message() + ")");
+    try {
+        check_data_extents();
+    } catch (...) {  // a constructor that throws runs no destructor
+        ggml_free(meta_);
+        gguf_free(gguf_);
+        throw;
+    }
+}
+
+// ggml's parser reads only the header when not loading data: a file cut short passes it. Every
+// tensor's data must lie inside the file before any reader sizes a buffer by its metadata.
+void GgufFile::check_data_extents() const {
+    std::error_code ec;
+    const uint64_t file_size = std::filesystem::file_size(path_, ec);
+    if (ec) throw Error(path_ + ": cannot read the file size (" + ec.message() + ")");
     const uint64_t data_offset = gguf_get_data_offset(gguf_);
     for (int64_t id = 0; id < gguf_get_n_tensors(gguf_); ++id) {
         const uint64_t begin = data_offset + gguf_get_tensor_offset(gguf_, id);
         const uint64_t end = begin + gguf_get_tensor_size(gguf_, id);
         if (begin < data_offset || end < begin || end > file_size) {
-            throw Error(path + ": tensor " + gguf_get_tensor_name(gguf_, id) + " has data at bytes " + std::to_string(begin) +
+            throw Error(path_ + ": tensor " + gguf_get_tensor_name(gguf_, id) + " has data at bytes " + std::to_string(begin) +
                         ".." + std::to_string(end) + ", past the end of the " + std::to_string(file_size) +
                         "-byte file (truncated?)");
         }

@@ -48,6 +48,7 @@ private:
     gguf_context * gguf_ = nullptr;
     ggml_context * meta_ = nullptr;
     int64_t key_id(const std::string & key) const;
+    void check_data_extents() const;
 };
 
 }  // namespace specula

@@ -212,6 +212,17 @@ SafeTensor SafetensorsCheckpoint::read(const std::string & name) const {
     return t;
 }
 
+void write_safetensors_file(const std::string & path, const std::string & header_json, std::span<const uint8_t> data) {
+    std::string header = header_json;
+    while (header.size() % 8) header += ' ';
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    out.write(reinterpret_cast<const char *>(data.data()), static_cast<std::streamsize>(data.size()));
+    if (!out) throw Error(path + ": could not write");
+}
+
 std::vector<float> permute_qk_rows(const std::vector<float> & w, int64_t rows, int64_t cols, int n_head) {
     if (n_head <= 0 || rows % (2 * n_head) != 0) throw Error("q/k permutation: " + std::to_string(rows) + " rows do not split into " + std::to_string(n_head) + " heads of even size");
     // reshape(n_head, 2, D/2, cols).swapaxes(1, 2): out row h*D + 2i + j <- in row h*D + j*D/2 + i
