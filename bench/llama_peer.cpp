@@ -36,8 +36,9 @@ LlamaPeer::LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, bo
     : capture_(new Capture) {
     init_llama_backend();
     llama_model_params mp = llama_model_default_params();
+    take_llama_errors();  // drop what earlier calls logged
     model_ = llama_model_load_from_file(gguf_path.c_str(), mp);
-    if (!model_) throw Error(gguf_path + ": libllama could not load the model");
+    if (!model_) throw Error(gguf_path + ": libllama could not load the model (" + take_llama_errors() + ")");
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_batch = n_batch;

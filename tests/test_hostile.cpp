@@ -341,6 +341,14 @@ TEST(HostileCli, D2tOfTheWrongShape) {
     expect_cli_error("generate -m " + target() + " --eagle3 " + p + " -p hi -n 4", p + ": tensor d2t has shape [2, 2]");
 }
 
+TEST(HostileCli, VocabularyLibllamaRejects) {  // libllama's reason in the one line, not its log lines before it
+    const std::string p = edited(target(), "tokens-not-strings", [](gguf_context * g) {
+        const int32_t ids[2] = {1, 2};
+        gguf_set_arr_data(g, "tokenizer.ggml.tokens", GGUF_TYPE_INT32, ids, 2);
+    });
+    expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": libllama could not load the vocabulary (");
+}
+
 TEST(HostileCli, BenchTwinOfATargetWithZeroHeads) {  // divided the width by the head count before
     const std::string p = edited(target(), "heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count", 0); });
     expect_cli_error("make-twin --target " + p + " --shape twin-test -o " + test::scratch_dir() + "/hostile-twin.gguf",
