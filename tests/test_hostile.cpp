@@ -312,6 +312,13 @@ TEST(HostileCli, MissingAndNonGgufFiles) {
     expect_cli_error("generate -m " + std::string(SPECULA_SOURCE_DIR) + "/CMakeLists.txt -p hi", "not a GGUF file");
 }
 
+TEST(HostileCli, CorruptHeader) {  // ggml's parser logs its reason: it belongs in the one line
+    const std::string p = test::scratch_dir() + "/hostile-cli-corrupt-header.gguf";
+    std::filesystem::copy_file(target(), p, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::resize_file(p, 1000);  // inside the metadata
+    expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": corrupt or truncated GGUF file (");
+}
+
 TEST(HostileCli, HugeBlockCount) {
     const std::string p = edited(target(), "block-count-huge", [](gguf_context * g) { gguf_set_val_u32(g, "llama.block_count", 0x7fffffff); });
     expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": metadata key llama.block_count is 2147483647");

@@ -12,6 +12,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "runtime/library_log.h"
 
 namespace specula {
 
@@ -29,8 +30,13 @@ GgufFile::GgufFile(const std::string & path) : path_(path) {
     gguf_init_params params{};
     params.no_alloc = true;
     params.ctx = &meta_;
+    capture_library_log();
+    take_library_errors();  // drop what earlier calls logged
     gguf_ = gguf_init_from_file(path.c_str(), params);
-    if (!gguf_) throw Error(path + ": corrupt or truncated GGUF file");
+    if (!gguf_) {
+        const std::string why = take_library_errors();
+        throw Error(path + ": corrupt or truncated GGUF file" + (why.empty() ? "" : " (" + why + ")"));
+    }
     try {
         check_data_extents();
     } catch (...) {  // a constructor that throws runs no destructor

@@ -1,42 +1,20 @@
 #include "tokenizer/tokenizer.h"
 
-#include <cstdlib>
 #include <filesystem>
 #include <mutex>
-#include <string>
 
 #include "common/error.h"
 #include "llama.h"
+#include "runtime/library_log.h"
 
 namespace specula {
-
-namespace {
-std::mutex g_error_mutex;
-std::string g_llama_errors;  // error-level log text since the last take_llama_errors()
-}  // namespace
 
 void init_llama_backend() {
     static std::once_flag once;
     std::call_once(once, [] {
+        capture_library_log();
         llama_backend_init();
-        if (!std::getenv("SPECULA_VERBOSE")) {
-            // Kept, not printed: the error that ends the run names libllama's reason in its one line.
-            llama_log_set([](ggml_log_level level, const char * text, void *) {
-                if (level != GGML_LOG_LEVEL_ERROR) return;
-                std::lock_guard lock(g_error_mutex);
-                g_llama_errors += text;
-            }, nullptr);
-        }
     });
-}
-
-std::string take_llama_errors() {
-    std::lock_guard lock(g_error_mutex);
-    std::string text;
-    for (char c : g_llama_errors) text += c == '\n' ? ' ' : c;
-    g_llama_errors.clear();
-    while (!text.empty() && text.back() == ' ') text.pop_back();
-    return text;
 }
 
 Tokenizer::Tokenizer(const std::string & gguf_path) {
@@ -44,10 +22,10 @@ Tokenizer::Tokenizer(const std::string & gguf_path) {
     if (!std::filesystem::exists(gguf_path)) throw Error(gguf_path + ": no such file");
     llama_model_params params = llama_model_default_params();
     params.vocab_only = true;
-    take_llama_errors();  // drop what earlier calls logged
+    take_library_errors();  // drop what earlier calls logged
     model_ = llama_model_load_from_file(gguf_path.c_str(), params);
     if (!model_) {
-        const std::string why = take_llama_errors();
+        const std::string why = take_library_errors();
         throw Error(gguf_path + ": libllama could not load the vocabulary" + (why.empty() ? "" : " (" + why + ")"));
     }
     vocab_ = llama_model_get_vocab(model_);

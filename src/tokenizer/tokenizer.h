@@ -37,11 +37,7 @@ private:
     const llama_vocab * vocab_ = nullptr;
 };
 
-// Silences libllama/ggml logging unless SPECULA_VERBOSE is set, keeping error-level text for
-// take_llama_errors(); idempotent.
+// Initializes libllama with its log captured (runtime/library_log.h); idempotent.
 void init_llama_backend();
-// The error-level text libllama/ggml logged since the last call, on one line; empty if none (or
-// when SPECULA_VERBOSE prints it instead).
-std::string take_llama_errors();
 
 }  // namespace specula
