@@ -10,7 +10,6 @@
 #include <string>
 
 #include "common/error.h"
-#include "ggml.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/model.h"
@@ -25,7 +24,6 @@ std::string g_input_path;  // the loaders read files: each input is written here
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
-    ggml_log_set([](ggml_log_level, const char *, void *) {}, nullptr);  // ggml's parser logs every file it rejects
     const char * target = std::getenv("SPECULA_FUZZ_TARGET");
     if (!target) {
         std::fprintf(stderr, "fuzz_model_loading: set SPECULA_FUZZ_TARGET to the model EAGLE heads are loaded for (scripts/fuzz.sh does)\n");
