@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "llama-ext.h"
 #include "llama.h"
+#include "runtime/library_log.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -36,8 +37,12 @@ LlamaPeer::LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, bo
     : capture_(new Capture) {
     init_llama_backend();
     llama_model_params mp = llama_model_default_params();
+    take_library_errors();  // drop what earlier calls logged
     model_ = llama_model_load_from_file(gguf_path.c_str(), mp);
-    if (!model_) throw Error(gguf_path + ": libllama could not load the model");
+    if (!model_) {
+        const std::string why = take_library_errors();
+        throw Error(gguf_path + ": libllama could not load the model" + (why.empty() ? "" : " (" + why + ")"));
+    }
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
     cp.n_batch = n_batch;

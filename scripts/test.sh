@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# README command 2: set up, build, run the whole test suite; then again under ASan + UBSan.
+# README command 2: set up, build, run the whole test suite; then again under ASan + UBSan; then a
+# short fuzzing pass over the loaders (seed corpus + fuzz/regressions, ASan + UBSan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
@@ -12,3 +13,6 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE=ON
 cmake --build build-asan -j"$(nproc)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 1800
+
+# Fuzz smoke: 20 s per target on the seeds and every regression input (scripts/fuzz.sh).
+scripts/fuzz.sh 20

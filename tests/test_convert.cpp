@@ -91,18 +91,12 @@ void add_i64(Checkpoint & c, const std::string & name, const std::vector<int64_t
 void write_safetensors(const std::string & path, const std::map<std::string, StTensor> & ts) {
     json h = json::object();
     h["__metadata__"] = {{"format", "pt"}};
-    uint64_t off = 0;
+    std::vector<uint8_t> data;
     for (const auto & [n, t] : ts) {
-        h[n] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
-        off += t.bytes.size();
+        h[n] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+        data.insert(data.end(), t.bytes.begin(), t.bytes.end());
     }
-    std::string hs = h.dump();
-    while (hs.size() % 8) hs += ' ';
-    std::ofstream out(path, std::ios::binary);
-    const uint64_t n = hs.size();
-    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-    out.write(hs.data(), hs.size());
-    for (const auto & [name, t] : ts) out.write(reinterpret_cast<const char *>(t.bytes.data()), t.bytes.size());
+    write_safetensors_file(path, h.dump(), data);
 }
 
 std::string write_checkpoint(const Checkpoint & c, const std::string & name, int n_shards = 1) {
@@ -674,6 +668,35 @@ TEST(Convert, MalformedCheckpointsFailWithOneClearLine) {
         const std::string m = test::error_message([&] { convert("eagle1", dir); });
         EXPECT_TRUE(has(m, "pytorch .bin checkpoints are not supported")) << m;
     }
+}
+
+// Headers whose numbers overflow when added or multiplied, and config.json sizes beyond 32 bits:
+// each an error naming the file and tensor or key, never a read outside the file or a truncation.
+TEST(Convert, HostileSafetensorsHeadersAndConfigs) {
+    auto header_error = [](const std::string & name, const json & entry, size_t data_bytes) {
+        const std::string dir = test::scratch_dir() + "/convert/" + name;
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        write_safetensors_file(dir + "/model.safetensors", json{{"x", entry}}.dump(), std::vector<uint8_t>(data_bytes));
+        return test::error_message([&] { SafetensorsCheckpoint ck(dir); });
+    };
+    const uint64_t top = ~uint64_t(0);
+    std::string m = header_error("st_wrap", {{"dtype", "U8"}, {"shape", {7}}, {"data_offsets", {top - 7, top}}}, 8);
+    EXPECT_NE(m.find("model.safetensors: tensor x: data_offsets end at byte 18446744073709551615 of the data, past the end of the file (8 data bytes)"),
+              std::string::npos) << m;
+    m = header_error("st_numel", {{"dtype", "F32"}, {"shape", {int64_t(1) << 62, 8}}, {"data_offsets", {0, 0}}}, 0);
+    EXPECT_NE(m.find("tensor x: shape [4611686018427387904, 8] overflows"), std::string::npos) << m;
+    m = header_error("st_bytes", {{"dtype", "F32"}, {"shape", {int64_t(1) << 62}}, {"data_offsets", {0, 0}}}, 0);
+    EXPECT_NE(m.find("tensor x: byte size 0 does not match dtype F32 and shape [4611686018427387904]"), std::string::npos) << m;
+
+    Checkpoint c = eagle1_checkpoint();
+    c.config["hidden_size"] = (int64_t(1) << 32) + E;  // E if truncated to 32 bits
+    m = test::error_message([&] { convert("eagle1", write_checkpoint(c, "cfg_hidden_64bit")); });
+    EXPECT_NE(m.find("config.json: hidden_size is 4294967360, expected 1..2147483647"), std::string::npos) << m;
+    c = eagle1_checkpoint();
+    c.config["rms_norm_eps"] = -1e-5;
+    m = test::error_message([&] { convert("eagle1", write_checkpoint(c, "cfg_eps")); });
+    EXPECT_NE(m.find("config.json: rms_norm_eps is -1e-05, expected a positive finite number"), std::string::npos) << m;
 }
 
 }  // namespace

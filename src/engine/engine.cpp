@@ -89,6 +89,8 @@ GenerationStats Engine::generate(const std::string & prompt, const GenerationOpt
     Impl & s = *impl_;
     const std::vector<int32_t> tokens =
         s.tokenizer->tokenize(options.chat ? s.tokenizer->apply_chat_template({{"user", prompt}}, true) : prompt);
+    // Before the cost probe, which tiles the prompt to fill its batches and would never fill them.
+    if (tokens.empty()) throw Error("the prompt is empty and the vocabulary adds no BOS token: nothing to generate from");
     KvCache cache(*s.backend, s.model->config(), s.options.n_ctx);
     ModelRunner runner(*s.model);
     auto is_end = [&](int32_t t) { return s.tokenizer->is_end_of_generation(t); };

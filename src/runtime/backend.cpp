@@ -1,7 +1,5 @@
 #include "runtime/backend.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -11,6 +9,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "runtime/library_log.h"
 
 namespace specula {
 
@@ -60,11 +59,7 @@ Backend::Backend(const BackendOptions & opts) {
         attention_ = opts.attention == "flash" ? AttentionKernel::Flash
                    : opts.attention == "matmul" ? AttentionKernel::Matmul : AttentionKernel::Specula;
     }
-    if (!std::getenv("SPECULA_VERBOSE")) {  // ggml's info lines (e.g. per-tensor repacking) are noise for users
-        ggml_log_set([](ggml_log_level level, const char * text, void *) {
-            if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-        }, nullptr);
-    }
+    capture_library_log();  // ggml's info lines (e.g. per-tensor repacking) are noise for users
     ggml_backend_dev_t cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!cpu_dev) throw Error("ggml has no CPU backend");
 

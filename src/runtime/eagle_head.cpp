@@ -1,13 +1,14 @@
 #include "runtime/eagle_head.h"
 
 #include <algorithm>
-#include <cstring>
+#include <cstdint>
 
 #include "common/error.h"
 #include "ggml.h"
 #include "runtime/arch/graph.h"
 #include "runtime/forward.h"
 #include "runtime/gguf_file.h"
+#include "runtime/gguf_validate.h"
 
 namespace specula {
 
@@ -19,17 +20,11 @@ ModelConfig read_layer_config(const GgufFile & f, const std::string & arch) {
     ModelConfig c;
     c.arch_name = arch;
     c.n_layer = 1;
-    if (f.get_u32(a + "block_count") != 1) throw Error(f.path() + ": an EAGLE head has exactly one decoder layer");
-    c.n_embd = static_cast<int>(f.get_u32(a + "embedding_length"));
-    c.n_ff = static_cast<int>(f.get_u32(a + "feed_forward_length"));
-    c.n_head = static_cast<int>(f.get_u32(a + "attention.head_count"));
-    c.n_head_kv = static_cast<int>(f.find_u32(a + "attention.head_count_kv").value_or(c.n_head));
-    c.head_dim = static_cast<int>(f.find_u32(a + "attention.key_length").value_or(c.n_embd / c.n_head));
-    c.n_ctx_train = static_cast<int>(f.find_u32(a + "context_length").value_or(4096));
-    c.rms_eps = f.get_f32(a + "attention.layer_norm_rms_epsilon");
-    c.rope_freq_base = f.find_f32(a + "rope.freq_base").value_or(10000.0f);
+    get_int_in(f, a + "block_count", 1, 1);  // an EAGLE head has exactly one decoder layer
+    check_block_count(f, a + "block_count", 1);
+    read_layer_sizes(f, a, c);
+    c.n_ctx_train = find_int_in(f, a + "context_length", 1, INT32_MAX).value_or(4096);
     c.rope_style = RopeStyle::Interleaved;  // llama.cpp runs eagle3 with LLAMA_ROPE_TYPE_NORM
-    if (c.n_head <= 0 || c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) throw Error(f.path() + ": inconsistent head counts");
     return c;
 }
 
@@ -46,7 +41,7 @@ std::unique_ptr<EagleHead> EagleHead::load(const std::string & path, const Model
     else throw Error(path + ": not an EAGLE head (architecture '" + arch + "'; expected eagle3 or specula-eagle1)");
     c.layer = read_layer_config(file, arch);
     const int E = c.layer.n_embd;
-    c.target_hidden = static_cast<int>(file.get_u32(arch + ".target_hidden_size"));
+    c.target_hidden = get_int_in(file, arch + ".target_hidden_size", 1, kMaxModelDim);
     if (c.target_hidden != t.n_embd) {
         throw Error(path + ": head expects a target hidden size of " + std::to_string(c.target_hidden) + ", the target " +
                     target.path() + " has " + std::to_string(t.n_embd));
@@ -104,17 +99,9 @@ std::unique_ptr<EagleHead> EagleHead::load(const std::string & path, const Model
             throw Error(path + ": head has no token_embd and its hidden size differs from the target's");
         }
         h->output_norm_ = want("output_norm.weight", {E}, false, true);
-        if (ggml_tensor * d2t = file.tensor_meta("d2t")) {
-            c.n_draft_vocab = static_cast<int>(d2t->ne[0]);
-            if (d2t->type != GGML_TYPE_I64) throw Error(path + ": d2t must be I64 target token ids");
-            const std::vector<uint8_t> raw = file.read_tensor_bytes("d2t");
-            std::vector<int64_t> ids(c.n_draft_vocab);
-            std::memcpy(ids.data(), raw.data(), raw.size());
-            for (int64_t id : ids) {
-                if (id < 0 || id >= t.n_vocab) throw Error(path + ": d2t maps to token " + std::to_string(id) + ", outside the target's vocabulary");
-                h->d2t_.push_back(static_cast<int32_t>(id));
-            }
-        }
+        h->d2t_ = read_d2t(file, t.n_vocab);
+        if (!h->d2t_.empty()) c.n_draft_vocab = static_cast<int>(h->d2t_.size());
+        check_t2d(file, t.n_vocab, h->d2t_);
         if (ggml_tensor * out = file.tensor_meta("output.weight")) {
             if (out->ne[1] != c.n_draft_vocab) {
                 throw Error(path + ": head's lm_head has " + std::to_string(out->ne[1]) + " rows, its draft vocabulary " +

@@ -1,5 +1,7 @@
 #include "runtime/gguf_file.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +12,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
+#include "runtime/library_log.h"
 
 namespace specula {
 
@@ -27,8 +30,38 @@ GgufFile::GgufFile(const std::string & path) : path_(path) {
     gguf_init_params params{};
     params.no_alloc = true;
     params.ctx = &meta_;
+    capture_library_log();
+    take_library_errors();  // drop what earlier calls logged
     gguf_ = gguf_init_from_file(path.c_str(), params);
-    if (!gguf_) throw Error(path + ": corrupt or truncated GGUF file");
+    if (!gguf_) {
+        const std::string why = take_library_errors();
+        throw Error(path + ": corrupt or truncated GGUF file" + (why.empty() ? "" : " (" + why + ")"));
+    }
+    try {
+        check_data_extents();
+    } catch (...) {  // a constructor that throws runs no destructor
+        ggml_free(meta_);
+        gguf_free(gguf_);
+        throw;
+    }
+}
+
+// ggml's parser reads only the header when not loading data: a file cut short passes it. Every
+// tensor's data must lie inside the file before any reader sizes a buffer by its metadata.
+void GgufFile::check_data_extents() const {
+    std::error_code ec;
+    const uint64_t file_size = std::filesystem::file_size(path_, ec);
+    if (ec) throw Error(path_ + ": cannot read the file size (" + ec.message() + ")");
+    const uint64_t data_offset = gguf_get_data_offset(gguf_);
+    for (int64_t id = 0; id < gguf_get_n_tensors(gguf_); ++id) {
+        const uint64_t begin = data_offset + gguf_get_tensor_offset(gguf_, id);
+        const uint64_t end = begin + gguf_get_tensor_size(gguf_, id);
+        if (begin < data_offset || end < begin || end > file_size) {
+            throw Error(path_ + ": tensor " + gguf_get_tensor_name(gguf_, id) + " has data at bytes " + std::to_string(begin) +
+                        ".." + std::to_string(end) + ", past the end of the " + std::to_string(file_size) +
+                        "-byte file (truncated?)");
+        }
+    }
 }
 
 GgufFile::~GgufFile() {
@@ -46,20 +79,32 @@ std::string GgufFile::architecture() const {
     return *a;
 }
 
-std::optional<uint32_t> GgufFile::find_u32(const std::string & key) const {
+std::optional<int64_t> GgufFile::find_int(const std::string & key) const {
     const int64_t id = key_id(key);
     if (id < 0) return std::nullopt;
     switch (gguf_get_kv_type(gguf_, id)) {
         case GGUF_TYPE_UINT8: return gguf_get_val_u8(gguf_, id);
-        case GGUF_TYPE_INT8: return static_cast<uint32_t>(gguf_get_val_i8(gguf_, id));
+        case GGUF_TYPE_INT8: return gguf_get_val_i8(gguf_, id);
         case GGUF_TYPE_UINT16: return gguf_get_val_u16(gguf_, id);
-        case GGUF_TYPE_INT16: return static_cast<uint32_t>(gguf_get_val_i16(gguf_, id));
+        case GGUF_TYPE_INT16: return gguf_get_val_i16(gguf_, id);
         case GGUF_TYPE_UINT32: return gguf_get_val_u32(gguf_, id);
-        case GGUF_TYPE_INT32: return static_cast<uint32_t>(gguf_get_val_i32(gguf_, id));
-        case GGUF_TYPE_UINT64: return static_cast<uint32_t>(gguf_get_val_u64(gguf_, id));
-        case GGUF_TYPE_INT64: return static_cast<uint32_t>(gguf_get_val_i64(gguf_, id));
+        case GGUF_TYPE_INT32: return gguf_get_val_i32(gguf_, id);
+        case GGUF_TYPE_INT64: return gguf_get_val_i64(gguf_, id);
+        case GGUF_TYPE_UINT64: {
+            const uint64_t v = gguf_get_val_u64(gguf_, id);
+            if (v > static_cast<uint64_t>(INT64_MAX)) throw Error(path_ + ": metadata key " + key + " is " + std::to_string(v) + ", too large");
+            return static_cast<int64_t>(v);
+        }
         default: throw Error(path_ + ": metadata key " + key + " is not an integer");
     }
+}
+
+std::optional<uint32_t> GgufFile::find_u32(const std::string & key) const {
+    const std::optional<int64_t> v = find_int(key);
+    if (v && (*v < 0 || *v > UINT32_MAX)) {
+        throw Error(path_ + ": metadata key " + key + " is " + std::to_string(*v) + ", expected 0.." + std::to_string(UINT32_MAX));
+    }
+    return v;
 }
 
 uint32_t GgufFile::get_u32(const std::string & key) const {
@@ -113,14 +158,19 @@ std::vector<int32_t> GgufFile::get_i32_array(const std::string & key) const {
     std::vector<int32_t> out(n);
     const void * data = gguf_get_arr_data(gguf_, id);
     for (size_t i = 0; i < n; ++i) {
+        int64_t v = 0;
         switch (t) {
-            case GGUF_TYPE_INT32: out[i] = static_cast<const int32_t *>(data)[i]; break;
-            case GGUF_TYPE_UINT32: out[i] = static_cast<int32_t>(static_cast<const uint32_t *>(data)[i]); break;
-            case GGUF_TYPE_INT64: out[i] = static_cast<int32_t>(static_cast<const int64_t *>(data)[i]); break;
-            case GGUF_TYPE_UINT64: out[i] = static_cast<int32_t>(static_cast<const uint64_t *>(data)[i]); break;
-            case GGUF_TYPE_BOOL: out[i] = static_cast<const int8_t *>(data)[i] != 0; break;
+            case GGUF_TYPE_INT32: v = static_cast<const int32_t *>(data)[i]; break;
+            case GGUF_TYPE_UINT32: v = static_cast<const uint32_t *>(data)[i]; break;
+            case GGUF_TYPE_INT64: v = static_cast<const int64_t *>(data)[i]; break;
+            case GGUF_TYPE_UINT64: v = static_cast<int64_t>(std::min<uint64_t>(static_cast<const uint64_t *>(data)[i], INT64_MAX)); break;
+            case GGUF_TYPE_BOOL: v = static_cast<const int8_t *>(data)[i] != 0; break;
             default: throw Error(path_ + ": metadata key " + key + " is not an integer or bool array");
         }
+        if (v < INT32_MIN || v > INT32_MAX) {
+            throw Error(path_ + ": metadata key " + key + "[" + std::to_string(i) + "] is " + std::to_string(v) + ", outside the 32-bit range");
+        }
+        out[i] = static_cast<int32_t>(v);
     }
     return out;
 }

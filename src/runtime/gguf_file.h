@@ -14,7 +14,8 @@ namespace specula {
 
 class GgufFile {
 public:
-    explicit GgufFile(const std::string & path);  // throws Error: missing, not GGUF, corrupt
+    // Throws Error: missing, not GGUF, corrupt, or any tensor's data past the end of the file.
+    explicit GgufFile(const std::string & path);
     ~GgufFile();
     GgufFile(const GgufFile &) = delete;
     GgufFile & operator=(const GgufFile &) = delete;
@@ -23,13 +24,16 @@ public:
     std::string architecture() const;
 
     bool has(const std::string & key) const;
-    uint32_t get_u32(const std::string & key) const;  // accepts any integer type
+    // Integer metadata of any stored integer type, exactly (an unsigned value above INT64_MAX throws).
+    std::optional<int64_t> find_int(const std::string & key) const;
+    // Same, and the value must fit 0..UINT32_MAX (throws Error naming key and value otherwise).
+    uint32_t get_u32(const std::string & key) const;
     std::optional<uint32_t> find_u32(const std::string & key) const;
     float get_f32(const std::string & key) const;
     std::optional<float> find_f32(const std::string & key) const;
     std::optional<std::string> find_str(const std::string & key) const;
     std::optional<bool> find_bool(const std::string & key) const;
-    std::vector<int32_t> get_i32_array(const std::string & key) const;  // integer or bool (0/1) elements
+    std::vector<int32_t> get_i32_array(const std::string & key) const;  // integer or bool (0/1) elements; outside int32 throws
     size_t array_length(const std::string & key) const;  // 0 if absent
 
     // Tensor metadata (no data) as stored in the file; nullptr if absent.
@@ -44,6 +48,7 @@ private:
     gguf_context * gguf_ = nullptr;
     ggml_context * meta_ = nullptr;
     int64_t key_id(const std::string & key) const;
+    void check_data_extents() const;
 };
 
 }  // namespace specula

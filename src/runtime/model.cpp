@@ -1,6 +1,7 @@
 #include "runtime/model.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "common/error.h"
 #include "ggml-backend.h"
@@ -9,6 +10,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/gguf_file.h"
+#include "runtime/gguf_validate.h"
 #include "runtime/weight_store.h"
 
 namespace specula {
@@ -59,27 +61,13 @@ ModelConfig read_config(const GgufFile & f) {
     else throw Error(f.path() + ": unsupported architecture '" + c.arch_name + "' (specula runs llama, qwen2, qwen3, gemma3)");
 
     const std::string a = c.arch_name + ".";
-    c.n_layer = static_cast<int>(f.get_u32(a + "block_count"));
-    c.n_embd = static_cast<int>(f.get_u32(a + "embedding_length"));
-    c.n_ff = static_cast<int>(f.get_u32(a + "feed_forward_length"));
-    c.n_head = static_cast<int>(f.get_u32(a + "attention.head_count"));
-    c.n_head_kv = static_cast<int>(f.find_u32(a + "attention.head_count_kv").value_or(c.n_head));
-    c.n_ctx_train = static_cast<int>(f.get_u32(a + "context_length"));
-    c.rms_eps = f.get_f32(a + "attention.layer_norm_rms_epsilon");
-    c.rope_freq_base = f.find_f32(a + "rope.freq_base").value_or(10000.0f);
-    if (c.n_head <= 0 || c.n_embd <= 0 || c.n_layer <= 0 || c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) {
-        throw Error(f.path() + ": inconsistent head counts or sizes in metadata");
-    }
-    c.head_dim = static_cast<int>(f.find_u32(a + "attention.key_length").value_or(c.n_embd / c.n_head));
-    const int v_len = static_cast<int>(f.find_u32(a + "attention.value_length").value_or(c.head_dim));
-    const int n_rot = static_cast<int>(f.find_u32(a + "rope.dimension_count").value_or(c.head_dim));
-    if (v_len != c.head_dim || n_rot != c.head_dim) {
-        throw Error(f.path() + ": partial rotary or value_length != key_length is not supported");
-    }
+    c.n_layer = get_int_in(f, a + "block_count", 1, kMaxModelDim);
+    check_block_count(f, a + "block_count", c.n_layer);
+    read_layer_sizes(f, a, c);
+    c.n_ctx_train = get_int_in(f, a + "context_length", 1, INT32_MAX);
     if (auto type = f.find_str(a + "rope.scaling.type"); type && *type != "none") {
         if (*type != "linear") throw Error(f.path() + ": unsupported rope scaling '" + *type + "'");
-        const float factor = f.find_f32(a + "rope.scaling.factor").value_or(1.0f);
-        c.rope_freq_scale = factor > 0.0f ? 1.0f / factor : 1.0f;
+        c.rope_freq_scale = 1.0f / get_float_in(f, a + "rope.scaling.factor", 0.0f, 1e6f);
     }
     c.rope_style = c.arch == Arch::Llama ? RopeStyle::Interleaved : RopeStyle::Neox;
     c.has_qkv_bias = c.arch == Arch::Qwen2;
@@ -103,9 +91,7 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
     };
 
     const int64_t E = c.n_embd, Q = int64_t(c.n_head) * c.head_dim, KV = c.n_embd_kv(), F = c.n_ff, D = c.head_dim;
-    ggml_tensor * embd_meta = file.tensor_meta("token_embd.weight");
-    if (!embd_meta) throw Error(path + ": missing tensor token_embd.weight");
-    c.n_vocab = static_cast<int>(embd_meta->ne[1]);
+    c.n_vocab = embedding_rows(file, c.arch_name + ".vocab_size");
 
     ModelWeights & w = m->weights_;
     w.tok_embd = want("token_embd.weight", {E, c.n_vocab}, false, true);
@@ -114,7 +100,7 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
     if (!w.output) {
         c.tied_output = true;
         // The embedding rows stay as stored for get_rows; the LM head may need its own packed copy.
-        w.output = WeightStore::packs(backend, embd_meta) ? want("token_embd.weight", {E, c.n_vocab}, true, true) : w.tok_embd;
+        w.output = WeightStore::packs(backend, file.tensor_meta("token_embd.weight")) ? want("token_embd.weight", {E, c.n_vocab}, true, true) : w.tok_embd;
     }
     w.rope_freqs = want("rope_freqs.weight", {D / 2}, false, false);
     c.has_rope_freqs = w.rope_freqs != nullptr;

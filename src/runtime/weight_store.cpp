@@ -8,22 +8,12 @@
 #include "ggml.h"
 #include "runtime/backend.h"
 #include "runtime/gguf_file.h"
+#include "runtime/gguf_validate.h"
 #include "runtime/kernels/matmul.h"
 
 namespace specula {
 
 namespace {
-
-bool is_supported_weight_type(ggml_type t) {
-    switch (t) {
-        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
-        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
-            return true;
-        default:
-            return false;
-    }
-}
 
 // Whether `buft` can hold weight `w` used as the first operand of a matrix multiply (CPU repack
 // buffer types only take some types and shapes); asked the way the device itself decides.
@@ -39,12 +29,6 @@ bool buft_supports_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buf
     ggml_backend_buffer_free(probe);
     ggml_free(ctx);
     return ok;
-}
-
-std::string shape_str(const int64_t * ne, size_t n) {
-    std::string s = "[";
-    for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
-    return s + "]";
 }
 
 }  // namespace
@@ -67,16 +51,7 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
         if (required) throw Error(file.path() + ": missing tensor " + name);
         return nullptr;
     }
-    if (!is_supported_weight_type(meta->type) && !(meta->type == GGML_TYPE_I64 && shape.size() == 1)) {
-        throw Error(file.path() + ": unsupported tensor type " + ggml_type_name(meta->type) + " for tensor " + name);
-    }
-    for (size_t i = 0; i < 4; ++i) {
-        const int64_t expect = i < shape.size() ? shape[i] : 1;
-        if (meta->ne[i] != expect) {
-            throw Error(file.path() + ": tensor " + name + " has shape " + shape_str(meta->ne, std::max<size_t>(shape.size(), 1)) +
-                        ", expected " + shape_str(shape.data(), shape.size()));
-        }
-    }
+    check_weight(file, name, *meta, shape);
     auto context_for = [&](ggml_backend_buffer_type_t buft) {
         for (auto & [b, c] : ctx_by_buft_) {
             if (b == buft) return c;

@@ -1,23 +1,19 @@
 #include "tokenizer/tokenizer.h"
 
-#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
 #include "common/error.h"
 #include "llama.h"
+#include "runtime/library_log.h"
 
 namespace specula {
 
 void init_llama_backend() {
     static std::once_flag once;
     std::call_once(once, [] {
+        capture_library_log();
         llama_backend_init();
-        if (!std::getenv("SPECULA_VERBOSE")) {
-            llama_log_set([](ggml_log_level level, const char * text, void *) {
-                if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
-            }, nullptr);
-        }
     });
 }
 
@@ -26,9 +22,31 @@ Tokenizer::Tokenizer(const std::string & gguf_path) {
     if (!std::filesystem::exists(gguf_path)) throw Error(gguf_path + ": no such file");
     llama_model_params params = llama_model_default_params();
     params.vocab_only = true;
+    take_library_errors();  // drop what earlier calls logged
     model_ = llama_model_load_from_file(gguf_path.c_str(), params);
-    if (!model_) throw Error(gguf_path + ": libllama could not load the vocabulary");
+    if (!model_) {
+        const std::string why = take_library_errors();
+        throw Error(gguf_path + ": libllama could not load the vocabulary" + (why.empty() ? "" : " (" + why + ")"));
+    }
     vocab_ = llama_model_get_vocab(model_);
+    // libllama drops a special token id outside the vocabulary with a warning, then asserts (abort)
+    // when tokenizing if the vocabulary still asks for that token to be added.
+    const struct {
+        bool added;
+        llama_token id;
+        const char * key;
+    } added_tokens[] = {
+        {llama_vocab_get_add_bos(vocab_), llama_vocab_bos(vocab_), "bos"},
+        {llama_vocab_get_add_eos(vocab_), llama_vocab_eos(vocab_), "eos"},
+        {llama_vocab_get_add_sep(vocab_), llama_vocab_sep(vocab_), "sep"},
+    };
+    for (const auto & t : added_tokens) {
+        if (t.added && t.id == LLAMA_TOKEN_NULL) {
+            llama_model_free(model_);
+            throw Error(gguf_path + ": tokenizer.ggml.add_" + t.key + "_token is set but tokenizer.ggml." + t.key +
+                        "_token_id names no token of the " + std::to_string(llama_vocab_n_tokens(vocab_)) + "-token vocabulary");
+        }
+    }
 }
 
 Tokenizer::~Tokenizer() {

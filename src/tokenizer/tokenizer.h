@@ -37,7 +37,7 @@ private:
     const llama_vocab * vocab_ = nullptr;
 };
 
-// Silences libllama/ggml logging unless SPECULA_VERBOSE is set; idempotent.
+// Initializes libllama with its log captured (runtime/library_log.h); idempotent.
 void init_llama_backend();
 
 }  // namespace specula

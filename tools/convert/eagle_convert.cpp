@@ -1,6 +1,8 @@
 #include "eagle_convert.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include "gguf.h"
 #include "gguf_edit.h"
 #include "runtime/gguf_file.h"
+#include "runtime/gguf_validate.h"
 
 namespace specula {
 
@@ -108,17 +111,22 @@ void SafetensorsCheckpoint::add_file(const std::string & path) {
             e.shape = v.at("shape").get<std::vector<int64_t>>();
             const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
             if (off.size() != 2 || off[1] < off[0]) throw Error("bad data_offsets");
+            // Compared before adding: offsets near 2^64 would wrap back inside the file.
+            if (off[1] > file_size - data_start) {
+                throw Error("data_offsets end at byte " + std::to_string(off[1]) + " of the data, past the end of the file (" +
+                            std::to_string(file_size - data_start) + " data bytes)");
+            }
             e.begin = data_start + off[0];
             e.end = data_start + off[1];
-            if (e.end > file_size) throw Error("data past the end of the file");
+            uint64_t numel = 1;
+            for (int64_t d : e.shape) {
+                if (d < 0) throw Error("negative dimension in shape " + shape_str(e.shape));
+                if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) throw Error("shape " + shape_str(e.shape) + " overflows");
+            }
             const size_t es = dtype_size(e.dtype);
-            if (es != 0) {
-                uint64_t numel = 1;
-                for (int64_t d : e.shape) {
-                    if (d < 0) throw Error("negative dimension");
-                    numel *= static_cast<uint64_t>(d);
-                }
-                if (numel * es != e.end - e.begin) throw Error("byte size does not match dtype and shape");
+            uint64_t bytes = 0;
+            if (es != 0 && (__builtin_mul_overflow(numel, es, &bytes) || bytes != e.end - e.begin)) {
+                throw Error("byte size " + std::to_string(e.end - e.begin) + " does not match dtype " + e.dtype + " and shape " + shape_str(e.shape));
             }
             if (index_.count(name)) throw Error("duplicate tensor (also in " + index_[name].file + ")");
             index_[name] = std::move(e);
@@ -204,6 +212,17 @@ SafeTensor SafetensorsCheckpoint::read(const std::string & name) const {
     return t;
 }
 
+void write_safetensors_file(const std::string & path, const std::string & header_json, std::span<const uint8_t> data) {
+    std::string header = header_json;
+    while (header.size() % 8) header += ' ';
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    out.write(reinterpret_cast<const char *>(data.data()), static_cast<std::streamsize>(data.size()));
+    if (!out) throw Error(path + ": could not write");
+}
+
 std::vector<float> permute_qk_rows(const std::vector<float> & w, int64_t rows, int64_t cols, int n_head) {
     if (n_head <= 0 || rows % (2 * n_head) != 0) throw Error("q/k permutation: " + std::to_string(rows) + " rows do not split into " + std::to_string(n_head) + " heads of even size");
     // reshape(n_head, 2, D/2, cols).swapaxes(1, 2): out row h*D + 2i + j <- in row h*D + j*D/2 + i
@@ -273,13 +292,13 @@ TargetInfo read_target(const std::string & path) {
     t.arch = f.architecture();
     const std::string a = t.arch + ".";
     if (!f.has(a + "block_count") || !f.has(a + "embedding_length")) throw Error(path + ": target has no " + a + "block_count / embedding_length (not a llama-family model?)");
-    t.n_layer = static_cast<int>(f.get_u32(a + "block_count"));
-    t.n_embd = static_cast<int>(f.get_u32(a + "embedding_length"));
-    t.n_ctx = static_cast<int>(f.find_u32(a + "context_length").value_or(4096));
-    if (ggml_tensor * e = f.tensor_meta("token_embd.weight")) t.n_vocab = static_cast<int>(e->ne[1]);
-    else if (size_t n = f.array_length("tokenizer.ggml.tokens")) t.n_vocab = static_cast<int>(n);
-    else throw Error(path + ": target has neither token_embd.weight nor tokenizer.ggml.tokens");
-    if (f.array_length("tokenizer.ggml.tokens") == 0) throw Error(path + ": target has no tokenizer (tokenizer.ggml.tokens) to copy");
+    t.n_layer = get_int_in(f, a + "block_count", 1, kMaxModelDim);
+    t.n_embd = get_int_in(f, a + "embedding_length", 1, kMaxModelDim);
+    t.n_ctx = find_int_in(f, a + "context_length", 1, INT32_MAX).value_or(4096);
+    const size_t n_tokens = f.array_length("tokenizer.ggml.tokens");
+    if (n_tokens == 0) throw Error(path + ": target has no tokenizer (tokenizer.ggml.tokens) to copy");
+    if (n_tokens > INT32_MAX) throw Error(path + ": tokenizer.ggml.tokens has " + std::to_string(n_tokens) + " entries, expected at most " + std::to_string(INT32_MAX));
+    t.n_vocab = f.tensor_meta("token_embd.weight") ? embedding_rows(f, a + "vocab_size") : static_cast<int>(n_tokens);
     return t;
 }
 
@@ -319,15 +338,26 @@ HeadConfig read_config_json(const std::string & dir) {
         for (auto & [k, v] : j["transformer_layer_config"].items()) j[k] = v;
     }
     const std::string where = p.string() + ": ";
+    // Every size in config.json is positive and bounded as GGUF metadata is (runtime/gguf_validate.h):
+    // read as 64-bit, never truncated to int.
     auto get_int = [&](const char * key) -> std::optional<int> {
         if (!j.contains(key) || j[key].is_null()) return std::nullopt;
         if (!j[key].is_number_integer()) throw Error(where + key + " must be an integer");
-        return j[key].get<int>();
+        const int64_t v = j[key].is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(j[key].get<uint64_t>(), INT64_MAX))
+                                                      : j[key].get<int64_t>();
+        if (v < 1 || v > INT32_MAX) throw Error(where + key + " is " + j[key].dump() + ", expected 1.." + std::to_string(INT32_MAX));
+        return static_cast<int>(v);
     };
     auto need_int = [&](const char * key) {
         auto v = get_int(key);
-        if (!v || *v <= 0) throw Error(where + "missing or invalid " + key);
+        if (!v) throw Error(where + "missing " + key);
         return *v;
+    };
+    auto get_float = [&](const char * key, const json & obj) -> std::optional<float> {
+        if (!obj.contains(key) || !obj[key].is_number()) return std::nullopt;
+        const double v = obj[key].get<double>();
+        if (!(v > 0.0) || !std::isfinite(static_cast<float>(v))) throw Error(where + key + " is " + obj[key].dump() + ", expected a positive finite number");
+        return static_cast<float>(v);
     };
     HeadConfig c;
     c.hidden = need_int("hidden_size");
@@ -336,24 +366,32 @@ HeadConfig read_config_json(const std::string & dir) {
     c.n_head_kv = get_int("num_key_value_heads").value_or(c.n_head);
     if (auto hd = get_int("head_dim")) c.head_dim = *hd, c.has_head_dim = true;
     else c.head_dim = c.hidden / c.n_head;
-    if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0 || c.head_dim <= 0 || c.head_dim % 2 != 0) {
-        throw Error(where + "inconsistent head counts / head_dim");
+    if (c.n_head % c.n_head_kv != 0) {
+        throw Error(where + "num_key_value_heads " + std::to_string(c.n_head_kv) + " does not divide num_attention_heads " + std::to_string(c.n_head));
     }
-    if (j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number()) c.rms_eps = j["rms_norm_eps"].get<float>();
+    if (c.head_dim <= 0 || c.head_dim % 2 != 0) {
+        throw Error(where + "head size " + std::to_string(c.head_dim) + " (head_dim, or hidden_size / num_attention_heads) is not a positive even number");
+    }
+    c.rms_eps = get_float("rms_norm_eps", j).value_or(c.rms_eps);
     json rope = json::object();
     if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rope = j["rope_parameters"];
     else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rope = j["rope_scaling"];
     std::string rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
     if (rope_type != "default") throw Error(where + "rope scaling type '" + rope_type + "' is not supported by specula's EAGLE heads");
-    if (j.contains("rope_theta") && j["rope_theta"].is_number()) c.rope_theta = j["rope_theta"].get<float>();
-    else if (rope.contains("rope_theta") && rope["rope_theta"].is_number()) c.rope_theta = rope["rope_theta"].get<float>();
+    if (auto theta = get_float("rope_theta", j)) c.rope_theta = *theta;
+    else if (auto nested = get_float("rope_theta", rope)) c.rope_theta = *nested;
     if (auto v = get_int("max_position_embeddings")) c.n_ctx = *v;
     c.vocab = get_int("vocab_size").value_or(0);
     c.draft_vocab = get_int("draft_vocab_size").value_or(0);
     c.n_layers = get_int("num_hidden_layers");
     c.target_hidden = get_int("target_hidden_size");
     if (j.contains("eagle_aux_hidden_state_layer_ids") && !j["eagle_aux_hidden_state_layer_ids"].is_null()) {
-        c.aux_layers = j["eagle_aux_hidden_state_layer_ids"].get<std::vector<int>>();
+        for (const json & id : j["eagle_aux_hidden_state_layer_ids"]) {  // range-checked against the target later
+            if (!id.is_number_integer() || id.get<int64_t>() < INT32_MIN || id.get<int64_t>() > INT32_MAX) {
+                throw Error(where + "eagle_aux_hidden_state_layer_ids has " + id.dump() + ", expected layer numbers");
+            }
+            c.aux_layers.push_back(id.get<int>());
+        }
     }
     auto get_bool = [&](const char * key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
     c.norm_before_residual = get_bool("norm_before_residual");

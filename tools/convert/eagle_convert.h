@@ -6,6 +6,7 @@
 // Every failure throws specula::Error with one line naming the problem.
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ private:
     std::map<std::string, Entry> index_;
     void add_file(const std::string & path);
 };
+
+// A safetensors file: 8-byte little-endian header length, the header JSON (padded to 8 bytes),
+// then `data` as given. For tests and fuzz seeds, which also write malformed headers.
+void write_safetensors_file(const std::string & path, const std::string & header_json, std::span<const uint8_t> data);
 
 // llama.cpp's LlamaModel.permute: HF q/k rows (rotate-half pairs i, i + D/2 within each head) to
 // interleaved pairs (2i, 2i+1). `w` is [rows, cols] row-major, rows = n_head * D.

@@ -203,7 +203,8 @@ void write_random_eagle_head(const RandomEagleSpec & spec, const std::string & o
     if (!eagle3 && spec.kind != "eagle1") throw Error("unknown head kind '" + spec.kind + "' (eagle1, eagle3)");
     const std::string arch = eagle3 ? "eagle3" : "specula-eagle1";
     gguf_context * out = gguf_init_empty();
-    const int n_vocab = copy_vocabulary(t.vocab_gguf, out);
+    const int n_vocab = t.vocab_gguf.empty() ? t.n_vocab : copy_vocabulary(t.vocab_gguf, out);
+    if (n_vocab <= 0) throw Error("a random EAGLE head needs its target's vocabulary GGUF or n_vocab");
     const int E = t.n_embd, D = E / spec.n_head;
     const std::string a = arch + ".";
     gguf_set_val_str(out, "general.architecture", arch.c_str());

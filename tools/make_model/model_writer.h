@@ -35,7 +35,8 @@ RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_
 
 void write_random_model(const RandomModelSpec & spec, const std::string & out_path);  // throws Error
 
-// A random EAGLE head for a target written from `target` (same vocabulary file, sizes).
+// A random EAGLE head for a target written from `target` (same vocabulary file, or n_vocab tokens
+// and no tokenizer, and sizes).
 struct RandomEagleSpec {
     std::string kind = "eagle3";          // eagle3 (llama.cpp layout) | eagle1 (specula layout)
     RandomModelSpec target;

@@ -12,6 +12,7 @@
 #include "gguf_edit.h"
 #include "model_writer.h"
 #include "runtime/gguf_file.h"
+#include "runtime/gguf_validate.h"
 
 namespace specula {
 
@@ -32,17 +33,16 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
     GgufFile f(target_path);
     if (f.architecture() != "llama") throw Error(target_path + ": bench twins are made from llama models");
     const RandomModelSpec shape = bench_shape(shape_name, "");
-    const int Et = static_cast<int>(f.get_u32("llama.embedding_length"));
-    const int Lt = static_cast<int>(f.get_u32("llama.block_count"));
-    const int Ht = static_cast<int>(f.get_u32("llama.attention.head_count"));
-    const int KVt = static_cast<int>(f.find_u32("llama.attention.head_count_kv").value_or(Ht));
-    const int Ft = static_cast<int>(f.get_u32("llama.feed_forward_length"));
-    const int D = Et / Ht;
+    ModelConfig target;  // checked sizes: a hostile target is an Error here, not a division by zero
+    read_layer_sizes(f, "llama.", target);
+    const int Et = target.n_embd, Ht = target.n_head, KVt = target.n_head_kv, Ft = target.n_ff, D = target.head_dim;
+    const int Lt = get_int_in(f, "llama.block_count", 1, kMaxModelDim);
+    if (D * Ht != Et) throw Error(target_path + ": bench twins need heads x head size = width, the target has " + std::to_string(Ht) + " x " + std::to_string(D) + " != " + std::to_string(Et));
     const int E = shape.n_embd, L = shape.n_layer, H = shape.n_head, KV = shape.n_head_kv, F = shape.n_ff;
     const int Gt = Ht / KVt, G = H / KV;
     if (E / H != D) throw Error("twin shape has head size " + std::to_string(E / H) + ", the target " + std::to_string(D));
     if (E < Et || L < Lt || KV < KVt || G < Gt || F < Ft) throw Error("the twin shape is smaller than the target in some dimension");
-    const int V = static_cast<int>(f.tensor_meta("token_embd.weight")->ne[1]);
+    const int V = embedding_rows(f, "llama.vocab_size");
     const ggml_type wtype = parse(weight_type);
     const float norm_scale = std::sqrt(float(Et) / float(E));
     auto q_slot = [&](int head) { return (head / Gt) * G + head % Gt; };  // keeps each head's kv group
@@ -78,8 +78,16 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
     };
     auto id = [](int i) { return i; };
     auto q_row = [&](int r) { return q_slot(r / D) * D + r % D; };
+    // The target's tensor, which must have the element count its metadata implies (indexed as such below).
+    auto read_sized = [&](const std::string & name, int64_t n) {
+        std::vector<float> w = read_f32(f, name);
+        if (static_cast<int64_t>(w.size()) != n) {
+            throw Error(target_path + ": tensor " + name + " has " + std::to_string(w.size()) + " elements, expected " + std::to_string(n));
+        }
+        return w;
+    };
     auto norm = [&](const std::string & name) {
-        std::vector<float> w = read_f32(f, name), dst(E, norm_scale);
+        std::vector<float> w = read_sized(name, Et), dst(E, norm_scale);
         for (int i = 0; i < Et; ++i) dst[i] = w[i] * norm_scale;
         return dst;
     };
@@ -87,7 +95,7 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
     auto zeros = [](int64_t n) { return [n] { return std::vector<float>(static_cast<size_t>(n), 0.0f); }; };
     auto ones = [](int64_t n) { return [n] { return std::vector<float>(static_cast<size_t>(n), 1.0f); }; };
     auto from = [&](std::string name, int in_t, int out_t, int in, int out, std::function<int(int)> in_map, std::function<int(int)> out_map) {
-        return [=, &f] { return embed(read_f32(f, name), in_t, out_t, in, out, in_map, out_map); };
+        return [=, &read_sized] { return embed(read_sized(name, int64_t(in_t) * out_t), in_t, out_t, in, out, in_map, out_map); };
     };
     add("token_embd.weight", E, V, true, from("token_embd.weight", Et, V, E, V, id, id));
     add("output_norm.weight", E, 1, false, [&] { return norm("output_norm.weight"); });
@@ -141,9 +149,10 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
     if (head.architecture() != "eagle3") throw Error(head_path + ": not an EAGLE-3 head");
     if (head.tensor_meta("token_embd.weight")) throw Error(head_path + ": head already has its own token embeddings");
     const RandomModelSpec shape = bench_shape(shape_name, "");
-    const int Et = static_cast<int>(head.get_u32("eagle3.target_hidden_size"));
-    const int Eh = static_cast<int>(head.get_u32("eagle3.embedding_length"));
-    if (Et != static_cast<int>(target.get_u32("llama.embedding_length"))) throw Error(head_path + ": head does not belong to " + target_path);
+    const int Et = get_int_in(head, "eagle3.target_hidden_size", 1, kMaxModelDim);
+    const int Eh = get_int_in(head, "eagle3.embedding_length", 1, kMaxModelDim);
+    if (Et != get_int_in(target, "llama.embedding_length", 1, kMaxModelDim)) throw Error(head_path + ": head does not belong to " + target_path);
+    embedding_rows(target, "llama.vocab_size");  // the target's embeddings exist and match its vocabulary
     if (Eh != Et) throw Error(head_path + ": the head's hidden size must equal its target's to take over its embeddings");
     const int E = shape.n_embd;
 
@@ -155,9 +164,14 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
     std::vector<std::pair<std::string, std::array<int64_t, 2>>> shapes;
     for (ggml_tensor * t : head.tensors()) {
         const std::string name = ggml_get_name(t);
+        if (ggml_n_dims(t) > 2) throw Error(head_path + ": tensor " + name + " has " + std::to_string(ggml_n_dims(t)) + " dimensions, expected at most 2");
         std::vector<float> data = read_f32(head, name);
         std::array<int64_t, 2> ne{t->ne[0], t->ne[1]};
         if (name == "fc.weight") {  // [3 Et, Eh] -> [3 E, Eh]: each feature block padded with zeros
+            if (ne[0] != 3 * int64_t(Et) || ne[1] != Eh) {
+                throw Error(head_path + ": tensor fc.weight has shape [" + std::to_string(ne[0]) + ", " + std::to_string(ne[1]) + "], expected [" +
+                            std::to_string(3 * int64_t(Et)) + ", " + std::to_string(Eh) + "]");
+            }
             std::vector<float> wide(static_cast<size_t>(3) * E * Eh, 0.0f);
             for (int o = 0; o < Eh; ++o) {
                 for (int b = 0; b < 3; ++b) {

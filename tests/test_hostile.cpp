@@ -1,0 +1,366 @@
+// Hostile inputs: well-formed GGUF files with values no real model has (edited by hand, written by
+// a converter with a bug, cut short). One test per class of input in docs/validation.md; each
+// asserts the one-line Error naming the file, the key or tensor, the value and the expectation.
+// The CLI cases also assert exit code 1, exactly one `specula: error:` line on stderr and no signal.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include "common/error.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "gguf_edit.h"
+#include "runtime/backend.h"
+#include "runtime/eagle_head.h"
+#include "runtime/gguf_file.h"
+#include "runtime/model.h"
+#include "test_models.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+namespace {
+
+// A replacement for one tensor of a copied file; empty `data` stores zeros.
+struct TensorEdit {
+    ggml_type type;
+    std::vector<int64_t> ne;
+    std::vector<uint8_t> data;
+};
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T> & v) {
+    std::vector<uint8_t> b(v.size() * sizeof(T));
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+}
+
+// A copy of `src` named `name`: metadata edited by `edit_kv`, tensors replaced (or dropped, with
+// nullopt) by `tensors`; a tensor in `tensors` the source lacks is added.
+std::string edited(const std::string & src, const std::string & name, const std::function<void(gguf_context *)> & edit_kv,
+                   const std::map<std::string, std::optional<TensorEdit>> & tensors = {}) {
+    const std::string path = test::scratch_dir() + "/hostile-" + name + ".gguf";
+    const GgufFile in(src);
+    gguf_context * out = metadata_of(src);
+    if (edit_kv) edit_kv(out);
+    size_t bytes = 1 << 16;
+    for (ggml_tensor * t : in.tensors()) bytes += ggml_nbytes(t) + ggml_tensor_overhead();
+    for (const auto & [n, e] : tensors) {
+        if (e) bytes += ggml_row_size(e->type, e->ne[0]) * (e->ne.size() > 1 ? e->ne[1] : 1) + ggml_tensor_overhead();
+    }
+    ggml_init_params params{bytes, nullptr, false};
+    ggml_context * ctx = ggml_init(params);
+    auto add = [&](const std::string & n, ggml_type type, const std::vector<int64_t> & ne, const std::vector<uint8_t> & data) {
+        ggml_tensor * t = ggml_new_tensor(ctx, type, static_cast<int>(ne.size()), ne.data());
+        ggml_set_name(t, n.c_str());
+        std::memset(t->data, 0, ggml_nbytes(t));
+        std::memcpy(t->data, data.data(), std::min(data.size(), ggml_nbytes(t)));
+        gguf_add_tensor(out, t);
+    };
+    for (ggml_tensor * t : in.tensors()) {
+        const std::string n = ggml_get_name(t);
+        auto it = tensors.find(n);
+        if (it == tensors.end()) add(n, t->type, std::vector<int64_t>(t->ne, t->ne + ggml_n_dims(t)), in.read_tensor_bytes(n));
+        else if (it->second) add(n, it->second->type, it->second->ne, it->second->data);
+    }
+    for (const auto & [n, e] : tensors) {
+        if (e && !in.tensor_meta(n)) add(n, e->type, e->ne, e->data);
+    }
+    write_gguf(out, ctx, path);
+    return path;
+}
+
+std::string target() { return test::model_path("llama_gqa_f32"); }  // E 64, 2 layers, 4 heads, 2 kv heads, FF 128
+std::string eagle3() { return test::eagle_head_path("eagle3", "llama_gqa_f32"); }
+constexpr int kTargetVocab = 32000;
+
+std::string model_error(const std::string & path) {
+    Backend b(BackendOptions{"cpu", 1});
+    return test::error_message([&] { Model::load(path, b); });
+}
+
+std::string head_error(const std::string & head) {
+    Backend b(BackendOptions{"cpu", 1});
+    auto t = Model::load(target(), b);
+    return test::error_message([&] { EagleHead::load(head, *t, b); });
+}
+
+#define EXPECT_ERROR(msg, path, text)                                                                          \
+    do {                                                                                                       \
+        const std::string m_ = (msg);                                                                          \
+        EXPECT_EQ(m_.rfind((path) + ": ", 0), 0u) << "does not name the file: " << m_;                        \
+        EXPECT_NE(m_.find(text), std::string::npos) << m_;                                                     \
+        EXPECT_EQ(m_.find('\n'), std::string::npos) << m_;                                                     \
+    } while (0)
+
+// ---------------------------------------------------------------- target and draft models: metadata
+
+TEST(Hostile, HugeBlockCountIsOutOfRangeNotBadAlloc) {
+    const std::string p = edited(target(), "block-count-huge", [](gguf_context * g) { gguf_set_val_u32(g, "llama.block_count", 0x7fffffff); });
+    EXPECT_ERROR(model_error(p), p, "metadata key llama.block_count is 2147483647, expected 1..1048576");
+}
+
+TEST(Hostile, BlockCountMustMatchTheLayersPresent) {
+    const std::string p = edited(target(), "block-count-3", [](gguf_context * g) { gguf_set_val_u32(g, "llama.block_count", 3); });
+    EXPECT_ERROR(model_error(p), p, "metadata key llama.block_count is 3 but the file has tensors for 2 layers (blk.0 .. blk.1)");
+    const std::string zero = edited(target(), "block-count-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.block_count", 0); });
+    EXPECT_ERROR(model_error(zero), zero, "llama.block_count is 0, expected 1..1048576");
+}
+
+TEST(Hostile, SixtyFourBitValuesAreNotTruncated) {
+    // 2^32 + 64 would read as 64, the right width, if cast to 32 bits.
+    const std::string p = edited(target(), "embd-u64", [](gguf_context * g) { gguf_set_val_u64(g, "llama.embedding_length", (1ull << 32) + 64); });
+    EXPECT_ERROR(model_error(p), p, "metadata key llama.embedding_length is 4294967360, expected 1..1048576");
+    const std::string neg = edited(target(), "heads-negative", [](gguf_context * g) { gguf_set_val_i32(g, "llama.attention.head_count", -4); });
+    EXPECT_ERROR(model_error(neg), neg, "metadata key llama.attention.head_count is -4, expected 1..1048576");
+}
+
+TEST(Hostile, MetadataOfTheWrongType) {
+    const std::string p = edited(target(), "block-count-str", [](gguf_context * g) { gguf_set_val_str(g, "llama.block_count", "two"); });
+    EXPECT_ERROR(model_error(p), p, "metadata key llama.block_count is not an integer");
+}
+
+TEST(Hostile, HeadCountsMustBeConsistent) {
+    const std::string zero = edited(target(), "heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count", 0); });
+    EXPECT_ERROR(model_error(zero), zero, "llama.attention.head_count is 0, expected 1..1048576");
+    const std::string kv = edited(target(), "kv-heads-3", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count_kv", 3); });
+    EXPECT_ERROR(model_error(kv), kv, "llama.attention.head_count_kv is 3, expected a divisor of llama.attention.head_count 4");
+    const std::string width = edited(target(), "heads-3-no-key-length", [](gguf_context * g) {
+        gguf_set_val_u32(g, "llama.attention.head_count", 3);
+        gguf_set_val_u32(g, "llama.attention.head_count_kv", 3);
+        gguf_remove_key(g, "llama.attention.key_length");
+    });
+    EXPECT_ERROR(model_error(width), width, "llama.attention.head_count 3 does not divide llama.embedding_length 64");
+    const std::string wide = edited(target(), "heads-too-wide", [](gguf_context * g) {
+        gguf_set_val_u32(g, "llama.attention.head_count", 1 << 12);
+        gguf_set_val_u32(g, "llama.attention.head_count_kv", 1 << 12);
+        gguf_set_val_u32(g, "llama.attention.key_length", 1 << 12);
+        gguf_set_val_u32(g, "llama.attention.value_length", 1 << 12);
+        gguf_set_val_u32(g, "llama.rope.dimension_count", 1 << 12);
+    });
+    EXPECT_ERROR(model_error(wide), wide, "4096 heads of size 4096 exceed the attention width bound 1048576");
+}
+
+TEST(Hostile, RopeDimensionsMustFitTheHead) {
+    const std::string odd = edited(target(), "key-length-odd", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.key_length", 15); });
+    EXPECT_ERROR(model_error(odd), odd, "head size 15 is odd; rope rotates pairs of dimensions");
+    const std::string rot = edited(target(), "rope-dims-big", [](gguf_context * g) { gguf_set_val_u32(g, "llama.rope.dimension_count", 32); });
+    EXPECT_ERROR(model_error(rot), rot, "llama.rope.dimension_count is 32, expected the head size 16");
+    const std::string v = edited(target(), "value-length", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.value_length", 8); });
+    EXPECT_ERROR(model_error(v), v, "llama.attention.value_length is 8, expected the key length 16");
+}
+
+TEST(Hostile, FloatMetadataMustBeFinitePositive) {
+    const std::string nan = edited(target(), "eps-nan", [](gguf_context * g) { gguf_set_val_f32(g, "llama.attention.layer_norm_rms_epsilon", NAN); });
+    EXPECT_ERROR(model_error(nan), nan, "llama.attention.layer_norm_rms_epsilon is nan, expected a finite value in (0, 1]");
+    const std::string base = edited(target(), "rope-base-negative", [](gguf_context * g) { gguf_set_val_f32(g, "llama.rope.freq_base", -1.0f); });
+    EXPECT_ERROR(model_error(base), base, "llama.rope.freq_base is -1, expected a finite value");
+    const std::string factor = edited(target(), "rope-factor-0", [](gguf_context * g) {
+        gguf_set_val_str(g, "llama.rope.scaling.type", "linear");
+        gguf_set_val_f32(g, "llama.rope.scaling.factor", 0.0f);
+    });
+    EXPECT_ERROR(model_error(factor), factor, "llama.rope.scaling.factor is 0, expected a finite value in (0, 1e+06]");
+}
+
+TEST(Hostile, VocabularySizeMustMatchTheEmbeddingRows) {
+    const std::string p = edited(target(), "vocab-size", [](gguf_context * g) { gguf_set_val_u32(g, "llama.vocab_size", 32001); });
+    EXPECT_ERROR(model_error(p), p, "metadata key llama.vocab_size is 32001 but token_embd.weight has 32000 rows");
+}
+
+// ---------------------------------------------------------------- tensors
+
+TEST(Hostile, NormWeightsMustBeF32) {  // reached GGML_ABORT inside ggml before
+    const std::string p = edited(target(), "norm-f16", nullptr, {{"blk.1.ffn_norm.weight", TensorEdit{GGML_TYPE_F16, {64}, {}}}});
+    EXPECT_ERROR(model_error(p), p, "tensor blk.1.ffn_norm.weight has type f16, expected f32");
+    const std::string i64 = edited(target(), "norm-i64", nullptr, {{"output_norm.weight", TensorEdit{GGML_TYPE_I64, {64}, {}}}});
+    EXPECT_ERROR(model_error(i64), i64, "tensor output_norm.weight has type i64, expected f32");
+}
+
+TEST(Hostile, MatrixWeightsMustBeAMatmulType) {
+    const std::string p = edited(target(), "matrix-i32", nullptr, {{"blk.0.attn_k.weight", TensorEdit{GGML_TYPE_I32, {64, 32}, {}}}});
+    EXPECT_ERROR(model_error(p), p, "tensor blk.0.attn_k.weight has type i32, expected a matrix type");
+    const std::string embd = edited(target(), "embd-i32", nullptr, {{"token_embd.weight", TensorEdit{GGML_TYPE_I32, {64, kTargetVocab}, {}}}});
+    EXPECT_ERROR(model_error(embd), embd, "tensor token_embd.weight has type i32, expected a matrix type");
+}
+
+TEST(Hostile, TensorShapesAreExact) {
+    const std::string p = edited(target(), "shape", nullptr, {{"blk.0.ffn_up.weight", TensorEdit{GGML_TYPE_F32, {64, 64}, {}}}});
+    EXPECT_ERROR(model_error(p), p, "tensor blk.0.ffn_up.weight has shape [64, 64], expected [64, 128]");
+    const std::string dims = edited(target(), "shape-3d", nullptr, {{"blk.0.ffn_up.weight", TensorEdit{GGML_TYPE_F32, {64, 64, 2}, {}}}});
+    EXPECT_ERROR(model_error(dims), dims, "tensor blk.0.ffn_up.weight has shape [64, 64, 2], expected [64, 128]");
+}
+
+TEST(Hostile, TruncatedFilesAreCaughtBeforeAllocating) {
+    const std::string p = test::scratch_dir() + "/hostile-truncated.gguf";
+    std::filesystem::copy_file(target(), p, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::resize_file(p, std::filesystem::file_size(p) - 1000);
+    const std::string m = model_error(p);
+    EXPECT_ERROR(m, p, "past the end of the");
+    EXPECT_NE(m.find("(truncated?)"), std::string::npos) << m;
+}
+
+// ---------------------------------------------------------------- EAGLE heads
+
+TEST(Hostile, EagleHeadWithZeroHeadsIsAnErrorNotSigfpe) {
+    const std::string p = edited(eagle3(), "e3-heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "eagle3.attention.head_count", 0); });
+    EXPECT_ERROR(head_error(p), p, "metadata key eagle3.attention.head_count is 0, expected 1..1048576");
+}
+
+TEST(Hostile, EagleHeadHasOneLayer) {
+    const std::string p = edited(eagle3(), "e3-blocks-2", [](gguf_context * g) { gguf_set_val_u32(g, "eagle3.block_count", 2); });
+    EXPECT_ERROR(head_error(p), p, "metadata key eagle3.block_count is 2, expected 1..1");
+}
+
+TEST(Hostile, EagleTargetLayersOutsideInt32AreNotTruncated) {
+    const std::string p = edited(eagle3(), "e3-layers-i64", [](gguf_context * g) {
+        const int64_t layers[3] = {1, (int64_t(1) << 32) + 1, 2};  // would read as 1 if truncated
+        gguf_set_arr_data(g, "eagle3.target_layers", GGUF_TYPE_INT64, layers, 3);
+    });
+    EXPECT_ERROR(head_error(p), p, "metadata key eagle3.target_layers[1] is 4294967297, outside the 32-bit range");
+}
+
+TEST(Hostile, D2tTypeShapeAndRange) {
+    const std::vector<int64_t> ids = {0, 5, 9, 31999};
+    const std::string shape = edited(eagle3(), "d2t-2d", nullptr, {{"d2t", TensorEdit{GGML_TYPE_I64, {2, 2}, bytes_of(ids)}}});
+    EXPECT_ERROR(head_error(shape), shape, "tensor d2t has shape [2, 2], expected [n] with 1 <= n <= 32000");
+    const std::string type = edited(eagle3(), "d2t-i32", nullptr, {{"d2t", TensorEdit{GGML_TYPE_I32, {4}, {}}}});
+    EXPECT_ERROR(head_error(type), type, "tensor d2t has type i32, expected i64 target token ids");
+    const std::string range = edited(eagle3(), "d2t-range", nullptr, {{"d2t", TensorEdit{GGML_TYPE_I64, {4}, bytes_of(std::vector<int64_t>{0, 5, 32000, 7})}}});
+    EXPECT_ERROR(head_error(range), range, "tensor d2t maps draft token 2 to 32000, outside the target's vocabulary 0..31999");
+    const std::string dup = edited(eagle3(), "d2t-dup", nullptr, {{"d2t", TensorEdit{GGML_TYPE_I64, {4}, bytes_of(std::vector<int64_t>{0, 5, 5, 7})}}});
+    EXPECT_ERROR(head_error(dup), dup, "tensor d2t maps two draft tokens to target token 5");
+    const std::string longer = edited(eagle3(), "d2t-long", nullptr, {{"d2t", TensorEdit{GGML_TYPE_I64, {kTargetVocab + 1}, {}}}});
+    EXPECT_ERROR(head_error(longer), longer, "tensor d2t has shape [32001], expected [n] with 1 <= n <= 32000");
+}
+
+TEST(Hostile, T2dTypeShapeAndAgreementWithD2t) {
+    const std::string head = test::eagle_head_path("eagle3", "llama_gqa_f32", 100);  // d2t: every 320th token
+    const std::string type = edited(head, "t2d-f32", nullptr, {{"t2d", TensorEdit{GGML_TYPE_F32, {kTargetVocab}, {}}}});
+    EXPECT_ERROR(head_error(type), type, "tensor t2d has type f32, expected an integer type");
+    const std::string shape = edited(head, "t2d-short", nullptr, {{"t2d", TensorEdit{GGML_TYPE_I8, {100}, {}}}});
+    EXPECT_ERROR(head_error(shape), shape, "tensor t2d has shape [100], expected [32000]");
+    std::vector<int8_t> flags(kTargetVocab, 0);
+    for (int i = 0; i < 100; ++i) flags[static_cast<size_t>(i) * kTargetVocab / 100] = 1;
+    const std::string good = edited(head, "t2d-good", nullptr, {{"t2d", TensorEdit{GGML_TYPE_I8, {kTargetVocab}, bytes_of(flags)}}});
+    EXPECT_EQ(head_error(good), "<no error>");
+    flags[1] = 1;
+    const std::string extra = edited(head, "t2d-extra", nullptr, {{"t2d", TensorEdit{GGML_TYPE_I8, {kTargetVocab}, bytes_of(flags)}}});
+    EXPECT_ERROR(head_error(extra), extra, "tensor t2d[1] is 1 but d2t maps no draft token to target token 1");
+}
+
+// ---------------------------------------------------------------- tokenizer vocabulary
+
+TEST(Hostile, AddedSpecialTokenOutsideTheVocabulary) {
+    // libllama disables an EOS id outside the vocabulary, then asserts when asked to add it.
+    const std::string p = edited(target(), "add-eos-no-eos", [](gguf_context * g) {
+        const char * tokens[] = {"<unk>", "<s>"};
+        gguf_set_arr_str(g, "tokenizer.ggml.tokens", tokens, 2);
+        gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", 7);
+        gguf_set_val_bool(g, "tokenizer.ggml.add_eos_token", true);
+    });
+    EXPECT_ERROR(test::error_message([&] { Tokenizer t(p); }), p,
+                 "tokenizer.ggml.add_eos_token is set but tokenizer.ggml.eos_token_id names no token of the 2-token vocabulary");
+}
+
+// ---------------------------------------------------------------- the CLI
+
+struct CliRun {
+    int exit_code = -1;
+    int signal = 0;
+    std::string err;
+};
+
+CliRun run_cli(const std::string & args) {
+    const std::string err_path = test::scratch_dir() + "/hostile-cli-stderr.txt";
+    const int status = std::system((std::string(SPECULA_CLI) + " " + args + " >/dev/null 2>" + err_path).c_str());
+    CliRun r;
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    std::ifstream in(err_path);
+    std::stringstream s;
+    s << in.rdbuf();
+    r.err = s.str();
+    return r;
+}
+
+// Exit code 1, no signal, and stderr's only non-empty line is `specula: error: <text...>`.
+void expect_cli_error(const std::string & args, const std::string & text) {
+    const CliRun r = run_cli(args);
+    EXPECT_EQ(r.signal, 0) << args;
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+    std::vector<std::string> lines;
+    std::istringstream in(r.err);
+    for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) lines.push_back(line);
+    }
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_EQ(lines[0].rfind("specula: error: ", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find(text), std::string::npos) << lines[0];
+}
+
+TEST(HostileCli, MissingAndNonGgufFiles) {
+    expect_cli_error("generate -m /nonexistent.gguf -p hi", "/nonexistent.gguf: no such file");
+    expect_cli_error("generate -m " + std::string(SPECULA_SOURCE_DIR) + "/CMakeLists.txt -p hi", "not a GGUF file");
+}
+
+TEST(HostileCli, CorruptHeader) {  // ggml's parser logs its reason: it belongs in the one line
+    const std::string p = test::scratch_dir() + "/hostile-cli-corrupt-header.gguf";
+    std::filesystem::copy_file(target(), p, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::resize_file(p, 1000);  // inside the metadata
+    expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": corrupt or truncated GGUF file (");
+}
+
+TEST(HostileCli, HugeBlockCount) {
+    const std::string p = edited(target(), "block-count-huge", [](gguf_context * g) { gguf_set_val_u32(g, "llama.block_count", 0x7fffffff); });
+    expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": metadata key llama.block_count is 2147483647");
+}
+
+TEST(HostileCli, EagleHeadWithZeroHeads) {
+    const std::string p = edited(eagle3(), "e3-heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "eagle3.attention.head_count", 0); });
+    expect_cli_error("generate -m " + target() + " --eagle3 " + p + " -p hi -n 4", p + ": metadata key eagle3.attention.head_count is 0");
+}
+
+TEST(HostileCli, NonF32NormInADraftModel) {
+    const std::string p = edited(test::model_path("llama_draft_small"), "draft-norm-f16", nullptr,
+                                 {{"output_norm.weight", TensorEdit{GGML_TYPE_F16, {32}, {}}}});
+    expect_cli_error("generate -m " + target() + " --draft " + p + " -p hi -n 4", p + ": tensor output_norm.weight has type f16, expected f32");
+}
+
+TEST(HostileCli, TruncatedTarget) {
+    const std::string p = test::scratch_dir() + "/hostile-cli-truncated.gguf";
+    std::filesystem::copy_file(target(), p, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::resize_file(p, std::filesystem::file_size(p) / 2);
+    expect_cli_error("generate -m " + p + " -p hi -n 4", "past the end of the");
+}
+
+TEST(HostileCli, D2tOfTheWrongShape) {
+    const std::string p = edited(eagle3(), "d2t-2d", nullptr,
+                                 {{"d2t", TensorEdit{GGML_TYPE_I64, {2, 2}, bytes_of(std::vector<int64_t>{0, 5, 9, 31999})}}});
+    expect_cli_error("generate -m " + target() + " --eagle3 " + p + " -p hi -n 4", p + ": tensor d2t has shape [2, 2]");
+}
+
+TEST(HostileCli, VocabularyLibllamaRejects) {  // libllama's reason in the one line, not its log lines before it
+    const std::string p = edited(target(), "tokens-not-strings", [](gguf_context * g) {
+        const int32_t ids[2] = {1, 2};
+        gguf_set_arr_data(g, "tokenizer.ggml.tokens", GGUF_TYPE_INT32, ids, 2);
+    });
+    expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": libllama could not load the vocabulary (");
+}
+
+TEST(HostileCli, BenchTwinOfATargetWithZeroHeads) {  // divided the width by the head count before
+    const std::string p = edited(target(), "heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count", 0); });
+    expect_cli_error("make-twin --target " + p + " --shape twin-test -o " + test::scratch_dir() + "/hostile-twin.gguf",
+                     p + ": metadata key llama.attention.head_count is 0");
+}
+
+}  // namespace
+}  // namespace specula
