@@ -2,8 +2,9 @@
 // specula's own KV cache: per layer one K tensor of [n_embd_kv, capacity] F16 rows and one V
 // tensor, pre-allocated. V is stored transposed ([capacity, n_embd_kv]) when the backend computes
 // attention with ggml's matmuls (AttentionKernel::Matmul), so that KQV reads it in place. Slot i
-// holds the token at sequence index i, so the cache holds exactly the accepted sequence: a forward writes its block after the last slot, then the caller keeps what
-// verification accepted with rollback() (a chain prefix, O(1)) or compact() (a tree path).
+// holds the token at sequence index i, so the cache holds exactly the accepted sequence: a
+// forward writes its block after the last slot, then the caller keeps what verification
+// accepted with rollback() (a chain prefix, O(1)) or compact() (a tree path).
 #include <cstdint>
 #include <span>
 #include <vector>
