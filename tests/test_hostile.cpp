@@ -63,7 +63,7 @@ std::string edited(const std::string & src, const std::string & name, const std:
         ggml_tensor * t = ggml_new_tensor(ctx, type, static_cast<int>(ne.size()), ne.data());
         ggml_set_name(t, n.c_str());
         std::memset(t->data, 0, ggml_nbytes(t));
-        std::memcpy(t->data, data.data(), std::min(data.size(), ggml_nbytes(t)));
+        if (!data.empty()) std::memcpy(t->data, data.data(), std::min(data.size(), ggml_nbytes(t)));
         gguf_add_tensor(out, t);
     };
     for (ggml_tensor * t : in.tensors()) {
