@@ -2,18 +2,40 @@
 
 #include <vector>
 
+#if defined(SPECULA_X86_KERNELS)
+#include <cpuid.h>
+#endif
+
 #include "common/error.h"
 #include "ggml.h"
 #include "runtime/kernels/matmul_impl.h"
 
 namespace specula::kernels {
 
+#if defined(SPECULA_X86_KERNELS)
+namespace {
+
+// AVX2 + FMA + F16C, and the OS saving YMM state, read from cpuid directly (compilers disagree on
+// which names __builtin_cpu_supports knows: clang 14 has no "f16c").
+bool cpu_has_avx2_fma_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const bool fma = c & (1u << 12), osxsave = c & (1u << 27), f16c = c & (1u << 29), avx = c & (1u << 28);
+    if (!(fma && osxsave && f16c && avx)) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x6) != 0x6) return false;  // XMM and YMM state enabled by the OS
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return b & (1u << 5);  // AVX2
+}
+
+}  // namespace
+#endif
+
 CpuPath detected_cpu_path() {
     static const CpuPath path = [] {
 #if defined(SPECULA_X86_KERNELS)
-        __builtin_cpu_init();
-        const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-        return avx2 ? CpuPath::Avx2 : CpuPath::Generic;
+        return cpu_has_avx2_fma_f16c() ? CpuPath::Avx2 : CpuPath::Generic;
 #else
         return CpuPath::Generic;
 #endif
