@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ggml.h"
 #include "runtime/kernels/matmul_impl.h"
 
 namespace specula::kernels::generic {
@@ -60,11 +61,11 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
                     uint16_t dh;
                     std::memcpy(&dh, blk + scales_at + 2 * r, 2);
                     const float da = a.d[t * nb + b];
-                    acc = std::fma(static_cast<float>(isum), fp16_to_fp32(dh) * da, acc);
+                    acc = std::fma(static_cast<float>(isum), ggml_fp16_to_fp32(dh) * da, acc);
                     if (m.format == PackedFormat::Q4_1) {
                         uint16_t mh;
                         std::memcpy(&mh, blk + 288 + 2 * r, 2);
-                        acc = std::fma(fp16_to_fp32(mh), da * static_cast<float>(s), acc);
+                        acc = std::fma(ggml_fp16_to_fp32(mh), da * static_cast<float>(s), acc);
                     }
                 }
                 y[t * m.n_rows + row] = acc;
@@ -83,7 +84,7 @@ void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * 
             float lane[16] = {};
             for (int64_t k = 0; k < m.k; k += 16) {
                 for (int l = 0; l < 16; ++l) {
-                    lane[l] = std::fma(bf16 ? bf16_to_fp32(w[k + l]) : fp16_to_fp32(w[k + l]), xt[k + l], lane[l]);
+                    lane[l] = std::fma(bf16 ? ggml_bf16_to_fp32(ggml_bf16_t{w[k + l]}) : ggml_fp16_to_fp32(w[k + l]), xt[k + l], lane[l]);
                 }
             }
             for (int width = 8; width >= 1; width /= 2) {

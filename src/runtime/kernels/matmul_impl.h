@@ -1,9 +1,7 @@
 #pragma once
 // Per-instruction-set bodies of kernels/matmul.h; internal to the kernels.
 #include <cstdint>
-#include <cstring>
 
-#include "runtime/kernels/fp16.h"
 #include "runtime/kernels/packed_matrix.h"
 
 namespace specula::kernels {
@@ -27,12 +25,5 @@ struct QuantizedActivations {
 namespace generic { SPECULA_KERNEL_DECLS }
 namespace avx2 { SPECULA_KERNEL_DECLS }
 #undef SPECULA_KERNEL_DECLS
-
-inline float bf16_to_fp32(uint16_t h) {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
 
 }  // namespace specula::kernels
