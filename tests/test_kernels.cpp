@@ -8,6 +8,7 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "gguf.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -62,7 +63,8 @@ std::vector<float> run(CpuPath path, const Packed & p, const float * x, int n_to
     return y;
 }
 
-const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_F16, GGML_TYPE_BF16};
+const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
+                            GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16};
 
 // The paths this CPU can run: the generic one always, then every faster one up to the detected.
 std::vector<CpuPath> paths() {
@@ -78,7 +80,7 @@ TEST(PackedMatmul, MatchesADoublePrecisionReferenceWithinTheActivationRounding) 
     // every output |y - y_ref| <= sum_b sum_c |w_c| * d_b / 2, plus float rounding of the sums
     // (1e-5 relative to sum |w x|, far above float's 6e-8 per step over ~10 blocks). F16 and BF16
     // weights meet the activations unrounded: only the float term applies.
-    const int64_t n_rows = 50, k = 320;  // 4 groups, the last one partial; 10 blocks
+    const int64_t n_rows = 50, k = 512;  // 4 groups, the last one partial; 16 blocks, 2 k-quant super-blocks
     const int n_tokens = 11;
     for (ggml_type type : kTypes) {
         const Packed p = make_packed(type, n_rows, k, 1);
@@ -158,8 +160,28 @@ std::vector<float> row_logits(const ForwardOutput & o, int i) {
     return {r.begin(), r.end()};
 }
 
+// Every matrix of a fixture goes through specula's kernels (else the check below would pass
+// vacuously on ggml's for that matrix... and fail, but for the wrong reason).
+void expect_all_matrices_packable(const std::string & path) {
+    gguf_init_params params{true, nullptr};
+    gguf_context * g = gguf_init_from_file(path.c_str(), params);
+    ASSERT_NE(g, nullptr) << path;
+    ggml_context * meta = nullptr;
+    gguf_free(g);
+    params.ctx = &meta;
+    g = gguf_init_from_file(path.c_str(), params);
+    for (ggml_tensor * t = ggml_get_first_tensor(meta); t; t = ggml_get_next_tensor(meta, t)) {
+        if (ggml_n_dims(t) != 2) continue;
+        kernels::PackedFormat f;
+        EXPECT_TRUE(kernels::packable(t->type, t->ne[0], &f)) << ggml_get_name(t) << " " << ggml_type_name(t->type);
+    }
+    ggml_free(meta);
+    gguf_free(g);
+}
+
 TEST_P(ForwardBatchInvariance, EveryRowEqualsItsOneTokenForward) {
     const std::string path = test::model_path(GetParam());
+    expect_all_matrices_packable(path);
     Backend one(BackendOptions{"cpu", 1});
     Backend two(BackendOptions{"cpu", 2});
     ASSERT_TRUE(one.own_kernels());
@@ -248,7 +270,8 @@ TEST(ForwardBatchInvariance, GgmlsKernelsAreNotAndTheCheckSeesIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PackedTypes, ForwardBatchInvariance,
-                         ::testing::Values("llama_q8_0", "llama_q4_0", "llama_q4_1_tied", "llama_tied_f16", "llama_bf16"));
+                         ::testing::Values("llama_q8_0", "llama_q4_0", "llama_q4_1_tied", "llama_q5_0", "llama_q4_k",
+                                           "llama_q6_k", "llama_tied_f16", "llama_bf16"));
 
 }  // namespace
 }  // namespace specula

@@ -36,6 +36,7 @@ const std::vector<Variant> & oracle_variants() {
         {"llama_q8_0", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, false, "q8_0", 2e-2},
         {"llama_q4_0", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, false, "q4_0", 2e-2},
         {"llama_q4_1_tied", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, true, "q4_1", 2e-2},
+        {"llama_q5_0", "llama", "ggml-vocab-llama-spm.gguf", 64, 2, 4, 2, 0, 128, false, "q5_0", 2e-2},
         {"llama_q4_k", "llama", "ggml-vocab-llama-spm.gguf", 256, 2, 4, 2, 0, 256, false, "q4_k", 2e-2},
         {"llama_q6_k", "llama", "ggml-vocab-llama-spm.gguf", 256, 2, 4, 2, 0, 256, true, "q6_k", 2e-2},
         {"llama3_bpe_tied", "llama", "ggml-vocab-llama-bpe.gguf", 64, 2, 4, 2, 0, 128, true, "f32", 2e-3},

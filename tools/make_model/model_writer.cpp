@@ -31,9 +31,10 @@ ggml_type parse_type(const std::string & t) {
     if (t == "q8_0") return GGML_TYPE_Q8_0;
     if (t == "q4_0") return GGML_TYPE_Q4_0;
     if (t == "q4_1") return GGML_TYPE_Q4_1;
+    if (t == "q5_0") return GGML_TYPE_Q5_0;
     if (t == "q4_k") return GGML_TYPE_Q4_K;
     if (t == "q6_k") return GGML_TYPE_Q6_K;
-    throw Error("unknown weight type '" + t + "' (f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q6_k)");
+    throw Error("unknown weight type '" + t + "' (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q4_k q6_k)");
 }
 
 }  // namespace

@@ -4,9 +4,13 @@
 // element is computed in one fixed order, so that row i's result is bit-identical whether it is
 // computed alone or in a batch, with any thread count. That order, for output (row r, token t):
 //   activations: per 32-block b, d = max|x| / 127, q = nearest-even(x * (1/d)), s = sum q
-//   isum = exact integer dot of the block (offset-corrected: Q8_0 - 128 s, Q4_0 - 8 s)
+//   isum = exact integer dot of the block's stored integers u (packed_matrix.h) with q,
+//          offset-corrected: Q8_0 - 128 s, Q4_0 - 8 s, Q5_0 - 16 s; Q6_K: sc0 * dot(u - 32, q)
+//          over columns 0-15 + sc1 * the same over columns 16-31
+//   dw   = the block's F16 scale; Q4_K: D * float(sc) (exact); Q6_K: D
 //   acc  = fma(float(isum), dw[r,b] * d[t,b], acc)         for b = 0, 1, ... in order
-//   Q4_1 adds acc = fma(m[r,b], d[t,b] * float(s[t,b]), acc) after each block's first fma
+//   Q4_1 and Q4_K add acc = fma(mw[r,b], d[t,b] * float(s[t,b]), acc) after each block's first
+//   fma, mw = the F16 min (Q4_1) or -(Dmin * float(mn)) (Q4_K, exact)
 // F16 and BF16 weights meet the F32 activations as they are: 16 lane sums,
 //   lane[l] = fma(w[k + l], x[k + l], lane[l])                for k = 0, 16, 32, ... in order
 // then a fixed halving tree (lane[l] += lane[l + w] for w = 8, 4, 2, 1); the result is lane[0].

@@ -1,7 +1,8 @@
 // The AVX2 body of kernels/matmul.h (built with -mavx2 -mfma -mf16c, run only where the CPU has
 // them). AVX2 has no vpdpbusd: `vpmaddubsw` (u8 x s8 -> pairs of s16) then `vpmaddwd` with ones
 // (-> s32) take its place. Q8_0 uses the sign trick (|w| x sign(w) * a, so no pair can
-// saturate s16) and needs no offset; Q4 nibbles are small enough to sum all 8 slices in s16.
+// saturate s16) and needs no offset (so does Q6_K, after subtracting its 32); Q4 nibbles are small
+// enough to sum all 8 slices in s16, Q5_0's 5-bit weights 4.
 // Each (row, token) float accumulator takes one FMA per block in block order, as in matmul.h.
 #include <immintrin.h>
 
@@ -52,81 +53,169 @@ inline __m256i broadcast4(const int8_t * p) {
     return _mm256_set1_epi32(v);
 }
 
+// Bits 4-5 of Q6_K's unsigned weights for slice j: plane bits 2j..2j+1, moved into place (the
+// 16-bit shifts leak bits across bytes only outside the mask).
+inline __m256i q6_high_bits(__m256i plane, int j) {
+    const __m256i mask = _mm256_set1_epi8(0x30);
+    switch (j) {
+        case 0: return _mm256_and_si256(_mm256_slli_epi16(plane, 4), mask);
+        case 1: return _mm256_and_si256(_mm256_slli_epi16(plane, 2), mask);
+        case 2: return _mm256_and_si256(plane, mask);
+        default: return _mm256_and_si256(_mm256_srli_epi16(plane, 2), mask);
+    }
+}
+
+// Q5_0's 5th bit of slice `bit` (0..7) as 0x10 where set.
+inline __m256i q5_high_bit(__m256i plane, int bit) {
+    const __m256i b = _mm256_set1_epi8(static_cast<char>(1u << bit));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(plane, b), b), _mm256_set1_epi8(0x10));
+}
+
+// The exact integer dots of one block (matmul.h's isum before the offset correction; Q6_K's
+// with its two 16-column scales applied) for NT tokens, rows 0-7 in [t][0] and 8-15 in [t][1].
+template <PackedFormat F, int NT>
+inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m256i (&isum)[NT][2]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    auto load = [&](size_t at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + at)); };
+    if constexpr (F == PackedFormat::Q8_0) {
+        for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+        const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+        for (int j = 0; j < 8; ++j) {
+            // Stored bytes are w + 128: flipping the top bit gives the signed weight back.
+            const __m256i w0 = _mm256_xor_si256(load(64 * j), flip), w1 = _mm256_xor_si256(load(64 * j + 32), flip);
+            const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+            for (int t = 0; t < NT; ++t) {
+                const __m256i x = broadcast4(q[t] + 4 * j);
+                isum[t][0] = _mm256_add_epi32(isum[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
+                isum[t][1] = _mm256_add_epi32(isum[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
+            }
+        }
+    } else if constexpr (F == PackedFormat::Q6_K) {
+        // Signed weights u - 32 with the sign trick: 4 slices x pairs of 32 * 127 stay below 2^15.
+        const __m256i sc[2][2] = {
+            {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 384))),
+             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 392)))},
+            {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 400))),
+             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 408)))}};
+        const __m256i offset = _mm256_set1_epi8(32);
+        for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+        for (int part = 0; part < 2; ++part) {  // columns 0-15 (low nibbles), then 16-31 (high)
+            const __m256i plane0 = load(256 + 64 * part), plane1 = load(256 + 64 * part + 32);
+            __m256i p16[NT][2];
+            for (int t = 0; t < NT; ++t) p16[t][0] = p16[t][1] = _mm256_setzero_si256();
+            for (int j = 0; j < 4; ++j) {
+                __m256i v0 = load(64 * j), v1 = load(64 * j + 32);
+                if (part == 1) v0 = _mm256_srli_epi16(v0, 4), v1 = _mm256_srli_epi16(v1, 4);
+                const __m256i w0 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v0, nibble), q6_high_bits(plane0, j)), offset);
+                const __m256i w1 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v1, nibble), q6_high_bits(plane1, j)), offset);
+                const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
+                for (int t = 0; t < NT; ++t) {
+                    const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
+                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)));
+                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)));
+                }
+            }
+            for (int t = 0; t < NT; ++t) {
+                for (int h = 0; h < 2; ++h) {
+                    isum[t][h] = _mm256_add_epi32(isum[t][h], _mm256_mullo_epi32(_mm256_madd_epi16(p16[t][h], ones), sc[part][h]));
+                }
+            }
+        }
+    } else {
+        // Q4_0/Q4_1/Q4_K: 8 slices x pairs of 15 * 127 stay below 2^15, exact in s16. Q5_0's
+        // 31 * 127 allows 4 slices: its low and high halves widen separately.
+        constexpr bool kQ5 = F == PackedFormat::Q5_0;
+        __m256i planes[2];
+        if constexpr (kQ5) planes[0] = load(256), planes[1] = load(288);
+        __m256i p16[NT][2];
+        for (int t = 0; t < NT; ++t) p16[t][0] = p16[t][1] = _mm256_setzero_si256();
+        if constexpr (kQ5) {
+            for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+        }
+        for (int part = 0; part < 2; ++part) {
+            for (int j = 0; j < 4; ++j) {
+                __m256i v0 = load(64 * j), v1 = load(64 * j + 32);
+                if (part == 1) v0 = _mm256_srli_epi16(v0, 4), v1 = _mm256_srli_epi16(v1, 4);
+                v0 = _mm256_and_si256(v0, nibble), v1 = _mm256_and_si256(v1, nibble);
+                if constexpr (kQ5) {
+                    v0 = _mm256_or_si256(v0, q5_high_bit(planes[0], 4 * part + j));
+                    v1 = _mm256_or_si256(v1, q5_high_bit(planes[1], 4 * part + j));
+                }
+                for (int t = 0; t < NT; ++t) {
+                    const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
+                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(v0, x));
+                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(v1, x));
+                }
+            }
+            if constexpr (kQ5) {
+                for (int t = 0; t < NT; ++t) {
+                    for (int h = 0; h < 2; ++h) {
+                        isum[t][h] = _mm256_add_epi32(isum[t][h], _mm256_madd_epi16(p16[t][h], ones));
+                        p16[t][h] = _mm256_setzero_si256();
+                    }
+                }
+            }
+        }
+        if constexpr (!kQ5) {
+            for (int t = 0; t < NT; ++t) isum[t][0] = _mm256_madd_epi16(p16[t][0], ones), isum[t][1] = _mm256_madd_epi16(p16[t][1], ones);
+        }
+    }
+}
+
+inline __m256 load_f16x8(const uint8_t * p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+inline __m256 load_u8x8(const uint8_t * p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
+}
+
 // One 16-row group (two 8-row halves in ymm) x NT tokens, all blocks. Each token's broadcast
 // activations serve both halves; the per-block integer sums stay in registers, the float
 // accumulators live in L1 (one load + FMA + store per block), which keeps 16 ymm enough for 4 tokens.
 template <PackedFormat F, int NT>
 void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t g) {
     constexpr size_t kBytes = packed_block_bytes(F);
-    constexpr size_t kScales = F == PackedFormat::Q8_0 ? 512 : 256;
     const int64_t nb = m.n_blocks();
     const int64_t nbk = a.k / kBlock;
-    const __m256i ones = _mm256_set1_epi16(1);
 
     alignas(32) float acc[NT][16] = {};
-    const int8_t * q[NT];
     const float * d[NT];
     const int32_t * s[NT];
     for (int t = 0; t < NT; ++t) {
-        q[t] = a.q + (t0 + t) * a.k;
         d[t] = a.d + (t0 + t) * nbk;
         s[t] = a.s + (t0 + t) * nbk;
     }
 
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t * blk = wg + b * kBytes;
+        const uint8_t * blk = wg + packed_block_offset(F, b);
+        const uint8_t * tail = wg + packed_super_tail_offset(F, b);
         for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + 4 * kBytes + line), _MM_HINT_T0);
+        const int8_t * q[NT];
+        for (int t = 0; t < NT; ++t) q[t] = a.q + (t0 + t) * a.k + b * kBlock;
         __m256i isum[NT][2];
-        if constexpr (F == PackedFormat::Q8_0) {
-            for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
-            const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-            for (int j = 0; j < 8; ++j) {
-                // Stored bytes are w + 128: flipping the top bit gives the signed weight back.
-                const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j)), flip);
-                const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32)), flip);
-                const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
-                for (int t = 0; t < NT; ++t) {
-                    const __m256i x = broadcast4(q[t] + b * kBlock + 4 * j);
-                    isum[t][0] = _mm256_add_epi32(isum[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
-                    isum[t][1] = _mm256_add_epi32(isum[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
-                }
-            }
-        } else {
-            const __m256i nibble = _mm256_set1_epi8(0x0f);
-            __m256i p16[NT][2];
-            for (int t = 0; t < NT; ++t) p16[t][0] = p16[t][1] = _mm256_setzero_si256();
-            for (int j = 0; j < 4; ++j) {
-                const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j));
-                const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * j + 32));
-                const __m256i lo0 = _mm256_and_si256(v0, nibble), lo1 = _mm256_and_si256(v1, nibble);
-                for (int t = 0; t < NT; ++t) {
-                    // 8 slices x 2 pairs of 15 * 127 stay below 2^15: exact in s16.
-                    const __m256i x = broadcast4(q[t] + b * kBlock + 4 * j);
-                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(lo0, x));
-                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(lo1, x));
-                }
-                const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), nibble);
-                const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), nibble);
-                for (int t = 0; t < NT; ++t) {
-                    const __m256i x = broadcast4(q[t] + b * kBlock + 16 + 4 * j);
-                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(hi0, x));
-                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(hi1, x));
-                }
-            }
-            for (int t = 0; t < NT; ++t) {
-                isum[t][0] = _mm256_madd_epi16(p16[t][0], ones);
-                isum[t][1] = _mm256_madd_epi16(p16[t][1], ones);
-            }
-        }
+        block_isums<F, NT>(blk, q, isum);
         for (int h = 0; h < 2; ++h) {
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + kScales + 16 * h)));
-            __m256 mw = _mm256_setzero_ps();
-            if constexpr (F == PackedFormat::Q4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 288 + 16 * h)));
+            __m256 dw, mw = _mm256_setzero_ps();
+            switch (F) {
+                case PackedFormat::Q8_0: dw = load_f16x8(blk + 512 + 16 * h); break;
+                case PackedFormat::Q5_0: dw = load_f16x8(blk + 320 + 16 * h); break;
+                case PackedFormat::Q4_K:
+                    dw = _mm256_mul_ps(load_f16x8(tail + 16 * h), load_u8x8(blk + 256 + 8 * h));
+                    mw = _mm256_xor_ps(_mm256_mul_ps(load_f16x8(tail + 32 + 16 * h), load_u8x8(blk + 272 + 8 * h)), _mm256_set1_ps(-0.0f));
+                    break;
+                case PackedFormat::Q6_K: dw = load_f16x8(tail + 16 * h); break;
+                default:  // Q4_0, Q4_1
+                    dw = load_f16x8(blk + 256 + 16 * h);
+                    if (F == PackedFormat::Q4_1) mw = load_f16x8(blk + 288 + 16 * h);
+                    break;
+            }
             for (int t = 0; t < NT; ++t) {
                 __m256i i32 = isum[t][h];
                 if constexpr (F == PackedFormat::Q4_0) i32 = _mm256_sub_epi32(i32, _mm256_set1_epi32(8 * s[t][b]));
+                if constexpr (F == PackedFormat::Q5_0) i32 = _mm256_sub_epi32(i32, _mm256_set1_epi32(16 * s[t][b]));
                 __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d[t][b])), _mm256_load_ps(acc[t] + 8 * h));
-                if constexpr (F == PackedFormat::Q4_1) r = _mm256_fmadd_ps(mw, _mm256_set1_ps(d[t][b] * static_cast<float>(s[t][b])), r);
+                if constexpr (F == PackedFormat::Q4_1 || F == PackedFormat::Q4_K) {
+                    r = _mm256_fmadd_ps(mw, _mm256_set1_ps(d[t][b] * static_cast<float>(s[t][b])), r);
+                }
                 _mm256_store_ps(acc[t] + 8 * h, r);
             }
         }
@@ -163,6 +252,9 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
         case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, g_begin, g_end); break;
         case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, g_begin, g_end); break;
         case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q5_0: groups<PackedFormat::Q5_0>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q4_K: groups<PackedFormat::Q4_K>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q6_K: groups<PackedFormat::Q6_K>(m, packed, a, y, g_begin, g_end); break;
         case PackedFormat::F16:
         case PackedFormat::BF16: break;  // matmul_float
     }

@@ -28,13 +28,30 @@ void quantize_activations(const float * x, int64_t x_stride, QuantizedActivation
     }
 }
 
+namespace {
+
+float f16(const uint8_t * p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return ggml_fp16_to_fp32(h);
+}
+
+// The stored unsigned integer of column c of row r in a block (packed_matrix.h).
+int32_t weight_u(PackedFormat f, const uint8_t * blk, int r, int c) {
+    if (f == PackedFormat::Q8_0) return blk[(c / 4) * 64 + 4 * r + c % 4];
+    const uint8_t byte = blk[((c % 16) / 4) * 64 + 4 * r + c % 4];
+    int32_t u = c < 16 ? (byte & 0x0f) : (byte >> 4);
+    if (f == PackedFormat::Q5_0) u |= ((blk[256 + 4 * r + c % 4] >> (c / 4)) & 1) << 4;
+    if (f == PackedFormat::Q6_K) u |= ((blk[256 + 64 * (c / 16) + 4 * r + c % 4] >> (2 * ((c % 16) / 4))) & 3) << 4;
+    return u;
+}
+
+}  // namespace
+
 void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y,
             int64_t g_begin, int64_t g_end) {
+    const PackedFormat f = m.format;
     const int64_t nb = m.n_blocks();
-    const size_t block_bytes = packed_block_bytes(m.format);
-    const bool q8 = m.format == PackedFormat::Q8_0;
-    const int32_t offset = q8 ? 128 : m.format == PackedFormat::Q4_0 ? 8 : 0;
-    const size_t scales_at = q8 ? 512 : 256;
     for (int64_t g = g_begin; g < g_end; ++g) {
         const uint8_t * wg = packed + g * m.group_bytes();
         for (int r = 0; r < kGroupRows; ++r) {
@@ -43,30 +60,39 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
             for (int t = 0; t < a.n_tokens; ++t) {
                 float acc = 0.0f;
                 for (int64_t b = 0; b < nb; ++b) {
-                    const uint8_t * blk = wg + b * block_bytes;
+                    const uint8_t * blk = wg + packed_block_offset(f, b);
+                    const uint8_t * tail = wg + packed_super_tail_offset(f, b);
                     const int8_t * q = a.q + t * a.k + b * kBlock;
-                    int32_t isum = 0;
-                    for (int c = 0; c < kBlock; ++c) {
-                        int32_t u;
-                        if (q8) {
-                            u = blk[(c / 4) * 64 + 4 * r + c % 4];
-                        } else {
-                            const uint8_t byte = blk[((c % 16) / 4) * 64 + 4 * r + c % 4];
-                            u = c < 16 ? (byte & 0x0f) : (byte >> 4);
-                        }
-                        isum += u * q[c];
-                    }
                     const int32_t s = a.s[t * nb + b];
-                    isum -= offset * s;
-                    uint16_t dh;
-                    std::memcpy(&dh, blk + scales_at + 2 * r, 2);
                     const float da = a.d[t * nb + b];
-                    acc = std::fma(static_cast<float>(isum), ggml_fp16_to_fp32(dh) * da, acc);
-                    if (m.format == PackedFormat::Q4_1) {
-                        uint16_t mh;
-                        std::memcpy(&mh, blk + 288 + 2 * r, 2);
-                        acc = std::fma(ggml_fp16_to_fp32(mh), da * static_cast<float>(s), acc);
+                    int32_t isum = 0;
+                    float dw = 0.0f, mw = 0.0f;
+                    switch (f) {
+                        case PackedFormat::Q6_K: {
+                            int32_t half[2] = {0, 0};
+                            for (int c = 0; c < kBlock; ++c) half[c / 16] += (weight_u(f, blk, r, c) - 32) * q[c];
+                            isum = half[0] * static_cast<int8_t>(blk[384 + r]) + half[1] * static_cast<int8_t>(blk[400 + r]);
+                            dw = f16(tail + 2 * r);
+                            break;
+                        }
+                        default: {
+                            for (int c = 0; c < kBlock; ++c) isum += weight_u(f, blk, r, c) * q[c];
+                            break;
+                        }
                     }
+                    switch (f) {
+                        case PackedFormat::Q8_0: isum -= 128 * s, dw = f16(blk + 512 + 2 * r); break;
+                        case PackedFormat::Q4_0: isum -= 8 * s, dw = f16(blk + 256 + 2 * r); break;
+                        case PackedFormat::Q5_0: isum -= 16 * s, dw = f16(blk + 320 + 2 * r); break;
+                        case PackedFormat::Q4_1: dw = f16(blk + 256 + 2 * r), mw = f16(blk + 288 + 2 * r); break;
+                        case PackedFormat::Q4_K:
+                            dw = f16(tail + 2 * r) * static_cast<float>(blk[256 + r]);
+                            mw = -(f16(tail + 32 + 2 * r) * static_cast<float>(blk[272 + r]));
+                            break;
+                        default: break;
+                    }
+                    acc = std::fma(static_cast<float>(isum), dw * da, acc);
+                    if (f == PackedFormat::Q4_1 || f == PackedFormat::Q4_K) acc = std::fma(mw, da * static_cast<float>(s), acc);
                 }
                 y[t * m.n_rows + row] = acc;
             }
