@@ -71,6 +71,9 @@ if(SPECULA_HAS_MNO_AMX)
 endif()
 
 set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
+# ggml's RPC backend: `--device RPC[host:port]` runs the model on an rpc-server (tests/test_rpc.cpp).
+option(SPECULA_RPC "build ggml's RPC backend and its rpc-server" ON)
+set(GGML_RPC ${SPECULA_RPC} CACHE BOOL "" FORCE)
 set(GGML_NATIVE ON CACHE BOOL "")
 set(LLAMA_BUILD_COMMON ON CACHE BOOL "" FORCE)
 set(LLAMA_BUILD_TOOLS ON CACHE BOOL "" FORCE)

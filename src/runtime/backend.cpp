@@ -1,5 +1,9 @@
 #include "runtime/backend.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <set>
 #include <string>
@@ -40,6 +44,53 @@ const char * attention_kernel_name(AttentionKernel k) {
     return "?";
 }
 
+namespace {
+
+// Whether something accepts TCP connections at host:port. ggml's RPC client aborts the process
+// when it cannot connect, so specula asks first and reports a clear error instead.
+bool accepts_connections(const std::string & host, const std::string & port) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo * found = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return false;
+    bool ok = false;
+    for (addrinfo * a = found; a && !ok; a = a->ai_next) {
+        const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        close(fd);
+    }
+    freeaddrinfo(found);
+    return ok;
+}
+
+// "RPC[host:port]": the first device of an rpc-server (ggml's RPC backend, which is how a model
+// larger than one machine runs). Registered on first use, as llama.cpp's --rpc does.
+ggml_backend_dev_t rpc_device(const std::string & name) {
+    if (name.size() < 6 || name.back() != ']') throw Error("device '" + name + "': expected RPC[host:port]");
+    const std::string endpoint = name.substr(4, name.size() - 5);
+    const size_t colon = endpoint.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
+        throw Error("device '" + name + "': expected RPC[host:port]");
+    }
+    ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+    if (!rpc) throw Error("device '" + name + "': this build has no RPC backend (configure with -DSPECULA_RPC=ON)");
+    using AddServer = ggml_backend_reg_t (*)(const char *);
+    auto add_server = reinterpret_cast<AddServer>(ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server"));
+    if (!add_server) throw Error("device '" + name + "': ggml's RPC backend has no ggml_backend_rpc_add_server");
+    if (!accepts_connections(endpoint.substr(0, colon), endpoint.substr(colon + 1))) {
+        throw Error("device '" + name + "': no rpc-server answers at " + endpoint);
+    }
+    ggml_backend_reg_t server = add_server(endpoint.c_str());
+    if (!server || ggml_backend_reg_dev_count(server) == 0) {
+        throw Error("device '" + name + "': no rpc-server answers at " + endpoint);
+    }
+    return ggml_backend_reg_dev_get(server, 0);
+}
+
+}  // namespace
+
 Backend::Backend(const BackendOptions & opts) {
     // Options are checked before any ggml backend exists: a throwing constructor runs no destructor.
     if (opts.attention != "auto" && opts.attention != "flash" && opts.attention != "matmul" && opts.attention != "specula") {
@@ -64,7 +115,7 @@ Backend::Backend(const BackendOptions & opts) {
     if (!cpu_dev) throw Error("ggml has no CPU backend");
 
     if (opts.device != "cpu") {
-        ggml_backend_dev_t dev = ggml_backend_dev_by_name(opts.device.c_str());
+        ggml_backend_dev_t dev = opts.device.rfind("RPC[", 0) == 0 ? rpc_device(opts.device) : ggml_backend_dev_by_name(opts.device.c_str());
         if (!dev) {
             std::string available;
             for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {

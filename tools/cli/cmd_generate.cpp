@@ -26,7 +26,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
     sub->add_option("-t,--threads", args->engine.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
-    sub->add_option("--device", args->engine.device, "ggml device (cpu, or e.g. CUDA0 in a GPU build)")->capture_default_str();
+    sub->add_option("--device", args->engine.device, "ggml device: cpu, CUDA0 / Metal / Vulkan0 in such a build, or RPC[host:port] (an rpc-server)")->capture_default_str();
     sub->add_option("--kernels", args->engine.kernels, "matmul kernels: auto (specula's on the CPU) | specula | ggml")
         ->capture_default_str();
     sub->add_option("--attention", args->engine.attention,

@@ -1,0 +1,132 @@
+// ggml's RPC backend as a specula device (`--device RPC[host:port]`): the way a model larger than
+// one machine runs, and the proof that non-CPU devices keep ggml's kernels. The test starts
+// llama.cpp's rpc-server on 127.0.0.1 itself.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "common/error.h"
+#include "kv/kv_cache.h"
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "test_models.h"
+
+extern char ** environ;
+
+namespace specula {
+namespace {
+
+int free_port() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+bool listening(int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+// rpc-server on 127.0.0.1 with one thread, for the life of the test.
+class RpcServer {
+public:
+    RpcServer() : port_(free_port()) {
+        const std::string port = std::to_string(port_);
+        const char * argv[] = {SPECULA_RPC_SERVER, "-H", "127.0.0.1", "-p", port.c_str(), "-t", "1", nullptr};
+        if (posix_spawn(&pid_, SPECULA_RPC_SERVER, nullptr, nullptr, const_cast<char **>(argv), environ) != 0) pid_ = -1;
+        for (int i = 0; i < 300 && pid_ > 0 && !listening(port_); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ~RpcServer() {
+        if (pid_ > 0) {
+            kill(pid_, SIGTERM);
+            waitpid(pid_, nullptr, 0);
+        }
+    }
+    bool up() const { return pid_ > 0 && listening(port_); }
+    std::string device() const { return "RPC[127.0.0.1:" + std::to_string(port_) + "]"; }
+
+private:
+    int port_;
+    pid_t pid_ = -1;
+};
+
+std::vector<float> logits(Backend & backend, const std::string & model_path, const std::vector<int32_t> & tokens) {
+    auto model = Model::load(model_path, backend);
+    ModelRunner runner(*model);
+    KvCache cache(backend, model->config(), 64);
+    std::vector<int32_t> rows(tokens.size());
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
+    // Two blocks: the second attends to a cache the first wrote on the device.
+    const size_t half = tokens.size() / 2;
+    ForwardOutput a = runner.forward(ForwardBatch::causal(std::span(tokens).first(half), 0, {rows.begin(), rows.begin() + half}), cache);
+    ForwardOutput b = runner.forward(ForwardBatch::causal(std::span(tokens).subspan(half), static_cast<int>(half),
+                                                          {rows.begin(), rows.begin() + (tokens.size() - half)}), cache);
+    std::vector<float> out = a.logits;
+    out.insert(out.end(), b.logits.begin(), b.logits.end());
+    return out;
+}
+
+// A model on an rpc-server computes what the same ggml kernels compute locally (the server runs
+// ggml's CPU backend): logits equal to the local run with --kernels ggml and the same attention
+// kernel, for an F32 and a Q8_0 fixture (neither is repacked by ggml on x86, so both sides run the
+// same code). A device that took specula's CPU kernels, or lost the KV written by the first block,
+// fails this.
+TEST(Rpc, ModelOnAnRpcServerGivesTheLocalGgmlLogits) {
+    RpcServer server;
+    ASSERT_TRUE(server.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    const std::vector<int32_t> tokens = {1, 450, 4996, 17354, 1701, 338, 310, 526, 2253, 825, 29889, 3186};
+    for (const char * name : {"llama_gqa_f32", "llama_q8_0"}) {
+        SCOPED_TRACE(name);
+        Backend rpc(BackendOptions{server.device(), 1});
+        EXPECT_FALSE(rpc.own_kernels()) << "non-CPU devices keep ggml's matmul";
+        EXPECT_EQ(rpc.attention_kernel(), AttentionKernel::Flash);
+        Backend cpu(BackendOptions{"cpu", 1, "flash", "ggml"});
+        const std::vector<float> remote = logits(rpc, test::model_path(name), tokens);
+        const std::vector<float> local = logits(cpu, test::model_path(name), tokens);
+        ASSERT_EQ(remote.size(), local.size());
+        double max_diff = 0.0;
+        for (size_t i = 0; i < local.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(remote[i] - local[i])));
+        std::printf("[rpc] %-14s max |logit diff| RPC vs local ggml = %.3g\n", name, max_diff);
+        EXPECT_LT(max_diff, 1e-4);
+    }
+}
+
+TEST(Rpc, SpeculasOwnKernelsAreRefusedOnAnRpcDevice) {
+    const std::string msg = test::error_message([] { Backend b(BackendOptions{"RPC[127.0.0.1:1]", 1, "auto", "specula"}); });
+    EXPECT_NE(msg.find("CPU only"), std::string::npos) << msg;
+}
+
+// ggml's RPC client aborts the process when nothing answers; specula must say so and go on living.
+TEST(Rpc, NoServerOrAMalformedEndpointIsAClearError) {
+    const std::string port = std::to_string(free_port());
+    std::string msg = test::error_message([&] { Backend b(BackendOptions{"RPC[127.0.0.1:" + port + "]", 1}); });
+    EXPECT_NE(msg.find("no rpc-server answers at 127.0.0.1:" + port), std::string::npos) << msg;
+    msg = test::error_message([] { Backend b(BackendOptions{"RPC[localhost]", 1}); });
+    EXPECT_NE(msg.find("expected RPC[host:port]"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace specula
