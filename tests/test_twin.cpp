@@ -37,5 +37,13 @@ TEST(BenchTwin, LogitsEqualTheTargetsInABiggerShape) {
     EXPECT_LT(max_diff, 2e-2);  // RMSNorm epsilon sees a wider row; nothing else differs
 }
 
+// A shape too small for the target names the dimension and the shapes that fit deep targets.
+TEST(BenchTwin, AShapeSmallerThanTheTargetIsAClearError) {
+    const std::string target_path = test::model_path("llama_gqa_f32");  // width 64, 2 layers
+    const std::string msg = test::error_message([&] { write_bench_twin(target_path, "tiny", "f32", test::scratch_dir() + "/never.gguf"); });
+    EXPECT_NE(msg.find("fewer than the target's"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("smol-1b"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace specula

@@ -45,6 +45,14 @@ RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-bpe.gguf";
         s.n_embd = 2048, s.n_layer = 16, s.n_head = 32, s.n_head_kv = 8, s.n_ff = 8192;
         s.tied_output = true, s.rope_freq_base = 500000.0f, s.n_ctx = 4096;
+    } else if (name == "smol-1b") {  // 1B-class widths at SmolLM2's depth (30 layers, head size 64): ~0.8B
+        s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-bpe.gguf";
+        s.n_embd = 1536, s.n_layer = 30, s.n_head = 24, s.n_head_kv = 6, s.n_ff = 4096;
+        s.tied_output = true, s.n_ctx = 4096;
+    } else if (name == "smol-8b") {  // Llama-3.1-8B widths and depth with SmolLM2's head size 64: ~7.8B
+        s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-bpe.gguf";
+        s.n_embd = 4096, s.n_layer = 32, s.n_head = 64, s.n_head_kv = 16, s.n_ff = 14336;
+        s.tied_output = true, s.n_ctx = 4096;
     } else if (name == "llama-100m") {
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-spm.gguf";
         s.n_embd = 768, s.n_layer = 12, s.n_head = 12, s.n_head_kv = 4, s.n_ff = 2048, s.n_ctx = 4096;
@@ -54,7 +62,7 @@ RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_
     } else if (name == "tiny") {
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-spm.gguf";
     } else {
-        throw Error("unknown shape '" + name + "' (llama-1b, llama-100m, tiny, twin-test)");
+        throw Error("unknown shape '" + name + "' (llama-1b, smol-1b, smol-8b, llama-100m, tiny, twin-test)");
     }
     return s;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include "common/error.h"
@@ -41,7 +42,13 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
     const int E = shape.n_embd, L = shape.n_layer, H = shape.n_head, KV = shape.n_head_kv, F = shape.n_ff;
     const int Gt = Ht / KVt, G = H / KV;
     if (E / H != D) throw Error("twin shape has head size " + std::to_string(E / H) + ", the target " + std::to_string(D));
-    if (E < Et || L < Lt || KV < KVt || G < Gt || F < Ft) throw Error("the twin shape is smaller than the target in some dimension");
+    for (auto [what, twin, tgt] : {std::tuple{"width", E, Et}, std::tuple{"layers", L, Lt}, std::tuple{"KV heads", KV, KVt},
+                                   std::tuple{"query heads per KV head", G, Gt}, std::tuple{"FFN width", F, Ft}}) {
+        if (twin < tgt) {
+            throw Error("shape " + shape_name + " has " + std::to_string(twin) + " " + what + ", fewer than the target's " +
+                        std::to_string(tgt) + " (30-layer targets such as SmolLM2 take smol-1b or smol-8b)");
+        }
+    }
     const int V = embedding_rows(f, "llama.vocab_size");
     const ggml_type wtype = parse(weight_type);
     const float norm_scale = std::sqrt(float(Et) / float(E));
