@@ -1,0 +1,69 @@
+// Micro-benchmark of specula's packed matmul (runtime/kernels/matmul.h), one thread, on a matrix
+// that stays in L2 (SmolLM2-135M's FFN up projection: 1536 x 576), so the figure is the kernel's
+// arithmetic rate, not the memory's. Counter "GMAC/s" = weight x token multiply-adds per second.
+//   build/bin/bench_kernels --benchmark_repetitions=5 --benchmark_report_aggregates_only
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "runtime/kernels/matmul.h"
+
+namespace {
+
+using namespace specula::kernels;
+
+struct Fixture {
+    PackedMatrix m;
+    std::vector<uint8_t> packed;
+    std::vector<float> x, y;
+};
+
+Fixture make(ggml_type type, int64_t n_rows, int64_t k, int n_tokens) {
+    Fixture f;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(n_rows * k));
+    for (float & v : w) v = normal(rng);
+    std::vector<uint8_t> q(ggml_row_size(type, k) * n_rows);
+    ggml_quantize_chunk(type, w.data(), q.data(), 0, n_rows, k, nullptr);
+    if (!packable(type, k, &f.m.format)) std::abort();
+    f.m.source_type = type, f.m.k = k, f.m.n_rows = n_rows;
+    f.packed.resize(f.m.n_groups() * f.m.group_bytes());
+    pack_matrix(f.m, q.data(), f.packed.data());
+    f.x.resize(static_cast<size_t>(n_tokens * k));
+    for (float & v : f.x) v = normal(rng);
+    f.y.resize(static_cast<size_t>(n_tokens * n_rows));
+    return f;
+}
+
+void packed_matmul(benchmark::State & state, ggml_type type) {
+    ggml_cpu_init();
+    const int n_tokens = static_cast<int>(state.range(0));
+    const int64_t n_rows = 1536, k = 768;  // k a multiple of 256 for the k-quants
+    Fixture f = make(type, n_rows, k, n_tokens);
+    const CpuPath path = detected_cpu_path();
+    for (auto _ : state) {
+        matmul_groups(path, f.m, f.packed.data(), f.x.data(), k, n_tokens, f.y.data(), 0, f.m.n_groups());
+        benchmark::DoNotOptimize(f.y.data());
+    }
+    state.counters["GMAC/s"] = benchmark::Counter(double(n_rows) * k * n_tokens * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+    state.SetLabel(cpu_path_name(path));
+}
+
+#define SPECULA_KERNEL_BENCH(type) \
+    BENCHMARK_CAPTURE(packed_matmul, type, GGML_TYPE_##type)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)
+
+SPECULA_KERNEL_BENCH(Q8_0);
+SPECULA_KERNEL_BENCH(Q4_0);
+SPECULA_KERNEL_BENCH(Q4_1);
+SPECULA_KERNEL_BENCH(Q5_0);
+SPECULA_KERNEL_BENCH(Q4_K);
+SPECULA_KERNEL_BENCH(Q6_K);
+SPECULA_KERNEL_BENCH(F16);
+
+}  // namespace
+
+BENCHMARK_MAIN();
