@@ -100,6 +100,7 @@ struct MatrixCase {
 };
 
 std::string case_name(const MatrixCase & c) { return c.target + "_" + c.kernels + "_" + c.attention; }
+void PrintTo(const MatrixCase & c, std::ostream * os) { *os << case_name(c); }  // readable ctest names
 
 const std::vector<int32_t> kIdPrompt = {1, 822, 5713, 29898, 29876, 1125, 13, 1678, 565, 302, 529, 29871, 29906};
 
