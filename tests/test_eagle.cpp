@@ -88,8 +88,8 @@ const char * kCodePrompt =
 // (compaction of accepted tree paths, the head's catch-up over several newly verified positions)
 // runs in most rounds, unlike with random heads. Chains under every draft-length policy, a static
 // tree, a fixed-size dynamic tree and the Engine's default for heads (a dynamic tree sized every
-// round by TreeSizePolicy) must all reproduce plain greedy decoding; the acceptance floor keeps
-// the test from passing on corrections alone (a head that stopped accepting would fail it).
+// round by TreeSizePolicy) must all reproduce plain greedy decoding; the acceptance floors keep
+// the test from passing on corrections alone (a head that stopped accepting would fail them).
 TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
     constexpr int kGenerate = 48, kCtx = 256, kDraftMax = 6;
     Backend backend{BackendOptions{"cpu", 1}};
@@ -121,19 +121,24 @@ TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
     for (const std::string kind : {"eagle1", "eagle3"}) {
         auto head = EagleHead::load(bundled("specula-" + kind + ".gguf"), *target, backend);
         EagleDrafter drafter(*head, kCtx);
+        // Floors at about a third of the least that was measured (docs/validation.md): drafts are
+        // accepted, whole multi-token paths too. The cost policy and the policy-sized tree decide
+        // from measured times, so their floors only ask that drafts were accepted at all (the cost
+        // policy may find that drafting does not pay on a loaded machine and draft little).
         struct Mode {
             std::string name;
             DraftPolicyKind policy;
             TreeBudget tree;
-            bool sized = false;
+            bool sized;
+            int min_accepted, min_path;
         };
         const std::vector<Mode> modes = {
-            {"chain fixed", DraftPolicyKind::Fixed, {}},
-            {"chain heuristic", DraftPolicyKind::Heuristic, {}},
-            {"chain cost", DraftPolicyKind::Cost, {}},
-            {"static tree", DraftPolicyKind::Fixed, {TreeShape::Static, 5, 4, 16}},
-            {"dynamic tree", DraftPolicyKind::Fixed, {TreeShape::Dynamic, 6, 4, 24}},
-            {"policy-sized dynamic tree", DraftPolicyKind::Fixed, {TreeShape::Dynamic, 6, 4, 0}, true},
+            {"chain fixed", DraftPolicyKind::Fixed, {}, false, 6, 2},
+            {"chain heuristic", DraftPolicyKind::Heuristic, {}, false, 6, 2},
+            {"chain cost", DraftPolicyKind::Cost, {}, false, 1, 1},
+            {"static tree", DraftPolicyKind::Fixed, {TreeShape::Static, 5, 4, 16}, false, 6, 2},
+            {"dynamic tree", DraftPolicyKind::Fixed, {TreeShape::Dynamic, 6, 4, 24}, false, 6, 2},
+            {"policy-sized dynamic tree", DraftPolicyKind::Fixed, {TreeShape::Dynamic, 6, 4, 0}, true, 1, 1},
         };
         for (const Mode & m : modes) {
             KvCache cache(backend, target->config(), kCtx);
@@ -152,10 +157,8 @@ TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
             std::printf("[eagle-trained] %s %-25s %2d rounds, %3d drafted, %2d accepted (%.2f tokens per round, deepest %d)\n",
                         kind.c_str(), m.name.c_str(), sp.rounds, sp.drafted, sp.accepted, sp.mean_accepted_length(), deepest_accepted);
             EXPECT_EQ(got, want) << kind << " " << m.name;
-            // Floors at about half of the least that was measured (docs/validation.md: 11 of 48
-            // tokens accepted, paths of 3): drafts are accepted, whole multi-token paths too.
-            EXPECT_GE(sp.accepted, 6) << kind << " " << m.name;
-            EXPECT_GE(deepest_accepted, 2) << kind << " " << m.name;
+            EXPECT_GE(sp.accepted, m.min_accepted) << kind << " " << m.name;
+            EXPECT_GE(deepest_accepted, m.min_path) << kind << " " << m.name;
         }
     }
 }
