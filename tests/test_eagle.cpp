@@ -10,6 +10,7 @@
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
+#include "policy/tree_size.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
@@ -72,6 +73,92 @@ TEST(Eagle, GreedyOutputEqualsPlainDecodingForEveryHeadAndShape) {
             const auto got = f.speculative(drafter, tree, 40, [&](const RoundInfo & r) { drafted += r.draft->tree.size(); });
             EXPECT_EQ(got, want) << kind << " d2t=" << n_draft << " " << tree_shape_name(tree.shape);
             EXPECT_GT(drafted, 40) << "the head drafted nothing";
+        }
+    }
+}
+
+std::string bundled(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
+
+// Python source of the kind the bundled family was trained on (not from its corpus).
+const char * kCodePrompt =
+    "class TestCase(unittest.TestCase):\n"
+    "    def test_fibonacci(self):\n";
+
+// The bundled heads were trained for the bundled target and accept often, so the accept path
+// (compaction of accepted tree paths, the head's catch-up over several newly verified positions)
+// runs in most rounds, unlike with random heads. Chains under every draft-length policy, a static
+// tree, a fixed-size dynamic tree and the Engine's default for heads (a dynamic tree sized every
+// round by TreeSizePolicy) must all reproduce plain greedy decoding; the acceptance floors keep
+// the test from passing on corrections alone (a head that stopped accepting would fail them).
+TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
+    constexpr int kGenerate = 48, kCtx = 256, kDraftMax = 6;
+    Backend backend{BackendOptions{"cpu", 1}};
+    auto target = Model::load(bundled("specula-target.gguf"), backend);
+    ModelRunner runner(*target);
+    const std::vector<int32_t> prompt = Tokenizer(bundled("specula-target.gguf")).tokenize(kCodePrompt);
+    GenerationOptions o;
+    o.n_predict = kGenerate;
+    o.stop_at_end_of_generation = false;
+    auto never_end = [](int32_t) { return false; };
+    std::vector<int32_t> want;
+    {
+        KvCache cache(backend, target->config(), kCtx);
+        generate_plain(runner, cache, prompt, o, never_end, [&](int32_t t) {
+            want.push_back(t);
+            return true;
+        });
+    }
+    // The cost policy and the tree size read a verify-cost curve: measured, as the Engine does, so
+    // that it scales with the drafts' measured times when the machine is loaded or sanitized.
+    std::vector<double> cost;
+    {
+        KvCache cache(backend, target->config(), kCtx);
+        std::vector<int32_t> tiled;
+        while (static_cast<int>(tiled.size()) <= kAutoTreeMaxNodes) tiled.insert(tiled.end(), prompt.begin(), prompt.end());
+        cost = measure_verify_cost(runner, cache, tiled, kAutoTreeMaxNodes + 1);
+    }
+
+    for (const std::string kind : {"eagle1", "eagle3"}) {
+        auto head = EagleHead::load(bundled("specula-" + kind + ".gguf"), *target, backend);
+        EagleDrafter drafter(*head, kCtx);
+        // Floors at about a third of the least that was measured (docs/validation.md): drafts are
+        // accepted, whole multi-token paths too. The cost policy and the policy-sized tree decide
+        // from measured times, so their floors only ask that drafts were accepted at all (the cost
+        // policy may find that drafting does not pay on a loaded machine and draft little).
+        struct Mode {
+            std::string name;
+            DraftPolicyKind policy;
+            TreeBudget tree;
+            bool sized;
+            int min_accepted, min_path;
+        };
+        const std::vector<Mode> modes = {
+            {"chain fixed", DraftPolicyKind::Fixed, {}, false, 6, 2},
+            {"chain heuristic", DraftPolicyKind::Heuristic, {}, false, 6, 2},
+            {"chain cost", DraftPolicyKind::Cost, {}, false, 1, 1},
+            {"static tree", DraftPolicyKind::Fixed, {TreeShape::Static, 5, 4, 16}, false, 6, 2},
+            {"dynamic tree", DraftPolicyKind::Fixed, {TreeShape::Dynamic, 6, 4, 24}, false, 6, 2},
+            {"policy-sized dynamic tree", DraftPolicyKind::Fixed, {TreeShape::Dynamic, 6, 4, 0}, true, 1, 1},
+        };
+        for (const Mode & m : modes) {
+            KvCache cache(backend, target->config(), kCtx);
+            auto policy = make_draft_policy(m.policy, kDraftMax, cost);
+            TreeSizePolicy tree_size(cost);
+            int deepest_accepted = 0;
+            SpecContext ctx{runner, cache, drafter, *policy, m.tree,
+                            [&](const RoundInfo & r) { deepest_accepted = std::max(deepest_accepted, int(r.result->accepted.size())); },
+                            nullptr, m.sized ? &tree_size : nullptr};
+            std::vector<int32_t> got;
+            const GenerationStats st = generate_speculative(ctx, prompt, o, never_end, [&](int32_t t) {
+                got.push_back(t);
+                return true;
+            });
+            const SpeculationStats & sp = st.speculation;
+            std::printf("[eagle-trained] %s %-25s %2d rounds, %3d drafted, %2d accepted (%.2f tokens per round, deepest %d)\n",
+                        kind.c_str(), m.name.c_str(), sp.rounds, sp.drafted, sp.accepted, sp.mean_accepted_length(), deepest_accepted);
+            EXPECT_EQ(got, want) << kind << " " << m.name;
+            EXPECT_GE(sp.accepted, m.min_accepted) << kind << " " << m.name;
+            EXPECT_GE(deepest_accepted, m.min_path) << kind << " " << m.name;
         }
     }
 }

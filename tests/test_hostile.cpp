@@ -356,6 +356,11 @@ TEST(HostileCli, VocabularyLibllamaRejects) {  // libllama's reason in the one l
     expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": libllama could not load the vocabulary (");
 }
 
+TEST(HostileCli, EmptyPromptWithoutBosAndADrafter) {  // spun forever in the cost policy's verify-cost probe before
+    expect_cli_error("generate -m " + test::model_path("qwen2_bias") + " --ngram --draft-policy cost -p '' -n 4",
+                     "the prompt is empty and the vocabulary adds no BOS token: nothing to generate from");
+}
+
 TEST(HostileCli, BenchTwinOfATargetWithZeroHeads) {  // divided the width by the head count before
     const std::string p = edited(target(), "heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count", 0); });
     expect_cli_error("make-twin --target " + p + " --shape twin-test -o " + test::scratch_dir() + "/hostile-twin.gguf",

@@ -112,14 +112,35 @@ std::string eagle_head_path(const std::string & kind, const std::string & target
     return path;
 }
 
+namespace {
+RandomModelSpec tiny_vocab_spec(int n_vocab, uint64_t seed) {
+    RandomModelSpec s;
+    s.n_vocab = n_vocab;
+    s.n_embd = 32, s.n_layer = 1, s.n_head = 2, s.n_head_kv = 2, s.n_ff = 64, s.seed = seed;
+    return s;
+}
+}  // namespace
+
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed) {
     const std::string path = scratch_dir() + "/" + name + ".gguf";
     if (!std::filesystem::exists(path)) {
-        RandomModelSpec s;
-        s.n_vocab = n_vocab;
-        s.n_embd = 32, s.n_layer = 1, s.n_head = 2, s.n_head_kv = 2, s.n_ff = 64, s.seed = seed;
         const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-        write_random_model(s, tmp);
+        write_random_model(tiny_vocab_spec(n_vocab, seed), tmp);
+        std::filesystem::rename(tmp, path);
+    }
+    return path;
+}
+
+std::string tiny_vocab_eagle_head(const std::string & kind, int n_vocab, uint64_t seed) {
+    const std::string path = scratch_dir() + "/tiny_" + kind + "_h2_v" + std::to_string(n_vocab) + "_s" + std::to_string(seed) + ".gguf";
+    if (!std::filesystem::exists(path)) {
+        RandomEagleSpec e;
+        e.kind = kind;
+        e.target = tiny_vocab_spec(n_vocab, seed);
+        e.n_head = 2, e.n_head_kv = 1, e.n_ff = 64;  // head size 16, as specula's attention op needs
+        e.seed = seed;
+        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+        write_random_eagle_head(e, tmp);
         std::filesystem::rename(tmp, path);
     }
     return path;

@@ -28,6 +28,8 @@ std::string eagle_head_path(const std::string & kind, const std::string & target
                             std::vector<int> target_layers = {});
 // A model with n_vocab tokens and no tokenizer (runtime only): distribution tests.
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed);
+// A random EAGLE head ("eagle1" | "eagle3") for tiny_vocab_model(*, n_vocab, *): distribution tests.
+std::string tiny_vocab_eagle_head(const std::string & kind, int n_vocab, uint64_t seed);
 std::string vocab_dir();
 // The message of the specula::Error that `f` throws, or "<no error>".
 std::string error_message(const std::function<void()> & f);

@@ -10,11 +10,13 @@
 
 #include "common/error.h"
 #include "draft/draft_model.h"
+#include "draft/eagle.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
+#include "runtime/eagle_head.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "test_models.h"
@@ -249,49 +251,71 @@ double chi2_critical(int dof) {
 }
 
 struct Tiny {
+    const int V;
     Backend backend{BackendOptions{"cpu", 1}};
-    std::unique_ptr<Model> target = Model::load(test::tiny_vocab_model("tiny_target", kTinyVocab, 101), backend);
-    std::unique_ptr<Model> draft = Model::load(test::tiny_vocab_model("tiny_draft", kTinyVocab, 202), backend);
-    ModelRunner runner{*target};
+    std::unique_ptr<Model> target, draft;
+    ModelRunner runner;
+    explicit Tiny(int n_vocab = kTinyVocab)
+        : V(n_vocab),
+          target(Model::load(test::tiny_vocab_model("tiny_target_v" + std::to_string(V), V, 101), backend)),
+          draft(Model::load(test::tiny_vocab_model("tiny_draft_v" + std::to_string(V), V, 202), backend)),
+          runner(*target) {}
 
-    // Exact joint distribution of the first two generated tokens under the processed target.
-    std::vector<double> exact_joint(std::span<const int32_t> prefix, const SamplingParams & sp) {
-        std::vector<double> joint(kTinyVocab * kTinyVocab);
-        std::vector<float> p1, p2;
+    // Exact joint distribution of the first n generated tokens under the processed target,
+    // indexed t1 * V^(n-1) + ... + tn.
+    std::vector<double> exact_joint(std::span<const int32_t> prefix, const SamplingParams & sp, int n = 2) {
+        std::vector<double> joint(static_cast<size_t>(std::pow(V, n)), 0.0);
         KvCache cache(backend, target->config(), 64);
         ForwardOutput out = runner.forward(ForwardBatch::causal(prefix, 0, {int32_t(prefix.size() - 1)}), cache);
-        processed_probs(out.logits_row(0), sp, p1);
-        const int base = cache.size();
-        for (int t1 = 0; t1 < kTinyVocab; ++t1) {
-            const int32_t one[1] = {t1};
-            ForwardOutput o2 = runner.forward(ForwardBatch::causal(one, base, {0}), cache);
-            cache.rollback(base);
-            processed_probs(o2.logits_row(0), sp, p2);
-            for (int t2 = 0; t2 < kTinyVocab; ++t2) joint[t1 * kTinyVocab + t2] = double(p1[t1]) * p2[t2];
-        }
+        std::vector<float> first;
+        processed_probs(out.logits_row(0), sp, first);
+        std::function<void(const std::vector<float> &, double, size_t, int)> extend = [&](const std::vector<float> & p, double mass,
+                                                                                           size_t index, int depth) {
+            for (int32_t t = 0; t < V; ++t) {
+                const double m = mass * p[t];
+                const size_t i = index * V + t;
+                if (depth == n) {
+                    joint[i] = m;
+                    continue;
+                }
+                if (m == 0.0) continue;
+                const int base = cache.size();
+                const int32_t one[1] = {t};
+                ForwardOutput o = runner.forward(ForwardBatch::causal(one, base, {0}), cache);
+                std::vector<float> next;
+                processed_probs(o.logits_row(0), sp, next);
+                extend(next, m, i, depth + 1);
+                cache.rollback(base);
+            }
+        };
+        extend(first, 1.0, 0, 1);
         return joint;
     }
 
-    // Chi-square statistic and degrees of freedom of `runs` speculative generations against `joint`.
+    // Chi-square statistic and degrees of freedom of `runs` speculative generations of as many
+    // tokens as `joint` describes, against `joint`.
     std::pair<double, int> chi2(Drafter & drafter, std::span<const int32_t> prefix, const SamplingParams & base_sp,
-                                const std::vector<double> & joint, int runs, VerifyFn verify, TreeBudget tree = {}) {
+                                const std::vector<double> & joint, int runs, VerifyFn verify, TreeBudget tree = {},
+                                std::function<void(const RoundInfo &)> on_round = nullptr) {
+        int n_tokens = 0;
+        for (size_t cells = 1; cells < joint.size(); cells *= V) ++n_tokens;
         std::vector<int> counts(joint.size(), 0);
         auto pol = make_draft_policy(DraftPolicyKind::Fixed, 3, {});
         KvCache cache(backend, target->config(), 64);
         for (int r = 0; r < runs; ++r) {
             cache.rollback(0);
-            SpecContext ctx{runner, cache, drafter, *pol, tree, nullptr, verify};
+            SpecContext ctx{runner, cache, drafter, *pol, tree, on_round, verify};
             GenerationOptions o;
-            o.n_predict = 2;
+            o.n_predict = n_tokens;
             o.sampling = base_sp;
             o.sampling.seed = 1000 + r;
             o.stop_at_end_of_generation = false;
-            std::vector<int32_t> got;
+            size_t cell = 0;
             generate_speculative(ctx, prefix, o, [](int32_t) { return false; }, [&](int32_t t) {
-                got.push_back(t);
+                cell = cell * V + t;
                 return true;
             });
-            counts[got[0] * kTinyVocab + got[1]]++;
+            counts[cell]++;
         }
         // Cells expected below 5 are pooled into one.
         double stat = 0.0, pooled_e = 0.0, pooled_o = 0.0;
@@ -388,6 +412,109 @@ TEST(Speculative, SampledTreesFollowTheTargetDistributionAndABrokenTreeVerifierF
     auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken, TreeBudget{TreeShape::Dynamic, 2, 3, 9});
     std::printf("[distribution] tree verifier without residual: chi2 = %.1f (critical %.1f)\n", stat, chi2_critical(dof));
     EXPECT_GT(stat, chi2_critical(dof));
+}
+
+// A chain verifier that is right at depth 1 and wrong after: a rejection at depth >= 2 draws the
+// correction from p instead of the residual norm(max(p - q, 0)). Only chains verified deeper than
+// one token can show it.
+VerifyResult residual_at_depth_one_only(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & sp, Rng & rng) {
+    VerifyResult r;
+    std::vector<float> p;
+    int cur = TokenTree::kRoot;
+    for (int depth = 1;; ++depth) {
+        processed_probs(logits.row_of(cur), sp, p);
+        const int c = tree.first_child_of(cur);
+        if (c < 0) {
+            r.next_token = sample_from(p, rng);
+            r.bonus = true;
+            return r;
+        }
+        const std::span<const float> q = tree.q_of(cur);
+        const int32_t x = tree.token[c];
+        if (rng.uniform() < std::min(1.0f, p[x] / q[x])) {
+            r.accepted.push_back(cur = c);
+            continue;
+        }
+        if (depth == 1) {
+            for (size_t i = 0; i < p.size(); ++i) p[i] = std::max(0.0f, p[i] - q[i]);
+        }
+        r.next_token = sample_from(p, rng);
+        return r;
+    }
+}
+
+// Chains drafted three deep at T > 0: the joint law of the first four tokens (the first round
+// drafts 3, so acceptance, correction and bonus are exercised at every depth of a chain), on a
+// 4-token vocabulary so that 6000 runs fill enough of the 256 cells. A verifier wrong only beyond
+// depth 1 must fail, as must one that accepts everything.
+TEST(Speculative, SampledChainsThreeDeepFollowTheTargetDistributionAndBrokenVerifiersFail) {
+    Tiny t(4);
+    const std::vector<int32_t> prefix = {1, 2, 3, 1, 2};
+    DraftModelDrafter model_drafter(*t.draft, 64);
+    SamplingParams sp;
+    sp.temperature = 2.0f;  // flatter p and q: more of the 256 cells are populated and more chains reach depth 3
+    const auto joint = t.exact_joint(prefix, sp, 4);
+    const int runs = 6000;
+    int three_deep = 0, accepted_three = 0;
+    auto on_round = [&](const RoundInfo & r) {
+        if (r.round != 0) return;
+        three_deep += r.draft->tree.max_depth() == 3;
+        accepted_three += r.result->accepted.size() == 3;
+    };
+    auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, nullptr, {}, on_round);
+    std::printf("[distribution] chain k=3, 4 tokens: chi2 = %.1f, dof = %d, critical = %.1f; 3 accepted in %d of %d first rounds\n",
+                stat, dof, chi2_critical(dof), accepted_three, runs);
+    EXPECT_LT(stat, chi2_critical(dof));
+    EXPECT_EQ(three_deep, runs) << "the first round must draft 3 tokens";
+    EXPECT_GT(accepted_three, runs / 40) << "whole 3-token chains must be accepted sometimes";
+    for (auto [name, broken] : {std::pair<const char *, VerifyFn>{"residual at depth 1 only",
+                                                                  [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+                                                                      return residual_at_depth_one_only(tree, l, sp, rng);
+                                                                  }},
+                                std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+                                                                      return accept_everything(tree, l, sp, rng);
+                                                                  }}}) {
+        auto [bstat, bdof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken);
+        std::printf("[distribution] broken chain verifier (%s), k=3: chi2 = %.1f (critical %.1f)\n", name, bstat, chi2_critical(bdof));
+        EXPECT_GT(bstat, chi2_critical(bdof)) << name;
+    }
+}
+
+// EAGLE-1 and EAGLE-3 heads at T > 0, chains and trees: their drafts carry the head's processed
+// distribution q, sampled without replacement, and the output must follow the target's law.
+// Broken chain and tree verifiers fed the same drafts must fail.
+TEST(Speculative, SampledEagleChainsAndTreesFollowTheTargetDistributionAndBrokenVerifiersFail) {
+    Tiny t;
+    const std::vector<int32_t> prefix = {4, 2, 3, 1, 2};
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    const auto joint = t.exact_joint(prefix, sp);
+    const int runs = 4000;
+    const TreeBudget tree{TreeShape::Dynamic, 2, 3, 9};
+    auto broken_chain = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return accept_everything(tr, l, sp, rng); };
+    auto broken_tree = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return no_residual(tr, l, sp, rng); };
+    for (const std::string kind : {"eagle1", "eagle3"}) {
+        auto head = EagleHead::load(test::tiny_vocab_eagle_head(kind, kTinyVocab, 303), *t.target, t.backend);
+        EagleDrafter drafter(*head, 64);
+        int accepted = 0;
+        auto count = [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); };
+        for (TreeBudget shape : {TreeBudget{}, tree}) {
+            auto [stat, dof] = t.chi2(drafter, prefix, sp, joint, runs, nullptr, shape, count);
+            std::printf("[distribution] %s %s: chi2 = %.1f, dof = %d, critical = %.1f\n", kind.c_str(), tree_shape_name(shape.shape), stat,
+                        dof, chi2_critical(dof));
+            EXPECT_LT(stat, chi2_critical(dof)) << kind << " " << tree_shape_name(shape.shape);
+        }
+        // Measured: 3178 (eagle1) and 4242 (eagle3) drafts accepted over the 2 x 4000 runs.
+        EXPECT_GT(accepted, runs / 2) << kind << ": the accept path must be exercised";
+        auto [cstat, cdof] = t.chi2(drafter, prefix, sp, joint, runs, broken_chain);
+        std::printf("[distribution] %s chain, verifier accepting everything: chi2 = %.1f (critical %.1f)\n", kind.c_str(), cstat,
+                    chi2_critical(cdof));
+        EXPECT_GT(cstat, chi2_critical(cdof)) << kind;
+        auto [tstat, tdof] = t.chi2(drafter, prefix, sp, joint, runs, broken_tree, tree);
+        std::printf("[distribution] %s tree, verifier without residual: chi2 = %.1f (critical %.1f)\n", kind.c_str(), tstat,
+                    chi2_critical(tdof));
+        EXPECT_GT(tstat, chi2_critical(tdof)) << kind;
+    }
 }
 
 TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {

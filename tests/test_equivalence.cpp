@@ -1,0 +1,179 @@
+// Greedy speculative decoding equals plain greedy decoding where users run it: through
+// Engine::generate (the CLI's path) for every drafter kind, and across the matrix of matmul and
+// attention kernels, quantized and qwen targets.
+#include <gtest/gtest.h>
+
+#include "draft/draft_model.h"
+#include "draft/eagle.h"
+#include "draft/ngram.h"
+#include "engine/generate.h"
+#include "engine/speculative.h"
+#include "kv/kv_cache.h"
+#include "runtime/backend.h"
+#include "runtime/eagle_head.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "specula/specula.h"
+#include "test_models.h"
+
+namespace specula {
+namespace {
+
+std::string bundled(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
+
+const std::vector<std::string> kTextPrompts = {
+    "import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Run the command line interface.\"\"\"\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+};
+
+struct EngineRun {
+    std::vector<std::string> pieces;
+    GenerationStats stats;
+};
+
+EngineRun run_engine(Engine & engine, const std::string & prompt, int n) {
+    GenerationOptions g;
+    g.n_predict = n;
+    g.stop_at_end_of_generation = false;
+    EngineRun r;
+    r.stats = engine.generate(prompt, g, [&](const std::string & piece) {
+        r.pieces.push_back(piece);
+        return true;
+    });
+    return r;
+}
+
+// Engine::open assembles the drafter, its policy and tree defaults from EngineOptions as the CLI
+// does; Engine::generate runs the verify-cost probe on the live cache (a tiled prompt prefilled,
+// timed, rolled back) before the first generation when the cost policy or a policy-sized tree
+// needs it, and reuses drafter and curve for the next prompt. Each drafter kind, with its defaults
+// and with the other policies, must give plain decoding's text, and accept drafts.
+TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
+    constexpr int kGenerate = 40;
+    EngineOptions base;
+    base.model_path = bundled("specula-target.gguf");
+    base.n_threads = 1;
+    base.n_ctx = 256;
+    std::vector<std::vector<std::string>> want;
+    {
+        auto plain = Engine::open(base);
+        for (const std::string & prompt : kTextPrompts) want.push_back(run_engine(*plain, prompt, kGenerate).pieces);
+    }
+    struct Case {
+        std::string name;
+        EngineOptions options;
+    };
+    std::vector<Case> cases;
+    auto add = [&](const std::string & name, const std::function<void(EngineOptions &)> & set) {
+        EngineOptions o = base;
+        set(o);
+        cases.push_back({name, o});
+    };
+    const std::string draft = bundled("specula-draft.gguf"), eagle1 = bundled("specula-eagle1.gguf"), eagle3 = bundled("specula-eagle3.gguf");
+    add("draft model (defaults: chain, cost policy)", [&](EngineOptions & o) { o.draft_model_path = draft; });
+    add("draft model, heuristic policy", [&](EngineOptions & o) { o.draft_model_path = draft, o.draft_policy = "heuristic"; });
+    add("n-gram (defaults: cost policy)", [&](EngineOptions & o) { o.ngram = true; });
+    add("EAGLE-1 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.eagle_path = eagle1; });
+    add("EAGLE-1, chain, cost policy", [&](EngineOptions & o) { o.eagle_path = eagle1, o.tree = "chain"; });
+    add("EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.eagle3_path = eagle3; });
+    add("EAGLE-3, chain, heuristic policy", [&](EngineOptions & o) { o.eagle3_path = eagle3, o.tree = "chain", o.draft_policy = "heuristic"; });
+    for (const Case & c : cases) {
+        auto engine = Engine::open(c.options);
+        int accepted = 0;
+        for (size_t i = 0; i < kTextPrompts.size(); ++i) {
+            const EngineRun r = run_engine(*engine, kTextPrompts[i], kGenerate);
+            EXPECT_EQ(r.pieces, want[i]) << c.name << ", prompt " << i;
+            EXPECT_TRUE(r.stats.speculative) << c.name;
+            accepted += r.stats.speculation.accepted;
+        }
+        std::printf("[engine] %-48s accepted %d drafts over %zu x %d tokens\n", c.name.c_str(), accepted, kTextPrompts.size(), kGenerate);
+        EXPECT_GT(accepted, 0) << c.name << ": the accept path was not exercised";
+    }
+}
+
+// ---- The kernel x target matrix ----------------------------------------------------------------
+
+struct MatrixCase {
+    std::string target;   // a fixture model (test_models.h)
+    std::string kernels;  // specula | ggml
+    std::string attention;
+};
+
+std::string case_name(const MatrixCase & c) { return c.target + "_" + c.kernels + "_" + c.attention; }
+void PrintTo(const MatrixCase & c, std::ostream * os) { *os << case_name(c); }  // readable ctest names
+
+const std::vector<int32_t> kIdPrompt = {1, 822, 5713, 29898, 29876, 1125, 13, 1678, 565, 302, 529, 29871, 29906};
+
+class KernelMatrix : public ::testing::TestWithParam<MatrixCase> {};
+
+// One target under one choice of matmul kernels (specula's packed ones or ggml's) and attention
+// kernel (specula's op, ggml's fused flash attention, ggml's matmul form over a transposed V
+// cache): a draft model's chain and dynamic tree, an EAGLE-3 head's dynamic tree and an n-gram
+// chain must each reproduce plain greedy decoding token for token.
+TEST_P(KernelMatrix, GreedySpeculativeEqualsPlainDecoding) {
+    const MatrixCase & c = GetParam();
+    constexpr int kGenerate = 32, kCtx = 128;
+    Backend backend(BackendOptions{"cpu", 1, c.attention, c.kernels});
+    ASSERT_EQ(backend.own_kernels(), c.kernels == "specula");
+    ASSERT_EQ(attention_kernel_name(backend.attention_kernel()), c.attention);
+    auto target = Model::load(test::model_path(c.target), backend);
+    ModelRunner runner(*target);
+    const std::vector<int32_t> & prompt = kIdPrompt;  // ids inside the llama and qwen vocabularies
+    GenerationOptions o;
+    o.n_predict = kGenerate;
+    o.stop_at_end_of_generation = false;
+    auto never_end = [](int32_t) { return false; };
+    std::vector<int32_t> want;
+    {
+        KvCache cache(backend, target->config(), kCtx);
+        generate_plain(runner, cache, prompt, o, never_end, [&](int32_t t) {
+            want.push_back(t);
+            return true;
+        });
+    }
+    auto twin = Model::load(test::quantized_twin(c.target, "q8_0"), backend);
+    auto head = EagleHead::load(test::eagle_head_path("eagle3", c.target), *target, backend);
+    DraftModelDrafter twin_draft(*twin, kCtx);
+    EagleDrafter eagle(*head, kCtx);
+    NgramDrafter ngram(1, 3);
+    const TreeBudget tree{TreeShape::Dynamic, 4, 3, 12};
+    int accepted = 0;
+    for (auto [drafter, shape] : {std::pair<Drafter *, TreeBudget>{&twin_draft, {}}, std::pair<Drafter *, TreeBudget>{&twin_draft, tree},
+                                  std::pair<Drafter *, TreeBudget>{&eagle, tree}, std::pair<Drafter *, TreeBudget>{&ngram, {}}}) {
+        KvCache cache(backend, target->config(), kCtx);
+        auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
+        SpecContext ctx{runner, cache, *drafter, *policy, shape, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); }, nullptr};
+        std::vector<int32_t> got;
+        generate_speculative(ctx, prompt, o, never_end, [&](int32_t t) {
+            got.push_back(t);
+            return true;
+        });
+        EXPECT_EQ(got, want) << drafter->name() << " " << tree_shape_name(shape.shape);
+    }
+    EXPECT_GT(accepted, kGenerate) << "the twin's drafts must be accepted";
+}
+
+// Every kernel choice on an F32 and a Q8_0 llama target; the CPU default and ggml's kernels on a
+// Q4_0 target and on the qwen families (their 151k-token vocabulary makes each case cost seconds).
+std::vector<MatrixCase> matrix_cases() {
+    std::vector<MatrixCase> cases;
+    for (const char * target : {"llama_gqa_f32", "llama_q8_0"}) {
+        for (auto [kernels, attention] : {std::pair{"specula", "specula"}, std::pair{"specula", "flash"}, std::pair{"specula", "matmul"},
+                                          std::pair{"ggml", "flash"}, std::pair{"ggml", "matmul"}}) {
+            cases.push_back({target, kernels, attention});
+        }
+    }
+    cases.push_back({"llama_q4_0", "specula", "specula"});
+    cases.push_back({"llama_q4_0", "ggml", "flash"});
+    cases.push_back({"llama_q4_0", "ggml", "matmul"});
+    cases.push_back({"qwen2_bias", "specula", "specula"});
+    cases.push_back({"qwen2_bias", "ggml", "flash"});
+    cases.push_back({"qwen3_qknorm", "specula", "specula"});
+    cases.push_back({"qwen3_qknorm", "ggml", "matmul"});
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, KernelMatrix, ::testing::ValuesIn(matrix_cases()), [](const auto & info) { return case_name(info.param); });
+
+}  // namespace
+}  // namespace specula
