@@ -1,5 +1,6 @@
 #include "engine/sequence.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -74,7 +75,7 @@ bool Sequence::done() const {
     return stopped_ || emitted_ >= options_.n_predict || p_.cache.size() >= p_.cache.capacity();
 }
 
-const ForwardBatch & Sequence::next_block() {
+const ForwardBatch & Sequence::next_block(const StepShare & step) {
     if (done()) throw Error("next_block: the sequence is done");
     if (t_start_ == clock_type::time_point{}) t_start_ = clock_type::now();
     in_prefill_block_ = prefilling();
@@ -83,6 +84,7 @@ const ForwardBatch & Sequence::next_block() {
         const int n = std::min(chunk_, run_.n_prompt - 1 - prefilled_);
         block_ = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), p_.cache.size(), {});
         block_.tap_layers = feature_layers_;
+        last_rows_ = block_.n_tokens();
         return block_;
     }
     if (t_gen_ == clock_type::time_point{}) t_gen_ = clock_type::now();
@@ -92,7 +94,7 @@ const ForwardBatch & Sequence::next_block() {
     TreeBudget budget = p_.tree;
     asked_ = budget.max_nodes;
     if (budget.shape == TreeShape::Chain) {
-        asked_ = p_.policy ? p_.policy->next_length() : 0;
+        asked_ = p_.policy ? p_.policy->next_length_in(step) : 0;
         const int k = std::max(0, std::min({asked_, room, options_.n_predict - emitted_ - 1}));
         budget.depth = budget.max_nodes = k;
         budget.branching = 1;
@@ -115,7 +117,7 @@ const ForwardBatch & Sequence::next_block() {
         p_.tree_size->observe_draft(ms_since(td), draft_.tree.max_depth());
         std::vector<double> path_probs;
         for (int node : prune_order(draft_.tree)) path_probs.push_back(std::exp(double(draft_.tree.logp[node])));
-        const int n = p_.tree_size->choose(path_probs, ms_since(td));
+        const int n = p_.tree_size->choose(path_probs, ms_since(td), step);
         if (n < draft_.tree.size()) draft_.tree = prune_tree(draft_.tree, n);
         for (int i = 0; i < n; ++i) promised_ += path_probs[i];
     }
@@ -123,10 +125,13 @@ const ForwardBatch & Sequence::next_block() {
 
     block_ = tree_batch(history_.back(), draft_.tree, base_);
     block_.tap_layers = feature_layers_;
+    last_rows_ = block_.n_tokens();
     return block_;
 }
 
-void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink) {
+void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows) {
+    if (step_rows < 0) step_rows = block_.n_tokens();
+    last_tokens_ = 0;
     if (in_prefill_block_) {
         const int n = block_.n_tokens();
         std::vector<int> rows(n);
@@ -155,18 +160,19 @@ void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::f
     for (int32_t t : tokens) {
         history_.push_back(t);
         ++emitted_;
+        ++last_tokens_;
         if (!sink(t) || (options_.stop_at_end_of_generation && is_end_(t)) || emitted_ >= options_.n_predict) {
             stopped_ = true;
             break;
         }
     }
     if (p_.tree_size && !draft_.tree.empty()) {
-        p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), verify_ms);
+        p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), verify_ms, step_rows);
     }
     run_.speculation.add_round(draft_.tree.size(), draft_.tree.max_depth(), static_cast<int>(result.accepted.size()));
     if (p_.policy) {
         p_.policy->observe({draft_.tree.size(), static_cast<int>(result.accepted.size()), draft_.mean_entropy,
-                            draft_ms_ / 1000.0, verify_ms / 1000.0, draft_.tree.size() + 1});
+                            draft_ms_ / 1000.0, verify_ms / 1000.0, step_rows});
     }
     if (p_.on_round) {
         p_.on_round(RoundInfo{run_.speculation.rounds - 1, base_, asked_, draft_ms_, verify_ms, &draft_, &result, history_});
@@ -176,19 +182,22 @@ void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::f
 }
 
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
-                      const std::function<bool(size_t, int32_t)> & sink) {
+                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous) {
     std::vector<ForwardOutput> outs(sequences.size());
     std::vector<BatchPart> parts;
     StepResult step;
     for (size_t i = 0; i < sequences.size(); ++i) {
-        parts.push_back(BatchPart{&sequences[i]->next_block(), &sequences[i]->cache(), &outs[i]});
+        Sequence & s = *sequences[i];
+        const StepShare share{std::max(0, previous.rows - s.last_rows()), std::max(0.0, double(previous.tokens - s.last_tokens()))};
+        parts.push_back(BatchPart{&s.next_block(share), &s.cache(), &outs[i]});
         step.rows += parts.back().batch->n_tokens();
     }
     const auto t0 = clock_type::now();
     target.forward_parts(parts);
     step.forward_ms = ms_since(t0);
     for (size_t i = 0; i < sequences.size(); ++i) {
-        sequences[i]->commit(outs[i], step.forward_ms, [&](int32_t t) { return sink(i, t); });
+        sequences[i]->commit(outs[i], step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows);
+        step.tokens += sequences[i]->last_tokens();
     }
     return step;
 }

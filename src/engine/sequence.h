@@ -59,10 +59,15 @@ public:
     bool prefilling() const { return prefilled_ < run_.n_prompt - 1; }
     // This step's block for the target: a prompt chunk, or the root and the draft. Call once per
     // step, then run the block through the target (writing into parts.cache) and call commit().
-    const ForwardBatch & next_block();
-    // After the target's forward of next_block(): forward_ms is how long that forward took.
-    // Calls sink with each emitted token; false stops the sequence.
-    void commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink);
+    // `step`: what the rest of the step is expected to carry (policies weigh the whole step).
+    const ForwardBatch & next_block(const StepShare & step = {});
+    // After the target's forward of next_block(): forward_ms is how long that forward took,
+    // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
+    // stops the sequence.
+    void commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1);
+    // Rows of the last block and tokens its commit emitted.
+    int last_rows() const { return last_rows_; }
+    int last_tokens() const { return last_tokens_; }
     void stop() { stopped_ = true; }
 
     const GenerationStats & stats() const { return run_; }
@@ -90,17 +95,20 @@ private:
     int asked_ = 0, base_ = 0;
     double draft_ms_ = 0.0, promised_ = 0.0;
     bool in_prefill_block_ = false;
+    int last_rows_ = 0, last_tokens_ = 0;
     std::chrono::steady_clock::time_point t_start_{}, t_gen_{};
 };
 
 // One step of several sequences (none done, each on its own stream of one KV pool): each one's
 // next block, one target forward over all of them, then each commits; sink(i, token) receives
-// sequence i's tokens (false stops it).
+// sequence i's tokens (false stops it). `previous`: the last step, from which each sequence's
+// policies estimate what the others will carry in this one.
 struct StepResult {
     double forward_ms = 0.0;
-    int rows = 0;  // rows of the target forward
+    int rows = 0;    // rows of the target forward
+    int tokens = 0;  // tokens the step emitted, all sequences
 };
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
-                      const std::function<bool(size_t, int32_t)> & sink);
+                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous = {});
 
 }  // namespace specula

@@ -80,12 +80,13 @@ bool Target::needs_verify_cost() const {
     return speculative && (policy == DraftPolicyKind::Cost || auto_tree);
 }
 
-void Target::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens) {
+void Target::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows) {
     if (!needs_verify_cost() || !verify_cost_ms.empty()) return;
     if (tokens.empty()) throw Error("measure_verify_cost_once: no tokens");
     // At a typical depth (attention grows with it), on the given token ids.
     const bool auto_tree = tree.shape != TreeShape::Chain && tree.max_nodes == 0;
-    const int max_tokens = std::min(std::max(options.draft_max + 1, auto_tree ? kAutoTreeMaxNodes + 1 : 0), cache.capacity());
+    const int max_tokens =
+        std::min(std::max({options.draft_max + 1, auto_tree ? kAutoTreeMaxNodes + 1 : 0, at_least_rows}), cache.capacity());
     const int depth = std::min(128, cache.capacity() - max_tokens);
     std::vector<int32_t> probe;
     while (static_cast<int>(probe.size()) < depth + max_tokens) probe.insert(probe.end(), tokens.begin(), tokens.end());
@@ -100,7 +101,10 @@ std::unique_ptr<DraftLengthPolicy> Target::make_draft_policy() const {
 
 std::unique_ptr<TreeSizePolicy> Target::make_tree_size_policy() const {
     if (tree.shape == TreeShape::Chain || tree.max_nodes != 0) return nullptr;
-    return std::make_unique<TreeSizePolicy>(verify_cost_ms);
+    // The policy verifies at most one less node than its curve has sizes: the sizes one sequence
+    // verifies (the rest of the curve, measured for shared steps, it extrapolates).
+    const size_t sizes = std::min(verify_cost_ms.size(), static_cast<size_t>(std::max(options.draft_max + 1, kAutoTreeMaxNodes + 1)));
+    return std::make_unique<TreeSizePolicy>(std::vector<double>(verify_cost_ms.begin(), verify_cost_ms.begin() + sizes));
 }
 
 }  // namespace specula

@@ -40,8 +40,10 @@ struct Target {
     std::vector<double> verify_cost_ms;  // measured once: cost policy, default tree size
 
     bool needs_verify_cost() const;
-    // Measures verify_cost_ms once, on `tokens` tiled, in the empty `cache` (left empty).
-    void measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens);
+    // Measures verify_cost_ms once, on `tokens` tiled, in the empty `cache` (left empty), for
+    // forwards of 1 up to the largest a sequence verifies, or `at_least_rows` (a server's steps
+    // carry several sequences' rows).
+    void measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows = 0);
     // Per sequence: a drafter with its own caches of n_ctx slots (nullptr without speculation)
     // and its policies (the tree-size policy is nullptr unless the tree size is chosen per round).
     std::unique_ptr<Drafter> make_drafter(int n_ctx) const;

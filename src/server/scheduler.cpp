@@ -87,7 +87,9 @@ Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target
     }
     std::vector<int32_t> probe = target.tokenizer->tokenize("The quick brown fox jumps over the lazy dog.");
     if (probe.empty()) probe.push_back(0);
-    target.measure_verify_cost_once(*slots_[0]->cache, probe);
+    // Up to the rows of a step where every slot drafts its longest chain (capped: the probe runs
+    // each size three times); larger steps extrapolate the curve.
+    target.measure_verify_cost_once(*slots_[0]->cache, probe, std::min(64, options.parallel * (target.options.draft_max + 1)));
 
     metrics_.slots = options.parallel;
     metrics_.rows_bounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
@@ -216,6 +218,7 @@ void Scheduler::run() {
     std::unique_lock lock(mutex_);
     std::vector<Slot *> active;
     std::vector<Sequence *> sequences;
+    StepResult last_step;
     for (;;) {
         cv_.wait(lock, [&] {
             if (stopping_ || !queue_.empty()) return true;
@@ -249,7 +252,8 @@ void Scheduler::run() {
                     s.job->push(tok.piece(t));
                 }
                 return !s.job->cancelled();
-            });
+            }, last_step);
+            last_step = step;
         } catch (const std::exception & e) {
             failure = e.what();
         }
