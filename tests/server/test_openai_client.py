@@ -149,6 +149,15 @@ def test_malformed_json_gets_400(server):
     assert json.loads(e.value.read())["error"]["type"] == "invalid_request_error"
 
 
+def test_the_npm_openai_client(server):
+    # Catches: a format the npm client (a different parser from the Python one) cannot read:
+    # chat and completions, streaming and not, its stream helper, a 400's error fields.
+    env = dict(os.environ, NODE_PATH=os.path.join(ROOT, ".venv-server", "node", "node_modules"))
+    done = subprocess.run(["node", os.path.join(ROOT, "tests", "server", "openai_client.cjs"), server],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
 def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
     # Catches: a slot kept generating for a client that went away (it would stay busy for the
     # whole 500 tokens), or a disconnect disturbing the other sequences.
