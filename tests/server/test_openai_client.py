@@ -158,6 +158,37 @@ def test_the_npm_openai_client(server):
     assert done.returncode == 0, done.stderr + done.stdout
 
 
+SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expanduser("~/.cache/specula/models"),
+                       "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
+def test_real_chat_template_smollm2():
+    # Catches: the model's chat template not applied (or mangled) to chat requests: an instruct
+    # model answers a plain question only when it sees its own template.
+    proc = subprocess.Popen([CLI, "serve", "-m", SMOLLM2, "--ngram", "--parallel", "2", "--port", "0", "-c", "512", "-t", "1"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            port = int(m.group(1)) if m else port
+            if "ready" in line:
+                break
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        r = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1",
+                                      messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                      max_tokens=24, temperature=0)
+        assert "Paris" in r.choices[0].message.content
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24, temperature=0, stream=True) if ch.choices)
+        assert streamed == r.choices[0].message.content
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
     # Catches: a slot kept generating for a client that went away (it would stay busy for the
     # whole 500 tokens), or a disconnect disturbing the other sequences.
