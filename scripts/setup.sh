@@ -2,7 +2,7 @@
 # Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
 set -euo pipefail
 packages=(g++ cmake make git ca-certificates npm ccache libgtest-dev libbenchmark-dev
-          libcpp-httplib-dev nlohmann-json3-dev libcli11-dev python3-pip unzip
+          libcpp-httplib-dev pkg-config nlohmann-json3-dev libcli11-dev python3-pip unzip
           clang-14 libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh
 missing=()
 for p in "${packages[@]}"; do

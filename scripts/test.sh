@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/build.sh
 # The real pretrained models (SmolLM2-135M-Instruct, Gemma 3 270M) for the tests that run them.
 scripts/fetch_models.sh
+# The openai Python client and pytest, pinned, for the server's end-to-end tests.
+scripts/setup_server_tests.sh
 ctest --test-dir build --output-on-failure --timeout 900
 
 # Sanitized run: specula's own code instrumented, ggml/llama.cpp built normally beside it.

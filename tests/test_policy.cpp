@@ -19,8 +19,34 @@ TEST(VerifyCost, ScalesTheCurveByWhatRoundsReallyCost) {
     for (int r = 0; r < 100; ++r) v.observe(1 + r % 3, 2.0 * (2.0 + r % 3));
     EXPECT_NEAR(v.ms(1), 4.0, 1e-3);
     EXPECT_NEAR(v.ms(3), 8.0, 1e-3);
-    v.observe(4, 1000.0);  // beyond the curve: ignored
-    EXPECT_NEAR(v.ms(3), 8.0, 1e-3);
+    // Beyond the measured sizes (steps shared by several sequences) the curve goes on with the
+    // slope of its upper half (1 ms per token here), scaled the same way.
+    EXPECT_NEAR(v.ms(5), 2.0 * 6.0, 1e-3);
+    v.observe(5, 12.0);
+    EXPECT_NEAR(v.ms(3), 8.0, 1e-2);
+}
+
+// Catches: a policy that drafts as if alone inside a big shared step, where every draft token
+// makes all the other sequences wait (the "drafting should shrink with the batch").
+TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {
+    // A curve with a fixed base and 1 ms per row: drafting pays alone, not beside 60 other rows.
+    std::vector<double> cost;
+    for (int b = 1; b <= 9; ++b) cost.push_back(10.0 + b);
+    auto p = make_draft_policy(DraftPolicyKind::Cost, 8, cost);
+    for (int r = 0; r < 50; ++r) p->observe({1, r % 2, 1.0f, 0.0, 0.0, 0});  // half the drafts accepted; no time observed
+    EXPECT_GT(p->next_length_in(StepShare{}), 0);
+    EXPECT_EQ(p->next_length_in(StepShare{}), p->next_length());
+    EXPECT_EQ(p->next_length_in(StepShare{60, 60.0}), 0);
+    // Few others emitting many tokens (drafts accepted well) change little.
+    EXPECT_GT(p->next_length_in(StepShare{2, 1.0}), 0);
+}
+
+TEST(TreeSizePolicy, VerifiesFewerNodesInASharedStep) {
+    std::vector<double> cost;
+    for (int b = 1; b <= 17; ++b) cost.push_back(10.0 + b);
+    TreeSizePolicy p(cost);
+    const std::vector<double> probs = {0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1};
+    EXPECT_LT(p.choose(probs, 0.0, StepShare{60, 60.0}), p.choose(probs, 0.0));
 }
 
 TEST(TreeSizePolicy, VerifiesTheNodesThatPayForTheirVerifyCost) {

@@ -1,5 +1,5 @@
 #pragma once
-// The speculative round loop:
+// The speculative round loop for one sequence (the steps live in engine/sequence.h):
 //   draft (drafter) -> one target forward over [root, draft nodes] with the tree mask
 //   -> verify (greedy or rejection sampling) -> keep the accepted path in the target's cache
 //   (compact; a chain prefix is O(1)) -> tell the drafter what stands -> emit -> policy update.
@@ -12,6 +12,7 @@
 
 #include "draft/drafter.h"
 #include "engine/generate.h"
+#include "engine/sequence.h"
 #include "policy/draft_length.h"
 #include "policy/tree_size.h"
 #include "tree/tree_builder.h"
@@ -22,18 +23,6 @@ namespace specula {
 
 class KvCache;
 class ModelRunner;
-
-struct RoundInfo {
-    int round = 0;
-    int base = 0;               // target cache size before the round (= position of the root)
-    int draft_length = 0;       // what the policy asked for
-    double draft_ms = 0, verify_ms = 0;
-    const Draft * draft = nullptr;
-    const VerifyResult * result = nullptr;
-    std::span<const int32_t> history;  // the sequence after this round's tokens
-};
-
-using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
 
 struct SpecContext {
     ModelRunner & target;

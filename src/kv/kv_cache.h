@@ -1,11 +1,15 @@
 #pragma once
-// specula's own KV cache: per layer one K tensor of [n_embd_kv, capacity] F16 rows and one V
-// tensor, pre-allocated. V is stored transposed ([capacity, n_embd_kv]) when the backend computes
-// attention with ggml's matmuls (AttentionKernel::Matmul), so that KQV reads it in place. Slot i
-// holds the token at sequence index i, so the cache holds exactly the accepted sequence: a
-// forward writes its block after the last slot, then the caller keeps what verification
-// accepted with rollback() (a chain prefix, O(1)) or compact() (a tree path).
+// specula's own KV cache: per layer one K tensor of [n_embd_kv, slots] F16 rows and one V
+// tensor, pre-allocated. V is stored transposed ([slots, n_embd_kv]) when the backend computes
+// attention with ggml's matmuls (AttentionKernel::Matmul), so that KQV reads it in place.
+// A KvCache is one sequence's stream of `capacity` slots inside that storage, starting at
+// storage slot offset(): stream slot i holds the token at sequence index i, so the stream holds
+// exactly the accepted sequence: a forward writes its block after the last slot, then the caller
+// keeps what verification accepted with rollback() (a chain prefix, O(1)) or compact() (a tree
+// path). KvCache::pool() makes several streams over one storage, so that one forward can carry
+// rows of several sequences (ModelRunner::forward_parts); each row sees only its own stream.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -18,21 +22,29 @@ namespace specula {
 class Backend;
 struct ModelConfig;
 
+struct KvStorage;
+
 class KvCache {
 public:
     // n_layers: how many layers the cache holds (a model's n_layer, or 1 for a draft head).
     KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity);
     KvCache(Backend & backend, const ModelConfig & config, int capacity);
+    // n_streams caches of `capacity` slots each over one storage.
+    static std::vector<std::unique_ptr<KvCache>> pool(Backend & backend, const ModelConfig & config, int capacity, int n_streams);
     ~KvCache();
     KvCache(const KvCache &) = delete;
     KvCache & operator=(const KvCache &) = delete;
 
     int size() const { return size_; }          // slots holding committed tokens
     int capacity() const { return capacity_; }
+    int offset() const { return offset_; }       // first storage slot of this stream
+    int storage_slots() const;                   // slots of the whole storage (every stream)
     int n_layers() const { return static_cast<int>(k_.size()); }
     int n_embd_kv() const { return n_embd_kv_; }
     bool v_transposed() const { return v_transposed_; }
-    uint64_t id() const { return id_; }  // unique per cache ever made (graphs that reference it key on this)
+    // Unique per storage ever made: graphs that reference the tensors key on this, and one forward
+    // may only combine streams of the same storage.
+    uint64_t id() const { return id_; }
 
     // Forget every slot from `n` on. O(1): later writes overwrite, the mask hides the rest.
     void rollback(int n);
@@ -44,19 +56,20 @@ public:
     // Runtime side: the forward reserves a block of n slots after size() and writes into them.
     int append(int n);  // returns the block's first slot; throws Error if it does not fit
     ggml_tensor * k(int layer) const { return k_[layer]; }
-    ggml_tensor * v(int layer) const { return v_[layer]; }  // [n_embd_kv, capacity], or [capacity, n_embd_kv] transposed
+    ggml_tensor * v(int layer) const { return v_[layer]; }  // [n_embd_kv, slots], or [slots, n_embd_kv] transposed
 
-    // One slot's K or V row as floats (tests and debugging).
+    // One stream slot's K or V row as floats (tests and debugging).
     std::vector<float> read_row(int layer, bool value, int slot) const;
 
 private:
+    KvCache(std::shared_ptr<KvStorage> storage, int offset, int capacity);
+    std::shared_ptr<KvStorage> storage_;
     uint64_t id_ = 0;
     int n_embd_kv_ = 0;
+    int offset_ = 0;
     int capacity_ = 0;
     bool v_transposed_ = false;
     int size_ = 0;
-    ggml_context * ctx_ = nullptr;
-    ggml_backend_buffer * buffer_ = nullptr;
     std::vector<ggml_tensor *> k_, v_;
 };
 

@@ -58,14 +58,19 @@ public:
     }
     const char * name() const override { return "cost"; }
 
-    int next_length() override {
+    int next_length() override { return next_length_in(StepShare{}); }
+
+    int next_length_in(const StepShare & step) override {
         // Acceptance per position with a weak optimistic prior (so untried depths get tried).
         std::vector<double> alpha(k_max_);
         for (int i = 0; i < k_max_; ++i) alpha[i] = (accepted_[i] + 0.8 * kPrior) / (reached_[i] + kPrior);
+        // Tokens per second of the whole step: a longer draft makes every sequence in it wait.
+        const int others = std::max(0, step.other_rows);
+        const double other_tokens = std::max(0.0, step.other_tokens);
         int best = 0;
-        double best_rate = 1.0 / verify_.ms(1);  // a plain step
+        double best_rate = (1.0 + other_tokens) / verify_.ms(others + 1);  // a plain step
         for (int k = 1; k <= k_max_; ++k) {
-            const double rate = expected_tokens(alpha, k) / (k * draft_ms_per_token_ + verify_.ms(k + 1));
+            const double rate = (expected_tokens(alpha, k) + other_tokens) / (k * draft_ms_per_token_ + verify_.ms(others + k + 1));
             if (rate > best_rate) best_rate = rate, best = k;
         }
         if (best > 0) {

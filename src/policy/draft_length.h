@@ -14,13 +14,21 @@
 
 namespace specula {
 
+// What else the target forward of a step carries besides this sequence's block (other sequences'
+// rows and the tokens they are expected to emit), so that a policy weighs its draft against the
+// whole step: the step's time is everyone's. Zero when the sequence runs alone.
+struct StepShare {
+    int other_rows = 0;
+    double other_tokens = 0.0;
+};
+
 struct RoundObservation {
     int drafted = 0;
     int accepted = 0;
     float mean_entropy = 0.0f;
     double draft_seconds = 0.0;
     double verify_seconds = 0.0;
-    int verify_tokens = 0;  // batch size of the verify forward
+    int verify_tokens = 0;  // rows of the verify forward (the whole step's when shared)
 };
 
 enum class DraftPolicyKind { Fixed, Heuristic, Cost };
@@ -31,6 +39,9 @@ public:
     virtual ~DraftLengthPolicy() = default;
     virtual const char * name() const = 0;
     virtual int next_length() = 0;
+    // The same, for a round inside a step shared with other sequences (cost policy; the others
+    // ignore the share).
+    virtual int next_length_in(const StepShare & step) { return next_length(); }
     virtual void observe(const RoundObservation & round) = 0;
 };
 

@@ -10,14 +10,16 @@ TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms) : verify_(std
     if (verify_.max_tokens() < 2) throw Error("tree size policy: verify cost curve too short");
 }
 
-int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms) {
+int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, const StepShare & step) {
     const double gamma = std::clamp(calibration(), 0.05, 2.0);
+    const int others = std::max(0, step.other_rows);
+    const double other_tokens = std::max(0.0, step.other_tokens);
     int best = 1;
     double best_rate = 0.0, promised = 0.0;
     const int n_max = std::min<int>(static_cast<int>(path_probs.size()), max_nodes());
     for (int n = 1; n <= n_max; ++n) {
         promised += path_probs[n - 1];
-        const double rate = (1.0 + gamma * promised) / (draft_ms + verify_.ms(n + 1));
+        const double rate = (1.0 + gamma * promised + other_tokens) / (draft_ms + verify_.ms(others + n + 1));
         if (rate > best_rate) best_rate = rate, best = n;
     }
     return best;
@@ -34,12 +36,12 @@ double TreeSizePolicy::min_path_prob() const {
     return level_ms_ / (gamma * verify_.ms(1));
 }
 
-void TreeSizePolicy::observe(double promised, int accepted, int n_verified, double verify_ms) {
+void TreeSizePolicy::observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows) {
     // Forget slowly: the text, and with it the draft's calibration, drifts during a generation.
     constexpr double kKeep = 0.95;
     promised_ = kKeep * promised_ + promised;
     accepted_ = kKeep * accepted_ + accepted;
-    verify_.observe(n_verified + 1, verify_ms);
+    verify_.observe(step_rows < 0 ? n_verified + 1 : step_rows, verify_ms);
 }
 
 }  // namespace specula

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "policy/draft_length.h"
 #include "policy/verify_cost.h"
 
 namespace specula {
@@ -23,9 +24,11 @@ public:
 
     int max_nodes() const { return verify_.max_tokens() - 1; }
     // path_probs: cumulative draft probability of each node, in prune order. Returns n >= 1.
-    int choose(std::span<const double> path_probs, double draft_ms);
-    // After verification of the n chosen nodes: the promised sum and what was accepted.
-    void observe(double promised, int accepted, int n_verified, double verify_ms);
+    // `step`: what the rest of a shared step carries (the step's tokens per second are weighed).
+    int choose(std::span<const double> path_probs, double draft_ms, const StepShare & step = {});
+    // After verification of the n chosen nodes: the promised sum and what was accepted;
+    // step_rows: rows of the verify forward (n_verified + 1 alone).
+    void observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows = -1);
     // A drafting round's time and how many drafter forwards (tree levels) it took.
     void observe_draft(double draft_ms, int levels);
     // Expanding a node of path probability P adds at most gamma * P expected tokens for one more

@@ -88,7 +88,7 @@ ForwardOutput ModelRunner::forward(const ForwardBatch & batch, KvCache & cache) 
     return out;
 }
 
-void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput & out) {
+void ModelRunner::check(const ForwardBatch & b, const KvCache & cache) const {
     const NetworkShape & c = net_.shape();
     const int n = b.n_tokens();
     const int layer_end = b.layer_end < 0 ? c.n_layer : b.layer_end;
@@ -115,13 +115,43 @@ void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput
     for (int l : b.tap_layers) {
         if (l < b.layer_begin || l > layer_end) throw Error("forward: tap layer " + std::to_string(l) + " outside the layer range");
     }
-    const bool want_logits = layer_end == c.n_layer && !b.logit_rows.empty();
+}
 
-    const int first_slot = cache.append(n);
+void ModelRunner::forward(const ForwardBatch & b, KvCache & cache, ForwardOutput & out) {
+    const BatchPart part{&b, &cache, &out};
+    forward_parts(std::span(&part, 1));
+}
+
+void ModelRunner::forward_parts(std::span<const BatchPart> parts) {
+    const NetworkShape & c = net_.shape();
+    if (parts.empty()) throw Error("forward: no parts");
+    const ForwardBatch & first = *parts[0].batch;
+    const int layer_end = first.layer_end < 0 ? c.n_layer : first.layer_end;
+    const size_t hidden_width = first.hidden_in.size() / std::max(1, first.n_tokens());
+    for (const BatchPart & p : parts) {
+        check(*p.batch, *p.cache);
+        const ForwardBatch & b = *p.batch;
+        if (p.cache->id() != parts[0].cache->id()) throw Error("forward: parts must use streams of one KV pool");
+        if (b.layer_begin != first.layer_begin || (b.layer_end < 0 ? c.n_layer : b.layer_end) != layer_end ||
+            b.tap_layers != first.tap_layers || b.tokens.empty() != first.tokens.empty() ||
+            b.hidden_in.size() != hidden_width * b.n_tokens()) {
+            throw Error("forward: parts differ in layer range, taps or inputs");
+        }
+        for (const BatchPart & q : parts) {
+            if (&q != &p && q.cache == p.cache) throw Error("forward: two parts extend the same KV stream");
+        }
+    }
+    bool want_logits = false;
+    if (layer_end == c.n_layer) {
+        for (const BatchPart & p : parts) want_logits |= !p.batch->logit_rows.empty();
+    }
+
+    std::vector<int> first_slots;
     try {
-        run_graph(b, cache, first_slot, want_logits, layer_end, out);
+        for (const BatchPart & p : parts) first_slots.push_back(p.cache->append(p.batch->n_tokens()));
+        run_graph(parts, first_slots, want_logits, layer_end);
     } catch (...) {
-        cache.rollback(first_slot);
+        for (size_t i = 0; i < first_slots.size(); ++i) parts[i].cache->rollback(first_slots[i]);
         throw;
     }
 }
@@ -191,69 +221,102 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     return *graphs_.back();
 }
 
-void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end,
-                            ForwardOutput & out) {
+void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const int> first_slots, bool want_logits, int layer_end) {
     const NetworkShape & c = net_.shape();
-    const int n = b.n_tokens();
-    const int kv_len = first_slot + n;
-    const int n_kv = std::min(cache.capacity(), (kv_len + kKvPad - 1) / kKvPad * kKvPad);
+    const KvCache & pool = *parts[0].cache;
 
-    Graph & g = graph_for(b, cache, n_kv, want_logits, layer_end);
+    // The parts as one block: rows of part p start at row_begin[p].
+    ForwardBatch merged;
+    merged.layer_begin = parts[0].batch->layer_begin;
+    merged.layer_end = layer_end;
+    merged.tap_layers = parts[0].batch->tap_layers;
+    std::vector<int> row_begin;
+    std::vector<int64_t> slots;  // storage slot of each row
+    int kv_len = 0;
+    for (size_t p = 0; p < parts.size(); ++p) {
+        const ForwardBatch & b = *parts[p].batch;
+        const int base = static_cast<int>(merged.positions.size());
+        row_begin.push_back(base);
+        merged.tokens.insert(merged.tokens.end(), b.tokens.begin(), b.tokens.end());
+        merged.hidden_in.insert(merged.hidden_in.end(), b.hidden_in.begin(), b.hidden_in.end());
+        merged.positions.insert(merged.positions.end(), b.positions.begin(), b.positions.end());
+        if (want_logits) {
+            for (int32_t r : b.logit_rows) merged.logit_rows.push_back(base + r);
+        }
+        const int first = parts[p].cache->offset() + first_slots[p];
+        for (int i = 0; i < b.n_tokens(); ++i) slots.push_back(first + i);
+        kv_len = std::max(kv_len, first + b.n_tokens());
+    }
+    const int n = merged.n_tokens();
+    merged.mask.n = n;  // the key needs only the size; the real mask is built per part below
+    const int n_kv = std::min(pool.storage_slots(), (kv_len + kKvPad - 1) / kKvPad * kKvPad);
+
+    Graph & g = graph_for(merged, *parts[0].cache, n_kv, want_logits, layer_end);
 
     // An input the graph never reads (e.g. the mask when no layer's attention output is needed)
     // has no buffer and needs no data.
     auto set = [](ggml_tensor * t, const void * data, size_t bytes) {
         if (t && t->buffer) ggml_backend_tensor_set(t, data, 0, bytes);
     };
-    set(g.in.tokens, b.tokens.data(), sizeof(int32_t) * b.tokens.size());
-    set(g.in.hidden_in, b.hidden_in.data(), sizeof(float) * b.hidden_in.size());
-    set(g.in.positions, b.positions.data(), sizeof(int32_t) * n);
-    std::vector<int64_t> slots(n);
-    for (int i = 0; i < n; ++i) slots[i] = first_slot + i;
+    set(g.in.tokens, merged.tokens.data(), sizeof(int32_t) * merged.tokens.size());
+    set(g.in.hidden_in, merged.hidden_in.data(), sizeof(float) * merged.hidden_in.size());
+    set(g.in.positions, merged.positions.data(), sizeof(int32_t) * n);
     set(g.in.kv_slots, slots.data(), sizeof(int64_t) * n);
     if (g.in.v_elements) {
-        const int width = cache.n_embd_kv();
+        const int width = pool.n_embd_kv();
         std::vector<int64_t> elements(static_cast<size_t>(width) * n);
         for (int i = 0; i < n; ++i) {
-            for (int j = 0; j < width; ++j) elements[static_cast<size_t>(i) * width + j] = static_cast<int64_t>(j) * cache.capacity() + slots[i];
+            for (int j = 0; j < width; ++j) elements[static_cast<size_t>(i) * width + j] = static_cast<int64_t>(j) * pool.storage_slots() + slots[i];
         }
         set(g.in.v_elements, elements.data(), sizeof(int64_t) * elements.size());
     }
-    set(g.in.out_rows, b.logit_rows.data(), sizeof(int32_t) * b.logit_rows.size());
+    set(g.in.out_rows, merged.logit_rows.data(), sizeof(int32_t) * merged.logit_rows.size());
 
     const bool need_mask = g.in.kq_mask->buffer || (g.in.kq_mask_sliding && g.in.kq_mask_sliding->buffer);
     if (need_mask) {
-        // [n_kv, n]: 0 where row i may attend, -inf elsewhere (padding slots included).
+        // [n_kv, n]: 0 where a row may attend (its own stream's visible prefix, its listed cached
+        // slots, its block's mask), -inf elsewhere (other streams and padding included).
         std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv) * n);
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-        const int prefix = b.visible_prefix < 0 ? first_slot : std::min(b.visible_prefix, first_slot);
-        for (int i = 0; i < n; ++i) {
-            ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
-            std::fill(row, row + prefix, zero);
-            std::fill(row + prefix, row + first_slot, ninf);
-            if (!b.cached_visible.empty()) {
-                for (int32_t slot : b.cached_visible[i]) row[slot] = zero;
+        std::fill(mask.begin(), mask.end(), ninf);
+        std::vector<int> prefixes;
+        for (size_t p = 0; p < parts.size(); ++p) {
+            const ForwardBatch & b = *parts[p].batch;
+            const int offset = parts[p].cache->offset(), block = offset + first_slots[p];
+            const int prefix = b.visible_prefix < 0 ? first_slots[p] : std::min(b.visible_prefix, first_slots[p]);
+            prefixes.push_back(prefix);
+            for (int i = 0; i < b.n_tokens(); ++i) {
+                ggml_fp16_t * row = mask.data() + static_cast<size_t>(row_begin[p] + i) * n_kv;
+                std::fill(row + offset, row + offset + prefix, zero);
+                if (!b.cached_visible.empty()) {
+                    for (int32_t slot : b.cached_visible[i]) row[offset + slot] = zero;
+                }
+                for (int j = 0; j < b.n_tokens(); ++j) {
+                    if (b.mask.sees(i, j)) row[block + j] = zero;
+                }
             }
-            for (int j = 0; j < n; ++j) row[first_slot + j] = b.mask.sees(i, j) ? zero : ninf;
-            std::fill(row + kv_len, row + n_kv, ninf);
         }
         set(g.in.kq_mask, mask.data(), sizeof(ggml_fp16_t) * mask.size());
         if (g.in.kq_mask_sliding) {
             // Sliding-window layers also hide every key whose position is window or more before
-            // the query's (llama.cpp's standard SWA rule). A cached slot below the prefix holds the
-            // token at sequence index = slot, so its position is the slot number.
+            // the query's (llama.cpp's standard SWA rule). A cached stream slot below the prefix
+            // holds the token at sequence index = slot, so its position is the slot number.
             const int window = c.sliding_window;
-            for (int i = 0; i < n; ++i) {
-                ggml_fp16_t * row = mask.data() + static_cast<size_t>(i) * n_kv;
-                const int pos = b.positions[i];
-                std::fill(row, row + std::clamp(pos - window + 1, 0, prefix), ninf);
-                // cached_visible slots hold draft-tree nodes at positions >= prefix, not recorded
-                // here; they are surely inside the window only while the query is near the prefix.
-                if (!b.cached_visible.empty() && !b.cached_visible[i].empty() && pos - prefix >= window) {
-                    throw Error("forward: a sliding-window model cannot see cached tree slots farther than its window from the cached prefix");
-                }
-                for (int j = 0; j < n; ++j) {
-                    if (pos - b.positions[j] >= window) row[first_slot + j] = ninf;
+            for (size_t p = 0; p < parts.size(); ++p) {
+                const ForwardBatch & b = *parts[p].batch;
+                const int offset = parts[p].cache->offset(), block = offset + first_slots[p], prefix = prefixes[p];
+                for (int i = 0; i < b.n_tokens(); ++i) {
+                    ggml_fp16_t * row = mask.data() + static_cast<size_t>(row_begin[p] + i) * n_kv;
+                    const int pos = b.positions[i];
+                    std::fill(row + offset, row + offset + std::clamp(pos - window + 1, 0, prefix), ninf);
+                    // cached_visible slots hold draft-tree nodes at positions >= prefix, not recorded
+                    // here; they are surely inside the window only while the query is near the prefix.
+                    if (!b.cached_visible.empty() && !b.cached_visible[i].empty() && pos - prefix >= window) {
+                        throw Error("forward: a sliding-window model cannot see cached tree slots farther than its window from the cached prefix");
+                    }
+                    for (int j = 0; j < b.n_tokens(); ++j) {
+                        if (pos - b.positions[j] >= window) row[block + j] = ninf;
+                    }
                 }
             }
             set(g.in.kq_mask_sliding, mask.data(), sizeof(ggml_fp16_t) * mask.size());
@@ -262,22 +325,39 @@ void ModelRunner::run_graph(const ForwardBatch & b, KvCache & cache, int first_s
 
     if (ggml_backend_sched_graph_compute(g.sched, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");
 
-    out.n_vocab = c.n_vocab;
-    out.n_embd = c.n_embd;
-    out.logits.clear();
+    std::vector<float> logits, hidden_out;
+    std::vector<std::vector<float>> taps(g.out.taps.size());
     if (g.out.logits) {
-        out.logits.resize(static_cast<size_t>(g.key.n_out) * c.n_vocab);
-        ggml_backend_tensor_get(g.out.logits, out.logits.data(), 0, sizeof(float) * out.logits.size());
+        logits.resize(static_cast<size_t>(g.key.n_out) * c.n_vocab);
+        ggml_backend_tensor_get(g.out.logits, logits.data(), 0, sizeof(float) * logits.size());
     }
-    out.taps.resize(g.out.taps.size());
     for (size_t t = 0; t < g.out.taps.size(); ++t) {
-        out.taps[t].resize(static_cast<size_t>(n) * c.n_embd);
-        ggml_backend_tensor_get(g.out.taps[t], out.taps[t].data(), 0, sizeof(float) * out.taps[t].size());
+        taps[t].resize(static_cast<size_t>(n) * c.n_embd);
+        ggml_backend_tensor_get(g.out.taps[t], taps[t].data(), 0, sizeof(float) * taps[t].size());
     }
-    out.hidden_out.clear();
     if (g.out.hidden_out) {
-        out.hidden_out.resize(static_cast<size_t>(n) * c.n_embd);
-        ggml_backend_tensor_get(g.out.hidden_out, out.hidden_out.data(), 0, sizeof(float) * out.hidden_out.size());
+        hidden_out.resize(static_cast<size_t>(n) * c.n_embd);
+        ggml_backend_tensor_get(g.out.hidden_out, hidden_out.data(), 0, sizeof(float) * hidden_out.size());
+    }
+    size_t logit_row = 0;
+    for (size_t p = 0; p < parts.size(); ++p) {
+        const ForwardBatch & b = *parts[p].batch;
+        ForwardOutput & out = *parts[p].out;
+        out.n_vocab = c.n_vocab;
+        out.n_embd = c.n_embd;
+        const size_t rows = b.n_tokens(), E = c.n_embd, V = c.n_vocab;
+        out.logits.clear();
+        if (g.out.logits) {
+            const size_t n_out = b.logit_rows.size();
+            out.logits.assign(logits.begin() + logit_row * V, logits.begin() + (logit_row + n_out) * V);
+            logit_row += n_out;
+        }
+        out.taps.resize(taps.size());
+        for (size_t t = 0; t < taps.size(); ++t) {
+            out.taps[t].assign(taps[t].begin() + row_begin[p] * E, taps[t].begin() + (row_begin[p] + rows) * E);
+        }
+        out.hidden_out.clear();
+        if (g.out.hidden_out) out.hidden_out.assign(hidden_out.begin() + row_begin[p] * E, hidden_out.begin() + (row_begin[p] + rows) * E);
     }
 }
 

@@ -61,6 +61,14 @@ struct ForwardOutput {
     }
 };
 
+// One sequence's share of a forward over several sequences: its block, the cache stream it
+// extends, and where its outputs go (logits for its logit_rows, taps and hidden_out for its rows).
+struct BatchPart {
+    const ForwardBatch * batch = nullptr;
+    KvCache * cache = nullptr;
+    ForwardOutput * out = nullptr;
+};
+
 // Runs forwards of one network (a model or a draft head). Built graphs are kept per shape (token count, padded KV length,
 // outputs, layer range, cache), each with its own scheduler and allocation, so alternating shapes
 // (draft steps, verify blocks, catch-up blocks) reuse their graphs instead of rebuilding them.
@@ -75,12 +83,18 @@ public:
     // returns what was asked for. Throws Error on malformed batches or a full cache.
     void forward(const ForwardBatch & batch, KvCache & cache, ForwardOutput & out);
     ForwardOutput forward(const ForwardBatch & batch, KvCache & cache);
+    // One forward over the blocks of several sequences, ragged: each part's rows see only their own
+    // stream's cached prefix and their own block's mask, so each part gets what forward() alone
+    // would give it (bit for bit with batch-invariant kernels). The streams must be distinct
+    // streams of one KvCache::pool; the parts must agree on layer range, taps and hidden width.
+    void forward_parts(std::span<const BatchPart> parts);
 
     const Network & network() const { return net_; }
 
 private:
     struct Graph;
-    void run_graph(const ForwardBatch & b, KvCache & cache, int first_slot, bool want_logits, int layer_end, ForwardOutput & out);
+    void check(const ForwardBatch & b, const KvCache & cache) const;
+    void run_graph(std::span<const BatchPart> parts, std::span<const int> first_slots, bool want_logits, int layer_end);
     const Network & net_;
     size_t graph_size_ = 0;
     Graph & graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end);

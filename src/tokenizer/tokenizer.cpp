@@ -106,10 +106,8 @@ uint64_t Tokenizer::fingerprint() const {
     return h ^ static_cast<uint64_t>(n);
 }
 
-std::string Tokenizer::apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
-                                           bool add_assistant) const {
-    const char * tmpl = llama_model_chat_template(model_, nullptr);
-    if (!tmpl) throw Error("the model has no chat template");
+namespace {
+std::string apply_template(const char * tmpl, const std::vector<std::pair<std::string, std::string>> & messages, bool add_assistant) {
     std::vector<llama_chat_message> chat;
     for (auto & [role, content] : messages) chat.push_back({role.c_str(), content.c_str()});
     std::string buf(4096, '\0');
@@ -121,6 +119,22 @@ std::string Tokenizer::apply_chat_template(const std::vector<std::pair<std::stri
     if (n < 0) throw Error("the model's chat template is not supported by llama_chat_apply_template");
     buf.resize(n);
     return buf;
+}
+}  // namespace
+
+std::string Tokenizer::apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
+                                           bool add_assistant) const {
+    const char * tmpl = llama_model_chat_template(model_, nullptr);
+    if (!tmpl) throw Error("the model has no chat template");
+    return apply_template(tmpl, messages, add_assistant);
+}
+
+std::vector<int32_t> Tokenizer::tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const {
+    const char * tmpl = llama_model_chat_template(model_, nullptr);
+    std::vector<int32_t> tokens = tokenize(apply_template(tmpl ? tmpl : "chatml", messages, true), true);
+    const llama_token bos = llama_vocab_bos(vocab_);
+    if (tokens.size() >= 2 && bos != LLAMA_TOKEN_NULL && tokens[0] == bos && tokens[1] == bos) tokens.erase(tokens.begin());
+    return tokens;
 }
 
 }  // namespace specula

@@ -31,6 +31,10 @@ public:
     // Applies the model's built-in chat template; throws Error if it has none.
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
                                     bool add_assistant) const;
+    // The messages through the chat template (llama.cpp's "chatml" when the model has none) as
+    // tokens, ending with the assistant's turn opened. BOS is added once: templates that write
+    // the BOS text themselves do not get a second one.
+    std::vector<int32_t> tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const;
 
 private:
     llama_model * model_ = nullptr;

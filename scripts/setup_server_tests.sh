@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The clients the server's end-to-end tests drive (tests/server/): the real `openai` Python package
+# and pytest, pinned, from PyPI into a git-ignored venv (.venv-server/), and the real `openai` npm
+# package, pinned, into .venv-server/node/. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OPENAI_VERSION=3.54.0
+PYTEST_VERSION=9.2.0
+OPENAI_NPM_VERSION=7.55.0
+venv=.venv-server
+if ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" - "$OPENAI_VERSION" "$PYTEST_VERSION" <<'PY' 2>/dev/null; }; then
+import sys, openai, pytest
+sys.exit(0 if (openai.__version__, pytest.__version__) == (sys.argv[1], sys.argv[2]) else 1)
+PY
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "pytest==$PYTEST_VERSION"
+fi
+installed=$(node -p "require('./$venv/node/node_modules/openai/package.json').version" 2>/dev/null || true)
+if [ "$installed" != "$OPENAI_NPM_VERSION" ]; then
+  mkdir -p "$venv/node"
+  npm install --prefix "$venv/node" --no-audit --no-fund --silent "openai@$OPENAI_NPM_VERSION"
+fi

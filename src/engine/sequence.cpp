@@ -1,0 +1,205 @@
+#include "engine/sequence.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+#include "kv/kv_cache.h"
+
+namespace specula {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double ms_since(clock_type::time_point t0) { return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(); }
+
+// Target features of the given block rows, each row the drafter's feature layers concatenated.
+void gather_features(const ForwardOutput & out, std::span<const int> rows, std::vector<float> & dst) {
+    dst.clear();
+    const size_t E = out.n_embd;
+    for (int r : rows) {
+        for (const auto & tap : out.taps) dst.insert(dst.end(), tap.begin() + r * E, tap.begin() + (r + 1) * E);
+    }
+}
+
+// [root, nodes...] as one block: node i is row i + 1 at position base + depth(i).
+ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
+    ForwardBatch b;
+    const int n = tree.size() + 1;
+    b.tokens.reserve(n);
+    b.tokens.push_back(root);
+    b.tokens.insert(b.tokens.end(), tree.token.begin(), tree.token.end());
+    b.positions.resize(n);
+    std::vector<int> parents(n);
+    parents[0] = -1;
+    b.positions[0] = base;
+    for (int i = 0; i < tree.size(); ++i) {
+        parents[i + 1] = tree.parent[i] + 1;  // kRoot (-1) becomes row 0
+        b.positions[i + 1] = base + tree.depth[i];
+    }
+    b.mask = BlockMask::from_parents(parents);
+    b.logit_rows.resize(n);
+    for (int i = 0; i < n; ++i) b.logit_rows[i] = i;
+    return b;
+}
+}  // namespace
+
+Sequence::Sequence(SequenceParts parts, std::span<const int32_t> prompt, const GenerationOptions & options,
+                   std::function<bool(int32_t)> is_end, int prefill_chunk)
+    : p_(std::move(parts)), options_(options), is_end_(std::move(is_end)), chunk_(prefill_chunk), rng_(options.sampling.seed),
+      history_(prompt.begin(), prompt.end()) {
+    run_.speculative = true;
+    run_.n_prompt = static_cast<int>(prompt.size());
+    if (prompt.empty()) throw Error("empty prompt");
+    if (prefill_chunk < 1) throw Error("prefill chunk must be positive");
+    if (p_.cache.size() != 0) throw Error("a sequence starts on an empty KV cache");
+    if (static_cast<int>(prompt.size()) >= p_.cache.capacity()) {
+        throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " +
+                    std::to_string(p_.cache.capacity()) + "-token context");
+    }
+    verify_ = p_.verify;
+    if (!verify_) {
+        const SamplingParams & sp = options_.sampling;
+        verify_ = [sp](const TokenTree & t, const TargetLogits & l, Rng & r) {
+            return sp.greedy() ? verify_greedy(t, l) : verify_sampled(t, l, sp, r);
+        };
+    }
+    if (p_.drafter) {
+        p_.drafter->reset();
+        feature_layers_ = p_.drafter->feature_layers();
+    }
+}
+
+bool Sequence::done() const {
+    if (prefilling()) return false;
+    return stopped_ || emitted_ >= options_.n_predict || p_.cache.size() >= p_.cache.capacity();
+}
+
+const ForwardBatch & Sequence::next_block(const StepShare & step) {
+    if (done()) throw Error("next_block: the sequence is done");
+    if (t_start_ == clock_type::time_point{}) t_start_ = clock_type::now();
+    in_prefill_block_ = prefilling();
+    if (in_prefill_block_) {
+        // The prompt minus its last token goes into the cache; the last token is the first root.
+        const int n = std::min(chunk_, run_.n_prompt - 1 - prefilled_);
+        block_ = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), p_.cache.size(), {});
+        block_.tap_layers = feature_layers_;
+        last_rows_ = block_.n_tokens();
+        return block_;
+    }
+    if (t_gen_ == clock_type::time_point{}) t_gen_ = clock_type::now();
+
+    base_ = p_.cache.size();
+    const int room = p_.cache.capacity() - base_ - 1;
+    TreeBudget budget = p_.tree;
+    asked_ = budget.max_nodes;
+    if (budget.shape == TreeShape::Chain) {
+        asked_ = p_.policy ? p_.policy->next_length_in(step) : 0;
+        const int k = std::max(0, std::min({asked_, room, options_.n_predict - emitted_ - 1}));
+        budget.depth = budget.max_nodes = k;
+        budget.branching = 1;
+    } else {
+        if (p_.tree_size) {
+            budget.max_nodes = p_.tree_size->max_nodes();
+            budget.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob());
+        }
+        budget.max_nodes = std::min(budget.max_nodes, room);
+        budget.depth = std::min(budget.depth, room);
+    }
+
+    auto td = clock_type::now();
+    draft_ = Draft{};
+    if (p_.drafter && budget.max_nodes > 0 && budget.depth > 0) {
+        draft_ = p_.drafter->draft(DraftRequest{history_, budget, &options_.sampling, &rng_});
+    }
+    promised_ = 0.0;
+    if (p_.tree_size && !draft_.tree.empty()) {
+        p_.tree_size->observe_draft(ms_since(td), draft_.tree.max_depth());
+        std::vector<double> path_probs;
+        for (int node : prune_order(draft_.tree)) path_probs.push_back(std::exp(double(draft_.tree.logp[node])));
+        const int n = p_.tree_size->choose(path_probs, ms_since(td), step);
+        if (n < draft_.tree.size()) draft_.tree = prune_tree(draft_.tree, n);
+        for (int i = 0; i < n; ++i) promised_ += path_probs[i];
+    }
+    draft_ms_ = ms_since(td);
+
+    block_ = tree_batch(history_.back(), draft_.tree, base_);
+    block_.tap_layers = feature_layers_;
+    last_rows_ = block_.n_tokens();
+    return block_;
+}
+
+void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows) {
+    if (step_rows < 0) step_rows = block_.n_tokens();
+    last_tokens_ = 0;
+    if (in_prefill_block_) {
+        const int n = block_.n_tokens();
+        std::vector<int> rows(n);
+        for (int i = 0; i < n; ++i) rows[i] = i;
+        gather_features(out, rows, features_);
+        if (p_.drafter) p_.drafter->accept(Acceptance{p_.cache.size(), prefilled_, features_});
+        prefilled_ += n;
+        if (!prefilling()) run_.prompt_seconds = ms_since(t_start_) / 1000.0;
+        return;
+    }
+
+    auto tv = clock_type::now();
+    const VerifyResult result = verify_(draft_.tree, TargetLogits{out.logits, out.n_vocab}, rng_);
+    std::vector<int> kept{0};
+    for (int node : result.accepted) kept.push_back(node + 1);
+    p_.cache.compact(base_, kept);
+    const double verify_ms = forward_ms + ms_since(tv);
+    if (p_.drafter) {
+        gather_features(out, kept, features_);
+        p_.drafter->accept(Acceptance{static_cast<int>(history_.size() + result.accepted.size()), base_, features_});
+    }
+
+    std::vector<int32_t> tokens;
+    for (int node : result.accepted) tokens.push_back(draft_.tree.token[node]);
+    tokens.push_back(result.next_token);
+    for (int32_t t : tokens) {
+        history_.push_back(t);
+        ++emitted_;
+        ++last_tokens_;
+        if (!sink(t) || (options_.stop_at_end_of_generation && is_end_(t)) || emitted_ >= options_.n_predict) {
+            stopped_ = true;
+            break;
+        }
+    }
+    if (p_.tree_size && !draft_.tree.empty()) {
+        p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), verify_ms, step_rows);
+    }
+    run_.speculation.add_round(draft_.tree.size(), draft_.tree.max_depth(), static_cast<int>(result.accepted.size()));
+    if (p_.policy) {
+        p_.policy->observe({draft_.tree.size(), static_cast<int>(result.accepted.size()), draft_.mean_entropy,
+                            draft_ms_ / 1000.0, verify_ms / 1000.0, step_rows});
+    }
+    if (p_.on_round) {
+        p_.on_round(RoundInfo{run_.speculation.rounds - 1, base_, asked_, draft_ms_, verify_ms, &draft_, &result, history_});
+    }
+    run_.n_generated = emitted_;
+    run_.generation_seconds = ms_since(t_gen_) / 1000.0;
+}
+
+StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
+                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous) {
+    std::vector<ForwardOutput> outs(sequences.size());
+    std::vector<BatchPart> parts;
+    StepResult step;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+        Sequence & s = *sequences[i];
+        const StepShare share{std::max(0, previous.rows - s.last_rows()), std::max(0.0, double(previous.tokens - s.last_tokens()))};
+        parts.push_back(BatchPart{&s.next_block(share), &s.cache(), &outs[i]});
+        step.rows += parts.back().batch->n_tokens();
+    }
+    const auto t0 = clock_type::now();
+    target.forward_parts(parts);
+    step.forward_ms = ms_since(t0);
+    for (size_t i = 0; i < sequences.size(); ++i) {
+        sequences[i]->commit(outs[i], step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows);
+        step.tokens += sequences[i]->last_tokens();
+    }
+    return step;
+}
+
+}  // namespace specula

@@ -1,0 +1,114 @@
+#pragma once
+// One sequence's speculative state and its round as step methods, so that one-sequence
+// generation (generate_speculative) and a many-sequence scheduler (src/server) drive the same code:
+//   next_block()  plan the draft budget and draft (or take the next prompt chunk while prefilling);
+//   (the caller runs one target forward over this block, alone or beside other sequences' blocks)
+//   commit(out)   verify, keep the accepted path in the cache, tell the drafter, emit, update policies.
+// The sequence owns its Rng and sampling parameters, so its output does not depend on what else
+// shares the forward. It references its cache stream, drafter and policies, owned by the caller.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "draft/drafter.h"
+#include "engine/generate.h"
+#include "policy/draft_length.h"
+#include "policy/tree_size.h"
+#include "runtime/forward.h"
+#include "sample/sampler.h"
+#include "specula/specula.h"
+#include "tree/tree_builder.h"
+#include "verify/verify.h"
+
+namespace specula {
+
+class KvCache;
+
+struct RoundInfo {
+    int round = 0;
+    int base = 0;               // target cache size before the round (= position of the root)
+    int draft_length = 0;       // what the policy asked for
+    double draft_ms = 0, verify_ms = 0;
+    const Draft * draft = nullptr;
+    const VerifyResult * result = nullptr;
+    std::span<const int32_t> history;  // the sequence after this round's tokens
+};
+
+using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
+
+struct SequenceParts {
+    KvCache & cache;                                   // the target's cache stream of this sequence
+    Drafter * drafter = nullptr;                       // nullptr: no drafting (each round verifies the root alone)
+    DraftLengthPolicy * policy = nullptr;              // chain depth per round (chain shape only); nullptr: 0
+    TreeBudget tree;                                   // shape Chain: a chain of the policy's length
+    std::function<void(const RoundInfo &)> on_round;  // trace, tests; may be empty
+    VerifyFn verify;                                   // empty = the standard verifier for the sampling params
+    TreeSizePolicy * tree_size = nullptr;              // trees: nodes verified per round (else tree.max_nodes)
+};
+
+class Sequence {
+public:
+    // Prompt tokens at most 512 per prefill block. Throws Error when the prompt is empty or does
+    // not fit the cache. The cache must be empty; the drafter is reset.
+    Sequence(SequenceParts parts, std::span<const int32_t> prompt, const GenerationOptions & options,
+             std::function<bool(int32_t)> is_end, int prefill_chunk = 512);
+
+    bool done() const;
+    bool prefilling() const { return prefilled_ < run_.n_prompt - 1; }
+    // This step's block for the target: a prompt chunk, or the root and the draft. Call once per
+    // step, then run the block through the target (writing into parts.cache) and call commit().
+    // `step`: what the rest of the step is expected to carry (policies weigh the whole step).
+    const ForwardBatch & next_block(const StepShare & step = {});
+    // After the target's forward of next_block(): forward_ms is how long that forward took,
+    // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
+    // stops the sequence.
+    void commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1);
+    // Rows of the last block and tokens its commit emitted.
+    int last_rows() const { return last_rows_; }
+    int last_tokens() const { return last_tokens_; }
+    void stop() { stopped_ = true; }
+
+    const GenerationStats & stats() const { return run_; }
+    std::span<const int32_t> history() const { return history_; }
+    int n_prompt() const { return run_.n_prompt; }
+    KvCache & cache() const { return p_.cache; }
+
+private:
+    SequenceParts p_;
+    GenerationOptions options_;
+    std::function<bool(int32_t)> is_end_;
+    int chunk_;
+    Rng rng_;
+    VerifyFn verify_;
+    std::vector<int32_t> history_;
+    std::vector<int> feature_layers_;
+    std::vector<float> features_;
+    int prefilled_ = 0;  // prompt tokens in the cache
+    int emitted_ = 0;
+    bool stopped_ = false;
+    GenerationStats run_;
+    // The current round, between next_block() and commit().
+    ForwardBatch block_;
+    Draft draft_;
+    int asked_ = 0, base_ = 0;
+    double draft_ms_ = 0.0, promised_ = 0.0;
+    bool in_prefill_block_ = false;
+    int last_rows_ = 0, last_tokens_ = 0;
+    std::chrono::steady_clock::time_point t_start_{}, t_gen_{};
+};
+
+// One step of several sequences (none done, each on its own stream of one KV pool): each one's
+// next block, one target forward over all of them, then each commits; sink(i, token) receives
+// sequence i's tokens (false stops it). `previous`: the last step, from which each sequence's
+// policies estimate what the others will carry in this one.
+struct StepResult {
+    double forward_ms = 0.0;
+    int rows = 0;    // rows of the target forward
+    int tokens = 0;  // tokens the step emitted, all sequences
+};
+StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
+                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous = {});
+
+}  // namespace specula

@@ -1,0 +1,54 @@
+#pragma once
+// What every sequence of an engine shares: the target model, its tokenizer, the drafter's model or
+// head, the drafting defaults and the measured verify-cost curve, and the runner whose graph cache
+// all sequences' target forwards use. One assembly path for the CLI, the engine and the server.
+// Per-sequence state (cache stream, drafter instance, policies, Rng) is made from it per sequence.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "draft/drafter.h"
+#include "policy/draft_length.h"
+#include "policy/tree_size.h"
+#include "specula/specula.h"
+#include "tree/tree_builder.h"
+
+namespace specula {
+
+class Backend;
+class EagleHead;
+class KvCache;
+class Model;
+class ModelRunner;
+class Tokenizer;
+
+struct Target {
+    static std::unique_ptr<Target> open(const EngineOptions & options);  // throws Error
+    ~Target();
+
+    EngineOptions options;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Tokenizer> tokenizer;
+    std::unique_ptr<Model> draft_model;
+    std::unique_ptr<EagleHead> head;
+    std::unique_ptr<ModelRunner> runner;  // the target's forwards, every sequence's
+    bool speculative = false;             // a drafter was chosen
+    DraftPolicyKind policy = DraftPolicyKind::Fixed;
+    TreeBudget tree;
+    std::vector<double> verify_cost_ms;  // measured once: cost policy, default tree size
+
+    bool needs_verify_cost() const;
+    // Measures verify_cost_ms once, on `tokens` tiled, in the empty `cache` (left empty), for
+    // forwards of 1 up to the largest a sequence verifies, or `at_least_rows` (a server's steps
+    // carry several sequences' rows).
+    void measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows = 0);
+    // Per sequence: a drafter with its own caches of n_ctx slots (nullptr without speculation)
+    // and its policies (the tree-size policy is nullptr unless the tree size is chosen per round).
+    std::unique_ptr<Drafter> make_drafter(int n_ctx) const;
+    std::unique_ptr<DraftLengthPolicy> make_draft_policy() const;
+    std::unique_ptr<TreeSizePolicy> make_tree_size_policy() const;
+};
+
+}  // namespace specula

@@ -1,0 +1,231 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <random>
+#include <sstream>
+
+#include "common/error.h"
+#include "engine/target.h"
+#include "server/openai.h"
+#include "server/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+
+using nlohmann::json;
+
+struct HttpServer::Impl {
+    httplib::Server http;
+    std::thread listener;
+    std::atomic<Target *> target{nullptr};
+    std::atomic<Scheduler *> scheduler{nullptr};
+    std::string model_id;
+    std::atomic<uint64_t> next_id{1};
+    int64_t started = 0;
+
+    void routes();
+    void completion(openai::Endpoint endpoint, const httplib::Request & req, httplib::Response & res);
+};
+
+namespace {
+void send_json(httplib::Response & res, int status, const json & j) {
+    res.status = status;
+    res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+void send_error(httplib::Response & res, const openai::ApiError & e) { send_json(res, e.status, e.body()); }
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string prometheus(const SchedulerMetrics & m) {
+    std::ostringstream o;
+    auto metric = [&](const char * name, const char * type, const char * help, auto value) {
+        o << "# HELP specula:" << name << ' ' << help << "\n# TYPE specula:" << name << ' ' << type << "\nspecula:" << name << ' ' << value << '\n';
+    };
+    metric("requests_processing", "gauge", "Requests in slots.", m.processing);
+    metric("requests_deferred", "gauge", "Requests waiting for a slot.", m.deferred);
+    metric("requests_finished_total", "counter", "Requests completed.", m.requests_finished);
+    metric("requests_cancelled_total", "counter", "Requests whose client went away.", m.requests_cancelled);
+    metric("requests_failed_total", "counter", "Requests that failed.", m.requests_failed);
+    metric("prompt_tokens_total", "counter", "Prompt tokens processed.", m.prompt_tokens);
+    metric("prompt_seconds_total", "counter", "Prompt processing time.", m.prompt_seconds);
+    metric("tokens_predicted_total", "counter", "Tokens generated.", m.generated_tokens);
+    metric("tokens_predicted_seconds_total", "counter", "Generation time.", m.generation_seconds);
+    metric("steps_total", "counter", "Scheduler steps (one target forward each).", m.steps);
+    o << "# HELP specula:verify_batch_rows Rows of the target forward per step.\n# TYPE specula:verify_batch_rows histogram\n";
+    for (size_t b = 0; b < m.rows_buckets.size(); ++b) {
+        o << "specula:verify_batch_rows_bucket{le=\"" << (b < m.rows_bounds.size() ? json(m.rows_bounds[b]).dump() : "+Inf") << "\"} "
+          << m.rows_buckets[b] << '\n';
+    }
+    o << "specula:verify_batch_rows_sum " << m.rows_sum << "\nspecula:verify_batch_rows_count " << m.steps << '\n';
+    o << "# HELP specula:busy_slots_steps_total Steps by the number of sequences in the forward.\n# TYPE specula:busy_slots_steps_total counter\n";
+    for (size_t k = 0; k < m.busy_slots_steps.size(); ++k) o << "specula:busy_slots_steps_total{slots=\"" << k + 1 << "\"} " << m.busy_slots_steps[k] << '\n';
+    metric("spec_decode_num_drafts_total", "counter", "Rounds that verified a non-empty draft.", m.drafts);
+    metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", m.draft_tokens);
+    metric("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", m.accepted_tokens);
+    o << "# HELP specula:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by depth.\n"
+         "# TYPE specula:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (size_t d = 0; d < m.accepted_at.size(); ++d) {
+        o << "specula:spec_decode_num_accepted_tokens_per_pos_total{position=\"" << d << "\"} " << m.accepted_at[d] << '\n';
+    }
+    return o.str();
+}
+}  // namespace
+
+HttpServer::HttpServer(int max_connections) : impl_(std::make_unique<Impl>()) {
+    impl_->started = unix_now();
+    const size_t threads = static_cast<size_t>(std::max(8, max_connections));
+    impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    impl_->routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::start(const std::string & host, int port) {
+    const int bound = port == 0 ? impl_->http.bind_to_any_port(host) : (impl_->http.bind_to_port(host, port) ? port : -1);
+    if (bound < 0) throw Error("cannot listen on " + host + ":" + std::to_string(port));
+    impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
+    return bound;
+}
+
+void HttpServer::ready(Target & target, Scheduler & scheduler, const std::string & model_id) {
+    impl_->model_id = model_id;
+    impl_->target = &target;
+    impl_->scheduler = &scheduler;
+}
+
+void HttpServer::stop() {
+    impl_->http.stop();
+    if (impl_->listener.joinable()) impl_->listener.join();
+    impl_->scheduler = nullptr;
+}
+
+void HttpServer::wait() {
+    if (impl_->listener.joinable()) impl_->listener.join();
+}
+
+void HttpServer::Impl::routes() {
+    http.Get("/health", [this](const httplib::Request &, httplib::Response & res) {
+        if (!scheduler) return send_json(res, 503, json{{"status", "loading"}});
+        send_json(res, 200, json{{"status", "ok"}});
+    });
+    http.Get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
+        if (!scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        send_json(res, 200, json{{"object", "list"}, {"data", json::array({{{"id", model_id}, {"object", "model"}, {"created", started}, {"owned_by", "specula"}}})}});
+    });
+    http.Get("/slots", [this](const httplib::Request &, httplib::Response & res) {
+        Scheduler * s = scheduler;
+        if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        json slots = json::array();
+        for (const auto & slot : s->metrics().slot_states) {
+            slots.push_back({{"id", slot.id}, {"state", slot.busy ? "processing" : "idle"}, {"n_prompt", slot.n_prompt},
+                             {"n_generated", slot.n_generated}, {"n_cached", slot.n_cached}, {"n_ctx", s->context_size()}});
+        }
+        send_json(res, 200, slots);
+    });
+    http.Get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
+        Scheduler * s = scheduler;
+        if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        res.set_content(prometheus(s->metrics()), "text/plain; version=0.0.4");
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
+    http.Post("/v1/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Completions, req, res); });
+    http.set_exception_handler([](const httplib::Request &, httplib::Response & res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+            std::rethrow_exception(ep);
+        } catch (const std::exception & e) {
+            what = e.what();
+        } catch (...) {
+        }
+        send_error(res, openai::ApiError{500, what, "server_error", "", ""});
+    });
+}
+
+void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Request & req, httplib::Response & res) {
+    Scheduler * s = scheduler;
+    Target * t = target;
+    if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+    openai::Request r;
+    std::vector<int32_t> prompt;
+    try {
+        r = openai::parse_request(endpoint, req.body, model_id);
+        try {
+            prompt = endpoint == openai::Endpoint::Chat ? t->tokenizer->tokenize_chat(r.messages) : t->tokenizer->tokenize(r.prompt);
+        } catch (const std::exception & e) {
+            throw openai::ApiError{400, std::string("cannot tokenize the prompt: ") + e.what(), "invalid_request_error",
+                                   endpoint == openai::Endpoint::Chat ? "messages" : "prompt", ""};
+        }
+        if (prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
+        const int n_ctx = s->context_size();
+        const int n_prompt = static_cast<int>(prompt.size());
+        if (r.max_tokens < 0 ? n_prompt >= n_ctx : n_prompt + r.max_tokens > n_ctx) {
+            throw openai::ApiError{400,
+                                   "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) +
+                                       " tokens" + (r.max_tokens < 0 ? "" : " and max_tokens is " + std::to_string(r.max_tokens)),
+                                   "invalid_request_error", r.max_tokens < 0 ? "messages" : "max_tokens", "context_length_exceeded"};
+        }
+    } catch (const openai::ApiError & e) {
+        return send_error(res, e);
+    }
+    GenerationOptions gen;
+    gen.n_predict = r.max_tokens < 0 ? s->context_size() - static_cast<int>(prompt.size()) : r.max_tokens;
+    gen.sampling = r.sampling;
+    if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
+    gen.stop_at_end_of_generation = !r.ignore_eos;
+    std::shared_ptr<Job> job = s->submit(std::move(prompt), gen);
+    if (!job) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
+
+    openai::Completion c;
+    c.endpoint = endpoint;
+    c.id = (endpoint == openai::Endpoint::Chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+    c.created = unix_now();
+    c.model = model_id;
+
+    if (!r.stream) {
+        std::string text;
+        while (job->next(text) != Job::Wait::Ended) {
+        }
+        const Job::Result & result = job->result();
+        if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
+        return send_json(res, 200, openai::response(c, text, result.finish_reason, result.stats));
+    }
+
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [job, c, include_usage = r.include_usage](size_t, httplib::DataSink & sink) {
+        auto write = [&](const std::string & event) {
+            if (sink.write(event.data(), event.size())) return true;
+            job->cancel();  // the client went away: free the slot
+            return false;
+        };
+        if (!write(openai::sse(openai::chunk_start(c)))) return false;
+        for (;;) {
+            std::string text;
+            const Job::Wait w = job->next(text);
+            if (w == Job::Wait::Text) {
+                if (!write(openai::sse(openai::chunk_text(c, text)))) return false;
+            } else if (w == Job::Wait::Idle) {
+                if (!sink.is_writable() || !write(": waiting\n\n")) {
+                    job->cancel();
+                    return false;
+                }
+            } else {
+                break;
+            }
+        }
+        const Job::Result & result = job->result();
+        if (!result.error.empty()) {
+            write(openai::sse(openai::ApiError{500, result.error, "server_error", "", ""}.body()));
+        } else {
+            if (!write(openai::sse(openai::chunk_finish(c, result.finish_reason)))) return false;
+            if (include_usage && !write(openai::sse(openai::chunk_usage(c, result.stats)))) return false;
+        }
+        write("data: [DONE]\n\n");
+        sink.done();
+        return true;
+    }, [job](bool) { job->cancel(); });
+}
+
+}  // namespace specula

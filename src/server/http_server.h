@@ -1,0 +1,36 @@
+#pragma once
+// `specula serve`'s HTTP side (cpp-httplib): OpenAI routes over a Scheduler, plus /health,
+// /metrics (Prometheus text) and /slots. Listens before the model is loaded, answering 503 on
+// /health and the API routes until ready() is called.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+namespace specula {
+
+class Scheduler;
+struct Target;
+
+class HttpServer {
+public:
+    explicit HttpServer(int max_connections);
+    ~HttpServer();
+    HttpServer(const HttpServer &) = delete;
+    HttpServer & operator=(const HttpServer &) = delete;
+
+    // Binds (port 0: any free port) and serves in a background thread; returns the port.
+    // Throws Error when the address cannot be bound.
+    int start(const std::string & host, int port);
+    // From now on requests go to `scheduler`, generating with `target`'s tokenizer; both must
+    // outlive the server (or stop() first).
+    void ready(Target & target, Scheduler & scheduler, const std::string & model_id);
+    void stop();
+    void wait();  // until stop() (or the listener fails)
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specula

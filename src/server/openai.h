@@ -1,0 +1,61 @@
+#pragma once
+// OpenAI's wire format for `specula serve`: parsing and checking request bodies, and the JSON of
+// responses, stream chunks and errors. No HTTP here (server/http_server.cpp), no scheduling.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/specula.h"
+
+namespace specula::openai {
+
+// A request the server refuses: HTTP status and OpenAI's error object.
+struct ApiError {
+    int status = 400;
+    std::string message;
+    std::string type = "invalid_request_error";
+    std::string param;  // the offending field, or empty
+    std::string code;   // e.g. "context_length_exceeded", or empty
+    nlohmann::json body() const;
+};
+
+enum class Endpoint { Chat, Completions };
+
+struct Request {
+    Endpoint endpoint = Endpoint::Completions;
+    std::vector<std::pair<std::string, std::string>> messages;  // chat: (role, content)
+    std::string prompt;                                         // completions
+    int max_tokens = -1;                                        // -1: until the context is full
+    SamplingParams sampling;
+    bool seeded = false;       // the client gave a seed
+    bool ignore_eos = false;   // extension: keep generating past end-of-generation tokens
+    bool stream = false;
+    bool include_usage = false;
+};
+
+// Parses and checks a body; throws ApiError naming the field. `model_id` is the one model served
+// (a request may name it or omit it).
+Request parse_request(Endpoint endpoint, const std::string & body, const std::string & model_id);
+
+// The completed request's response, its stream chunks, and the usage/speculation objects.
+struct Completion {
+    Endpoint endpoint = Endpoint::Completions;
+    std::string id;
+    int64_t created = 0;
+    std::string model;
+};
+nlohmann::json usage(const GenerationStats & stats);
+nlohmann::json speculation(const GenerationStats & stats);
+nlohmann::json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats);
+// First chunk (chat: the role), a text delta, the last chunk of the choice, the usage chunk.
+nlohmann::json chunk_start(const Completion & c);
+nlohmann::json chunk_text(const Completion & c, const std::string & text);
+nlohmann::json chunk_finish(const Completion & c, const std::string & finish_reason);
+nlohmann::json chunk_usage(const Completion & c, const GenerationStats & stats);
+// One server-sent event: "data: <json>\n\n".
+std::string sse(const nlohmann::json & j);
+
+}  // namespace specula::openai

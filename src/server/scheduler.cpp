@@ -1,0 +1,297 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "common/error.h"
+#include "engine/sequence.h"
+#include "engine/target.h"
+#include "kv/kv_cache.h"
+#include "runtime/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+
+namespace {
+// Length of the longest prefix of `s` that ends on a UTF-8 character boundary (a malformed lead
+// byte counts as a character, so nothing is held back forever).
+size_t complete_utf8_prefix(const std::string & s) {
+    size_t i = s.size();
+    // Walk back over at most 3 continuation bytes to the last lead byte.
+    size_t back = 0;
+    while (back < 4 && i > 0 && (static_cast<uint8_t>(s[i - 1]) & 0xC0) == 0x80) {
+        --i;
+        ++back;
+    }
+    if (i == 0) return back >= 4 ? s.size() : 0;
+    const uint8_t lead = static_cast<uint8_t>(s[i - 1]);
+    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return back + 1 >= need ? s.size() : i - 1;
+}
+}  // namespace
+
+Job::Wait Job::next(std::string & text, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || finished_; });
+    if (!pending_.empty()) {
+        text += pending_;
+        pending_.clear();
+        return Wait::Text;
+    }
+    return finished_ ? Wait::Ended : Wait::Idle;
+}
+
+void Job::push(const std::string & piece) {
+    std::lock_guard lock(mutex_);
+    partial_ += piece;
+    const size_t n = complete_utf8_prefix(partial_);
+    if (n == 0) return;
+    pending_ += partial_.substr(0, n);
+    partial_.erase(0, n);
+    cv_.notify_all();
+}
+
+void Job::finish(Result result) {
+    std::lock_guard lock(mutex_);
+    pending_ += partial_;  // an unfinished character at the end is what the model produced
+    partial_.clear();
+    result_ = std::move(result);
+    finished_ = true;
+    cv_.notify_all();
+}
+
+struct Scheduler::Slot {
+    int id = 0;
+    std::unique_ptr<KvCache> cache;
+    std::unique_ptr<Drafter> drafter;
+    std::unique_ptr<DraftLengthPolicy> policy;
+    std::unique_ptr<TreeSizePolicy> tree_size;
+    std::shared_ptr<Job> job;
+    std::unique_ptr<Sequence> sequence;
+    bool ended_by_eog = false;
+    SpeculationStats seen;  // the sequence's counters already added to the metrics
+};
+
+Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target), options_(options) {
+    if (options.parallel < 1) throw Error("--parallel must be at least 1");
+    if (options.max_queued < 0) throw Error("the queue size must not be negative");
+    if (options.prefill_chunk < 1) throw Error("the prefill chunk must be at least 1 token");
+    const int n_ctx = target.options.n_ctx;
+    auto caches = KvCache::pool(*target.backend, target.model->config(), n_ctx, options.parallel);
+    for (int i = 0; i < options.parallel; ++i) {
+        auto slot = std::make_unique<Slot>();
+        slot->id = i;
+        slot->cache = std::move(caches[i]);
+        slot->drafter = target.make_drafter(n_ctx);
+        slots_.push_back(std::move(slot));
+    }
+    std::vector<int32_t> probe = target.tokenizer->tokenize("The quick brown fox jumps over the lazy dog.");
+    if (probe.empty()) probe.push_back(0);
+    // Up to the rows of a step where every slot drafts its longest chain (capped: the probe runs
+    // each size three times); larger steps extrapolate the curve.
+    target.measure_verify_cost_once(*slots_[0]->cache, probe, std::min(64, options.parallel * (target.options.draft_max + 1)));
+
+    metrics_.slots = options.parallel;
+    metrics_.rows_bounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    metrics_.rows_buckets.assign(metrics_.rows_bounds.size() + 1, 0);
+    metrics_.busy_slots_steps.assign(options.parallel, 0);
+    worker_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+    {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+    Job::Result stopped;
+    stopped.error = "the server is shutting down";
+    for (auto & job : queue_) job->finish(stopped);
+    for (auto & slot : slots_) {
+        if (slot->job) slot->job->finish(stopped);
+    }
+}
+
+int Scheduler::context_size() const { return target_.options.n_ctx; }
+
+std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options) {
+    if (prompt.empty()) throw Error("empty prompt");
+    if (static_cast<int>(prompt.size()) + std::max(options.n_predict, 0) > context_size()) {
+        throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.n_predict) +
+                    ") exceed the " + std::to_string(context_size()) + "-token context");
+    }
+    auto job = std::make_shared<Job>(std::move(prompt), options);
+    {
+        std::lock_guard lock(mutex_);
+        int free_slots = 0;
+        for (auto & slot : slots_) free_slots += !slot->job;
+        if (static_cast<int>(queue_.size()) >= options_.max_queued + free_slots) return nullptr;
+        queue_.push_back(job);
+    }
+    cv_.notify_all();
+    return job;
+}
+
+SchedulerMetrics Scheduler::metrics() const {
+    std::lock_guard lock(mutex_);
+    SchedulerMetrics m = metrics_;
+    m.deferred = static_cast<int>(queue_.size());
+    m.processing = 0;
+    for (auto & slot : slots_) {
+        SchedulerMetrics::Slot s;
+        s.id = slot->id;
+        s.busy = slot->job != nullptr;
+        s.n_cached = slot->cache->size();
+        if (slot->sequence) {
+            s.n_prompt = slot->sequence->n_prompt();
+            s.n_generated = slot->sequence->stats().n_generated;
+        }
+        m.processing += s.busy;
+        m.slot_states.push_back(s);
+    }
+    return m;
+}
+
+void Scheduler::admit() {
+    for (auto & slot : slots_) {
+        if (slot->job) continue;
+        while (!queue_.empty() && queue_.front()->cancelled()) {
+            ++metrics_.requests_cancelled;
+            Job::Result r;
+            r.error = "cancelled";
+            queue_.front()->finish(r);
+            queue_.pop_front();
+        }
+        if (queue_.empty()) return;
+        std::shared_ptr<Job> job = queue_.front();
+        queue_.pop_front();
+        try {
+            slot->cache->rollback(0);
+            // Fresh policies per request: what a sequence drafts depends on its own history only.
+            slot->policy = target_.speculative ? target_.make_draft_policy() : nullptr;
+            slot->tree_size = target_.speculative ? target_.make_tree_size_policy() : nullptr;
+            Tokenizer & tok = *target_.tokenizer;
+            Slot * s = slot.get();
+            auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
+            slot->sequence = std::make_unique<Sequence>(
+                SequenceParts{*slot->cache, slot->drafter.get(), slot->policy.get(), target_.tree, nullptr, nullptr, slot->tree_size.get()},
+                job->prompt_, job->options_, is_end, options_.prefill_chunk);
+            s->ended_by_eog = false;
+            s->seen = {};
+            slot->job = std::move(job);
+        } catch (const std::exception & e) {
+            ++metrics_.requests_failed;
+            Job::Result r;
+            r.error = e.what();
+            job->finish(r);
+            slot->sequence.reset();
+        }
+    }
+}
+
+void Scheduler::release(Slot & slot, bool finished_normally) {
+    if (slot.sequence) {
+        const GenerationStats & st = slot.sequence->stats();
+        metrics_.prompt_tokens += st.n_prompt;
+        metrics_.generated_tokens += st.n_generated;
+        metrics_.prompt_seconds += st.prompt_seconds;
+        metrics_.generation_seconds += st.generation_seconds;
+        Job::Result r;
+        r.stats = st;
+        r.n_generated = st.n_generated;
+        r.finish_reason = slot.ended_by_eog ? "stop" : "length";
+        if (finished_normally) {
+            ++metrics_.requests_finished;
+        } else {
+            ++metrics_.requests_cancelled;
+            r.error = "cancelled";
+        }
+        slot.job->finish(r);
+    }
+    slot.sequence.reset();
+    slot.job.reset();
+    slot.cache->rollback(0);
+}
+
+void Scheduler::run() {
+    std::unique_lock lock(mutex_);
+    std::vector<Slot *> active;
+    std::vector<Sequence *> sequences;
+    StepResult last_step;
+    for (;;) {
+        cv_.wait(lock, [&] {
+            if (stopping_ || !queue_.empty()) return true;
+            return std::any_of(slots_.begin(), slots_.end(), [](auto & s) { return s->job != nullptr; });
+        });
+        if (stopping_) return;
+        admit();
+        active.clear();
+        sequences.clear();
+        for (auto & slot : slots_) {
+            if (!slot->job) continue;
+            if (slot->job->cancelled()) {
+                release(*slot, false);  // a client that went away frees its slot at once
+                continue;
+            }
+            active.push_back(slot.get());
+            sequences.push_back(slot->sequence.get());
+        }
+        if (active.empty()) continue;
+
+        lock.unlock();
+        StepResult step;
+        std::string failure;
+        try {
+            Tokenizer & tok = *target_.tokenizer;
+            step = step_sequences(*target_.runner, sequences, [&](size_t i, int32_t t) {
+                Slot & s = *active[i];
+                if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) {
+                    s.ended_by_eog = true;
+                } else {
+                    s.job->push(tok.piece(t));
+                }
+                return !s.job->cancelled();
+            }, last_step);
+            last_step = step;
+        } catch (const std::exception & e) {
+            failure = e.what();
+        }
+        lock.lock();
+
+        if (!failure.empty()) {
+            for (Slot * s : active) {
+                ++metrics_.requests_failed;
+                Job::Result r;
+                r.error = failure;
+                s->job->finish(r);
+                s->sequence.reset();
+                s->job.reset();
+                s->cache->rollback(0);
+            }
+            continue;
+        }
+        ++metrics_.steps;
+        metrics_.rows_sum += step.rows;
+        for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {
+            if (b == metrics_.rows_bounds.size() || step.rows <= metrics_.rows_bounds[b]) ++metrics_.rows_buckets[b];
+        }
+        ++metrics_.busy_slots_steps[active.size() - 1];
+        for (Slot * s : active) {
+            const SpeculationStats & now = s->sequence->stats().speculation;
+            metrics_.draft_tokens += now.drafted - s->seen.drafted;
+            metrics_.accepted_tokens += now.accepted - s->seen.accepted;
+            if (metrics_.accepted_at.size() < now.accepted_at.size()) metrics_.accepted_at.resize(now.accepted_at.size(), 0);
+            for (size_t d = 0; d < now.accepted_at.size(); ++d) {
+                metrics_.accepted_at[d] += now.accepted_at[d] - (d < s->seen.accepted_at.size() ? s->seen.accepted_at[d] : 0);
+            }
+            const int drafts_now = now.reached_at.empty() ? 0 : now.reached_at[0];
+            const int drafts_seen = s->seen.reached_at.empty() ? 0 : s->seen.reached_at[0];
+            metrics_.drafts += drafts_now - drafts_seen;
+            s->seen = now;
+            if (s->sequence->done()) release(*s, !s->job->cancelled());
+        }
+    }
+}
+
+}  // namespace specula

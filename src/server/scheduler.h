@@ -1,0 +1,121 @@
+#pragma once
+// Continuous batching for `specula serve`: N slots, each a cache stream of one KV pool with its own
+// drafter, policies and Rng; requests beyond N wait in a bounded queue. One worker thread steps
+// every active sequence together, one target forward per step (prefill chunks and drafts side by
+// side, engine/sequence.h), so a sequence's output never depends on which others share the step.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "specula/specula.h"
+
+namespace specula {
+
+struct Target;
+
+struct SchedulerOptions {
+    int parallel = 1;        // slots: sequences generating at once
+    int max_queued = 64;     // requests waiting for a slot; more are refused
+    int prefill_chunk = 256; // prompt tokens a prefilling sequence adds per step
+};
+
+// One request's life, shared by the HTTP handler (consumer) and the scheduler (producer).
+class Job {
+public:
+    Job(std::vector<int32_t> prompt, GenerationOptions options) : prompt_(std::move(prompt)), options_(std::move(options)) {}
+
+    struct Result {
+        std::string finish_reason;  // "stop" (end of generation) | "length"
+        std::string error;          // non-empty: the job failed
+        GenerationStats stats;
+        int n_generated = 0;
+    };
+    // Waits up to `timeout` for new text or the end. Text: the new text (whole UTF-8 characters
+    // only) was appended to `text`. Ended: the job has ended and all its text was taken; result()
+    // is final. Idle: nothing happened (a chance to see whether the client is still there).
+    enum class Wait { Text, Ended, Idle };
+    Wait next(std::string & text, std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
+    const Result & result() const { return result_; }
+    // The client went away: the scheduler frees the slot at its next step.
+    void cancel() { cancelled_ = true; }
+    bool cancelled() const { return cancelled_; }
+
+private:
+    friend class Scheduler;
+    void push(const std::string & piece);  // scheduler side
+    void finish(Result result);
+
+    const std::vector<int32_t> prompt_;
+    const GenerationOptions options_;
+    std::atomic<bool> cancelled_{false};
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::string pending_;   // complete characters not yet taken
+    std::string partial_;   // the start of a UTF-8 character split across tokens
+    bool finished_ = false;
+    Result result_;
+};
+
+// Counters for /metrics and /slots (a consistent copy).
+struct SchedulerMetrics {
+    int slots = 0;
+    int processing = 0;  // requests in slots
+    int deferred = 0;    // requests waiting for a slot
+    uint64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
+    uint64_t prompt_tokens = 0, generated_tokens = 0;
+    double prompt_seconds = 0.0, generation_seconds = 0.0;
+    uint64_t steps = 0;
+    std::vector<double> rows_bounds;          // histogram of target-forward rows per step
+    std::vector<uint64_t> rows_buckets;       // cumulative counts per bound, last = +Inf
+    double rows_sum = 0.0;
+    std::vector<uint64_t> busy_slots_steps;   // [k]: steps with k + 1 sequences in the forward
+    uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
+    std::vector<uint64_t> accepted_at;        // [d]: drafts whose token at depth d + 1 was accepted
+    struct Slot {
+        int id = 0;
+        bool busy = false;
+        int n_prompt = 0, n_generated = 0, n_cached = 0;
+    };
+    std::vector<Slot> slot_states;
+};
+
+class Scheduler {
+public:
+    // The target must outlive the scheduler. Measures the verify cost (when the policies need it)
+    // before returning.
+    Scheduler(Target & target, SchedulerOptions options);
+    ~Scheduler();
+    Scheduler(const Scheduler &) = delete;
+    Scheduler & operator=(const Scheduler &) = delete;
+
+    // Queues a request; nullptr when the queue is full. The prompt must fit the context with
+    // options.n_predict (checked by the caller, which can name the sizes).
+    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options);
+    SchedulerMetrics metrics() const;
+    int context_size() const;  // tokens per slot
+
+private:
+    struct Slot;
+    void run();
+    void admit();                      // under mutex_: queued jobs into free slots
+    void release(Slot & slot, bool finished_normally);
+
+    Target & target_;
+    SchedulerOptions options_;
+    std::vector<std::unique_ptr<Slot>> slots_;
+    mutable std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<Job>> queue_;
+    bool stopping_ = false;
+    SchedulerMetrics metrics_;
+    std::thread worker_;
+};
+
+}  // namespace specula

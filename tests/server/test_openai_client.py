@@ -1,0 +1,215 @@
+"""`specula serve` end to end with the real `openai` Python client (pinned in
+scripts/setup_server_tests.sh). A server on 127.0.0.1 with the bundled 15.7M target and its draft
+model, 4 slots. Each test states the breakage it catches."""
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+
+import openai
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLI = os.environ.get("SPECULA_CLI", os.path.join(ROOT, "build", "bin", "specula"))
+MODEL = "specula-target"
+CTX = 512
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc = subprocess.Popen(
+        [CLI, "serve", "-m", os.path.join(ROOT, "models", "specula-target.gguf"),
+         "--draft", os.path.join(ROOT, "models", "specula-draft.gguf"), "--draft-policy", "fixed", "--draft-max", "4",
+         "--parallel", "4", "--port", "0", "-c", str(CTX), "-t", "1"],
+        stderr=subprocess.PIPE, text=True)
+    port = None
+    deadline = time.time() + 120
+    for line in proc.stderr:
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+        if "ready" in line or time.time() > deadline:
+            break
+    assert port, "the server did not print its port"
+    base = f"http://127.0.0.1:{port}"
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(base + "/health") as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.1)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def get_json(url):
+    with urllib.request.urlopen(url) as r:
+        return json.loads(r.read())
+
+
+MESSAGES = [{"role": "user", "content": "How do I open a file in Python?"}]
+
+
+def test_models_lists_the_served_model(client):
+    # Catches: a /v1/models the client cannot parse, or a model id that requests cannot name.
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_chat_stream_equals_non_stream_and_carries_usage(client):
+    # Catches: chunks the client cannot parse (role first, finish_reason last, usage chunk),
+    # text lost or duplicated between chunks, usage counts that disagree between the two modes.
+    full = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0)
+    assert full.choices[0].finish_reason in ("stop", "length")
+    assert full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 0
+    assert full.model_extra["speculation"]["rounds"] > 0
+    text, finish, usage, roles = "", None, None, []
+    for chunk in client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            roles.append(c.delta.role)
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert roles[0] == "assistant"
+    assert text == full.choices[0].message.content
+    assert finish == full.choices[0].finish_reason
+    assert usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_chat_stream_helper_finishes(client):
+    # Catches: a stream the client's helper cannot assemble (its events end with content.done).
+    # (get_final_completion() refuses finish_reason "length" by design, as it does with OpenAI.)
+    with client.chat.completions.stream(model=MODEL, messages=MESSAGES, max_tokens=16, temperature=0) as stream:
+        events = [e.type for e in stream]
+        snapshot = stream.current_completion_snapshot
+    assert "content.delta" in events and "content.done" in events
+    assert snapshot.choices[0].message.content and snapshot.choices[0].finish_reason == "length"
+
+
+def test_completions_stream_equals_non_stream(client):
+    # Catches: the text_completion stream format, or text differing between the two modes.
+    full = client.completions.create(model=MODEL, prompt="def read_config(path):", max_tokens=48, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="def read_config(path):", max_tokens=48, temperature=0, stream=True) if c.choices)
+    assert full.choices[0].text and streamed == full.choices[0].text
+
+
+def test_concurrent_clients_get_the_text_they_get_alone(client):
+    # Catches: sequences sharing a step changing each other's greedy output.
+    prompts = ["import os", "class Stack:", "The os module", "for line in f:", "def main():", "# TODO", "x = [", "try:"]
+    alone = {p: client.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0).choices[0].text for p in prompts[:2]}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda p: client.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0).choices[0].text,
+                            prompts))
+    for p in prompts[:2]:
+        assert got[prompts.index(p)] == alone[p]
+
+
+def test_seeded_sampling_is_reproducible(client):
+    # Catches: a request's seed ignored or its Rng shared with other requests.
+    ask = lambda: client.completions.create(model=MODEL, prompt="The", max_tokens=24, temperature=0.9, seed=7).choices[0].text
+    assert ask() == ask()
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    ({"n": 2}, "n"),
+    ({"model": "gpt-4"}, "model"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"max_tokens": CTX}, "max_tokens"),
+    ({"temperature": 5}, "temperature"),
+])
+def test_bad_requests_get_400_with_an_openai_error(client, kwargs, param):
+    # Catches: bad requests accepted or refused without OpenAI's error object naming the field.
+    args = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, **kwargs}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**args)
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == param and e.value.body["message"]
+
+
+def test_malformed_json_gets_400(server):
+    # Catches: a parse error that crashes the handler or answers 500.
+    req = urllib.request.Request(server + "/v1/chat/completions", data=b"{\"messages\": [", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 400
+    assert json.loads(e.value.read())["error"]["type"] == "invalid_request_error"
+
+
+def test_the_npm_openai_client(server):
+    # Catches: a format the npm client (a different parser from the Python one) cannot read:
+    # chat and completions, streaming and not, its stream helper, a 400's error fields.
+    env = dict(os.environ, NODE_PATH=os.path.join(ROOT, ".venv-server", "node", "node_modules"))
+    done = subprocess.run(["node", os.path.join(ROOT, "tests", "server", "openai_client.cjs"), server],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
+SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expanduser("~/.cache/specula/models"),
+                       "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
+def test_real_chat_template_smollm2():
+    # Catches: the model's chat template not applied (or mangled) to chat requests: an instruct
+    # model answers a plain question only when it sees its own template.
+    proc = subprocess.Popen([CLI, "serve", "-m", SMOLLM2, "--ngram", "--parallel", "2", "--port", "0", "-c", "512", "-t", "1"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            port = int(m.group(1)) if m else port
+            if "ready" in line:
+                break
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        r = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1",
+                                      messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                      max_tokens=24, temperature=0)
+        assert "Paris" in r.choices[0].message.content
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24, temperature=0, stream=True) if ch.choices)
+        assert streamed == r.choices[0].message.content
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
+    # Catches: a slot kept generating for a client that went away (it would stay busy for the
+    # whole 500 tokens), or a disconnect disturbing the other sequences.
+    host, port = server.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port))
+    body = json.dumps({"model": MODEL, "prompt": "import", "max_tokens": 500, "ignore_eos": True, "temperature": 0, "stream": True})
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.fp.readline()  # the first event has arrived: the request is in a slot
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        other = pool.submit(lambda: client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=32, temperature=0))
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        text = other.result().choices[0].text
+    alone = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=32, temperature=0).choices[0].text
+    assert text == alone
+    deadline = time.time() + 10
+    while time.time() < deadline and any(s["state"] != "idle" for s in get_json(server + "/slots")):
+        time.sleep(0.05)
+    assert all(s["state"] == "idle" for s in get_json(server + "/slots"))
+    metrics = urllib.request.urlopen(server + "/metrics").read().decode()
+    cancelled = re.search(r"^specula:requests_cancelled_total (\d+)", metrics, re.M)
+    assert cancelled and int(cancelled.group(1)) >= 1

@@ -1,0 +1,197 @@
+// Several sequences in one forward: KV streams of one pool, ragged blocks, a row sees only its own
+// sequence. With specula's batch-invariant kernels every sequence must get, bit for bit, what it
+// gets alone; a mask that leaked another stream's slots, a wrong slot offset in the cache writes,
+// or outputs split at the wrong rows would change some logits.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "common/error.h"
+#include "draft/draft_model.h"
+#include "draft/ngram.h"
+#include "engine/sequence.h"
+#include "engine/speculative.h"
+#include "kv/kv_cache.h"
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "test_models.h"
+
+namespace specula {
+namespace {
+
+const std::vector<std::vector<int32_t>> kPrompts = {
+    {1, 450, 4996, 17354, 1701, 29916},
+    {1, 822, 5713, 29898, 29876, 1125, 13, 1678, 310, 526},
+    {1, 29871, 29896, 29892},
+    {1, 3186},
+};
+
+bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A tree block: root, two children of the root, a grandchild under the second child.
+ForwardBatch tree_block(int base) {
+    ForwardBatch b;
+    b.tokens = {310, 526, 2253, 825};
+    b.positions = {base, base + 1, base + 1, base + 2};
+    b.mask = BlockMask::from_parents(std::vector<int>{-1, 0, 0, 2});
+    b.logit_rows = {0, 1, 2, 3};
+    return b;
+}
+
+struct Fixture {
+    explicit Fixture(const char * attention = "auto") : backend(BackendOptions{"cpu", 1, attention}) {}
+    Backend backend;
+    std::unique_ptr<Model> model = Model::load(test::model_path("llama_q8_0"), backend);
+    ModelRunner runner{*model};
+};
+
+// Catches: rows of one sequence seeing another's cache or block, cache writes at the wrong stream
+// offset, logits/taps handed to the wrong part.
+TEST(Batch, RaggedBlocksOfSeveralSequencesGiveEachItsLogitsAloneBitForBit) {
+    Fixture f;
+    const int n_seq = static_cast<int>(kPrompts.size());
+    auto pool = KvCache::pool(f.backend, f.model->config(), 64, n_seq);
+    // Prefill all prompts in one forward (ragged chunks), then one step of mixed blocks: a tree,
+    // a chain of three, a single root, and a causal chunk of two with logits for its last row only.
+    std::vector<ForwardBatch> prefill(n_seq), step(n_seq);
+    std::vector<ForwardOutput> out_prefill(n_seq), out_step(n_seq);
+    std::vector<BatchPart> parts;
+    for (int s = 0; s < n_seq; ++s) {
+        prefill[s] = ForwardBatch::causal(kPrompts[s], 0, {static_cast<int32_t>(kPrompts[s].size()) - 1});
+        prefill[s].tap_layers = {1};
+        parts.push_back({&prefill[s], pool[s].get(), &out_prefill[s]});
+    }
+    f.runner.forward_parts(parts);
+    step[0] = tree_block(static_cast<int>(kPrompts[0].size()));
+    step[1] = ForwardBatch::causal(std::vector<int32_t>{13, 1678, 29889}, static_cast<int>(kPrompts[1].size()), {0, 1, 2});
+    step[2] = ForwardBatch::causal(std::vector<int32_t>{29906}, static_cast<int>(kPrompts[2].size()), {0});
+    step[3] = ForwardBatch::causal(std::vector<int32_t>{450, 4996}, static_cast<int>(kPrompts[3].size()), {1});
+    parts.clear();
+    for (int s = 0; s < n_seq; ++s) {
+        step[s].tap_layers = {1};
+        parts.push_back({&step[s], pool[s].get(), &out_step[s]});
+    }
+    f.runner.forward_parts(parts);
+
+    for (int s = 0; s < n_seq; ++s) {
+        SCOPED_TRACE("sequence " + std::to_string(s));
+        KvCache alone(f.backend, f.model->config(), 64);
+        const ForwardOutput a = f.runner.forward(prefill[s], alone);
+        const ForwardOutput b = f.runner.forward(step[s], alone);
+        EXPECT_TRUE(same_bits(a.logits, out_prefill[s].logits));
+        EXPECT_TRUE(same_bits(a.taps.at(0), out_prefill[s].taps.at(0)));
+        EXPECT_TRUE(same_bits(b.logits, out_step[s].logits));
+        EXPECT_TRUE(same_bits(b.taps.at(0), out_step[s].taps.at(0)));
+        EXPECT_EQ(pool[s]->size(), alone.size());
+    }
+}
+
+// Catches: compaction or rollback of one stream touching another stream's slots, and reads at
+// the wrong offset. Layer 0's K/V rows depend only on the token and position, so they are exact
+// whatever the attention kernel; both V layouts.
+class PoolLayout : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(PoolLayout, CompactingOneStreamLeavesTheOthersAndMatchesAPlainCache) {
+    Fixture f(GetParam());
+    auto pool = KvCache::pool(f.backend, f.model->config(), 32, 3);
+    KvCache alone(f.backend, f.model->config(), 32);
+    const ForwardBatch prompt = ForwardBatch::causal(kPrompts[0], 0, {});
+    for (auto & s : pool) f.runner.forward(prompt, *s);
+    f.runner.forward(prompt, alone);
+    const int base = static_cast<int>(kPrompts[0].size());
+    const std::vector<float> neighbour_before = pool[2]->read_row(0, true, base - 1);
+    f.runner.forward(tree_block(base), *pool[1]);
+    f.runner.forward(tree_block(base), alone);
+    const std::vector<int> kept = {0, 2, 3};
+    pool[1]->compact(base, kept);
+    alone.compact(base, kept);
+    ASSERT_EQ(pool[1]->size(), alone.size());
+    for (int slot = 0; slot < alone.size(); ++slot) {
+        for (bool value : {false, true}) EXPECT_EQ(pool[1]->read_row(0, value, slot), alone.read_row(0, value, slot)) << slot;
+    }
+    EXPECT_EQ(pool[2]->read_row(0, true, base - 1), neighbour_before);
+    EXPECT_EQ(pool[0]->size(), base);
+    EXPECT_EQ(pool[2]->size(), base);
+}
+
+INSTANTIATE_TEST_SUITE_P(VLayouts, PoolLayout, ::testing::Values("flash", "matmul"));
+
+TEST(Batch, MalformedPartsAreErrors) {
+    Fixture f;
+    auto pool = KvCache::pool(f.backend, f.model->config(), 16, 2);
+    KvCache other(f.backend, f.model->config(), 16);
+    const ForwardBatch b = ForwardBatch::causal(kPrompts[2], 0, {0});
+    ForwardOutput o1, o2;
+    const BatchPart same_stream[2] = {{&b, pool[0].get(), &o1}, {&b, pool[0].get(), &o2}};
+    EXPECT_NE(test::error_message([&] { f.runner.forward_parts(same_stream); }).find("same KV stream"), std::string::npos);
+    const BatchPart two_pools[2] = {{&b, pool[0].get(), &o1}, {&b, &other, &o2}};
+    EXPECT_NE(test::error_message([&] { f.runner.forward_parts(two_pools); }).find("one KV pool"), std::string::npos);
+    EXPECT_EQ(pool[0]->size(), 0);  // nothing was appended
+    EXPECT_NE(test::error_message([&] { KvCache::pool(f.backend, f.model->config(), 16, 0); }).find("must be positive"), std::string::npos);
+}
+
+// The step driver: speculative sequences with different drafters and prompts, stepped together in
+// one forward per step, each emit exactly what they emit alone (greedy). Catches any cross-talk
+// through the shared forward, the verify rows, or a drafter state shared between sequences.
+TEST(Batch, SequencesSteppedTogetherEmitWhatTheyEmitAlone) {
+    Fixture f;
+    const int n_seq = static_cast<int>(kPrompts.size()), n_predict = 24;
+    auto make_drafter = [&](int s) -> std::unique_ptr<Drafter> {
+        if (s % 2 == 0) return std::make_unique<DraftModelDrafter>(*f.model, 64);
+        return std::make_unique<NgramDrafter>(1, 3);
+    };
+    GenerationOptions o;
+    o.n_predict = n_predict;
+    o.stop_at_end_of_generation = false;
+    auto never_end = [](int32_t) { return false; };
+
+    std::vector<std::vector<int32_t>> alone(n_seq);
+    for (int s = 0; s < n_seq; ++s) {
+        KvCache cache(f.backend, f.model->config(), 64);
+        auto drafter = make_drafter(s);
+        auto policy = make_draft_policy(DraftPolicyKind::Fixed, 1 + s, {});
+        SpecContext ctx{f.runner, cache, *drafter, *policy, TreeBudget{}, nullptr, nullptr};
+        generate_speculative(ctx, kPrompts[s], o, never_end, [&](int32_t t) {
+            alone[s].push_back(t);
+            return true;
+        });
+    }
+
+    auto pool = KvCache::pool(f.backend, f.model->config(), 64, n_seq);
+    std::vector<std::unique_ptr<Drafter>> drafters;
+    std::vector<std::unique_ptr<DraftLengthPolicy>> policies;
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (int s = 0; s < n_seq; ++s) {
+        drafters.push_back(make_drafter(s));
+        policies.push_back(make_draft_policy(DraftPolicyKind::Fixed, 1 + s, {}));
+        // A prefill chunk of 3 so that prompt chunks and drafts share steps.
+        seqs.push_back(std::make_unique<Sequence>(SequenceParts{*pool[s], drafters[s].get(), policies[s].get(), TreeBudget{}, nullptr, nullptr},
+                                                  kPrompts[s], o, never_end, 3));
+    }
+    std::vector<std::vector<int32_t>> together(n_seq);
+    for (;;) {
+        std::vector<Sequence *> active;
+        std::vector<int> index;
+        for (int s = 0; s < n_seq; ++s) {
+            if (!seqs[s]->done()) {
+                active.push_back(seqs[s].get());
+                index.push_back(s);
+            }
+        }
+        if (active.empty()) break;
+        step_sequences(f.runner, active, [&](size_t i, int32_t t) {
+            together[index[i]].push_back(t);
+            return true;
+        });
+    }
+    for (int s = 0; s < n_seq; ++s) {
+        EXPECT_EQ(together[s], alone[s]) << "sequence " << s;
+        EXPECT_EQ(static_cast<int>(alone[s].size()), n_predict);
+    }
+}
+
+}  // namespace
+}  // namespace specula
