@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "common/error.h"
@@ -138,6 +139,11 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
         Draft draft;
         if (budget.max_nodes > 0 && budget.depth > 0) draft = ctx.drafter.draft(DraftRequest{history, budget, &sp, &rng});
         double promised = 0.0;
+        RoundDecision decision{budget.shape == TreeShape::Chain ? ctx.policy.name() : ctx.tree_size ? "tree-size" : "fixed-tree",
+                               asked, draft.tree.size(), 0, {}};
+        if (budget.shape == TreeShape::Chain && budget.max_nodes < asked) {
+            decision.why = "asked " + std::to_string(asked) + ", room for " + std::to_string(budget.max_nodes) + " (context or -n)";
+        }
         if (ctx.tree_size && !draft.tree.empty()) {
             ctx.tree_size->observe_draft(ms_since(td), draft.tree.max_depth());
             std::vector<double> path_probs;
@@ -145,7 +151,12 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
             const int n = ctx.tree_size->choose(path_probs, ms_since(td));
             if (n < draft.tree.size()) draft.tree = prune_tree(draft.tree, n);
             for (int i = 0; i < n; ++i) promised += path_probs[i];
+            char why[160];
+            std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
+                          ctx.tree_size->calibration(), budget.min_path_prob, n, promised);
+            decision.why = why;
         }
+        decision.verified_nodes = draft.tree.size();
         const double draft_ms = ms_since(td);
 
         auto tv = clock_type::now();
@@ -178,7 +189,7 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
         ctx.policy.observe({draft.tree.size(), static_cast<int>(result.accepted.size()), draft.mean_entropy,
                             draft_ms / 1000.0, verify_ms / 1000.0, draft.tree.size() + 1});
         if (ctx.on_round) {
-            ctx.on_round(RoundInfo{run.speculation.rounds - 1, base, asked, draft_ms, verify_ms, &draft, &result, history});
+            ctx.on_round(RoundInfo{run.speculation.rounds - 1, base, asked, draft_ms, verify_ms, &draft, &result, history, decision});
         }
     }
     run.n_generated = emitted;

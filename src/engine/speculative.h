@@ -31,6 +31,7 @@ struct RoundInfo {
     const Draft * draft = nullptr;
     const VerifyResult * result = nullptr;
     std::span<const int32_t> history;  // the sequence after this round's tokens
+    RoundDecision decision;            // what the policy chose and why
 };
 
 using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
