@@ -429,8 +429,10 @@ void merge(SpeculationStats & into, const SpeculationStats & s) {
     into.accepted += s.accepted;
     into.emitted += s.emitted;
     into.reached_at.resize(std::max(into.reached_at.size(), s.reached_at.size()), 0);
+    into.drafted_at.resize(into.reached_at.size(), 0);
     into.accepted_at.resize(into.reached_at.size(), 0);
     for (size_t d = 0; d < s.reached_at.size(); ++d) {
+        into.drafted_at[d] += s.drafted_at[d];
         into.reached_at[d] += s.reached_at[d];
         into.accepted_at[d] += s.accepted_at[d];
     }
@@ -457,9 +459,17 @@ Summary tok_s(const Cell & c) {
     return summarize(v);
 }
 
+// Reported per-position acceptance (accepted at depth d+1 / rounds that drafted that deep).
 std::vector<double> acceptance_by_position(const SpeculationStats & s) {
     std::vector<double> a;
-    for (size_t d = 0; d < s.reached_at.size(); ++d) a.push_back(s.acceptance_at(d));
+    for (size_t d = 0; d < s.drafted_at.size(); ++d) a.push_back(s.acceptance_at(d));
+    return a;
+}
+
+// What the cost model multiplies: P(accept depth d+1 | all before accepted).
+std::vector<double> acceptance_given_reached(const SpeculationStats & s) {
+    std::vector<double> a;
+    for (size_t d = 0; d < s.reached_at.size(); ++d) a.push_back(s.acceptance_given_reached(d));
     return a;
 }
 
@@ -476,7 +486,7 @@ double verify_ms_in_run(const CostCurve & cost, size_t k, double plain_ms) { ret
 // plain_ms: plain decoding's measured time per token (the baseline of both figures below).
 double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_ms) {
     if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_ms <= 0) return 0.0;
-    const std::vector<double> alpha = acceptance_by_position(c.spec);
+    const std::vector<double> alpha = acceptance_given_reached(c.spec);
     double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) tokens += c.rounds_by_depth[d] * expected_tokens(alpha, static_cast<int>(d));
     for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) {
@@ -535,7 +545,7 @@ void print_row(const Row & r) {
     const bool spec = is_speculative(r.mode->kind);
     std::string positions;
     const auto a = acceptance_by_position(s);
-    for (size_t d = 0; d < a.size(); ++d) positions += s.reached_at[d] ? fmt("%.2f ", a[d]) : std::string("- ");
+    for (size_t d = 0; d < a.size(); ++d) positions += s.drafted_at[d] ? fmt("%.2f ", a[d]) : std::string("- ");
     if (spec && positions.empty()) positions = "-";
     std::printf("%-11s %-24s %8.1f [%7.1f .. %7.1f] %7.2fx %7s %7s %9s %7s  %s\n", r.category.c_str(), r.mode->name, r.tok_s.median,
                 r.tok_s.min, r.tok_s.max, r.speedup, spec ? fmt("%.3f", s.acceptance_rate()).c_str() : "-",
@@ -580,9 +590,9 @@ json row_json(const Row & r, float temp) {
         j["drafted"] = s.drafted;
         j["accepted"] = s.accepted;
         if (is_specula(r.mode->kind)) {
-            json positions = json::array();  // null: no round reached that depth
+            json positions = json::array();  // null: no round drafted that deep
             const auto a = acceptance_by_position(s);
-            for (size_t d = 0; d < a.size(); ++d) positions.push_back(s.reached_at[d] ? json(a[d]) : json(nullptr));
+            for (size_t d = 0; d < a.size(); ++d) positions.push_back(s.drafted_at[d] ? json(a[d]) : json(nullptr));
             j["acceptance_by_position"] = positions;
             j["rounds_by_size"] = r.cell->rounds_by_k;  // drafted tokens (chains) / verified nodes (trees)
             j["rounds_by_depth"] = r.cell->rounds_by_depth;

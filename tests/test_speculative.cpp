@@ -493,12 +493,28 @@ TEST(Speculative, StatsCountRoundsAndPositions) {
     SpeculationStats st;
     st.add_round(4, 4, 2);  // accepted d1, d2; d3 rejected
     st.add_round(4, 4, 4);
-    EXPECT_EQ(st.rounds, 2);
-    EXPECT_EQ(st.emitted, 8);
-    EXPECT_DOUBLE_EQ(st.mean_accepted_length(), 4.0);
-    EXPECT_EQ(st.reached_at, (std::vector<int>{2, 2, 2, 1}));
+    st.add_round(2, 2, 0);  // d1 rejected
+    EXPECT_EQ(st.rounds, 3);
+    EXPECT_EQ(st.emitted, 9);
+    EXPECT_DOUBLE_EQ(st.mean_accepted_length(), 3.0);
+    EXPECT_EQ(st.drafted_at, (std::vector<int>{3, 3, 2, 2}));
+    EXPECT_EQ(st.reached_at, (std::vector<int>{3, 2, 2, 1}));
     EXPECT_EQ(st.accepted_at, (std::vector<int>{2, 2, 1, 1}));
+    // Reported acceptance: accepted at i / rounds that drafted at least i deep (docs/report.md).
+    EXPECT_DOUBLE_EQ(st.acceptance_at(1), 2.0 / 3.0);
+    EXPECT_DOUBLE_EQ(st.acceptance_given_reached(1), 1.0);
     EXPECT_DOUBLE_EQ(expected_tokens({1.0, 0.5}, 2), 2.5);
+}
+
+// Catches the summary printing a rate for a position no round drafted (issue 15 part 6).
+TEST(Speculative, SummaryPrintsADashForPositionsNeverDrafted) {
+    SpeculationStats st;
+    st.add_round(2, 2, 1);
+    st.drafted_at.push_back(0);  // as merged stats of runs with a deeper cap look
+    st.reached_at.push_back(0);
+    st.accepted_at.push_back(0);
+    const std::string s = format_summary(st);
+    EXPECT_NE(s.find("1:1.00 2:0.00 3:-"), std::string::npos) << s;
 }
 
 TEST(Speculative, BadSetupsGiveClearErrors) {

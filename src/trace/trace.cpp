@@ -80,10 +80,14 @@ std::string format_summary(const SpeculationStats & s) {
     std::snprintf(buf, sizeof(buf), "drafted %d, accepted %d (%.1f%%), mean accepted length %.2f tokens/forward over %d rounds",
                   s.drafted, s.accepted, 100.0 * s.acceptance_rate(), s.mean_accepted_length(), s.rounds);
     std::string out = buf;
-    if (!s.reached_at.empty()) {
+    if (!s.drafted_at.empty()) {
         out += "; per-position acceptance:";
-        for (size_t d = 0; d < s.reached_at.size(); ++d) {
-            std::snprintf(buf, sizeof(buf), " %zu:%.2f", d + 1, s.acceptance_at(d));
+        for (size_t d = 0; d < s.drafted_at.size(); ++d) {
+            if (s.drafted_at[d] == 0) {
+                std::snprintf(buf, sizeof(buf), " %zu:-", d + 1);
+            } else {
+                std::snprintf(buf, sizeof(buf), " %zu:%.2f", d + 1, s.acceptance_at(d));
+            }
             out += buf;
         }
     }
