@@ -14,5 +14,6 @@ void register_generate(CLI::App & app, Commands & commands);
 void register_bench(CLI::App & app, Commands & commands);
 void register_make_model(CLI::App & app, Commands & commands);
 void register_convert(CLI::App & app, Commands & commands);
+void register_report(CLI::App & app, Commands & commands);
 
 }  // namespace specula::cli

@@ -1,4 +1,4 @@
-// specula command line: generate | bench | make-model. Every failure prints one line and exits 1.
+// specula command line: generate | bench | make-model | convert | report. Every failure prints one line and exits 1.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -14,6 +14,7 @@ int main(int argc, char ** argv) {
     specula::cli::register_bench(app, commands);
     specula::cli::register_make_model(app, commands);
     specula::cli::register_convert(app, commands);
+    specula::cli::register_report(app, commands);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
