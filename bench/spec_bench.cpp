@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "report.h"
 #include "common/error.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
@@ -622,6 +623,8 @@ void validate(const SpecBenchOptions & o) {
     if (o.n_gen < 1) throw Error("-n must be at least 1");
     if (o.draft_max < 1) throw Error("--draft-max must be at least 1");
     if (o.temps.empty()) throw Error("--temps needs at least one temperature");
+    // Before minutes of runs: a page that cannot be written fails now, not at the end.
+    if (!o.html_path.empty() && !std::ofstream(o.html_path)) throw Error(o.html_path + ": cannot open the report for writing");
     for (float t : o.temps) {
         if (t < 0) throw Error("temperatures must be >= 0");
     }
@@ -742,9 +745,9 @@ void print_headline(const Headline & h, float temp) {
     line(std::string(h.llama_plain.mode->name) + " (llama.cpp's faster -fa)", h.llama_plain, "");
 }
 
-void write_json(const SpecBenchOptions & o, const std::string & prompts_path, int threads, const MachineLoad & load,
-                const CostCurve & cost, const Headline & h, json rows) {
-    const json j = {
+json results_json(const SpecBenchOptions & o, const std::string & prompts_path, int threads, const MachineLoad & load,
+                  const CostCurve & cost, const Headline & h, json rows) {
+    return {
         {"target", o.model},
         {"draft", o.draft},
         {"prompts", prompts_path},
@@ -779,8 +782,6 @@ void write_json(const SpecBenchOptions & o, const std::string & prompts_path, in
         {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}}},
         {"results", std::move(rows)},
     };
-    std::ofstream(o.json_path) << j.dump(2) << "\n";
-    std::printf("wrote %s\n", o.json_path.c_str());
 }
 
 }  // namespace
@@ -825,7 +826,15 @@ int run_spec_bench(const SpecBenchOptions & o) {
     json rows = print_tables(o, cells, categories, rig.cost);
     const Headline h = headline(o, cells, rig.cost);
     print_headline(h, o.temps[0]);
-    if (!o.json_path.empty()) write_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
+    const json j = results_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
+    if (!o.json_path.empty()) {
+        std::ofstream(o.json_path) << j.dump(2) << "\n";
+        std::printf("wrote %s\n", o.json_path.c_str());
+    }
+    if (!o.html_path.empty()) {
+        report::write_page(o.html_path, {{"kind", "bench"}, {"bench", j}});
+        std::printf("wrote %s\n", o.html_path.c_str());
+    }
     return 0;
 }
 
