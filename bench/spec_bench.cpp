@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "report.h"
 #include "common/error.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
@@ -429,8 +430,10 @@ void merge(SpeculationStats & into, const SpeculationStats & s) {
     into.accepted += s.accepted;
     into.emitted += s.emitted;
     into.reached_at.resize(std::max(into.reached_at.size(), s.reached_at.size()), 0);
+    into.drafted_at.resize(into.reached_at.size(), 0);
     into.accepted_at.resize(into.reached_at.size(), 0);
     for (size_t d = 0; d < s.reached_at.size(); ++d) {
+        into.drafted_at[d] += s.drafted_at[d];
         into.reached_at[d] += s.reached_at[d];
         into.accepted_at[d] += s.accepted_at[d];
     }
@@ -457,9 +460,17 @@ Summary tok_s(const Cell & c) {
     return summarize(v);
 }
 
+// Reported per-position acceptance (accepted at depth d+1 / rounds that drafted that deep).
 std::vector<double> acceptance_by_position(const SpeculationStats & s) {
     std::vector<double> a;
-    for (size_t d = 0; d < s.reached_at.size(); ++d) a.push_back(s.acceptance_at(d));
+    for (size_t d = 0; d < s.drafted_at.size(); ++d) a.push_back(s.acceptance_at(d));
+    return a;
+}
+
+// What the cost model multiplies: P(accept depth d+1 | all before accepted).
+std::vector<double> acceptance_given_reached(const SpeculationStats & s) {
+    std::vector<double> a;
+    for (size_t d = 0; d < s.reached_at.size(); ++d) a.push_back(s.acceptance_given_reached(d));
     return a;
 }
 
@@ -476,7 +487,7 @@ double verify_ms_in_run(const CostCurve & cost, size_t k, double plain_ms) { ret
 // plain_ms: plain decoding's measured time per token (the baseline of both figures below).
 double predicted_speedup(const Cell & c, const Mode & mode, const CostCurve & cost, double plain_ms) {
     if (!is_specula(mode.kind) || !is_speculative(mode.kind) || cost.verify_ms.empty() || plain_ms <= 0) return 0.0;
-    const std::vector<double> alpha = acceptance_by_position(c.spec);
+    const std::vector<double> alpha = acceptance_given_reached(c.spec);
     double tokens = 0, ms = c.times.first_draft_ms + c.times.draft_ms;
     for (size_t d = 0; d < c.rounds_by_depth.size(); ++d) tokens += c.rounds_by_depth[d] * expected_tokens(alpha, static_cast<int>(d));
     for (size_t k = 0; k < c.rounds_by_k.size() && k < cost.verify_ms.size(); ++k) {
@@ -535,7 +546,7 @@ void print_row(const Row & r) {
     const bool spec = is_speculative(r.mode->kind);
     std::string positions;
     const auto a = acceptance_by_position(s);
-    for (size_t d = 0; d < a.size(); ++d) positions += s.reached_at[d] ? fmt("%.2f ", a[d]) : std::string("- ");
+    for (size_t d = 0; d < a.size(); ++d) positions += s.drafted_at[d] ? fmt("%.2f ", a[d]) : std::string("- ");
     if (spec && positions.empty()) positions = "-";
     std::printf("%-11s %-24s %8.1f [%7.1f .. %7.1f] %7.2fx %7s %7s %9s %7s  %s\n", r.category.c_str(), r.mode->name, r.tok_s.median,
                 r.tok_s.min, r.tok_s.max, r.speedup, spec ? fmt("%.3f", s.acceptance_rate()).c_str() : "-",
@@ -580,9 +591,9 @@ json row_json(const Row & r, float temp) {
         j["drafted"] = s.drafted;
         j["accepted"] = s.accepted;
         if (is_specula(r.mode->kind)) {
-            json positions = json::array();  // null: no round reached that depth
+            json positions = json::array();  // null: no round drafted that deep
             const auto a = acceptance_by_position(s);
-            for (size_t d = 0; d < a.size(); ++d) positions.push_back(s.reached_at[d] ? json(a[d]) : json(nullptr));
+            for (size_t d = 0; d < a.size(); ++d) positions.push_back(s.drafted_at[d] ? json(a[d]) : json(nullptr));
             j["acceptance_by_position"] = positions;
             j["rounds_by_size"] = r.cell->rounds_by_k;  // drafted tokens (chains) / verified nodes (trees)
             j["rounds_by_depth"] = r.cell->rounds_by_depth;
@@ -612,6 +623,8 @@ void validate(const SpecBenchOptions & o) {
     if (o.n_gen < 1) throw Error("-n must be at least 1");
     if (o.draft_max < 1) throw Error("--draft-max must be at least 1");
     if (o.temps.empty()) throw Error("--temps needs at least one temperature");
+    // Before minutes of runs: a page that cannot be written fails now, not at the end.
+    if (!o.html_path.empty() && !std::ofstream(o.html_path)) throw Error(o.html_path + ": cannot open the report for writing");
     for (float t : o.temps) {
         if (t < 0) throw Error("temperatures must be >= 0");
     }
@@ -732,9 +745,9 @@ void print_headline(const Headline & h, float temp) {
     line(std::string(h.llama_plain.mode->name) + " (llama.cpp's faster -fa)", h.llama_plain, "");
 }
 
-void write_json(const SpecBenchOptions & o, const std::string & prompts_path, int threads, const MachineLoad & load,
-                const CostCurve & cost, const Headline & h, json rows) {
-    const json j = {
+json results_json(const SpecBenchOptions & o, const std::string & prompts_path, int threads, const MachineLoad & load,
+                  const CostCurve & cost, const Headline & h, json rows) {
+    return {
         {"target", o.model},
         {"draft", o.draft},
         {"prompts", prompts_path},
@@ -769,8 +782,6 @@ void write_json(const SpecBenchOptions & o, const std::string & prompts_path, in
         {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}}},
         {"results", std::move(rows)},
     };
-    std::ofstream(o.json_path) << j.dump(2) << "\n";
-    std::printf("wrote %s\n", o.json_path.c_str());
 }
 
 }  // namespace
@@ -815,7 +826,15 @@ int run_spec_bench(const SpecBenchOptions & o) {
     json rows = print_tables(o, cells, categories, rig.cost);
     const Headline h = headline(o, cells, rig.cost);
     print_headline(h, o.temps[0]);
-    if (!o.json_path.empty()) write_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
+    const json j = results_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
+    if (!o.json_path.empty()) {
+        std::ofstream(o.json_path) << j.dump(2) << "\n";
+        std::printf("wrote %s\n", o.json_path.c_str());
+    }
+    if (!o.html_path.empty()) {
+        report::write_page(o.html_path, {{"kind", "bench"}, {"bench", j}});
+        std::printf("wrote %s\n", o.html_path.c_str());
+    }
     return 0;
 }
 

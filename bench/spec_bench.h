@@ -13,6 +13,7 @@ struct SpecBenchOptions {
     int tree_nodes = 0;       // nodes per tree verify; 0 = from the measured verify cost
     std::string prompts;      // prompt set (JSON); empty = bench/prompts.json of the source tree
     std::string json_path;    // write results as JSON
+    std::string html_path;    // write results as an HTML page (tools/report/)
     int threads = 0;          // 0 = physical cores; every engine gets the same count
     std::string attention = "auto";  // specula's attention kernel; llama.cpp runs with -fa on and with -fa off
     std::string kernels = "auto";    // specula's matmul kernels: auto (own on the CPU) | specula | ggml

@@ -3,7 +3,8 @@
 set -euo pipefail
 packages=(g++ cmake make git ca-certificates npm ccache libgtest-dev libbenchmark-dev
           libcpp-httplib-dev pkg-config nlohmann-json3-dev libcli11-dev python3-pip unzip
-          clang-14 libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh
+          clang-14 libclang-rt-14-dev   # clang + libFuzzer: scripts/fuzz.sh
+          chromium)                     # headless browser: test_report renders the HTML report
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -273,39 +273,7 @@ TEST(Hostile, AddedSpecialTokenOutsideTheVocabulary) {
 
 // ---------------------------------------------------------------- the CLI
 
-struct CliRun {
-    int exit_code = -1;
-    int signal = 0;
-    std::string err;
-};
-
-CliRun run_cli(const std::string & args) {
-    const std::string err_path = test::scratch_dir() + "/hostile-cli-stderr.txt";
-    const int status = std::system((std::string(SPECULA_CLI) + " " + args + " >/dev/null 2>" + err_path).c_str());
-    CliRun r;
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
-    std::ifstream in(err_path);
-    std::stringstream s;
-    s << in.rdbuf();
-    r.err = s.str();
-    return r;
-}
-
-// Exit code 1, no signal, and stderr's only non-empty line is `specula: error: <text...>`.
-void expect_cli_error(const std::string & args, const std::string & text) {
-    const CliRun r = run_cli(args);
-    EXPECT_EQ(r.signal, 0) << args;
-    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
-    std::vector<std::string> lines;
-    std::istringstream in(r.err);
-    for (std::string line; std::getline(in, line);) {
-        if (!line.empty()) lines.push_back(line);
-    }
-    ASSERT_EQ(lines.size(), 1u) << r.err;
-    EXPECT_EQ(lines[0].rfind("specula: error: ", 0), 0u) << lines[0];
-    EXPECT_NE(lines[0].find(text), std::string::npos) << lines[0];
-}
+void expect_cli_error(const std::string & args, const std::string & text) { test::expect_cli_error(SPECULA_CLI, args, text); }
 
 TEST(HostileCli, MissingAndNonGgufFiles) {
     expect_cli_error("generate -m /nonexistent.gguf -p hi", "/nonexistent.gguf: no such file");

@@ -1,6 +1,10 @@
 #include "test_models.h"
 
 #include <filesystem>
+#include <fstream>
+#include <gtest/gtest.h>
+#include <sstream>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <mutex>
 #include <stdexcept>
@@ -11,6 +15,37 @@
 namespace specula::test {
 
 std::string vocab_dir() { return SPECULA_VOCAB_DIR; }
+
+CommandRun run_command(const std::string & command) {
+    const std::string base = scratch_dir() + "/command-" + std::to_string(getpid());
+    const int status = std::system((command + " >" + base + ".out 2>" + base + ".err").c_str());
+    CommandRun r;
+    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+    auto slurp = [](const std::string & path) {
+        std::ifstream in(path);
+        std::stringstream s;
+        s << in.rdbuf();
+        return s.str();
+    };
+    r.out = slurp(base + ".out");
+    r.err = slurp(base + ".err");
+    return r;
+}
+
+void expect_cli_error(const std::string & cli, const std::string & args, const std::string & text) {
+    const CommandRun r = run_command(cli + " " + args);
+    EXPECT_EQ(r.signal, 0) << args;
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+    std::vector<std::string> lines;
+    std::istringstream in(r.err);
+    for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) lines.push_back(line);
+    }
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_EQ(lines[0].rfind("specula: error: ", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find(text), std::string::npos) << lines[0];
+}
 
 std::string error_message(const std::function<void()> & f) {
     try {

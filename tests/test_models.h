@@ -35,4 +35,15 @@ std::string vocab_dir();
 std::string error_message(const std::function<void()> & f);
 std::string scratch_dir();
 
+struct CommandRun {
+    int exit_code = -1;
+    int signal = 0;
+    std::string out, err;
+};
+// Runs a shell command, capturing its stdout and stderr.
+CommandRun run_command(const std::string & command);
+// The CLI's error contract: exit code 1, no signal, and stderr's only non-empty line is
+// `specula: error: <... text ...>`.
+void expect_cli_error(const std::string & cli, const std::string & args, const std::string & text);
+
 }  // namespace specula::test

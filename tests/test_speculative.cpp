@@ -527,13 +527,15 @@ TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {
     {
         TraceWriter w(path, [](int32_t t) { return std::string("t").append(std::to_string(t)); });
         s.run(drafter, DraftPolicyKind::Fixed, 3, kPrompts[1], 20, sp,
-              [&](const RoundInfo & r) { w.round(r.round, r.base, r.draft_length, r.draft_ms, r.verify_ms, *r.result); });
+              [&](const RoundInfo & r) { w.round(r.round, r.base, r.draft_ms, r.verify_ms, r.decision, r.draft->tree, *r.result); });
     }
     std::ifstream in(path);
     std::string line;
     int lines = 0, emitted = 0;
     while (std::getline(in, line)) {
         auto j = nlohmann::json::parse(line);
+        if (j["kind"] == "round") continue;  // checked by TraceRecordsEachRoundsTreeAndPolicyDecision
+        ASSERT_EQ(j["kind"], "token");
         for (const char * k : {"round", "position", "token", "text", "q", "p", "accept_prob", "draw", "outcome", "draft_len", "draft_ms", "verify_ms"}) {
             ASSERT_TRUE(j.contains(k)) << k;
         }
@@ -545,16 +547,101 @@ TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {
     EXPECT_GE(emitted, 20);
 }
 
+// Catches a trace that loses or garbles a round's tree (tokens, parents, depths, draft
+// probabilities), the accepted path or the policy's decision: the tree rebuilt from the trace's
+// round lines must equal what the drafter handed to the verifier, round by round.
+TEST(Speculative, TraceRecordsEachRoundsTreeAndPolicyDecision) {
+    Spec s;
+    DraftModelDrafter drafter(*s.draft_small, 256);
+    const std::string path = test::scratch_dir() + "/trace_tree.jsonl";
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.seed = 5;
+    std::vector<TokenTree> drafted;
+    std::vector<std::vector<int>> accepted;
+    std::vector<RoundDecision> decisions;
+    {
+        TraceWriter w(path, [](int32_t t) { return std::string("t").append(std::to_string(t)); });
+        TreeSizePolicy tree_size(std::vector<double>{1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9});
+        s.run(drafter, DraftPolicyKind::Fixed, 3, kPrompts[1], 24, sp,
+              [&](const RoundInfo & r) {
+                  drafted.push_back(r.draft->tree);
+                  accepted.push_back(r.result->accepted);
+                  decisions.push_back(r.decision);
+                  w.round(r.round, r.base, r.draft_ms, r.verify_ms, r.decision, r.draft->tree, *r.result);
+              },
+              nullptr, nullptr, TreeBudget{TreeShape::Dynamic, 3, 3, 0}, &tree_size);
+    }
+    ASSERT_FALSE(drafted.empty());
+    std::ifstream in(path);
+    std::string line;
+    size_t round = 0;
+    int branching_rounds = 0;
+    while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] != "round") {
+            if (j["outcome"] == "accepted") {  // an accepted token names its node in the round's tree
+                const TokenTree & t = drafted.at(round - 1);
+                EXPECT_EQ(j["token"].get<int32_t>(), t.token.at(j["node"].get<int>()));
+            }
+            continue;
+        }
+        ASSERT_LT(round, drafted.size());
+        EXPECT_EQ(j["round"].get<size_t>(), round);
+        const auto & n = j["tree"];
+        TokenTree rebuilt;
+        for (size_t i = 0; i < n["token"].size(); ++i) {
+            rebuilt.add(n["parent"][i].get<int>(), n["token"][i].get<int32_t>(), std::log(n["path_prob"][i].get<float>()));
+        }
+        const TokenTree & want = drafted[round];
+        EXPECT_EQ(rebuilt.token, want.token) << "round " << round;
+        EXPECT_EQ(rebuilt.parent, want.parent) << "round " << round;
+        EXPECT_EQ(rebuilt.depth, want.depth) << "round " << round;
+        EXPECT_EQ(n["depth"].get<std::vector<int>>(), want.depth);
+        for (int i = 0; i < want.size(); ++i) {
+            EXPECT_NEAR(n["q"][i].get<float>(), node_draft_prob(want, i), 1e-6f);
+            EXPECT_NEAR(n["path_prob"][i].get<float>(), std::exp(want.logp[i]), 1e-6f);
+            EXPECT_LT(node_draft_prob(want, i), 1.0f);  // a sampled draft model's q, not the deterministic 1
+        }
+        for (int i = 0; i < want.size(); ++i) branching_rounds += want.children(i).size() > 1 || want.children(TokenTree::kRoot).size() > 1;
+        EXPECT_EQ(j["accepted"].get<std::vector<int>>(), accepted[round]);
+        EXPECT_EQ(j["policy"], "tree-size");
+        EXPECT_EQ(j["verified_nodes"].get<int>(), want.size());
+        EXPECT_EQ(j["drafted_nodes"].get<int>(), decisions[round].drafted_nodes);
+        EXPECT_GE(j["drafted_nodes"].get<int>(), want.size());
+        EXPECT_NE(j["why"].get<std::string>().find("calibration"), std::string::npos);
+        ++round;
+    }
+    EXPECT_EQ(round, drafted.size());
+    EXPECT_GT(branching_rounds, 0) << "no round drafted a real tree: the test would not see parents garbled";
+}
+
 TEST(Speculative, StatsCountRoundsAndPositions) {
     SpeculationStats st;
     st.add_round(4, 4, 2);  // accepted d1, d2; d3 rejected
     st.add_round(4, 4, 4);
-    EXPECT_EQ(st.rounds, 2);
-    EXPECT_EQ(st.emitted, 8);
-    EXPECT_DOUBLE_EQ(st.mean_accepted_length(), 4.0);
-    EXPECT_EQ(st.reached_at, (std::vector<int>{2, 2, 2, 1}));
+    st.add_round(2, 2, 0);  // d1 rejected
+    EXPECT_EQ(st.rounds, 3);
+    EXPECT_EQ(st.emitted, 9);
+    EXPECT_DOUBLE_EQ(st.mean_accepted_length(), 3.0);
+    EXPECT_EQ(st.drafted_at, (std::vector<int>{3, 3, 2, 2}));
+    EXPECT_EQ(st.reached_at, (std::vector<int>{3, 2, 2, 1}));
     EXPECT_EQ(st.accepted_at, (std::vector<int>{2, 2, 1, 1}));
+    // Reported acceptance: accepted at i / rounds that drafted at least i deep (docs/report.md).
+    EXPECT_DOUBLE_EQ(st.acceptance_at(1), 2.0 / 3.0);
+    EXPECT_DOUBLE_EQ(st.acceptance_given_reached(1), 1.0);
     EXPECT_DOUBLE_EQ(expected_tokens({1.0, 0.5}, 2), 2.5);
+}
+
+// Catches the summary printing a rate for a position no round drafted (issue 15 part 6).
+TEST(Speculative, SummaryPrintsADashForPositionsNeverDrafted) {
+    SpeculationStats st;
+    st.add_round(2, 2, 1);
+    st.drafted_at.push_back(0);  // as merged stats of runs with a deeper cap look
+    st.reached_at.push_back(0);
+    st.accepted_at.push_back(0);
+    const std::string s = format_summary(st);
+    EXPECT_NE(s.find("1:1.00 2:0.00 3:-"), std::string::npos) << s;
 }
 
 TEST(Speculative, BadSetupsGiveClearErrors) {

@@ -47,23 +47,30 @@ struct SpeculationStats {
     int drafted = 0;
     int accepted = 0;
     int emitted = 0;
+    std::vector<int> drafted_at;   // [d]: rounds whose draft reached depth d+1 (drafted at least d+1 tokens deep)
     std::vector<int> reached_at;   // [d]: rounds whose draft had a token at depth d+1 with all before accepted
     std::vector<int> accepted_at;  // [d]: rounds that accepted that token
 
     double acceptance_rate() const { return drafted ? double(accepted) / drafted : 0.0; }
     double mean_accepted_length() const { return rounds ? double(emitted) / rounds : 0.0; }
-    double acceptance_at(size_t d) const { return reached_at[d] ? double(accepted_at[d]) / reached_at[d] : 0.0; }
+    // Per-position acceptance as every output reports it: accepted at depth d+1 / rounds that
+    // drafted that deep. 0 when no round drafted that deep (outputs print "-" there).
+    double acceptance_at(size_t d) const { return drafted_at[d] ? double(accepted_at[d]) / drafted_at[d] : 0.0; }
+    // P(accept depth d+1 | every token before it accepted): what the cost model multiplies.
+    double acceptance_given_reached(size_t d) const { return reached_at[d] ? double(accepted_at[d]) / reached_at[d] : 0.0; }
     void add_round(int n_drafted, int draft_depth, int n_accepted) {
         ++rounds;
         drafted += n_drafted;
         accepted += n_accepted;
         emitted += n_accepted + 1;
         if (static_cast<int>(reached_at.size()) < draft_depth) {
+            drafted_at.resize(draft_depth, 0);
             reached_at.resize(draft_depth, 0);
             accepted_at.resize(draft_depth, 0);
         }
-        for (int d = 0; d < draft_depth && d <= n_accepted; ++d) {
-            ++reached_at[d];
+        for (int d = 0; d < draft_depth; ++d) {
+            ++drafted_at[d];
+            if (d <= n_accepted) ++reached_at[d];
             if (d < n_accepted) ++accepted_at[d];
         }
     }

@@ -45,7 +45,7 @@ GenerationStats Engine::generate(const std::string & prompt, const GenerationOpt
     }
     SpecContext ctx{*t.runner, cache, *impl_->drafter, *policy, t.tree, nullptr, nullptr, tree_size.get()};
     if (trace) {
-        ctx.on_round = [&](const RoundInfo & r) { trace->round(r.round, r.base, r.draft_length, r.draft_ms, r.verify_ms, *r.result); };
+        ctx.on_round = [&](const RoundInfo & r) { trace->round(r.round, r.base, r.draft_ms, r.verify_ms, r.decision, r.draft->tree, *r.result); };
     }
     return generate_speculative(ctx, tokens, options, is_end, emit);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "common/error.h"
@@ -113,6 +114,13 @@ const ForwardBatch & Sequence::next_block(const StepShare & step) {
         draft_ = p_.drafter->draft(DraftRequest{history_, budget, &options_.sampling, &rng_});
     }
     promised_ = 0.0;
+    decision_ = RoundDecision{budget.shape != TreeShape::Chain ? (p_.tree_size ? "tree-size" : "fixed-tree")
+                              : p_.policy                     ? p_.policy->name()
+                                                              : "none",
+                              asked_, draft_.tree.size(), 0, {}};
+    if (budget.shape == TreeShape::Chain && budget.max_nodes < asked_) {
+        decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget.max_nodes) + " (context or -n)";
+    }
     if (p_.tree_size && !draft_.tree.empty()) {
         p_.tree_size->observe_draft(ms_since(td), draft_.tree.max_depth());
         std::vector<double> path_probs;
@@ -120,7 +128,12 @@ const ForwardBatch & Sequence::next_block(const StepShare & step) {
         const int n = p_.tree_size->choose(path_probs, ms_since(td), step);
         if (n < draft_.tree.size()) draft_.tree = prune_tree(draft_.tree, n);
         for (int i = 0; i < n; ++i) promised_ += path_probs[i];
+        char why[160];
+        std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
+                      p_.tree_size->calibration(), budget.min_path_prob, n, promised_);
+        decision_.why = why;
     }
+    decision_.verified_nodes = draft_.tree.size();
     draft_ms_ = ms_since(td);
 
     block_ = tree_batch(history_.back(), draft_.tree, base_);
@@ -175,7 +188,7 @@ void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::f
                             draft_ms_ / 1000.0, verify_ms / 1000.0, step_rows});
     }
     if (p_.on_round) {
-        p_.on_round(RoundInfo{run_.speculation.rounds - 1, base_, asked_, draft_ms_, verify_ms, &draft_, &result, history_});
+        p_.on_round(RoundInfo{run_.speculation.rounds - 1, base_, asked_, draft_ms_, verify_ms, &draft_, &result, history_, decision_});
     }
     run_.n_generated = emitted_;
     run_.generation_seconds = ms_since(t_gen_) / 1000.0;

@@ -19,6 +19,7 @@
 #include "runtime/forward.h"
 #include "sample/sampler.h"
 #include "specula/specula.h"
+#include "trace/trace.h"
 #include "tree/tree_builder.h"
 #include "verify/verify.h"
 
@@ -34,6 +35,7 @@ struct RoundInfo {
     const Draft * draft = nullptr;
     const VerifyResult * result = nullptr;
     std::span<const int32_t> history;  // the sequence after this round's tokens
+    RoundDecision decision;            // what the policy chose and why
 };
 
 using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
@@ -94,6 +96,7 @@ private:
     Draft draft_;
     int asked_ = 0, base_ = 0;
     double draft_ms_ = 0.0, promised_ = 0.0;
+    RoundDecision decision_;
     bool in_prefill_block_ = false;
     int last_rows_ = 0, last_tokens_ = 0;
     std::chrono::steady_clock::time_point t_start_{}, t_gen_{};

@@ -41,6 +41,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_option("--temps", s->temps, "temperatures")->delimiter(',')->capture_default_str();
     spec->add_option("--seed", s->seed, "sampling seed (prompt i uses seed + i)")->capture_default_str();
     spec->add_option("--json", s->json_path, "write results as JSON");
+    spec->add_option("--html", s->html_path, "write results as an HTML page with plots (as `specula report --bench`)");
     spec->callback([s, &commands] { commands.run = [s] { return bench::run_spec_bench(*s); }; });
 }
 

@@ -15,5 +15,6 @@ void register_bench(CLI::App & app, Commands & commands);
 void register_make_model(CLI::App & app, Commands & commands);
 void register_convert(CLI::App & app, Commands & commands);
 void register_serve(CLI::App & app, Commands & commands);
+void register_report(CLI::App & app, Commands & commands);
 
 }  // namespace specula::cli

@@ -1,4 +1,4 @@
-// specula command line: generate | serve | bench | make-model. Every failure prints one line and exits 1.
+// specula command line: generate | serve | bench | make-model | convert | report. Every failure prints one line and exits 1.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -15,6 +15,7 @@ int main(int argc, char ** argv) {
     specula::cli::register_make_model(app, commands);
     specula::cli::register_convert(app, commands);
     specula::cli::register_serve(app, commands);
+    specula::cli::register_report(app, commands);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

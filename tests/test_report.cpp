@@ -1,0 +1,219 @@
+// `specula report` and `bench spec --html`: the page rendered in a real browser (headless
+// Chromium, installed by scripts/setup.sh), checked through the DOM it builds.
+#include <gtest/gtest.h>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "specula/specula.h"
+#include "test_models.h"
+
+namespace specula {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string & path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+std::string artifacts_dir() {
+    const std::string dir = std::string(SPECULA_TEST_DIR) + "/test-artifacts/report";
+    fs::create_directories(dir);
+    return dir;
+}
+
+std::string chromium() {
+    for (const char * name : {"chromium", "chromium-browser"}) {
+        if (test::run_command(std::string("command -v ") + name).exit_code == 0) return name;
+    }
+    return "";
+}
+
+// The DOM after the page's scripts ran, and a screenshot kept beside it.
+std::string render(const std::string & browser, const std::string & html, const std::string & screenshot) {
+    const std::string flags = " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions --hide-scrollbars"
+                              " --user-data-dir=" + artifacts_dir() + "/chromium-profile";
+    const std::string url = "file://" + fs::absolute(html).string();
+    const test::CommandRun dom = test::run_command("timeout 120 " + browser + flags + " --dump-dom " + url);
+    EXPECT_EQ(dom.exit_code, 0) << dom.err;
+    const test::CommandRun shot = test::run_command("timeout 120 " + browser + flags + " --window-size=1500,2600 --screenshot=" + screenshot + " " + url);
+    EXPECT_EQ(shot.exit_code, 0) << shot.err;
+    EXPECT_TRUE(fs::exists(screenshot)) << shot.err;
+    std::ofstream(fs::path(screenshot).replace_extension(".dom.html")) << dom.out;
+    return dom.out;
+}
+
+size_t count(const std::string & s, const std::string & what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + what.size())) ++n;
+    return n;
+}
+
+// Speculative runs on the bundled models with traces: a sampled chain (accepted, corrections,
+// bonus tokens) and a 10-node dynamic tree.
+std::vector<std::string> make_traces() {
+    const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models/";
+    std::vector<std::string> paths;
+    for (const bool tree : {false, true}) {
+        EngineOptions eo;
+        eo.model_path = models + "specula-target.gguf";
+        eo.draft_model_path = models + "specula-draft.gguf";
+        eo.n_threads = 1;
+        eo.n_ctx = 256;
+        eo.draft_max = 4;
+        eo.draft_policy = "fixed";
+        if (tree) {
+            eo.tree = "dynamic";
+            eo.tree_nodes = 10;  // fixed: the size policy may verify single nodes on a slow machine, and the page must show branches
+        }
+        GenerationOptions go;
+        go.n_predict = 48;
+        go.stop_at_end_of_generation = false;
+        go.sampling.temperature = tree ? 0.0f : 0.8f;
+        go.sampling.seed = 7;
+        go.trace_path = artifacts_dir() + (tree ? "/tree.jsonl" : "/chain.jsonl");
+        Engine::open(eo)->generate("def main():\n    parser = argparse.", go, [](const std::string &) { return true; });
+        paths.push_back(go.trace_path);
+    }
+    return paths;
+}
+
+struct TraceFacts {
+    std::vector<std::pair<std::string, int>> emitted;  // outcome, token, in order
+    int rounds = 0, max_depth = 0;
+    int biggest_tree = 0, biggest_accepted = 0;  // the round the page shows first: the first with most nodes
+};
+
+TraceFacts facts_of(const std::string & path) {
+    TraceFacts f;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j["kind"] == "round") {
+            ++f.rounds;
+            const auto depths = j["tree"]["depth"].get<std::vector<int>>();
+            for (int d : depths) f.max_depth = std::max(f.max_depth, d);
+            if (static_cast<int>(depths.size()) > f.biggest_tree || f.rounds == 1) {
+                f.biggest_tree = static_cast<int>(depths.size());
+                f.biggest_accepted = static_cast<int>(j["accepted"].size());
+            }
+        } else if (j["outcome"] != "rejected") {
+            f.emitted.emplace_back(j["outcome"], j["token"]);
+        }
+    }
+    return f;
+}
+
+// Catches a page that drops, duplicates, reorders or mis-classes tokens, draws the wrong number
+// of bars, lines or tree nodes, or throws a script error anywhere while building (the page's
+// window.onerror writes #js-error; #report-ready is written only after everything rendered).
+TEST(Report, TraceReportRendersInChromiumWithEveryTokenAndChart) {
+    const auto traces = make_traces();
+    const std::string html = artifacts_dir() + "/report.html";
+    const test::CommandRun made = test::run_command(std::string(SPECULA_CLI) + " report " + traces[0] + " " + traces[1] + " -o " + html);
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    const std::string page = slurp(html);
+    for (const char * fetches : {"src=", "href=", "<link", "@import", "url(", "fetch(", "XMLHttpRequest"}) {
+        EXPECT_EQ(page.find(fetches), std::string::npos) << "the page must not load anything: " << fetches;
+    }
+
+    const std::string browser = chromium();
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it): the page was written but not rendered";
+    const std::string dom = render(browser, html, artifacts_dir() + "/report.png");
+    std::printf("[report] screenshot: %s/report.png\n", artifacts_dir().c_str());
+    EXPECT_EQ(dom.find("id=\"js-error\""), std::string::npos) << dom.substr(dom.find("js-error"), 300);
+    ASSERT_NE(dom.find("id=\"report-ready\""), std::string::npos) << "the page's script did not finish";
+
+    const std::string marker = "<section class=\"run\" id=\"run-";
+    ASSERT_EQ(count(dom, marker), traces.size());
+    for (size_t i = 0; i < traces.size(); ++i) {
+        const size_t from = dom.find(marker + std::to_string(i));
+        const size_t to = i + 1 < traces.size() ? dom.find(marker + std::to_string(i + 1)) : dom.size();
+        const std::string run = dom.substr(from, to - from);
+        const TraceFacts f = facts_of(traces[i]);
+        SCOPED_TRACE(traces[i]);
+
+        std::vector<std::pair<std::string, int>> shown;
+        const std::regex token_span("<span class=\"tok (accepted|correction|bonus)\" data-token=\"(\\d+)\"");
+        for (auto it = std::sregex_iterator(run.begin(), run.end(), token_span); it != std::sregex_iterator(); ++it) {
+            shown.emplace_back((*it)[1].str(), std::stoi((*it)[2].str()));
+        }
+        EXPECT_EQ(shown, f.emitted);
+        EXPECT_GT(f.emitted.size(), 40u);
+
+        EXPECT_EQ(count(run, "class=\"bar-pos\""), static_cast<size_t>(f.max_depth));
+        EXPECT_EQ(count(run, "class=\"bar-hist\""), static_cast<size_t>(f.max_depth + 1));
+        EXPECT_EQ(count(run, "class=\"bar-draft\""), static_cast<size_t>(f.rounds));
+        EXPECT_EQ(count(run, "class=\"bar-verify\""), static_cast<size_t>(f.rounds));
+        for (const char * line : {"line-emitted", "line-rolling", "line-size"}) EXPECT_EQ(count(run, std::string("class=\"") + line + "\""), 1u) << line;
+        EXPECT_EQ(count(run, "<g class=\"tree-node"), static_cast<size_t>(f.biggest_tree));
+        EXPECT_EQ(count(run, "<g class=\"tree-node on-path"), static_cast<size_t>(f.biggest_accepted));
+        EXPECT_EQ(count(run, "<g class=\"tree-root\""), 1u);
+        EXPECT_EQ(count(run, "<g class=\"tree-next"), 1u);
+        EXPECT_EQ(count(run, "<option "), static_cast<size_t>(f.rounds));
+    }
+    EXPECT_GT(facts_of(traces[1]).biggest_tree, facts_of(traces[1]).max_depth) << "the tree run drafted no branching tree";
+}
+
+// Catches a bench page that loses result rows or a chart: one tok/s bar and one whisker per
+// result, one point per predicted result, one acceptance line per mode and temperature.
+TEST(Report, BenchPageRendersInChromiumWithItsCharts) {
+    const std::string json_path = std::string(SPECULA_SOURCE_DIR) + "/docs/bench-results/spec-target.json";
+    const std::string html = artifacts_dir() + "/bench.html";
+    const test::CommandRun made = test::run_command(std::string(SPECULA_CLI) + " report --bench " + json_path + " -o " + html);
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    const std::string browser = chromium();
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it): the page was written but not rendered";
+    const std::string dom = render(browser, html, artifacts_dir() + "/bench.png");
+    EXPECT_EQ(dom.find("id=\"js-error\""), std::string::npos) << dom.substr(dom.find("js-error"), 300);
+    ASSERT_NE(dom.find("id=\"report-ready\""), std::string::npos);
+
+    const auto bench = nlohmann::json::parse(slurp(json_path));
+    size_t results = 0, predicted = 0, beside_llama = 0;
+    std::set<std::pair<double, std::string>> modes_with_positions, llama_plain;  // (temperature, mode / category)
+    for (const auto & r : bench["results"]) {
+        if (r["mode"] == bench["llamacpp_plain_mode"]) llama_plain.insert({r["temperature"].get<double>(), r["category"].get<std::string>()});
+    }
+    for (const auto & r : bench["results"]) {
+        ++results;
+        beside_llama += llama_plain.count({r["temperature"].get<double>(), r["category"].get<std::string>()});
+        predicted += r.value("predicted_speedup", 0.0) > 0;
+        if (r.contains("acceptance_by_position") && !r["acceptance_by_position"].empty()) {
+            modes_with_positions.insert({r["temperature"].get<double>(), r["mode"].get<std::string>()});
+        }
+    }
+    EXPECT_EQ(count(dom, "class=\"whisker\""), results);
+    // tok/s and speedup vs specula plain for every row, speedup vs llama.cpp where it ran plain
+    EXPECT_EQ(count(dom, "class=\"bench-bar\""), 2 * results + beside_llama);
+    EXPECT_GT(beside_llama, 0u);
+    EXPECT_EQ(count(dom, "class=\"pred-point\""), predicted);
+    EXPECT_GT(predicted, 0u);
+    EXPECT_EQ(count(dom, "class=\"acc-line\""), modes_with_positions.size());
+}
+
+// Catches a report command that crashes or writes a page from input that is not a trace.
+TEST(Report, BadInputGivesOneErrorLine) {
+    const std::string dir = artifacts_dir();
+    const std::string cli = SPECULA_CLI;
+    test::expect_cli_error(cli, "report /nonexistent.jsonl -o " + dir + "/x.html", "/nonexistent.jsonl: cannot open the trace");
+    std::ofstream(dir + "/garbage.jsonl") << "{\"kind\":\"token\",\"round\":0}\nnot json\n";
+    test::expect_cli_error(cli, "report " + dir + "/garbage.jsonl -o " + dir + "/x.html", "garbage.jsonl:1: no integer 'position'");
+    std::ofstream(dir + "/empty.jsonl") << "";
+    test::expect_cli_error(cli, "report " + dir + "/empty.jsonl -o " + dir + "/x.html", "no trace lines");
+    std::ofstream(dir + "/cycle.jsonl")
+        << R"({"kind":"round","round":0,"position":3,"asked":2,"verified_nodes":2,"draft_ms":1,"verify_ms":1,"accepted":[],)"
+        << R"("tree":{"token":[1,2],"parent":[1,0],"depth":[1,2],"q":[1,1],"path_prob":[1,1],"text":["a","b"]}})" << "\n";
+    test::expect_cli_error(cli, "report " + dir + "/cycle.jsonl -o " + dir + "/x.html", "cycle.jsonl:1: tree node 0 has a parent that is not an earlier node");
+    test::expect_cli_error(cli, "report --bench " + std::string(SPECULA_SOURCE_DIR) + "/models/eval.json -o " + dir + "/x.html", "not a `bench spec --json` result");
+    test::expect_cli_error(cli, "report -o " + dir + "/x.html", "no trace files given");
+}
+
+}  // namespace
+}  // namespace specula
