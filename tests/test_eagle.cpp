@@ -91,7 +91,7 @@ const char * kCodePrompt =
 // round by TreeSizePolicy) must all reproduce plain greedy decoding; the acceptance floors keep
 // the test from passing on corrections alone (a head that stopped accepting would fail them).
 TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
-    constexpr int kGenerate = 48, kCtx = 256, kDraftMax = 6;
+    constexpr int kGenerate = 40, kCtx = 256, kDraftMax = 6;
     Backend backend{BackendOptions{"cpu", 1}};
     auto target = Model::load(bundled("specula-target.gguf"), backend);
     ModelRunner runner(*target);
@@ -115,7 +115,7 @@ TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
         KvCache cache(backend, target->config(), kCtx);
         std::vector<int32_t> tiled;
         while (static_cast<int>(tiled.size()) <= kAutoTreeMaxNodes) tiled.insert(tiled.end(), prompt.begin(), prompt.end());
-        cost = measure_verify_cost(runner, cache, tiled, kAutoTreeMaxNodes + 1);
+        cost = measure_verify_cost(runner, cache, tiled, kAutoTreeMaxNodes + 1, 1);
     }
 
     for (const std::string kind : {"eagle1", "eagle3"}) {

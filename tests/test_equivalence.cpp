@@ -22,8 +22,8 @@ namespace {
 std::string bundled(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
 const std::vector<std::string> kTextPrompts = {
-    "import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Run the command line interface.\"\"\"\n",
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Run the command line interface.\"\"\"\n",
 };
 
 struct EngineRun {
@@ -46,10 +46,11 @@ EngineRun run_engine(Engine & engine, const std::string & prompt, int n) {
 // Engine::open assembles the drafter, its policy and tree defaults from EngineOptions as the CLI
 // does; Engine::generate runs the verify-cost probe on the live cache (a tiled prompt prefilled,
 // timed, rolled back) before the first generation when the cost policy or a policy-sized tree
-// needs it, and reuses drafter and curve for the next prompt. Each drafter kind, with its defaults
-// and with the other policies, must give plain decoding's text, and accept drafts.
+// needs it, and reuses drafter and curve for the next prompt (checked with EAGLE-3). Each drafter
+// kind with its defaults, and an EAGLE chain, must give plain decoding's text and accept drafts
+// (the other policies are covered below the Engine, in test_speculative and test_eagle).
 TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
-    constexpr int kGenerate = 40;
+    constexpr int kGenerate = 32;
     EngineOptions base;
     base.model_path = bundled("specula-target.gguf");
     base.n_threads = 1;
@@ -62,31 +63,31 @@ TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
     struct Case {
         std::string name;
         EngineOptions options;
+        size_t n_prompts;  // the second prompt reuses the engine (sanitized runs are slow: once is enough)
     };
     std::vector<Case> cases;
-    auto add = [&](const std::string & name, const std::function<void(EngineOptions &)> & set) {
+    auto add = [&](const std::string & name, const std::function<void(EngineOptions &)> & set, size_t n_prompts = 1) {
         EngineOptions o = base;
         set(o);
-        cases.push_back({name, o});
+        cases.push_back({name, o, n_prompts});
     };
     const std::string draft = bundled("specula-draft.gguf"), eagle1 = bundled("specula-eagle1.gguf"), eagle3 = bundled("specula-eagle3.gguf");
     add("draft model (defaults: chain, cost policy)", [&](EngineOptions & o) { o.draft_model_path = draft; });
-    add("draft model, heuristic policy", [&](EngineOptions & o) { o.draft_model_path = draft, o.draft_policy = "heuristic"; });
     add("n-gram (defaults: cost policy)", [&](EngineOptions & o) { o.ngram = true; });
     add("EAGLE-1 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.eagle_path = eagle1; });
-    add("EAGLE-1, chain, cost policy", [&](EngineOptions & o) { o.eagle_path = eagle1, o.tree = "chain"; });
-    add("EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.eagle3_path = eagle3; });
-    add("EAGLE-3, chain, heuristic policy", [&](EngineOptions & o) { o.eagle3_path = eagle3, o.tree = "chain", o.draft_policy = "heuristic"; });
+    // Not the cost policy: it may rightly find that EAGLE-1's chains do not pay and draft almost nothing.
+    add("EAGLE-1, chain, heuristic policy", [&](EngineOptions & o) { o.eagle_path = eagle1, o.tree = "chain", o.draft_policy = "heuristic"; });
+    add("EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.eagle3_path = eagle3; }, kTextPrompts.size());
     for (const Case & c : cases) {
         auto engine = Engine::open(c.options);
         int accepted = 0;
-        for (size_t i = 0; i < kTextPrompts.size(); ++i) {
+        for (size_t i = 0; i < c.n_prompts; ++i) {
             const EngineRun r = run_engine(*engine, kTextPrompts[i], kGenerate);
             EXPECT_EQ(r.pieces, want[i]) << c.name << ", prompt " << i;
             EXPECT_TRUE(r.stats.speculative) << c.name;
             accepted += r.stats.speculation.accepted;
         }
-        std::printf("[engine] %-48s accepted %d drafts over %zu x %d tokens\n", c.name.c_str(), accepted, kTextPrompts.size(), kGenerate);
+        std::printf("[engine] %-48s accepted %d drafts over %zu x %d tokens\n", c.name.c_str(), accepted, c.n_prompts, kGenerate);
         EXPECT_GT(accepted, 0) << c.name << ": the accept path was not exercised";
     }
 }
