@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <sys/wait.h>
 
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
@@ -27,6 +28,7 @@
 #include "policy/draft_length.h"
 #include "runtime/model.h"
 #include "sample/sampler.h"
+#include "test_models.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -346,6 +348,36 @@ TEST(SmolLM2Drafters, SampledOutputFollowsTheTargetDistribution) {
     const double z = 3.719, a = 2.0 / (9.0 * dof), critical = dof * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
     std::printf("[smollm2-drafters] eagle3 T=1 top-k 4: chi2 = %.2f, dof = %d, critical = %.2f\n", stat, dof, critical);
     EXPECT_LT(stat, critical);
+}
+
+// `specula generate` without -m is the default run: SmolLM2-135M-Instruct from the model cache as a
+// chat, drafting with models/smollm2-eagle3.gguf (the run ends with speculation statistics); and
+// when the model is absent and cannot be fetched, exit code 1 with a `specula: error:` line.
+TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
+    const std::string path = cached_model_path(smollm2());
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
+    const std::string err_path = test::scratch_dir() + "/default-run-stderr.txt";
+    auto run = [&](const std::string & env) {
+        const int status = std::system((env + " " + SPECULA_CLI + " generate -p 'What is 25 plus 4?' -n 8 -t 1 >/dev/null 2>" + err_path).c_str());
+        std::ifstream in(err_path);
+        std::stringstream s;
+        s << in.rdbuf();
+        return std::pair<int, std::string>{WIFEXITED(status) ? WEXITSTATUS(status) : -1, s.str()};
+    };
+    const auto [code, err] = run("SPECULA_MODEL_CACHE=" + model_cache());
+    EXPECT_EQ(code, 0) << err;
+    EXPECT_NE(err.find("mean accepted length"), std::string::npos) << "no speculative run: " << err;
+    const Tokenizer tok(path);
+    const size_t n_chat = tok.tokenize(tok.apply_chat_template({{"user", "What is 25 plus 4?"}}, true), true).size();
+    EXPECT_NE(err.find("prompt " + std::to_string(n_chat) + " tok"), std::string::npos) << "not SmolLM2's chat template: " << err;
+    // An empty cache and no way to run the fetch script (no PATH for its `env bash`).
+    const std::string empty = test::scratch_dir() + "/empty-model-cache";
+    std::filesystem::create_directories(empty);
+    const auto [fail_code, fail_err] = run("SPECULA_MODEL_CACHE=" + empty + " PATH=/nonexistent");
+    EXPECT_EQ(fail_code, 1) << fail_err;
+    EXPECT_NE(fail_err.find("specula: error: the default model " + empty + "/SmolLM2-135M-Instruct.Q4_1.gguf could not be fetched"),
+              std::string::npos)
+        << fail_err;
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ for path in a.gen:
         if len(reply) < a.n - 4:  # the reply ended at <|im_end|>, which the text does not show
             reply.append(EOS)
         ids = torch.tensor(prompt + reply)
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():  # fp32: bf16 autocast is emulated (slow) on CPUs without AVX-512/AMX
             logits, hfin, caps = m(ids[None], capture_layers=set(layers))
         logp = torch.log_softmax(logits[0].float(), -1)
         top = logp.topk(a.topk, -1)
@@ -43,7 +43,7 @@ for path in a.gen:
                      "feat": torch.cat([caps[l][0] for l in layers], -1).to(torch.bfloat16),
                      "hfin": hfin[0].to(torch.bfloat16),
                      "top_ids": top.indices.to(torch.int32), "top_logp": top.values.to(torch.float16)})
-        if len(seqs) % 20 == 0:
+        if len(seqs) % 5 == 0:
             print(f"{len(seqs)} sequences, {sum(len(s['ids']) for s in seqs)} tokens, {time.time() - t0:.0f}s", flush=True)
 torch.save({"layers": layers, "config": m.c.__dict__, "seqs": seqs}, a.out)
 print("wrote", a.out, len(seqs), "sequences", sum(len(s["ids"]) for s in seqs), "tokens", f"{time.time() - t0:.0f}s")

@@ -92,10 +92,9 @@ def run(x, feat, top_ids, top_p, valid):
         tok = torch.zeros(B, Th, dtype=torch.long)
         tok[:, :n] = x[:, 1 + k:1 + k + n]
         emb = embd(tok)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            if k == 0:
-                g = head.fc(feat[:, :Th])
-            out, logits = head.step(emb, g, k, cache, base)
+        if k == 0:  # fp32 throughout: bf16 autocast is emulated (slow) without AVX-512/AMX
+            g = head.fc(feat[:, :Th])
+        out, logits = head.step(emb, g, k, cache, base)
         lq = F.log_softmax(logits[:, :n].float(), -1)
         ids = top_ids[:, 1 + k:1 + k + n]
         p = top_p[:, 1 + k:1 + k + n]
