@@ -7,7 +7,7 @@
 
 Q/K weights are written UNPERMUTED: the PyTorch models already use llama.cpp's
 NORM RoPE (adjacent pairs), so no HF-style permute is needed.
-2-D weights are F16, 1-D norm weights F32.
+2-D weights are F16 (or Q8_0 with --type q8_0), 1-D norm weights F32.
 EAGLE heads of a real target (tools/train/train_eagle3_smollm2.py) are exported without
 --tokenizer (a head uses its target's vocabulary); a checkpoint with a compact draft
 vocabulary also writes `d2t` (I64 target token id of every draft token, as compact-eagle3).
@@ -22,6 +22,7 @@ ap.add_argument("--ckpt", required=True)
 ap.add_argument("--tokenizer", help="SentencePiece .model (required for --kind llama)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--name", default=None)
+ap.add_argument("--type", default="f16", choices=["f16", "q8_0"], help="2-D weights (q8_0: half the size; the engine's kernels take both)")
 ap.add_argument("--gguf_py", default=None, help="path to llama.cpp gguf-py (default: /work/main/.deps/llama.cpp/gguf-py if present, else /tmp/deps/llama.cpp/gguf-py)")
 a = ap.parse_args()
 gp = a.gguf_py or next((p for p in ("/work/main/.deps/llama.cpp/gguf-py", "/tmp/deps/llama.cpp/gguf-py") if os.path.isdir(p)), None)
@@ -35,7 +36,7 @@ sd = {k: v.float() for k, v in ck["state_dict"].items()}
 arch = {"llama": "llama", "eagle3": "eagle3", "eagle1": "specula-eagle1"}[a.kind]
 w = gguf.GGUFWriter(a.out, arch)
 w.add_name(a.name or os.path.splitext(os.path.basename(a.out))[0])
-w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if a.type == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
 
 if a.kind == "llama" and not a.tokenizer:
     sys.exit("export_gguf: error: --kind llama needs --tokenizer")
@@ -88,6 +89,11 @@ if a.kind == "eagle1":
 
 def put(name, t):
     arr = t.numpy()
+    if arr.ndim == 2 and a.type == "q8_0":
+        q = gguf.GGMLQuantizationType.Q8_0
+        w.add_tensor(name, gguf.quants.quantize(arr.astype(np.float32), q), raw_dtype=q)
+        print(f"{name:28s} {tuple(arr.shape)} q8_0")
+        return
     arr = arr.astype(np.float16) if arr.ndim == 2 else arr.astype(np.float32)
     w.add_tensor(name, arr)
     print(f"{name:28s} {tuple(arr.shape)} {arr.dtype}")

@@ -19,7 +19,7 @@ mkdir -p "$WORK"
 python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
   --out "$WORK/gen_T0.jsonl"
 python3 "$HERE/smollm2_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_T0.jsonl" --limit 10
-python3 "$HERE/smollm2_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_T0.jsonl" --out "$WORK/feats.pt" --threads 2
+python3 "$HERE/smollm2_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_T0.jsonl" --out "$WORK/feats.pt" --threads 2 --split train
 python3 "$HERE/train_eagle3_smollm2.py" --feats "$WORK/feats.pt" --model "$MODEL" --out "$WORK/eagle3.pt" \
   --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads 2
 python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --out "$ROOT/models/smollm2-eagle3.gguf" --name smollm2-eagle3

@@ -282,6 +282,20 @@ def load_llama(path):
     return m
 
 
+def dequantized(t):
+    """A gguf.ReaderTensor as an fp32 torch tensor in PyTorch's [rows, cols] order."""
+    import gguf
+    a = gguf.quants.dequantize(t.data, t.tensor_type)
+    return torch.from_numpy(a.reshape([int(d) for d in reversed(t.shape)]).astype("float32").copy())
+
+
+def load_gguf_tensors(path, names):
+    """Just these tensors of a GGUF, dequantized to fp32 (cheap next to loading the whole model)."""
+    import gguf
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    return {n: dequantized(tensors[n]) for n in names}
+
+
 def load_gguf_llama(path):
     """A llama-architecture GGUF (e.g. SmolLM2-135M-Instruct) as a frozen fp32 Llama.
     Quantized tensors are dequantized with the pinned `gguf` package; Q/K are used as
@@ -302,9 +316,7 @@ def load_gguf_llama(path):
                     tie_embeddings="output.weight" not in tensors)
 
     def w(name):
-        t = tensors[name]
-        a = gguf.quants.dequantize(t.data, t.tensor_type)
-        return torch.from_numpy(a.reshape([int(d) for d in reversed(t.shape)]).astype("float32").copy())
+        return dequantized(tensors[name])
 
     m = Llama(c)
     names = {"attn_norm": "attn_norm", "attn.wq": "attn_q", "attn.wk": "attn_k", "attn.wv": "attn_v",

@@ -4,7 +4,7 @@ target's own reply) with the target's layer features and top-k next-token distri
   smollm2_features.py --model GGUF --tokenize BIN --gen gen_T0.jsonl [--gen more.jsonl] --out feats.pt
 Features are the inputs of --layers (llama.cpp `layer_inp` semantics, as the engine's taps)
 plus the final pre-norm hidden state, stored bf16; labels are the target's top-k
-log-probabilities (fp16). Both splits are stored; training uses split == "train"."""
+log-probabilities (fp16). Training uses split == "train" (--split train stores only those)."""
 import argparse, json, os, sys, time
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -20,6 +20,7 @@ ap.add_argument("--layers", default="2,15,27")
 ap.add_argument("--topk", type=int, default=16)
 ap.add_argument("--n", type=int, default=128, help="the reply budget the replies were generated with")
 ap.add_argument("--threads", type=int, default=1)
+ap.add_argument("--split", default=None, help="only replies of this split (train / heldout)")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 m = load_gguf_llama(a.model)
@@ -29,6 +30,8 @@ t0 = time.time()
 for path in a.gen:
     for line in open(path):
         r = json.loads(line)
+        if a.split and r["split"] != a.split:
+            continue
         prompt = tokenize(a.tokenize, a.model, chat_text(r["prompt"]))
         reply = tokenize(a.tokenize, a.model, chat_text(r["prompt"]) + r["response"])[len(prompt):]
         if len(reply) < a.n - 4:  # the reply ended at <|im_end|>, which the text does not show
@@ -43,7 +46,8 @@ for path in a.gen:
                      "feat": torch.cat([caps[l][0] for l in layers], -1).to(torch.bfloat16),
                      "hfin": hfin[0].to(torch.bfloat16),
                      "top_ids": top.indices.to(torch.int32), "top_logp": top.values.to(torch.float16)})
-        if len(seqs) % 5 == 0:
+        if len(seqs) % 5 == 0:  # saved as it goes: a run cut short still yields training data
+            torch.save({"layers": layers, "config": m.c.__dict__, "seqs": seqs}, a.out)
             print(f"{len(seqs)} sequences, {sum(len(s['ids']) for s in seqs)} tokens, {time.time() - t0:.0f}s", flush=True)
 torch.save({"layers": layers, "config": m.c.__dict__, "seqs": seqs}, a.out)
 print("wrote", a.out, len(seqs), "sequences", sum(len(s["ids"]) for s in seqs), "tokens", f"{time.time() - t0:.0f}s")

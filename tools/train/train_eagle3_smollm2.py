@@ -14,7 +14,7 @@ import argparse, json, math, os, sys, time
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import Eagle3Head, LlamaConfig, load_gguf_llama
+from model import ROPE_BASE, Eagle3Head, LlamaConfig, load_gguf_tensors
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--feats", required=True)
@@ -48,16 +48,22 @@ t2d[d2t] = torch.arange(a.vocab)
 coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
 print(f"{len(train)} training sequences, {sum(len(s['ids']) for s in train)} tokens; draft vocabulary {a.vocab} covers {coverage:.4f} of reply tokens", flush=True)
 
-tgt = load_gguf_llama(a.model)
-c = LlamaConfig(**{**tgt.c.__dict__, "vocab_size": a.vocab, "n_layers": 1})
+c = LlamaConfig(**{**data["config"], "vocab_size": a.vocab, "n_layers": 1})
+ROPE_BASE[0] = c.rope_base
+if not data["config"]["tie_embeddings"]:
+    sys.exit("train_eagle3_smollm2: error: expects a target with tied embeddings (its lm_head is token_embd)")
+w = load_gguf_tensors(a.model, ["token_embd.weight", "output_norm.weight"])
 head = Eagle3Head(c, layers)
 for mod in head.modules():
     if isinstance(mod, torch.nn.Linear):
         torch.nn.init.normal_(mod.weight, std=0.02)
 with torch.no_grad():  # lm_head and final norm start from the target's (rows of the draft vocabulary)
-    head.output.weight.copy_((tgt.tok_embd.weight if tgt.output is None else tgt.output.weight)[d2t])
-    head.norm.weight.copy_(tgt.norm.weight)
-embd = tgt.tok_embd
+    head.output.weight.copy_(w["token_embd.weight"][d2t])
+    head.norm.weight.copy_(w["output_norm.weight"])
+    # fc starts as "take the high tap": g begins in the target's own hidden space (a short CPU
+    # budget gets far less out of a random fc)
+    head.fc.weight[:, 2 * c.dim:] += torch.eye(c.dim)
+embd = torch.nn.Embedding.from_pretrained(w["token_embd.weight"])  # frozen: the engine feeds the target's
 nparam = sum(p.numel() for p in head.parameters())
 print(f"eagle3 head: {nparam / 1e6:.2f}M params", flush=True)
 opt = torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
