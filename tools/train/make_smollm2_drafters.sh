@@ -4,6 +4,8 @@
 # Needs: pip install -r tools/train/requirements.txt; build/bin/specula and llama-tokenize
 # (scripts/build.sh); the target in the model cache (scripts/fetch_models.sh).
 # Outputs: models/smollm2-eagle3.gguf, models/smollm2_train_log.jsonl.
+# The shipped head came from a cut-short run of these steps (45 of the training replies; see
+# models/README.md); this script runs them in full.
 # Steps: prompts (committed: models/smollm2_prompts.json) -> the target's greedy chat replies
 # (specula generate --chat, -n 128) -> target features and top-16 distributions (torch) ->
 # EAGLE-3 head (wall-clock budget, checkpoints as it goes) -> GGUF.
@@ -21,6 +23,6 @@ python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" 
 python3 "$HERE/smollm2_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_T0.jsonl" --limit 10
 python3 "$HERE/smollm2_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_T0.jsonl" --out "$WORK/feats.pt" --threads 2 --split train
 python3 "$HERE/train_eagle3_smollm2.py" --feats "$WORK/feats.pt" --model "$MODEL" --out "$WORK/eagle3.pt" \
-  --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads 2
-python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --out "$ROOT/models/smollm2-eagle3.gguf" --name smollm2-eagle3
+  --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads 2 --vocab 4096 --batch 4 --lr 3e-3 --warmup 5 --save_every 10
+python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --out "$ROOT/models/smollm2-eagle3.gguf" --name smollm2-eagle3 --type q8_0
 cp "$WORK/train_log.jsonl" "$ROOT/models/smollm2_train_log.jsonl"
