@@ -1,12 +1,44 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 
 #include "commands.h"
+#include "common/error.h"
 #include "specula/specula.h"
 #include "trace/trace.h"
 
 namespace specula::cli {
+namespace {
+
+// The default run: SmolLM2-135M-Instruct from the model cache scripts/fetch_models.sh fills (same
+// variable, same default), fetched on first use; its chat template; its EAGLE-3 head from models/.
+constexpr const char * kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
+constexpr const char * kDefaultHead = "models/smollm2-eagle3.gguf";
+
+std::string model_cache() {
+    if (const char * dir = std::getenv("SPECULA_MODEL_CACHE"); dir && *dir) return dir;
+    const char * home = std::getenv("HOME");
+    return std::string(home ? home : "") + "/.cache/specula/models";
+}
+
+void use_default_model(EngineOptions & engine, GenerationOptions & gen) {
+    const std::string path = model_cache() + "/" + kDefaultModel;
+    if (!std::filesystem::exists(path)) {
+        const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
+        std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
+        if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
+            throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
+        }
+    }
+    engine.model_path = path;
+    gen.chat = true;
+    const bool drafter_chosen = !engine.draft_model_path.empty() || !engine.eagle_path.empty() || !engine.eagle3_path.empty() || engine.ngram;
+    if (!drafter_chosen) engine.eagle3_path = std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead;
+}
+
+}  // namespace
 
 void register_generate(CLI::App & app, Commands & commands) {
     struct Args {
@@ -16,7 +48,9 @@ void register_generate(CLI::App & app, Commands & commands) {
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("generate", "generate text from a prompt, streaming it to stdout");
-    sub->add_option("-m,--model", args->engine.model_path, "target model GGUF")->required();
+    sub->add_option("-m,--model", args->engine.model_path,
+                    "target model GGUF (default: SmolLM2-135M-Instruct from the model cache, fetched if absent, as a chat "
+                    "with its EAGLE-3 head unless another drafter is given)");
     sub->add_option("-p,--prompt", args->prompt, "prompt text")->required();
     sub->add_option("-n,--n-predict", args->gen.n_predict, "tokens to generate")->capture_default_str();
     sub->add_option("-c,--ctx-size", args->engine.n_ctx, "context size in tokens")->capture_default_str();
@@ -50,6 +84,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {
+            if (args->engine.model_path.empty()) use_default_model(args->engine, args->gen);
             auto engine = Engine::open(args->engine);
             std::fputs(args->prompt.c_str(), stdout);
             const GenerationStats s = engine->generate(args->prompt, args->gen, [](const std::string & piece) {

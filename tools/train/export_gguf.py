@@ -7,7 +7,10 @@
 
 Q/K weights are written UNPERMUTED: the PyTorch models already use llama.cpp's
 NORM RoPE (adjacent pairs), so no HF-style permute is needed.
-2-D weights are F16, 1-D norm weights F32.
+2-D weights are F16 (or Q8_0 with --type q8_0), 1-D norm weights F32.
+EAGLE heads of a real target (tools/train/train_eagle3_smollm2.py) are exported without
+--tokenizer (a head uses its target's vocabulary); a checkpoint with a compact draft
+vocabulary also writes `d2t` (I64 target token id of every draft token, as compact-eagle3).
 """
 import argparse, os, sys
 import numpy as np
@@ -16,15 +19,16 @@ import torch
 ap = argparse.ArgumentParser()
 ap.add_argument("--kind", required=True, choices=["llama", "eagle3", "eagle1"])
 ap.add_argument("--ckpt", required=True)
-ap.add_argument("--tokenizer", required=True, help="SentencePiece .model")
+ap.add_argument("--tokenizer", help="SentencePiece .model (required for --kind llama)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--name", default=None)
+ap.add_argument("--type", default="f16", choices=["f16", "q8_0"], help="2-D weights (q8_0: half the size; the engine's kernels take both)")
 ap.add_argument("--gguf_py", default=None, help="path to llama.cpp gguf-py (default: /work/main/.deps/llama.cpp/gguf-py if present, else /tmp/deps/llama.cpp/gguf-py)")
 a = ap.parse_args()
 gp = a.gguf_py or next((p for p in ("/work/main/.deps/llama.cpp/gguf-py", "/tmp/deps/llama.cpp/gguf-py") if os.path.isdir(p)), None)
-sys.path.insert(0, gp)
+if gp:
+    sys.path.insert(0, gp)
 import gguf
-from sentencepiece import SentencePieceProcessor
 
 ck = torch.load(a.ckpt, map_location="cpu")
 c = ck["config"]
@@ -32,33 +36,36 @@ sd = {k: v.float() for k, v in ck["state_dict"].items()}
 arch = {"llama": "llama", "eagle3": "eagle3", "eagle1": "specula-eagle1"}[a.kind]
 w = gguf.GGUFWriter(a.out, arch)
 w.add_name(a.name or os.path.splitext(os.path.basename(a.out))[0])
-w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if a.type == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
 
-# ---- tokenizer: identical to convert_hf_to_gguf.py's _set_vocab_sentencepiece ----
-sp = SentencePieceProcessor(model_file=a.tokenizer)
-T = gguf.TokenType
-tokens, scores, types = [], [], []
-for i in range(sp.vocab_size()):
-    tokens.append(sp.id_to_piece(i).encode("utf-8"))
-    scores.append(sp.get_score(i))
-    t = T.NORMAL
-    if sp.is_unknown(i): t = T.UNKNOWN
-    elif sp.is_control(i): t = T.CONTROL
-    elif sp.is_unused(i): t = T.UNUSED
-    elif sp.is_byte(i): t = T.BYTE
-    types.append(int(t))
-assert sp.vocab_size() == c["vocab_size"]
-w.add_tokenizer_model("llama")
-w.add_tokenizer_pre("default")
-w.add_token_list(tokens)
-w.add_token_scores(scores)
-w.add_token_types(types)
-w.add_bos_token_id(sp.bos_id())
-w.add_eos_token_id(sp.eos_id())
-w.add_unk_token_id(sp.unk_id())
-w.add_add_bos_token(True)
-w.add_add_eos_token(False)
-w.add_add_space_prefix(True)  # tokenizer trained with add_dummy_prefix=True
+if a.kind == "llama" and not a.tokenizer:
+    sys.exit("export_gguf: error: --kind llama needs --tokenizer")
+if a.tokenizer:  # identical to convert_hf_to_gguf.py's _set_vocab_sentencepiece
+    from sentencepiece import SentencePieceProcessor
+    sp = SentencePieceProcessor(model_file=a.tokenizer)
+    T = gguf.TokenType
+    tokens, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        tokens.append(sp.id_to_piece(i).encode("utf-8"))
+        scores.append(sp.get_score(i))
+        t = T.NORMAL
+        if sp.is_unknown(i): t = T.UNKNOWN
+        elif sp.is_control(i): t = T.CONTROL
+        elif sp.is_unused(i): t = T.UNUSED
+        elif sp.is_byte(i): t = T.BYTE
+        types.append(int(t))
+    assert sp.vocab_size() == c["vocab_size"]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(sp.bos_id())
+    w.add_eos_token_id(sp.eos_id())
+    w.add_unk_token_id(sp.unk_id())
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(True)  # tokenizer trained with add_dummy_prefix=True
 
 # ---- hparams ----
 dim, nh, nkv = c["dim"], c["n_heads"], c["n_kv_heads"]
@@ -82,6 +89,11 @@ if a.kind == "eagle1":
 
 def put(name, t):
     arr = t.numpy()
+    if arr.ndim == 2 and a.type == "q8_0":
+        q = gguf.GGMLQuantizationType.Q8_0
+        w.add_tensor(name, gguf.quants.quantize(arr.astype(np.float32), q), raw_dtype=q)
+        print(f"{name:28s} {tuple(arr.shape)} q8_0")
+        return
     arr = arr.astype(np.float16) if arr.ndim == 2 else arr.astype(np.float32)
     w.add_tensor(name, arr)
     print(f"{name:28s} {tuple(arr.shape)} {arr.dtype}")
@@ -112,6 +124,8 @@ elif a.kind == "eagle3":
     put("blk.0.attn_norm_2.weight", sd["attn_norm_2.weight"])
     put("output_norm.weight", sd["norm.weight"])
     put("output.weight", sd["output.weight"])
+    if "d2t" in ck:
+        w.add_tensor("d2t", ck["d2t"].numpy().astype(np.int64))
 else:
     put("fc.weight", sd["fc.weight"])
     block("", 0, has_attn_norm=False)

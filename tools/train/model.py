@@ -280,3 +280,57 @@ def load_llama(path):
     for p in m.parameters():
         p.requires_grad_(False)
     return m
+
+
+def dequantized(t):
+    """A gguf.ReaderTensor as an fp32 torch tensor in PyTorch's [rows, cols] order."""
+    import gguf
+    a = gguf.quants.dequantize(t.data, t.tensor_type)
+    return torch.from_numpy(a.reshape([int(d) for d in reversed(t.shape)]).astype("float32").copy())
+
+
+def load_gguf_tensors(path, names):
+    """Just these tensors of a GGUF, dequantized to fp32 (cheap next to loading the whole model)."""
+    import gguf
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    return {n: dequantized(tensors[n]) for n in names}
+
+
+def load_gguf_llama(path):
+    """A llama-architecture GGUF (e.g. SmolLM2-135M-Instruct) as a frozen fp32 Llama.
+    Quantized tensors are dequantized with the pinned `gguf` package; Q/K are used as
+    stored (GGUF llama weights are already permuted for NORM RoPE, like this model)."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
+    arch = kv["general.architecture"]
+    if arch != "llama":
+        raise ValueError(f"{path}: architecture {arch}, expected llama")
+    tensors = {t.name: t for t in r.tensors}
+    c = LlamaConfig(vocab_size=int(tensors["token_embd.weight"].shape[1]), dim=int(kv[f"{arch}.embedding_length"]),
+                    n_layers=int(kv[f"{arch}.block_count"]), n_heads=int(kv[f"{arch}.attention.head_count"]),
+                    n_kv_heads=int(kv[f"{arch}.attention.head_count_kv"]),
+                    ffn_dim=int(kv[f"{arch}.feed_forward_length"]), ctx=int(kv[f"{arch}.context_length"]),
+                    rope_base=float(kv[f"{arch}.rope.freq_base"]),
+                    norm_eps=float(kv[f"{arch}.attention.layer_norm_rms_epsilon"]),
+                    tie_embeddings="output.weight" not in tensors)
+
+    def w(name):
+        return dequantized(tensors[name])
+
+    m = Llama(c)
+    names = {"attn_norm": "attn_norm", "attn.wq": "attn_q", "attn.wk": "attn_k", "attn.wv": "attn_v",
+             "attn.wo": "attn_output", "ffn_norm": "ffn_norm", "mlp.w_gate": "ffn_gate", "mlp.w_up": "ffn_up",
+             "mlp.w_down": "ffn_down"}
+    sd = {"tok_embd.weight": w("token_embd.weight"), "norm.weight": w("output_norm.weight")}
+    if not c.tie_embeddings:
+        sd["output.weight"] = w("output.weight")
+    for i in range(c.n_layers):
+        for ours, theirs in names.items():
+            sd[f"layers.{i}.{ours}.weight"] = w(f"blk.{i}.{theirs}.weight")
+    m.load_state_dict(sd)
+    m.eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    ROPE_BASE[0] = c.rope_base
+    return m

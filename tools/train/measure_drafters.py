@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Engine-side acceptance of a SmolLM2 drafter on the held-out prompts, by category: runs
+`specula generate --chat` per prompt and mode (chain of --chain tokens, dynamic tree of --nodes
+nodes; T=0 and T=1) and aggregates its end-of-run statistics. At T=0 in chain mode the
+per-position acceptance is the drafter's per-depth greedy agreement with the target (given the
+drafts before it were accepted).
+  measure_drafters.py --specula BIN --model GGUF --prompts P.json --drafter-args "--eagle3 H.gguf" --out R.json"""
+import argparse, json, re, shlex, subprocess
+from collections import defaultdict
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--specula", required=True)
+ap.add_argument("--model", required=True)
+ap.add_argument("--prompts", required=True)
+ap.add_argument("--drafter-args", required=True)
+ap.add_argument("--out", required=True)
+ap.add_argument("--per-category", type=int, default=2)
+ap.add_argument("--n", type=int, default=64)
+ap.add_argument("--chain", type=int, default=4)
+ap.add_argument("--nodes", type=int, default=16)
+a = ap.parse_args()
+
+prompts = [p for p in json.load(open(a.prompts))["prompts"] if p["split"] == "heldout"]
+chosen = defaultdict(list)
+for p in prompts:
+    if len(chosen[p["category"]]) < a.per_category:
+        chosen[p["category"]].append(p["prompt"])
+modes = {"chain": ["--tree", "chain", "--draft-policy", "fixed", "--draft-max", str(a.chain)],
+         "dynamic": ["--tree", "dynamic", "--tree-nodes", str(a.nodes)]}
+SUMMARY = re.compile(r"drafted (\d+), accepted (\d+) .*?mean accepted length ([\d.]+) tokens/forward over (\d+) rounds(?:; per-position acceptance:(.*))?")
+res = {}
+for mode, margs in modes.items():
+    for temp in (0.0, 1.0):
+        for cat, ps in chosen.items():
+            agg = {"drafted": 0, "accepted": 0, "rounds": 0, "tokens_x_rounds": 0.0, "per_position": defaultdict(list)}
+            for i, p in enumerate(ps):
+                cmd = [a.specula, "generate", "-m", a.model, "--chat", "-p", p, "-n", str(a.n), "-t", "1", "--temp", str(temp),
+                       "--seed", str(i + 1)] + shlex.split(a.drafter_args) + margs
+                err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+                m = SUMMARY.search(err)
+                d, acc, mal, rounds = int(m[1]), int(m[2]), float(m[3]), int(m[4])
+                agg["drafted"] += d; agg["accepted"] += acc; agg["rounds"] += rounds; agg["tokens_x_rounds"] += mal * rounds
+                for kv in (m[5] or "").split():
+                    k, v = kv.split(":")
+                    agg["per_position"][int(k)].append(float(v))
+            key = f"{mode} T={temp:g} {cat}"
+            res[key] = {"prompts": len(ps), "rounds": agg["rounds"], "tokens_per_forward": round(agg["tokens_x_rounds"] / agg["rounds"], 3),
+                        "acceptance_rate": round(agg["accepted"] / max(1, agg["drafted"]), 3),
+                        "per_position_acceptance": {k: round(sum(v) / len(v), 3) for k, v in sorted(agg["per_position"].items())}}
+            print(key, res[key], flush=True)
+json.dump({"drafter": a.drafter_args, "n_predict": a.n, "chain": a.chain, "tree_nodes": a.nodes, "results": res}, open(a.out, "w"), indent=1)

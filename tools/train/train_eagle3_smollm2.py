@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Train an EAGLE-3 head for SmolLM2-135M-Instruct on precomputed target features
+(smollm2_features.py), with a compact draft vocabulary (d2t).
+
+Draft vocabulary: the --vocab most frequent target tokens of the training sequences' replies
+(ties: lower id), in id order. Head = model.Eagle3Head over that vocabulary; the token
+embedding is the target's (frozen, not stored in the head). Training-time test as
+train_eagle.py: --ttt_steps self-fed steps, step k at head index t reads token x[t+1+k]
+and is scored (soft CE against the target's top-k distribution restricted to the draft
+vocabulary, weight 0.8^k) on the target's next-token distribution at t+1+k.
+A checkpoint is written every --save_every steps, so a run cut short still yields a head.
+  train_eagle3_smollm2.py --feats feats.pt --model GGUF --out eagle3.pt --minutes 35"""
+import argparse, json, math, os, sys, time
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import ROPE_BASE, Eagle3Head, LlamaConfig, load_gguf_tensors
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--feats", required=True)
+ap.add_argument("--model", required=True, help="target GGUF (token embedding, output norm and lm_head rows for init)")
+ap.add_argument("--out", required=True)
+ap.add_argument("--log", required=True)
+ap.add_argument("--vocab", type=int, default=8192)
+ap.add_argument("--batch", type=int, default=8)
+ap.add_argument("--lr", type=float, default=1e-3)
+ap.add_argument("--warmup", type=int, default=20)
+ap.add_argument("--ttt_steps", type=int, default=3)
+ap.add_argument("--minutes", type=float, default=35.0, help="wall-clock budget; the cosine schedule spans it")
+ap.add_argument("--max_steps", type=int, default=100000)
+ap.add_argument("--save_every", type=int, default=25)
+ap.add_argument("--threads", type=int, default=1)
+ap.add_argument("--seed", type=int, default=4321)
+a = ap.parse_args()
+torch.set_num_threads(a.threads)
+torch.manual_seed(a.seed)
+
+data = torch.load(a.feats)
+layers = data["layers"]
+train = [s for s in data["seqs"] if s["split"] == "train"]
+counts = torch.zeros(data["config"]["vocab_size"], dtype=torch.long)
+for s in train:
+    counts.index_add_(0, s["ids"][s["n_prompt"]:], torch.ones(len(s["ids"]) - s["n_prompt"], dtype=torch.long))
+order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
+d2t = torch.tensor(sorted(order[:a.vocab]))
+t2d = torch.full((len(counts),), -1, dtype=torch.long)
+t2d[d2t] = torch.arange(a.vocab)
+coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
+print(f"{len(train)} training sequences, {sum(len(s['ids']) for s in train)} tokens; draft vocabulary {a.vocab} covers {coverage:.4f} of reply tokens", flush=True)
+
+c = LlamaConfig(**{**data["config"], "vocab_size": a.vocab, "n_layers": 1})
+ROPE_BASE[0] = c.rope_base
+if not data["config"]["tie_embeddings"]:
+    sys.exit("train_eagle3_smollm2: error: expects a target with tied embeddings (its lm_head is token_embd)")
+w = load_gguf_tensors(a.model, ["token_embd.weight", "output_norm.weight"])
+head = Eagle3Head(c, layers)
+for mod in head.modules():
+    if isinstance(mod, torch.nn.Linear):
+        torch.nn.init.normal_(mod.weight, std=0.02)
+with torch.no_grad():  # lm_head and final norm start from the target's (rows of the draft vocabulary)
+    head.output.weight.copy_(w["token_embd.weight"][d2t])
+    head.norm.weight.copy_(w["output_norm.weight"])
+    # fc starts as "take the high tap": g begins in the target's own hidden space (a short CPU
+    # budget gets far less out of a random fc)
+    head.fc.weight[:, 2 * c.dim:] += torch.eye(c.dim)
+embd = torch.nn.Embedding.from_pretrained(w["token_embd.weight"])  # frozen: the engine feeds the target's
+nparam = sum(p.numel() for p in head.parameters())
+print(f"eagle3 head: {nparam / 1e6:.2f}M params", flush=True)
+opt = torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def make_batch(seqs):
+    T = max(len(s["ids"]) for s in seqs)
+    B = len(seqs)
+    x = torch.zeros(B, T, dtype=torch.long)
+    feat = torch.zeros(B, T, 3 * c.dim)
+    K = seqs[0]["top_ids"].shape[1]
+    top_ids = torch.zeros(B, T, K, dtype=torch.long)
+    top_p = torch.zeros(B, T, K)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        n = len(s["ids"])
+        x[b, :n] = s["ids"]; feat[b, :n] = s["feat"].float()
+        top_ids[b, :n] = s["top_ids"].long(); top_p[b, :n] = s["top_logp"].float().exp()
+        valid[b, :n] = True
+        valid[b, :max(0, s["n_prompt"] - 2)] = False  # score the reply (and the turn's last prompt tokens) only
+    return x, feat, top_ids, top_p, valid
+
+
+def run(x, feat, top_ids, top_p, valid):
+    B, T = x.shape
+    Th = T - 1
+    base = torch.arange(Th)
+    cache, losses, accs = [], [], []
+    g = None
+    for k in range(a.ttt_steps):
+        n = Th - k
+        tok = torch.zeros(B, Th, dtype=torch.long)
+        tok[:, :n] = x[:, 1 + k:1 + k + n]
+        emb = embd(tok)
+        if k == 0:  # fp32 throughout: bf16 autocast is emulated (slow) without AVX-512/AMX
+            g = head.fc(feat[:, :Th])
+        out, logits = head.step(emb, g, k, cache, base)
+        lq = F.log_softmax(logits[:, :n].float(), -1)
+        ids = top_ids[:, 1 + k:1 + k + n]
+        p = top_p[:, 1 + k:1 + k + n]
+        d = t2d[ids]
+        m = valid[:, 1 + k:1 + k + n]
+        ce = -(p * (d >= 0) * lq.gather(-1, d.clamp(min=0))).sum(-1)
+        losses.append((0.8 ** k) * (ce * m).sum() / m.sum().clamp(min=1))
+        agree = (d2t[lq.argmax(-1)] == ids[..., 0]) & m
+        accs.append(agree.sum().item() / max(1, m.sum().item()))
+        g = out
+    return sum(losses), accs
+
+
+def lr_at(frac, s):
+    if s < a.warmup:
+        return a.lr * (s + 1) / a.warmup
+    return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def save(step):
+    ck = {"config": c.__dict__, "state_dict": head.state_dict(), "target_layers": layers, "target_hidden_size": c.dim,
+          "d2t": d2t, "vocab_coverage": coverage, "step": step, "args": vars(a)}
+    torch.save(ck, a.out + ".tmp")
+    os.replace(a.out + ".tmp", a.out)
+
+
+log = open(a.log, "a")
+log.write(json.dumps({"event": "start", "model": "smollm2-eagle3", "params": nparam, "args": vars(a), "coverage": coverage}) + "\n")
+g = torch.Generator().manual_seed(a.seed)
+t0 = time.time()
+step, epoch = 0, 0
+while step < a.max_steps and time.time() - t0 < a.minutes * 60:
+    perm = torch.randperm(len(train), generator=g).tolist()
+    for i in range(0, len(perm) - a.batch + 1, a.batch):
+        el = time.time() - t0
+        if el >= a.minutes * 60 or step >= a.max_steps:
+            break
+        lr = lr_at(el / (a.minutes * 60), step)
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        loss, accs = run(*make_batch([train[j] for j in perm[i:i + a.batch]]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        step += 1
+        rec = {"model": "smollm2-eagle3", "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
+               "top1_agree_by_step": [round(v, 4) for v in accs], "lr": lr, "grad_norm": round(gn.item(), 3),
+               "elapsed_s": round(time.time() - t0, 1)}
+        log.write(json.dumps(rec) + "\n"); log.flush()
+        if step % 5 == 0:
+            print(rec, flush=True)
+        if step % a.save_every == 0:
+            save(step)
+    epoch += 1
+save(step)
+log.write(json.dumps({"event": "done", "model": "smollm2-eagle3", "steps": step, "elapsed_s": time.time() - t0}) + "\n")
+print("done", step, "steps", time.time() - t0)
