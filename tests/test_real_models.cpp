@@ -15,6 +15,7 @@
 #include <sstream>
 #include <sys/wait.h>
 
+#include "common/model_cache.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
 #include "draft/ngram.h"
@@ -34,13 +35,6 @@
 namespace specula {
 namespace {
 
-// The cache scripts/fetch_models.sh fills (same variable, same default).
-std::string model_cache() {
-    if (const char * dir = std::getenv("SPECULA_MODEL_CACHE"); dir && *dir) return dir;
-    const char * home = std::getenv("HOME");
-    return std::string(home ? home : "") + "/.cache/specula/models";
-}
-
 struct RealModel {
     std::string name;
     std::string file;
@@ -58,7 +52,7 @@ const RealModel kModels[] = {
     {"Gemma3_270M_Q4_K_M", "gemma-3-270m-q4_k_m.gguf", "gemma3", 640, 520, true},
 };
 
-std::string cached_model_path(const RealModel & m) { return model_cache() + "/" + m.file; }
+std::string cached_model_path(const RealModel & m) { return model_cache_dir() + "/" + m.file; }
 std::string absent_reason(const std::string & path) {
     return path + " is absent: run scripts/fetch_models.sh (SPECULA_MODEL_CACHE sets the cache)";
 }
@@ -365,7 +359,7 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
         s << in.rdbuf();
         return std::pair<int, std::string>{WIFEXITED(status) ? WEXITSTATUS(status) : -1, s.str()};
     };
-    const auto [code, err] = run("SPECULA_MODEL_CACHE=" + model_cache());
+    const auto [code, err] = run("SPECULA_MODEL_CACHE=" + model_cache_dir());
     EXPECT_EQ(code, 0) << err;
     EXPECT_NE(err.find("mean accepted length"), std::string::npos) << "no speculative run: " << err;
     const Tokenizer tok(path);

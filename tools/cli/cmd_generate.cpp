@@ -5,7 +5,9 @@
 #include <memory>
 
 #include "commands.h"
+#include "engine_flags.h"
 #include "common/error.h"
+#include "common/model_cache.h"
 #include "specula/specula.h"
 #include "trace/trace.h"
 
@@ -17,14 +19,8 @@ namespace {
 constexpr const char * kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr const char * kDefaultHead = "models/smollm2-eagle3.gguf";
 
-std::string model_cache() {
-    if (const char * dir = std::getenv("SPECULA_MODEL_CACHE"); dir && *dir) return dir;
-    const char * home = std::getenv("HOME");
-    return std::string(home ? home : "") + "/.cache/specula/models";
-}
-
 void use_default_model(EngineOptions & engine, GenerationOptions & gen) {
-    const std::string path = model_cache() + "/" + kDefaultModel;
+    const std::string path = model_cache_dir() + "/" + kDefaultModel;
     if (!std::filesystem::exists(path)) {
         const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
         std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
@@ -59,25 +55,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--top-p", args->gen.sampling.top_p, "top-p (1 = off)")->capture_default_str();
     sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
-    sub->add_option("-t,--threads", args->engine.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
-    sub->add_option("--device", args->engine.device, "ggml device: cpu, CUDA0 / Metal / Vulkan0 in such a build, or RPC[host:port] (an rpc-server)")->capture_default_str();
-    sub->add_option("--kernels", args->engine.kernels, "matmul kernels: auto (specula's on the CPU) | specula | ggml")
-        ->capture_default_str();
-    sub->add_option("--attention", args->engine.attention,
-                    "attention kernel: auto (specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula")
-        ->capture_default_str();
-    sub->add_option("--draft", args->engine.draft_model_path, "draft model GGUF (same vocabulary as the target)");
-    sub->add_option("--eagle", args->engine.eagle_path, "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");
-    sub->add_option("--eagle3", args->engine.eagle3_path, "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
-    sub->add_flag("--ngram", args->engine.ngram, "draft by prompt lookup (n-gram matching)");
-    sub->add_option("--ngram-min", args->engine.ngram_min, "shortest n-gram to match")->capture_default_str();
-    sub->add_option("--ngram-max", args->engine.ngram_max, "longest n-gram to match")->capture_default_str();
-    sub->add_option("--draft-max", args->engine.draft_max, "longest draft per round")->capture_default_str();
-    sub->add_option("--draft-policy", args->engine.draft_policy, "draft length policy: cost | heuristic | fixed")->capture_default_str();
-    sub->add_option("--tree", args->engine.tree, "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
-    sub->add_option("--tree-depth", args->engine.tree_depth, "tree depth below the root")->capture_default_str();
-    sub->add_option("--tree-branching", args->engine.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
-    sub->add_option("--tree-nodes", args->engine.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();
+    add_engine_flags(sub, args->engine);
     sub->add_option("--trace", args->gen.trace_path, "write a per-token JSON-lines trace of speculative rounds");
     sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");

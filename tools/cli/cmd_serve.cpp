@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "engine_flags.h"
 #include "engine/target.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -26,22 +27,7 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_option("--prefill-chunk", args->scheduler.prefill_chunk, "prompt tokens a sequence adds per step")->capture_default_str();
     sub->add_option("--host", args->host, "address to listen on")->capture_default_str();
     sub->add_option("--port", args->port, "port (0: any free port)")->capture_default_str();
-    sub->add_option("-t,--threads", args->engine.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
-    sub->add_option("--device", args->engine.device, "ggml device (cpu, or e.g. CUDA0 in a GPU build)")->capture_default_str();
-    sub->add_option("--kernels", args->engine.kernels, "matmul kernels: auto (specula's on the CPU) | specula | ggml")->capture_default_str();
-    sub->add_option("--attention", args->engine.attention, "attention kernel: auto | flash | matmul | specula")->capture_default_str();
-    sub->add_option("--draft", args->engine.draft_model_path, "draft model GGUF (same vocabulary as the target)");
-    sub->add_option("--eagle", args->engine.eagle_path, "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");
-    sub->add_option("--eagle3", args->engine.eagle3_path, "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
-    sub->add_flag("--ngram", args->engine.ngram, "draft by prompt lookup (n-gram matching)");
-    sub->add_option("--ngram-min", args->engine.ngram_min, "shortest n-gram to match")->capture_default_str();
-    sub->add_option("--ngram-max", args->engine.ngram_max, "longest n-gram to match")->capture_default_str();
-    sub->add_option("--draft-max", args->engine.draft_max, "longest draft per round")->capture_default_str();
-    sub->add_option("--draft-policy", args->engine.draft_policy, "draft length policy: cost | heuristic | fixed")->capture_default_str();
-    sub->add_option("--tree", args->engine.tree, "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
-    sub->add_option("--tree-depth", args->engine.tree_depth, "tree depth below the root")->capture_default_str();
-    sub->add_option("--tree-branching", args->engine.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
-    sub->add_option("--tree-nodes", args->engine.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();
+    add_engine_flags(sub, args->engine);
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {

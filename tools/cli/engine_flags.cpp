@@ -1,0 +1,31 @@
+#include "engine_flags.h"
+
+#include <CLI/CLI.hpp>
+
+#include "specula/specula.h"
+
+namespace specula::cli {
+
+void add_engine_flags(CLI::App * sub, EngineOptions & e) {
+    sub->add_option("-t,--threads", e.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
+    sub->add_option("--device", e.device, "ggml device: cpu, CUDA0 / Metal / Vulkan0 in such a build, or RPC[host:port] (an rpc-server)")
+        ->capture_default_str();
+    sub->add_option("--kernels", e.kernels, "matmul kernels: auto (specula's on the CPU) | specula | ggml")->capture_default_str();
+    sub->add_option("--attention", e.attention,
+                    "attention kernel: auto (specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula")
+        ->capture_default_str();
+    sub->add_option("--draft", e.draft_model_path, "draft model GGUF (same vocabulary as the target)");
+    sub->add_option("--eagle", e.eagle_path, "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");
+    sub->add_option("--eagle3", e.eagle3_path, "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
+    sub->add_flag("--ngram", e.ngram, "draft by prompt lookup (n-gram matching)");
+    sub->add_option("--ngram-min", e.ngram_min, "shortest n-gram to match")->capture_default_str();
+    sub->add_option("--ngram-max", e.ngram_max, "longest n-gram to match")->capture_default_str();
+    sub->add_option("--draft-max", e.draft_max, "longest draft per round")->capture_default_str();
+    sub->add_option("--draft-policy", e.draft_policy, "draft length policy: cost | heuristic | fixed")->capture_default_str();
+    sub->add_option("--tree", e.tree, "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
+    sub->add_option("--tree-depth", e.tree_depth, "tree depth below the root")->capture_default_str();
+    sub->add_option("--tree-branching", e.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
+    sub->add_option("--tree-nodes", e.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();
+}
+
+}  // namespace specula::cli
