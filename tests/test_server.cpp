@@ -146,6 +146,7 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
     using openai::Endpoint;
     EXPECT_EQ(refusal(Endpoint::Chat, "{\"messages\": [").status, 400);
     EXPECT_EQ(refusal(Endpoint::Chat, "[1]").status, 400);
+    EXPECT_EQ(refusal(Endpoint::Completions, "1E999").status, 400);  // out of double's range: found by fuzz_openai_request
     EXPECT_EQ(refusal(Endpoint::Chat, R"({"messages": []})").param, "messages");
     EXPECT_EQ(refusal(Endpoint::Chat, R"({"messages": [{"role": "wizard", "content": "x"}]})").param, "messages[0].role");
     const std::string hi = R"("messages": [{"role": "user", "content": "hi"}])";

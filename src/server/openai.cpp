@@ -67,7 +67,7 @@ Request parse_request(Endpoint endpoint, const std::string & text, const std::st
     json body;
     try {
         body = json::parse(text);
-    } catch (const json::parse_error & e) {
+    } catch (const json::exception & e) {  // parse_error, and out_of_range for numbers such as 1E999 (fuzz_openai_request)
         bad("", std::string("malformed JSON in the request body: ") + e.what());
     }
     if (!body.is_object()) bad("", "the request body must be a JSON object");
