@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "common/error.h"
 #include "eagle_convert.h"
@@ -99,10 +100,22 @@ void write_safetensors(const std::string & path, const std::map<std::string, StT
     write_safetensors_file(path, h.dump(), data);
 }
 
-std::string write_checkpoint(const Checkpoint & c, const std::string & name, int n_shards = 1) {
-    const std::string dir = test::scratch_dir() + "/convert/" + name;
+// A fresh directory for one checkpoint. Per process: ctest -j runs test cases of this file at
+// once, and two cases writing "e3" into one shared directory read each other's half-written files.
+std::string fresh_checkpoint_dir(const std::string & name) {
+    struct ProcessDir {
+        std::string path = test::scratch_dir() + "/convert-" + std::to_string(getpid());
+        ~ProcessDir() { std::error_code ec; fs::remove_all(path, ec); }
+    };
+    static const ProcessDir process_dir;
+    const std::string dir = process_dir.path + "/" + name;
     fs::remove_all(dir);
     fs::create_directories(dir);
+    return dir;
+}
+
+std::string write_checkpoint(const Checkpoint & c, const std::string & name, int n_shards = 1) {
+    const std::string dir = fresh_checkpoint_dir(name);
     std::ofstream(dir + "/config.json") << c.config.dump(2);
     if (n_shards == 1) {
         write_safetensors(dir + "/model.safetensors", c.tensors);
@@ -660,9 +673,7 @@ TEST(Convert, MalformedCheckpointsFailWithOneClearLine) {
         EXPECT_TRUE(has(fails("eagle1", c, "bad_e1_norm"), "unexpected tensor layers.0.input_layernorm.weight")) << fails("eagle1", c, "bad_e1_norm");
     }
     {
-        const std::string dir = test::scratch_dir() + "/convert/bad_bin";
-        fs::remove_all(dir);
-        fs::create_directories(dir);
+        const std::string dir = fresh_checkpoint_dir("bad_bin");
         std::ofstream(dir + "/config.json") << base_config().dump();
         std::ofstream(dir + "/pytorch_model.bin") << "x";
         const std::string m = test::error_message([&] { convert("eagle1", dir); });
@@ -674,9 +685,7 @@ TEST(Convert, MalformedCheckpointsFailWithOneClearLine) {
 // each an error naming the file and tensor or key, never a read outside the file or a truncation.
 TEST(Convert, HostileSafetensorsHeadersAndConfigs) {
     auto header_error = [](const std::string & name, const json & entry, size_t data_bytes) {
-        const std::string dir = test::scratch_dir() + "/convert/" + name;
-        fs::remove_all(dir);
-        fs::create_directories(dir);
+        const std::string dir = fresh_checkpoint_dir(name);
         write_safetensors_file(dir + "/model.safetensors", json{{"x", entry}}.dump(), std::vector<uint8_t>(data_bytes));
         return test::error_message([&] { SafetensorsCheckpoint ck(dir); });
     };

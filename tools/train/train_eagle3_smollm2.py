@@ -9,7 +9,7 @@ train_eagle.py: --ttt_steps self-fed steps, step k at head index t reads token x
 and is scored (soft CE against the target's top-k distribution restricted to the draft
 vocabulary, weight 0.8^k) on the target's next-token distribution at t+1+k.
 A checkpoint is written every --save_every steps, so a run cut short still yields a head.
-  train_eagle3_smollm2.py --feats feats.pt --model GGUF --out eagle3.pt --minutes 35"""
+  train_eagle3_smollm2.py --feats feats.pt [--feats more.pt] --model GGUF --out eagle3.pt --minutes 35"""
 import argparse, json, math, os, sys, time
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import ROPE_BASE, Eagle3Head, LlamaConfig, load_gguf_tensors
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--feats", required=True)
+ap.add_argument("--feats", action="append", required=True, help="smollm2_features.py outputs (repeatable: greedy and sampled replies)")
 ap.add_argument("--model", required=True, help="target GGUF (token embedding, output norm and lm_head rows for init)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--log", required=True)
@@ -35,9 +35,12 @@ a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(a.seed)
 
-data = torch.load(a.feats)
+parts = [torch.load(f) for f in a.feats]
+data = parts[0]
 layers = data["layers"]
-train = [s for s in data["seqs"] if s["split"] == "train"]
+if any(p["layers"] != layers for p in parts):
+    sys.exit("train_eagle3_smollm2: error: the --feats files were extracted at different layers")
+train = [s for p in parts for s in p["seqs"] if s["split"] == "train"]
 counts = torch.zeros(data["config"]["vocab_size"], dtype=torch.long)
 for s in train:
     counts.index_add_(0, s["ids"][s["n_prompt"]:], torch.ones(len(s["ids"]) - s["n_prompt"], dtype=torch.long))
