@@ -375,5 +375,23 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
         << fail_err;
 }
 
+// `specula serve` without -m serves the same default run as `generate`: SmolLM2-135M-Instruct from
+// the model cache, drafting with its EAGLE-3 head. Catches serve requiring -m again, or loading the
+// default model without the default drafter.
+TEST(SmolLM2Drafters, ServeWithoutModelIsTheDefaultRun) {
+    const std::string path = cached_model_path(smollm2());
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
+    const std::string err_path = test::scratch_dir() + "/default-serve-stderr.txt";
+    const std::string script = "SPECULA_MODEL_CACHE=" + model_cache_dir() + " " + SPECULA_CLI + " serve --port 0 -t 1 --parallel 1 -c 256 2>" +
+                               err_path + " & pid=$!; for i in $(seq 1200); do grep -q 'ready:\\|error:' " + err_path +
+                               " && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done; kill $pid; wait $pid";
+    std::system(script.c_str());
+    std::ifstream in(err_path);
+    std::stringstream err;
+    err << in.rdbuf();
+    EXPECT_NE(err.str().find("(loading " + path + ")"), std::string::npos) << err.str();
+    EXPECT_NE(err.str().find("drafting with " + std::string(SPECULA_SOURCE_DIR) + "/models/smollm2-eagle3.gguf"), std::string::npos) << err.str();
+}
+
 }  // namespace
 }  // namespace specula

@@ -1,40 +1,13 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 
 #include "commands.h"
 #include "engine_flags.h"
-#include "common/error.h"
-#include "common/model_cache.h"
 #include "specula/specula.h"
 #include "trace/trace.h"
 
 namespace specula::cli {
-namespace {
-
-// The default run: SmolLM2-135M-Instruct from the model cache scripts/fetch_models.sh fills (same
-// variable, same default), fetched on first use; its chat template; its EAGLE-3 head from models/.
-constexpr const char * kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
-constexpr const char * kDefaultHead = "models/smollm2-eagle3.gguf";
-
-void use_default_model(EngineOptions & engine, GenerationOptions & gen) {
-    const std::string path = model_cache_dir() + "/" + kDefaultModel;
-    if (!std::filesystem::exists(path)) {
-        const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
-        std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
-        if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
-            throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
-        }
-    }
-    engine.model_path = path;
-    gen.chat = true;
-    const bool drafter_chosen = !engine.draft_model_path.empty() || !engine.eagle_path.empty() || !engine.eagle3_path.empty() || engine.ngram;
-    if (!drafter_chosen) engine.eagle3_path = std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead;
-}
-
-}  // namespace
 
 void register_generate(CLI::App & app, Commands & commands) {
     struct Args {
@@ -62,7 +35,8 @@ void register_generate(CLI::App & app, Commands & commands) {
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {
-            if (args->engine.model_path.empty()) use_default_model(args->engine, args->gen);
+            // The default model is an instruct model: a chat.
+            if (args->engine.model_path.empty()) use_default_model(args->engine), args->gen.chat = true;
             auto engine = Engine::open(args->engine);
             std::fputs(args->prompt.c_str(), stdout);
             const GenerationStats s = engine->generate(args->prompt, args->gen, [](const std::string & piece) {

@@ -1,10 +1,35 @@
 #include "engine_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
+#include "common/error.h"
+#include "common/model_cache.h"
 #include "specula/specula.h"
 
 namespace specula::cli {
+namespace {
+
+constexpr const char * kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
+constexpr const char * kDefaultHead = "models/smollm2-eagle3.gguf";
+
+}  // namespace
+
+void use_default_model(EngineOptions & engine) {
+    const std::string path = model_cache_dir() + "/" + kDefaultModel;
+    if (!std::filesystem::exists(path)) {
+        const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
+        std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
+        if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
+            throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
+        }
+    }
+    engine.model_path = path;
+    const bool drafter_chosen = !engine.draft_model_path.empty() || !engine.eagle_path.empty() || !engine.eagle3_path.empty() || engine.ngram;
+    if (!drafter_chosen) engine.eagle3_path = std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead;
+}
 
 void add_engine_flags(CLI::App * sub, EngineOptions & e) {
     sub->add_option("-t,--threads", e.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
