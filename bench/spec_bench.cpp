@@ -15,7 +15,7 @@
 
 #include "bench_util.h"
 #include "report.h"
-#include "common/error.h"
+#include "specula/error.h"
 #include "engine/drafter_source.h"
 #include "engine/generate.h"
 #include "engine/target.h"
@@ -207,11 +207,11 @@ struct SpeculaRig {
           cache(backend, target->config(), n_ctx) {
         EngineOptions e = engine_options(o);
         e.n_ctx = n_ctx;
-        e.tree = "dynamic";
+        e.tree = TreeShape::Dynamic;
         e.tree_nodes = o.tree_nodes;
         tree = drafting_rules(e, DrafterKind::DraftModel).tree;
         auto assemble = [&](DrafterSource & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path) {
-            source = DrafterSource::open(DrafterSpec{kind, path, e.ngram_min, e.ngram_max}, backend, *target, vocab);
+            source = DrafterSource::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max}, backend, *target, vocab);
             drafter = source.make(n_ctx);
         };
         assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
@@ -765,8 +765,8 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"specula_spec_mode", !o.eagle3.empty() ? std::string(h.spec.mode->name) + " (specula's default EAGLE-3 mode)"
                                                  : std::string(h.spec.mode->name) + " (default policy, k <= draft_max = llama.cpp's k)"},
         {"specula_fixed_k_tok_s", h.fixed.tok_s.median},
-        {"specula_attention", o.attention},
-        {"specula_kernels", o.kernels},
+        {"specula_attention", attention_name(o.attention)},
+        {"specula_kernels", kernels_name(o.kernels)},
         {"llamacpp_spec_mode", h.llama_spec.mode->name},
         {"llamacpp_plain_mode", h.llama_plain.mode->name},
         {"specula_spec_tok_s", h.spec.tok_s.median},

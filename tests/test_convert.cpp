@@ -14,7 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "eagle_convert.h"
 #include "ggml.h"
 #include "gguf.h"

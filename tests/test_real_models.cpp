@@ -104,7 +104,7 @@ TEST_P(RealModelOracle, TeacherForcedLogitsMatchLibllama) {
     for (auto [kernels, attention] : {std::pair{"ggml", "flash"}, std::pair{"ggml", "matmul"}, std::pair{"specula", "auto"}}) {
         const std::string kernel = std::string(kernels) + "/" + attention;
         SCOPED_TRACE(kernel);
-        Backend backend(BackendOptions{"cpu", 1, attention, kernels});
+        Backend backend(BackendOptions{"cpu", 1, parse_attention(attention), parse_kernels(kernels)});
         auto model = Model::load(path, backend);
         ASSERT_EQ(model->config().arch_name, m.arch);
         ModelRunner runner(*model);
@@ -373,6 +373,26 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     EXPECT_NE(fail_err.find("specula: error: the default model " + empty + "/SmolLM2-135M-Instruct.Q4_1.gguf could not be fetched"),
               std::string::npos)
         << fail_err;
+}
+
+// `--chat` (and Engine::tokenize(text, true), the server's chat route): the template's text is
+// tokenized with BOS added; a template that writes the BOS text itself (Gemma 3's "<bos>") must not
+// get a second one. Catches a doubled BOS at the start of a chat prompt, on every cached model.
+TEST(RealModelChat, ChatPromptStartsWithOneBos) {
+    int checked = 0;
+    for (const RealModel & m : kModels) {
+        const std::string path = cached_model_path(m);
+        if (!std::filesystem::exists(path)) continue;
+        SCOPED_TRACE(m.name);
+        const Tokenizer tok(path);
+        const std::vector<int32_t> chat = tok.tokenize_chat({{"user", "Hello there"}});
+        ASSERT_GE(chat.size(), 2u);
+        EXPECT_NE(chat[0], chat[1]);
+        const std::vector<int32_t> bos = tok.tokenize("", true);  // [BOS] when the vocabulary adds one
+        if (!bos.empty()) EXPECT_EQ(chat[0], bos[0]);
+        ++checked;
+    }
+    if (checked == 0) GTEST_SKIP() << "no real model in " << model_cache_dir();
 }
 
 // `specula serve` without -m serves the same default run as `generate`: SmolLM2-135M-Instruct from

@@ -1,6 +1,6 @@
 #include "engine/drafter_source.h"
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
 #include "draft/ngram.h"
@@ -10,25 +10,19 @@
 
 namespace specula {
 
-DrafterSpec drafter_spec_of(const EngineOptions & options) {
-    const int n_drafters = !options.draft_model_path.empty() + !options.eagle_path.empty() + !options.eagle3_path.empty() + options.ngram;
-    if (n_drafters > 1) throw Error("choose one drafter: --draft, --eagle, --eagle3 or --ngram");
-    DrafterSpec spec;
-    spec.ngram_min = options.ngram_min;
-    spec.ngram_max = options.ngram_max;
-    if (!options.draft_model_path.empty()) spec.kind = DrafterKind::DraftModel, spec.path = options.draft_model_path;
-    if (!options.eagle_path.empty()) spec.kind = DrafterKind::Eagle, spec.path = options.eagle_path;
-    if (!options.eagle3_path.empty()) spec.kind = DrafterKind::Eagle3, spec.path = options.eagle3_path;
-    if (options.ngram) spec.kind = DrafterKind::Ngram;
-    return spec;
+void check_drafter_spec(const DrafterSpec & spec) {
+    const bool takes_file = spec.kind == DrafterKind::DraftModel || spec.kind == DrafterKind::Eagle || spec.kind == DrafterKind::Eagle3;
+    const std::string kind = drafter_kind_name(spec.kind);
+    if (takes_file && spec.path.empty()) throw Error("the " + kind + " drafter needs a GGUF path");
+    if (!takes_file && !spec.path.empty()) throw Error("the " + kind + " drafter takes no file, but was given " + spec.path);
 }
 
 DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind) {
     const bool eagle = kind == DrafterKind::Eagle || kind == DrafterKind::Eagle3;
     DraftingRules r;
-    r.policy = parse_draft_policy(options.draft_policy);
-    const std::string shape = options.tree.empty() ? (eagle ? "dynamic" : "chain") : options.tree;
-    r.tree = TreeBudget{parse_tree_shape(shape), options.tree_depth, options.tree_branching, options.tree_nodes};
+    r.policy = options.draft_policy;
+    const TreeShape shape = options.tree.value_or(eagle ? TreeShape::Dynamic : TreeShape::Chain);
+    r.tree = TreeBudget{shape, options.tree_depth, options.tree_branching, options.tree_nodes};
     if (r.tree.shape != TreeShape::Chain && (options.tree_depth < 1 || options.tree_branching < 1 || options.tree_nodes < 0)) {
         throw Error("tree depth and branching must be at least 1, tree nodes at least 0");
     }
@@ -47,6 +41,7 @@ DrafterSource & DrafterSource::operator=(DrafterSource &&) noexcept = default;
 DrafterSource::~DrafterSource() = default;
 
 DrafterSource DrafterSource::open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab) {
+    check_drafter_spec(spec);
     DrafterSource s;
     s.spec = spec;
     switch (spec.kind) {

@@ -1,5 +1,5 @@
 #pragma once
-// The one assembly path for drafters: which drafter the options choose, what it loads and checks
+// The one assembly path for drafters: the options' DrafterSpec checked, what it loads and checks
 // (the draft model's vocabulary, the EAGLE head's kind), the drafting defaults (tree shape and
 // budget, policy, limits), and per-sequence drafter instances. Target (so Engine, `specula
 // generate`, `specula serve` and the server) and the benchmarks assemble drafters only here, so
@@ -19,16 +19,9 @@ class EagleHead;
 class Model;
 class Tokenizer;
 
-enum class DrafterKind { None, DraftModel, Eagle, Eagle3, Ngram };
-
-struct DrafterSpec {
-    DrafterKind kind = DrafterKind::None;
-    std::string path;  // draft model or head GGUF
-    int ngram_min = 1, ngram_max = 3;
-};
-
-// The drafter the options name; throws Error when they name more than one.
-DrafterSpec drafter_spec_of(const EngineOptions & options);
+// Throws Error naming what is wrong with `spec`: a kind that loads a file without a path, a path
+// for a kind that takes none (the n-gram range is checked by the n-gram drafter).
+void check_drafter_spec(const DrafterSpec & spec);
 
 // The drafting rules of `options` for `kind` (not None): the tree budget (its shape defaulting
 // to dynamic for EAGLE heads, else chain) and the draft-length policy, checked against the
@@ -40,7 +33,7 @@ struct DraftingRules {
 DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind);
 
 // What a drafter shares across sequences: its model or head, loaded and checked against the
-// target. make() gives one sequence's drafter (nullptr for DrafterKind::None).
+// target (the spec checked first). make() gives one sequence's drafter (nullptr for None).
 struct DrafterSource {
     static DrafterSource open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab);
     DrafterSource();

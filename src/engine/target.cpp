@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
@@ -31,7 +31,7 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
     }
     t->runner = std::make_unique<ModelRunner>(*t->model);
 
-    const DrafterSpec spec = drafter_spec_of(options);
+    const DrafterSpec & spec = options.drafter;
     t->speculative = spec.kind != DrafterKind::None;
     if (t->speculative) {
         const DraftingRules rules = drafting_rules(options, spec.kind);

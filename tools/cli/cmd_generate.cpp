@@ -14,6 +14,7 @@ void register_generate(CLI::App & app, Commands & commands) {
         EngineOptions engine;
         GenerationOptions gen;
         std::string prompt;
+        std::string trace_path;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("generate", "generate text from a prompt, streaming it to stdout");
@@ -29,7 +30,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
     add_engine_flags(sub, args->engine);
-    sub->add_option("--trace", args->gen.trace_path, "write a per-token JSON-lines trace of speculative rounds");
+    sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds");
     sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;
@@ -38,6 +39,11 @@ void register_generate(CLI::App & app, Commands & commands) {
             // The default model is an instruct model: a chat.
             if (args->engine.model_path.empty()) use_default_model(args->engine), args->gen.chat = true;
             auto engine = Engine::open(args->engine);
+            std::unique_ptr<TraceWriter> trace;
+            if (!args->trace_path.empty()) {
+                trace = std::make_unique<TraceWriter>(args->trace_path, [&](int32_t t) { return engine->piece(t); });
+                args->gen.on_round = [&](const RoundReport & round) { trace->round(round); };
+            }
             std::fputs(args->prompt.c_str(), stdout);
             const GenerationStats s = engine->generate(args->prompt, args->gen, [](const std::string & piece) {
                 std::fputs(piece.c_str(), stdout);

@@ -1,13 +1,21 @@
 #pragma once
 // The flags every command that opens an Engine/Target shares (device, kernels, drafter, policy,
 // tree) and the default model, defined once so that `generate` and `serve` cannot drift apart.
-namespace CLI { class App; }
+#include <CLI/CLI.hpp>
+#include <string>
+#include <string_view>
 
 namespace specula {
 struct EngineOptions;
 }
 
 namespace specula::cli {
+
+// A string flag parsed into an enum as it is read: a bad value is one `specula: error:` line.
+template <class Enum>
+void add_choice(CLI::App * sub, const std::string & name, Enum & out, Enum (*parse)(std::string_view), const std::string & help) {
+    sub->add_option_function<std::string>(name, [&out, parse](const std::string & value) { out = parse(value); }, help);
+}
 
 void add_engine_flags(CLI::App * sub, EngineOptions & engine);
 
