@@ -10,7 +10,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "common/stats.h"
 
 namespace specula::bench {

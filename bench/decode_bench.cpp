@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "bench_util.h"
-#include "common/error.h"
+#include "specula/error.h"
 #include "kv/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
@@ -127,8 +127,8 @@ int run_decode_bench(const DecodeBenchOptions & o) {
 
     // Two specula engines on the same file: its own kernels (packed matmuls, its attention op) and
     // ggml's kernels with the attention kernel asked for; llama.cpp runs ggml's attention setting.
-    Backend own(BackendOptions{"cpu", o.threads, "auto", "specula"});
-    Backend ggml_k(BackendOptions{"cpu", o.threads, o.attention, "ggml"});
+    Backend own(BackendOptions{"cpu", o.threads, Attention::Auto, Kernels::Specula});
+    Backend ggml_k(BackendOptions{"cpu", o.threads, o.attention, Kernels::Ggml});
     const int threads = own.n_threads();
     const bool flash = ggml_k.flash_attention();
     const Roofline roof = measure_roofline(threads);

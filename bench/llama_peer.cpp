@@ -7,7 +7,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "llama-ext.h"
 #include "llama.h"
 #include "runtime/library_log.h"

@@ -15,12 +15,10 @@
 
 #include "bench_util.h"
 #include "report.h"
-#include "common/error.h"
-#include "draft/draft_model.h"
-#include "draft/eagle.h"
-#include "runtime/eagle_head.h"
-#include "draft/ngram.h"
+#include "specula/error.h"
+#include "engine/drafter_source.h"
 #include "engine/generate.h"
+#include "engine/target.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
 #include "policy/draft_length.h"
@@ -179,52 +177,55 @@ struct CostCurve {
     double draft_ms_per_token = 0;  // one draft-model forward of 1 token
 };
 
-// Same rule as Engine::open: the draft must share the target's vocabulary exactly.
-void check_same_vocabulary(const SpecBenchOptions & o, const Tokenizer & target_vocab, const Model & target, const Model & draft) {
-    const Tokenizer draft_vocab(o.draft);
-    if (draft_vocab.fingerprint() != target_vocab.fingerprint() || draft.config().n_vocab != target.config().n_vocab) {
-        throw Error("draft model " + o.draft + " has a different vocabulary (" + std::to_string(draft_vocab.n_vocab()) +
-                    " tokens) than the target " + o.model + " (" + std::to_string(target_vocab.n_vocab()) + " tokens)");
-    }
+// The engine's options for the benchmark's target: its backend settings and the drafting defaults.
+EngineOptions engine_options(const SpecBenchOptions & o) {
+    EngineOptions e;
+    e.model_path = o.model;
+    e.n_threads = o.threads;
+    e.kernels = o.kernels;
+    e.attention = o.attention;
+    return e;
 }
 
+// Every drafter the modes use, assembled as the engine assembles them (engine/drafter_source.h).
 struct SpeculaRig {
     Backend backend;
-    std::unique_ptr<Model> target, draft;
+    std::unique_ptr<Model> target;
+    Tokenizer vocab;
     ModelRunner runner;
     KvCache cache;
-    DraftModelDrafter draft_drafter;
-    NgramDrafter ngram{1, 3};  // EngineOptions' defaults
-    std::unique_ptr<EagleHead> eagle1, eagle3;
-    std::unique_ptr<EagleDrafter> eagle1_drafter, eagle3_drafter;
+    DrafterSource draft, ngram, eagle1, eagle3;
+    std::unique_ptr<Drafter> draft_drafter, ngram_drafter, eagle1_drafter, eagle3_drafter;
     CostCurve cost;
-    TreeBudget tree{TreeShape::Dynamic, 6, 4, 0};  // tree modes: Engine's defaults; 0 nodes = TreeSizePolicy
+    TreeBudget tree;  // tree modes: the engine's defaults for a dynamic tree; 0 nodes = TreeSizePolicy
 
     SpeculaRig(const SpecBenchOptions & o, int n_ctx)
-        : backend(BackendOptions{"cpu", o.threads, o.attention, o.kernels}),
+        : backend(backend_options(engine_options(o))),
           target(Model::load(o.model, backend)),
-          draft(Model::load(o.draft, backend)),
+          vocab(o.model),
           runner(*target),
-          cache(backend, target->config(), n_ctx),
-          draft_drafter(*draft, n_ctx) {
-        if (!o.eagle.empty()) {
-            eagle1 = EagleHead::load(o.eagle, *target, backend);
-            if (eagle1->config().kind != EagleKind::Eagle1) throw Error(o.eagle + " is not an EAGLE-1 head");
-            eagle1_drafter = std::make_unique<EagleDrafter>(*eagle1, n_ctx);
-        }
-        if (!o.eagle3.empty()) {
-            eagle3 = EagleHead::load(o.eagle3, *target, backend);
-            if (eagle3->config().kind != EagleKind::Eagle3) throw Error(o.eagle3 + " is not an EAGLE-3 head");
-            eagle3_drafter = std::make_unique<EagleDrafter>(*eagle3, n_ctx);
-        }
+          cache(backend, target->config(), n_ctx) {
+        EngineOptions e = engine_options(o);
+        e.n_ctx = n_ctx;
+        e.tree = TreeShape::Dynamic;
+        e.tree_nodes = o.tree_nodes;
+        tree = drafting_rules(e, DrafterKind::DraftModel).tree;
+        auto assemble = [&](DrafterSource & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path) {
+            source = DrafterSource::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max}, backend, *target, vocab);
+            drafter = source.make(n_ctx);
+        };
+        assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
+        assemble(ngram, ngram_drafter, DrafterKind::Ngram, "");
+        if (!o.eagle.empty()) assemble(eagle1, eagle1_drafter, DrafterKind::Eagle, o.eagle);
+        if (!o.eagle3.empty()) assemble(eagle3, eagle3_drafter, DrafterKind::Eagle3, o.eagle3);
     }
 
     Drafter & drafter_for(Kind k) {
         switch (k) {
-            case Kind::SpeculaNgram: return ngram;
+            case Kind::SpeculaNgram: return *ngram_drafter;
             case Kind::SpeculaEagle1: return *eagle1_drafter;
             case Kind::SpeculaEagle3: return *eagle3_drafter;
-            default: return draft_drafter;
+            default: return *draft_drafter;
         }
     }
 };
@@ -259,8 +260,8 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     const auto probe = probe_tokens(prompts, c.depth + max_tokens);
     c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
-    ModelRunner draft_runner(*rig.draft);
-    KvCache draft_cache(rig.backend, rig.draft->config(), rig.cache.capacity());
+    ModelRunner draft_runner(*rig.draft.draft_model);
+    KvCache draft_cache(rig.backend, rig.draft.draft_model->config(), rig.cache.capacity());
     c.draft_ms_per_token = forward_cost(draft_runner, draft_cache, probe, c.depth, 1)[0];
     return c;
 }
@@ -764,8 +765,8 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"specula_spec_mode", !o.eagle3.empty() ? std::string(h.spec.mode->name) + " (specula's default EAGLE-3 mode)"
                                                  : std::string(h.spec.mode->name) + " (default policy, k <= draft_max = llama.cpp's k)"},
         {"specula_fixed_k_tok_s", h.fixed.tok_s.median},
-        {"specula_attention", o.attention},
-        {"specula_kernels", o.kernels},
+        {"specula_attention", attention_name(o.attention)},
+        {"specula_kernels", kernels_name(o.kernels)},
         {"llamacpp_spec_mode", h.llama_spec.mode->name},
         {"llamacpp_plain_mode", h.llama_plain.mode->name},
         {"specula_spec_tok_s", h.spec.tok_s.median},
@@ -796,16 +797,14 @@ int run_spec_bench(const SpecBenchOptions & o) {
     print_machine(load);
 
     const ScratchDir scratch;
-    const Tokenizer tokenizer(o.model);
     const std::string prompts_path = o.prompts.empty() ? std::string(SPECULA_BENCH_PROMPTS) : o.prompts;
-    const std::vector<Prompt> prompts = load_prompts(prompts_path, tokenizer, scratch);
+    const std::vector<Prompt> prompts = load_prompts(prompts_path, Tokenizer(o.model), scratch);
     size_t longest = 0;
     for (const auto & p : prompts) longest = std::max(longest, p.tokens.size());
     // Room for the prompt, n tokens and a final draft (llama-speculative-simple overshoots by up to k).
     const int n_ctx = static_cast<int>(longest) + o.n_gen + std::max(o.draft_max, 64) + 8;
 
     SpeculaRig rig(o, n_ctx);
-    check_same_vocabulary(o, tokenizer, *rig.target, *rig.draft);
     if (const int trained = rig.target->config().n_ctx_train; trained > 0 && n_ctx > trained) {
         std::printf("warning: %d-token context exceeds the target's trained %d: shorten -n or the prompts\n", n_ctx, trained);
     }

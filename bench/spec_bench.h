@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "specula/options.h"
+
 namespace specula::bench {
 
 struct SpecBenchOptions {
@@ -15,8 +17,8 @@ struct SpecBenchOptions {
     std::string json_path;    // write results as JSON
     std::string html_path;    // write results as an HTML page (tools/report/)
     int threads = 0;          // 0 = physical cores; every engine gets the same count
-    std::string attention = "auto";  // specula's attention kernel; llama.cpp runs with -fa on and with -fa off
-    std::string kernels = "auto";    // specula's matmul kernels: auto (own on the CPU) | specula | ggml
+    Attention attention = Attention::Auto;  // specula's attention kernel; llama.cpp runs with -fa on and with -fa off
+    Kernels kernels = Kernels::Auto;        // specula's matmul kernels (auto: its own on the CPU)
     int reps = 3;
     int n_gen = 128;          // tokens per generation
     int draft_max = 4;        // k for the fixed policy and llama.cpp; the cap for heuristic/cost

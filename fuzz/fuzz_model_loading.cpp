@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/model.h"

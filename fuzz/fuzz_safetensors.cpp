@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "eagle_convert.h"
 
 namespace {

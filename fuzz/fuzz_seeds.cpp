@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "eagle_convert.h"
 #include "model_writer.h"
 

@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "draft/draft_model.h"
 #include "draft/ngram.h"
 #include "engine/sequence.h"
@@ -42,7 +42,7 @@ ForwardBatch tree_block(int base) {
 }
 
 struct Fixture {
-    explicit Fixture(const char * attention = "auto") : backend(BackendOptions{"cpu", 1, attention}) {}
+    explicit Fixture(const char * attention = "auto") : backend(BackendOptions{"cpu", 1, parse_attention(attention)}) {}
     Backend backend;
     std::unique_ptr<Model> model = Model::load(test::model_path("llama_q8_0"), backend);
     ModelRunner runner{*model};

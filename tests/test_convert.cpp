@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "eagle_convert.h"
 #include "ggml.h"
 #include "gguf.h"

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "draft/eagle.h"
 #include "eagle3_vocab.h"
 #include "engine/generate.h"
@@ -260,7 +260,7 @@ TEST(Eagle, EngineDefaultsFitASmallContext) {
     for (int n_ctx : {16, 64}) {
         EngineOptions o;
         o.model_path = test::model_path("llama_gqa_f32");
-        o.eagle3_path = test::eagle_head_path("eagle3", "llama_gqa_f32");
+        o.drafter = {DrafterKind::Eagle3, test::eagle_head_path("eagle3", "llama_gqa_f32")};
         o.n_threads = 1;
         o.n_ctx = n_ctx;
         auto engine = Engine::open(o);
@@ -286,7 +286,7 @@ TEST(Eagle, MismatchedHeadsAreRefused) {
     EngineOptions o;
     o.model_path = test::model_path("llama_gqa_f32");
     o.n_threads = 1;
-    o.eagle3_path = test::eagle_head_path("eagle1", "llama_gqa_f32");
+    o.drafter = {DrafterKind::Eagle3, test::eagle_head_path("eagle1", "llama_gqa_f32")};
     EXPECT_NE(test::error_message([&] { Engine::open(o); }).find("is an EAGLE-1 head: use --eagle"), std::string::npos);
 }
 

@@ -72,12 +72,14 @@ TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
         cases.push_back({name, o, n_prompts});
     };
     const std::string draft = bundled("specula-draft.gguf"), eagle1 = bundled("specula-eagle1.gguf"), eagle3 = bundled("specula-eagle3.gguf");
-    add("draft model (defaults: chain, cost policy)", [&](EngineOptions & o) { o.draft_model_path = draft; });
-    add("n-gram (defaults: cost policy)", [&](EngineOptions & o) { o.ngram = true; });
-    add("EAGLE-1 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.eagle_path = eagle1; });
+    add("draft model (defaults: chain, cost policy)", [&](EngineOptions & o) { o.drafter = {DrafterKind::DraftModel, draft}; });
+    add("n-gram (defaults: cost policy)", [&](EngineOptions & o) { o.drafter.kind = DrafterKind::Ngram; });
+    add("EAGLE-1 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle, eagle1}; });
     // Not the cost policy: it may rightly find that EAGLE-1's chains do not pay and draft almost nothing.
-    add("EAGLE-1, chain, heuristic policy", [&](EngineOptions & o) { o.eagle_path = eagle1, o.tree = "chain", o.draft_policy = "heuristic"; });
-    add("EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.eagle3_path = eagle3; }, kTextPrompts.size());
+    add("EAGLE-1, chain, heuristic policy", [&](EngineOptions & o) {
+        o.drafter = {DrafterKind::Eagle, eagle1}, o.tree = TreeShape::Chain, o.draft_policy = DraftPolicyKind::Heuristic;
+    });
+    add("EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle3, eagle3}; }, kTextPrompts.size());
     for (const Case & c : cases) {
         auto engine = Engine::open(c.options);
         int accepted = 0;
@@ -114,7 +116,7 @@ class KernelMatrix : public ::testing::TestWithParam<MatrixCase> {};
 TEST_P(KernelMatrix, GreedySpeculativeEqualsPlainDecoding) {
     const MatrixCase & c = GetParam();
     constexpr int kGenerate = 32, kCtx = 128;
-    Backend backend(BackendOptions{"cpu", 1, c.attention, c.kernels});
+    Backend backend(BackendOptions{"cpu", 1, parse_attention(c.attention), parse_kernels(c.kernels)});
     ASSERT_EQ(backend.own_kernels(), c.kernels == "specula");
     ASSERT_EQ(attention_kernel_name(backend.attention_kernel()), c.attention);
     auto target = Model::load(test::model_path(c.target), backend);

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "gguf.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
@@ -70,8 +70,8 @@ TEST(Errors, EmptyPromptWithoutBos) {
     o.model_path = test::model_path("qwen2_bias");
     o.n_ctx = 64;
     o.n_threads = 1;
-    o.ngram = true;
-    o.draft_policy = "cost";
+    o.drafter.kind = DrafterKind::Ngram;
+    o.draft_policy = DraftPolicyKind::Cost;
     auto engine = Engine::open(o);
     GenerationOptions g;
     g.n_predict = 4;
@@ -79,9 +79,18 @@ TEST(Errors, EmptyPromptWithoutBos) {
               "the prompt is empty and the vocabulary adds no BOS token: nothing to generate from");
 }
 
-TEST(Errors, UnknownAttentionKernel) {
-    EXPECT_NE(test::error_message([] { Backend b(BackendOptions{"cpu", 1, "fast"}); }).find("unknown attention kernel 'fast'"),
-              std::string::npos);
+// Catches an enum parser that accepts a bad name or loses the name (or the choices) from its error.
+TEST(Errors, UnknownEnumNamesAreNamed) {
+    EXPECT_EQ(test::error_message([] { parse_attention("fast"); }), "unknown attention kernel 'fast' (expected auto, flash, matmul or specula)");
+    EXPECT_EQ(test::error_message([] { parse_kernels("cuda"); }), "unknown kernels 'cuda' (expected auto, specula or ggml)");
+    EXPECT_EQ(test::error_message([] { parse_draft_policy("fastest"); }), "unknown draft policy 'fastest' (expected cost, heuristic or fixed)");
+    EXPECT_EQ(test::error_message([] { parse_tree_shape("bush"); }), "unknown tree shape 'bush' (expected chain, static or dynamic)");
+    EXPECT_EQ(parse_attention("matmul"), Attention::Matmul);
+    EXPECT_EQ(parse_kernels("ggml"), Kernels::Ggml);
+    EXPECT_EQ(parse_draft_policy("heuristic"), DraftPolicyKind::Heuristic);
+    EXPECT_EQ(parse_tree_shape("static"), TreeShape::Static);
+    EXPECT_STREQ(attention_name(Attention::Specula), "specula");
+    EXPECT_STREQ(kernels_name(Kernels::Auto), "auto");
 }
 
 TEST(Errors, UnknownDevice) {

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "kv/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"

@@ -16,7 +16,7 @@
 #include <optional>
 #include <sstream>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"
@@ -274,6 +274,16 @@ TEST(Hostile, AddedSpecialTokenOutsideTheVocabulary) {
 // ---------------------------------------------------------------- the CLI
 
 void expect_cli_error(const std::string & args, const std::string & text) { test::expect_cli_error(SPECULA_CLI, args, text); }
+
+// Catches an enum flag or drafter choice that crashes, is ignored, or fails without naming the value.
+TEST(HostileCli, BadChoicesNameTheValue) {
+    const std::string m = "generate -m " + target() + " -p hi -n 2 ";
+    expect_cli_error(m + "--kernels fast", "unknown kernels 'fast' (expected auto, specula or ggml)");
+    expect_cli_error(m + "--attention quick", "unknown attention kernel 'quick' (expected auto, flash, matmul or specula)");
+    expect_cli_error(m + "--draft-policy best", "unknown draft policy 'best' (expected cost, heuristic or fixed)");
+    expect_cli_error(m + "--tree bush", "unknown tree shape 'bush' (expected chain, static or dynamic)");
+    expect_cli_error(m + "--ngram --draft " + target(), "choose one drafter: --draft, --eagle, --eagle3 or --ngram");
+}
 
 TEST(HostileCli, MissingAndNonGgufFiles) {
     expect_cli_error("generate -m /nonexistent.gguf -p hi", "/nonexistent.gguf: no such file");

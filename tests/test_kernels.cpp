@@ -251,7 +251,7 @@ TEST_P(ForwardBatchInvariance, EveryRowEqualsItsOneTokenForward) {
 // its dot product and 8 rows through tinyBLAS), which is why specula has its own; the same
 // comparison as above sees the difference.
 TEST(ForwardBatchInvariance, GgmlsKernelsAreNotAndTheCheckSeesIt) {
-    Backend backend(BackendOptions{"cpu", 1, "auto", "ggml"});
+    Backend backend(BackendOptions{"cpu", 1, Attention::Auto, Kernels::Ggml});
     auto model = Model::load(test::model_path("llama_gqa_f32"), backend);
     ModelRunner runner(*model);
     const std::vector<int32_t> prefix = {1, 450, 4996, 17354, 1701, 338};

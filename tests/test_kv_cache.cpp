@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -17,7 +17,7 @@ const std::vector<int32_t> kPrefix = {1, 450, 4996, 17354, 1701, 29916};
 
 // Both V layouts: row-major (flash attention) and transposed (matmul attention).
 struct Fixture {
-    explicit Fixture(const char * attention = "auto") : backend(BackendOptions{"cpu", 1, attention}) {}
+    explicit Fixture(const char * attention = "auto") : backend(BackendOptions{"cpu", 1, parse_attention(attention)}) {}
     Backend backend;
     std::unique_ptr<Model> model = Model::load(test::model_path("llama_q8_0"), backend);
     ModelRunner runner{*model};

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "model_writer.h"
 
 namespace specula::test {

@@ -48,7 +48,7 @@ TEST_P(Oracle, TeacherForcedLogitsMatchLibllama) {
     SCOPED_TRACE(kernel);
     const test::Variant & v = GetParam();
     const std::string path = test::model_path(v.name);
-    Backend backend(BackendOptions{"cpu", 1, attention, kernels});
+    Backend backend(BackendOptions{"cpu", 1, parse_attention(attention), parse_kernels(kernels)});
     auto model = Model::load(path, backend);
     ModelRunner runner(*model);
     KvCache cache(backend, model->config(), 256);
@@ -100,7 +100,7 @@ TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
     const test::Variant & v = GetParam();
     if (std::string(kernels) == "specula" && coarse_activations(v)) continue;
     const std::string path = test::model_path(v.name);
-    Backend backend(BackendOptions{"cpu", 1, "auto", kernels});
+    Backend backend(BackendOptions{"cpu", 1, Attention::Auto, parse_kernels(kernels)});
     auto model = Model::load(path, backend);
     ModelRunner runner(*model);
     KvCache cache(backend, model->config(), 256);

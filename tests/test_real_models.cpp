@@ -104,7 +104,7 @@ TEST_P(RealModelOracle, TeacherForcedLogitsMatchLibllama) {
     for (auto [kernels, attention] : {std::pair{"ggml", "flash"}, std::pair{"ggml", "matmul"}, std::pair{"specula", "auto"}}) {
         const std::string kernel = std::string(kernels) + "/" + attention;
         SCOPED_TRACE(kernel);
-        Backend backend(BackendOptions{"cpu", 1, attention, kernels});
+        Backend backend(BackendOptions{"cpu", 1, parse_attention(attention), parse_kernels(kernels)});
         auto model = Model::load(path, backend);
         ASSERT_EQ(model->config().arch_name, m.arch);
         ModelRunner runner(*model);
@@ -373,6 +373,44 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     EXPECT_NE(fail_err.find("specula: error: the default model " + empty + "/SmolLM2-135M-Instruct.Q4_1.gguf could not be fetched"),
               std::string::npos)
         << fail_err;
+}
+
+// `--chat` (and Engine::tokenize(text, true), the server's chat route): the template's text is
+// tokenized with BOS added; a template that writes the BOS text itself (Gemma 3's "<bos>") must not
+// get a second one. Catches a doubled BOS at the start of a chat prompt, on every cached model.
+TEST(RealModelChat, ChatPromptStartsWithOneBos) {
+    int checked = 0;
+    for (const RealModel & m : kModels) {
+        const std::string path = cached_model_path(m);
+        if (!std::filesystem::exists(path)) continue;
+        SCOPED_TRACE(m.name);
+        const Tokenizer tok(path);
+        const std::vector<int32_t> chat = tok.tokenize_chat({{"user", "Hello there"}});
+        ASSERT_GE(chat.size(), 2u);
+        EXPECT_NE(chat[0], chat[1]);
+        const std::vector<int32_t> bos = tok.tokenize("", true);  // [BOS] when the vocabulary adds one
+        if (!bos.empty()) EXPECT_EQ(chat[0], bos[0]);
+        ++checked;
+    }
+    if (checked == 0) GTEST_SKIP() << "no real model in " << model_cache_dir();
+}
+
+// `specula serve` without -m serves the same default run as `generate`: SmolLM2-135M-Instruct from
+// the model cache, drafting with its EAGLE-3 head. Catches serve requiring -m again, or loading the
+// default model without the default drafter.
+TEST(SmolLM2Drafters, ServeWithoutModelIsTheDefaultRun) {
+    const std::string path = cached_model_path(smollm2());
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
+    const std::string err_path = test::scratch_dir() + "/default-serve-stderr.txt";
+    const std::string script = "SPECULA_MODEL_CACHE=" + model_cache_dir() + " " + SPECULA_CLI + " serve --port 0 -t 1 --parallel 1 -c 256 2>" +
+                               err_path + " & pid=$!; for i in $(seq 1200); do grep -q 'ready:\\|error:' " + err_path +
+                               " && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done; kill $pid; wait $pid";
+    std::system(script.c_str());
+    std::ifstream in(err_path);
+    std::stringstream err;
+    err << in.rdbuf();
+    EXPECT_NE(err.str().find("(loading " + path + ")"), std::string::npos) << err.str();
+    EXPECT_NE(err.str().find("drafting with " + std::string(SPECULA_SOURCE_DIR) + "/models/smollm2-eagle3.gguf"), std::string::npos) << err.str();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "specula/specula.h"
+#include "trace/trace.h"
 #include "test_models.h"
 
 namespace specula {
@@ -64,13 +65,13 @@ std::vector<std::string> make_traces() {
     for (const bool tree : {false, true}) {
         EngineOptions eo;
         eo.model_path = models + "specula-target.gguf";
-        eo.draft_model_path = models + "specula-draft.gguf";
+        eo.drafter = {DrafterKind::DraftModel, models + "specula-draft.gguf"};
         eo.n_threads = 1;
         eo.n_ctx = 256;
         eo.draft_max = 4;
-        eo.draft_policy = "fixed";
+        eo.draft_policy = DraftPolicyKind::Fixed;
         if (tree) {
-            eo.tree = "dynamic";
+            eo.tree = TreeShape::Dynamic;
             eo.tree_nodes = 10;  // fixed: the size policy may verify single nodes on a slow machine, and the page must show branches
         }
         GenerationOptions go;
@@ -78,9 +79,11 @@ std::vector<std::string> make_traces() {
         go.stop_at_end_of_generation = false;
         go.sampling.temperature = tree ? 0.0f : 0.8f;
         go.sampling.seed = 7;
-        go.trace_path = artifacts_dir() + (tree ? "/tree.jsonl" : "/chain.jsonl");
-        Engine::open(eo)->generate("def main():\n    parser = argparse.", go, [](const std::string &) { return true; });
-        paths.push_back(go.trace_path);
+        paths.push_back(artifacts_dir() + (tree ? "/tree.jsonl" : "/chain.jsonl"));
+        auto engine = Engine::open(eo);
+        TraceWriter trace(paths.back(), [&](int32_t t) { return engine->piece(t); });
+        go.on_round = [&](const RoundReport & round) { trace.round(round); };
+        engine->generate("def main():\n    parser = argparse.", go, [](const std::string &) { return true; });
     }
     return paths;
 }

@@ -15,7 +15,7 @@
 #include <cmath>
 #include <thread>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -103,7 +103,7 @@ TEST(Rpc, ModelOnAnRpcServerGivesTheLocalGgmlLogits) {
         Backend rpc(BackendOptions{server.device(), 1});
         EXPECT_FALSE(rpc.own_kernels()) << "non-CPU devices keep ggml's matmul";
         EXPECT_EQ(rpc.attention_kernel(), AttentionKernel::Flash);
-        Backend cpu(BackendOptions{"cpu", 1, "flash", "ggml"});
+        Backend cpu(BackendOptions{"cpu", 1, Attention::Flash, Kernels::Ggml});
         const std::vector<float> remote = logits(rpc, test::model_path(name), tokens);
         const std::vector<float> local = logits(cpu, test::model_path(name), tokens);
         ASSERT_EQ(remote.size(), local.size());
@@ -115,7 +115,7 @@ TEST(Rpc, ModelOnAnRpcServerGivesTheLocalGgmlLogits) {
 }
 
 TEST(Rpc, SpeculasOwnKernelsAreRefusedOnAnRpcDevice) {
-    const std::string msg = test::error_message([] { Backend b(BackendOptions{"RPC[127.0.0.1:1]", 1, "auto", "specula"}); });
+    const std::string msg = test::error_message([] { Backend b(BackendOptions{"RPC[127.0.0.1:1]", 1, Attention::Auto, Kernels::Specula}); });
     EXPECT_NE(msg.find("CPU only"), std::string::npos) << msg;
 }
 

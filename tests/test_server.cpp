@@ -5,7 +5,7 @@
 #include <chrono>
 #include <thread>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "engine/target.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
@@ -26,8 +26,8 @@ std::unique_ptr<Target> open_target(bool speculative) {
     EngineOptions o;
     o.model_path = shipped("specula-target.gguf");
     if (speculative) {
-        o.draft_model_path = shipped("specula-draft.gguf");
-        o.draft_policy = "fixed";  // no timing in the draft length: sampled output depends on the seed only
+        o.drafter = {DrafterKind::DraftModel, shipped("specula-draft.gguf")};
+        o.draft_policy = DraftPolicyKind::Fixed;  // no timing in the draft length: sampled output depends on the seed only
         o.draft_max = 4;
     }
     o.n_ctx = 192;

@@ -8,7 +8,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
 #include "draft/ngram.h"
@@ -527,7 +527,7 @@ TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {
     {
         TraceWriter w(path, [](int32_t t) { return std::string("t").append(std::to_string(t)); });
         s.run(drafter, DraftPolicyKind::Fixed, 3, kPrompts[1], 20, sp,
-              [&](const RoundInfo & r) { w.round(r.round, r.base, r.draft_ms, r.verify_ms, r.decision, r.draft->tree, *r.result); });
+              [&](const RoundInfo & r) { w.round(round_report(r)); });
     }
     std::ifstream in(path);
     std::string line;
@@ -568,7 +568,7 @@ TEST(Speculative, TraceRecordsEachRoundsTreeAndPolicyDecision) {
                   drafted.push_back(r.draft->tree);
                   accepted.push_back(r.result->accepted);
                   decisions.push_back(r.decision);
-                  w.round(r.round, r.base, r.draft_ms, r.verify_ms, r.decision, r.draft->tree, *r.result);
+                  w.round(round_report(r));
               },
               nullptr, nullptr, TreeBudget{TreeShape::Dynamic, 3, 3, 0}, &tree_size);
     }
@@ -656,18 +656,36 @@ TEST(Speculative, BadSetupsGiveClearErrors) {
     EngineOptions o;
     o.model_path = test::model_path("llama_gqa_f32");
     o.n_threads = 1;
-    o.draft_model_path = test::model_path("qwen2_bias");
+    o.drafter = {DrafterKind::DraftModel, test::model_path("qwen2_bias")};
     EXPECT_NE(message(o).find("has a different vocabulary"), std::string::npos) << message(o);
-    o.draft_model_path = test::model_path("llama_draft_small");
+    o.drafter = {DrafterKind::DraftModel, test::model_path("llama_draft_small")};
     o.n_ctx = 8;
     o.draft_max = 8;
     EXPECT_NE(message(o).find("does not fit the 8-token context"), std::string::npos) << message(o);
     o.n_ctx = 256;
-    o.draft_policy = "fastest";
-    EXPECT_NE(message(o).find("unknown draft policy 'fastest'"), std::string::npos);
-    o.draft_policy = "fixed";
-    o.ngram = true;
-    EXPECT_NE(message(o).find("choose one drafter"), std::string::npos);
+    o.tree = TreeShape::Dynamic;
+    o.drafter = {DrafterKind::Ngram};
+    EXPECT_NE(message(o).find("the n-gram drafter drafts chains only"), std::string::npos) << message(o);
+    o.tree.reset();
+    o.drafter = {DrafterKind::Ngram, "", 3, 1};
+    EXPECT_NE(message(o).find("n-gram sizes must satisfy 1 <= min <= max"), std::string::npos) << message(o);
+}
+
+// Catches a DrafterSpec whose kind and path disagree slipping through to a crash or a silent
+// plain run: a file kind with no file, a file for a kind that takes none.
+TEST(Speculative, DrafterSpecErrorsNameTheProblem) {
+    auto message = [](DrafterSpec spec) {
+        EngineOptions o;
+        o.model_path = test::model_path("llama_gqa_f32");
+        o.n_threads = 1;
+        o.drafter = std::move(spec);
+        return test::error_message([&] { Engine::open(o); });
+    };
+    EXPECT_EQ(message({DrafterKind::Eagle3}), "the eagle3 drafter needs a GGUF path");
+    EXPECT_EQ(message({DrafterKind::Eagle}), "the eagle drafter needs a GGUF path");
+    EXPECT_EQ(message({DrafterKind::DraftModel}), "the draft drafter needs a GGUF path");
+    EXPECT_EQ(message({DrafterKind::Ngram, "x.gguf"}), "the ngram drafter takes no file, but was given x.gguf");
+    EXPECT_EQ(message({DrafterKind::None, "x.gguf"}), "the none drafter takes no file, but was given x.gguf");
 }
 
 }  // namespace

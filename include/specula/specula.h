@@ -1,43 +1,92 @@
 #pragma once
-// specula's public API: open a model, generate text with a callback per token.
+// specula's public API: open a model (and its drafter), generate from text or token ids, observe
+// each speculative round. Every failure throws specula::Error (specula/error.h).
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "specula/error.h"
+#include "specula/options.h"
 #include "specula/sampling.h"
 
 namespace specula {
 
 struct EngineOptions {
     std::string model_path;
-    // Speculation: at most one drafter. None = plain decoding.
-    std::string draft_model_path;  // a small LM sharing the target's vocabulary
-    std::string eagle_path;        // EAGLE-1/2 head for the target (specula-eagle1 GGUF)
-    std::string eagle3_path;       // EAGLE-3 head for the target (llama.cpp eagle3 GGUF)
-    bool ngram = false;            // prompt-lookup drafting
-    int ngram_min = 1, ngram_max = 3;
-    int draft_max = 8;             // longest draft per round
-    std::string draft_policy = "cost";   // cost | heuristic | fixed (chains; docs/policies.md)
-    std::string tree;            // chain | static | dynamic; empty: dynamic for EAGLE heads, else chain
+    DrafterSpec drafter;                  // none = plain decoding
+    int draft_max = 8;                    // longest draft per round
+    DraftPolicyKind draft_policy = DraftPolicyKind::Cost;  // chains (docs/policies.md)
+    std::optional<TreeShape> tree;        // none: dynamic for EAGLE heads, else chain
     int tree_depth = 6;
     int tree_branching = 4;      // dynamic: children per node and nodes expanded per depth
     int tree_nodes = 0;          // nodes verified per round; 0 = chosen from the measured verify cost
     int n_ctx = 2048;            // tokens of context (prompt + generation)
     int n_threads = 0;           // 0 = physical cores
     std::string device = "cpu";  // a ggml device name when built with a GPU backend
-    std::string kernels = "auto";    // auto | specula | ggml; auto = specula's batch-invariant kernels on the CPU
-    std::string attention = "auto";  // auto | flash | matmul | specula; auto = specula's with specula's
-                                     // kernels, else matmul on the CPU and flash on GPUs
+    Kernels kernels = Kernels::Auto;
+    Attention attention = Attention::Auto;
 };
+
+// What a round's policy chose.
+struct RoundDecision {
+    const char * policy = "";  // cost | heuristic | fixed (chains), tree-size | fixed-tree (trees)
+    int asked = 0;             // draft length (chains) or node budget (trees) the policy asked for
+    int drafted_nodes = 0;     // nodes the drafter produced
+    int verified_nodes = 0;    // nodes sent to the target after pruning
+    std::string why;           // the policy's reasons where it exposes them; may be empty
+};
+
+// accepted / rejected: a drafted token the target keeps / refuses; correction: the target's token
+// where a draft was refused; bonus: the target's token after a fully accepted path.
+enum class Outcome { Accepted, Rejected, Correction, Bonus };
+const char * outcome_name(Outcome o);
+
+// One verification event of a round, in the order the verifier decided them.
+struct VerifyEvent {
+    int node = -1;              // tree node; -1 for the correction/bonus token
+    int depth = 0;              // 1-based position after the root
+    int32_t token = 0;
+    float q = 1.0f;             // draft probability of the token (1 when deterministic)
+    float p = 0.0f;             // target's processed probability of the token
+    float accept_prob = 0.0f;   // min(1, p/q); 1/0 for greedy match/mismatch
+    double draw = -1.0;         // the uniform draw compared against accept_prob (-1 if none)
+    Outcome outcome = Outcome::Accepted;
+};
+
+// One node of a verified draft; nodes are listed parents first.
+struct DraftNode {
+    int32_t token = 0;
+    int parent = -1;         // -1: a child of the round's root (the last token before the round)
+    int depth = 1;
+    float q = 1.0f;          // draft probability of the token given its parent (1 when deterministic)
+    float path_prob = 1.0f;  // the draft's probability that verification reaches this node
+};
+
+// One speculative round, as the observer (and the trace file, one observer) sees it. The round
+// emits accepted.size() + 1 tokens: the accepted drafts, then next_token.
+struct RoundReport {
+    int round = 0;     // 0-based
+    int position = 0;  // the root's position: tokens in the target's cache before the round
+    double draft_ms = 0.0, verify_ms = 0.0;
+    RoundDecision decision;
+    std::vector<DraftNode> tree;  // the verified draft
+    std::vector<int> accepted;    // accepted nodes, top-down
+    int32_t next_token = -1;      // the target's correction or bonus token
+    bool bonus = false;
+    std::vector<VerifyEvent> events;
+};
+using RoundObserver = std::function<void(const RoundReport & round)>;
 
 struct GenerationOptions {
     int n_predict = 128;
     SamplingParams sampling;
     bool stop_at_end_of_generation = true;
-    std::string trace_path;  // speculative runs: one JSON line per drafted/emitted token
-    bool chat = false;       // wrap the prompt as a user message in the model's chat template
+    bool chat = false;       // text prompts: wrap the prompt as a user message in the model's chat template
+    RoundObserver on_round;  // speculative runs: called after each round; the reports are built only when set
 };
 
 // Counters of a speculative run. "Emitted" counts every token a round produced (accepted drafts
@@ -87,13 +136,25 @@ struct GenerationStats {
     double generation_tok_s() const { return generation_seconds > 0 ? n_generated / generation_seconds : 0.0; }
 };
 
-// Receives each generated token's text; return false to stop.
+// Receives each generated token id; return false to stop.
+using TokenSink = std::function<bool(int32_t token)>;
+// Receives generated text, in pieces that never split a UTF-8 character; return false to stop.
 using PieceSink = std::function<bool(const std::string & piece)>;
 
 class Engine {
 public:
-    static std::unique_ptr<Engine> open(const EngineOptions & options);  // throws specula::Error
+    static std::unique_ptr<Engine> open(const EngineOptions & options);  // throws Error
     ~Engine();
+
+    // Text -> token ids as generate() reads a text prompt: BOS as the vocabulary asks; with
+    // `chat`, through the model's chat template as a user message (BOS once).
+    std::vector<int32_t> tokenize(const std::string & text, bool chat = false) const;
+    std::string detokenize(std::span<const int32_t> tokens) const;  // as text: a leading word space may be dropped
+    std::string piece(int32_t token) const;                         // one token's bytes, as streams concatenate them
+
+    // From token ids to token ids. Throws Error on an empty prompt or one that does not fit.
+    GenerationStats generate(std::span<const int32_t> prompt, const GenerationOptions & options, const TokenSink & sink);
+    // From text (tokenize(prompt, options.chat)) to text.
     GenerationStats generate(const std::string & prompt, const GenerationOptions & options, const PieceSink & sink);
 
 private:

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "draft/propose.h"
 
 namespace specula {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 
 namespace specula {
 

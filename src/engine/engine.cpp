@@ -1,6 +1,5 @@
 #include <memory>
 
-#include "common/error.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "engine/target.h"
@@ -8,6 +7,7 @@
 #include "runtime/model.h"
 #include "specula/specula.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace specula {
 
@@ -26,28 +26,48 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-GenerationStats Engine::generate(const std::string & prompt, const GenerationOptions & options, const PieceSink & sink) {
+std::vector<int32_t> Engine::tokenize(const std::string & text, bool chat) const {
+    const Tokenizer & tok = *impl_->target->tokenizer;
+    return chat ? tok.tokenize_chat({{"user", text}}) : tok.tokenize(text);
+}
+
+std::string Engine::detokenize(std::span<const int32_t> tokens) const {
+    return impl_->target->tokenizer->detokenize({tokens.begin(), tokens.end()});
+}
+
+std::string Engine::piece(int32_t token) const { return impl_->target->tokenizer->piece(token); }
+
+GenerationStats Engine::generate(std::span<const int32_t> tokens, const GenerationOptions & options, const TokenSink & sink) {
     Target & t = *impl_->target;
-    const std::vector<int32_t> tokens = options.chat ? t.tokenizer->tokenize_chat({{"user", prompt}}) : t.tokenizer->tokenize(prompt);
     // Before the cost probe, which tiles the prompt to fill its batches and would never fill them.
     if (tokens.empty()) throw Error("the prompt is empty and the vocabulary adds no BOS token: nothing to generate from");
+    for (int32_t tok : tokens) {
+        if (tok < 0 || tok >= t.model->config().n_vocab) {
+            throw Error("prompt token id " + std::to_string(tok) + " is outside the " + std::to_string(t.model->config().n_vocab) +
+                        "-token vocabulary");
+        }
+    }
     KvCache cache(*t.backend, t.model->config(), t.options.n_ctx);
     auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
-    auto emit = [&](int32_t tok) { return sink(t.tokenizer->piece(tok)); };
-    if (!impl_->drafter) return generate_plain(*t.runner, cache, tokens, options, is_end, emit);
+    if (!impl_->drafter) return generate_plain(*t.runner, cache, tokens, options, is_end, sink);
 
     t.measure_verify_cost_once(cache, tokens);
     std::unique_ptr<TreeSizePolicy> tree_size = t.make_tree_size_policy();
     auto policy = t.make_draft_policy();
-    std::unique_ptr<TraceWriter> trace;
-    if (!options.trace_path.empty()) {
-        trace = std::make_unique<TraceWriter>(options.trace_path, [&](int32_t tok) { return t.tokenizer->piece(tok); });
-    }
     SpecContext ctx{*t.runner, cache, *impl_->drafter, *policy, t.tree, nullptr, nullptr, tree_size.get()};
-    if (trace) {
-        ctx.on_round = [&](const RoundInfo & r) { trace->round(r.round, r.base, r.draft_ms, r.verify_ms, r.decision, r.draft->tree, *r.result); };
-    }
-    return generate_speculative(ctx, tokens, options, is_end, emit);
+    if (options.on_round) ctx.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
+    return generate_speculative(ctx, tokens, options, is_end, sink);
+}
+
+GenerationStats Engine::generate(const std::string & prompt, const GenerationOptions & options, const PieceSink & sink) {
+    Utf8Stream utf8;
+    bool more = true;
+    GenerationStats stats = generate(tokenize(prompt, options.chat), options, [&](int32_t token) {
+        const std::string text = utf8.push(piece(token));
+        return more = text.empty() || sink(text);
+    });
+    if (const std::string rest = utf8.flush(); more && !rest.empty()) sink(rest);
+    return stats;
 }
 
 }  // namespace specula

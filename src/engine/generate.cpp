@@ -3,7 +3,7 @@
 #include <chrono>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "kv/kv_cache.h"
 #include "runtime/forward.h"
 #include "sample/sampler.h"

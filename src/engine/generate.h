@@ -13,9 +13,6 @@ namespace specula {
 class KvCache;
 class ModelRunner;
 
-// Receives each generated token id; return false to stop.
-using TokenSink = std::function<bool(int32_t token)>;
-
 // Feeds the prompt in chunks into an empty `cache`, returns the logits of its last token.
 std::vector<float> prefill(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt, int chunk = 512);
 

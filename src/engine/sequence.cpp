@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "kv/kv_cache.h"
 
 namespace specula {
@@ -114,12 +114,16 @@ const ForwardBatch & Sequence::next_block(const StepShare & step) {
         draft_ = p_.drafter->draft(DraftRequest{history_, budget, &options_.sampling, &rng_});
     }
     promised_ = 0.0;
-    decision_ = RoundDecision{budget.shape != TreeShape::Chain ? (p_.tree_size ? "tree-size" : "fixed-tree")
-                              : p_.policy                     ? p_.policy->name()
-                                                              : "none",
-                              asked_, draft_.tree.size(), 0, {}};
-    if (budget.shape == TreeShape::Chain && budget.max_nodes < asked_) {
-        decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget.max_nodes) + " (context or -n)";
+    // The decision is for observers only: not built (strings and all) when nobody observes.
+    const bool observed = static_cast<bool>(p_.on_round);
+    if (observed) {
+        decision_ = RoundDecision{budget.shape != TreeShape::Chain ? (p_.tree_size ? "tree-size" : "fixed-tree")
+                                  : p_.policy                     ? p_.policy->name()
+                                                                  : "none",
+                                  asked_, draft_.tree.size(), 0, {}};
+        if (budget.shape == TreeShape::Chain && budget.max_nodes < asked_) {
+            decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget.max_nodes) + " (context or -n)";
+        }
     }
     if (p_.tree_size && !draft_.tree.empty()) {
         p_.tree_size->observe_draft(ms_since(td), draft_.tree.max_depth());
@@ -128,10 +132,12 @@ const ForwardBatch & Sequence::next_block(const StepShare & step) {
         const int n = p_.tree_size->choose(path_probs, ms_since(td), step);
         if (n < draft_.tree.size()) draft_.tree = prune_tree(draft_.tree, n);
         for (int i = 0; i < n; ++i) promised_ += path_probs[i];
-        char why[160];
-        std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
-                      p_.tree_size->calibration(), budget.min_path_prob, n, promised_);
-        decision_.why = why;
+        if (observed) {
+            char why[160];
+            std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
+                          p_.tree_size->calibration(), budget.min_path_prob, n, promised_);
+            decision_.why = why;
+        }
     }
     decision_.verified_nodes = draft_.tree.size();
     draft_ms_ = ms_since(td);
@@ -192,6 +198,16 @@ void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::f
     }
     run_.n_generated = emitted_;
     run_.generation_seconds = ms_since(t_gen_) / 1000.0;
+}
+
+RoundReport round_report(const RoundInfo & r) {
+    const TokenTree & tree = r.draft->tree;
+    RoundReport report{r.round, r.base, r.draft_ms, r.verify_ms, r.decision, {}, r.result->accepted, r.result->next_token,
+                       r.result->bonus, r.result->events};
+    for (int i = 0; i < tree.size(); ++i) {
+        report.tree.push_back(DraftNode{tree.token[i], tree.parent[i], tree.depth[i], node_draft_prob(tree, i), std::exp(tree.logp[i])});
+    }
+    return report;
 }
 
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,

@@ -35,8 +35,11 @@ struct RoundInfo {
     const Draft * draft = nullptr;
     const VerifyResult * result = nullptr;
     std::span<const int32_t> history;  // the sequence after this round's tokens
-    RoundDecision decision;            // what the policy chose and why
+    RoundDecision decision;            // what the policy chose and why (built only when observed)
 };
+
+// The public report of a round (specula.h), for observers.
+RoundReport round_report(const RoundInfo & round);
 
 using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
 

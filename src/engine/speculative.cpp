@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "common/stats.h"
 #include "kv/kv_cache.h"
 #include "runtime/forward.h"

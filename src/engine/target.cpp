@@ -2,20 +2,20 @@
 
 #include <algorithm>
 
-#include "common/error.h"
-#include "draft/draft_model.h"
-#include "draft/eagle.h"
-#include "draft/ngram.h"
+#include "specula/error.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
-#include "runtime/eagle_head.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
+
+BackendOptions backend_options(const EngineOptions & options) {
+    return BackendOptions{options.device, options.n_threads, options.attention, options.kernels};
+}
 
 Target::~Target() = default;
 
@@ -23,7 +23,7 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
     auto t = std::make_unique<Target>();
     t->options = options;
     if (options.n_ctx <= 0) throw Error("context size must be positive");
-    t->backend = std::make_unique<Backend>(BackendOptions{options.device, options.n_threads, options.attention, options.kernels});
+    t->backend = std::make_unique<Backend>(backend_options(options));
     t->model = Model::load(options.model_path, *t->backend);
     t->tokenizer = std::make_unique<Tokenizer>(options.model_path);
     if (t->tokenizer->n_vocab() > t->model->config().n_vocab) {
@@ -31,49 +31,18 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
     }
     t->runner = std::make_unique<ModelRunner>(*t->model);
 
-    const int n_drafters = !options.draft_model_path.empty() + !options.eagle_path.empty() + !options.eagle3_path.empty() + options.ngram;
-    if (n_drafters > 1) throw Error("choose one drafter: --draft, --eagle, --eagle3 or --ngram");
-    const bool eagle = !options.eagle_path.empty() || !options.eagle3_path.empty();
-    t->speculative = n_drafters == 1;
+    const DrafterSpec & spec = options.drafter;
+    t->speculative = spec.kind != DrafterKind::None;
     if (t->speculative) {
-        t->policy = parse_draft_policy(options.draft_policy);
-        const std::string shape = options.tree.empty() ? (eagle ? "dynamic" : "chain") : options.tree;
-        t->tree = TreeBudget{parse_tree_shape(shape), options.tree_depth, options.tree_branching, options.tree_nodes};
-        if (t->tree.shape != TreeShape::Chain && (options.tree_depth < 1 || options.tree_branching < 1 || options.tree_nodes < 0)) {
-            throw Error("tree depth and branching must be at least 1, tree nodes at least 0");
-        }
-        if (t->tree.shape != TreeShape::Chain && options.ngram) throw Error("the n-gram drafter drafts chains only (--tree chain)");
-        if (options.draft_max < 1) throw Error("--draft-max must be at least 1");
-        if (options.draft_max + 2 > options.n_ctx) {
-            throw Error("draft length " + std::to_string(options.draft_max) + " does not fit the " +
-                        std::to_string(options.n_ctx) + "-token context");
-        }
+        const DraftingRules rules = drafting_rules(options, spec.kind);
+        t->policy = rules.policy;
+        t->tree = rules.tree;
     }
-    if (!options.draft_model_path.empty()) {
-        t->draft_model = Model::load(options.draft_model_path, *t->backend);
-        const Tokenizer draft_vocab(options.draft_model_path);
-        if (draft_vocab.fingerprint() != t->tokenizer->fingerprint() || t->draft_model->config().n_vocab != t->model->config().n_vocab) {
-            throw Error("draft model " + options.draft_model_path + " has a different vocabulary (" +
-                        std::to_string(draft_vocab.n_vocab()) + " tokens) than the target (" +
-                        std::to_string(t->tokenizer->n_vocab()) + " tokens)");
-        }
-    } else if (eagle) {
-        const std::string & path = options.eagle_path.empty() ? options.eagle3_path : options.eagle_path;
-        t->head = EagleHead::load(path, *t->model, *t->backend);
-        const EagleKind want = options.eagle_path.empty() ? EagleKind::Eagle3 : EagleKind::Eagle1;
-        if (t->head->config().kind != want) {
-            throw Error(path + (want == EagleKind::Eagle3 ? " is an EAGLE-1 head: use --eagle" : " is an EAGLE-3 head: use --eagle3"));
-        }
-    }
+    t->drafter = DrafterSource::open(spec, *t->backend, *t->model, *t->tokenizer);
     return t;
 }
 
-std::unique_ptr<Drafter> Target::make_drafter(int n_ctx) const {
-    if (draft_model) return std::make_unique<DraftModelDrafter>(*draft_model, n_ctx);
-    if (head) return std::make_unique<EagleDrafter>(*head, n_ctx);
-    if (options.ngram) return std::make_unique<NgramDrafter>(options.ngram_min, options.ngram_max);
-    return nullptr;
-}
+std::unique_ptr<Drafter> Target::make_drafter(int n_ctx) const { return drafter.make(n_ctx); }
 
 bool Target::needs_verify_cost() const {
     const bool auto_tree = tree.shape != TreeShape::Chain && tree.max_nodes == 0;

@@ -1,7 +1,8 @@
 #pragma once
 // What every sequence of an engine shares: the target model, its tokenizer, the drafter's model or
 // head, the drafting defaults and the measured verify-cost curve, and the runner whose graph cache
-// all sequences' target forwards use. One assembly path for the CLI, the engine and the server.
+// all sequences' target forwards use. The CLI, the engine and the server open it; drafters are
+// assembled in engine/drafter_source.h (which the benchmarks use too).
 // Per-sequence state (cache stream, drafter instance, policies, Rng) is made from it per sequence.
 #include <cstdint>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "draft/drafter.h"
+#include "engine/drafter_source.h"
 #include "policy/draft_length.h"
 #include "policy/tree_size.h"
 #include "specula/specula.h"
@@ -17,11 +19,14 @@
 namespace specula {
 
 class Backend;
-class EagleHead;
+struct BackendOptions;
 class KvCache;
 class Model;
 class ModelRunner;
 class Tokenizer;
+
+// The backend settings of `options`: Target's, and the benchmarks' for the same options.
+BackendOptions backend_options(const EngineOptions & options);
 
 struct Target {
     static std::unique_ptr<Target> open(const EngineOptions & options);  // throws Error
@@ -31,8 +36,7 @@ struct Target {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
-    std::unique_ptr<Model> draft_model;
-    std::unique_ptr<EagleHead> head;
+    DrafterSource drafter;
     std::unique_ptr<ModelRunner> runner;  // the target's forwards, every sequence's
     bool speculative = false;             // a drafter was chosen
     DraftPolicyKind policy = DraftPolicyKind::Fixed;

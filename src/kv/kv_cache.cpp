@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "runtime/backend.h"

@@ -2,17 +2,10 @@
 
 #include <algorithm>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "policy/verify_cost.h"
 
 namespace specula {
-
-DraftPolicyKind parse_draft_policy(const std::string & name) {
-    if (name == "fixed") return DraftPolicyKind::Fixed;
-    if (name == "heuristic") return DraftPolicyKind::Heuristic;
-    if (name == "cost") return DraftPolicyKind::Cost;
-    throw Error("unknown draft policy '" + name + "' (fixed, heuristic, cost)");
-}
 
 double expected_tokens(const std::vector<double> & alpha, int k) {
     double e = 1.0, reach = 1.0;

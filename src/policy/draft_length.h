@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "specula/options.h"
+
 namespace specula {
 
 // What else the target forward of a step carries besides this sequence's block (other sequences'
@@ -31,8 +33,6 @@ struct RoundObservation {
     int verify_tokens = 0;  // rows of the verify forward (the whole step's when shared)
 };
 
-enum class DraftPolicyKind { Fixed, Heuristic, Cost };
-DraftPolicyKind parse_draft_policy(const std::string & name);  // throws Error on unknown names
 
 class DraftLengthPolicy {
 public:

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "common/error.h"
+#include "specula/error.h"
 
 namespace specula {
 

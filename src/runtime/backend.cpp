@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -93,22 +93,18 @@ ggml_backend_dev_t rpc_device(const std::string & name) {
 
 Backend::Backend(const BackendOptions & opts) {
     // Options are checked before any ggml backend exists: a throwing constructor runs no destructor.
-    if (opts.attention != "auto" && opts.attention != "flash" && opts.attention != "matmul" && opts.attention != "specula") {
-        throw Error("unknown attention kernel '" + opts.attention + "' (expected auto, flash, matmul or specula)");
-    }
-    if (opts.kernels != "auto" && opts.kernels != "specula" && opts.kernels != "ggml") {
-        throw Error("unknown kernels '" + opts.kernels + "' (expected auto, specula or ggml)");
-    }
     const bool on_cpu = opts.device == "cpu";
-    if (!on_cpu && (opts.kernels == "specula" || opts.attention == "specula")) {
+    if (!on_cpu && (opts.kernels == Kernels::Specula || opts.attention == Attention::Specula)) {
         throw Error("specula's own kernels run on the CPU only; device '" + opts.device + "' takes --kernels ggml (or auto)");
     }
-    own_kernels_ = on_cpu && opts.kernels != "ggml";
-    if (opts.attention == "auto") {
-        attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul : AttentionKernel::Flash;
-    } else {
-        attention_ = opts.attention == "flash" ? AttentionKernel::Flash
-                   : opts.attention == "matmul" ? AttentionKernel::Matmul : AttentionKernel::Specula;
+    own_kernels_ = on_cpu && opts.kernels != Kernels::Ggml;
+    switch (opts.attention) {
+        case Attention::Auto:
+            attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul : AttentionKernel::Flash;
+            break;
+        case Attention::Flash: attention_ = AttentionKernel::Flash; break;
+        case Attention::Matmul: attention_ = AttentionKernel::Matmul; break;
+        case Attention::Specula: attention_ = AttentionKernel::Specula; break;
     }
     capture_library_log();  // ggml's info lines (e.g. per-tensor repacking) are noise for users
     ggml_backend_dev_t cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "specula/options.h"
+
 struct ggml_backend;
 struct ggml_backend_buffer_type;
 struct ggml_backend_device;
@@ -15,8 +17,8 @@ namespace specula {
 struct BackendOptions {
     std::string device = "cpu";  // "cpu", or a ggml device name such as "CUDA0" / "RPC[host:port]"
     int n_threads = 0;           // CPU threads; 0 = number of physical cores
-    std::string attention = "auto";  // auto | flash | matmul | specula (see Backend::attention_kernel)
-    std::string kernels = "auto";    // auto | specula | ggml (see Backend::own_kernels)
+    Attention attention = Attention::Auto;  // see Backend::attention_kernel
+    Kernels kernels = Kernels::Auto;        // see Backend::own_kernels
 };
 
 // How attention runs: ggml's fused flash-attention kernel; ggml's KQ matmul, masked softmax and

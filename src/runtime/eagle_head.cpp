@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "runtime/arch/graph.h"
 #include "runtime/forward.h"

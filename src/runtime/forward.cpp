@@ -4,7 +4,7 @@
 #include <cmath>
 #include <string>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <memory>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"

@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "runtime/gguf_file.h"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "runtime/arch/graph.h"

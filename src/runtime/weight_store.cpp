@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "runtime/backend.h"

@@ -6,7 +6,7 @@
 #include <random>
 #include <sstream>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "engine/target.h"
 #include "server/openai.h"
 #include "server/scheduler.h"

@@ -3,32 +3,15 @@
 #include <algorithm>
 #include <exception>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "engine/sequence.h"
 #include "engine/target.h"
 #include "kv/kv_cache.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace specula {
-
-namespace {
-// Length of the longest prefix of `s` that ends on a UTF-8 character boundary (a malformed lead
-// byte counts as a character, so nothing is held back forever).
-size_t complete_utf8_prefix(const std::string & s) {
-    size_t i = s.size();
-    // Walk back over at most 3 continuation bytes to the last lead byte.
-    size_t back = 0;
-    while (back < 4 && i > 0 && (static_cast<uint8_t>(s[i - 1]) & 0xC0) == 0x80) {
-        --i;
-        ++back;
-    }
-    if (i == 0) return back >= 4 ? s.size() : 0;
-    const uint8_t lead = static_cast<uint8_t>(s[i - 1]);
-    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-    return back + 1 >= need ? s.size() : i - 1;
-}
-}  // namespace
 
 Job::Wait Job::next(std::string & text, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
@@ -43,18 +26,15 @@ Job::Wait Job::next(std::string & text, std::chrono::milliseconds timeout) {
 
 void Job::push(const std::string & piece) {
     std::lock_guard lock(mutex_);
-    partial_ += piece;
-    const size_t n = complete_utf8_prefix(partial_);
-    if (n == 0) return;
-    pending_ += partial_.substr(0, n);
-    partial_.erase(0, n);
+    const std::string complete = utf8_.push(piece);
+    if (complete.empty()) return;
+    pending_ += complete;
     cv_.notify_all();
 }
 
 void Job::finish(Result result) {
     std::lock_guard lock(mutex_);
-    pending_ += partial_;  // an unfinished character at the end is what the model produced
-    partial_.clear();
+    pending_ += utf8_.flush();
     result_ = std::move(result);
     finished_ = true;
     cv_.notify_all();

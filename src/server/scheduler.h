@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "specula/specula.h"
+#include "tokenizer/utf8.h"
 
 namespace specula {
 
@@ -58,7 +59,7 @@ private:
     std::mutex mutex_;
     std::condition_variable cv_;
     std::string pending_;   // complete characters not yet taken
-    std::string partial_;   // the start of a UTF-8 character split across tokens
+    Utf8Stream utf8_;       // holds the start of a UTF-8 character split across tokens
     bool finished_ = false;
     Result result_;
 };

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <mutex>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "llama.h"
 #include "runtime/library_log.h"
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "common/error.h"
+#include "specula/error.h"
 
 namespace specula {
 
@@ -23,16 +23,26 @@ float node_draft_prob(const TokenTree & tree, int node) {
     return t < q.size() ? q[t] : 1.0f;
 }
 
-void TraceWriter::round(int round, int base_position, double draft_ms, double verify_ms, const RoundDecision & decision,
-                        const TokenTree & tree, const VerifyResult & r) {
-    nlohmann::json nodes = {{"token", tree.token}, {"parent", tree.parent}, {"depth", tree.depth}};
+void TraceWriter::round(const RoundReport & report) {
+    const RoundDecision & decision = report.decision;
+    const int round = report.round, base_position = report.position;
+    const double draft_ms = report.draft_ms, verify_ms = report.verify_ms;
+    nlohmann::json nodes = nlohmann::json::object();
+    std::vector<int32_t> token;
+    std::vector<int> parent, depth;
     std::vector<float> q, path_prob;
     std::vector<std::string> text;
-    for (int i = 0; i < tree.size(); ++i) {
-        q.push_back(node_draft_prob(tree, i));
-        path_prob.push_back(std::exp(tree.logp[i]));
-        text.push_back(token_text_(tree.token[i]));
+    for (const DraftNode & n : report.tree) {
+        token.push_back(n.token);
+        parent.push_back(n.parent);
+        depth.push_back(n.depth);
+        q.push_back(n.q);
+        path_prob.push_back(n.path_prob);
+        text.push_back(token_text_(n.token));
     }
+    nodes["token"] = token;
+    nodes["parent"] = parent;
+    nodes["depth"] = depth;
     nodes["q"] = q;
     nodes["path_prob"] = path_prob;
     nodes["text"] = text;
@@ -48,12 +58,12 @@ void TraceWriter::round(int round, int base_position, double draft_ms, double ve
                 {"draft_ms", draft_ms},
                 {"verify_ms", verify_ms},
                 {"tree", nodes},
-                {"accepted", r.accepted},
-                {"next_token", r.next_token},
-                {"bonus", r.bonus},
+                {"accepted", report.accepted},
+                {"next_token", report.next_token},
+                {"bonus", report.bonus},
             })
          << '\n';
-    for (const VerifyEvent & e : r.events) {
+    for (const VerifyEvent & e : report.events) {
         nlohmann::json j = {
             {"kind", "token"},
             {"round", round},

@@ -6,25 +6,9 @@
 #include <map>
 #include <numeric>
 
-#include "common/error.h"
+#include "specula/error.h"
 
 namespace specula {
-
-TreeShape parse_tree_shape(const std::string & name) {
-    if (name == "chain") return TreeShape::Chain;
-    if (name == "static") return TreeShape::Static;
-    if (name == "dynamic") return TreeShape::Dynamic;
-    throw Error("unknown tree shape '" + name + "' (chain, static, dynamic)");
-}
-
-const char * tree_shape_name(TreeShape s) {
-    switch (s) {
-        case TreeShape::Chain: return "chain";
-        case TreeShape::Static: return "static";
-        case TreeShape::Dynamic: return "dynamic";
-    }
-    return "?";
-}
 
 const std::vector<std::vector<int>> & static_tree_paths() {
     // Wide near the root, a deep spine on the most likely branch: EAGLE-1's tree in miniature.

@@ -12,13 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "specula/options.h"
 #include "tree/token_tree.h"
 
 namespace specula {
 
-enum class TreeShape { Chain, Static, Dynamic };
-TreeShape parse_tree_shape(const std::string & name);  // chain | static | dynamic; throws Error
-const char * tree_shape_name(TreeShape s);
 
 struct TreeBudget {
     TreeShape shape = TreeShape::Chain;

@@ -15,23 +15,10 @@
 #include <vector>
 
 #include "sample/sampler.h"
+#include "specula/specula.h"
 #include "tree/token_tree.h"
 
 namespace specula {
-
-enum class Outcome { Accepted, Rejected, Correction, Bonus };
-const char * outcome_name(Outcome o);
-
-struct VerifyEvent {
-    int node = -1;              // tree node; -1 for the correction/bonus token
-    int depth = 0;              // 1-based position after the root
-    int32_t token = 0;
-    float q = 1.0f;             // draft probability of the token (1 when deterministic)
-    float p = 0.0f;             // target's processed probability of the token
-    float accept_prob = 0.0f;   // min(1, p/q); 1/0 for greedy match/mismatch
-    double draw = -1.0;         // the uniform draw compared against accept_prob (-1 if none)
-    Outcome outcome = Outcome::Accepted;
-};
 
 struct VerifyResult {
     std::vector<int> accepted;   // accepted nodes, root-exclusive, top-down

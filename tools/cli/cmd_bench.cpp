@@ -3,6 +3,7 @@
 
 #include "commands.h"
 #include "decode_bench.h"
+#include "engine_flags.h"
 #include "spec_bench.h"
 
 namespace specula::cli {
@@ -18,7 +19,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     decode->add_option("-r,--reps", o->reps, "repetitions per measurement")->capture_default_str();
     decode->add_option("-n,--n-gen", o->n_gen, "tokens per generation run")->capture_default_str();
     decode->add_option("--depth", o->depth, "cached tokens before each batch")->capture_default_str();
-    decode->add_option("--attention", o->attention, "attention of the ggml-kernels engine and llama.cpp: auto | flash | matmul")->capture_default_str();
+    add_choice(decode, "--attention", o->attention, parse_attention, "attention of the ggml-kernels engine and llama.cpp: auto (default) | flash | matmul");
     decode->add_option("-b,--batch-sizes", o->batch_sizes, "batch sizes")->delimiter(',');
     decode->add_option("--json", o->json_path, "write results as JSON");
     decode->callback([o, &commands] { commands.run = [o] { return bench::run_decode_bench(*o); }; });
@@ -31,9 +32,9 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_option("--eagle3", s->eagle3, "EAGLE-3 head GGUF: adds EAGLE-3 modes and llama.cpp's EAGLE-3");
     spec->add_option("--tree-nodes", s->tree_nodes, "nodes per tree verify (0 = from the measured verify cost)")->capture_default_str();
     spec->add_option("-t,--threads", s->threads, "threads for every engine (0 = physical cores)")->capture_default_str();
-    spec->add_option("--kernels", s->kernels, "specula's kernels: auto (own on the CPU) | specula | ggml")->capture_default_str();
-    spec->add_option("--attention", s->attention, "specula's attention kernel: auto | flash | matmul | specula (llama.cpp runs both -fa on and off)")
-        ->capture_default_str();
+    add_choice(spec, "--kernels", s->kernels, parse_kernels, "specula's kernels: auto (default; own on the CPU) | specula | ggml");
+    add_choice(spec, "--attention", s->attention, parse_attention,
+               "specula's attention kernel: auto (default) | flash | matmul | specula (llama.cpp runs both -fa on and off)");
     spec->add_option("-r,--reps", s->reps, "repetitions of the whole prompt set")->capture_default_str();
     spec->add_option("-n,--n-gen", s->n_gen, "tokens per generation")->capture_default_str();
     spec->add_option("--draft-max", s->draft_max, "draft length (fixed policy, llama.cpp); cap for the others")->capture_default_str();

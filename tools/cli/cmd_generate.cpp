@@ -1,46 +1,20 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 
 #include "commands.h"
 #include "engine_flags.h"
-#include "common/error.h"
-#include "common/model_cache.h"
 #include "specula/specula.h"
 #include "trace/trace.h"
 
 namespace specula::cli {
-namespace {
-
-// The default run: SmolLM2-135M-Instruct from the model cache scripts/fetch_models.sh fills (same
-// variable, same default), fetched on first use; its chat template; its EAGLE-3 head from models/.
-constexpr const char * kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
-constexpr const char * kDefaultHead = "models/smollm2-eagle3.gguf";
-
-void use_default_model(EngineOptions & engine, GenerationOptions & gen) {
-    const std::string path = model_cache_dir() + "/" + kDefaultModel;
-    if (!std::filesystem::exists(path)) {
-        const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
-        std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
-        if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
-            throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
-        }
-    }
-    engine.model_path = path;
-    gen.chat = true;
-    const bool drafter_chosen = !engine.draft_model_path.empty() || !engine.eagle_path.empty() || !engine.eagle3_path.empty() || engine.ngram;
-    if (!drafter_chosen) engine.eagle3_path = std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead;
-}
-
-}  // namespace
 
 void register_generate(CLI::App & app, Commands & commands) {
     struct Args {
         EngineOptions engine;
         GenerationOptions gen;
         std::string prompt;
+        std::string trace_path;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("generate", "generate text from a prompt, streaming it to stdout");
@@ -56,14 +30,20 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
     add_engine_flags(sub, args->engine);
-    sub->add_option("--trace", args->gen.trace_path, "write a per-token JSON-lines trace of speculative rounds");
+    sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds");
     sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {
-            if (args->engine.model_path.empty()) use_default_model(args->engine, args->gen);
+            // The default model is an instruct model: a chat.
+            if (args->engine.model_path.empty()) use_default_model(args->engine), args->gen.chat = true;
             auto engine = Engine::open(args->engine);
+            std::unique_ptr<TraceWriter> trace;
+            if (!args->trace_path.empty()) {
+                trace = std::make_unique<TraceWriter>(args->trace_path, [&](int32_t t) { return engine->piece(t); });
+                args->gen.on_round = [&](const RoundReport & round) { trace->round(round); };
+            }
             std::fputs(args->prompt.c_str(), stdout);
             const GenerationStats s = engine->generate(args->prompt, args->gen, [](const std::string & piece) {
                 std::fputs(piece.c_str(), stdout);

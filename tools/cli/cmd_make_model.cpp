@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "commands.h"
-#include "common/error.h"
+#include "specula/error.h"
 #include "eagle3_vocab.h"
 #include "model_writer.h"
 #include "tokenizer/tokenizer.h"

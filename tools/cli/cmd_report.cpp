@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "commands.h"
-#include "common/error.h"
+#include "specula/error.h"
 #include "report.h"
 
 namespace specula::cli {

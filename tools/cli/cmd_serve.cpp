@@ -20,7 +20,9 @@ void register_serve(CLI::App & app, Commands & commands) {
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
-    sub->add_option("-m,--model", args->engine.model_path, "target model GGUF")->required();
+    sub->add_option("-m,--model", args->engine.model_path,
+                    "target model GGUF (default: SmolLM2-135M-Instruct from the model cache, fetched if absent, with its "
+                    "EAGLE-3 head unless another drafter is given)");
     sub->add_option("-c,--ctx-size", args->engine.n_ctx, "context size in tokens, per slot")->capture_default_str();
     sub->add_option("--parallel", args->scheduler.parallel, "slots: sequences generated at once")->capture_default_str();
     sub->add_option("--queue", args->scheduler.max_queued, "requests that may wait for a slot (more get 503)")->capture_default_str();
@@ -31,6 +33,7 @@ void register_serve(CLI::App & app, Commands & commands) {
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {
+            if (args->engine.model_path.empty()) use_default_model(args->engine);
             HttpServer server(args->scheduler.parallel + args->scheduler.max_queued + 8);
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
@@ -38,7 +41,11 @@ void register_serve(CLI::App & app, Commands & commands) {
             std::unique_ptr<Target> target = Target::open(args->engine);
             Scheduler scheduler(*target, args->scheduler);
             server.ready(*target, scheduler, std::filesystem::path(args->engine.model_path).stem().string());
-            std::fprintf(stderr, "specula: ready: %d slots of %d tokens\n", args->scheduler.parallel, args->engine.n_ctx);
+            const DrafterSpec & drafter = target->drafter.spec;
+            const std::string drafting = drafter.kind == DrafterKind::None    ? "no drafter"
+                                         : drafter.kind == DrafterKind::Ngram ? "drafting by n-grams"
+                                                                              : "drafting with " + drafter.path;
+            std::fprintf(stderr, "specula: ready: %d slots of %d tokens, %s\n", args->scheduler.parallel, args->engine.n_ctx, drafting.c_str());
             server.wait();
             return 0;
         };

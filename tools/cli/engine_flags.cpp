@@ -1,28 +1,63 @@
 #include "engine_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 
+#include "specula/error.h"
+#include "common/model_cache.h"
 #include "specula/specula.h"
 
 namespace specula::cli {
+namespace {
+
+constexpr const char * kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
+constexpr const char * kDefaultHead = "models/smollm2-eagle3.gguf";
+
+// --draft / --eagle / --eagle3 / --ngram: each names the one drafter.
+void choose_drafter(DrafterSpec & spec, DrafterKind kind, const std::string & path) {
+    if (spec.kind != DrafterKind::None) throw Error("choose one drafter: --draft, --eagle, --eagle3 or --ngram");
+    spec.kind = kind;
+    spec.path = path;
+}
+
+}  // namespace
+
+void use_default_model(EngineOptions & engine) {
+    const std::string path = model_cache_dir() + "/" + kDefaultModel;
+    if (!std::filesystem::exists(path)) {
+        const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
+        std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
+        if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
+            throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
+        }
+    }
+    engine.model_path = path;
+    if (engine.drafter.kind == DrafterKind::None) engine.drafter = {DrafterKind::Eagle3, std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead};
+}
 
 void add_engine_flags(CLI::App * sub, EngineOptions & e) {
     sub->add_option("-t,--threads", e.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
     sub->add_option("--device", e.device, "ggml device: cpu, CUDA0 / Metal / Vulkan0 in such a build, or RPC[host:port] (an rpc-server)")
         ->capture_default_str();
-    sub->add_option("--kernels", e.kernels, "matmul kernels: auto (specula's on the CPU) | specula | ggml")->capture_default_str();
-    sub->add_option("--attention", e.attention,
-                    "attention kernel: auto (specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula")
-        ->capture_default_str();
-    sub->add_option("--draft", e.draft_model_path, "draft model GGUF (same vocabulary as the target)");
-    sub->add_option("--eagle", e.eagle_path, "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");
-    sub->add_option("--eagle3", e.eagle3_path, "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
-    sub->add_flag("--ngram", e.ngram, "draft by prompt lookup (n-gram matching)");
-    sub->add_option("--ngram-min", e.ngram_min, "shortest n-gram to match")->capture_default_str();
-    sub->add_option("--ngram-max", e.ngram_max, "longest n-gram to match")->capture_default_str();
+    add_choice(sub, "--kernels", e.kernels, parse_kernels, "matmul kernels: auto (default; specula's on the CPU) | specula | ggml");
+    add_choice(sub, "--attention", e.attention, parse_attention,
+               "attention kernel: auto (default; specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula");
+    DrafterSpec & d = e.drafter;
+    sub->add_option_function<std::string>("--draft", [&d](const std::string & p) { choose_drafter(d, DrafterKind::DraftModel, p); },
+                                          "draft model GGUF (same vocabulary as the target)");
+    sub->add_option_function<std::string>("--eagle", [&d](const std::string & p) { choose_drafter(d, DrafterKind::Eagle, p); },
+                                          "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");
+    sub->add_option_function<std::string>("--eagle3", [&d](const std::string & p) { choose_drafter(d, DrafterKind::Eagle3, p); },
+                                          "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
+    sub->add_flag_callback("--ngram", [&d] { choose_drafter(d, DrafterKind::Ngram, ""); }, "draft by prompt lookup (n-gram matching)");
+    sub->add_option("--ngram-min", d.ngram_min, "shortest n-gram to match")->capture_default_str();
+    sub->add_option("--ngram-max", d.ngram_max, "longest n-gram to match")->capture_default_str();
     sub->add_option("--draft-max", e.draft_max, "longest draft per round")->capture_default_str();
-    sub->add_option("--draft-policy", e.draft_policy, "draft length policy: cost | heuristic | fixed")->capture_default_str();
-    sub->add_option("--tree", e.tree, "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
+    add_choice(sub, "--draft-policy", e.draft_policy, parse_draft_policy, "draft length policy: cost (default) | heuristic | fixed");
+    sub->add_option_function<std::string>("--tree", [&e](const std::string & s) { e.tree = parse_tree_shape(s); },
+                                          "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
     sub->add_option("--tree-depth", e.tree_depth, "tree depth below the root")->capture_default_str();
     sub->add_option("--tree-branching", e.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
     sub->add_option("--tree-nodes", e.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();

@@ -1,7 +1,9 @@
 #pragma once
 // The flags every command that opens an Engine/Target shares (device, kernels, drafter, policy,
-// tree), defined once so that `generate` and `serve` cannot drift apart.
-namespace CLI { class App; }
+// tree) and the default model, defined once so that `generate` and `serve` cannot drift apart.
+#include <CLI/CLI.hpp>
+#include <string>
+#include <string_view>
 
 namespace specula {
 struct EngineOptions;
@@ -9,6 +11,17 @@ struct EngineOptions;
 
 namespace specula::cli {
 
+// A string flag parsed into an enum as it is read: a bad value is one `specula: error:` line.
+template <class Enum>
+void add_choice(CLI::App * sub, const std::string & name, Enum & out, Enum (*parse)(std::string_view), const std::string & help) {
+    sub->add_option_function<std::string>(name, [&out, parse](const std::string & value) { out = parse(value); }, help);
+}
+
 void add_engine_flags(CLI::App * sub, EngineOptions & engine);
+
+// No -m: SmolLM2-135M-Instruct from the model cache scripts/fetch_models.sh fills (same variable,
+// same default), fetched on first use, drafting with its EAGLE-3 head from models/ unless another
+// drafter was chosen. Throws Error when the model cannot be fetched.
+void use_default_model(EngineOptions & engine);
 
 }  // namespace specula::cli

@@ -4,7 +4,6 @@
 #include <exception>
 
 #include "commands.h"
-#include "common/error.h"
 
 int main(int argc, char ** argv) {
     CLI::App app{"specula: speculative decoding for llama-family GGUF models"};
@@ -20,6 +19,9 @@ int main(int argc, char ** argv) {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
         return app.exit(e);
+    } catch (const std::exception & e) {  // a flag's value refused by specula's own parsing
+        std::fprintf(stderr, "specula: error: %s\n", e.what());
+        return 1;
     }
     try {
         return commands.run();

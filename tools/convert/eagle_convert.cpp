@@ -12,7 +12,7 @@
 #include <optional>
 #include <set>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"

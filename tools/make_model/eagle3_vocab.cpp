@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"

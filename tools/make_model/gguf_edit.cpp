@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "runtime/gguf_file.h"

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"

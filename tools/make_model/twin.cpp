@@ -7,7 +7,7 @@
 #include <tuple>
 #include <vector>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "report_template.h"
 
 namespace specula::report {

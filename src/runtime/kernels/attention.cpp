@@ -3,7 +3,7 @@
 #include <bit>
 #include <cstdint>
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "runtime/kernels/attention_impl.h"
 #include "runtime/kernels/matmul.h"

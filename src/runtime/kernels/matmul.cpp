@@ -6,7 +6,7 @@
 #include <cpuid.h>
 #endif
 
-#include "common/error.h"
+#include "specula/error.h"
 #include "ggml.h"
 #include "runtime/kernels/matmul_impl.h"
 

@@ -1,5 +1,6 @@
 #pragma once
-// One exception type for every user-facing failure: its message is the one line the CLI prints.
+// The one exception type for every user-facing failure (bad options, bad files, bad input): its
+// message is the one line the CLI prints.
 #include <stdexcept>
 #include <string>
 

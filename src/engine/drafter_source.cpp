@@ -1,0 +1,83 @@
+#include "engine/drafter_source.h"
+
+#include "specula/error.h"
+#include "draft/draft_model.h"
+#include "draft/eagle.h"
+#include "draft/ngram.h"
+#include "runtime/eagle_head.h"
+#include "runtime/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+
+void check_drafter_spec(const DrafterSpec & spec) {
+    const bool takes_file = spec.kind == DrafterKind::DraftModel || spec.kind == DrafterKind::Eagle || spec.kind == DrafterKind::Eagle3;
+    const std::string kind = drafter_kind_name(spec.kind);
+    if (takes_file && spec.path.empty()) throw Error("the " + kind + " drafter needs a GGUF path");
+    if (!takes_file && !spec.path.empty()) throw Error("the " + kind + " drafter takes no file, but was given " + spec.path);
+}
+
+DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind) {
+    const bool eagle = kind == DrafterKind::Eagle || kind == DrafterKind::Eagle3;
+    DraftingRules r;
+    r.policy = options.draft_policy;
+    const TreeShape shape = options.tree.value_or(eagle ? TreeShape::Dynamic : TreeShape::Chain);
+    r.tree = TreeBudget{shape, options.tree_depth, options.tree_branching, options.tree_nodes};
+    if (r.tree.shape != TreeShape::Chain && (options.tree_depth < 1 || options.tree_branching < 1 || options.tree_nodes < 0)) {
+        throw Error("tree depth and branching must be at least 1, tree nodes at least 0");
+    }
+    if (r.tree.shape != TreeShape::Chain && kind == DrafterKind::Ngram) throw Error("the n-gram drafter drafts chains only (--tree chain)");
+    if (options.draft_max < 1) throw Error("--draft-max must be at least 1");
+    if (options.draft_max + 2 > options.n_ctx) {
+        throw Error("draft length " + std::to_string(options.draft_max) + " does not fit the " + std::to_string(options.n_ctx) +
+                    "-token context");
+    }
+    return r;
+}
+
+DrafterSource::DrafterSource() = default;
+DrafterSource::DrafterSource(DrafterSource &&) noexcept = default;
+DrafterSource & DrafterSource::operator=(DrafterSource &&) noexcept = default;
+DrafterSource::~DrafterSource() = default;
+
+DrafterSource DrafterSource::open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab) {
+    check_drafter_spec(spec);
+    DrafterSource s;
+    s.spec = spec;
+    switch (spec.kind) {
+        case DrafterKind::None:
+        case DrafterKind::Ngram: break;
+        case DrafterKind::DraftModel: {
+            s.draft_model = Model::load(spec.path, backend);
+            const Tokenizer draft_vocab(spec.path);
+            if (draft_vocab.fingerprint() != target_vocab.fingerprint() || s.draft_model->config().n_vocab != target.config().n_vocab) {
+                throw Error("draft model " + spec.path + " has a different vocabulary (" + std::to_string(draft_vocab.n_vocab()) +
+                            " tokens) than the target (" + std::to_string(target_vocab.n_vocab()) + " tokens)");
+            }
+            break;
+        }
+        case DrafterKind::Eagle:
+        case DrafterKind::Eagle3: {
+            s.head = EagleHead::load(spec.path, target, backend);
+            const EagleKind want = spec.kind == DrafterKind::Eagle3 ? EagleKind::Eagle3 : EagleKind::Eagle1;
+            if (s.head->config().kind != want) {
+                throw Error(spec.path + (want == EagleKind::Eagle3 ? " is an EAGLE-1 head: use --eagle" : " is an EAGLE-3 head: use --eagle3"));
+            }
+            break;
+        }
+    }
+    return s;
+}
+
+std::unique_ptr<Drafter> DrafterSource::make(int n_ctx) const {
+    switch (spec.kind) {
+        case DrafterKind::None: return nullptr;
+        case DrafterKind::DraftModel: return std::make_unique<DraftModelDrafter>(*draft_model, n_ctx);
+        case DrafterKind::Eagle:
+        case DrafterKind::Eagle3: return std::make_unique<EagleDrafter>(*head, n_ctx);
+        case DrafterKind::Ngram: return std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max);
+    }
+    return nullptr;
+}
+
+}  // namespace specula
