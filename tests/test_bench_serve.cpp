@@ -53,7 +53,7 @@ TEST(BenchServe, ClearErrors) {
     test::expect_cli_error(cli, " bench serve -m /nonexistent.gguf", "model /nonexistent.gguf: no such file");
     test::expect_cli_error(cli, m + "--draft /nonexistent.gguf", "draft model /nonexistent.gguf: no such file");
     test::expect_cli_error(cli, m + "--servers vllm", "unknown server 'vllm'");
-    test::expect_cli_error(cli, m + "--servers specula --prompts /nonexistent.json", "/nonexistent.json: cannot open the prompt set");
+    test::expect_cli_error(cli, " bench serve -m " + kModels + "specula-target.gguf --servers specula --prompts /nonexistent.json", "/nonexistent.json: cannot open the prompt set");
     test::expect_cli_error(cli, m + "--servers llama-server --llama-server-bin /nonexistent/llama-server", "llama-server binary");
     test::expect_cli_error(cli, m + "--servers llama-server --llama-server-bin /bin/false", "llama-server exited during start-up (exit code 1)");
 }
