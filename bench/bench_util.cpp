@@ -10,6 +10,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "specula/error.h"
 #include "common/stats.h"
 
@@ -47,6 +49,32 @@ MachineLoad measure_machine_load(double seconds) {
     m.busy_fraction = t1 > t0 ? double(b1 - b0) / double(t1 - t0) : 0.0;
     std::ifstream("/proc/loadavg") >> m.loadavg_1m;
     return m;
+}
+
+void print_machine(const MachineLoad & load) {
+    std::printf("machine: %.0f%% busy before start, loadavg %.2f%s\n", load.busy_fraction * 100, load.loadavg_1m,
+                load.idle() ? "" : "  ** NOT IDLE: figures are unreliable **");
+}
+
+std::string prompt_set_path(const std::string & path) { return path.empty() ? std::string(SPECULA_BENCH_PROMPTS) : path; }
+
+std::vector<PromptText> read_prompt_set(const std::string & path) {
+    std::ifstream in(path);
+    if (!in) throw Error(path + ": cannot open the prompt set");
+    std::vector<PromptText> prompts;
+    try {
+        const auto j = nlohmann::json::parse(in);
+        for (const auto & p : j.at("prompts")) {
+            prompts.push_back({p.at("category").get<std::string>(), p.at("name").get<std::string>(), p.at("text").get<std::string>()});
+        }
+    } catch (const nlohmann::json::exception & e) {
+        throw Error(path + ": expected {\"prompts\": [{\"category\", \"name\", \"text\"}, ...]}: " + e.what());
+    }
+    if (prompts.empty()) throw Error(path + ": no prompts");
+    for (const auto & p : prompts) {
+        if (p.text.empty()) throw Error(path + ": prompt '" + p.name + "' is empty");
+    }
+    return prompts;
 }
 
 std::string peer_binary(const std::string & name) {

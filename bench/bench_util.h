@@ -18,6 +18,16 @@ struct MachineLoad {
     bool idle() const { return busy_fraction < 0.10; }
 };
 MachineLoad measure_machine_load(double seconds = 1.0);
+// "machine: N% busy before start, loadavg X", flagged when not idle.
+void print_machine(const MachineLoad & load);
+
+// The categorised prompt set ({"prompts": [{"category", "name", "text"}, ...]}); an empty path
+// means bench/prompts.json of the source tree. Throws Error on a missing, malformed or empty set.
+struct PromptText {
+    std::string category, name, text;
+};
+std::vector<PromptText> read_prompt_set(const std::string & path);
+std::string prompt_set_path(const std::string & path);
 
 // Path of a llama.cpp peer binary built by `cmake --build build --target peers`; throws if missing.
 std::string peer_binary(const std::string & name);

@@ -137,21 +137,10 @@ struct ScratchDir {
 };
 
 std::vector<Prompt> load_prompts(const std::string & path, const Tokenizer & tokenizer, const ScratchDir & scratch) {
-    std::ifstream in(path);
-    if (!in) throw Error(path + ": cannot open the prompt set");
     std::vector<Prompt> prompts;
-    try {
-        const json j = json::parse(in);
-        for (const auto & p : j.at("prompts")) {
-            prompts.push_back({p.at("category").get<std::string>(), p.at("name").get<std::string>(), p.at("text").get<std::string>(), {}, {}});
-        }
-    } catch (const json::exception & e) {
-        throw Error(path + ": expected {\"prompts\": [{\"category\", \"name\", \"text\"}, ...]}: " + e.what());
-    }
-    if (prompts.empty()) throw Error(path + ": no prompts");
+    for (auto & p : read_prompt_set(path)) prompts.push_back({std::move(p.category), std::move(p.name), std::move(p.text), {}, {}});
     for (size_t i = 0; i < prompts.size(); ++i) {
         Prompt & q = prompts[i];
-        if (q.text.empty()) throw Error(path + ": prompt '" + q.name + "' is empty");
         q.tokens = tokenizer.tokenize(q.text);
         q.file = scratch.path / ("prompt-" + std::to_string(i) + ".txt");
         // llama.cpp's -f drops one trailing newline; add one so it sees exactly `text`.
@@ -606,11 +595,6 @@ json row_json(const Row & r, float temp) {
     return j;
 }
 
-void print_machine(const MachineLoad & load) {
-    std::printf("machine: %.0f%% busy before start, loadavg %.2f%s\n", load.busy_fraction * 100, load.loadavg_1m,
-                load.idle() ? "" : "  ** NOT IDLE: figures are unreliable **");
-}
-
 void print_cost(const CostCurve & c) {
     std::printf("cost curve at depth %d: draft %.3f ms/token; target verify ms for 1..%zu tokens:", c.depth,
                 c.draft_ms_per_token, c.verify_ms.size());
@@ -797,8 +781,9 @@ int run_spec_bench(const SpecBenchOptions & o) {
     print_machine(load);
 
     const ScratchDir scratch;
-    const std::string prompts_path = o.prompts.empty() ? std::string(SPECULA_BENCH_PROMPTS) : o.prompts;
-    const std::vector<Prompt> prompts = load_prompts(prompts_path, Tokenizer(o.model), scratch);
+    const Tokenizer tokenizer(o.model);
+    const std::string prompts_path = prompt_set_path(o.prompts);
+    const std::vector<Prompt> prompts = load_prompts(prompts_path, tokenizer, scratch);
     size_t longest = 0;
     for (const auto & p : prompts) longest = std::max(longest, p.tokens.size());
     // Room for the prompt, n tokens and a final draft (llama-speculative-simple overshoots by up to k).

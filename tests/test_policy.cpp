@@ -41,6 +41,45 @@ TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {
     EXPECT_GT(p->next_length_in(StepShare{2, 1.0}), 0);
 }
 
+// The verify-cost curve `bench spec` measured for the bundled target (docs/bench-results/
+// spec-target.json: ms of a target forward of 1..33 tokens at depth 152) and its draft model's
+// 0.21 ms per drafted token.
+const std::vector<double> kMeasuredTargetCurve = {0.824, 1.705, 1.857, 1.947, 2.261, 2.381, 2.811, 3.283, 3.284, 3.764, 3.561,
+                                                  4.198, 3.916, 4.373, 4.581, 4.356, 4.952, 5.398, 5.403, 5.737, 5.948, 6.556,
+                                                  6.814, 7.078, 7.571, 7.072, 7.953, 7.783, 6.984, 7.292, 7.19,  8.009, 8.167};
+
+// Catches: a cost policy that prices its draft on its own rows' verify cost while 7 other busy
+// sequences share the forward (the marginal cost of rows grows with the step's total rows on a
+// measured curve), i.e. one that ignores StepShare.
+TEST(CostPolicy, DraftsShorterAtEightBusySequencesOnAMeasuredCurve) {
+    auto p = make_draft_policy(DraftPolicyKind::Cost, 8, kMeasuredTargetCurve);
+    for (int r = 0; r < 60; ++r) {
+        // 4 drafted, 2 or 3 accepted (~0.6 per position), 0.21 ms per drafted token, the curve's time.
+        p->observe({4, 2 + r % 2, 1.0f, 4 * 0.21e-3, kMeasuredTargetCurve[4] / 1000.0, 5});
+    }
+    const int alone = p->next_length_in(StepShare{});
+    ASSERT_GE(alone, 2);
+    // 7 others, each drafting as much and emitting what such a round emits.
+    const int others = 7;
+    const StepShare busy{others * (alone + 1), others * (1.0 + 0.6 * alone)};
+    EXPECT_LT(p->next_length_in(busy), alone);
+}
+
+// Catches: sequences of a step planning as if alone because the previous step did not have them
+// (a first step, a sequence that just joined), or a prefilling neighbour counted as emitting.
+TEST(StepShare, CountsAtLeastARootPerOtherSequence) {
+    // Nothing before: 7 others, 5 of them decoding.
+    const StepShare first = estimate_step_share(0, 0, 0, 0, 7, 5);
+    EXPECT_EQ(first.other_rows, 7);
+    EXPECT_DOUBLE_EQ(first.other_tokens, 5.0);
+    // A previous step of 40 rows and 12 tokens, 5 rows and 2 tokens of them ours.
+    const StepShare next = estimate_step_share(40, 12, 5, 2, 7, 7);
+    EXPECT_EQ(next.other_rows, 35);
+    EXPECT_DOUBLE_EQ(next.other_tokens, 10.0);
+    // Alone.
+    EXPECT_EQ(estimate_step_share(5, 2, 5, 2, 0, 0).other_rows, 0);
+}
+
 TEST(TreeSizePolicy, VerifiesFewerNodesInASharedStep) {
     std::vector<double> cost;
     for (int b = 1; b <= 17; ++b) cost.push_back(10.0 + b);

@@ -215,9 +215,12 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     std::vector<ForwardOutput> outs(sequences.size());
     std::vector<BatchPart> parts;
     StepResult step;
+    const int n = static_cast<int>(sequences.size());
+    const int decoding = static_cast<int>(std::count_if(sequences.begin(), sequences.end(), [](const Sequence * s) { return !s->prefilling(); }));
     for (size_t i = 0; i < sequences.size(); ++i) {
         Sequence & s = *sequences[i];
-        const StepShare share{std::max(0, previous.rows - s.last_rows()), std::max(0.0, double(previous.tokens - s.last_tokens()))};
+        const StepShare share = estimate_step_share(previous.rows, previous.tokens, s.last_rows(), s.last_tokens(), n - 1,
+                                                    decoding - (s.prefilling() ? 0 : 1));
         parts.push_back(BatchPart{&s.next_block(share), &s.cache(), &outs[i]});
         step.rows += parts.back().batch->n_tokens();
     }

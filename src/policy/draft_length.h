@@ -24,6 +24,13 @@ struct StepShare {
     double other_tokens = 0.0;
 };
 
+// A sequence's share of the coming step, from the previous step (its rows and emitted tokens,
+// everyone's, and this sequence's part of them) and who is in this one: at least a root row per
+// other sequence and a token per other decoding sequence, so that sequences that just joined, or a
+// first step with nothing before it, do not plan as if alone.
+StepShare estimate_step_share(int previous_rows, int previous_tokens, int own_rows, int own_tokens, int other_sequences,
+                              int other_decoding);
+
 struct RoundObservation {
     int drafted = 0;
     int accepted = 0;

@@ -1,12 +1,17 @@
 """Bounded load test for `specula serve` (not run by CI): N concurrent streaming clients for a
 while on 127.0.0.1, each request's text compared with the same prompt's text from a single client
-at T = 0. Prints throughput, latency percentiles and the server's memory (RSS) at start and end.
+at T = 0. Samples the server's RSS from /proc every second; records throughput, latency and
+time-to-first-token percentiles and the RSS samples (--json).
 
-    .venv-server/bin/python tests/server/load_test.py --clients 32 --seconds 120 -- \\
+    .venv-server/bin/python tests/server/load_test.py --clients 32 --seconds 120 --json load.json -- \\
         build/bin/specula serve -m models/specula-target.gguf --draft models/specula-draft.gguf --parallel 8
 
-Exits 1 when any response differs from its single-client text, is incomplete, or fails."""
+Exits 1 when any response fails, differs from its single-client text or is incomplete (fewer
+tokens than alone, no finish_reason), or when memory is not flat: the highest RSS of the second
+half of the run more than --rss-growth (default 10%) above the highest of the first half (the first
+half is when graph caches and buffers fill)."""
 import argparse
+import json
 import re
 import statistics
 import subprocess
@@ -25,30 +30,68 @@ def rss_kb(pid):
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
 
 
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def start_server(cmd):
+    """Starts the serve command on any free port; returns (process, port) once it is ready."""
+    proc = subprocess.Popen(cmd + ["--port", "0"], stderr=subprocess.PIPE, text=True)
+    port, log = None, []
+    for line in proc.stderr:
+        log.append(line)
+        m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+        port = int(m.group(1)) if m else port
+        if "ready" in line:
+            break
+    if port is None or proc.poll() is not None:
+        sys.exit("load test: the server did not come up:\n" + "".join(log[-20:]))
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    return proc, port
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rss-growth", type=float, default=0.10, help="allowed growth of the RSS peak from the first to the second half")
+    ap.add_argument("--json", help="write the figures and RSS samples here")
     ap.add_argument("server", nargs=argparse.REMAINDER, help="-- followed by the serve command (it must not set --port)")
     a = ap.parse_args()
-    cmd = [x for x in a.server if x != "--"] + ["--port", "0"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in proc.stderr:
-        m = re.search(r"listening on http://[\d.]+:(\d+)", line)
-        port = int(m.group(1)) if m else port
-        if "ready" in line:
-            break
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    proc, port = start_server([x for x in a.server if x != "--"])
+    try:
+        report = run(a, proc, port)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {a.json}")
+    sys.exit(0 if report["passed"] else 1)
+
+
+def run(a, proc, port):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
     ask = dict(model=client.models.list().data[0].id, max_tokens=a.max_tokens, temperature=0)
-    reference = {p: client.completions.create(prompt=p, **ask).choices[0].text for p in PROMPTS}
-    rss_start = rss_kb(proc.pid)
+    reference = {}
+    for p in PROMPTS:
+        c = client.completions.create(prompt=p, **ask)
+        reference[p] = (c.choices[0].text, c.usage.completion_tokens)
 
     lock = threading.Lock()
-    results, failures = [], []
-    stop_at = time.time() + a.seconds
+    results, failures, rss = [], [], []
+    t_start = time.time()
+    stop_at = t_start + a.seconds
+    running = threading.Event()
+    running.set()
+
+    def sample_rss():
+        while running.is_set():
+            rss.append((round(time.time() - t_start, 1), rss_kb(proc.pid)))
+            time.sleep(1.0)
 
     def worker(i):
         n = i
@@ -71,35 +114,49 @@ def main():
                     failures.append(f"{prompt!r}: {e}")
                 continue
             with lock:
-                if text != reference[prompt] or finish is None:
-                    failures.append(f"{prompt!r}: text differs from the single-client text or has no finish_reason")
+                want_text, want_tokens = reference[prompt]
+                if text != want_text:
+                    failures.append(f"{prompt!r}: text differs from the single-client text")
+                elif finish is None or tokens != want_tokens:
+                    failures.append(f"{prompt!r}: incomplete ({tokens} of {want_tokens} tokens, finish_reason {finish})")
                 results.append((time.time() - t0, first or 0.0, tokens))
 
-    t_start = time.time()
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(a.clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.time() - t_start
-    rss_end = rss_kb(proc.pid)
-    proc.terminate()
-    proc.wait(timeout=30)
+    running.clear()
+    sampler.join()
 
-    def pct(xs, q):
-        xs = sorted(xs)
-        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+    half = wall / 2
+    first_peak = max((kb for t, kb in rss if t <= half), default=0)
+    second_peak = max((kb for t, kb in rss if t > half), default=0)
+    rss_flat = first_peak > 0 and second_peak <= first_peak * (1 + a.rss_growth)
     lat = [r[0] for r in results]
     ttft = [r[1] for r in results]
     toks = sum(r[2] for r in results)
+    per_request = statistics.mean(r[2] / r[0] for r in results if r[0] > 0) if results else float("nan")
+    report = {
+        "clients": a.clients, "seconds": wall, "max_tokens": a.max_tokens, "responses": len(results), "failures": failures,
+        "aggregate_tok_s": toks / wall, "per_request_tok_s_mean": per_request,
+        "latency_s": {q: pct(lat, v) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
+        "ttft_s": {q: pct(ttft, v) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
+        "rss_kb_samples": rss, "rss_peak_kb_first_half": first_peak, "rss_peak_kb_second_half": second_peak, "rss_flat": rss_flat,
+    }
+    report["passed"] = bool(results) and not failures and rss_flat
     print(f"clients {a.clients}, {wall:.0f} s: {len(results)} responses, {len(failures)} failures")
-    print(f"aggregate {toks / wall:.1f} tok/s, per request {statistics.mean(r[2] / r[0] for r in results if r[0] > 0):.1f} tok/s")
-    print(f"latency p50 {pct(lat, .5):.3f} s, p90 {pct(lat, .9):.3f} s, p99 {pct(lat, .99):.3f} s; "
-          f"TTFT p50 {pct(ttft, .5):.3f} s, p90 {pct(ttft, .9):.3f} s, p99 {pct(ttft, .99):.3f} s")
-    print(f"server RSS {rss_start / 1024:.1f} MiB at start, {rss_end / 1024:.1f} MiB at end")
+    print(f"aggregate {report['aggregate_tok_s']:.1f} tok/s, per request {per_request:.1f} tok/s")
+    print("latency p50 {p50:.3f} s, p90 {p90:.3f} s, p99 {p99:.3f} s".format(**report["latency_s"]) +
+          "; TTFT p50 {p50:.3f} s, p90 {p90:.3f} s, p99 {p99:.3f} s".format(**report["ttft_s"]))
+    print(f"server RSS peak {first_peak / 1024:.1f} MiB in the first half, {second_peak / 1024:.1f} MiB in the second: "
+          + ("flat" if rss_flat else f"GREW more than {a.rss_growth:.0%}"))
     for f in failures[:10]:
         print("FAIL", f)
-    sys.exit(1 if failures or not results else 0)
+    return report
 
 
 if __name__ == "__main__":

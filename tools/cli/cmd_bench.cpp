@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "decode_bench.h"
 #include "engine_flags.h"
+#include "serve_bench.h"
 #include "spec_bench.h"
 
 namespace specula::cli {
@@ -44,6 +45,24 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_option("--json", s->json_path, "write results as JSON");
     spec->add_option("--html", s->html_path, "write results as an HTML page with plots (as `specula report --bench`)");
     spec->callback([s, &commands] { commands.run = [s] { return bench::run_spec_bench(*s); }; });
+
+    auto v = std::make_shared<bench::ServeBenchOptions>();
+    CLI::App * serve = bench->add_subcommand("serve", "concurrent clients through HTTP: specula serve vs llama-server, plain and speculative");
+    serve->add_option("-m,--model", v->model, "target model GGUF (both servers)")->required();
+    serve->add_option("--draft", v->draft, "draft model GGUF (same vocabulary); without it both servers draft by n-gram");
+    serve->add_option("--clients", v->clients, "concurrent clients (each server runs --parallel = clients)")->delimiter(',')->capture_default_str();
+    serve->add_option("--servers", v->servers, "servers to run: specula, llama-server")->delimiter(',')->capture_default_str();
+    serve->add_option("-t,--threads", v->threads, "threads for both servers (0 = physical cores)")->capture_default_str();
+    serve->add_option("-r,--reps", v->reps, "repetitions of the whole prompt set per concurrency")->capture_default_str();
+    serve->add_option("-n,--n-gen", v->n_gen, "tokens per request (ignore_eos)")->capture_default_str();
+    serve->add_option("--draft-max", v->draft_max, "longest draft per round (both servers)")->capture_default_str();
+    serve->add_option("-c,--ctx-size", v->n_ctx, "context per slot")->capture_default_str();
+    serve->add_option("--prompts", v->prompts, "prompt set JSON (default: bench/prompts.json)");
+    serve->add_option("--specula-bin", v->specula_bin, "specula binary to serve with (default: this one)");
+    serve->add_option("--llama-server-bin", v->llama_server_bin, "llama-server binary (default: build/bin/llama-server)");
+    serve->add_option("--startup-timeout", v->startup_timeout, "seconds for a server to come up")->capture_default_str();
+    serve->add_option("--json", v->json_path, "write results as JSON");
+    serve->callback([v, &commands] { commands.run = [v] { return bench::run_serve_bench(*v); }; });
 }
 
 }  // namespace specula::cli
