@@ -5,10 +5,14 @@
 
 #include "commands.h"
 #include "common/error.h"
+#include "common/progress.h"
 
 int main(int argc, char ** argv) {
     CLI::App app{"specula: speculative decoding for llama-family GGUF models"};
     app.require_subcommand(1);
+    bool quiet = false;
+    app.add_flag("-q,--quiet", quiet, "no progress output on stderr (errors still print)");
+    app.fallthrough();  // --quiet also after the subcommand
     specula::cli::Commands commands;
     specula::cli::register_generate(app, commands);
     specula::cli::register_bench(app, commands);
@@ -21,6 +25,7 @@ int main(int argc, char ** argv) {
     } catch (const CLI::ParseError & e) {
         return app.exit(e);
     }
+    specula::Progress::set_quiet(quiet);
     try {
         return commands.run();
     } catch (const std::exception & e) {
