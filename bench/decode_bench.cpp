@@ -8,6 +8,7 @@
 
 #include "bench_util.h"
 #include "specula/error.h"
+#include "common/progress.h"
 #include "kv/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
@@ -155,6 +156,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
     // Generation: one token at a time from an empty cache, as llama-bench's tg does.
     EngineFigures fig[2];
     ForwardOutput out;
+    Progress progress("bench decode", int64_t(2) * (o.reps + 1) + int64_t(o.batch_sizes.size()));
     for (int e = 0; e < 2; ++e) {
         std::vector<double> tg;
         for (int r = 0; r < o.reps + 1; ++r) {
@@ -164,6 +166,8 @@ int run_decode_bench(const DecodeBenchOptions & o) {
                 engines[e].runner->forward(ForwardBatch::causal(std::span(tokens).subspan(i, 1), i, {0}), *engines[e].cache, out);
             }
             if (r > 0) tg.push_back(o.n_gen * 1000.0 / ms_since(t0));  // first run is warm-up
+            progress.step(std::string("generation, ") + (e == 0 ? "specula kernels" : "ggml kernels") + ", rep " + std::to_string(r) + "/" +
+                          std::to_string(o.reps) + (r == 0 ? " (warm-up)" : ""));
         }
         fig[e].tg = summarize(tg);
     }
@@ -198,6 +202,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
             if (r > 0) ms[2].push_back(ms_since(t0));
             peer.rollback(o.depth);
         }
+        progress.step("verify batch B=" + std::to_string(B));
         Summary s[3];
         for (int e = 0; e < 3; ++e) s[e] = summarize(ms[e]);
         if (B == o.batch_sizes.front()) {

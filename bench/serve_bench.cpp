@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "bench_util.h"
-#include "common/error.h"
+#include "specula/error.h"
 #include "runtime/backend.h"
 
 namespace specula::bench {

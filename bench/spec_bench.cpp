@@ -17,6 +17,7 @@
 #include "report.h"
 #include "specula/error.h"
 #include "engine/drafter_source.h"
+#include "common/progress.h"
 #include "engine/generate.h"
 #include "engine/target.h"
 #include "engine/speculative.h"
@@ -632,6 +633,9 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
         if (is_specula(mode.kind) && available(mode, o)) run_specula(rig, mode, prompts[0], generation_options(o, o.temps[0], 0), o.draft_max);
     }
     std::map<CellKey, Cell> cells;
+    int64_t n_modes = 0;
+    for (const Mode & mode : kModes) n_modes += available(mode, o);
+    Progress progress("bench spec", int64_t(o.reps) * int64_t(o.temps.size()) * int64_t(prompts.size()) * n_modes);
     for (int rep = 0; rep < o.reps; ++rep) {
         for (size_t t = 0; t < o.temps.size(); ++t) {
             for (size_t i = 0; i < prompts.size(); ++i) {
@@ -648,9 +652,12 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
                     }
                     add_run(cells[{int(t), prompts[i].category, int(m)}], rep, r);
                     add_run(cells[{int(t), kAllCategories, int(m)}], rep, r);
+                    char detail[256];
+                    std::snprintf(detail, sizeof(detail), "rep %d/%d, T=%g, prompt %zu/%zu (%s), mode %s", rep + 1, o.reps, o.temps[t], i + 1,
+                                  prompts.size(), prompts[i].category.c_str(), kModes[m].name);
+                    progress.step(detail);
                 }
             }
-            std::fprintf(stderr, "rep %d/%d, temperature %g done\n", rep + 1, o.reps, o.temps[t]);
         }
     }
     return cells;

@@ -1,12 +1,20 @@
-// `specula report` and `bench spec --html`: the page rendered in a real browser (headless
-// Chromium, installed by scripts/setup.sh), checked through the DOM it builds.
+// `specula report`, `bench spec --html` and the live page of `specula serve`: each page rendered
+// in a real browser (headless Chromium, installed by scripts/setup.sh), checked through the DOM it builds.
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <cstring>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "specula/specula.h"
 #include "trace/trace.h"
@@ -199,6 +207,204 @@ TEST(Report, BenchPageRendersInChromiumWithItsCharts) {
     EXPECT_EQ(count(dom, "class=\"pred-point\""), predicted);
     EXPECT_GT(predicted, 0u);
     EXPECT_EQ(count(dom, "class=\"acc-line\""), modes_with_positions.size());
+}
+
+// Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: the
+// browser reads commands on fd 3 and writes replies and events on fd 4, each JSON ending in NUL),
+// for a page that must be waited on (a stream) rather than dumped at its load event.
+class Devtools {
+public:
+    explicit Devtools(const std::string & browser) {
+        int to[2], from[2];
+        EXPECT_EQ(pipe(to), 0);
+        EXPECT_EQ(pipe(from), 0);
+        const std::string profile = "--user-data-dir=" + artifacts_dir() + "/chromium-profile-devtools";
+        pid_ = fork();
+        if (pid_ == 0) {
+            dup2(to[0], 3);
+            dup2(from[1], 4);
+            const int devnull = ::open("/dev/null", O_WRONLY);
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+            execlp(browser.c_str(), browser.c_str(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+                   "--hide-scrollbars", "--remote-debugging-pipe", profile.c_str(), "about:blank", static_cast<char *>(nullptr));
+            _exit(127);
+        }
+        close(to[0]);
+        close(from[1]);
+        out_ = to[1];
+        in_ = from[0];
+    }
+    ~Devtools() {
+        close(out_);
+        close(in_);
+        kill(pid_, SIGTERM);
+        waitpid(pid_, nullptr, 0);
+    }
+    // A command's result (events read meanwhile are kept in errors() when they report an error).
+    nlohmann::json call(const std::string & method, const nlohmann::json & params = nlohmann::json::object()) {
+        const int id = ++next_id_;
+        nlohmann::json msg{{"id", id}, {"method", method}, {"params", params}};
+        if (!session_.empty()) msg["sessionId"] = session_;
+        std::string text = msg.dump();
+        text.push_back('\0');
+        for (size_t at = 0; at < text.size();) {
+            const ssize_t n = write(out_, text.data() + at, text.size() - at);
+            if (n <= 0) throw std::runtime_error("the browser closed its DevTools pipe");
+            at += static_cast<size_t>(n);
+        }
+        for (;;) {
+            const nlohmann::json reply = read_message();
+            if (reply.contains("id") && reply["id"] == id) {
+                if (reply.contains("error")) throw std::runtime_error(method + ": " + reply["error"].dump());
+                return reply["result"];
+            }
+            const std::string event = reply.value("method", "");
+            if (event == "Runtime.exceptionThrown" || (event == "Runtime.consoleAPICalled" && reply["params"]["type"] == "error")) {
+                errors_.push_back(reply["params"].dump());
+            }
+        }
+    }
+    // Opens `url` in a new tab; later calls go to that tab.
+    void open(const std::string & url) {
+        const std::string target = call("Target.createTarget", {{"url", "about:blank"}})["targetId"];
+        session_ = call("Target.attachToTarget", {{"targetId", target}, {"flatten", true}})["sessionId"];
+        call("Runtime.enable");
+        call("Emulation.setDeviceMetricsOverride", {{"width", 1400}, {"height", 1000}, {"deviceScaleFactor", 1}, {"mobile", false}});
+        call("Page.navigate", {{"url", url}});
+    }
+    nlohmann::json evaluate(const std::string & expression) {
+        return call("Runtime.evaluate", {{"expression", expression}, {"returnByValue", true}})["result"]["value"];
+    }
+    void screenshot(const std::string & path) {
+        const std::string b64 = call("Page.captureScreenshot", {{"format", "png"}})["data"];
+        std::string png;
+        int bits = 0, value = 0;
+        for (char c : b64) {
+            const char * digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            const char * at = std::strchr(digits, c);
+            if (c == '=' || !at) continue;
+            value = value << 6 | static_cast<int>(at - digits);
+            bits += 6;
+            if (bits >= 8) png.push_back(static_cast<char>((value >> (bits -= 8)) & 0xff));
+        }
+        std::ofstream(path, std::ios::binary) << png;
+    }
+    const std::vector<std::string> & errors() const { return errors_; }
+
+private:
+    nlohmann::json read_message() {
+        for (;;) {
+            const size_t end = buffer_.find('\0');
+            if (end != std::string::npos) {
+                const std::string text = buffer_.substr(0, end);
+                buffer_.erase(0, end + 1);
+                return nlohmann::json::parse(text);
+            }
+            pollfd p{in_, POLLIN, 0};
+            if (poll(&p, 1, 120000) <= 0) throw std::runtime_error("the browser did not answer within 120 s");
+            char chunk[65536];
+            const ssize_t n = read(in_, chunk, sizeof(chunk));
+            if (n <= 0) throw std::runtime_error("the browser closed its DevTools pipe");
+            buffer_.append(chunk, static_cast<size_t>(n));
+        }
+    }
+    pid_t pid_ = -1;
+    int out_ = -1, in_ = -1, next_id_ = 0;
+    std::string session_, buffer_;
+    std::vector<std::string> errors_;
+};
+
+// `specula serve` on the bundled models in the background, stopped when this goes out of scope.
+struct Server {
+    std::string dir = artifacts_dir(), pid;
+    int port = 0;
+    Server() {
+        const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models/";
+        const std::string cmd = std::string(SPECULA_CLI) + " serve -m " + models + "specula-target.gguf --draft " + models +
+                                "specula-draft.gguf --draft-policy fixed --draft-max 4 -c 256 -t 1 --port 0";
+        EXPECT_EQ(std::system((cmd + " >" + dir + "/serve.out 2>" + dir + "/serve.err & echo $! >" + dir + "/serve.pid").c_str()), 0);
+        pid = slurp(dir + "/serve.pid");
+        const std::regex ready("listening on http://127\\.0\\.0\\.1:(\\d+)[\\s\\S]*specula: ready");
+        for (int i = 0; i < 600 && port == 0; ++i) {
+            std::smatch m;
+            const std::string err = slurp(dir + "/serve.err");
+            if (std::regex_search(err, m, ready)) port = std::stoi(m[1].str());
+            else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    }
+    ~Server() { std::system(("kill " + pid).c_str()); }
+    std::string url(const std::string & path) const { return "http://127.0.0.1:" + std::to_string(port) + path; }
+};
+
+std::string html_text(std::string s) {
+    for (const auto & [entity, c] : std::vector<std::pair<std::string, std::string>>{{"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&nbsp;", "\xc2\xa0"}, {"&amp;", "&"}}) {
+        for (size_t at = s.find(entity); at != std::string::npos; at = s.find(entity, at + c.size())) s.replace(at, entity.size(), c);
+    }
+    return s;
+}
+
+// Catches a live page that loses, duplicates or reorders streamed tokens, leaves one without its
+// colour class, shows no live figures, loads anything from elsewhere, or throws a script error;
+// and a stream whose per-token "specula" field disagrees with its text: the browser sends the
+// prompt through the page (?prompt=), and the coloured text must equal the server's non-streamed
+// completion of the same prompt at T=0.
+TEST(Report, LivePageOnTheServerStreamsColouredTokens) {
+    const Server server;
+    ASSERT_GT(server.port, 0) << slurp(server.dir + "/serve.err");
+    const test::CommandRun page = test::run_command("curl -sf " + server.url("/"));
+    ASSERT_EQ(page.exit_code, 0);
+    for (const char * fetches : {"src=", "href=", "<link", "@import", "url(", "http://", "https://"}) {
+        EXPECT_EQ(page.out.find(fetches), std::string::npos) << "the page must load nothing from elsewhere: " << fetches;
+    }
+    const std::string prompt = "Write a Python function";
+    const std::string body = nlohmann::json{{"messages", nlohmann::json::array({{{"role", "user"}, {"content", prompt}}})}, {"temperature", 0}, {"max_tokens", 128}}.dump();
+    std::ofstream(server.dir + "/live-request.json") << body;
+    const test::CommandRun plain = test::run_command("curl -sf -H 'Content-Type: application/json' --data @" + server.dir +
+                                                     "/live-request.json " + server.url("/v1/chat/completions"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    const std::string want = nlohmann::json::parse(plain.out)["choices"][0]["message"]["content"];
+    ASSERT_FALSE(want.empty());
+
+    const std::string browser = chromium();
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+    Devtools chrome(browser);
+    chrome.open(server.url("/?prompt=Write%20a%20Python%20function"));
+    for (int i = 0; i < 1200 && !chrome.evaluate("document.querySelector('.reply[data-done]') !== null").get<bool>(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const std::string dom = chrome.evaluate("document.documentElement.outerHTML");
+    std::ofstream(artifacts_dir() + "/live.dom.html") << dom;
+    chrome.screenshot(artifacts_dir() + "/live.png");
+    std::printf("[report] screenshot: %s/live.png\n", artifacts_dir().c_str());
+    EXPECT_TRUE(chrome.errors().empty()) << chrome.errors().front();
+    EXPECT_EQ(dom.find("id=\"js-error\""), std::string::npos) << dom.substr(dom.find("js-error"), 300);
+    const size_t replies = dom.find("id=\"replies\"");
+    ASSERT_NE(replies, std::string::npos);
+    const std::string reply = dom.substr(replies, dom.find("<form", replies) - replies);
+    ASSERT_NE(reply.find("data-done=\"1\""), std::string::npos) << "the reply did not finish: " << reply.substr(0, 500);
+
+    const std::regex token_span("<span class=\"tok (accepted|bonus|correction)\" data-depth=\"(\\d+)\"[^>]*>([^<]*)</span>");
+    std::string shown;
+    std::set<std::string> kinds;
+    size_t spans = 0;
+    for (auto it = std::sregex_iterator(reply.begin(), reply.end(), token_span); it != std::sregex_iterator(); ++it, ++spans) {
+        kinds.insert((*it)[1].str());
+        shown += html_text((*it)[3].str());
+    }
+    EXPECT_EQ(shown, want);
+    EXPECT_EQ(spans, count(reply, "<span")) << "a token without its class";
+    EXPECT_TRUE(kinds.count("accepted") && kinds.count("bonus") + kinds.count("correction")) << "the colours tell no drafts from target tokens";
+
+    const auto figure = [&](const std::string & id) {
+        std::smatch m;
+        const std::regex cell("id=\"" + id + "\">([^<]*)<");
+        return std::regex_search(dom, m, cell) ? m[1].str() : std::string("<missing>");
+    };
+    EXPECT_TRUE(std::regex_match(figure("fig-slots"), std::regex("[01] / 1"))) << figure("fig-slots");
+    for (const char * number : {"fig-acceptance", "fig-mean-accepted", "fig-reply-tok-s"}) {
+        EXPECT_TRUE(std::regex_match(figure(number), std::regex("[0-9]+\\.[0-9]+"))) << number << ": " << figure(number);
+    }
 }
 
 // Catches a report command that crashes or writes a page from input that is not a trace.

@@ -119,7 +119,13 @@ TEST(Scheduler, StreamedTextNeverSplitsAUtf8Character) {
     Scheduler scheduler(*target, SchedulerOptions{1, 1, 256});
     auto job = scheduler.submit(target->tokenizer->tokenize("\xc3\xa9t\xc3\xa9 \xe2\x82\xac"), options(60, 1.5f, 7));
     std::string chunk;
-    while (job->next(chunk) != Job::Wait::Ended) {
+    std::vector<TokenOrigin> origins;
+    while (job->next(chunk, &origins) != Job::Wait::Ended) {
+        // The chunk's token origins spell it (a split character goes with the token completing it).
+        std::string spelled;
+        for (const TokenOrigin & o : origins) spelled += o.text;
+        EXPECT_EQ(spelled, chunk);
+        origins.clear();
         // Every chunk ends on a character boundary: its last lead byte has all its continuation bytes.
         size_t i = chunk.size();
         while (i > 0 && (static_cast<uint8_t>(chunk[i - 1]) & 0xC0) == 0x80) --i;
@@ -130,6 +136,38 @@ TEST(Scheduler, StreamedTextNeverSplitsAUtf8Character) {
         }
         chunk.clear();
     }
+}
+
+// Catches stream token origins (the live page's colours) that lose or reorder text, or call a
+// draft the target's token: with a draft model every accepted draft is classed "accepted" at its
+// depth, every round ends in the target's "bonus" or "correction", and the texts spell the output.
+TEST(Scheduler, TokenOriginsSpellTheTextAndTellDraftsFromTargetTokens) {
+    auto target = open_target(true);
+    Scheduler scheduler(*target, SchedulerOptions{1, 1, 256});
+    auto job = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), options(48));
+    std::string text, spelled;
+    std::vector<TokenOrigin> origins;
+    while (job->next(text, &origins) != Job::Wait::Ended) {
+    }
+    int accepted = 0, target_tokens = 0, expected_depth = 1;
+    for (const TokenOrigin & o : origins) {
+        spelled += o.text;
+        const std::string kind = o.kind;
+        if (kind == "accepted") {
+            EXPECT_EQ(o.depth, expected_depth++);
+            ++accepted;
+        } else {
+            EXPECT_TRUE(kind == "bonus" || kind == "correction") << kind;
+            EXPECT_EQ(o.depth, expected_depth);
+            expected_depth = 1;
+            ++target_tokens;
+        }
+    }
+    EXPECT_EQ(spelled, text);
+    EXPECT_EQ(origins.size(), 48u);
+    EXPECT_GT(accepted, 0);
+    EXPECT_GT(target_tokens, 0);
+    EXPECT_LE(accepted, job->result().stats.speculation.accepted);
 }
 
 openai::ApiError refusal(openai::Endpoint e, const std::string & body) {

@@ -22,6 +22,7 @@ struct HttpServer::Impl {
     std::atomic<Target *> target{nullptr};
     std::atomic<Scheduler *> scheduler{nullptr};
     std::string model_id;
+    std::string index_page;  // served at "/"; empty: 404
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
 
@@ -72,6 +73,21 @@ std::string prometheus(const SchedulerMetrics & m) {
     }
     return o.str();
 }
+// The figures the live page shows, as JSON (the Prometheus text's twin for a browser).
+json metrics_json(const SchedulerMetrics & m) {
+    return json{{"slots", m.slots},
+                {"requests_processing", m.processing},
+                {"requests_deferred", m.deferred},
+                {"requests_finished", m.requests_finished},
+                {"emitted_tokens", m.emitted_tokens},
+                {"steps", m.steps},
+                {"drafts", m.drafts},
+                {"draft_tokens", m.draft_tokens},
+                {"accepted_tokens", m.accepted_tokens},
+                {"acceptance_rate", m.draft_tokens ? double(m.accepted_tokens) / m.draft_tokens : 0.0},
+                // Tokens per drafting round: its accepted drafts plus the target's own token.
+                {"mean_accepted_length", m.drafts ? double(m.accepted_tokens + m.drafts) / m.drafts : 0.0}};
+}
 }  // namespace
 
 HttpServer::HttpServer(int max_connections) : impl_(std::make_unique<Impl>()) {
@@ -95,6 +111,8 @@ void HttpServer::ready(Target & target, Scheduler & scheduler, const std::string
     impl_->target = &target;
     impl_->scheduler = &scheduler;
 }
+
+void HttpServer::set_index_page(std::string html) { impl_->index_page = std::move(html); }
 
 void HttpServer::stop() {
     impl_->http.stop();
@@ -124,6 +142,15 @@ void HttpServer::Impl::routes() {
                              {"n_generated", slot.n_generated}, {"n_cached", slot.n_cached}, {"n_ctx", s->context_size()}});
         }
         send_json(res, 200, slots);
+    });
+    http.Get("/", [this](const httplib::Request &, httplib::Response & res) {
+        if (index_page.empty()) return send_error(res, openai::ApiError{404, "no page here: see /v1/models", "not_found_error", "", ""});
+        res.set_content(index_page, "text/html; charset=utf-8");
+    });
+    http.Get("/metrics.json", [this](const httplib::Request &, httplib::Response & res) {
+        Scheduler * s = scheduler;
+        if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        send_json(res, 200, metrics_json(s->metrics()));
     });
     http.Get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
@@ -203,9 +230,12 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         if (!write(openai::sse(openai::chunk_start(c)))) return false;
         for (;;) {
             std::string text;
-            const Job::Wait w = job->next(text);
+            std::vector<TokenOrigin> origins;
+            const Job::Wait w = job->next(text, &origins);
             if (w == Job::Wait::Text) {
-                if (!write(openai::sse(openai::chunk_text(c, text)))) return false;
+                json tokens = json::array();
+                for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
+                if (!write(openai::sse(openai::chunk_text(c, text, tokens)))) return false;
             } else if (w == Job::Wait::Idle) {
                 if (!sink.is_writable() || !write(": waiting\n\n")) {
                     job->cancel();

@@ -1,6 +1,6 @@
 #pragma once
 // `specula serve`'s HTTP side (cpp-httplib): OpenAI routes over a Scheduler, plus /health,
-// /metrics (Prometheus text) and /slots. Listens before the model is loaded, answering 503 on
+// /metrics (Prometheus text), /metrics.json (its twin for the live page), /slots and the page at /. Listens before the model is loaded, answering 503 on
 // /health and the API routes until ready() is called.
 #include <atomic>
 #include <memory>
@@ -25,6 +25,8 @@ public:
     // From now on requests go to `scheduler`, generating with `target`'s tokenizer; both must
     // outlive the server (or stop() first).
     void ready(Target & target, Scheduler & scheduler, const std::string & model_id);
+    // The HTML served at "/" (the live page, tools/report/live.html); none: "/" answers 404.
+    void set_index_page(std::string html);
     void stop();
     void wait();  // until stop() (or the listener fails)
 

@@ -209,7 +209,11 @@ json chunk(const Completion & c, const std::string & text, bool first, const std
 }  // namespace
 
 json chunk_start(const Completion & c) { return chunk(c, "", true, ""); }
-json chunk_text(const Completion & c, const std::string & text) { return chunk(c, text, false, ""); }
+json chunk_text(const Completion & c, const std::string & text, const json & tokens) {
+    json j = chunk(c, text, false, "");
+    if (tokens.is_array()) j["specula"] = json{{"tokens", tokens}};
+    return j;
+}
 json chunk_finish(const Completion & c, const std::string & finish_reason) { return chunk(c, "", false, finish_reason); }
 
 json chunk_usage(const Completion & c, const GenerationStats & stats) {

@@ -51,8 +51,10 @@ nlohmann::json usage(const GenerationStats & stats);
 nlohmann::json speculation(const GenerationStats & stats);
 nlohmann::json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats);
 // First chunk (chat: the role), a text delta, the last chunk of the choice, the usage chunk.
+// A text delta carries the extension {"specula": {"tokens": tokens}} (docs/server.md) when
+// `tokens` is an array: each token's text and origin; OpenAI clients ignore the field.
 nlohmann::json chunk_start(const Completion & c);
-nlohmann::json chunk_text(const Completion & c, const std::string & text);
+nlohmann::json chunk_text(const Completion & c, const std::string & text, const nlohmann::json & tokens = nullptr);
 nlohmann::json chunk_finish(const Completion & c, const std::string & finish_reason);
 nlohmann::json chunk_usage(const Completion & c, const GenerationStats & stats);
 // One server-sent event: "data: <json>\n\n".

@@ -13,28 +13,34 @@
 
 namespace specula {
 
-Job::Wait Job::next(std::string & text, std::chrono::milliseconds timeout) {
+Job::Wait Job::next(std::string & text, std::vector<TokenOrigin> * origins, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
     cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || finished_; });
     if (!pending_.empty()) {
         text += pending_;
         pending_.clear();
+        if (origins) origins->insert(origins->end(), pending_origins_.begin(), pending_origins_.end());
+        pending_origins_.clear();
         return Wait::Text;
     }
     return finished_ ? Wait::Ended : Wait::Idle;
 }
 
-void Job::push(const std::string & piece) {
+void Job::push(const std::string & piece, const char * kind, int depth) {
     std::lock_guard lock(mutex_);
     const std::string complete = utf8_.push(piece);
+    partial_origin_ = {"", kind, depth};
     if (complete.empty()) return;
     pending_ += complete;
+    pending_origins_.push_back({complete, kind, depth});
     cv_.notify_all();
 }
 
 void Job::finish(Result result) {
     std::lock_guard lock(mutex_);
-    pending_ += utf8_.flush();
+    const std::string rest = utf8_.flush();  // an unfinished character at the end is what the model produced
+    if (!rest.empty()) pending_origins_.push_back({rest, partial_origin_.kind, partial_origin_.depth});
+    pending_ += rest;
     result_ = std::move(result);
     finished_ = true;
     cv_.notify_all();
@@ -49,6 +55,7 @@ struct Scheduler::Slot {
     std::shared_ptr<Job> job;
     std::unique_ptr<Sequence> sequence;
     bool ended_by_eog = false;
+    std::vector<int32_t> round_tokens;  // this round's emitted tokens, pushed with their origin once the round's verification is known
     SpeculationStats seen;  // the sequence's counters already added to the metrics
 };
 
@@ -154,9 +161,21 @@ void Scheduler::admit() {
             Tokenizer & tok = *target_.tokenizer;
             Slot * s = slot.get();
             auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
+            // A round's tokens reach the job once its verification says where each came from.
+            auto on_round = [s, &tok](const RoundInfo & r) {
+                const size_t n_accepted = r.result->accepted.size();
+                for (size_t i = 0; i < s->round_tokens.size(); ++i) {
+                    const int32_t t = s->round_tokens[i];
+                    if (s->job->options_.stop_at_end_of_generation && tok.is_end_of_generation(t)) continue;
+                    const char * kind = i < n_accepted ? "accepted" : r.result->bonus ? "bonus" : "correction";
+                    s->job->push(tok.piece(t), kind, static_cast<int>(i) + 1);
+                }
+                s->round_tokens.clear();
+            };
             slot->sequence = std::make_unique<Sequence>(
-                SequenceParts{*slot->cache, slot->drafter.get(), slot->policy.get(), target_.tree, nullptr, nullptr, slot->tree_size.get()},
+                SequenceParts{*slot->cache, slot->drafter.get(), slot->policy.get(), target_.tree, on_round, nullptr, slot->tree_size.get()},
                 job->prompt_, job->options_, is_end, options_.prefill_chunk);
+            s->round_tokens.clear();
             s->ended_by_eog = false;
             s->seen = {};
             slot->job = std::move(job);
@@ -226,11 +245,8 @@ void Scheduler::run() {
             Tokenizer & tok = *target_.tokenizer;
             step = step_sequences(*target_.runner, sequences, [&](size_t i, int32_t t) {
                 Slot & s = *active[i];
-                if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) {
-                    s.ended_by_eog = true;
-                } else {
-                    s.job->push(tok.piece(t));
-                }
+                if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
+                s.round_tokens.push_back(t);
                 return !s.job->cancelled();
             }, last_step);
             last_step = step;
@@ -252,6 +268,7 @@ void Scheduler::run() {
             continue;
         }
         ++metrics_.steps;
+        metrics_.emitted_tokens += step.tokens;
         metrics_.rows_sum += step.rows;
         for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {
             if (b == metrics_.rows_bounds.size() || step.rows <= metrics_.rows_bounds[b]) ++metrics_.rows_buckets[b];

@@ -27,6 +27,13 @@ struct SchedulerOptions {
     int prefill_chunk = 256; // prompt tokens a prefilling sequence adds per step
 };
 
+// Where an emitted token came from, for the live page's colours (the stream's "specula" field).
+struct TokenOrigin {
+    std::string text;    // whole UTF-8 characters: a token ending inside a character gives its bytes to the next one
+    const char * kind;   // "accepted" (a draft the target accepted) | "bonus" | "correction" (the target's own token)
+    int depth = 0;       // 1-based position after the round's root
+};
+
 // One request's life, shared by the HTTP handler (consumer) and the scheduler (producer).
 class Job {
 public:
@@ -42,7 +49,9 @@ public:
     // only) was appended to `text`. Ended: the job has ended and all its text was taken; result()
     // is final. Idle: nothing happened (a chance to see whether the client is still there).
     enum class Wait { Text, Ended, Idle };
-    Wait next(std::string & text, std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
+    // `origins` (may be null) gets the new text's tokens; their texts concatenate to the new text.
+    Wait next(std::string & text, std::vector<TokenOrigin> * origins = nullptr,
+              std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
     const Result & result() const { return result_; }
     // The client went away: the scheduler frees the slot at its next step.
     void cancel() { cancelled_ = true; }
@@ -50,7 +59,7 @@ public:
 
 private:
     friend class Scheduler;
-    void push(const std::string & piece);  // scheduler side
+    void push(const std::string & piece, const char * kind, int depth);  // scheduler side
     void finish(Result result);
 
     const std::vector<int32_t> prompt_;
@@ -59,7 +68,9 @@ private:
     std::mutex mutex_;
     std::condition_variable cv_;
     std::string pending_;   // complete characters not yet taken
+    std::vector<TokenOrigin> pending_origins_;
     Utf8Stream utf8_;       // holds the start of a UTF-8 character split across tokens
+    TokenOrigin partial_origin_{"", "bonus", 0};  // the token whose bytes utf8_ holds back
     bool finished_ = false;
     Result result_;
 };
@@ -77,6 +88,7 @@ struct SchedulerMetrics {
     std::vector<uint64_t> rows_buckets;       // cumulative counts per bound, last = +Inf
     double rows_sum = 0.0;
     std::vector<uint64_t> busy_slots_steps;   // [k]: steps with k + 1 sequences in the forward
+    uint64_t emitted_tokens = 0;              // tokens the steps emitted, counted per step (live, unlike generated_tokens)
     uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
     std::vector<uint64_t> accepted_at;        // [d]: drafts whose token at depth d + 1 was accepted
     struct Slot {

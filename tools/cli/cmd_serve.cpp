@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "engine_flags.h"
 #include "engine/target.h"
+#include "report.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 
@@ -35,6 +36,7 @@ void register_serve(CLI::App & app, Commands & commands) {
         commands.run = [args] {
             if (args->engine.model_path.empty()) use_default_model(args->engine);
             HttpServer server(args->scheduler.parallel + args->scheduler.max_queued + 8);
+            server.set_index_page(report::live_page());
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
             std::fprintf(stderr, "specula: listening on http://%s:%d (loading %s)\n", args->host.c_str(), port, args->engine.model_path.c_str());

@@ -4,10 +4,15 @@
 #include <exception>
 
 #include "commands.h"
+#include "specula/error.h"
+#include "common/progress.h"
 
 int main(int argc, char ** argv) {
     CLI::App app{"specula: speculative decoding for llama-family GGUF models"};
     app.require_subcommand(1);
+    bool quiet = false;
+    app.add_flag("-q,--quiet", quiet, "no progress output on stderr (errors still print)");
+    app.fallthrough();  // --quiet also after the subcommand
     specula::cli::Commands commands;
     specula::cli::register_generate(app, commands);
     specula::cli::register_bench(app, commands);
@@ -23,6 +28,7 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "specula: error: %s\n", e.what());
         return 1;
     }
+    specula::Progress::set_quiet(quiet);
     try {
         return commands.run();
     } catch (const std::exception & e) {

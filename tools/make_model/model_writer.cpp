@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "specula/error.h"
+#include "common/progress.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"
@@ -106,6 +107,7 @@ void write_tensors(gguf_context * out, const std::vector<Planned> & plan, uint64
     ggml_context * ctx = ggml_init(params);
     SplitMix rng{seed};
     std::vector<float> f32;
+    Progress progress("writing " + out_path, static_cast<int64_t>(plan.size()));
     for (auto & p : plan) {
         ggml_tensor * t = ggml_new_tensor_2d(ctx, p.type, p.ne0, p.ne1);
         if (p.ne1 == 1) t = ggml_reshape_1d(ctx, t, p.ne0);
@@ -118,6 +120,7 @@ void write_tensors(gguf_context * out, const std::vector<Planned> & plan, uint64
             ggml_quantize_chunk(p.type, f32.data(), t->data, 0, p.ne1, p.ne0, nullptr);
         }
         gguf_add_tensor(out, t);
+        progress.step(p.name);
     }
     if (!i64_data.empty()) {
         ggml_tensor * t = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, static_cast<int64_t>(i64_data.size()));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "specula/error.h"
+#include "common/progress.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"
@@ -136,6 +137,7 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
     for (const Planned & t : plan) bytes += ggml_row_size(t.type, t.ne0) * t.ne1 + 2 * ggml_tensor_overhead();
     ggml_init_params params{bytes, nullptr, false};
     ggml_context * ctx = ggml_init(params);
+    Progress progress("writing " + out_path, static_cast<int64_t>(plan.size()));
     for (Planned & t : plan) {
         ggml_tensor * tensor = t.ne1 == 1 ? ggml_new_tensor_1d(ctx, t.type, t.ne0) : ggml_new_tensor_2d(ctx, t.type, t.ne0, t.ne1);
         ggml_set_name(tensor, t.name.c_str());
@@ -146,6 +148,7 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
             ggml_quantize_chunk(t.type, data.data(), tensor->data, 0, t.ne1, t.ne0, nullptr);
         }
         gguf_add_tensor(out, tensor);
+        progress.step(t.name);
     }
     write_gguf(out, ctx, out_path);
 }
@@ -199,6 +202,7 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
     for (auto & [name, d] : tensors) bytes += d.size() * sizeof(uint16_t) + 2 * ggml_tensor_overhead();
     ggml_init_params params{bytes, nullptr, false};
     ggml_context * ctx = ggml_init(params);
+    Progress progress("writing " + out_path, static_cast<int64_t>(tensors.size()));
     for (size_t i = 0; i < tensors.size(); ++i) {
         const auto & [name, data] = tensors[i];
         const auto ne = shapes[i].second;
@@ -212,6 +216,7 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
             std::memcpy(t->data, data.data(), data.size() * sizeof(float));
         }
         gguf_add_tensor(out, t);
+        progress.step(name);
     }
     write_gguf(out, ctx, out_path);
 }

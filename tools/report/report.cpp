@@ -4,7 +4,8 @@
 #include <fstream>
 
 #include "specula/error.h"
-#include "report_template.h"
+#include "live_page.h"
+#include "report_page.h"
 
 namespace specula::report {
 
@@ -84,6 +85,8 @@ std::string render_page(const nlohmann::json & data) {
     if (at == std::string::npos) throw Error("report template has no data slot");
     return page.replace(at, std::string(kDataSlot).size(), json);
 }
+
+std::string live_page() { return std::string(reinterpret_cast<const char *>(kLivePage), sizeof(kLivePage)); }
 
 void write_page(const std::string & path, const nlohmann::json & data) {
     std::ofstream out(path, std::ios::trunc | std::ios::binary);

@@ -17,4 +17,8 @@ nlohmann::json read_trace(const std::string & path);
 std::string render_page(const nlohmann::json & data);
 void write_page(const std::string & path, const nlohmann::json & data);
 
+// The page `specula serve` shows at "/": a chat streaming through the server's own
+// /v1/chat/completions with the report's token colours, and the live figures of /metrics.json.
+std::string live_page();
+
 }  // namespace specula::report
