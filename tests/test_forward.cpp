@@ -98,6 +98,71 @@ TEST(Forward, TapsEqualTheResidualStreamOfALayerRangeRun) {
     EXPECT_LT(max_abs_diff(tail.taps[0], full.taps[1]), 1e-5);
 }
 
+// Catches a continuation segment that appends new slots, writes K/V into the wrong slots, sees
+// the wrong cached prefix, or loses bits of the hidden state between segments: [0, a) then
+// [a, L) into the same slots must leave the same logits and the same cache, bit for bit, as one
+// full-depth forward, and a later full-depth token must then see a normal cache.
+TEST(Forward, LayerSegmentsEqualOneFullForwardBitwise) {
+    const std::vector<int32_t> block = {310, 526, 2253};
+    const std::vector<int32_t> next = {825};
+    for (const char * kernels : {"specula", "ggml"}) {
+        Backend backend(BackendOptions{"cpu", 1, "auto", kernels});
+        auto model = Model::load(test::model_path("llama_gqa_f32"), backend);
+        ModelRunner runner(*model);
+        const int L = model->config().n_layer;
+        const int P = static_cast<int>(kPrefix.size()), B = static_cast<int>(block.size());
+        KvCache full(backend, model->config(), 64), seg(backend, model->config(), 64);
+        runner.forward(ForwardBatch::causal(kPrefix, 0, {}), full);
+        runner.forward(ForwardBatch::causal(kPrefix, 0, {}), seg);
+        ForwardOutput want = runner.forward(ForwardBatch::causal(block, P, {0, 1, 2}), full);
+
+        for (int a = 1; a < L; ++a) {
+            seg.rollback(P);
+            ForwardBatch head = ForwardBatch::causal(block, P, {});
+            head.layer_end = a;
+            ForwardOutput h = runner.forward(head, seg);
+            ForwardBatch rest = ForwardBatch::causal(block, P, {0, 1, 2});
+            rest.tokens.clear();
+            rest.hidden_in = h.hidden_out;
+            rest.layer_begin = a;
+            rest.kv_slot_begin = P;
+            ForwardOutput got = runner.forward(rest, seg);
+            ASSERT_EQ(seg.size(), P + B) << kernels << " a=" << a;
+            EXPECT_EQ(got.logits, want.logits) << kernels << " a=" << a;
+            for (int l = 0; l < L; ++l) {
+                for (int slot = 0; slot < P + B; ++slot) {
+                    for (bool value : {false, true}) {
+                        EXPECT_EQ(seg.read_row(l, value, slot), full.read_row(l, value, slot))
+                            << kernels << " a=" << a << " layer " << l << " slot " << slot << (value ? " V" : " K");
+                    }
+                }
+            }
+        }
+        ForwardOutput after_full = runner.forward(ForwardBatch::causal(next, P + B, {0}), full);
+        ForwardOutput after_seg = runner.forward(ForwardBatch::causal(next, P + B, {0}), seg);
+        EXPECT_EQ(after_seg.logits, after_full.logits) << kernels;
+    }
+}
+
+// Catches a continuation accepted where it would overwrite tokens it does not own.
+TEST(Forward, MalformedContinuationsAreRefused) {
+    Fixture f("llama_gqa_f32");
+    auto cache = f.cache();
+    ForwardBatch head = ForwardBatch::causal(kPrefix, 0, {});
+    head.layer_end = 1;
+    ForwardOutput h = f.runner->forward(head, *cache);
+    ForwardBatch rest = ForwardBatch::causal(kPrefix, 0, {0});
+    rest.tokens.clear();
+    rest.hidden_in = h.hidden_out;
+    rest.layer_begin = 1;
+    rest.kv_slot_begin = 1;  // not the cache's last rows
+    EXPECT_THROW(f.runner->forward(rest, *cache), Error);
+    ForwardBatch from_zero = ForwardBatch::causal(kPrefix, 0, {0});
+    from_zero.kv_slot_begin = 0;  // layer 0 takes tokens: nothing to continue
+    EXPECT_THROW(f.runner->forward(from_zero, *cache), Error);
+    EXPECT_EQ(cache->size(), static_cast<int>(kPrefix.size()));
+}
+
 TEST(Forward, TapsEqualLibllamaResidualStream) {
     const std::string path = test::model_path("llama_gqa_f32");
     Fixture f("llama_gqa_f32");

@@ -112,6 +112,9 @@ void ModelRunner::check(const ForwardBatch & b, const KvCache & cache) const {
             if (slot < 0 || slot >= cache.size()) throw Error("forward: cached_visible names a slot outside the cache");
         }
     }
+    if (b.kv_slot_begin >= 0 && (b.layer_begin == 0 || b.kv_slot_begin + n != cache.size())) {
+        throw Error("forward: a continuation segment starts past layer 0 and rewrites the cache's last rows");
+    }
     for (int l : b.tap_layers) {
         if (l < b.layer_begin || l > layer_end) throw Error("forward: tap layer " + std::to_string(l) + " outside the layer range");
     }
@@ -146,12 +149,18 @@ void ModelRunner::forward_parts(std::span<const BatchPart> parts) {
         for (const BatchPart & p : parts) want_logits |= !p.batch->logit_rows.empty();
     }
 
+    // A continuation's slots belong to its earlier segment: a failure leaves them in place.
     std::vector<int> first_slots;
     try {
-        for (const BatchPart & p : parts) first_slots.push_back(p.cache->append(p.batch->n_tokens()));
+        for (const BatchPart & p : parts) {
+            const int rewrite = p.batch->kv_slot_begin;
+            first_slots.push_back(rewrite >= 0 ? rewrite : p.cache->append(p.batch->n_tokens()));
+        }
         run_graph(parts, first_slots, want_logits, layer_end);
     } catch (...) {
-        for (size_t i = 0; i < first_slots.size(); ++i) parts[i].cache->rollback(first_slots[i]);
+        for (size_t i = 0; i < first_slots.size(); ++i) {
+            if (parts[i].batch->kv_slot_begin < 0) parts[i].cache->rollback(first_slots[i]);
+        }
         throw;
     }
 }

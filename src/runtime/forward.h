@@ -42,6 +42,11 @@ struct ForwardBatch {
                                       // llama.cpp's eagle3 extract_layers count them
     int layer_begin = 0;
     int layer_end = -1;               // exclusive; -1 = n_layer
+    // Layer segments: >= 0 makes this batch the continuation (layer_begin > 0) of rows an earlier
+    // segment already put at stream slots [kv_slot_begin, kv_slot_begin + n), the cache's last n:
+    // their K/V for these layers goes into those slots, so that after the last segment the cache
+    // holds what one full-depth forward would have written. -1 = append new slots.
+    int kv_slot_begin = -1;
 
     int n_tokens() const { return static_cast<int>(positions.size()); }
     // A causal block of `tokens` at positions start.. with logits for the listed rows.
@@ -79,8 +84,9 @@ public:
     ModelRunner(const ModelRunner &) = delete;
     ModelRunner & operator=(const ModelRunner &) = delete;
 
-    // Writes K/V of the block into `cache` after its current size (the cache grows by n) and
-    // returns what was asked for. Throws Error on malformed batches or a full cache.
+    // Writes K/V of the block into `cache` after its current size (the cache grows by n), or into
+    // the block's own slots for a continuation (ForwardBatch::kv_slot_begin), and returns what
+    // was asked for. Throws Error on malformed batches or a full cache.
     void forward(const ForwardBatch & batch, KvCache & cache, ForwardOutput & out);
     ForwardOutput forward(const ForwardBatch & batch, KvCache & cache);
     // One forward over the blocks of several sequences, ragged: each part's rows see only their own
