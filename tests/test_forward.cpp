@@ -105,8 +105,8 @@ TEST(Forward, TapsEqualTheResidualStreamOfALayerRangeRun) {
 TEST(Forward, LayerSegmentsEqualOneFullForwardBitwise) {
     const std::vector<int32_t> block = {310, 526, 2253};
     const std::vector<int32_t> next = {825};
-    for (const char * kernels : {"specula", "ggml"}) {
-        Backend backend(BackendOptions{"cpu", 1, "auto", kernels});
+    for (const Kernels kernels : {Kernels::Specula, Kernels::Ggml}) {
+        Backend backend(BackendOptions{"cpu", 1, Attention::Auto, kernels});
         auto model = Model::load(test::model_path("llama_gqa_f32"), backend);
         ModelRunner runner(*model);
         const int L = model->config().n_layer;
@@ -127,20 +127,20 @@ TEST(Forward, LayerSegmentsEqualOneFullForwardBitwise) {
             rest.layer_begin = a;
             rest.kv_slot_begin = P;
             ForwardOutput got = runner.forward(rest, seg);
-            ASSERT_EQ(seg.size(), P + B) << kernels << " a=" << a;
-            EXPECT_EQ(got.logits, want.logits) << kernels << " a=" << a;
+            ASSERT_EQ(seg.size(), P + B) << kernels_name(kernels) << " a=" << a;
+            EXPECT_EQ(got.logits, want.logits) << kernels_name(kernels) << " a=" << a;
             for (int l = 0; l < L; ++l) {
                 for (int slot = 0; slot < P + B; ++slot) {
                     for (bool value : {false, true}) {
                         EXPECT_EQ(seg.read_row(l, value, slot), full.read_row(l, value, slot))
-                            << kernels << " a=" << a << " layer " << l << " slot " << slot << (value ? " V" : " K");
+                            << kernels_name(kernels) << " a=" << a << " layer " << l << " slot " << slot << (value ? " V" : " K");
                     }
                 }
             }
         }
         ForwardOutput after_full = runner.forward(ForwardBatch::causal(next, P + B, {0}), full);
         ForwardOutput after_seg = runner.forward(ForwardBatch::causal(next, P + B, {0}), seg);
-        EXPECT_EQ(after_seg.logits, after_full.logits) << kernels;
+        EXPECT_EQ(after_seg.logits, after_full.logits) << kernels_name(kernels);
     }
 }
 
