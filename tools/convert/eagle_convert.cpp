@@ -13,6 +13,7 @@
 #include <set>
 
 #include "specula/error.h"
+#include "common/progress.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"
@@ -505,9 +506,13 @@ EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
     EagleConvertResult result;
     result.n_draft_vocab = n_draft;
     result.target_layers = target_layers;
+    int64_t n_convert = 0;
+    for (const auto & [cn, s] : specs) n_convert += found.count(cn) && !s.out.empty();
+    Progress progress("converting " + o.checkpoint_dir, n_convert);
     for (const auto & [cn, s] : specs) {
         if (!found.count(cn) || s.out.empty()) continue;
         const std::string & name = found.at(cn);
+        progress.step(name);
         SafeTensor t = ck.read(name);
         if (cn == "d2t") {
             if (t.i64.empty() && t.numel() > 0) throw Error(o.checkpoint_dir + ": d2t has dtype " + t.dtype + "; expected integer offsets");

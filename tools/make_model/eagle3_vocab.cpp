@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "specula/error.h"
+#include "common/progress.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"
@@ -41,8 +42,10 @@ CompactVocabResult write_compact_eagle3(const std::string & head_path, std::span
     for (ggml_tensor * t : head.tensors()) bytes += ggml_nbytes(t) + ggml_tensor_overhead();
     ggml_init_params params{bytes + static_cast<size_t>(keep) * (sizeof(int64_t) + E * sizeof(float)), nullptr, false};
     ggml_context * ctx = ggml_init(params);
+    Progress progress("writing " + out_path, static_cast<int64_t>(head.tensors().size()));
     for (ggml_tensor * meta : head.tensors()) {
         const std::string name = ggml_get_name(meta);
+        progress.step(name);
         if (name == "output.weight") {  // rows of the kept ids, stored as F16
             const std::vector<float> all = read_f32(head, name);
             std::vector<float> rows(static_cast<size_t>(keep) * E);
