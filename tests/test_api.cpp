@@ -12,11 +12,10 @@
 namespace specula {
 namespace {
 
-std::string shipped(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
 std::unique_ptr<Engine> open_engine(DrafterSpec drafter) {
     EngineOptions o;
-    o.model_path = shipped("specula-target.gguf");
+    o.model_path = test::shipped_model("specula-target.gguf");
     o.drafter = std::move(drafter);
     o.draft_policy = DraftPolicyKind::Fixed;
     o.draft_max = 4;
@@ -39,8 +38,8 @@ bool ends_on_character(const std::string & s) {
 // with the run's statistics (every round emits its accepted drafts plus one target token; a chain
 // is never drafted past n_predict, a tree's last round may be: its extra tokens are not generated).
 TEST(Api, ObserverGetsOneConsistentReportPerRound) {
-    for (const DrafterSpec & drafter : {DrafterSpec{DrafterKind::DraftModel, shipped("specula-draft.gguf"), 1, 3},
-                                        DrafterSpec{DrafterKind::Eagle3, shipped("specula-eagle3.gguf"), 1, 3}}) {
+    for (const DrafterSpec & drafter : {DrafterSpec{DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf"), 1, 3},
+                                        DrafterSpec{DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf"), 1, 3}}) {
         SCOPED_TRACE(drafter_kind_name(drafter.kind));
         auto engine = open_engine(drafter);
         GenerationOptions g;
@@ -78,7 +77,7 @@ TEST(Api, ObserverGetsOneConsistentReportPerRound) {
 // Catches: the token-id API drifting from the text API (a different prompt tokenization, or
 // tokens lost on the way out), and bad ids reaching the model.
 TEST(Api, TokenIdsInAndOutMatchTheTextApi) {
-    auto engine = open_engine({DrafterKind::DraftModel, shipped("specula-draft.gguf"), 1, 3});
+    auto engine = open_engine({DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf"), 1, 3});
     GenerationOptions g;
     g.n_predict = 24;
     g.stop_at_end_of_generation = false;

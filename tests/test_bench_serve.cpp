@@ -11,7 +11,7 @@
 namespace specula {
 namespace {
 
-const std::string kModels = std::string(SPECULA_SOURCE_DIR) + "/models/";
+const std::string kModels = test::shipped_model("");
 
 std::string two_prompts() {
     const std::string path = test::scratch_dir() + "/bench-serve-prompts.json";
@@ -39,7 +39,10 @@ TEST(BenchServe, SpeculaPlainAndDraftModelAtOneAndTwoClients) {
         EXPECT_EQ(r.at("identical_to_plain"), r.at("compared")) << r;
         EXPECT_EQ(r.at("compared"), 2) << r;
         EXPECT_GT(r.at("aggregate_tok_s").at("median").get<double>(), 0.0) << r;
-        EXPECT_EQ(r.at("acceptance").is_null(), !r.at("speculative").get<bool>()) << r;
+        // A plain server reports no acceptance. A speculative one may draft nothing at all: its cost
+        // policy drafts only where its measured curve says drafting pays (not under ASan, say).
+        if (!r.at("speculative").get<bool>()) EXPECT_TRUE(r.at("acceptance").is_null()) << r;
+        else if (!r.at("acceptance").is_null()) EXPECT_LE(r.at("acceptance").get<double>(), 1.0) << r;
     }
     ASSERT_EQ(j.at("requests").size(), 8u);
     for (const auto & q : j.at("requests")) EXPECT_EQ(q.at("tokens"), 8);

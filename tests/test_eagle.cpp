@@ -77,7 +77,6 @@ TEST(Eagle, GreedyOutputEqualsPlainDecodingForEveryHeadAndShape) {
     }
 }
 
-std::string bundled(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
 // Python source of the kind the bundled family was trained on (not from its corpus).
 const char * kCodePrompt =
@@ -93,9 +92,9 @@ const char * kCodePrompt =
 TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
     constexpr int kGenerate = 40, kCtx = 256, kDraftMax = 6;
     Backend backend{BackendOptions{"cpu", 1}};
-    auto target = Model::load(bundled("specula-target.gguf"), backend);
+    auto target = Model::load(test::shipped_model("specula-target.gguf"), backend);
     ModelRunner runner(*target);
-    const std::vector<int32_t> prompt = Tokenizer(bundled("specula-target.gguf")).tokenize(kCodePrompt);
+    const std::vector<int32_t> prompt = Tokenizer(test::shipped_model("specula-target.gguf")).tokenize(kCodePrompt);
     GenerationOptions o;
     o.n_predict = kGenerate;
     o.stop_at_end_of_generation = false;
@@ -119,7 +118,7 @@ TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
     }
 
     for (const std::string kind : {"eagle1", "eagle3"}) {
-        auto head = EagleHead::load(bundled("specula-" + kind + ".gguf"), *target, backend);
+        auto head = EagleHead::load(test::shipped_model("specula-" + kind + ".gguf"), *target, backend);
         EagleDrafter drafter(*head, kCtx);
         // Floors at about a third of the least that was measured (docs/validation.md): drafts are
         // accepted, whole multi-token paths too. The cost policy and the policy-sized tree decide

@@ -19,7 +19,6 @@
 namespace specula {
 namespace {
 
-std::string bundled(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
 const std::vector<std::string> kTextPrompts = {
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
@@ -52,7 +51,7 @@ EngineRun run_engine(Engine & engine, const std::string & prompt, int n) {
 TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
     constexpr int kGenerate = 32;
     EngineOptions base;
-    base.model_path = bundled("specula-target.gguf");
+    base.model_path = test::shipped_model("specula-target.gguf");
     base.n_threads = 1;
     base.n_ctx = 256;
     std::vector<std::vector<std::string>> want;
@@ -71,7 +70,7 @@ TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
         set(o);
         cases.push_back({name, o, n_prompts});
     };
-    const std::string draft = bundled("specula-draft.gguf"), eagle1 = bundled("specula-eagle1.gguf"), eagle3 = bundled("specula-eagle3.gguf");
+    const std::string draft = test::shipped_model("specula-draft.gguf"), eagle1 = test::shipped_model("specula-eagle1.gguf"), eagle3 = test::shipped_model("specula-eagle3.gguf");
     add("draft model (defaults: chain, cost policy)", [&](EngineOptions & o) { o.drafter = {DrafterKind::DraftModel, draft}; });
     add("n-gram (defaults: cost policy)", [&](EngineOptions & o) { o.drafter.kind = DrafterKind::Ngram; });
     add("EAGLE-1 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle, eagle1}; });

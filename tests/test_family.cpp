@@ -18,7 +18,6 @@
 namespace specula {
 namespace {
 
-std::string shipped(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
 const char * kHeldOut =
     "def _read_config(path, encoding='utf-8'):\n"
@@ -28,15 +27,15 @@ const char * kHeldOut =
 
 TEST(Family, ModelsLoadInSpeculaAndLibllamaWithOneVocabulary) {
     Backend backend(BackendOptions{"cpu", 1});
-    const Tokenizer target_vocab(shipped("specula-target.gguf"));
+    const Tokenizer target_vocab(test::shipped_model("specula-target.gguf"));
     for (const char * name : {"specula-target.gguf", "specula-draft.gguf"}) {
-        auto model = Model::load(shipped(name), backend);
-        const Tokenizer vocab(shipped(name));
+        auto model = Model::load(test::shipped_model(name), backend);
+        const Tokenizer vocab(test::shipped_model(name));
         EXPECT_EQ(vocab.fingerprint(), target_vocab.fingerprint()) << name;
 
         // specula and libllama agree on the model's logits.
         const auto tokens = vocab.tokenize(kHeldOut);
-        LlamaPeer peer(shipped(name), 256, 1, backend.flash_attention());
+        LlamaPeer peer(test::shipped_model(name), 256, 1, backend.flash_attention());
         EXPECT_EQ(peer.n_vocab(), model->config().n_vocab) << name;
         ModelRunner runner(*model);
         KvCache cache(backend, model->config(), 256);
@@ -54,22 +53,22 @@ TEST(Family, ModelsLoadInSpeculaAndLibllamaWithOneVocabulary) {
 
 TEST(Family, HeadsFitTheTarget) {
     Backend backend(BackendOptions{"cpu", 1});
-    auto target = Model::load(shipped("specula-target.gguf"), backend);
-    auto e3 = EagleHead::load(shipped("specula-eagle3.gguf"), *target, backend);
+    auto target = Model::load(test::shipped_model("specula-target.gguf"), backend);
+    auto e3 = EagleHead::load(test::shipped_model("specula-eagle3.gguf"), *target, backend);
     EXPECT_EQ(e3->config().kind, EagleKind::Eagle3);
     EXPECT_EQ(e3->config().target_layers.size(), 3u);
-    auto e1 = EagleHead::load(shipped("specula-eagle1.gguf"), *target, backend);
+    auto e1 = EagleHead::load(test::shipped_model("specula-eagle1.gguf"), *target, backend);
     EXPECT_EQ(e1->config().kind, EagleKind::Eagle1);
-    EXPECT_EQ(Tokenizer(shipped("specula-eagle3.gguf")).fingerprint(), Tokenizer(shipped("specula-target.gguf")).fingerprint());
+    EXPECT_EQ(Tokenizer(test::shipped_model("specula-eagle3.gguf")).fingerprint(), Tokenizer(test::shipped_model("specula-target.gguf")).fingerprint());
 }
 
 TEST(Family, BenchTwinComputesTheTargetsLogits) {
     const std::string twin_path = test::scratch_dir() + "/twin-of-specula-target.gguf";
-    write_bench_twin(shipped("specula-target.gguf"), "llama-100m", "f16", twin_path);
+    write_bench_twin(test::shipped_model("specula-target.gguf"), "llama-100m", "f16", twin_path);
     Backend backend(BackendOptions{"cpu", 2});
-    auto target = Model::load(shipped("specula-target.gguf"), backend);
+    auto target = Model::load(test::shipped_model("specula-target.gguf"), backend);
     auto twin = Model::load(twin_path, backend);
-    const Tokenizer vocab(shipped("specula-target.gguf"));
+    const Tokenizer vocab(test::shipped_model("specula-target.gguf"));
     const auto tokens = vocab.tokenize(kHeldOut);
     std::vector<int32_t> rows(tokens.size());
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);

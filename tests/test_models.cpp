@@ -56,6 +56,8 @@ std::string error_message(const std::function<void()> & f) {
     return "<no error>";
 }
 
+std::string shipped_model(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
+
 std::string scratch_dir() {
     const std::string dir = std::string(SPECULA_TEST_DIR) + "/test-models";
     std::filesystem::create_directories(dir);

@@ -34,6 +34,8 @@ std::string vocab_dir();
 // The message of the specula::Error that `f` throws, or "<no error>".
 std::string error_message(const std::function<void()> & f);
 std::string scratch_dir();
+// A file of the repository's models/ (the bundled family, the SmolLM2 head).
+std::string shipped_model(const std::string & name);
 
 struct CommandRun {
     int exit_code = -1;

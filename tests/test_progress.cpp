@@ -52,5 +52,23 @@ TEST(Progress, OneLinePerStepOnStderrAndQuietSilencesIt) {
     }
 }
 
+// Catches model loading that shows no progress, or progress that changes the generated text:
+// a speculative generate prints one line per loading step (weights, tokenizer, drafter), its
+// stdout is the same with --quiet, and --quiet drops exactly those lines.
+TEST(Progress, ModelLoadingShowsItsStepsAndLeavesTheTextAlone) {
+    const std::string cli = SPECULA_CLI;
+    const std::string target = test::shipped_model("specula-target.gguf"), draft = test::shipped_model("specula-draft.gguf");
+    const std::string args = " generate -m " + target + " --draft " + draft + " -p 'def main():' -n 12";
+    const test::CommandRun loud = test::run_command(cli + args);
+    ASSERT_EQ(loud.exit_code, 0) << loud.err;
+    for (const std::string step : {"1/3 weights", "2/3 tokenizer", "3/3 drafter"}) {
+        EXPECT_NE(loud.err.find("[specula] loading " + target + ": " + step), std::string::npos) << step << "\n" << loud.err;
+    }
+    const test::CommandRun quiet = test::run_command(cli + " --quiet" + args);
+    ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+    EXPECT_EQ(quiet.out, loud.out);
+    EXPECT_EQ(quiet.err.find("[specula] loading"), std::string::npos) << quiet.err;
+}
+
 }  // namespace
 }  // namespace specula

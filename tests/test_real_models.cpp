@@ -223,7 +223,6 @@ INSTANTIATE_TEST_SUITE_P(Cached, RealModelOracle, ::testing::ValuesIn(kModels), 
 // ---- The drafters trained for SmolLM2-135M-Instruct (models/smollm2-*.gguf) ------------------
 
 const RealModel & smollm2() { return kModels[0]; }
-std::string shipped(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
 // One held-out prompt per category of models/smollm2_prompts.json, chat-formatted as
 // `specula generate --chat` does.
@@ -250,7 +249,7 @@ TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
     Backend backend(BackendOptions{"cpu", 1});
     auto model = Model::load(path, backend);
     ModelRunner runner(*model);
-    auto head = EagleHead::load(shipped("smollm2-eagle3.gguf"), *model, backend);
+    auto head = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *model, backend);
     constexpr int kCapacity = 512, kGenerate = 24;
     GenerationOptions o;
     o.n_predict = kGenerate;
@@ -299,7 +298,7 @@ TEST(SmolLM2Drafters, SampledOutputFollowsTheTargetDistribution) {
     Backend backend(BackendOptions{"cpu", 1});
     auto model = Model::load(path, backend);
     ModelRunner runner(*model);
-    auto head = EagleHead::load(shipped("smollm2-eagle3.gguf"), *model, backend);
+    auto head = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *model, backend);
     const std::vector<int32_t> prompt = chat_prompts(path)[0];
     SamplingParams sp;
     sp.temperature = 1.0f, sp.top_k = 4;

@@ -68,7 +68,7 @@ size_t count(const std::string & s, const std::string & what) {
 // Speculative runs on the bundled models with traces: a sampled chain (accepted, corrections,
 // bonus tokens) and a 10-node dynamic tree.
 std::vector<std::string> make_traces() {
-    const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models/";
+    const std::string models = test::shipped_model("");
     std::vector<std::string> paths;
     for (const bool tree : {false, true}) {
         EngineOptions eo;
@@ -320,7 +320,7 @@ struct Server {
     std::string dir = artifacts_dir(), pid;
     int port = 0;
     Server() {
-        const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models/";
+        const std::string models = test::shipped_model("");
         const std::string cmd = std::string(SPECULA_CLI) + " serve -m " + models + "specula-target.gguf --draft " + models +
                                 "specula-draft.gguf --draft-policy fixed --draft-max 4 -c 256 -t 1 --port 0";
         EXPECT_EQ(std::system((cmd + " >" + dir + "/serve.out 2>" + dir + "/serve.err & echo $! >" + dir + "/serve.pid").c_str()), 0);

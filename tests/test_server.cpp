@@ -15,7 +15,6 @@
 namespace specula {
 namespace {
 
-std::string shipped(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
 const std::vector<std::string> kPrompts = {
     "def fibonacci(n):", "The Python standard library", "import os\nimport sys\n", "class Parser:", "Return the number of",
@@ -24,9 +23,9 @@ const std::vector<std::string> kPrompts = {
 
 std::unique_ptr<Target> open_target(bool speculative) {
     EngineOptions o;
-    o.model_path = shipped("specula-target.gguf");
+    o.model_path = test::shipped_model("specula-target.gguf");
     if (speculative) {
-        o.drafter = {DrafterKind::DraftModel, shipped("specula-draft.gguf")};
+        o.drafter = {DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf")};
         o.draft_policy = DraftPolicyKind::Fixed;  // no timing in the draft length: sampled output depends on the seed only
         o.draft_max = 4;
     }
@@ -206,7 +205,7 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
 
 // Catches: a chat prompt with a doubled BOS (template text + added BOS).
 TEST(OpenAi, ChatPromptsStartWithOneBos) {
-    const Tokenizer tok(shipped("specula-target.gguf"));
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
     const std::vector<int32_t> t = tok.tokenize_chat({{"user", "hello"}});
     const std::vector<int32_t> bos = tok.tokenize("", true);
     ASSERT_FALSE(t.empty());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "specula/error.h"
+#include "common/progress.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
@@ -24,14 +25,17 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
     t->options = options;
     if (options.n_ctx <= 0) throw Error("context size must be positive");
     t->backend = std::make_unique<Backend>(backend_options(options));
+    const DrafterSpec & spec = options.drafter;
+    Progress progress("loading " + options.model_path, spec.kind == DrafterKind::None ? 2 : 3);
     t->model = Model::load(options.model_path, *t->backend);
+    progress.step("weights");
     t->tokenizer = std::make_unique<Tokenizer>(options.model_path);
+    progress.step("tokenizer");
     if (t->tokenizer->n_vocab() > t->model->config().n_vocab) {
         throw Error(options.model_path + ": tokenizer has more tokens than the embedding matrix");
     }
     t->runner = std::make_unique<ModelRunner>(*t->model);
 
-    const DrafterSpec & spec = options.drafter;
     t->speculative = spec.kind != DrafterKind::None;
     if (t->speculative) {
         const DraftingRules rules = drafting_rules(options, spec.kind);
@@ -39,6 +43,7 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
         t->tree = rules.tree;
     }
     t->drafter = DrafterSource::open(spec, *t->backend, *t->model, *t->tokenizer);
+    if (t->speculative) progress.step("drafter");
     return t;
 }
 
@@ -59,8 +64,10 @@ void Target::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> 
     const int depth = std::min(128, cache.capacity() - max_tokens);
     std::vector<int32_t> probe;
     while (static_cast<int>(probe.size()) < depth + max_tokens) probe.insert(probe.end(), tokens.begin(), tokens.end());
+    Progress progress("measuring the verify cost", 1);
     if (depth > 0) prefill(*runner, cache, std::span(probe).first(depth));
     verify_cost_ms = measure_verify_cost(*runner, cache, std::span(probe).subspan(depth), max_tokens);
+    progress.step("1.." + std::to_string(max_tokens) + " rows");
     cache.rollback(0);
 }
 
