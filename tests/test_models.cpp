@@ -39,8 +39,10 @@ void expect_cli_error(const std::string & cli, const std::string & args, const s
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
     std::vector<std::string> lines;
     std::istringstream in(r.err);
+    // Progress lines ("[specula] loading ...: 1/3 weights") may come before the failing step; the
+    // error itself must be one line.
     for (std::string line; std::getline(in, line);) {
-        if (!line.empty()) lines.push_back(line);
+        if (!line.empty() && line.rfind("[specula] ", 0) != 0) lines.push_back(line);
     }
     ASSERT_EQ(lines.size(), 1u) << r.err;
     EXPECT_EQ(lines[0].rfind("specula: error: ", 0), 0u) << lines[0];
