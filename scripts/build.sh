@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Configures and builds specula (and the pinned llama.cpp it stands on) into build/.
 # Extra arguments go to cmake's configure step, e.g. -DSPECULA_LLAMA_CPP_DIR=/path/to/llama.cpp
+# Progress: scripts/progress.sh (a bar on a terminal, cmake's own lines otherwise; SPECULA_QUIET=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/progress.sh
 scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(nproc)" 2>&1 | progress_cmake build

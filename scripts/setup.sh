@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
 set -euo pipefail
+. "$(dirname "$0")/progress.sh"
 packages=(g++ cmake make git ca-certificates npm ccache libgtest-dev libbenchmark-dev
           libcpp-httplib-dev pkg-config nlohmann-json3-dev libcli11-dev python3-pip python3-venv unzip
           clang-14 libclang-rt-14-dev   # clang + libFuzzer: scripts/fuzz.sh
@@ -23,8 +24,11 @@ if python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
 fi
 missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  progress_start setup 2 steps --lines
+  progress_step 0 "apt-get update"
   $SUDO apt-get update -qq
+  progress_step 1 "apt-get install ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  progress_step 2 "installed ${#missing[@]} packages"
 fi

@@ -4,6 +4,8 @@
 # package, pinned, into .venv-server/node/. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/progress.sh
+progress_start setup_server_tests 2 steps --lines
 OPENAI_VERSION=3.54.0
 PYTEST_VERSION=9.2.0
 OPENAI_NPM_VERSION=7.55.0
@@ -12,11 +14,13 @@ if ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" - "$OPENAI_VERSION" "$PYT
 import sys, openai, pytest
 sys.exit(0 if (openai.__version__, pytest.__version__) == (sys.argv[1], sys.argv[2]) else 1)
 PY
+  progress_step 0 "openai==$OPENAI_VERSION and pytest==$PYTEST_VERSION from PyPI into $venv"
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION" "pytest==$PYTEST_VERSION"
 fi
 installed=$(node -p "require('./$venv/node/node_modules/openai/package.json').version" 2>/dev/null || true)
 if [ "$installed" != "$OPENAI_NPM_VERSION" ]; then
+  progress_step 1 "openai@$OPENAI_NPM_VERSION from npm into $venv/node"
   mkdir -p "$venv/node"
   npm install --prefix "$venv/node" --no-audit --no-fund --silent "openai@$OPENAI_NPM_VERSION"
 fi

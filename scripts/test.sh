@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # README command 2: set up, build, run the whole test suite; then again under ASan + UBSan; then a
 # short fuzzing pass over the loaders (seed corpus + fuzz/regressions, ASan + UBSan).
+# Each phase is a step of scripts/progress.sh (SPECULA_QUIET=1 silences the step lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/progress.sh
+progress_start test 7 phases --lines
+progress_step 0 "build"
 scripts/build.sh
+progress_step 1 "fetch the real models"
 # The real pretrained models (SmolLM2-135M-Instruct, Gemma 3 270M) for the tests that run them.
 scripts/fetch_models.sh
+progress_step 2 "server test clients"
 # The openai Python client and pytest, pinned, for the server's end-to-end tests.
 scripts/setup_server_tests.sh
+progress_step 3 "test suite"
 ctest --test-dir build --output-on-failure --timeout 900
 
 # Sanitized run: specula's own code instrumented, ggml/llama.cpp built normally beside it.
+progress_step 4 "ASan + UBSan build"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE=ON
-cmake --build build-asan -j"$(nproc)"
+cmake --build build-asan -j"$(nproc)" 2>&1 | progress_cmake build-asan
+progress_step 5 "test suite under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 1800
 
 # Fuzz smoke: 20 s per target on the seeds and every regression input (scripts/fuzz.sh).
+progress_step 6 "fuzz smoke"
 scripts/fuzz.sh 20
+progress_step 7 "all passed"

