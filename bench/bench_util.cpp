@@ -58,23 +58,24 @@ void print_machine(const MachineLoad & load) {
 
 std::string prompt_set_path(const std::string & path) { return path.empty() ? std::string(SPECULA_BENCH_PROMPTS) : path; }
 
-std::vector<PromptText> read_prompt_set(const std::string & path) {
+PromptSet read_prompt_set(const std::string & path) {
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open the prompt set");
-    std::vector<PromptText> prompts;
+    PromptSet set;
     try {
         const auto j = nlohmann::json::parse(in);
+        set.chat = j.value("chat", false);
         for (const auto & p : j.at("prompts")) {
-            prompts.push_back({p.at("category").get<std::string>(), p.at("name").get<std::string>(), p.at("text").get<std::string>()});
+            set.prompts.push_back({p.at("category").get<std::string>(), p.at("name").get<std::string>(), p.at("text").get<std::string>()});
         }
     } catch (const nlohmann::json::exception & e) {
-        throw Error(path + ": expected {\"prompts\": [{\"category\", \"name\", \"text\"}, ...]}: " + e.what());
+        throw Error(path + ": expected {\"chat\": false, \"prompts\": [{\"category\", \"name\", \"text\"}, ...]}: " + e.what());
     }
-    if (prompts.empty()) throw Error(path + ": no prompts");
-    for (const auto & p : prompts) {
+    if (set.prompts.empty()) throw Error(path + ": no prompts");
+    for (const auto & p : set.prompts) {
         if (p.text.empty()) throw Error(path + ": prompt '" + p.name + "' is empty");
     }
-    return prompts;
+    return set;
 }
 
 std::string peer_binary(const std::string & name) {

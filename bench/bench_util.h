@@ -26,7 +26,11 @@ void print_machine(const MachineLoad & load);
 struct PromptText {
     std::string category, name, text;
 };
-std::vector<PromptText> read_prompt_set(const std::string & path);
+struct PromptSet {
+    bool chat = false;  // "chat": true: each text is a user message for the model's chat template
+    std::vector<PromptText> prompts;
+};
+PromptSet read_prompt_set(const std::string & path);
 std::string prompt_set_path(const std::string & path);
 
 // Path of a llama.cpp peer binary built by `cmake --build build --target peers`; throws if missing.

@@ -318,7 +318,9 @@ int run_serve_bench(const ServeBenchOptions & options) {
     ServeBenchOptions o = options;
     validate(o);
     const std::string prompts_path = prompt_set_path(o.prompts);
-    const std::vector<PromptText> prompts = read_prompt_set(prompts_path);
+    const PromptSet set = read_prompt_set(prompts_path);
+    if (set.chat) throw Error(prompts_path + ": a chat prompt set; bench serve sends completions (plain text prompts) only");
+    const std::vector<PromptText> & prompts = set.prompts;
     const int threads = o.threads > 0 ? o.threads : default_thread_count();
     const std::string drafter = o.draft.empty() ? "n-gram" : "draft model";
     const MachineLoad load = measure_machine_load();

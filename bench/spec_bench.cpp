@@ -76,12 +76,14 @@ constexpr int kPlainMode = 0;
 // the fixed policy drafts exactly as many tokens as llama.cpp every round.
 constexpr const char * kHeadlineSpecMode = "specula-draft-cost";
 constexpr const char * kFixedSpecMode = "specula-draft-fixed";
+constexpr const char * kEagle3FixedMode = "specula-eagle3-chain";
 constexpr const char * kAllCategories = "all";
 
 bool is_specula(Kind k) { return k != Kind::LlamaSpec && k != Kind::LlamaPlain && k != Kind::LlamaEagle3; }
 bool is_speculative(Kind k) { return k != Kind::SpeculaPlain && k != Kind::LlamaPlain; }
 // Modes that need a file the user did not give are skipped.
 bool available(const Mode & m, const SpecBenchOptions & o) {
+    if (m.kind == Kind::SpeculaDraft || m.kind == Kind::LlamaSpec) return !o.draft.empty();
     if (m.kind == Kind::SpeculaEagle1) return !o.eagle.empty();
     if (m.kind == Kind::SpeculaEagle3 || m.kind == Kind::LlamaEagle3) return !o.eagle3.empty();
     return true;
@@ -139,13 +141,16 @@ struct ScratchDir {
 
 std::vector<Prompt> load_prompts(const std::string & path, const Tokenizer & tokenizer, const ScratchDir & scratch) {
     std::vector<Prompt> prompts;
-    for (auto & p : read_prompt_set(path)) prompts.push_back({std::move(p.category), std::move(p.name), std::move(p.text), {}, {}});
+    const PromptSet set = read_prompt_set(path);
+    for (const auto & p : set.prompts) prompts.push_back({p.category, p.name, p.text, {}, {}});
     for (size_t i = 0; i < prompts.size(); ++i) {
         Prompt & q = prompts[i];
-        q.tokens = tokenizer.tokenize(q.text);
+        // A chat set's text is a user message: every engine gets it through the model's chat template.
+        const std::vector<std::pair<std::string, std::string>> messages = {{"user", q.text}};
+        q.tokens = set.chat ? tokenizer.tokenize_chat(messages) : tokenizer.tokenize(q.text);
         q.file = scratch.path / ("prompt-" + std::to_string(i) + ".txt");
-        // llama.cpp's -f drops one trailing newline; add one so it sees exactly `text`.
-        std::ofstream(q.file) << q.text << "\n";
+        // llama.cpp's -f drops one trailing newline; add one so it sees exactly this text.
+        std::ofstream(q.file) << (set.chat ? tokenizer.apply_chat_template(messages, true) : q.text) << "\n";
     }
     return prompts;
 }
@@ -204,7 +209,7 @@ struct SpeculaRig {
             source = DrafterSource::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max}, backend, *target, vocab);
             drafter = source.make(n_ctx);
         };
-        assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
+        if (!o.draft.empty()) assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
         assemble(ngram, ngram_drafter, DrafterKind::Ngram, "");
         if (!o.eagle.empty()) assemble(eagle1, eagle1_drafter, DrafterKind::Eagle, o.eagle);
         if (!o.eagle3.empty()) assemble(eagle3, eagle3_drafter, DrafterKind::Eagle3, o.eagle3);
@@ -249,6 +254,7 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     const int max_tokens = std::max(k_max, kAutoTreeMaxNodes) + 1;
     const auto probe = probe_tokens(prompts, c.depth + max_tokens);
     c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
+    if (!rig.draft.draft_model) return c;
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
     ModelRunner draft_runner(*rig.draft.draft_model);
     KvCache draft_cache(rig.backend, rig.draft.draft_model->config(), rig.cache.capacity());
@@ -597,14 +603,18 @@ json row_json(const Row & r, float temp) {
 }
 
 void print_cost(const CostCurve & c) {
-    std::printf("cost curve at depth %d: draft %.3f ms/token; target verify ms for 1..%zu tokens:", c.depth,
-                c.draft_ms_per_token, c.verify_ms.size());
+    std::printf("cost curve at depth %d: ", c.depth);
+    if (c.draft_ms_per_token > 0) std::printf("draft %.3f ms/token; ", c.draft_ms_per_token);
+    std::printf("target verify ms for 1..%zu tokens:", c.verify_ms.size());
     for (double v : c.verify_ms) std::printf(" %.3f", v);
     std::printf("\n");
 }
 
 void validate(const SpecBenchOptions & o) {
-    if (o.model.empty() || o.draft.empty()) throw Error("bench spec needs a target (-m) and a draft model (--draft)");
+    if (o.model.empty()) throw Error("bench spec needs a target (-m)");
+    if (o.draft.empty() && o.eagle3.empty()) {
+        throw Error("bench spec needs a drafter llama.cpp also runs: a draft model (--draft) and/or an EAGLE-3 head (--eagle3)");
+    }
     if (o.reps < 1) throw Error("--reps must be at least 1");
     if (o.n_gen < 1) throw Error("-n must be at least 1");
     if (o.draft_max < 1) throw Error("--draft-max must be at least 1");
@@ -698,12 +708,14 @@ Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
     auto all = [&](const char * mode) { return make_row(cells, 0, kAllCategories, mode_index(mode), cost); };
     const bool eagle3 = !o.eagle3.empty();
     const char * spec = eagle3 ? kEagle3Headline : kHeadlineSpecMode;
+    // The mode that drafts exactly llama.cpp's chain every round: the draft model's, else EAGLE-3's.
+    const char * fixed = o.draft.empty() ? kEagle3FixedMode : kFixedSpecMode;
     // llama.cpp's figure is the faster of its two attention settings.
     auto best_llama = [&](const char * fa_on, const char * fa_off) {
         const Row a = all(fa_on), b = all(fa_off);
         return b.tok_s.median > a.tok_s.median ? b : a;
     };
-    Headline h{all(spec), all(kFixedSpecMode), all(spec), all("specula-plain"),
+    Headline h{all(spec), all(fixed), all(spec), all("specula-plain"),
                eagle3 ? best_llama("llamacpp-eagle3", "llamacpp-eagle3-fa-off") : best_llama("llamacpp-spec", "llamacpp-spec-fa-off"),
                best_llama("llamacpp-plain", "llamacpp-plain-fa-off")};
     for (const Mode & m : kModes) {

@@ -28,7 +28,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     auto s = std::make_shared<bench::SpecBenchOptions>();
     CLI::App * spec = bench->add_subcommand("spec", "speculative decoding by prompt category vs plain and llama.cpp");
     spec->add_option("-m,--model", s->model, "target model GGUF")->required();
-    spec->add_option("--draft", s->draft, "draft model GGUF (same vocabulary)")->required();
+    spec->add_option("--draft", s->draft, "draft model GGUF (same vocabulary): adds the draft-model modes and llama-speculative-simple with it");
     spec->add_option("--eagle", s->eagle, "EAGLE-1 head GGUF: adds EAGLE-1 chain/static/dynamic modes");
     spec->add_option("--eagle3", s->eagle3, "EAGLE-3 head GGUF: adds EAGLE-3 modes and llama.cpp's EAGLE-3");
     spec->add_option("--tree-nodes", s->tree_nodes, "nodes per tree verify (0 = from the measured verify cost)")->capture_default_str();

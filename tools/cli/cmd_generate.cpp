@@ -44,7 +44,9 @@ void register_generate(CLI::App & app, Commands & commands) {
                 trace = std::make_unique<TraceWriter>(args->trace_path, [&](int32_t t) { return engine->piece(t); });
                 args->gen.on_round = [&](const RoundReport & round) { trace->round(round); };
             }
-            std::fputs(args->prompt.c_str(), stdout);
+            // A completion continues the prompt, so the prompt is printed first; a chat's reply is
+            // an answer to it, printed alone.
+            if (!args->gen.chat) std::fputs(args->prompt.c_str(), stdout);
             const GenerationStats s = engine->generate(args->prompt, args->gen, [](const std::string & piece) {
                 std::fputs(piece.c_str(), stdout);
                 std::fflush(stdout);

@@ -8,8 +8,10 @@
 Q/K weights are written UNPERMUTED: the PyTorch models already use llama.cpp's
 NORM RoPE (adjacent pairs), so no HF-style permute is needed.
 2-D weights are F16 (or Q8_0 with --type q8_0), 1-D norm weights F32.
-EAGLE heads of a real target (tools/train/train_eagle3_smollm2.py) are exported without
---tokenizer (a head uses its target's vocabulary); a checkpoint with a compact draft
+EAGLE heads of a real target (tools/train/train_eagle3_smollm2.py) are exported with
+--target TARGET.gguf: the target's tokenizer.* keys are copied into the head, as
+`specula convert-eagle` does (llama.cpp loads a draft's vocabulary from its own file and
+checks it against the target's); a checkpoint with a compact draft
 vocabulary also writes `d2t` (I64 target token id of every draft token, as compact-eagle3).
 """
 import argparse, os, sys
@@ -20,6 +22,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--kind", required=True, choices=["llama", "eagle3", "eagle1"])
 ap.add_argument("--ckpt", required=True)
 ap.add_argument("--tokenizer", help="SentencePiece .model (required for --kind llama)")
+ap.add_argument("--target", help="target GGUF whose tokenizer.* keys an EAGLE head carries (llama.cpp needs them)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--name", default=None)
 ap.add_argument("--type", default="f16", choices=["f16", "q8_0"], help="2-D weights (q8_0: half the size; the engine's kernels take both)")
@@ -79,6 +82,11 @@ w.add_layer_norm_rms_eps(c["norm_eps"])
 w.add_rope_freq_base(c["rope_base"])
 w.add_rope_dimension_count(dim // nh)
 w.add_vocab_size(c["vocab_size"])
+if a.target:
+    for f in gguf.GGUFReader(a.target).fields.values():
+        if f.name.startswith("tokenizer."):
+            w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
+
 if a.kind == "eagle3":
     w.add_target_layers([int(x) for x in ck["target_layers"]])
     w.add_target_hidden_size(int(ck["target_hidden_size"]))

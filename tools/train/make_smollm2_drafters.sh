@@ -29,5 +29,5 @@ for T in 0 0.8; do
 done
 python3 "$HERE/train_eagle3_smollm2.py" --feats "$WORK/feats_T0.pt" --feats "$WORK/feats_T0.8.pt" --model "$MODEL" --out "$WORK/eagle3.pt" \
   --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads 2 --vocab 4096 --batch 4 --lr 3e-3 --warmup 10 --save_every 20
-python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --out "$ROOT/models/smollm2-eagle3.gguf" --name smollm2-eagle3 --type q8_0
+python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" --name smollm2-eagle3 --type q8_0
 cp "$WORK/train_log.jsonl" "$ROOT/models/smollm2_train_log.jsonl"
