@@ -351,8 +351,9 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     const std::string path = cached_model_path(smollm2());
     if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
     const std::string err_path = test::scratch_dir() + "/default-run-stderr.txt";
+    const std::string out_path = test::scratch_dir() + "/default-run-stdout.txt";
     auto run = [&](const std::string & env) {
-        const int status = std::system((env + " " + SPECULA_CLI + " generate -p 'What is 25 plus 4?' -n 8 -t 1 >/dev/null 2>" + err_path).c_str());
+        const int status = std::system((env + " " + SPECULA_CLI + " generate -p 'What is 25 plus 4?' -n 8 -t 1 >" + out_path + " 2>" + err_path).c_str());
         std::ifstream in(err_path);
         std::stringstream s;
         s << in.rdbuf();
@@ -364,6 +365,11 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     const Tokenizer tok(path);
     const size_t n_chat = tok.tokenize(tok.apply_chat_template({{"user", "What is 25 plus 4?"}}, true), true).size();
     EXPECT_NE(err.find("prompt " + std::to_string(n_chat) + " tok"), std::string::npos) << "not SmolLM2's chat template: " << err;
+    // A chat prints the reply only, not the user's message before it.
+    std::ifstream out_file(out_path);
+    const std::string reply((std::istreambuf_iterator<char>(out_file)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(reply.empty());
+    EXPECT_EQ(reply.find("What is 25 plus 4?"), std::string::npos) << reply;
     // An empty cache and no way to run the fetch script (no PATH for its `env bash`).
     const std::string empty = test::scratch_dir() + "/empty-model-cache";
     std::filesystem::create_directories(empty);
