@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "bench_util.h"
+#include "common/progress.h"
 #include "specula/error.h"
 #include "runtime/backend.h"
 
@@ -345,6 +346,7 @@ int run_serve_bench(const ServeBenchOptions & options) {
     std::map<std::string, std::map<size_t, std::string>> reference;
     std::vector<Row> rows;
     json raw = json::array();
+    Progress progress("bench serve", int64_t(o.clients.size()) * int64_t(configs.size()) * o.reps);
     for (int clients : o.clients) {
         for (const Config & c : configs) {
             const int port = free_port();
@@ -372,6 +374,8 @@ int run_serve_bench(const ServeBenchOptions & options) {
             long drafted = 0, accepted = 0;
             for (int rep = 0; rep < o.reps; ++rep) {
                 const LoadRun run = run_load(port, prompts, clients, request);
+                progress.step(std::to_string(clients) + " clients, " + c.server + " " + c.name + ", rep " + std::to_string(rep + 1) + "/" +
+                              std::to_string(o.reps));
                 long tokens = 0;
                 for (const auto & r : run.requests) {
                     if (!r.error.empty()) throw Error(c.server + " " + c.name + ", " + std::to_string(clients) + " clients: " + r.error);

@@ -46,6 +46,17 @@ TEST(BenchServe, SpeculaPlainAndDraftModelAtOneAndTwoClients) {
     }
     ASSERT_EQ(j.at("requests").size(), 8u);
     for (const auto & q : j.at("requests")) EXPECT_EQ(q.at("tokens"), 8);
+    // Progress on stderr, one line per (clients, server, rep) when stderr is not a terminal.
+    for (const char * step : {"bench serve: 1/4 1 clients, specula plain, rep 1/1", "bench serve: 4/4 2 clients, specula "}) {
+        EXPECT_NE(run.err.find(step), std::string::npos) << "no progress line '" << step << "' in:\n" << run.err;
+    }
+}
+
+// A chat prompt set is refused by name (bench serve sends completions), not sent as plain text.
+TEST(BenchServe, RefusesChatPromptSets) {
+    test::expect_cli_error(SPECULA_CLI, " bench serve -m " + kModels + "specula-target.gguf --servers specula --prompts " + SPECULA_SOURCE_DIR +
+                                            "/bench/prompts-chat.json",
+                           "a chat prompt set; bench serve sends completions");
 }
 
 // Catches: a crash, a hang or a vague message when a server binary, a model or a server's
