@@ -23,7 +23,7 @@ plain_rate=$(rate "$out/plain.log")
 spec_rate=$(rate "$out/speculative.log")
 cat "$out/speculative.txt"
 echo
-grep '^\[specula\]' "$out/speculative.log" | tail -2
+grep '^\[specula\]' "$out/speculative.log" | tail -3  # speed, acceptance, the verify-cost curve the policies used
 if cmp -s "$out/plain.txt" "$out/speculative.txt"; then
   echo "demo: speculative text identical to plain decoding"
 else
@@ -32,6 +32,6 @@ else
 fi
 awk -v p="$plain_rate" -v s="$spec_rate" 'BEGIN {
   printf "demo: plain %.1f tok/s, speculative %.1f tok/s: %.2fx\n", p, s, s / p
-  if (s < p * 1.05) print "demo: speculation does not pay here: the head is accepted (see the acceptance line above), but on this CPU verifying several tokens of a model this small costs nearly as many plain steps, so the cost policy keeps its drafts small; `specula bench spec` measures the verify-cost curve (README, SmolLM2 benchmark)"
+  if (s < p * 1.05) print "demo: speculation does not pay here: drafts are accepted (the acceptance line above), but verifying n tokens costs the multiples of one step on the verify-cost line above, so the cost policy keeps its drafts small (README, SmolLM2 benchmark)"
 }'
 echo "demo: HTML report of the speculative run: $out/report.html"

@@ -362,6 +362,7 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     const auto [code, err] = run("SPECULA_MODEL_CACHE=" + model_cache_dir());
     EXPECT_EQ(code, 0) << err;
     EXPECT_NE(err.find("mean accepted length"), std::string::npos) << "no speculative run: " << err;
+    EXPECT_NE(err.find("[specula] verify cost: 1 token "), std::string::npos) << "no verify-cost curve: " << err;
     const Tokenizer tok(path);
     const size_t n_chat = tok.tokenize(tok.apply_chat_template({{"user", "What is 25 plus 4?"}}, true), true).size();
     EXPECT_NE(err.find("prompt " + std::to_string(n_chat) + " tok"), std::string::npos) << "not SmolLM2's chat template: " << err;

@@ -132,6 +132,9 @@ struct GenerationStats {
     bool speculative = false;
     SpeculationStats speculation;
     double generation_seconds = 0.0;
+    // The target's measured forward cost for 1..N tokens that the draft policies planned with
+    // (empty when no policy needed it): why a run drafted as much or as little as it did.
+    std::vector<double> verify_cost_ms;
     double prompt_tok_s() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0.0; }
     double generation_tok_s() const { return generation_seconds > 0 ? n_generated / generation_seconds : 0.0; }
 };

@@ -56,7 +56,9 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     auto policy = t.make_draft_policy();
     SpecContext ctx{*t.runner, cache, *impl_->drafter, *policy, t.tree, nullptr, nullptr, tree_size.get()};
     if (options.on_round) ctx.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
-    return generate_speculative(ctx, tokens, options, is_end, sink);
+    GenerationStats stats = generate_speculative(ctx, tokens, options, is_end, sink);
+    stats.verify_cost_ms = t.verify_cost_ms;
+    return stats;
 }
 
 GenerationStats Engine::generate(const std::string & prompt, const GenerationOptions & options, const PieceSink & sink) {

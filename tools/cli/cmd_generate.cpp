@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -55,6 +56,16 @@ void register_generate(CLI::App & app, Commands & commands) {
             std::fprintf(stderr, "\n[specula] prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s\n", s.n_prompt,
                          s.prompt_tok_s(), s.n_generated, s.generation_tok_s());
             if (s.speculative) std::fprintf(stderr, "[specula] %s\n", format_summary(s.speculation).c_str());
+            if (s.verify_cost_ms.size() >= 2) {
+                // What the policies saw: a draft pays only if verifying it costs little more than one step.
+                std::string costs;
+                for (size_t n = 2; n <= std::min<size_t>(s.verify_cost_ms.size(), 8); ++n) {
+                    char cell[32];
+                    std::snprintf(cell, sizeof cell, "%s%zu: %.2fx", costs.empty() ? "" : ", ", n, s.verify_cost_ms[n - 1] / s.verify_cost_ms[0]);
+                    costs += cell;
+                }
+                std::fprintf(stderr, "[specula] verify cost: 1 token %.2f ms; n tokens vs 1 token: %s\n", s.verify_cost_ms[0], costs.c_str());
+            }
             return 0;
         };
     });
