@@ -139,9 +139,8 @@ struct ScratchDir {
     }
 };
 
-std::vector<Prompt> load_prompts(const std::string & path, const Tokenizer & tokenizer, const ScratchDir & scratch) {
+std::vector<Prompt> load_prompts(const PromptSet & set, const Tokenizer & tokenizer, const ScratchDir & scratch) {
     std::vector<Prompt> prompts;
-    const PromptSet set = read_prompt_set(path);
     for (const auto & p : set.prompts) prompts.push_back({p.category, p.name, p.text, {}, {}});
     for (size_t i = 0; i < prompts.size(); ++i) {
         Prompt & q = prompts[i];
@@ -792,6 +791,8 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
 
 int run_spec_bench(const SpecBenchOptions & o) {
     validate(o);
+    const std::string prompts_path = prompt_set_path(o.prompts);
+    const PromptSet prompt_set = read_prompt_set(prompts_path);
     // Fail on a missing peer before spending minutes on specula's runs.
     LlamaSetup llama;
     llama.spec_bin = peer_binary("llama-speculative-simple");
@@ -801,8 +802,7 @@ int run_spec_bench(const SpecBenchOptions & o) {
 
     const ScratchDir scratch;
     const Tokenizer tokenizer(o.model);
-    const std::string prompts_path = prompt_set_path(o.prompts);
-    const std::vector<Prompt> prompts = load_prompts(prompts_path, tokenizer, scratch);
+    const std::vector<Prompt> prompts = load_prompts(prompt_set, tokenizer, scratch);
     size_t longest = 0;
     for (const auto & p : prompts) longest = std::max(longest, p.tokens.size());
     // Room for the prompt, n tokens and a final draft (llama-speculative-simple overshoots by up to k).

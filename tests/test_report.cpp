@@ -47,8 +47,10 @@ std::string chromium() {
 
 // The DOM after the page's scripts ran, and a screenshot kept beside it.
 std::string render(const std::string & browser, const std::string & html, const std::string & screenshot) {
+    // One profile per test process (ctest -j runs several browsers at once), removed afterwards.
+    const std::string profile = artifacts_dir() + "/chromium-profile-" + std::to_string(::getpid());
     const std::string flags = " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions --hide-scrollbars"
-                              " --user-data-dir=" + artifacts_dir() + "/chromium-profile";
+                              " --user-data-dir=" + profile;
     const std::string url = "file://" + fs::absolute(html).string();
     const test::CommandRun dom = test::run_command("timeout 120 " + browser + flags + " --dump-dom " + url);
     EXPECT_EQ(dom.exit_code, 0) << dom.err;
@@ -56,6 +58,7 @@ std::string render(const std::string & browser, const std::string & html, const 
     EXPECT_EQ(shot.exit_code, 0) << shot.err;
     EXPECT_TRUE(fs::exists(screenshot)) << shot.err;
     std::ofstream(fs::path(screenshot).replace_extension(".dom.html")) << dom.out;
+    fs::remove_all(profile);
     return dom.out;
 }
 
@@ -218,7 +221,7 @@ public:
         int to[2], from[2];
         EXPECT_EQ(pipe(to), 0);
         EXPECT_EQ(pipe(from), 0);
-        const std::string profile = "--user-data-dir=" + artifacts_dir() + "/chromium-profile-devtools";
+        const std::string profile = "--user-data-dir=" + profile_dir_;
         pid_ = fork();
         if (pid_ == 0) {
             dup2(to[0], 3);
@@ -240,6 +243,7 @@ public:
         close(in_);
         kill(pid_, SIGTERM);
         waitpid(pid_, nullptr, 0);
+        fs::remove_all(profile_dir_);
     }
     // A command's result (events read meanwhile are kept in errors() when they report an error).
     nlohmann::json call(const std::string & method, const nlohmann::json & params = nlohmann::json::object()) {
@@ -293,6 +297,7 @@ public:
     const std::vector<std::string> & errors() const { return errors_; }
 
 private:
+    const std::string profile_dir_ = artifacts_dir() + "/chromium-profile-devtools-" + std::to_string(::getpid());
     nlohmann::json read_message() {
         for (;;) {
             const size_t end = buffer_.find('\0');
