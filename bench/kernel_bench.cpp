@@ -39,12 +39,15 @@ Fixture make(ggml_type type, int64_t n_rows, int64_t k, int n_tokens) {
     return f;
 }
 
-void packed_matmul(benchmark::State & state, ggml_type type) {
+void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path) {
     ggml_cpu_init();
     const int n_tokens = static_cast<int>(state.range(0));
     const int64_t n_rows = 1536, k = 768;  // k a multiple of 256 for the k-quants
+    if (path > detected_cpu_path()) {
+        state.SkipWithError("this CPU cannot run the path");
+        return;
+    }
     Fixture f = make(type, n_rows, k, n_tokens);
-    const CpuPath path = detected_cpu_path();
     for (auto _ : state) {
         matmul_groups(path, f.m, f.packed.data(), f.x.data(), k, n_tokens, f.y.data(), 0, f.m.n_groups());
         benchmark::DoNotOptimize(f.y.data());
@@ -53,8 +56,10 @@ void packed_matmul(benchmark::State & state, ggml_type type) {
     state.SetLabel(cpu_path_name(path));
 }
 
-#define SPECULA_KERNEL_BENCH(type) \
-    BENCHMARK_CAPTURE(packed_matmul, type, GGML_TYPE_##type)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)
+// Each type on each SIMD path (paths the CPU lacks are skipped): same bits, different speed.
+#define SPECULA_KERNEL_BENCH_PATH(type, path) \
+    BENCHMARK_CAPTURE(packed_matmul, type##_##path, GGML_TYPE_##type, CpuPath::path)->Arg(1)->Arg(2)->Arg(4)->Arg(5)->Arg(8)->Arg(16)
+#define SPECULA_KERNEL_BENCH(type) SPECULA_KERNEL_BENCH_PATH(type, Avx2); SPECULA_KERNEL_BENCH_PATH(type, Avx512Vnni)
 
 SPECULA_KERNEL_BENCH(Q8_0);
 SPECULA_KERNEL_BENCH(Q4_0);

@@ -12,6 +12,7 @@
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
+#include "runtime/kernels/attention_impl.h"
 #include "runtime/kernels/matmul.h"
 #include "runtime/model.h"
 #include "test_models.h"
@@ -69,7 +70,9 @@ const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML
 // The paths this CPU can run: the generic one always, then every faster one up to the detected.
 std::vector<CpuPath> paths() {
     std::vector<CpuPath> p = {CpuPath::Generic};
-    if (kernels::detected_cpu_path() == CpuPath::Avx2) p.push_back(CpuPath::Avx2);
+    const CpuPath best = kernels::detected_cpu_path();
+    if (best != CpuPath::Generic) p.push_back(CpuPath::Avx2);
+    if (best == CpuPath::Avx512Vnni) p.push_back(CpuPath::Avx512Vnni);
     return p;
 }
 
@@ -146,6 +149,54 @@ TEST(PackedMatmul, EverySimdPathGivesTheGenericPathsBits) {
         for (CpuPath path : paths()) {
             const std::vector<float> y = run(path, p, x.data(), 13);
             EXPECT_EQ(0, std::memcmp(ref.data(), y.data(), sizeof(float) * ref.size())) << ggml_type_name(type) << " " << kernels::cpu_path_name(path);
+        }
+    }
+}
+
+// The masked attention op's bodies: random F16 K/V, a mask hiding some slots (a whole row hides
+// all of them), GQA shapes of SmolLM2 (64 x 3 per KV head) and Gemma 3 (256 x 4); every SIMD
+// body returns the generic body's bits.
+TEST(MaskedAttention, EverySimdPathGivesTheGenericPathsBits) {
+    if (paths().size() == 1) GTEST_SKIP() << "this CPU runs the generic path only";
+    struct Shape { int head_dim, n_head, n_head_kv; };
+    for (const Shape shape : {Shape{64, 9, 3}, Shape{256, 4, 1}, Shape{16, 2, 2}}) {
+        const int n_rows = 5, n_kv = 77;
+        std::mt19937 rng(7);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        const int64_t q_row = int64_t(shape.n_head) * shape.head_dim, kv_row = int64_t(shape.n_head_kv) * shape.head_dim;
+        std::vector<float> q(static_cast<size_t>(n_rows * q_row));
+        for (float & v : q) v = normal(rng);
+        std::vector<uint16_t> k(static_cast<size_t>(n_kv * kv_row)), v(k.size()), mask(static_cast<size_t>(n_rows * n_kv));
+        for (auto & h : k) h = ggml_fp32_to_fp16(normal(rng));
+        for (auto & h : v) h = ggml_fp32_to_fp16(normal(rng));
+        for (int i = 0; i < n_rows; ++i) {
+            for (int s = 0; s < n_kv; ++s) {
+                const bool hidden = i == 2 || (rng() % 3 == 0);
+                mask[i * n_kv + s] = ggml_fp32_to_fp16(hidden ? -INFINITY : 0.0f);
+            }
+        }
+        auto run_path = [&](CpuPath path) {
+            kernels::AttentionArgs a;
+            a.q = q.data(), a.q_row = q_row, a.k = k.data(), a.v = v.data(), a.kv_row = kv_row;
+            a.mask = mask.data(), a.mask_row = n_kv, a.n_kv = n_kv;
+            a.head_dim = shape.head_dim, a.n_head = shape.n_head, a.n_head_kv = shape.n_head_kv;
+            a.scale = 0.125f;
+            std::vector<float> out(static_cast<size_t>(n_rows * q_row), NAN);
+            a.out = out.data(), a.out_row = q_row;
+            const int64_t pairs = int64_t(n_rows) * shape.n_head_kv;
+            switch (path) {  // two threads' halves, as the op splits them
+                case CpuPath::Generic: kernels::generic::attend(a, 0, pairs / 2), kernels::generic::attend(a, pairs / 2, pairs); break;
+                case CpuPath::Avx2: kernels::avx2::attend(a, 0, pairs / 2), kernels::avx2::attend(a, pairs / 2, pairs); break;
+                case CpuPath::Avx512Vnni: kernels::avx512::attend(a, 0, pairs / 2), kernels::avx512::attend(a, pairs / 2, pairs); break;
+            }
+            return out;
+        };
+        const std::vector<float> ref = run_path(CpuPath::Generic);
+        for (size_t e = 0; e < ref.size(); ++e) ASSERT_TRUE(std::isfinite(ref[e])) << e;
+        for (CpuPath path : paths()) {
+            const std::vector<float> out = run_path(path);
+            EXPECT_EQ(0, std::memcmp(ref.data(), out.data(), sizeof(float) * ref.size()))
+                << kernels::cpu_path_name(path) << " head " << shape.head_dim << " x " << shape.n_head / shape.n_head_kv;
         }
     }
 }

@@ -37,9 +37,10 @@ void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const int64_t pairs = q->ne[2] * a.n_head_kv;
     const int64_t begin = pairs * ith / nth, end = pairs * (ith + 1) / nth;
 #if defined(SPECULA_X86_KERNELS)
-    if (detected_cpu_path() == CpuPath::Avx2) {
-        avx2::attend(a, begin, end);
-        return;
+    switch (detected_cpu_path()) {
+        case CpuPath::Avx512Vnni: return avx512::attend(a, begin, end);
+        case CpuPath::Avx2: return avx2::attend(a, begin, end);
+        case CpuPath::Generic: break;
     }
 #endif
     generic::attend(a, begin, end);

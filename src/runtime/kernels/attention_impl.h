@@ -21,5 +21,6 @@ struct AttentionArgs {
 
 namespace generic { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
 namespace avx2 { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
+namespace avx512 { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
 
 }  // namespace specula::kernels

@@ -29,13 +29,25 @@ bool cpu_has_avx2_fma_f16c() {
     return b & (1u << 5);  // AVX2
 }
 
+// AVX-512 F + BW + VNNI, and the OS saving opmask and ZMM state.
+bool cpu_has_avx512_vnni() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool f = b & (1u << 16), bw = b & (1u << 30), vnni = c & (1u << 11);
+    if (!(f && bw && vnni)) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6) == 0xe6;  // XMM, YMM, opmask, ZMM 0-15 upper halves, ZMM 16-31
+}
+
 }  // namespace
 #endif
 
 CpuPath detected_cpu_path() {
     static const CpuPath path = [] {
 #if defined(SPECULA_X86_KERNELS)
-        return cpu_has_avx2_fma_f16c() ? CpuPath::Avx2 : CpuPath::Generic;
+        if (!cpu_has_avx2_fma_f16c()) return CpuPath::Generic;
+        return cpu_has_avx512_vnni() ? CpuPath::Avx512Vnni : CpuPath::Avx2;
 #else
         return CpuPath::Generic;
 #endif
@@ -46,6 +58,7 @@ CpuPath detected_cpu_path() {
 const char * cpu_path_name(CpuPath path) {
     switch (path) {
         case CpuPath::Avx2: return "avx2";
+        case CpuPath::Avx512Vnni: return "avx512vnni";
         case CpuPath::Generic: return "generic";
     }
     return "?";
@@ -71,16 +84,18 @@ void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const flo
          float * y, int64_t g_begin, int64_t g_end) {
     if (m.is_float()) {
 #if defined(SPECULA_X86_KERNELS)
-        if (path == CpuPath::Avx2) return avx2::matmul_float(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+        if (path != CpuPath::Generic) return avx2::matmul_float(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
 #endif
         return generic::matmul_float(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
     }
     thread_local Scratch scratch;
     QuantizedActivations a = scratch.view(n_tokens, m.k);
 #if defined(SPECULA_X86_KERNELS)
-    if (path == CpuPath::Avx2) {
-        avx2::quantize_activations(x, x_stride, a);
-        avx2::matmul(m, packed, a, y, g_begin, g_end);
+    if (path != CpuPath::Generic) {
+        if (path == CpuPath::Avx512Vnni) avx512::quantize_activations(x, x_stride, a);
+        else avx2::quantize_activations(x, x_stride, a);
+        if (path == CpuPath::Avx512Vnni && avx512::has_body(m.format)) avx512::matmul(m, packed, a, y, g_begin, g_end);
+        else avx2::matmul(m, packed, a, y, g_begin, g_end);
         return;
     }
 #endif

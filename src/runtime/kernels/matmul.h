@@ -14,7 +14,7 @@
 // F16 and BF16 weights meet the F32 activations as they are: 16 lane sums,
 //   lane[l] = fma(w[k + l], x[k + l], lane[l])                for k = 0, 16, 32, ... in order
 // then a fixed halving tree (lane[l] += lane[l + w] for w = 8, 4, 2, 1); the result is lane[0].
-// The AVX2 path and the portable path follow it to the bit.
+// The AVX-512 VNNI, AVX2 and portable paths follow it to the bit.
 #include <cstdint>
 
 #include "runtime/kernels/packed_matrix.h"
@@ -24,7 +24,7 @@ struct ggml_tensor;
 
 namespace specula::kernels {
 
-enum class CpuPath { Generic, Avx2 };
+enum class CpuPath { Generic, Avx2, Avx512Vnni };
 CpuPath detected_cpu_path();
 const char * cpu_path_name(CpuPath path);
 

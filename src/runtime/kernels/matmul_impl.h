@@ -26,4 +26,12 @@ namespace generic { SPECULA_KERNEL_DECLS }
 namespace avx2 { SPECULA_KERNEL_DECLS }
 #undef SPECULA_KERNEL_DECLS
 
+// AVX-512 VNNI: the integer formats that have a body here; the rest run the AVX2 bodies.
+namespace avx512 {
+void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);
+bool has_body(PackedFormat f);
+void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
+            int64_t g_end);
+}  // namespace avx512
+
 }  // namespace specula::kernels

@@ -1,0 +1,181 @@
+// The AVX-512 VNNI body of kernels/matmul.h (built with -mavx512f -mavx512bw -mavx512vnni, run
+// only where the CPU and OS have them). The packed layout was made for this: one 64-byte load is
+// one 4-column slice of a whole 16-row group, and `vpdpbusd` multiplies its unsigned bytes by 4
+// broadcast activation bytes straight into 16 int32 row sums. No sign trick, no s16 stage: the
+// stored unsigned integers meet the signed activations and the offsets are subtracted once per
+// block (the exact isum of matmul.h). Each token keeps its 16 float accumulators in one register,
+// so a tile of 8 tokens reads every weight byte once and never spills.
+// Q6_K and the float formats keep the AVX2 bodies (same bits, by matmul.h's order).
+#include <immintrin.h>
+
+#include "runtime/kernels/matmul_impl.h"
+
+namespace specula::kernels::avx512 {
+
+namespace {
+
+inline __m512i broadcast4(const int8_t * p) { return _mm512_set1_epi32(*reinterpret_cast<const int32_t *>(p)); }
+inline __m512 load_f16x16(const uint8_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+inline __m512 load_u8x16(const uint8_t * p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
+}
+inline __m512i load64(const uint8_t * p) { return _mm512_loadu_si512(p); }
+
+// The block's integer dots before the offset correction, 16 rows per token.
+template <PackedFormat F, int NT>
+inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m512i (&isum)[NT]) {
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    if constexpr (F == PackedFormat::Q8_0) {
+        for (int j = 0; j < 8; ++j) {
+            const __m512i w = load64(blk + 64 * j);
+            for (int t = 0; t < NT; ++t) isum[t] = _mm512_dpbusd_epi32(isum[t], w, broadcast4(q[t] + 4 * j));
+        }
+    } else {
+        const __m512i nibble = _mm512_set1_epi8(0x0f);
+        [[maybe_unused]] __m512i plane;
+        if constexpr (F == PackedFormat::Q5_0) plane = load64(blk + 256);
+        for (int j = 0; j < 4; ++j) {
+            const __m512i v = load64(blk + 64 * j);
+            __m512i lo = _mm512_and_si512(v, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+            if constexpr (F == PackedFormat::Q5_0) {
+                // 5th bits: plane bit j for slice j, bit j + 4 for slice j + 4.
+                const __m512i fifth = _mm512_set1_epi8(0x10);
+                const auto bit = [&](int slice) { return _mm512_test_epi8_mask(plane, _mm512_set1_epi8(static_cast<char>(1u << slice))); };
+                lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(bit(j), fifth));
+                hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(bit(j + 4), fifth));
+            }
+            for (int t = 0; t < NT; ++t) {
+                isum[t] = _mm512_dpbusd_epi32(isum[t], lo, broadcast4(q[t] + 4 * j));
+                isum[t] = _mm512_dpbusd_epi32(isum[t], hi, broadcast4(q[t] + 16 + 4 * j));
+            }
+        }
+    }
+}
+
+template <PackedFormat F, int NT>
+void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t g) {
+    constexpr size_t kBytes = packed_block_bytes(F);
+    const int64_t nb = m.n_blocks();
+    const int64_t nbk = a.k / kBlock;
+
+    __m512 acc[NT];
+    const float * d[NT];
+    const int32_t * s[NT];
+    for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm512_setzero_ps();
+        d[t] = a.d + (t0 + t) * nbk;
+        s[t] = a.s + (t0 + t) * nbk;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t * blk = wg + packed_block_offset(F, b);
+        const uint8_t * tail = wg + packed_super_tail_offset(F, b);
+        for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + 4 * kBytes + line), _MM_HINT_T0);
+        const int8_t * q[NT];
+        for (int t = 0; t < NT; ++t) q[t] = a.q + (t0 + t) * a.k + b * kBlock;
+        __m512i isum[NT];
+        block_isums<F, NT>(blk, q, isum);
+        __m512 dw, mw = _mm512_setzero_ps();
+        switch (F) {
+            case PackedFormat::Q8_0: dw = load_f16x16(blk + 512); break;
+            case PackedFormat::Q5_0: dw = load_f16x16(blk + 320); break;
+            case PackedFormat::Q4_K:
+                dw = _mm512_mul_ps(load_f16x16(tail), load_u8x16(blk + 256));
+                mw = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(load_f16x16(tail + 32), load_u8x16(blk + 272))),
+                                                          _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+                break;
+            default:  // Q4_0, Q4_1
+                dw = load_f16x16(blk + 256);
+                if (F == PackedFormat::Q4_1) mw = load_f16x16(blk + 288);
+                break;
+        }
+        for (int t = 0; t < NT; ++t) {
+            __m512i i32 = isum[t];
+            if constexpr (F == PackedFormat::Q8_0) i32 = _mm512_sub_epi32(i32, _mm512_set1_epi32(128 * s[t][b]));
+            if constexpr (F == PackedFormat::Q4_0) i32 = _mm512_sub_epi32(i32, _mm512_set1_epi32(8 * s[t][b]));
+            if constexpr (F == PackedFormat::Q5_0) i32 = _mm512_sub_epi32(i32, _mm512_set1_epi32(16 * s[t][b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(dw, _mm512_set1_ps(d[t][b])), acc[t]);
+            if constexpr (F == PackedFormat::Q4_1 || F == PackedFormat::Q4_K) {
+                acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(d[t][b] * static_cast<float>(s[t][b])), acc[t]);
+            }
+        }
+    }
+    const int64_t row0 = g * kGroupRows;
+    const int64_t rows = m.n_rows - row0 < kGroupRows ? m.n_rows - row0 : kGroupRows;
+    const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * m.n_rows + row0, keep, acc[t]);
+}
+
+template <PackedFormat F>
+void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
+            int64_t g_end) {
+    // Up to 8 tokens per pass (8 accumulators + 8 integer sums of 32 registers); more tokens
+    // make further passes over the group while its weights are in L1.
+    constexpr int kTile = 8;
+    for (int64_t g = g_begin; g < g_end; ++g) {
+        const uint8_t * wg = packed + g * m.group_bytes();
+        for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
+            switch (a.n_tokens - t0 < kTile ? a.n_tokens - t0 : kTile) {
+                case 1: tile<F, 1>(m, wg, a, t0, y, g); break;
+                case 2: tile<F, 2>(m, wg, a, t0, y, g); break;
+                case 3: tile<F, 3>(m, wg, a, t0, y, g); break;
+                case 4: tile<F, 4>(m, wg, a, t0, y, g); break;
+                case 5: tile<F, 5>(m, wg, a, t0, y, g); break;
+                case 6: tile<F, 6>(m, wg, a, t0, y, g); break;
+                case 7: tile<F, 7>(m, wg, a, t0, y, g); break;
+                default: tile<F, 8>(m, wg, a, t0, y, g); break;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a) {
+    const int64_t nb = a.k / kBlock;
+    for (int t = 0; t < a.n_tokens; ++t) {
+        const float * xr = x + t * x_stride;
+        for (int64_t b = 0; b < nb; ++b) {
+            const __m512 v0 = _mm512_loadu_ps(xr + b * kBlock), v1 = _mm512_loadu_ps(xr + b * kBlock + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));  // exact in any order
+            const float d = amax / 127.0f;
+            const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+            // cvtps rounds to nearest-even under the default MXCSR, as nearbyint does in the generic body.
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+            int8_t * q = a.q + t * a.k + b * kBlock;
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(q), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(q + 16), _mm512_cvtepi32_epi8(q1));
+            a.d[t * nb + b] = d;
+            a.s[t * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+    }
+}
+
+bool has_body(PackedFormat f) {
+    switch (f) {
+        case PackedFormat::Q8_0:
+        case PackedFormat::Q4_0:
+        case PackedFormat::Q4_1:
+        case PackedFormat::Q5_0:
+        case PackedFormat::Q4_K: return true;
+        case PackedFormat::Q6_K:
+        case PackedFormat::F16:
+        case PackedFormat::BF16: return false;
+    }
+    return false;
+}
+
+void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
+            int64_t g_end) {
+    switch (m.format) {
+        case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q5_0: groups<PackedFormat::Q5_0>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q4_K: groups<PackedFormat::Q4_K>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q6_K:
+        case PackedFormat::F16:
+        case PackedFormat::BF16: break;  // has_body() is false: the AVX2 bodies run these
+    }
+}
+
+}  // namespace specula::kernels::avx512
