@@ -153,6 +153,49 @@ TEST(PackedMatmul, EverySimdPathGivesTheGenericPathsBits) {
     }
 }
 
+// Weights stacked into one op (q/k/v, gate/up): each weight's rows carry the bits the weight
+// gives alone, across mixed formats (integer and float) and a thread split that cuts a matrix.
+TEST(PackedMatmul, StackedWeightsGiveEachWeightsBitsInOneOp) {
+    ggml_cpu_init();
+    const int64_t k = 512;
+    const int n_tokens = 5;
+    std::vector<Packed> ps;
+    ps.push_back(make_packed(GGML_TYPE_Q4_K, 40, k, 11));
+    ps.push_back(make_packed(GGML_TYPE_Q6_K, 24, k, 12));
+    ps.push_back(make_packed(GGML_TYPE_F16, 20, k, 13));
+    const std::vector<float> x = random_activations(n_tokens, k, 14);
+
+    ggml_init_params params{64 * 1024 * 1024, nullptr, false};
+    ggml_context * ctx = ggml_init(params);
+    std::vector<ggml_tensor *> ws;
+    for (Packed & p : ps) {
+        ggml_tensor * w = ggml_new_tensor_2d(ctx, GGML_TYPE_I8, static_cast<int64_t>(p.m.group_bytes()), p.m.n_groups());
+        std::memcpy(w->data, p.bytes.data(), p.bytes.size());
+        w->extra = &p.m;
+        ws.push_back(w);
+    }
+    ggml_tensor * xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n_tokens);
+    std::memcpy(xt->data, x.data(), sizeof(float) * x.size());
+    ggml_tensor * stacked = kernels::packed_matmul(ctx, std::span<ggml_tensor * const>(ws), xt);
+    ASSERT_EQ(stacked->ne[0], 40 + 24 + 20);
+    for (int threads : {1, 2, 3}) {
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, stacked);
+        ASSERT_EQ(GGML_STATUS_SUCCESS, ggml_graph_compute_with_ctx(ctx, gf, threads));
+        int64_t row0 = 0;
+        for (const Packed & p : ps) {
+            const std::vector<float> alone = run(kernels::detected_cpu_path(), p, x.data(), n_tokens);
+            for (int t = 0; t < n_tokens; ++t) {
+                EXPECT_EQ(0, std::memcmp(alone.data() + t * p.m.n_rows, static_cast<const float *>(stacked->data) + t * stacked->ne[0] + row0,
+                                         sizeof(float) * p.m.n_rows))
+                    << ggml_type_name(p.m.source_type) << " token " << t << " threads " << threads;
+            }
+            row0 += p.m.n_rows;
+        }
+    }
+    ggml_free(ctx);
+}
+
 // The masked attention op's bodies: random F16 K/V, a mask hiding some slots (a whole row hides
 // all of them), GQA shapes of SmolLM2 (64 x 3 per KV head) and Gemma 3 (256 x 4); every SIMD
 // body returns the generic body's bits.

@@ -16,16 +16,16 @@ namespace {
 
 ggml_tensor * gemma3_attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L,
                                KvCache & cache, int il, ggml_tensor * h, const GraphInputs & in) {
-    const int n = static_cast<int>(h->ne[1]);
     const int D = c.head_dim;
     const bool sliding = c.is_sliding(il);
     // Linear RoPE scaling (rope.scaling.factor) applies to the global layers only, as in llama.cpp.
     const float freq_base = sliding ? c.rope_freq_base_sliding : c.rope_freq_base;
     const float freq_scale = sliding ? 1.0f : c.rope_freq_scale;
 
-    ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L.wq, h), D, c.n_head, n);     // [D, n_head, n]
-    ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L.wk, h), D, c.n_head_kv, n);  // [D, n_head_kv, n]
-    ggml_tensor * v = ggml_reshape_3d(ctx, linear(ctx, L.wv, h), D, c.n_head_kv, n);
+    const std::vector<ggml_tensor *> qkv = linear_stack(ctx, {L.wq, L.wk, L.wv}, h);
+    ggml_tensor * q = split_heads(ctx, qkv[0], D, c.n_head);     // [D, n_head, n]
+    ggml_tensor * k = split_heads(ctx, qkv[1], D, c.n_head_kv);  // [D, n_head_kv, n]
+    ggml_tensor * v = split_heads(ctx, qkv[2], D, c.n_head_kv);
     q = rms_norm(ctx, q, L.q_norm, c.rms_eps);
     q = ggml_rope_ext(ctx, q, in.positions, nullptr, D, GGML_ROPE_TYPE_NEOX, c.n_ctx_train, freq_base, freq_scale, 0.0f,
                       1.0f, 32.0f, 1.0f);
@@ -40,7 +40,8 @@ ggml_tensor * gemma3_attention(ggml_context * ctx, ggml_cgraph * gf, const Model
 }
 
 ggml_tensor * gelu_feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h) {
-    return linear(ctx, L.ffn_down, ggml_geglu_split(ctx, linear(ctx, L.ffn_gate, h), linear(ctx, L.ffn_up, h)));
+    const std::vector<ggml_tensor *> gate_up = linear_stack(ctx, {L.ffn_gate, L.ffn_up}, h);
+    return linear(ctx, L.ffn_down, ggml_geglu_split(ctx, gate_up[0], gate_up[1]));
 }
 
 }  // namespace

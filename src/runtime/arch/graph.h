@@ -38,6 +38,13 @@ struct GraphOutputs {
 // Shared building blocks (arch/llama_family.cpp), also used by arch/gemma3.cpp.
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * weight, float eps);
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * bias = nullptr);
+// Weights applied to the same input (q/k/v, gate/up): one packed op when all are packed (x
+// quantized once, one node and barrier instead of several), else one linear() each. Returns each
+// weight's [n_rows_i, n] output; fused, these are views of the stacked result (rows contiguous,
+// the stack's row stride), with the bits linear() gives.
+std::vector<ggml_tensor *> linear_stack(ggml_context * ctx, std::initializer_list<ggml_tensor *> ws, ggml_tensor * x);
+// [D * heads, n] as [D, heads, n] (a view where the rows sit in a wider stack).
+ggml_tensor * split_heads(ggml_context * ctx, ggml_tensor * t, int64_t D, int64_t heads);
 // Writes the block's k/v ([head_dim, heads, n], final form) into layer `il` of the cache and
 // attends q to the cache under `kq_mask`, scores scaled by kq_scale; returns [head_dim*n_head, n]
 // before the output projection.

@@ -2,6 +2,7 @@
 // FFN. They differ only in RoPE style (interleaved vs NeoX), qwen2's q/k/v biases and qwen3's
 // per-head q/k RMSNorm. Mirrors llama.cpp's src/models/{llama,qwen2,qwen3}.cpp op for op, so that
 // the oracle tests can demand matching logits.
+#include <algorithm>
 #include <cmath>
 
 #include "ggml.h"
@@ -24,15 +25,37 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_
     return bias ? ggml_add(ctx, y, bias) : y;
 }
 
+std::vector<ggml_tensor *> linear_stack(ggml_context * ctx, std::initializer_list<ggml_tensor *> ws, ggml_tensor * x) {
+    std::vector<ggml_tensor *> out;
+    if (!std::all_of(ws.begin(), ws.end(), [](const ggml_tensor * w) { return kernels::packed_matrix_of(w) != nullptr; })) {
+        for (ggml_tensor * w : ws) out.push_back(linear(ctx, w, x));
+        return out;
+    }
+    ggml_tensor * y = kernels::packed_matmul(ctx, std::span(ws.begin(), ws.size()), x);
+    size_t offset = 0;
+    for (ggml_tensor * w : ws) {
+        const int64_t rows = kernels::packed_matrix_of(w)->n_rows;
+        out.push_back(ggml_view_2d(ctx, y, rows, y->ne[1], y->nb[1], offset));
+        offset += static_cast<size_t>(rows) * sizeof(float);
+    }
+    return out;
+}
+
+ggml_tensor * split_heads(ggml_context * ctx, ggml_tensor * t, int64_t D, int64_t heads) {
+    if (ggml_is_contiguous(t)) return ggml_reshape_3d(ctx, t, D, heads, t->ne[1]);
+    return ggml_view_3d(ctx, t, D, heads, t->ne[1], D * ggml_element_size(t), t->nb[1], 0);
+}
+
 ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L,
                         KvCache & cache, int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs) {
-    const int n = static_cast<int>(x->ne[1]);
     const int D = c.head_dim;
     const int rope_mode = c.rope_style == RopeStyle::Neox ? GGML_ROPE_TYPE_NEOX : 0;
 
-    ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L.wq, x, L.bq), D, c.n_head, n);     // [D, n_head, n]
-    ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L.wk, x, L.bk), D, c.n_head_kv, n);  // [D, n_head_kv, n]
-    ggml_tensor * v = ggml_reshape_3d(ctx, linear(ctx, L.wv, x, L.bv), D, c.n_head_kv, n);
+    const std::vector<ggml_tensor *> qkv = linear_stack(ctx, {L.wq, L.wk, L.wv}, x);
+    auto biased = [&](ggml_tensor * t, ggml_tensor * bias) { return bias ? ggml_add(ctx, t, bias) : t; };
+    ggml_tensor * q = split_heads(ctx, biased(qkv[0], L.bq), D, c.n_head);     // [D, n_head, n]
+    ggml_tensor * k = split_heads(ctx, biased(qkv[1], L.bk), D, c.n_head_kv);  // [D, n_head_kv, n]
+    ggml_tensor * v = split_heads(ctx, biased(qkv[2], L.bv), D, c.n_head_kv);
     if (L.q_norm) {
         q = rms_norm(ctx, q, L.q_norm, c.rms_eps);
         k = rms_norm(ctx, k, L.k_norm, c.rms_eps);
@@ -55,17 +78,19 @@ ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelC
     ggml_tensor * cache_k = cache.k(il);  // [n_embd_kv, capacity]
     ggml_tensor * cache_v = cache.v(il);
     const int64_t n_embd_kv = c.n_embd_kv();
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_k, ggml_reshape_2d(ctx, k, n_embd_kv, n), in.kv_slots));
+    // Rows of [D, heads, n] as [n_embd_kv, n]; v may be a view into a q/k/v stack.
+    auto rows_of = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, n_embd_kv, n, t->nb[2], 0); };
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_k, rows_of(k), in.kv_slots));
     const size_t es = ggml_element_size(cache_k);
     ggml_tensor * kp = ggml_permute(ctx, ggml_view_3d(ctx, cache_k, D, c.n_head_kv, in.n_kv, es * D, cache_k->nb[1], 0), 0, 2, 1, 3);
     ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [D, n, n_head];  kp: [D, n_kv, n_head_kv]
 
     ggml_tensor * o;
     if (in.attention == AttentionKernel::Specula) {
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, n_embd_kv, n), in.kv_slots));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, rows_of(v), in.kv_slots));
         o = kernels::masked_attention(ctx, q, cache_k, cache_v, kq_mask, kq_scale);  // [D*n_head, n]
     } else if (in.attention == AttentionKernel::Flash) {
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, ggml_reshape_2d(ctx, v, n_embd_kv, n), in.kv_slots));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, rows_of(v), in.kv_slots));
         ggml_tensor * vp = ggml_permute(ctx, ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0), 0, 2, 1, 3);
         o = ggml_flash_attn_ext(ctx, qp, kp, vp, kq_mask, kq_scale, 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
@@ -73,7 +98,7 @@ ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelC
     } else {  // llama.cpp's -fa off path op for op: KQ, masked softmax, V^T KQ
         // Element (channel j, slot s) of the transposed V lives at j * capacity + s: one scatter per element.
         ggml_tensor * v_flat = ggml_reshape_2d(ctx, cache_v, 1, ggml_nelements(cache_v));
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_flat, ggml_reshape_2d(ctx, v, 1, n_embd_kv * n), in.v_elements));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_flat, ggml_reshape_2d(ctx, ggml_is_contiguous(v) ? v : ggml_cont(ctx, v), 1, n_embd_kv * n), in.v_elements));
         const size_t row = cache_v->nb[1];  // one channel across all slots
         ggml_tensor * vt = ggml_view_3d(ctx, cache_v, in.n_kv, D, c.n_head_kv, row, row * D, 0);  // [n_kv, D, n_head_kv]
         ggml_tensor * kq = ggml_mul_mat(ctx, kp, qp);                                             // [n_kv, n, n_head]
@@ -86,7 +111,8 @@ ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelC
 }
 
 ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h) {
-    return linear(ctx, L.ffn_down, ggml_swiglu_split(ctx, linear(ctx, L.ffn_gate, h), linear(ctx, L.ffn_up, h)));
+    const std::vector<ggml_tensor *> gate_up = linear_stack(ctx, {L.ffn_gate, L.ffn_up}, h);
+    return linear(ctx, L.ffn_down, ggml_swiglu_split(ctx, gate_up[0], gate_up[1]));
 }
 
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,

@@ -1,5 +1,7 @@
 #include "runtime/kernels/matmul.h"
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #if defined(SPECULA_X86_KERNELS)
@@ -80,61 +82,96 @@ struct Scratch {
     }
 };
 
-void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens,
-         float * y, int64_t g_begin, int64_t g_end) {
-    if (m.is_float()) {
+void quantize(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
 #if defined(SPECULA_X86_KERNELS)
-        if (path != CpuPath::Generic) return avx2::matmul_float(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+    if (path == CpuPath::Avx512Vnni) return avx512::quantize_activations(x, x_stride, a);
+    if (path == CpuPath::Avx2) return avx2::quantize_activations(x, x_stride, a);
 #endif
-        return generic::matmul_float(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
-    }
-    thread_local Scratch scratch;
-    QuantizedActivations a = scratch.view(n_tokens, m.k);
-#if defined(SPECULA_X86_KERNELS)
-    if (path != CpuPath::Generic) {
-        if (path == CpuPath::Avx512Vnni) avx512::quantize_activations(x, x_stride, a);
-        else avx2::quantize_activations(x, x_stride, a);
-        if (path == CpuPath::Avx512Vnni && avx512::has_body(m.format)) avx512::matmul(m, packed, a, y, g_begin, g_end);
-        else avx2::matmul(m, packed, a, y, g_begin, g_end);
-        return;
-    }
-#endif
-    {
-        generic::quantize_activations(x, x_stride, a);
-        generic::matmul(m, packed, a, y, g_begin, g_end);
-    }
+    generic::quantize_activations(x, x_stride, a);
 }
 
-void matmul_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    const auto & m = *static_cast<const PackedMatrix *>(userdata);
-    const ggml_tensor * w = dst->src[0];
-    const ggml_tensor * x = dst->src[1];
-    // Threads take contiguous runs of row groups and never split K: the split changes nothing
-    // in any output element.
-    const int64_t n_groups = m.n_groups();
-    const int64_t g_begin = n_groups * ith / nth, g_end = n_groups * (ith + 1) / nth;
-    if (g_begin == g_end) return;
-    run(detected_cpu_path(), m, static_cast<const uint8_t *>(w->data), static_cast<const float *>(x->data),
-        static_cast<int64_t>(x->nb[1] / sizeof(float)), static_cast<int>(ggml_nrows(x)), static_cast<float *>(dst->data),
-        g_begin, g_end);
+// Row groups [g_begin, g_end) of one matrix; integer formats read `a`, float formats x itself.
+void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
+         const QuantizedActivations & a, float * y, int64_t y_stride, int64_t g_begin, int64_t g_end) {
+    if (m.is_float()) {
+#if defined(SPECULA_X86_KERNELS)
+        if (path != CpuPath::Generic) return avx2::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+#endif
+        return generic::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+    }
+#if defined(SPECULA_X86_KERNELS)
+    if (path == CpuPath::Avx512Vnni && avx512::has_body(m.format)) return avx512::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+    if (path != CpuPath::Generic) return avx2::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+#endif
+    generic::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+}
+
+// dst = the weights' outputs stacked row-wise (src[0..n_w) the weights, src[n_w] the activations).
+// Threads take contiguous runs of the stacked row groups and never split K: the split changes
+// nothing in any output element. Each thread quantizes the (few) activation rows itself, once for
+// all the weights, which costs far less than a barrier would.
+void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    int n_w = 0;
+    while (n_w + 1 < GGML_MAX_SRC && dst->src[n_w + 1]) ++n_w;
+    const ggml_tensor * x = dst->src[n_w];
+    int64_t total_groups = 0;
+    bool any_integer = false;
+    for (int i = 0; i < n_w; ++i) {
+        const PackedMatrix & m = *packed_matrix_of(dst->src[i]);
+        total_groups += m.n_groups();
+        any_integer = any_integer || !m.is_float();
+    }
+    const int64_t begin = total_groups * ith / nth, end = total_groups * (ith + 1) / nth;
+    if (begin == end) return;
+
+    const CpuPath path = detected_cpu_path();
+    const auto * xd = static_cast<const float *>(x->data);
+    const int64_t x_stride = static_cast<int64_t>(x->nb[1] / sizeof(float));
+    const int n_tokens = static_cast<int>(ggml_nrows(x));
+    thread_local Scratch scratch;
+    QuantizedActivations a = scratch.view(n_tokens, x->ne[0]);
+    if (any_integer) quantize(path, xd, x_stride, a);
+
+    auto * y = static_cast<float *>(dst->data);
+    const int64_t y_stride = dst->ne[0];
+    int64_t g0 = 0, row0 = 0;
+    for (int i = 0; i < n_w && g0 < end; ++i) {
+        const PackedMatrix & m = *packed_matrix_of(dst->src[i]);
+        const int64_t lo = std::max(begin, g0) - g0, hi = std::min(end, g0 + m.n_groups()) - g0;
+        if (lo < hi) run(path, m, static_cast<const uint8_t *>(dst->src[i]->data), xd, x_stride, a, y + row0, y_stride, lo, hi);
+        g0 += m.n_groups();
+        row0 += m.n_rows;
+    }
 }
 
 }  // namespace
 
 void matmul_groups(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
                    int n_tokens, float * y, int64_t g_begin, int64_t g_end) {
-    run(path, m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+    thread_local Scratch scratch;
+    QuantizedActivations a = scratch.view(n_tokens, m.k);
+    if (!m.is_float()) quantize(path, x, x_stride, a);
+    run(path, m, packed, x, x_stride, a, y, m.n_rows, g_begin, g_end);
 }
 
-ggml_tensor * packed_matmul(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    const PackedMatrix * m = packed_matrix_of(w);
-    if (!m) throw Error("packed_matmul: weight is not packed");
-    if (x->type != GGML_TYPE_F32 || x->ne[0] != m->k) throw Error("packed_matmul: activations must be F32 rows of the weight's width");
+ggml_tensor * packed_matmul(ggml_context * ctx, std::span<ggml_tensor * const> ws, ggml_tensor * x) {
+    if (ws.empty() || ws.size() >= GGML_MAX_SRC) throw Error("packed_matmul: 1 to " + std::to_string(GGML_MAX_SRC - 1) + " weights");
+    int64_t n_rows = 0;
+    for (ggml_tensor * w : ws) {
+        const PackedMatrix * m = packed_matrix_of(w);
+        if (!m) throw Error("packed_matmul: weight is not packed");
+        if (x->type != GGML_TYPE_F32 || x->ne[0] != m->k) throw Error("packed_matmul: activations must be F32 rows of the weight's width");
+        n_rows += m->n_rows;
+    }
     // Rows must sit at a fixed stride: flatten anything else into a contiguous copy first.
     if (x->nb[0] != sizeof(float) || (x->ne[2] * x->ne[3] > 1 && !ggml_is_contiguous(x))) x = ggml_cont(ctx, x);
-    ggml_tensor * args[2] = {w, x};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, m->n_rows, x->ne[1], x->ne[2], x->ne[3], args, 2, matmul_op, GGML_N_TASKS_MAX,
-                          const_cast<PackedMatrix *>(m));
+    ggml_tensor * args[GGML_MAX_SRC] = {};
+    for (size_t i = 0; i < ws.size(); ++i) args[i] = ws[i];
+    args[ws.size()] = x;
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, n_rows, x->ne[1], x->ne[2], x->ne[3], args, static_cast<int>(ws.size()) + 1,
+                          matmul_op, GGML_N_TASKS_MAX, nullptr);
 }
+
+ggml_tensor * packed_matmul(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) { return packed_matmul(ctx, std::span(&w, 1), x); }
 
 }  // namespace specula::kernels

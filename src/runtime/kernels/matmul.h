@@ -16,6 +16,7 @@
 // then a fixed halving tree (lane[l] += lane[l + w] for w = 8, 4, 2, 1); the result is lane[0].
 // The AVX-512 VNNI, AVX2 and portable paths follow it to the bit.
 #include <cstdint>
+#include <span>
 
 #include "runtime/kernels/packed_matrix.h"
 
@@ -30,6 +31,9 @@ const char * cpu_path_name(CpuPath path);
 
 // y = W x as a ggml custom op: w packed ([K, N] logically), x F32 [K, B] -> F32 [N, B].
 ggml_tensor * packed_matmul(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// Several packed weights of the same K applied to x as one op (one node, one quantization of x):
+// their outputs stacked row-wise, F32 [N0 + N1 + ..., B]; each element has the bits W_i x gives.
+ggml_tensor * packed_matmul(ggml_context * ctx, std::span<ggml_tensor * const> ws, ggml_tensor * x);
 
 // The op's arithmetic, callable directly (tests, benchmarks): rows of groups [g_begin, g_end)
 // for all n_tokens columns of x (row stride x_stride floats); y is [n_tokens, m.n_rows].

@@ -172,7 +172,7 @@ inline __m256 load_u8x8(const uint8_t * p) {
 // activations serve both halves; the per-block integer sums stay in registers, the float
 // accumulators live in L1 (one load + FMA + store per block), which keeps 16 ymm enough for 4 tokens.
 template <PackedFormat F, int NT>
-void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t g) {
+void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t y_stride, int64_t g) {
     constexpr size_t kBytes = packed_block_bytes(F);
     const int64_t nb = m.n_blocks();
     const int64_t nbk = a.k / kBlock;
@@ -222,12 +222,12 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
     }
     const int64_t row0 = g * kGroupRows;
     const int64_t rows = m.n_rows - row0 < kGroupRows ? m.n_rows - row0 : kGroupRows;
-    for (int t = 0; t < NT; ++t) std::memcpy(y + (t0 + t) * m.n_rows + row0, acc[t], sizeof(float) * rows);
+    for (int t = 0; t < NT; ++t) std::memcpy(y + (t0 + t) * y_stride + row0, acc[t], sizeof(float) * rows);
 }
 
 template <PackedFormat F>
-void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
-            int64_t g_end) {
+void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
+            int64_t g_begin, int64_t g_end) {
     // Up to 4 tokens per pass; more tokens make further passes over the group while its weights
     // are in L1/L2.
     constexpr int kTile = 4;
@@ -235,10 +235,10 @@ void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
         const uint8_t * wg = packed + g * m.group_bytes();
         for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
             switch (a.n_tokens - t0 < kTile ? a.n_tokens - t0 : kTile) {
-                case 1: tile<F, 1>(m, wg, a, t0, y, g); break;
-                case 2: tile<F, 2>(m, wg, a, t0, y, g); break;
-                case 3: tile<F, 3>(m, wg, a, t0, y, g); break;
-                default: tile<F, 4>(m, wg, a, t0, y, g); break;
+                case 1: tile<F, 1>(m, wg, a, t0, y, y_stride, g); break;
+                case 2: tile<F, 2>(m, wg, a, t0, y, y_stride, g); break;
+                case 3: tile<F, 3>(m, wg, a, t0, y, y_stride, g); break;
+                default: tile<F, 4>(m, wg, a, t0, y, y_stride, g); break;
             }
         }
     }
@@ -246,15 +246,15 @@ void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
 
 }  // namespace
 
-void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
-            int64_t g_end) {
+void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
+            int64_t g_begin, int64_t g_end) {
     switch (m.format) {
-        case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q5_0: groups<PackedFormat::Q5_0>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q4_K: groups<PackedFormat::Q4_K>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q6_K: groups<PackedFormat::Q6_K>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q5_0: groups<PackedFormat::Q5_0>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q4_K: groups<PackedFormat::Q4_K>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q6_K: groups<PackedFormat::Q6_K>(m, packed, a, y, y_stride, g_begin, g_end); break;
         case PackedFormat::F16:
         case PackedFormat::BF16: break;  // matmul_float
     }
@@ -278,7 +278,7 @@ inline float reduce16(__m256 lo, __m256 hi) {
 }
 
 template <bool kBf16, int NT>
-void float_row(const uint16_t * w, int64_t k, const float * x, int64_t x_stride, int t0, float * y, int64_t n_rows, int64_t row) {
+void float_row(const uint16_t * w, int64_t k, const float * x, int64_t x_stride, int t0, float * y, int64_t y_stride, int64_t row) {
     __m256 lo[NT], hi[NT];
     for (int t = 0; t < NT; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
     for (int64_t c = 0; c < k; c += 16) {
@@ -289,21 +289,21 @@ void float_row(const uint16_t * w, int64_t k, const float * x, int64_t x_stride,
             hi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), hi[t]);
         }
     }
-    for (int t = 0; t < NT; ++t) y[(t0 + t) * n_rows + row] = reduce16(lo[t], hi[t]);
+    for (int t = 0; t < NT; ++t) y[(t0 + t) * y_stride + row] = reduce16(lo[t], hi[t]);
 }
 
 template <bool kBf16>
 void float_rows(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, float * y,
-                int64_t g_begin, int64_t g_end) {
+                int64_t y_stride, int64_t g_begin, int64_t g_end) {
     constexpr int kTile = 4;  // 2 ymm per token + 2 for the weights: 10 of 16 registers
     for (int64_t row = g_begin * kGroupRows; row < g_end * kGroupRows && row < m.n_rows; ++row) {
         const auto * w = reinterpret_cast<const uint16_t *>(packed + (row / kGroupRows) * m.group_bytes()) + (row % kGroupRows) * m.k;
         for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
             switch (n_tokens - t0 < kTile ? n_tokens - t0 : kTile) {
-                case 1: float_row<kBf16, 1>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
-                case 2: float_row<kBf16, 2>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
-                case 3: float_row<kBf16, 3>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
-                default: float_row<kBf16, 4>(w, m.k, x, x_stride, t0, y, m.n_rows, row); break;
+                case 1: float_row<kBf16, 1>(w, m.k, x, x_stride, t0, y, y_stride, row); break;
+                case 2: float_row<kBf16, 2>(w, m.k, x, x_stride, t0, y, y_stride, row); break;
+                case 3: float_row<kBf16, 3>(w, m.k, x, x_stride, t0, y, y_stride, row); break;
+                default: float_row<kBf16, 4>(w, m.k, x, x_stride, t0, y, y_stride, row); break;
             }
         }
     }
@@ -312,9 +312,9 @@ void float_rows(const PackedMatrix & m, const uint8_t * packed, const float * x,
 }  // namespace
 
 void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens,
-                  float * y, int64_t g_begin, int64_t g_end) {
-    if (m.format == PackedFormat::BF16) float_rows<true>(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
-    else float_rows<false>(m, packed, x, x_stride, n_tokens, y, g_begin, g_end);
+                  float * y, int64_t y_stride, int64_t g_begin, int64_t g_end) {
+    if (m.format == PackedFormat::BF16) float_rows<true>(m, packed, x, x_stride, n_tokens, y, y_stride, g_begin, g_end);
+    else float_rows<false>(m, packed, x, x_stride, n_tokens, y, y_stride, g_begin, g_end);
 }
 
 }  // namespace specula::kernels::avx2

@@ -53,7 +53,7 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m5
 }
 
 template <PackedFormat F, int NT>
-void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t g) {
+void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t y_stride, int64_t g) {
     constexpr size_t kBytes = packed_block_bytes(F);
     const int64_t nb = m.n_blocks();
     const int64_t nbk = a.k / kBlock;
@@ -102,12 +102,12 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
     const int64_t row0 = g * kGroupRows;
     const int64_t rows = m.n_rows - row0 < kGroupRows ? m.n_rows - row0 : kGroupRows;
     const __mmask16 keep = static_cast<__mmask16>((1u << rows) - 1);
-    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * m.n_rows + row0, keep, acc[t]);
+    for (int t = 0; t < NT; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + row0, keep, acc[t]);
 }
 
 template <PackedFormat F>
-void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
-            int64_t g_end) {
+void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
+            int64_t g_begin, int64_t g_end) {
     // Up to 8 tokens per pass (8 accumulators + 8 integer sums of 32 registers); more tokens
     // make further passes over the group while its weights are in L1.
     constexpr int kTile = 8;
@@ -115,14 +115,14 @@ void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
         const uint8_t * wg = packed + g * m.group_bytes();
         for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
             switch (a.n_tokens - t0 < kTile ? a.n_tokens - t0 : kTile) {
-                case 1: tile<F, 1>(m, wg, a, t0, y, g); break;
-                case 2: tile<F, 2>(m, wg, a, t0, y, g); break;
-                case 3: tile<F, 3>(m, wg, a, t0, y, g); break;
-                case 4: tile<F, 4>(m, wg, a, t0, y, g); break;
-                case 5: tile<F, 5>(m, wg, a, t0, y, g); break;
-                case 6: tile<F, 6>(m, wg, a, t0, y, g); break;
-                case 7: tile<F, 7>(m, wg, a, t0, y, g); break;
-                default: tile<F, 8>(m, wg, a, t0, y, g); break;
+                case 1: tile<F, 1>(m, wg, a, t0, y, y_stride, g); break;
+                case 2: tile<F, 2>(m, wg, a, t0, y, y_stride, g); break;
+                case 3: tile<F, 3>(m, wg, a, t0, y, y_stride, g); break;
+                case 4: tile<F, 4>(m, wg, a, t0, y, y_stride, g); break;
+                case 5: tile<F, 5>(m, wg, a, t0, y, y_stride, g); break;
+                case 6: tile<F, 6>(m, wg, a, t0, y, y_stride, g); break;
+                case 7: tile<F, 7>(m, wg, a, t0, y, y_stride, g); break;
+                default: tile<F, 8>(m, wg, a, t0, y, y_stride, g); break;
             }
         }
     }
@@ -164,14 +164,14 @@ bool has_body(PackedFormat f) {
     return false;
 }
 
-void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
-            int64_t g_end) {
+void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
+            int64_t g_begin, int64_t g_end) {
     switch (m.format) {
-        case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q5_0: groups<PackedFormat::Q5_0>(m, packed, a, y, g_begin, g_end); break;
-        case PackedFormat::Q4_K: groups<PackedFormat::Q4_K>(m, packed, a, y, g_begin, g_end); break;
+        case PackedFormat::Q8_0: groups<PackedFormat::Q8_0>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q4_0: groups<PackedFormat::Q4_0>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q5_0: groups<PackedFormat::Q5_0>(m, packed, a, y, y_stride, g_begin, g_end); break;
+        case PackedFormat::Q4_K: groups<PackedFormat::Q4_K>(m, packed, a, y, y_stride, g_begin, g_end); break;
         case PackedFormat::Q6_K:
         case PackedFormat::F16:
         case PackedFormat::BF16: break;  // has_body() is false: the AVX2 bodies run these

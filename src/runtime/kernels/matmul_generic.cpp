@@ -49,7 +49,7 @@ int32_t weight_u(PackedFormat f, const uint8_t * blk, int r, int c) {
 }  // namespace
 
 void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y,
-            int64_t g_begin, int64_t g_end) {
+            int64_t y_stride, int64_t g_begin, int64_t g_end) {
     const PackedFormat f = m.format;
     const int64_t nb = m.n_blocks();
     for (int64_t g = g_begin; g < g_end; ++g) {
@@ -94,14 +94,14 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
                     acc = std::fma(static_cast<float>(isum), dw * da, acc);
                     if (f == PackedFormat::Q4_1 || f == PackedFormat::Q4_K) acc = std::fma(mw, da * static_cast<float>(s), acc);
                 }
-                y[t * m.n_rows + row] = acc;
+                y[t * y_stride + row] = acc;
             }
         }
     }
 }
 
 void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens,
-                  float * y, int64_t g_begin, int64_t g_end) {
+                  float * y, int64_t y_stride, int64_t g_begin, int64_t g_end) {
     const bool bf16 = m.format == PackedFormat::BF16;
     for (int64_t row = g_begin * kGroupRows; row < g_end * kGroupRows && row < m.n_rows; ++row) {
         const auto * w = reinterpret_cast<const uint16_t *>(packed + (row / kGroupRows) * m.group_bytes()) + (row % kGroupRows) * m.k;
@@ -116,7 +116,7 @@ void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * 
             for (int width = 8; width >= 1; width /= 2) {
                 for (int l = 0; l < width; ++l) lane[l] = lane[l] + lane[l + width];
             }
-            y[t * m.n_rows + row] = lane[0];
+            y[t * y_stride + row] = lane[0];
         }
     }
 }

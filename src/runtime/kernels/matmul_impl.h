@@ -7,6 +7,7 @@
 namespace specula::kernels {
 
 // Activations quantized per 32-block: q [n_tokens, k], d and s [n_tokens, k / 32].
+// The bodies write token t's output row r at y[t * y_stride + r].
 struct QuantizedActivations {
     int n_tokens = 0;
     int64_t k = 0;
@@ -18,9 +19,9 @@ struct QuantizedActivations {
 #define SPECULA_KERNEL_DECLS                                                                            \
     void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);            \
     void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, \
-                int64_t g_begin, int64_t g_end);                                                         \
+                int64_t y_stride, int64_t g_begin, int64_t g_end);                                       \
     void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, \
-                      float * y, int64_t g_begin, int64_t g_end);
+                      float * y, int64_t y_stride, int64_t g_begin, int64_t g_end);
 
 namespace generic { SPECULA_KERNEL_DECLS }
 namespace avx2 { SPECULA_KERNEL_DECLS }
@@ -30,8 +31,8 @@ namespace avx2 { SPECULA_KERNEL_DECLS }
 namespace avx512 {
 void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);
 bool has_body(PackedFormat f);
-void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t g_begin,
-            int64_t g_end);
+void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
+            int64_t g_begin, int64_t g_end);
 }  // namespace avx512
 
 }  // namespace specula::kernels
