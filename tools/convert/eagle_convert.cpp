@@ -41,6 +41,18 @@ size_t dtype_size(const std::string & dt) {
     return 0;
 }
 
+// A header array of non-negative integers: nlohmann's own get<> would convert a float such as
+// 1e300 with a cast whose result is undefined, and a negative one would wrap.
+std::vector<uint64_t> header_counts(const json & v, const char * what) {
+    if (!v.is_array()) throw Error(std::string(what) + " is not an array");
+    std::vector<uint64_t> r;
+    for (const json & x : v) {
+        if (!x.is_number_unsigned()) throw Error(std::string(what) + " holds " + x.dump() + ", not a non-negative integer");
+        r.push_back(x.get<uint64_t>());
+    }
+    return r;
+}
+
 }  // namespace
 
 int64_t SafeTensor::numel() const {
@@ -109,8 +121,11 @@ void SafetensorsCheckpoint::add_file(const std::string & path) {
             Entry e;
             e.file = path;
             e.dtype = v.at("dtype").get<std::string>();
-            e.shape = v.at("shape").get<std::vector<int64_t>>();
-            const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+            for (uint64_t d : header_counts(v.at("shape"), "shape")) {
+                if (d > uint64_t(INT64_MAX)) throw Error("shape dimension " + std::to_string(d) + " is too large");
+                e.shape.push_back(static_cast<int64_t>(d));
+            }
+            const auto off = header_counts(v.at("data_offsets"), "data_offsets");
             if (off.size() != 2 || off[1] < off[0]) throw Error("bad data_offsets");
             // Compared before adding: offsets near 2^64 would wrap back inside the file.
             if (off[1] > file_size - data_start) {
@@ -121,7 +136,6 @@ void SafetensorsCheckpoint::add_file(const std::string & path) {
             e.end = data_start + off[1];
             uint64_t numel = 1;
             for (int64_t d : e.shape) {
-                if (d < 0) throw Error("negative dimension in shape " + shape_str(e.shape));
                 if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) throw Error("shape " + shape_str(e.shape) + " overflows");
             }
             const size_t es = dtype_size(e.dtype);
