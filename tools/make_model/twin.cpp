@@ -170,13 +170,25 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
     gguf_set_val_u32(out, "eagle3.target_hidden_size", E);
     gguf_set_val_str(out, "general.name", ("EAGLE-3 head for the bench twin (" + shape_name + " shape) of " + target_path).c_str());
 
-    std::vector<std::pair<std::string, std::vector<float>>> tensors;  // F32 copies, small
-    std::vector<std::pair<std::string, std::array<int64_t, 2>>> shapes;
+    // Each tensor as floats (to be written back in its stored type), or, for the integer vocabulary
+    // maps of a compact draft vocabulary (d2t, t2d), its bytes as stored.
+    struct Tensor {
+        std::string name;
+        std::array<int64_t, 2> ne;
+        ggml_type type;
+        std::vector<float> data;
+        std::vector<uint8_t> raw;
+    };
+    std::vector<Tensor> tensors;
     for (ggml_tensor * t : head.tensors()) {
         const std::string name = ggml_get_name(t);
         if (ggml_n_dims(t) > 2) throw Error(head_path + ": tensor " + name + " has " + std::to_string(ggml_n_dims(t)) + " dimensions, expected at most 2");
-        std::vector<float> data = read_f32(head, name);
         std::array<int64_t, 2> ne{t->ne[0], t->ne[1]};
+        if (!ggml_get_type_traits(t->type)->to_float && t->type != GGML_TYPE_F32) {
+            tensors.push_back({name, ne, t->type, {}, head.read_tensor_bytes(name)});
+            continue;
+        }
+        std::vector<float> data = read_f32(head, name);
         if (name == "fc.weight") {  // [3 Et, Eh] -> [3 E, Eh]: each feature block padded with zeros
             if (ne[0] != 3 * int64_t(Et) || ne[1] != Eh) {
                 throw Error(head_path + ": tensor fc.weight has shape [" + std::to_string(ne[0]) + ", " + std::to_string(ne[1]) + "], expected [" +
@@ -191,32 +203,30 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
             data = std::move(wide);
             ne = {3 * int64_t(E), Eh};
         }
-        tensors.push_back({name, std::move(data)});
-        shapes.push_back({name, ne});
+        // Matrices keep their stored type where ggml can write it (a Q8_0 head drafts at Q8_0 speed), else F16.
+        const ggml_type type = ne[1] == 1 ? GGML_TYPE_F32 : ggml_get_type_traits(t->type)->from_float_ref || t->type == GGML_TYPE_F16 ? t->type : GGML_TYPE_F16;
+        tensors.push_back({name, ne, type, std::move(data), {}});
     }
     ggml_tensor * embd = target.tensor_meta("token_embd.weight");
-    tensors.push_back({"token_embd.weight", read_f32(target, "token_embd.weight")});
-    shapes.push_back({"token_embd.weight", {embd->ne[0], embd->ne[1]}});
+    tensors.push_back({"token_embd.weight", {embd->ne[0], embd->ne[1]}, GGML_TYPE_F16, read_f32(target, "token_embd.weight"), {}});
 
     size_t bytes = 1 << 20;
-    for (auto & [name, d] : tensors) bytes += d.size() * sizeof(uint16_t) + 2 * ggml_tensor_overhead();
+    for (const Tensor & t : tensors) bytes += t.data.size() * sizeof(float) + t.raw.size() + 2 * ggml_tensor_overhead();
     ggml_init_params params{bytes, nullptr, false};
     ggml_context * ctx = ggml_init(params);
     Progress progress("writing " + out_path, static_cast<int64_t>(tensors.size()));
-    for (size_t i = 0; i < tensors.size(); ++i) {
-        const auto & [name, data] = tensors[i];
-        const auto ne = shapes[i].second;
-        const bool matrix = ne[1] > 1;
-        const ggml_type type = matrix ? GGML_TYPE_F16 : GGML_TYPE_F32;
-        ggml_tensor * t = matrix ? ggml_new_tensor_2d(ctx, type, ne[0], ne[1]) : ggml_new_tensor_1d(ctx, type, ne[0]);
-        ggml_set_name(t, name.c_str());
-        if (matrix) {
-            ggml_quantize_chunk(type, data.data(), t->data, 0, ne[1], ne[0], nullptr);
+    for (const Tensor & src : tensors) {
+        ggml_tensor * t = src.ne[1] > 1 ? ggml_new_tensor_2d(ctx, src.type, src.ne[0], src.ne[1]) : ggml_new_tensor_1d(ctx, src.type, src.ne[0]);
+        ggml_set_name(t, src.name.c_str());
+        if (!src.raw.empty()) {
+            std::memcpy(t->data, src.raw.data(), src.raw.size());
+        } else if (src.type == GGML_TYPE_F32) {
+            std::memcpy(t->data, src.data.data(), src.data.size() * sizeof(float));
         } else {
-            std::memcpy(t->data, data.data(), data.size() * sizeof(float));
+            ggml_quantize_chunk(src.type, src.data.data(), t->data, 0, src.ne[1], src.ne[0], nullptr);
         }
         gguf_add_tensor(out, t);
-        progress.step(name);
+        progress.step(src.name);
     }
     write_gguf(out, ctx, out_path);
 }
