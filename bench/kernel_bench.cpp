@@ -1,6 +1,9 @@
-// Micro-benchmark of specula's packed matmul (runtime/kernels/matmul.h), one thread, on a matrix
-// that stays in L2 (SmolLM2-135M's FFN up projection: 1536 x 576), so the figure is the kernel's
-// arithmetic rate, not the memory's. Counter "GMAC/s" = weight x token multiply-adds per second.
+// Micro-benchmarks of specula's CPU kernels, one thread, each path the CPU has:
+// - packed matmul (runtime/kernels/matmul.h) on a matrix that stays in L2 (1536 x 768, about
+//   SmolLM2-135M's FFN up projection), so the figure is the kernel's arithmetic rate, not the
+//   memory's. Counter "GMAC/s" = weight x token multiply-adds per second;
+// - masked attention (runtime/kernels/attention.h), one query row of SmolLM2-135M's shape (9 heads
+//   of 64 over 3 KV heads) against n_kv visible F16 slots: the time is one row, all heads of one layer.
 //   build/bin/bench_kernels --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include <benchmark/benchmark.h>
 
@@ -9,6 +12,7 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "runtime/kernels/attention_impl.h"
 #include "runtime/kernels/matmul.h"
 
 namespace {
@@ -68,6 +72,40 @@ SPECULA_KERNEL_BENCH(Q5_0);
 SPECULA_KERNEL_BENCH(Q4_K);
 SPECULA_KERNEL_BENCH(Q6_K);
 SPECULA_KERNEL_BENCH(F16);
+
+void masked_attention(benchmark::State & state, CpuPath path) {
+    const int n_kv = static_cast<int>(state.range(0));
+    const int D = 64, n_head = 9, n_head_kv = 3;
+    if (path > detected_cpu_path()) {
+        state.SkipWithError("this CPU cannot run the path");
+        return;
+    }
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(static_cast<size_t>(n_head) * D), out(q.size());
+    for (float & v : q) v = normal(rng);
+    std::vector<uint16_t> k(static_cast<size_t>(n_kv) * n_head_kv * D), v(k.size()), mask(static_cast<size_t>(n_kv), 0);
+    for (auto & h : k) h = ggml_fp32_to_fp16(normal(rng));
+    for (auto & h : v) h = ggml_fp32_to_fp16(normal(rng));
+    AttentionArgs a;
+    a.q = q.data(), a.q_row = n_head * D, a.k = k.data(), a.v = v.data(), a.kv_row = n_head_kv * D;
+    a.mask = mask.data(), a.mask_row = n_kv, a.n_kv = n_kv;
+    a.head_dim = D, a.n_head = n_head, a.n_head_kv = n_head_kv, a.scale = 0.125f;
+    a.out = out.data(), a.out_row = n_head * D;
+    for (auto _ : state) {
+        switch (path) {
+            case CpuPath::Generic: generic::attend(a, 0, n_head_kv); break;
+            case CpuPath::Avx2: avx2::attend(a, 0, n_head_kv); break;
+            case CpuPath::Avx512Vnni: avx512::attend(a, 0, n_head_kv); break;
+        }
+        benchmark::DoNotOptimize(out.data());
+    }
+
+    state.SetLabel(cpu_path_name(path));
+}
+
+BENCHMARK_CAPTURE(masked_attention, Avx2, CpuPath::Avx2)->Arg(128)->Arg(512)->Arg(2048);
+BENCHMARK_CAPTURE(masked_attention, Avx512Vnni, CpuPath::Avx512Vnni)->Arg(128)->Arg(512)->Arg(2048);
 
 }  // namespace
 

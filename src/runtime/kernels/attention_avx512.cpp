@@ -3,9 +3,10 @@
 // reloading its lane arrays. This one does the same float operations in the same order, so it
 // gives the generic body's bits:
 //   score(j, g) = (16 lane sums of q * k over the dimensions, then the halving tree) * scale
-//   softmax: max, exp_nonpositive(score - max), a sequential sum, one reciprocal
+//   softmax: max, exp_nonpositive(score - max), their sum (16 lane sums, the halving tree), one reciprocal
 //   out(g, d) = sum over j in order of p(j, g) * v(j, d), times the reciprocal
-// Lanes live in one zmm; each V chunk accumulates in registers over every visible slot.
+// Lanes live in one zmm; sixteen slots' halving trees run as one shuffle tree whose lanes are the
+// sixteen scores; each V chunk accumulates in registers over every visible slot.
 #include <immintrin.h>
 
 #include <cstring>
@@ -19,7 +20,6 @@ namespace specula::kernels::avx512 {
 namespace {
 
 constexpr uint16_t kF16NegInf = 0xfc00;
-constexpr int kMaxChunks = 16;  // head size up to 256
 constexpr int kHeadBlock = 8;   // query heads whose V sums share one pass over the slots
 
 inline __m512 load_f16x16(const uint16_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
@@ -30,6 +30,55 @@ inline float reduce16(__m512 v) {
     const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// One level of sixteen halving trees at once: lane l of the result is a[lo[l]] + a[hi[l]], with
+// indices past 15 reading b. The pairs added are reduce16's pairs, so the bits are its bits.
+inline __m512 pair_level(__m512 a, __m512 b, __m512i lo, __m512i hi) {
+    return _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
+}
+
+// reduce16 of v[0..15], lane t of the result holding v[t]'s sum.
+inline __m512 reduce16x16(const __m512 * v) {
+    const __m512i lo1 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    const __m512i hi1 = _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    const __m512i lo2 = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i hi2 = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i lo3 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+    const __m512i hi3 = _mm512_setr_epi32(2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    const __m512i lo4 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i hi4 = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512 s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; ++i) s8[i] = pair_level(v[2 * i], v[2 * i + 1], lo1, hi1);  // [v(2i) | v(2i+1)], 8 lanes each
+    for (int i = 0; i < 4; ++i) s4[i] = pair_level(s8[2 * i], s8[2 * i + 1], lo2, hi2);  // four vectors, 4 lanes each
+    for (int i = 0; i < 2; ++i) s2[i] = pair_level(s4[2 * i], s4[2 * i + 1], lo3, hi3);  // eight vectors, 2 lanes each
+    return pair_level(s2[0], s2[1], lo4, hi4);
+}
+
+// exp_nonpositive (common/fast_exp.h) on sixteen lanes, operation for operation.
+inline __m512 exp_nonpositive16(__m512 x) {
+    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 round = _mm512_set1_ps(12582912.0f);
+    const __m512 k = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), round), round);
+    const __m512 r = _mm512_sub_ps(_mm512_sub_ps(xc, _mm512_mul_ps(k, _mm512_set1_ps(0.693145751953125f))),
+                                   _mm512_mul_ps(k, _mm512_set1_ps(1.428606765330187045e-06f)));
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f}) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(k), _mm512_set1_epi32(127)), 23));
+    return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ), p, scale);
+}
+
+// Scores of sixteen visible slots (fewer at the end: n) against one query head, times scale.
+inline void block_scores(const float * q, const uint16_t * k, const int * slots, int n, int64_t kv_row, int chunks, float scale, float * out) {
+    __m512 lane[16];
+    for (int t = 0; t < 16; ++t) {
+        lane[t] = _mm512_setzero_ps();
+        if (t >= n) continue;
+        const uint16_t * kt = k + slots[t] * kv_row;
+        for (int c = 0; c < chunks; ++c) lane[t] = _mm512_add_ps(lane[t], _mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), load_f16x16(kt + 16 * c)));
+    }
+    const __m512 s = _mm512_mul_ps(reduce16x16(lane), _mm512_set1_ps(scale));
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1), s);
 }
 
 void find_visible(const uint16_t * mask, int n_kv, std::vector<int> & visible) {
@@ -83,15 +132,10 @@ void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
         }
         const float * q = a.q + i * a.q_row + static_cast<int64_t>(kvh) * G * D;
         scores.resize(static_cast<size_t>(G) * nv);
-        for (size_t j = 0; j < nv; ++j) {
-            const uint16_t * k = a.k + visible[j] * a.kv_row + static_cast<int64_t>(kvh) * D;
-            __m512 kc[kMaxChunks];
-            for (int c = 0; c < C; ++c) kc[c] = load_f16x16(k + 16 * c);
-            for (int g = 0; g < G; ++g) {
-                __m512 lane = _mm512_setzero_ps();
-                for (int c = 0; c < C; ++c) lane = _mm512_add_ps(lane, _mm512_mul_ps(_mm512_loadu_ps(q + g * D + 16 * c), kc[c]));
-                scores[g * nv + j] = reduce16(lane) * a.scale;
-            }
+        const uint16_t * k = a.k + static_cast<int64_t>(kvh) * D;
+        for (size_t j = 0; j < nv; j += 16) {
+            const int n = static_cast<int>(nv - j < 16 ? nv - j : 16);
+            for (int g = 0; g < G; ++g) block_scores(q + g * D, k, visible.data() + j, n, a.kv_row, C, a.scale, scores.data() + g * nv + j);
         }
         float inv_sum[64];
         for (int g = 0; g < G; ++g) {
@@ -101,10 +145,15 @@ void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
             for (; j + 16 <= nv; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sc + j));
             float m = _mm512_reduce_max_ps(mv);  // max is exact in any order
             for (; j < nv; ++j) m = sc[j] > m ? sc[j] : m;
-            for (j = 0; j < nv; ++j) sc[j] = exp_nonpositive(sc[j] - m);
-            float sum = 0.0f;
-            for (j = 0; j < nv; ++j) sum = sum + sc[j];
-            inv_sum[g] = 1.0f / sum;
+            const __m512 mvec = _mm512_set1_ps(m);
+            __m512 sum = _mm512_setzero_ps();
+            for (j = 0; j < nv; j += 16) {
+                const __mmask16 live = static_cast<__mmask16>(nv - j >= 16 ? 0xffff : (1u << (nv - j)) - 1);
+                const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sc + j), mvec));
+                _mm512_mask_storeu_ps(sc + j, live, e);
+                sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(live, e));  // a lane past the end adds +0: its sum is unchanged
+            }
+            inv_sum[g] = 1.0f / reduce16(sum);
         }
         for (int g0 = 0; g0 < G; g0 += kHeadBlock) {
             const float * p = scores.data() + g0 * nv;
