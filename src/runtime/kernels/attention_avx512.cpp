@@ -69,13 +69,18 @@ inline __m512 exp_nonpositive16(__m512 x) {
 }
 
 // Scores of sixteen visible slots (fewer at the end: n) against one query head, times scale.
+// Chunk by chunk over all sixteen slots: sixteen independent sums, no chain to wait on. Past n the
+// last slot is read again and its lanes are not stored.
 inline void block_scores(const float * q, const uint16_t * k, const int * slots, int n, int64_t kv_row, int chunks, float scale, float * out) {
+    const uint16_t * kt[16];
+    for (int t = 0; t < 16; ++t) kt[t] = k + slots[t < n ? t : n - 1] * kv_row;
     __m512 lane[16];
-    for (int t = 0; t < 16; ++t) {
-        lane[t] = _mm512_setzero_ps();
-        if (t >= n) continue;
-        const uint16_t * kt = k + slots[t] * kv_row;
-        for (int c = 0; c < chunks; ++c) lane[t] = _mm512_add_ps(lane[t], _mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), load_f16x16(kt + 16 * c)));
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) lane[t] = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; ++c) {
+        const __m512 qc = _mm512_loadu_ps(q + 16 * c);
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; ++t) lane[t] = _mm512_add_ps(lane[t], _mm512_mul_ps(qc, load_f16x16(kt[t] + 16 * c)));
     }
     const __m512 s = _mm512_mul_ps(reduce16x16(lane), _mm512_set1_ps(scale));
     _mm512_mask_storeu_ps(out, static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1), s);
