@@ -3,7 +3,9 @@
 //   SmolLM2-135M's FFN up projection), so the figure is the kernel's arithmetic rate, not the
 //   memory's. Counter "GMAC/s" = weight x token multiply-adds per second;
 // - masked attention (runtime/kernels/attention.h), one query row of SmolLM2-135M's shape (9 heads
-//   of 64 over 3 KV heads) against n_kv visible F16 slots: the time is one row, all heads of one layer.
+//   of 64 over 3 KV heads) against n_kv visible F16 slots: the time is one row, all heads of one layer;
+// - the sampling transforms over a vocabulary row (sample/sampler.h) at SmolLM2's 49152 tokens:
+//   what every sampled token, drafted node and verified node at T > 0 pays.
 //   build/bin/bench_kernels --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include <benchmark/benchmark.h>
 
@@ -13,6 +15,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "runtime/kernels/attention_impl.h"
+#include "sample/sampler.h"
 #include "runtime/kernels/matmul.h"
 
 namespace {
@@ -106,6 +109,44 @@ void masked_attention(benchmark::State & state, CpuPath path) {
 
 BENCHMARK_CAPTURE(masked_attention, Avx2, CpuPath::Avx2)->Arg(128)->Arg(512)->Arg(2048);
 BENCHMARK_CAPTURE(masked_attention, Avx512Vnni, CpuPath::Avx512Vnni)->Arg(128)->Arg(512)->Arg(2048);
+
+std::vector<float> vocabulary_logits() {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(49152);
+    for (float & v : logits) v = normal(rng);
+    return logits;
+}
+
+void sampling_processed_probs(benchmark::State & state) {
+    const std::vector<float> logits = vocabulary_logits();
+    specula::SamplingParams params;
+    params.temperature = 1.0f;
+    std::vector<float> probs;
+    for (auto _ : state) {
+        specula::processed_probs(logits, params, probs);
+        benchmark::DoNotOptimize(probs.data());
+    }
+}
+BENCHMARK(sampling_processed_probs);
+
+void sampling_softmax_stats(benchmark::State & state) {
+    const std::vector<float> logits = vocabulary_logits();
+    std::vector<float> scratch;
+    for (auto _ : state) benchmark::DoNotOptimize(specula::softmax_stats(logits, scratch));
+}
+BENCHMARK(sampling_softmax_stats);
+
+void sampling_sample_from(benchmark::State & state) {
+    const std::vector<float> logits = vocabulary_logits();
+    specula::SamplingParams params;
+    params.temperature = 1.0f;
+    std::vector<float> probs;
+    specula::processed_probs(logits, params, probs);
+    specula::Rng rng(1);
+    for (auto _ : state) benchmark::DoNotOptimize(specula::sample_from(probs, rng));
+}
+BENCHMARK(sampling_sample_from);
 
 }  // namespace
 

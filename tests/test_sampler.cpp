@@ -1,6 +1,7 @@
 // Sampling transforms: what verification will apply identically to draft and target.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -18,6 +19,26 @@ TEST(Sampler, GreedyIsOneHotAtArgmax) {
     processed_probs(kLogits, SamplingParams{}, p);
     EXPECT_EQ(p, (std::vector<float>{0, 1, 0, 0, 0, 0}));
     EXPECT_EQ(argmax(kLogits), 1);
+}
+
+// argmax and max_value scan in 16 lanes: the first maximum wins wherever it falls (a lane, the
+// tail past the last full block, ties across lanes), as std::max_element's does.
+TEST(Sampler, ArgmaxIsTheFirstMaximumAtEveryPositionAndLength) {
+    for (size_t n : {1u, 15u, 16u, 17u, 49152u + 7u}) {
+        for (size_t at : {size_t(0), n / 3, n - 1}) {
+            std::vector<float> v(n, -INFINITY);
+            for (size_t i = 0; i < n; i += 5) v[i] = -static_cast<float>(i % 97);
+            v[at] = 10.0f;
+            EXPECT_EQ(argmax(v), static_cast<int32_t>(at)) << n << " " << at;
+            EXPECT_EQ(max_value(v), 10.0f);
+            if (at + 1 < n) {
+                v[n - 1] = 10.0f;  // a later tie does not move it
+                EXPECT_EQ(argmax(v), static_cast<int32_t>(at)) << n << " " << at;
+            }
+            EXPECT_EQ(argmax(v), static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin()));
+        }
+    }
+    EXPECT_EQ(max_value(std::vector<float>(20, -INFINITY)), -INFINITY);
 }
 
 TEST(Sampler, TemperatureOneIsSoftmax) {

@@ -21,7 +21,10 @@ inline float exp_nonpositive(float x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     const float scale = std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
-    return x < -87.0f ? 0.0f : p * scale;
+    // Computed before the select: a product evaluated only on one side is a branch the
+    // vectoriser must keep (it may raise a floating-point exception), and the loop stays scalar.
+    const float e = p * scale;
+    return x < -87.0f ? 0.0f : e;
 }
 
 }  // namespace specula

@@ -20,7 +20,7 @@ Expansion propose_children(std::span<const float> logits, int n_children, const 
         // every earlier one was rejected. The first is accepted about as often as q matches p,
         // whichever token was drawn, so it gets the draft's confidence (its top probability);
         // the later ones share the rest by their own probability.
-        const float top = *std::max_element(probs.begin(), probs.end());
+        const float top = max_value(probs);
         for (size_t j = 0; j < e.tokens.size(); ++j) {
             const float reach = j == 0 ? top : (1.0f - top) * probs[e.tokens[j]];
             e.logp.push_back(std::log(std::max(reach, 1e-30f)));

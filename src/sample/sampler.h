@@ -20,7 +20,8 @@ private:
     std::mt19937_64 gen_;
 };
 
-int32_t argmax(std::span<const float> logits);
+int32_t argmax(std::span<const float> logits);  // the first maximum
+float max_value(std::span<const float> values);  // -inf if empty
 
 // Order, as llama.cpp's default chain: top-k on logits; top-p and min-p on softmax(logits);
 // then temperature on the survivors. Writes a full-vocabulary distribution (zeros off support).
