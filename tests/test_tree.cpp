@@ -1,7 +1,9 @@
 // TokenTree and the tree builder, as pure functions over a fake drafter.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "draft/propose.h"
@@ -105,6 +107,27 @@ TEST(ProposeChildren, GreedyChildrenAreTheTopTokensWithTheirLogProbabilities) {
     EXPECT_EQ(e.tokens, (std::vector<int32_t>{0, 1}));
     EXPECT_NEAR(e.logp[0], std::log(0.5f), 1e-5);
     EXPECT_NEAR(e.logp[1], std::log(0.3f), 1e-5);
+}
+
+// A compact draft vocabulary: the transforms run over its own logits, the children come out as
+// target ids and q as a target-wide distribution that is zero off the draft vocabulary.
+TEST(ProposeChildren, ACompactVocabularyProposesTargetIdsAndATargetWideQ) {
+    const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+    const std::vector<int32_t> to_target = {7, 2, 9, 4};
+    const DraftVocabulary vocab{to_target, 12};
+    std::vector<float> scratch;
+    const Expansion greedy = propose_children(logits, 2, DraftRequest{}, scratch, vocab);
+    EXPECT_EQ(greedy.tokens, (std::vector<int32_t>{7, 2}));
+    EXPECT_NEAR(greedy.logp[1], std::log(0.3f), 1e-5);
+
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    Rng rng(3);
+    const Expansion sampled = propose_children(logits, 3, DraftRequest{{}, TreeBudget{}, &sp, &rng}, scratch, vocab);
+    ASSERT_EQ(sampled.q.size(), 12u);
+    for (int32_t t : sampled.tokens) EXPECT_NE(std::find(to_target.begin(), to_target.end(), t), to_target.end()) << t;
+    for (size_t i = 0; i < to_target.size(); ++i) EXPECT_NEAR(sampled.q[to_target[i]], std::exp(logits[i]), 1e-6);
+    EXPECT_NEAR(std::accumulate(sampled.q.begin(), sampled.q.end(), 0.0), 1.0, 1e-6);
 }
 
 TEST(TokenTree, ChildrenPathsAndChains) {

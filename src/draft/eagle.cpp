@@ -32,14 +32,6 @@ void EagleDrafter::accept(const Acceptance & a) {
     pending_.insert(pending_.end(), a.features.begin(), a.features.end());
 }
 
-std::span<const float> EagleDrafter::target_logits(std::span<const float> head_logits) {
-    const auto & d2t = head_.d2t();
-    if (d2t.empty()) return head_logits;
-    mapped_.assign(head_.shape().n_token_vocab, -INFINITY);
-    for (size_t i = 0; i < d2t.size(); ++i) mapped_[d2t[i]] = head_logits[i];
-    return mapped_;
-}
-
 Draft EagleDrafter::draft(const DraftRequest & req) {
     Draft d;
     const int L = static_cast<int>(req.history.size());
@@ -56,6 +48,7 @@ Draft EagleDrafter::draft(const DraftRequest & req) {
     std::vector<int> slot_of;
     std::vector<float> root_hidden;
     const int committed = root_pos;  // cache slots holding target-feature entries after catch-up
+    const DraftVocabulary vocab{head_.d2t(), head_.shape().n_token_vocab};
 
     auto expand = [&](const TokenTree & tree, std::span<const int> frontier, std::span<const int> n_children) {
         std::vector<Expansion> out;
@@ -72,7 +65,7 @@ Draft EagleDrafter::draft(const DraftRequest & req) {
             runner_.forward(b, cache_, out_);
             pending_first_ = root_pos;
             root_hidden.assign(out_.hidden_out.end() - E, out_.hidden_out.end());
-            out.push_back(propose_children(target_logits(out_.logits_row(0)), n_children[0], req, probs_));
+            out.push_back(propose_children(out_.logits_row(0), n_children[0], req, probs_, vocab));
             return out;
         }
         const int first_slot = cache_.size();
@@ -89,7 +82,7 @@ Draft EagleDrafter::draft(const DraftRequest & req) {
         for (size_t i = 0; i < frontier.size(); ++i) {
             slot_of[frontier[i]] = first_slot + static_cast<int>(i);
             proposer_hidden[frontier[i]].assign(out_.hidden_out.begin() + i * E, out_.hidden_out.begin() + (i + 1) * E);
-            out.push_back(propose_children(target_logits(out_.logits_row(i)), n_children[i], req, probs_));
+            out.push_back(propose_children(out_.logits_row(i), n_children[i], req, probs_, vocab));
         }
         return out;
     };

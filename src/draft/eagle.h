@@ -29,15 +29,13 @@ public:
     const KvCache & cache() const { return cache_; }
 
 private:
-    std::span<const float> target_logits(std::span<const float> head_logits);
-
     const EagleHead & head_;
     ModelRunner runner_;
     KvCache cache_;
     std::vector<float> pending_;  // target features not yet written, positions pending_first_..
     int pending_first_ = 0;
     ForwardOutput out_;
-    std::vector<float> mapped_, probs_;
+    std::vector<float> probs_;
 };
 
 }  // namespace specula

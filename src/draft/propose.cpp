@@ -5,7 +5,8 @@
 
 namespace specula {
 
-Expansion propose_children(std::span<const float> logits, int n_children, const DraftRequest & req, std::vector<float> & probs) {
+Expansion propose_children(std::span<const float> logits, int n_children, const DraftRequest & req, std::vector<float> & probs,
+                           const DraftVocabulary & vocab) {
     Expansion e;
     // log-softmax at temperature 1: entropy for the policies, log-probs for tree ranking.
     const SoftmaxStats st = softmax_stats(logits, probs);
@@ -25,7 +26,15 @@ Expansion propose_children(std::span<const float> logits, int n_children, const 
             const float reach = j == 0 ? top : (1.0f - top) * probs[e.tokens[j]];
             e.logp.push_back(std::log(std::max(reach, 1e-30f)));
         }
-        e.q = probs;
+        if (vocab.to_target.empty()) {
+            e.q = probs;
+        } else {
+            e.q.assign(static_cast<size_t>(vocab.n_target), 0.0f);
+            for (size_t i = 0; i < probs.size(); ++i) e.q[vocab.to_target[i]] = probs[i];
+        }
+    }
+    if (!vocab.to_target.empty()) {
+        for (int32_t & t : e.tokens) t = vocab.to_target[t];
     }
     return e;
 }

@@ -10,8 +10,17 @@
 
 namespace specula {
 
-// logits over the target vocabulary (-inf for tokens a compact draft vocabulary cannot propose).
-Expansion propose_children(std::span<const float> logits, int n_children, const DraftRequest & req, std::vector<float> & scratch);
+// Where a drafter's logits live: a vocabulary of its own mapped to the target's ids by
+// `to_target` (a compact EAGLE-3 draft vocabulary's d2t), or, when that is empty, the target's.
+struct DraftVocabulary {
+    std::span<const int32_t> to_target;
+    int n_target = 0;  // the target's vocabulary size, the width of the q handed to the verifier
+};
+
+// logits over the drafter's vocabulary: the transforms run at its width (a 4096-token draft
+// vocabulary costs a twelfth of SmolLM2's 49152), then the children and q are mapped to target ids.
+Expansion propose_children(std::span<const float> logits, int n_children, const DraftRequest & req, std::vector<float> & scratch,
+                           const DraftVocabulary & vocab = {});
 
 // One tree level as one block: frontier node i at position_base + depth, seeing the first
 // visible_prefix cache slots, its ancestors' slots (slot_of, from earlier levels) and itself.
