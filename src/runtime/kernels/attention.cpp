@@ -14,6 +14,18 @@ namespace {
 
 constexpr int kMaxGroup = 64;  // query heads per KV head that attend() keeps sums for
 
+// (row, KV head) pairs [begin, end) on the CPU's path.
+void attend(const AttentionArgs & a, int64_t begin, int64_t end) {
+#if defined(SPECULA_X86_KERNELS)
+    switch (detected_cpu_path()) {
+        case CpuPath::Avx512Vnni: return avx512::attend(a, begin, end);
+        case CpuPath::Avx2: return avx2::attend(a, begin, end);
+        case CpuPath::Generic: break;
+    }
+#endif
+    generic::attend(a, begin, end);
+}
+
 void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * q = dst->src[0];
     const ggml_tensor * k = dst->src[1];
@@ -34,16 +46,26 @@ void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     a.scale = std::bit_cast<float>(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(userdata)));
     a.out = static_cast<float *>(dst->data);
     a.out_row = static_cast<int64_t>(dst->nb[1] / sizeof(float));
-    const int64_t pairs = q->ne[2] * a.n_head_kv;
-    const int64_t begin = pairs * ith / nth, end = pairs * (ith + 1) / nth;
-#if defined(SPECULA_X86_KERNELS)
-    switch (detected_cpu_path()) {
-        case CpuPath::Avx512Vnni: return avx512::attend(a, begin, end);
-        case CpuPath::Avx2: return avx2::attend(a, begin, end);
-        case CpuPath::Generic: break;
+    const int64_t rows = q->ne[2];
+    const int64_t pairs = rows * a.n_head_kv;
+    if (pairs >= 4 * nth) return attend(a, pairs * ith / nth, pairs * (ith + 1) / nth);
+    // Few (row, KV head) pairs for the threads (one decoded token has n_head_kv of them): split by
+    // query head instead. Each head's sums are its own whatever heads share a pass, so the bits
+    // are the same; only the keys are read once per head rather than once per group.
+    const int G = a.n_head / a.n_head_kv;
+    const int64_t units = rows * a.n_head;
+    for (int64_t u = units * ith / nth; u < units * (ith + 1) / nth; ++u) {
+        const int64_t i = u / a.n_head;
+        const int h = static_cast<int>(u % a.n_head);
+        AttentionArgs one = a;  // query head h alone, as the only head of its KV head's group
+        one.q = a.q + static_cast<int64_t>(h) * a.head_dim;
+        one.out = a.out + static_cast<int64_t>(h) * a.head_dim;
+        one.k = a.k + static_cast<int64_t>(h / G) * a.head_dim;
+        one.v = a.v + static_cast<int64_t>(h / G) * a.head_dim;
+        one.n_head = 1;
+        one.n_head_kv = 1;
+        attend(one, i, i + 1);
     }
-#endif
-    generic::attend(a, begin, end);
 }
 
 }  // namespace
