@@ -15,8 +15,8 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "runtime/kernels/attention_impl.h"
-#include "sample/sampler.h"
 #include "runtime/kernels/matmul.h"
+#include "sample/sampler.h"
 
 namespace {
 
@@ -96,14 +96,9 @@ void masked_attention(benchmark::State & state, CpuPath path) {
     a.head_dim = D, a.n_head = n_head, a.n_head_kv = n_head_kv, a.scale = 0.125f;
     a.out = out.data(), a.out_row = n_head * D;
     for (auto _ : state) {
-        switch (path) {
-            case CpuPath::Generic: generic::attend(a, 0, n_head_kv); break;
-            case CpuPath::Avx2: avx2::attend(a, 0, n_head_kv); break;
-            case CpuPath::Avx512Vnni: avx512::attend(a, 0, n_head_kv); break;
-        }
+        attend_on(path, a, 0, n_head_kv);
         benchmark::DoNotOptimize(out.data());
     }
-
     state.SetLabel(cpu_path_name(path));
 }
 

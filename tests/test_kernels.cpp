@@ -227,11 +227,8 @@ TEST(MaskedAttention, EverySimdPathGivesTheGenericPathsBits) {
             std::vector<float> out(static_cast<size_t>(n_rows * q_row), NAN);
             a.out = out.data(), a.out_row = q_row;
             const int64_t pairs = int64_t(n_rows) * shape.n_head_kv;
-            switch (path) {  // two threads' halves, as the op splits them
-                case CpuPath::Generic: kernels::generic::attend(a, 0, pairs / 2), kernels::generic::attend(a, pairs / 2, pairs); break;
-                case CpuPath::Avx2: kernels::avx2::attend(a, 0, pairs / 2), kernels::avx2::attend(a, pairs / 2, pairs); break;
-                case CpuPath::Avx512Vnni: kernels::avx512::attend(a, 0, pairs / 2), kernels::avx512::attend(a, pairs / 2, pairs); break;
-            }
+            kernels::attend_on(path, a, 0, pairs / 2);  // two threads' halves, as the op splits them
+            kernels::attend_on(path, a, pairs / 2, pairs);
             return out;
         };
         const std::vector<float> ref = run_path(CpuPath::Generic);

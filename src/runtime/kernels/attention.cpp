@@ -1,5 +1,6 @@
 #include "runtime/kernels/attention.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -13,18 +14,6 @@ namespace specula::kernels {
 namespace {
 
 constexpr int kMaxGroup = 64;  // query heads per KV head that attend() keeps sums for
-
-// (row, KV head) pairs [begin, end) on the CPU's path.
-void attend(const AttentionArgs & a, int64_t begin, int64_t end) {
-#if defined(SPECULA_X86_KERNELS)
-    switch (detected_cpu_path()) {
-        case CpuPath::Avx512Vnni: return avx512::attend(a, begin, end);
-        case CpuPath::Avx2: return avx2::attend(a, begin, end);
-        case CpuPath::Generic: break;
-    }
-#endif
-    generic::attend(a, begin, end);
-}
 
 void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * q = dst->src[0];
@@ -46,29 +35,43 @@ void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     a.scale = std::bit_cast<float>(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(userdata)));
     a.out = static_cast<float *>(dst->data);
     a.out_row = static_cast<int64_t>(dst->nb[1] / sizeof(float));
+    const CpuPath path = detected_cpu_path();
     const int64_t rows = q->ne[2];
     const int64_t pairs = rows * a.n_head_kv;
-    if (pairs >= 4 * nth) return attend(a, pairs * ith / nth, pairs * (ith + 1) / nth);
+    if (pairs >= 4 * nth) return attend_on(path, a, pairs * ith / nth, pairs * (ith + 1) / nth);
     // Few (row, KV head) pairs for the threads (one decoded token has n_head_kv of them): split by
-    // query head instead. Each head's sums are its own whatever heads share a pass, so the bits
-    // are the same; only the keys are read once per head rather than once per group.
+    // query head instead, each thread's heads in runs that share a row and a KV head. Each head's
+    // sums are its own whichever heads share a pass, so the bits are the same.
     const int G = a.n_head / a.n_head_kv;
-    const int64_t units = rows * a.n_head;
-    for (int64_t u = units * ith / nth; u < units * (ith + 1) / nth; ++u) {
+    const int64_t units = rows * a.n_head, end = units * (ith + 1) / nth;
+    for (int64_t u = units * ith / nth; u < end;) {
         const int64_t i = u / a.n_head;
         const int h = static_cast<int>(u % a.n_head);
-        AttentionArgs one = a;  // query head h alone, as the only head of its KV head's group
-        one.q = a.q + static_cast<int64_t>(h) * a.head_dim;
-        one.out = a.out + static_cast<int64_t>(h) * a.head_dim;
-        one.k = a.k + static_cast<int64_t>(h / G) * a.head_dim;
-        one.v = a.v + static_cast<int64_t>(h / G) * a.head_dim;
-        one.n_head = 1;
-        one.n_head_kv = 1;
-        attend(one, i, i + 1);
+        const int run = static_cast<int>(std::min<int64_t>(end - u, G - h % G));
+        AttentionArgs part = a;  // heads h..h+run of one KV head, as that KV head's whole group
+        part.q = a.q + static_cast<int64_t>(h) * a.head_dim;
+        part.out = a.out + static_cast<int64_t>(h) * a.head_dim;
+        part.k = a.k + static_cast<int64_t>(h / G) * a.head_dim;
+        part.v = a.v + static_cast<int64_t>(h / G) * a.head_dim;
+        part.n_head = run;
+        part.n_head_kv = 1;
+        attend_on(path, part, i, i + 1);
+        u += run;
     }
 }
 
 }  // namespace
+
+void attend_on(CpuPath path, const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
+#if defined(SPECULA_X86_KERNELS)
+    switch (path) {
+        case CpuPath::Avx512Vnni: return avx512::attend(a, pair_begin, pair_end);
+        case CpuPath::Avx2: return avx2::attend(a, pair_begin, pair_end);
+        case CpuPath::Generic: break;
+    }
+#endif
+    generic::attend(a, pair_begin, pair_end);
+}
 
 bool attention_supported(int head_dim) { return head_dim > 0 && head_dim % 16 == 0; }
 

@@ -2,6 +2,8 @@
 // Per-instruction-set bodies of kernels/attention.h; internal to the kernels.
 #include <cstdint>
 
+#include "runtime/kernels/matmul.h"
+
 namespace specula::kernels {
 
 struct AttentionArgs {
@@ -18,6 +20,9 @@ struct AttentionArgs {
     float * out = nullptr;          // row i, head h at out + i * out_row + h * D
     int64_t out_row = 0;
 };
+
+// (row, KV head) pairs [pair_begin, pair_end) on the given path's body (one the CPU can run).
+void attend_on(CpuPath path, const AttentionArgs & a, int64_t pair_begin, int64_t pair_end);
 
 namespace generic { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
 namespace avx2 { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
