@@ -3,6 +3,9 @@
 // attention kernels, quantized and qwen targets.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
 #include "draft/ngram.h"
@@ -14,6 +17,7 @@
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "specula/specula.h"
+#include "greedy_agreement.h"
 #include "test_models.h"
 
 namespace specula {
@@ -111,9 +115,17 @@ class KernelMatrix : public ::testing::TestWithParam<MatrixCase> {};
 // One target under one choice of matmul kernels (specula's packed ones or ggml's) and attention
 // kernel (specula's op, ggml's fused flash attention, ggml's matmul form over a transposed V
 // cache): a draft model's chain and dynamic tree, an EAGLE-3 head's dynamic tree and an n-gram
-// chain must each reproduce plain greedy decoding token for token.
+// chain must each reproduce plain greedy decoding token for token where the forward is
+// batch-invariant (specula's kernels with an attention that computes each row alone: specula's
+// op or ggml's flash kernel). ggml's matmuls (weights, or attention in matmul form) round a
+// verify block differently from a one-row step, so there the outputs must agree up to a position
+// where plain decoding's own logits put both tokens within kTieLogits (test_real_models measures
+// the same on real files). Which near-ties flip depends on ggml's code path for the CPU: on an
+// AMD Zen 4 every case here was identical, on an Intel Sapphire Rapids three were not.
 TEST_P(KernelMatrix, GreedySpeculativeEqualsPlainDecoding) {
+    constexpr float kTieLogits = 0.05f;
     const MatrixCase & c = GetParam();
+    const bool batch_invariant = c.kernels == "specula" && c.attention != "matmul";
     constexpr int kGenerate = 32, kCtx = 128;
     Backend backend(BackendOptions{"cpu", 1, parse_attention(c.attention), parse_kernels(c.kernels)});
     ASSERT_EQ(backend.own_kernels(), c.kernels == "specula");
@@ -150,7 +162,18 @@ TEST_P(KernelMatrix, GreedySpeculativeEqualsPlainDecoding) {
             got.push_back(t);
             return true;
         });
-        EXPECT_EQ(got, want) << drafter->name() << " " << tree_shape_name(shape.shape);
+        ASSERT_EQ(got.size(), want.size());
+        if (batch_invariant) {
+            EXPECT_EQ(got, want) << drafter->name() << " " << tree_shape_name(shape.shape);
+            continue;
+        }
+        const test::FirstDifference f = test::first_difference(runner, backend, *target, prompt, want, got, kCtx);
+        if (!f.any()) continue;
+        std::printf("[equivalence] %s %s %s: first difference at %zu: plain %d (logit %.5f), speculative %d (logit %.5f)\n",
+                    case_name(c).c_str(), drafter->name(), tree_shape_name(shape.shape), f.position, f.plain_token, f.plain_logit,
+                    f.spec_token, f.spec_logit);
+        EXPECT_LT(std::fabs(f.plain_logit - f.spec_logit), kTieLogits) << drafter->name() << " " << tree_shape_name(shape.shape)
+                                                                        << ": not a near-tie at generated position " << f.position;
     }
     EXPECT_GT(accepted, kGenerate) << "the twin's drafts must be accepted";
 }

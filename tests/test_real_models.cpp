@@ -22,6 +22,7 @@
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
+#include "greedy_agreement.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
@@ -199,22 +200,14 @@ TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecoding) {
         std::vector<int32_t> got;
         generate_speculative(ctx, prompt, o, never_end, collect(got));
         ASSERT_EQ(got.size(), plain.size());
-        const size_t d = std::mismatch(got.begin(), got.end(), plain.begin()).first - got.begin();
+        const test::FirstDifference f = test::first_difference(runner, backend, *model, prompt, plain, got, kCapacity);
         std::printf("[real-spec] %-28s %-11s %-7s accepted %d of %d tokens, identical to plain for %zu\n", m.name.c_str(),
-                    drafter->name(), tree_shape_name(tree.shape), accepted, kGenerate, d);
-        if (d == got.size()) continue;
+                    drafter->name(), tree_shape_name(tree.shape), accepted, kGenerate, f.position);
+        if (!f.any()) continue;
         EXPECT_FALSE(m.batch_invariant) << "a batch-invariant forward must reproduce plain decoding exactly";
-        // Plain decoding's logits at the first difference: one-row forwards after the prompt.
-        KvCache replay(backend, model->config(), kCapacity);
-        ForwardOutput out = runner.forward(ForwardBatch::causal(prompt, 0, {int32_t(prompt.size()) - 1}), replay);
-        for (size_t i = 0; i < d; ++i) {
-            const int32_t t[1] = {plain[i]};
-            out = runner.forward(ForwardBatch::causal(t, int(prompt.size() + i), {0}), replay);
-        }
-        const std::span<const float> row = out.logits_row(0);
-        std::printf("[real-spec]   first difference at %zu: plain %d (logit %.4f), speculative %d (logit %.4f)\n", d, plain[d],
-                    row[plain[d]], got[d], row[got[d]]);
-        EXPECT_LT(std::fabs(row[plain[d]] - row[got[d]]), kTieLogits) << "not a near-tie at generated position " << d;
+        std::printf("[real-spec]   first difference at %zu: plain %d (logit %.4f), speculative %d (logit %.4f)\n", f.position,
+                    f.plain_token, f.plain_logit, f.spec_token, f.spec_logit);
+        EXPECT_LT(std::fabs(f.plain_logit - f.spec_logit), kTieLogits) << "not a near-tie at generated position " << f.position;
     }
 }
 
