@@ -212,7 +212,6 @@ RoundReport round_report(const RoundInfo & r) {
 
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
                           const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous) {
-    std::vector<ForwardOutput> outs(sequences.size());
     std::vector<BatchPart> parts;
     StepResult step;
     const int n = static_cast<int>(sequences.size());
@@ -221,14 +220,14 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
         Sequence & s = *sequences[i];
         const StepShare share = estimate_step_share(previous.rows, previous.tokens, s.last_rows(), s.last_tokens(), n - 1,
                                                     decoding - (s.prefilling() ? 0 : 1));
-        parts.push_back(BatchPart{&s.next_block(share), &s.cache(), &outs[i]});
+        parts.push_back(BatchPart{&s.next_block(share), &s.cache(), &s.output()});
         step.rows += parts.back().batch->n_tokens();
     }
     const auto t0 = clock_type::now();
     target.forward_parts(parts);
     step.forward_ms = ms_since(t0);
     for (size_t i = 0; i < sequences.size(); ++i) {
-        sequences[i]->commit(outs[i], step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows);
+        sequences[i]->commit(sequences[i]->output(), step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows);
         step.tokens += sequences[i]->last_tokens();
     }
     return step;

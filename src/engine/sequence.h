@@ -79,6 +79,9 @@ public:
     std::span<const int32_t> history() const { return history_; }
     int n_prompt() const { return run_.n_prompt; }
     KvCache & cache() const { return p_.cache; }
+    // Where the target's forward of next_block() writes; kept between steps so that its buffers
+    // (a verify block's logits are megabytes) are reused, not allocated anew each step.
+    ForwardOutput & output() { return out_; }
 
 private:
     SequenceParts p_;
@@ -96,6 +99,7 @@ private:
     GenerationStats run_;
     // The current round, between next_block() and commit().
     ForwardBatch block_;
+    ForwardOutput out_;
     Draft draft_;
     int asked_ = 0, base_ = 0;
     double draft_ms_ = 0.0, promised_ = 0.0;

@@ -334,39 +334,28 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
 
     if (ggml_backend_sched_graph_compute(g.sched, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");
 
-    std::vector<float> logits, hidden_out;
-    std::vector<std::vector<float>> taps(g.out.taps.size());
-    if (g.out.logits) {
-        logits.resize(static_cast<size_t>(g.key.n_out) * c.n_vocab);
-        ggml_backend_tensor_get(g.out.logits, logits.data(), 0, sizeof(float) * logits.size());
-    }
-    for (size_t t = 0; t < g.out.taps.size(); ++t) {
-        taps[t].resize(static_cast<size_t>(n) * c.n_embd);
-        ggml_backend_tensor_get(g.out.taps[t], taps[t].data(), 0, sizeof(float) * taps[t].size());
-    }
-    if (g.out.hidden_out) {
-        hidden_out.resize(static_cast<size_t>(n) * c.n_embd);
-        ggml_backend_tensor_get(g.out.hidden_out, hidden_out.data(), 0, sizeof(float) * hidden_out.size());
-    }
+    // Each part's rows straight from the graph's outputs into its ForwardOutput, whose buffers the
+    // caller keeps between forwards: a verify block's logits are megabytes, and a fresh buffer
+    // for them costs page faults on every forward.
+    const size_t E = c.n_embd, V = c.n_vocab;
     size_t logit_row = 0;
     for (size_t p = 0; p < parts.size(); ++p) {
         const ForwardBatch & b = *parts[p].batch;
         ForwardOutput & out = *parts[p].out;
         out.n_vocab = c.n_vocab;
         out.n_embd = c.n_embd;
-        const size_t rows = b.n_tokens(), E = c.n_embd, V = c.n_vocab;
-        out.logits.clear();
-        if (g.out.logits) {
-            const size_t n_out = b.logit_rows.size();
-            out.logits.assign(logits.begin() + logit_row * V, logits.begin() + (logit_row + n_out) * V);
-            logit_row += n_out;
+        const size_t rows = b.n_tokens(), first = row_begin[p];
+        const size_t n_out = g.out.logits ? b.logit_rows.size() : 0;
+        out.logits.resize(n_out * V);
+        if (n_out > 0) ggml_backend_tensor_get(g.out.logits, out.logits.data(), sizeof(float) * logit_row * V, sizeof(float) * n_out * V);
+        logit_row += n_out;
+        out.taps.resize(g.out.taps.size());
+        for (size_t t = 0; t < g.out.taps.size(); ++t) {
+            out.taps[t].resize(rows * E);
+            ggml_backend_tensor_get(g.out.taps[t], out.taps[t].data(), sizeof(float) * first * E, sizeof(float) * rows * E);
         }
-        out.taps.resize(taps.size());
-        for (size_t t = 0; t < taps.size(); ++t) {
-            out.taps[t].assign(taps[t].begin() + row_begin[p] * E, taps[t].begin() + (row_begin[p] + rows) * E);
-        }
-        out.hidden_out.clear();
-        if (g.out.hidden_out) out.hidden_out.assign(hidden_out.begin() + row_begin[p] * E, hidden_out.begin() + (row_begin[p] + rows) * E);
+        out.hidden_out.resize(g.out.hidden_out ? rows * E : 0);
+        if (g.out.hidden_out) ggml_backend_tensor_get(g.out.hidden_out, out.hidden_out.data(), sizeof(float) * first * E, sizeof(float) * rows * E);
     }
 }
 
