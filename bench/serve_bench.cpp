@@ -124,7 +124,8 @@ private:
 };
 
 // ---------------------------------------------------------------------------------------------
-// The client: streaming /v1/completions, as an OpenAI client would use either server.
+// The client: streaming /v1/completions or /v1/chat/completions, as an OpenAI client would use
+// either server.
 
 struct RequestResult {
     size_t prompt = 0;
@@ -134,7 +135,9 @@ struct RequestResult {
     std::string text, error;
 };
 
+// `body` carries "prompt" (a completion) or "messages" (a chat completion).
 RequestResult stream_completion(int port, const json & body) {
+    const bool chat = body.contains("messages");
     RequestResult r;
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(600);
@@ -148,7 +151,10 @@ RequestResult stream_completion(int port, const json & body) {
         if (j.is_discarded()) return void(r.error = "unparsable event: " + data.substr(0, 200));
         if (j.contains("error")) return void(r.error = "error event: " + j.at("error").dump());
         for (const auto & c : j.value("choices", json::array())) {
-            const std::string piece = c.value("text", "");
+            // A chat chunk's delta may carry no content, or a null one (a role or finish chunk).
+            const json & holder = chat ? c.value("delta", json::object()) : c;
+            const json piece_json = holder.value(chat ? "content" : "text", json());
+            const std::string piece = piece_json.is_string() ? piece_json.get<std::string>() : "";
             if (piece.empty()) continue;
             if (r.text.empty()) r.ttft = seconds_since(t0);
             r.text += piece;
@@ -171,7 +177,7 @@ RequestResult stream_completion(int port, const json & body) {
     };
     httplib::Request req;
     req.method = "POST";
-    req.path = "/v1/completions";
+    req.path = chat ? "/v1/chat/completions" : "/v1/completions";
     req.set_header("Content-Type", "application/json");
     req.body = body.dump();
     req.content_receiver = [&](const char * data, size_t n, uint64_t, uint64_t) {
@@ -207,9 +213,16 @@ struct LoadRun {
     std::vector<RequestResult> requests;
 };
 
+// The request for one prompt of the set: a user message for a chat set, else the raw prompt.
+json with_prompt(json request, const std::string & text, bool chat) {
+    if (chat) request["messages"] = json::array({{{"role", "user"}, {"content", text}}});
+    else request["prompt"] = text;
+    return request;
+}
+
 // `clients` threads; every client sends the same number of requests (ceil(prompts / clients)),
 // one after another, prompt (client + clients x i) mod n: the whole set at every concurrency.
-LoadRun run_load(int port, const std::vector<PromptText> & prompts, int clients, const json & request) {
+LoadRun run_load(int port, const std::vector<PromptText> & prompts, bool chat, int clients, const json & request) {
     const size_t per_client = (prompts.size() + clients - 1) / clients;
     LoadRun run;
     run.requests.resize(per_client * clients);
@@ -219,9 +232,7 @@ LoadRun run_load(int port, const std::vector<PromptText> & prompts, int clients,
         threads.emplace_back([&, c] {
             for (size_t i = 0; i < per_client; ++i) {
                 const size_t slot = c + clients * i, prompt = slot % prompts.size();
-                json body = request;
-                body["prompt"] = prompts[prompt].text;
-                run.requests[slot] = stream_completion(port, body);
+                run.requests[slot] = stream_completion(port, with_prompt(request, prompts[prompt].text, chat));
                 run.requests[slot].prompt = prompt;
             }
         });
@@ -237,8 +248,9 @@ std::vector<std::string> server_argv(const ServeBenchOptions & o, const Config &
         std::vector<std::string> a = {o.specula_bin, "serve", "-m", o.model, "--parallel", std::to_string(clients), "-t", t,
                                       "-c", std::to_string(o.n_ctx), "--host", "127.0.0.1", "--port", std::to_string(port)};
         if (c.speculative) {
-            if (o.draft.empty()) a.push_back("--ngram");
-            else a.insert(a.end(), {"--draft", o.draft});
+            if (!o.eagle3.empty()) a.insert(a.end(), {"--eagle3", o.eagle3});
+            else if (!o.draft.empty()) a.insert(a.end(), {"--draft", o.draft});
+            else a.push_back("--ngram");
             a.insert(a.end(), {"--draft-max", std::to_string(o.draft_max)});
         }
         return a;
@@ -248,10 +260,11 @@ std::vector<std::string> server_argv(const ServeBenchOptions & o, const Config &
                                   "-c", std::to_string(o.n_ctx * clients), "--host", "127.0.0.1", "--port", std::to_string(port),
                                   "--no-webui"};
     if (c.speculative) {
-        if (o.draft.empty()) a.insert(a.end(), {"--spec-type", "ngram-simple"});
         // Without --spec-type, v0.5.0 infers the type from the draft GGUF's metadata and, for a
         // plain model, does not speculate at all.
-        else a.insert(a.end(), {"-md", o.draft, "-td", t, "--spec-type", "draft-simple"});
+        if (!o.eagle3.empty()) a.insert(a.end(), {"-md", o.eagle3, "-td", t, "--spec-type", "draft-eagle3"});
+        else if (!o.draft.empty()) a.insert(a.end(), {"-md", o.draft, "-td", t, "--spec-type", "draft-simple"});
+        else a.insert(a.end(), {"--spec-type", "ngram-simple"});
         a.insert(a.end(), {"--spec-draft-n-max", std::to_string(o.draft_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"});
     }
     return a;
@@ -284,6 +297,8 @@ struct Row {
 void validate(ServeBenchOptions & o) {
     if (!std::filesystem::is_regular_file(o.model)) throw Error("model " + o.model + ": no such file");
     if (!o.draft.empty() && !std::filesystem::is_regular_file(o.draft)) throw Error("draft model " + o.draft + ": no such file");
+    if (!o.eagle3.empty() && !std::filesystem::is_regular_file(o.eagle3)) throw Error("EAGLE-3 head " + o.eagle3 + ": no such file");
+    if (!o.draft.empty() && !o.eagle3.empty()) throw Error("--draft and --eagle3: give one drafter for the speculative configurations");
     if (o.clients.empty() || *std::min_element(o.clients.begin(), o.clients.end()) < 1) throw Error("--clients: counts must be at least 1");
     if (o.reps < 1) throw Error("--reps must be at least 1");
     if (o.n_gen < 1 || o.n_gen >= o.n_ctx) throw Error("--n-gen must be between 1 and the context (" + std::to_string(o.n_ctx) + ")");
@@ -320,18 +335,17 @@ int run_serve_bench(const ServeBenchOptions & options) {
     validate(o);
     const std::string prompts_path = prompt_set_path(o.prompts);
     const PromptSet set = read_prompt_set(prompts_path);
-    if (set.chat) throw Error(prompts_path + ": a chat prompt set; bench serve sends completions (plain text prompts) only");
     const std::vector<PromptText> & prompts = set.prompts;
     const int threads = o.threads > 0 ? o.threads : default_thread_count();
-    const std::string drafter = o.draft.empty() ? "n-gram" : "draft model";
+    const std::string drafter = !o.eagle3.empty() ? "EAGLE-3" : !o.draft.empty() ? "draft model" : "n-gram";
     const MachineLoad load = measure_machine_load();
     print_machine(load);
-    std::printf("%zu prompts, %d tokens each (ignore_eos, T = 0), %d threads, context %d per slot, draft max %d, %d reps\n",
-                prompts.size(), o.n_gen, threads, o.n_ctx, o.draft_max, o.reps);
-    const std::string note = o.draft.empty()
-        ? "no draft model given (SmolLM2 has no small same-vocabulary model): the speculative configurations draft by n-gram "
-          "(specula --ngram, llama-server --spec-type ngram-simple)"
-        : "speculative configurations use the draft model " + o.draft + " (specula --draft, llama-server -md)";
+    std::printf("%zu %s prompts, %d tokens each (ignore_eos, T = 0), %d threads, context %d per slot, draft max %d, %d reps\n",
+                prompts.size(), set.chat ? "chat" : "completion", o.n_gen, threads, o.n_ctx, o.draft_max, o.reps);
+    const std::string note = !o.eagle3.empty()
+        ? "speculative configurations use the EAGLE-3 head " + o.eagle3 + " (specula --eagle3, llama-server -md --spec-type draft-eagle3)"
+        : !o.draft.empty() ? "speculative configurations use the draft model " + o.draft + " (specula --draft, llama-server -md)"
+                           : "no drafter given: the speculative configurations draft by n-gram (specula --ngram, llama-server --spec-type ngram-simple)";
     std::printf("%s\n", note.c_str());
 
     std::vector<Config> configs;
@@ -360,8 +374,7 @@ int run_serve_bench(const ServeBenchOptions & options) {
             server.wait_ready(o.startup_timeout);
             const json request = request_template(o, c);
             {  // Warm-up (graphs, caches): one short request, not measured.
-                json warm = request;
-                warm["prompt"] = prompts[0].text;
+                json warm = with_prompt(request, prompts[0].text, set.chat);
                 warm["max_tokens"] = std::min(o.n_gen, 8);
                 if (const auto w = stream_completion(port, warm); !w.error.empty()) {
                     throw Error(c.server + " " + c.name + ": warm-up request failed: " + w.error);
@@ -373,7 +386,7 @@ int run_serve_bench(const ServeBenchOptions & options) {
             std::vector<double> per_request, ttft;
             long drafted = 0, accepted = 0;
             for (int rep = 0; rep < o.reps; ++rep) {
-                const LoadRun run = run_load(port, prompts, clients, request);
+                const LoadRun run = run_load(port, prompts, set.chat, clients, request);
                 progress.step(std::to_string(clients) + " clients, " + c.server + " " + c.name + ", rep " + std::to_string(rep + 1) + "/" +
                               std::to_string(o.reps));
                 long tokens = 0;
@@ -427,7 +440,8 @@ int run_serve_bench(const ServeBenchOptions & options) {
                            {"vs_best_llama_server", best_llama > 0 ? json(r.aggregate.median / best_llama) : json(nullptr)}});
     }
     if (!o.json_path.empty()) {
-        const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"prompts", prompts_path}, {"threads", threads},
+        const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"eagle3", o.eagle3}, {"prompts", prompts_path},
+                        {"chat", set.chat}, {"threads", threads},
                         {"n_gen", o.n_gen}, {"n_ctx_per_slot", o.n_ctx}, {"draft_max", o.draft_max}, {"reps", o.reps},
                         {"machine_busy_fraction", load.busy_fraction}, {"loadavg_1m", load.loadavg_1m}, {"machine_idle", load.idle()},
                         {"note", note}, {"results", results}, {"requests", raw}};

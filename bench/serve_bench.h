@@ -6,7 +6,8 @@ namespace specula::bench {
 
 struct ServeBenchOptions {
     std::string model;            // target GGUF, served by both servers
-    std::string draft;            // draft GGUF (same vocabulary); empty = n-gram drafting in both servers
+    std::string draft;            // draft GGUF (same vocabulary)
+    std::string eagle3;           // EAGLE-3 head GGUF (instead of a draft model); neither = n-gram drafting in both servers
     std::string specula_bin;      // the `specula` binary to serve with (default: this one)
     std::string llama_server_bin; // default: build/bin/llama-server (the pinned llama.cpp)
     std::vector<int> clients = {1, 2, 4, 8, 16};
@@ -22,9 +23,12 @@ struct ServeBenchOptions {
 };
 
 // The same concurrent streaming workload through HTTP on 127.0.0.1 against `specula serve` (plain
-// and with its drafter) and llama-server (plain and with its draft model or n-gram), each started
+// and with its drafter) and llama-server (plain and with its draft model, EAGLE-3 head or
+// n-gram), each started
 // and stopped here with --parallel = clients, same GGUF, threads, n_predict, T = 0: aggregate
-// tok/s, per-request tok/s and time to first token, median and spread over reps.
+// tok/s, per-request tok/s and time to first token, median and spread over reps. A chat prompt
+// set goes through /v1/chat/completions (each server applies the model's chat template), any
+// other through /v1/completions.
 int run_serve_bench(const ServeBenchOptions & options);
 
 }  // namespace specula::bench

@@ -1,11 +1,13 @@
-// `specula bench serve` end to end on the bundled family (specula's server only: llama-server is a
-// peer tool CI does not build), and its errors for missing binaries, models and failed servers.
+// `specula bench serve` end to end on the bundled family and on SmolLM2 with its EAGLE-3 head
+// (specula's server only: llama-server is a peer tool CI does not build), and its errors for
+// missing binaries, models and failed servers.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/model_cache.h"
 #include "test_models.h"
 
 namespace specula {
@@ -41,8 +43,11 @@ TEST(BenchServe, SpeculaPlainAndDraftModelAtOneAndTwoClients) {
         EXPECT_GT(r.at("aggregate_tok_s").at("median").get<double>(), 0.0) << r;
         // A plain server reports no acceptance. A speculative one may draft nothing at all: its cost
         // policy drafts only where its measured curve says drafting pays (not under ASan, say).
-        if (!r.at("speculative").get<bool>()) EXPECT_TRUE(r.at("acceptance").is_null()) << r;
-        else if (!r.at("acceptance").is_null()) EXPECT_LE(r.at("acceptance").get<double>(), 1.0) << r;
+        if (!r.at("speculative").get<bool>()) {
+            EXPECT_TRUE(r.at("acceptance").is_null()) << r;
+        } else if (!r.at("acceptance").is_null()) {
+            EXPECT_LE(r.at("acceptance").get<double>(), 1.0) << r;
+        }
     }
     ASSERT_EQ(j.at("requests").size(), 8u);
     for (const auto & q : j.at("requests")) EXPECT_EQ(q.at("tokens"), 8);
@@ -52,11 +57,40 @@ TEST(BenchServe, SpeculaPlainAndDraftModelAtOneAndTwoClients) {
     }
 }
 
-// A chat prompt set is refused by name (bench serve sends completions), not sent as plain text.
-TEST(BenchServe, RefusesChatPromptSets) {
-    test::expect_cli_error(SPECULA_CLI, " bench serve -m " + kModels + "specula-target.gguf --servers specula --prompts " + SPECULA_SOURCE_DIR +
-                                            "/bench/prompts-chat.json",
-                           "a chat prompt set; bench serve sends completions");
+// A chat prompt set goes through /v1/chat/completions with the model's chat template, and
+// --eagle3 serves the speculative configuration with an EAGLE-3 head: on SmolLM2-135M-Instruct
+// and its shipped head (the real default pair). Catches: chat deltas not read (every request
+// must bring exactly -n tokens), the head not passed to the server (the run must draft and accept
+// some tokens), the speculative text differing from the plain one at T = 0.
+TEST(BenchServe, ChatPromptsWithAnEagle3Head) {
+    const std::string model = model_cache_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is absent: run scripts/fetch_models.sh";
+    const std::string prompts = test::scratch_dir() + "/bench-serve-chat-prompts.json";
+    std::ofstream(prompts) << R"({"chat": true, "prompts": [
+        {"category": "code", "name": "sum", "text": "Write a Python function that returns the sum of a list."},
+        {"category": "chat_qa", "name": "sky", "text": "Why is the sky blue?"}]})";
+    const std::string json_path = test::scratch_dir() + "/bench-serve-chat.json";
+    std::filesystem::remove(json_path);
+    const test::CommandRun run = test::run_command(std::string(SPECULA_CLI) + " bench serve -m " + model + " --eagle3 " + kModels +
+                                                   "smollm2-eagle3.gguf --servers specula --clients 2 -r 1 -n 16 -t 1 --prompts " + prompts +
+                                                   " --json " + json_path);
+    ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+    EXPECT_NE(run.out.find("2 chat prompts"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("--eagle3"), std::string::npos) << run.out;
+    const auto j = nlohmann::json::parse(std::ifstream(json_path));
+    EXPECT_TRUE(j.at("chat").get<bool>());
+    ASSERT_EQ(j.at("results").size(), 2u);
+    for (const auto & r : j.at("results")) {
+        EXPECT_EQ(r.at("identical_to_plain"), r.at("compared")) << r;
+        EXPECT_EQ(r.at("compared"), 2) << r;
+    }
+    long drafted = 0, accepted = 0;
+    for (const auto & q : j.at("requests")) {
+        EXPECT_EQ(q.at("tokens"), 16) << q;
+        drafted += q.at("drafted").get<long>(), accepted += q.at("accepted").get<long>();
+    }
+    EXPECT_GT(drafted, 0) << "the EAGLE-3 configuration drafted nothing";
+    EXPECT_GT(accepted, 0);
 }
 
 // Catches: a crash, a hang or a vague message when a server binary, a model or a server's
@@ -66,6 +100,9 @@ TEST(BenchServe, ClearErrors) {
     const std::string m = " bench serve -m " + kModels + "specula-target.gguf --prompts " + two_prompts() + " -r 1 -n 4 --clients 1 ";
     test::expect_cli_error(cli, " bench serve -m /nonexistent.gguf", "model /nonexistent.gguf: no such file");
     test::expect_cli_error(cli, m + "--draft /nonexistent.gguf", "draft model /nonexistent.gguf: no such file");
+    test::expect_cli_error(cli, m + "--eagle3 /nonexistent.gguf", "EAGLE-3 head /nonexistent.gguf: no such file");
+    test::expect_cli_error(cli, m + "--draft " + kModels + "specula-draft.gguf --eagle3 " + kModels + "specula-eagle3.gguf",
+                           "--draft and --eagle3: give one drafter");
     test::expect_cli_error(cli, m + "--servers vllm", "unknown server 'vllm'");
     test::expect_cli_error(cli, " bench serve -m " + kModels + "specula-target.gguf --servers specula --prompts /nonexistent.json", "/nonexistent.json: cannot open the prompt set");
     test::expect_cli_error(cli, m + "--servers llama-server --llama-server-bin /nonexistent/llama-server", "llama-server binary");

@@ -49,7 +49,8 @@ void register_bench(CLI::App & app, Commands & commands) {
     auto v = std::make_shared<bench::ServeBenchOptions>();
     CLI::App * serve = bench->add_subcommand("serve", "concurrent clients through HTTP: specula serve vs llama-server, plain and speculative");
     serve->add_option("-m,--model", v->model, "target model GGUF (both servers)")->required();
-    serve->add_option("--draft", v->draft, "draft model GGUF (same vocabulary); without it both servers draft by n-gram");
+    serve->add_option("--draft", v->draft, "draft model GGUF (same vocabulary); without a drafter both servers draft by n-gram");
+    serve->add_option("--eagle3", v->eagle3, "EAGLE-3 head GGUF for the speculative configurations (llama-server: --spec-type draft-eagle3)");
     serve->add_option("--clients", v->clients, "concurrent clients (each server runs --parallel = clients)")->delimiter(',')->capture_default_str();
     serve->add_option("--servers", v->servers, "servers to run: specula, llama-server")->delimiter(',')->capture_default_str();
     serve->add_option("-t,--threads", v->threads, "threads for both servers (0 = physical cores)")->capture_default_str();
@@ -57,7 +58,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     serve->add_option("-n,--n-gen", v->n_gen, "tokens per request (ignore_eos)")->capture_default_str();
     serve->add_option("--draft-max", v->draft_max, "longest draft per round (both servers)")->capture_default_str();
     serve->add_option("-c,--ctx-size", v->n_ctx, "context per slot")->capture_default_str();
-    serve->add_option("--prompts", v->prompts, "prompt set JSON (default: bench/prompts.json)");
+    serve->add_option("--prompts", v->prompts, "prompt set JSON (default: bench/prompts.json; a chat set goes through /v1/chat/completions)");
     serve->add_option("--specula-bin", v->specula_bin, "specula binary to serve with (default: this one)");
     serve->add_option("--llama-server-bin", v->llama_server_bin, "llama-server binary (default: build/bin/llama-server)");
     serve->add_option("--startup-timeout", v->startup_timeout, "seconds for a server to come up")->capture_default_str();
