@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <future>
 
 #include "specula/error.h"
 #include "engine/sequence.h"
@@ -75,14 +76,37 @@ Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target
     std::vector<int32_t> probe = target.tokenizer->tokenize("The quick brown fox jumps over the lazy dog.");
     if (probe.empty()) probe.push_back(0);
     // Up to the rows of a step where every slot drafts its longest chain (capped: the probe runs
-    // each size three times); larger steps extrapolate the curve.
-    target.measure_verify_cost_once(*slots_[0]->cache, probe, std::min(64, options.parallel * (target.options.draft_max + 1)));
+    // each size three times); larger steps extrapolate the curve. Measured on the worker thread,
+    // like every forward of this target: with libgomp each thread that starts a parallel region
+    // gets its own team, and two teams on a 2-core machine are more threads than CPUs, for which
+    // libgomp cuts its barrier spin to a hundred iterations, so every graph node's barrier sleeps
+    // (measured with the probe on this thread: 43,000 context switches and 0.2x the speed for 128
+    // speculative tokens at one slot).
+    const int probe_rows = std::min(64, options.parallel * (target.options.draft_max + 1));
 
     metrics_.slots = options.parallel;
     metrics_.rows_bounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     metrics_.rows_buckets.assign(metrics_.rows_bounds.size() + 1, 0);
     metrics_.busy_slots_steps.assign(options.parallel, 0);
-    worker_ = std::thread([this] { run(); });
+
+    std::promise<void> measured;
+    std::future<void> ready = measured.get_future();
+    worker_ = std::thread([this, measured = std::move(measured), probe = std::move(probe), probe_rows]() mutable {
+        try {
+            target_.measure_verify_cost_once(*slots_[0]->cache, probe, probe_rows);
+        } catch (...) {
+            measured.set_exception(std::current_exception());
+            return;
+        }
+        measured.set_value();
+        run();
+    });
+    try {
+        ready.get();
+    } catch (...) {
+        worker_.join();
+        throw;
+    }
 }
 
 Scheduler::~Scheduler() {
