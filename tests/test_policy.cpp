@@ -118,6 +118,40 @@ TEST(TreeSizePolicy, LearnsHowOptimisticTheDraftIs) {
     EXPECT_GT(p.min_path_prob(), 1.0);
 }
 
+// Catches: a tree policy that lets a sequence of a busy step draft as if alone. Its drafter's
+// forwards hold up the whole step, whose plain rate is that of every sequence together, so the
+// path probability a level must promise grows with what the others emit per forward.
+TEST(TreeSizePolicy, NeedsLikelierPathsInABusyStep) {
+    TreeSizePolicy p(kMeasuredTargetCurve);
+    p.observe_draft(0.8, 4);  // 0.2 ms per drafter level
+    const double alone = p.min_path_prob();
+    EXPECT_GT(alone, 0.0);
+    EXPECT_DOUBLE_EQ(p.min_path_prob(StepShare{}), alone);
+    // 7 others with a root row each, each emitting a token per step.
+    const double busy = p.min_path_prob(StepShare{7, 7.0});
+    EXPECT_NEAR(busy / alone, 8.0 * kMeasuredTargetCurve[0] / kMeasuredTargetCurve[7], 1e-9);
+    EXPECT_GT(busy, 2.0 * alone);
+}
+
+// Catches: a tree policy that drafts in every round of a busy step. Eight sequences stepping
+// together emit 8 tokens per forward of 8 rows without drafting; a round that drafts adds its
+// drafter time and its rows' verify cost to the whole step for the tokens rounds accept, which
+// pays alone but not there. Skipping must not last: every 8th round drafts to keep learning.
+TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
+    TreeSizePolicy p(kMeasuredTargetCurve);
+    EXPECT_TRUE(p.should_draft(StepShare{7, 7.0}));  // nothing seen yet: draft to learn
+    for (int r = 0; r < 40; ++r) {
+        p.observe_draft(0.2, 4);                        // 0.2 ms of drafting per round
+        p.observe(3.0, r % 2 ? 3 : 2, 4, kMeasuredTargetCurve[4]);  // 4 nodes verified, 2.5 accepted
+    }
+    // Alone: 2.5 tokens for 0.2 + 2.26 - 0.82 ms beats 1 per 0.82 ms. Busy: 8 tokens per 3.28 ms
+    // beat 2.5 for 0.2 + 4.20 - 3.28 ms.
+    EXPECT_TRUE(p.should_draft(StepShare{}));
+    int drafted = 0;
+    for (int r = 0; r < 16; ++r) drafted += p.should_draft(StepShare{7, 7.0});
+    EXPECT_EQ(drafted, 2) << "busy: only the exploring rounds draft";
+}
+
 TEST(TreeSizePolicy, MinPathProbStopsTheDynamicBuilder) {
     // Every child has probability 0.5 of its parent's path: path probs 0.5, 0.25, 0.125, ...
     auto expand = [](const TokenTree & tree, std::span<const int> frontier, std::span<const int> n) {

@@ -101,8 +101,9 @@ const ForwardBatch & Sequence::next_block(const StepShare & step) {
         budget.branching = 1;
     } else {
         if (p_.tree_size) {
-            budget.max_nodes = p_.tree_size->max_nodes();
-            budget.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob());
+            skipped_draft_ = !p_.tree_size->should_draft(step);
+            budget.max_nodes = skipped_draft_ ? 0 : p_.tree_size->max_nodes();
+            budget.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
         }
         budget.max_nodes = std::min(budget.max_nodes, room);
         budget.depth = std::min(budget.depth, room);
@@ -124,6 +125,7 @@ const ForwardBatch & Sequence::next_block(const StepShare & step) {
         if (budget.shape == TreeShape::Chain && budget.max_nodes < asked_) {
             decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget.max_nodes) + " (context or -n)";
         }
+        if (budget.shape != TreeShape::Chain && skipped_draft_) decision_.why = "no draft: not expected to beat the step's plain rate";
     }
     if (p_.tree_size && !draft_.tree.empty()) {
         p_.tree_size->observe_draft(ms_since(td), draft_.tree.max_depth());

@@ -103,6 +103,7 @@ private:
     Draft draft_;
     int asked_ = 0, base_ = 0;
     double draft_ms_ = 0.0, promised_ = 0.0;
+    bool skipped_draft_ = false;  // the tree policy chose not to draft this round
     RoundDecision decision_;
     bool in_prefill_block_ = false;
     int last_rows_ = 0, last_tokens_ = 0;

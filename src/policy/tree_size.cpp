@@ -29,11 +29,27 @@ void TreeSizePolicy::observe_draft(double draft_ms, int levels) {
     if (levels <= 0) return;
     const double per_level = draft_ms / levels;
     level_ms_ = level_ms_ == 0.0 ? per_level : 0.9 * level_ms_ + 0.1 * per_level;
+    round_draft_ms_ = round_draft_ms_ == 0.0 ? draft_ms : 0.9 * round_draft_ms_ + 0.1 * draft_ms;
 }
 
-double TreeSizePolicy::min_path_prob() const {
+bool TreeSizePolicy::should_draft(const StepShare & step) {
+    if (rounds_ == 0.0) return true;
+    const int plain_rows = std::max(0, step.other_rows) + 1;
+    const double plain_rate = (1.0 + std::max(0.0, step.other_tokens)) / verify_.ms(plain_rows);
+    const int nodes = std::max(1, static_cast<int>(verified_ / rounds_ + 0.5));
+    const double extra_ms = round_draft_ms_ + verify_.ms(plain_rows + nodes) - verify_.ms(plain_rows);
+    const double extra_tokens = accepted_ / rounds_;
+    if (extra_tokens > plain_rate * extra_ms || ++skipped_ >= kExploreEvery) {
+        skipped_ = 0;
+        return true;
+    }
+    return false;
+}
+
+double TreeSizePolicy::min_path_prob(const StepShare & step) const {
     const double gamma = std::clamp(calibration(), 0.05, 2.0);
-    return level_ms_ / (gamma * verify_.ms(1));
+    const double plain_tokens = 1.0 + std::max(0.0, step.other_tokens);
+    return level_ms_ * plain_tokens / (gamma * verify_.ms(std::max(0, step.other_rows) + 1));
 }
 
 void TreeSizePolicy::observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows) {
@@ -41,6 +57,8 @@ void TreeSizePolicy::observe(double promised, int accepted, int n_verified, doub
     constexpr double kKeep = 0.95;
     promised_ = kKeep * promised_ + promised;
     accepted_ = kKeep * accepted_ + accepted;
+    rounds_ = kKeep * rounds_ + 1.0;
+    verified_ = kKeep * verified_ + n_verified;
     verify_.observe(step_rows < 0 ? n_verified + 1 : step_rows, verify_ms);
 }
 

@@ -33,13 +33,26 @@ public:
     void observe_draft(double draft_ms, int levels);
     // Expanding a node of path probability P adds at most gamma * P expected tokens for one more
     // drafter forward; below this P that cannot beat plain decoding's rate, so it is not drafted.
-    double min_path_prob() const;
+    // In a shared step a drafter forward delays every sequence of the step, so it must beat the
+    // step's plain rate: (1 + the others' tokens) per forward of (the others' rows + 1).
+    double min_path_prob(const StepShare & step = {}) const;
+    // Whether this round should draft at all. A round's draft adds its drafter time and its rows'
+    // verify cost to the step and is expected to add the tokens rounds have accepted so far; that
+    // must beat the step's plain rate, (1 + the others' tokens) per forward of (the others' rows
+    // + 1). A busy step's plain rate is high, so drafting there must promise more. Until rounds
+    // have been seen, and every kExploreEvery-th round it would skip, it drafts: a text that turns
+    // predictable is noticed.
+    bool should_draft(const StepShare & step = {});
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
 
 private:
+    static constexpr int kExploreEvery = 8;
     VerifyCost verify_;
     double promised_ = 0.0, accepted_ = 0.0;  // decayed sums
+    double rounds_ = 0.0, verified_ = 0.0;    // decayed count of drafting rounds, and of their verified nodes
     double level_ms_ = 0.0;                   // drafter time per tree level, smoothed
+    double round_draft_ms_ = 0.0;             // drafter time per round, smoothed
+    int skipped_ = 0;                         // rounds skipped since the last one that drafted
 };
 
 }  // namespace specula
