@@ -328,6 +328,9 @@ struct Server {
         const std::string models = test::shipped_model("");
         const std::string cmd = std::string(SPECULA_CLI) + " serve -m " + models + "specula-target.gguf --draft " + models +
                                 "specula-draft.gguf --draft-policy fixed --draft-max 4 -c 256 -t 1 --port 0";
+        // A previous run's serve.err names its port: the background shell may truncate the file
+        // only after the loop below first reads it, so it must not exist beforehand.
+        std::filesystem::remove(dir + "/serve.err");
         EXPECT_EQ(std::system((cmd + " >" + dir + "/serve.out 2>" + dir + "/serve.err & echo $! >" + dir + "/serve.pid").c_str()), 0);
         pid = slurp(dir + "/serve.pid");
         const std::regex ready("listening on http://127\\.0\\.0\\.1:(\\d+)[\\s\\S]*specula: ready");
