@@ -22,7 +22,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--kind", required=True, choices=["llama", "eagle3", "eagle1"])
 ap.add_argument("--ckpt", required=True)
 ap.add_argument("--tokenizer", help="SentencePiece .model (required for --kind llama)")
-ap.add_argument("--target", help="target GGUF whose tokenizer.* keys an EAGLE head carries (llama.cpp needs them)")
+ap.add_argument("--target", help="target GGUF whose tokenizer.* keys the file carries (an EAGLE head for llama.cpp, or a draft LM distilled on the target's vocabulary)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--name", default=None)
 ap.add_argument("--type", default="f16", choices=["f16", "q8_0"], help="2-D weights (q8_0: half the size; the engine's kernels take both)")
@@ -41,8 +41,8 @@ w = gguf.GGUFWriter(a.out, arch)
 w.add_name(a.name or os.path.splitext(os.path.basename(a.out))[0])
 w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if a.type == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
 
-if a.kind == "llama" and not a.tokenizer:
-    sys.exit("export_gguf: error: --kind llama needs --tokenizer")
+if a.kind == "llama" and not (a.tokenizer or a.target):
+    sys.exit("export_gguf: error: --kind llama needs --tokenizer, or --target to share the target's tokenizer")
 if a.tokenizer:  # identical to convert_hf_to_gguf.py's _set_vocab_sentencepiece
     from sentencepiece import SentencePieceProcessor
     sp = SentencePieceProcessor(model_file=a.tokenizer)
