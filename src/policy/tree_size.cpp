@@ -32,14 +32,17 @@ void TreeSizePolicy::observe_draft(double draft_ms, int levels) {
     round_draft_ms_ = round_draft_ms_ == 0.0 ? draft_ms : 0.9 * round_draft_ms_ + 0.1 * draft_ms;
 }
 
+double TreeSizePolicy::plain_rate(const StepShare & step) const {
+    return (1.0 + std::max(0.0, step.other_tokens)) / verify_.ms(std::max(0, step.other_rows) + 1);
+}
+
 bool TreeSizePolicy::should_draft(const StepShare & step) {
     if (rounds_ == 0.0) return true;
     const int plain_rows = std::max(0, step.other_rows) + 1;
-    const double plain_rate = (1.0 + std::max(0.0, step.other_tokens)) / verify_.ms(plain_rows);
     const int nodes = std::max(1, static_cast<int>(verified_ / rounds_ + 0.5));
     const double extra_ms = round_draft_ms_ + verify_.ms(plain_rows + nodes) - verify_.ms(plain_rows);
     const double extra_tokens = accepted_ / rounds_;
-    if (extra_tokens > plain_rate * extra_ms || ++skipped_ >= kExploreEvery) {
+    if (extra_tokens > plain_rate(step) * extra_ms || ++skipped_ >= kExploreEvery) {
         skipped_ = 0;
         return true;
     }
@@ -48,8 +51,7 @@ bool TreeSizePolicy::should_draft(const StepShare & step) {
 
 double TreeSizePolicy::min_path_prob(const StepShare & step) const {
     const double gamma = std::clamp(calibration(), 0.05, 2.0);
-    const double plain_tokens = 1.0 + std::max(0.0, step.other_tokens);
-    return level_ms_ * plain_tokens / (gamma * verify_.ms(std::max(0, step.other_rows) + 1));
+    return level_ms_ * plain_rate(step) / gamma;
 }
 
 void TreeSizePolicy::observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows) {

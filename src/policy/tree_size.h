@@ -47,6 +47,9 @@ public:
 
 private:
     static constexpr int kExploreEvery = 8;
+    // Tokens per ms of the step without this sequence's draft: (1 + the others' tokens) per
+    // forward of (the others' rows + 1); alone, one token per one-row forward.
+    double plain_rate(const StepShare & step) const;
     VerifyCost verify_;
     double promised_ = 0.0, accepted_ = 0.0;  // decayed sums
     double rounds_ = 0.0, verified_ = 0.0;    // decayed count of drafting rounds, and of their verified nodes
