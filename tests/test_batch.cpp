@@ -11,6 +11,8 @@
 #include "draft/ngram.h"
 #include "engine/sequence.h"
 #include "engine/speculative.h"
+#include "engine/target.h"
+#include "tokenizer/tokenizer.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -190,6 +192,85 @@ TEST(Batch, SequencesSteppedTogetherEmitWhatTheyEmitAlone) {
     for (int s = 0; s < n_seq; ++s) {
         EXPECT_EQ(together[s], alone[s]) << "sequence " << s;
         EXPECT_EQ(static_cast<int>(alone[s].size()), n_predict);
+    }
+}
+
+// Batched drafting: the drafters of one group (a server's slots) share a runner and a KV pool,
+// and a step runs their forwards together, one per tree level. Catches: a group member drafting
+// from another's cache stream or features (its drafts would differ from the sequence's drafts
+// alone: the kernels are batch-invariant and the tree size is fixed), and drafts that stopped
+// being batched (a forward per sequence per level).
+TEST(Batch, ADrafterGroupDraftsInOneForwardPerLevelAndEachSequenceEmitsWhatItEmitsAlone) {
+    for (const DrafterSpec & spec : {DrafterSpec{DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf"), 1, 3},
+                                     DrafterSpec{DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf"), 1, 3}}) {
+        SCOPED_TRACE(drafter_kind_name(spec.kind));
+        EngineOptions o;
+        o.model_path = test::shipped_model("specula-target.gguf");
+        o.drafter = spec;
+        o.draft_policy = DraftPolicyKind::Fixed;
+        o.draft_max = 4;
+        o.tree = TreeShape::Dynamic;  // a tree for both: levels of several nodes
+        o.tree_depth = 4;
+        o.tree_nodes = 8;
+        o.n_ctx = 128;
+        o.n_threads = 1;
+        auto target = Target::open(o);
+        const std::vector<std::string> prompts = {"def main():\n    parser = argparse.", "import os\nimport sys\n",
+                                                  "class Stack:\n    def push(self, item):", "The list of"};
+        const int n = static_cast<int>(prompts.size());
+        GenerationOptions g;
+        g.n_predict = 24;
+        g.stop_at_end_of_generation = false;
+        auto never_end = [](int32_t) { return false; };
+        std::vector<std::vector<int32_t>> tokens(n), alone(n), together(n);
+        std::vector<std::vector<std::vector<int32_t>>> drafts_alone(n), drafts_together(n);  // per round, the tree's tokens
+        for (int i = 0; i < n; ++i) tokens[i] = target->tokenizer->tokenize(prompts[i]);
+
+        int alone_forwards = 0;
+        for (int i = 0; i < n; ++i) {
+            auto cache = KvCache::pool(*target->backend, target->model->config(), o.n_ctx, 1);
+            auto drafter = target->make_drafter(o.n_ctx);
+            auto record = [&, i](const RoundInfo & r) { drafts_alone[i].push_back(r.draft->tree.token); };
+            Sequence seq(SequenceParts{*cache[0], drafter.get(), nullptr, target->tree, record, nullptr}, tokens[i], g, never_end);
+            Sequence * const one[1] = {&seq};
+            while (!seq.done()) {
+                alone_forwards += step_sequences(*target->runner, one, [&](size_t, int32_t t) {
+                                      alone[i].push_back(t);
+                                      return true;
+                                  }).draft_forwards;
+            }
+        }
+
+        auto caches = KvCache::pool(*target->backend, target->model->config(), o.n_ctx, n);
+        auto drafters = target->make_drafters(o.n_ctx, n);
+        std::vector<std::unique_ptr<Sequence>> seqs;
+        for (int i = 0; i < n; ++i) {
+            auto record = [&, i](const RoundInfo & r) { drafts_together[i].push_back(r.draft->tree.token); };
+            seqs.push_back(std::make_unique<Sequence>(SequenceParts{*caches[i], drafters[i].get(), nullptr, target->tree, record, nullptr},
+                                                      tokens[i], g, never_end));
+        }
+        int together_forwards = 0, shared_steps = 0;
+        for (;;) {
+            std::vector<Sequence *> active;
+            std::vector<int> index;
+            for (int i = 0; i < n; ++i) {
+                if (!seqs[i]->done()) active.push_back(seqs[i].get()), index.push_back(i);
+            }
+            if (active.empty()) break;
+            const StepResult step = step_sequences(*target->runner, active, [&](size_t k, int32_t t) {
+                together[index[k]].push_back(t);
+                return true;
+            });
+            together_forwards += step.draft_forwards;
+            shared_steps += step.drafting >= 2;
+            EXPECT_LE(step.draft_forwards, o.tree_depth) << "a forward per tree level, whatever the number of sequences";
+        }
+        for (int i = 0; i < n; ++i) {
+            EXPECT_EQ(together[i], alone[i]) << "sequence " << i;
+            EXPECT_EQ(drafts_together[i], drafts_alone[i]) << "sequence " << i;
+        }
+        EXPECT_GT(shared_steps, 0);
+        EXPECT_LT(together_forwards * 2, alone_forwards);
     }
 }
 

@@ -10,48 +10,65 @@
 namespace specula {
 
 DraftModelDrafter::DraftModelDrafter(const Model & model, int n_ctx)
-    : model_(model), runner_(model), cache_(model.backend(), model.config(), n_ctx) {}
+    : DraftModelDrafter(model, std::make_shared<ModelRunner>(model), std::make_unique<KvCache>(model.backend(), model.config(), n_ctx)) {}
 
-void DraftModelDrafter::accept(const Acceptance & a) { cache_.rollback(std::min(cache_.size(), a.n_valid)); }
+DraftModelDrafter::DraftModelDrafter(const Model & model, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream)
+    : runner_(std::move(runner)), cache_(std::move(stream)) {
+    if (&runner_->network() != &model) throw Error("DraftModelDrafter: the runner runs another network");
+}
 
-Draft DraftModelDrafter::draft(const DraftRequest & req) {
+void DraftModelDrafter::accept(const Acceptance & a) { cache_->rollback(std::min(cache_->size(), a.n_valid)); }
+
+void DraftModelDrafter::wait_for(ForwardBatch batch) {
+    batch_ = std::move(batch);
+    first_slot_ = cache_->size();
+    forward_ = DraftForward{runner_.get(), BatchPart{&batch_, cache_.get(), &out_}};
+    waiting_ = true;
+}
+
+void DraftModelDrafter::start(const DraftRequest & req) {
+    req_ = req;
+    draft_ = Draft{};
+    slot_of_.clear();
     const int L = static_cast<int>(req.history.size());
-    if (cache_.size() >= L) cache_.rollback(L - 1);  // the root must be fed to get its successors
-    std::vector<int> slot_of;  // tree node -> cache slot, once fed
-
-    auto expand = [&](const TokenTree & tree, std::span<const int> frontier, std::span<const int> n_children) {
-        std::vector<Expansion> out;
-        if (frontier.size() == 1 && frontier[0] == TokenTree::kRoot) {
-            // Catch up on every token the cache lacks (the root, plus accepted tokens of a tree round).
-            const int n_in = cache_.size();
-            runner_.forward(ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}), cache_, out_);
-            out.push_back(propose_children(out_.logits_row(0), n_children[0], req, probs_));
-            return out;
-        }
-        const int first_slot = cache_.size();
-        const ForwardBatch b = frontier_batch(tree, frontier, L - 1, L, slot_of);
-        runner_.forward(b, cache_, out_);
-        if (static_cast<int>(slot_of.size()) < tree.size()) slot_of.resize(tree.size(), -1);
-        for (size_t i = 0; i < frontier.size(); ++i) {
-            slot_of[frontier[i]] = first_slot + static_cast<int>(i);
-            out.push_back(propose_children(out_.logits_row(i), n_children[i], req, probs_));
-        }
-        return out;
-    };
-
-    Draft d;
+    if (cache_->size() >= L) cache_->rollback(L - 1);  // the root must be fed to get its successors
     TreeBudget budget = req.budget;
     // Each depth needs a cache slot per frontier node; stop at the context's edge.
-    budget.depth = std::min(budget.depth, std::max(1, (cache_.capacity() - L) / std::max(1, budget.branching)));
-    BuiltTree built = build_tree(budget, expand);
-    d.tree = std::move(built.tree);
-    d.mean_entropy = built.mean_entropy;
-    if (req.budget.shape != TreeShape::Chain) {
+    budget.depth = std::min(budget.depth, std::max(1, (cache_->capacity() - L) / std::max(1, budget.branching)));
+    grower_.emplace(budget);
+    // Catch up on every token the cache lacks (the root, plus accepted tokens of a tree round).
+    const int n_in = cache_->size();
+    wait_for(ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}));
+}
+
+void DraftModelDrafter::resume() {
+    if (!waiting_) throw Error("DraftModelDrafter: no forward was pending");
+    waiting_ = false;
+    TreeGrower & g = *grower_;
+    const std::span<const int> frontier = g.frontier();
+    std::vector<Expansion> ex;
+    for (size_t i = 0; i < frontier.size(); ++i) {
+        if (frontier[i] != TokenTree::kRoot) {
+            if (static_cast<int>(slot_of_.size()) < g.tree().size()) slot_of_.resize(g.tree().size(), -1);
+            slot_of_[frontier[i]] = first_slot_ + static_cast<int>(i);
+        }
+        ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_));
+    }
+    g.expand(ex);
+    const int L = static_cast<int>(req_.history.size());
+    if (g.growing()) {
+        wait_for(frontier_batch(g.tree(), g.frontier(), L - 1, L, slot_of_));
+        return;
+    }
+    BuiltTree built = g.finish();
+    grower_.reset();
+    draft_.tree = std::move(built.tree);
+    draft_.mean_entropy = built.mean_entropy;
+    if (req_.budget.shape != TreeShape::Chain) {
         // Tree nodes sit in the cache in drafting order, not path order: keep only the sequence;
         // the accepted path is re-fed with the next catch-up block.
-        cache_.rollback(L);
+        cache_->rollback(L);
     }
-    return d;
 }
 
 }  // namespace specula

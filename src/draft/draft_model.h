@@ -1,9 +1,7 @@
 #pragma once
-// A small language model sharing the target's vocabulary drafts chains or trees with its own KV
-// cache. A tree is drafted one depth per forward (the frontier as one block, each node seeing its
-// cached ancestors). Afterwards the cache keeps only accepted tokens, never rejected drafts, so
-// every draft step attends to exactly the sequence the target has.
+// A small LM with the target's vocabulary drafts a chain or a tree, one forward per tree level.
 #include <memory>
+#include <optional>
 
 #include "draft/drafter.h"
 #include "kv/kv_cache.h"
@@ -15,20 +13,36 @@ class Model;
 
 class DraftModelDrafter : public Drafter {
 public:
+    // Alone: its own runner and cache of n_ctx slots.
     DraftModelDrafter(const Model & model, int n_ctx);
+    // One of a group (DrafterSource::make_group): a runner and KV pool shared with the group, so
+    // that the group's forwards can run as one.
+    DraftModelDrafter(const Model & model, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream);
     const char * name() const override { return "draft-model"; }
-    Draft draft(const DraftRequest & request) override;
+    void start(const DraftRequest & request) override;
+    const DraftForward * pending() const override { return waiting_ ? &forward_ : nullptr; }
+    void resume() override;
+    Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & a) override;
-    void reset() override { cache_.rollback(0); }
+    void reset() override { cache_->rollback(0); }
 
-    const KvCache & cache() const { return cache_; }
+    const KvCache & cache() const { return *cache_; }
 
 private:
-    const Model & model_;
-    ModelRunner runner_;
-    KvCache cache_;
+    void wait_for(ForwardBatch batch);
+    std::shared_ptr<ModelRunner> runner_;
+    std::unique_ptr<KvCache> cache_;
     ForwardOutput out_;
     std::vector<float> probs_;
+    // The draft in progress, between start() and take().
+    DraftRequest req_;
+    std::optional<TreeGrower> grower_;
+    std::vector<int> slot_of_;  // tree node -> cache slot, once fed
+    int first_slot_ = 0;        // where the level being run starts in the cache
+    ForwardBatch batch_;
+    DraftForward forward_;
+    bool waiting_ = false;
+    Draft draft_;
 };
 
 }  // namespace specula

@@ -5,12 +5,15 @@
 #include <span>
 #include <vector>
 
+#include "runtime/forward.h"
 #include "sample/sampler.h"
 #include "tree/token_tree.h"
 #include "tree/tree_builder.h"
 
 namespace specula {
 
+// What a request's spans point to (the sequence's history, its sampling parameters and Rng) must
+// stay put from start() until take().
 struct DraftRequest {
     std::span<const int32_t> history;    // every token so far; the last is the root of the draft
     TreeBudget budget;                   // shape and size of the draft (a chain of depth k, or a tree)
@@ -32,11 +35,26 @@ struct Draft {
     float mean_entropy = 0.0f;  // of the draft distributions used (nats); 0 for deterministic drafters
 };
 
+// A forward of a drafter's own network that the drafter waits for. The caller runs it alone or,
+// when several drafters wait on the same runner and KV pool (DrafterSource::make_group), as one
+// forward_parts over all of them: batched drafting across the sequences of a step.
+struct DraftForward {
+    ModelRunner * runner = nullptr;
+    BatchPart part;
+};
+
 class Drafter {
 public:
     virtual ~Drafter() = default;
     virtual const char * name() const = 0;
-    virtual Draft draft(const DraftRequest & request) = 0;
+    // Drafting in steps: start(), then while pending() names a forward, run it and call resume();
+    // then take() the draft. A drafter without a network has nothing pending.
+    virtual void start(const DraftRequest & request) = 0;
+    virtual const DraftForward * pending() const { return nullptr; }
+    virtual void resume() {}
+    virtual Draft take() = 0;
+    // The same, running each forward alone.
+    Draft draft(const DraftRequest & request);
     // After verification: anything the drafter cached past what is final must go.
     virtual void accept(const Acceptance & acceptance) = 0;
     // Target layers whose input hidden states the drafter needs (EAGLE); empty for none.
@@ -44,5 +62,9 @@ public:
     // Forget everything (a new sequence starts).
     virtual void reset() = 0;
 };
+
+// Drafts of several drafters (each start()ed), their forwards run together level by level: one
+// forward_parts per runner and input kind per level. Returns how many forwards it ran.
+int run_drafts(std::span<Drafter * const> drafters);
 
 }  // namespace specula

@@ -9,12 +9,17 @@
 namespace specula {
 
 EagleDrafter::EagleDrafter(const EagleHead & head, int n_ctx)
-    : head_(head), runner_(head), cache_(head.backend(), 1, head.shape().n_embd_kv, n_ctx) {}
+    : EagleDrafter(head, std::make_shared<ModelRunner>(head), std::make_unique<KvCache>(head.backend(), 1, head.shape().n_embd_kv, n_ctx)) {}
+
+EagleDrafter::EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream)
+    : head_(head), runner_(std::move(runner)), cache_(std::move(stream)) {
+    if (&runner_->network() != &head) throw Error("EagleDrafter: the runner runs another network");
+}
 
 const char * EagleDrafter::name() const { return head_.config().kind == EagleKind::Eagle3 ? "eagle3" : "eagle1"; }
 
 void EagleDrafter::reset() {
-    cache_.rollback(0);
+    cache_->rollback(0);
     pending_.clear();
     pending_first_ = 0;
 }
@@ -22,7 +27,7 @@ void EagleDrafter::reset() {
 void EagleDrafter::accept(const Acceptance & a) {
     const int width = head_.feature_width();
     // Entries at and after the first newly verified position were the head's own guesses.
-    cache_.rollback(std::min(cache_.size(), a.first_position));
+    cache_->rollback(std::min(cache_->size(), a.first_position));
     const size_t keep_rows = static_cast<size_t>(std::max(0, a.first_position - pending_first_));
     if (pending_.size() > keep_rows * width) pending_.resize(keep_rows * width);
     if (pending_.empty()) pending_first_ = a.first_position;
@@ -32,67 +37,79 @@ void EagleDrafter::accept(const Acceptance & a) {
     pending_.insert(pending_.end(), a.features.begin(), a.features.end());
 }
 
-Draft EagleDrafter::draft(const DraftRequest & req) {
-    Draft d;
-    const int L = static_cast<int>(req.history.size());
-    const int root_pos = L - 1;
-    const int width = head_.feature_width();
-    const int E = head_.shape().n_embd;
-    const int pending_rows = static_cast<int>(pending_.size() / width);
+void EagleDrafter::wait_for(ForwardBatch batch) {
+    batch_ = std::move(batch);
+    first_slot_ = cache_->size();
+    forward_ = DraftForward{runner_.get(), BatchPart{&batch_, cache_.get(), &out_}};
+    waiting_ = true;
+}
+
+void EagleDrafter::start(const DraftRequest & req) {
+    req_ = req;
+    draft_ = Draft{};
+    const int root_pos = static_cast<int>(req.history.size()) - 1;
+    const int pending_rows = static_cast<int>(pending_.size() / head_.feature_width());
     // Entries exist (or are pending) for positions < root_pos; the last one drafts the root's successor.
-    if (pending_rows == 0 || pending_first_ + pending_rows != root_pos || cache_.size() != pending_first_) return d;
+    if (pending_rows == 0 || pending_first_ + pending_rows != root_pos || cache_->size() != pending_first_) return;
 
-    // Per tree node: the pre-norm output of its own entry; its children are proposed from that
-    // entry and are fed that output as their hidden state.
-    std::vector<std::vector<float>> proposer_hidden;
-    std::vector<int> slot_of;
-    std::vector<float> root_hidden;
-    const int committed = root_pos;  // cache slots holding target-feature entries after catch-up
+    slot_of_.clear();
+    proposer_hidden_.clear();
+    committed_ = root_pos;
+    TreeBudget budget = req.budget;
+    budget.depth = std::min(budget.depth, std::max(1, (cache_->capacity() - root_pos) / std::max(1, budget.branching)));
+    grower_.emplace(budget);
+    // The catch-up block: every pending target-feature entry; its last row drafts the root's children.
+    ForwardBatch b;
+    for (int p = pending_first_; p < root_pos; ++p) {
+        b.tokens.push_back(req.history[p + 1]);
+        b.positions.push_back(p);
+    }
+    b.hidden_in = std::move(pending_);
+    pending_.clear();
+    b.mask = BlockMask::causal(b.n_tokens());
+    b.logit_rows = {b.n_tokens() - 1};
+    pending_first_ = root_pos;
+    wait_for(std::move(b));
+}
+
+void EagleDrafter::resume() {
+    if (!waiting_) throw Error("EagleDrafter: no forward was pending");
+    waiting_ = false;
+    TreeGrower & g = *grower_;
+    const std::span<const int> frontier = g.frontier();
+    const int E = head_.shape().n_embd;
     const DraftVocabulary vocab{head_.d2t(), head_.shape().n_token_vocab};
-
-    auto expand = [&](const TokenTree & tree, std::span<const int> frontier, std::span<const int> n_children) {
-        std::vector<Expansion> out;
-        if (frontier.size() == 1 && frontier[0] == TokenTree::kRoot) {
-            ForwardBatch b;
-            for (int p = pending_first_; p < root_pos; ++p) {
-                b.tokens.push_back(req.history[p + 1]);
-                b.positions.push_back(p);
-            }
-            b.hidden_in = std::move(pending_);
-            pending_.clear();
-            b.mask = BlockMask::causal(b.n_tokens());
-            b.logit_rows = {b.n_tokens() - 1};
-            runner_.forward(b, cache_, out_);
-            pending_first_ = root_pos;
-            root_hidden.assign(out_.hidden_out.end() - E, out_.hidden_out.end());
-            out.push_back(propose_children(out_.logits_row(0), n_children[0], req, probs_, vocab));
-            return out;
-        }
-        const int first_slot = cache_.size();
-        ForwardBatch b = frontier_batch(tree, frontier, root_pos - 1, committed, slot_of);
-        for (const int node : frontier) {  // self-fed: the pre-norm output of the entry that proposed it
-            const std::vector<float> & h = tree.parent[node] == TokenTree::kRoot ? root_hidden : proposer_hidden[tree.parent[node]];
-            b.hidden_in.insert(b.hidden_in.end(), h.begin(), h.end());
-        }
-        runner_.forward(b, cache_, out_);
-        if (static_cast<int>(slot_of.size()) < tree.size()) {
-            slot_of.resize(tree.size(), -1);
-            proposer_hidden.resize(tree.size());
+    std::vector<Expansion> ex;
+    if (frontier.size() == 1 && frontier[0] == TokenTree::kRoot) {
+        root_hidden_.assign(out_.hidden_out.end() - E, out_.hidden_out.end());
+        ex.push_back(propose_children(out_.logits_row(0), g.n_children()[0], req_, probs_, vocab));
+    } else {
+        if (static_cast<int>(slot_of_.size()) < g.tree().size()) {
+            slot_of_.resize(g.tree().size(), -1);
+            proposer_hidden_.resize(g.tree().size());
         }
         for (size_t i = 0; i < frontier.size(); ++i) {
-            slot_of[frontier[i]] = first_slot + static_cast<int>(i);
-            proposer_hidden[frontier[i]].assign(out_.hidden_out.begin() + i * E, out_.hidden_out.begin() + (i + 1) * E);
-            out.push_back(propose_children(out_.logits_row(i), n_children[i], req, probs_, vocab));
+            slot_of_[frontier[i]] = first_slot_ + static_cast<int>(i);
+            proposer_hidden_[frontier[i]].assign(out_.hidden_out.begin() + i * E, out_.hidden_out.begin() + (i + 1) * E);
+            ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, vocab));
         }
-        return out;
-    };
-    TreeBudget budget = req.budget;
-    budget.depth = std::min(budget.depth, std::max(1, (cache_.capacity() - root_pos) / std::max(1, budget.branching)));
-    BuiltTree built = build_tree(budget, expand);
-    d.tree = std::move(built.tree);
-    d.mean_entropy = built.mean_entropy;
-    cache_.rollback(committed);  // drop every self-fed entry
-    return d;
+    }
+    g.expand(ex);
+    if (g.growing()) {
+        const TokenTree & tree = g.tree();
+        ForwardBatch b = frontier_batch(tree, g.frontier(), committed_ - 1, committed_, slot_of_);
+        for (const int node : g.frontier()) {  // self-fed: the pre-norm output of the entry that proposed it
+            const std::vector<float> & h = tree.parent[node] == TokenTree::kRoot ? root_hidden_ : proposer_hidden_[tree.parent[node]];
+            b.hidden_in.insert(b.hidden_in.end(), h.begin(), h.end());
+        }
+        wait_for(std::move(b));
+        return;
+    }
+    BuiltTree built = g.finish();
+    grower_.reset();
+    draft_.tree = std::move(built.tree);
+    draft_.mean_entropy = built.mean_entropy;
+    cache_->rollback(committed_);  // drop every self-fed entry
 }
 
 }  // namespace specula

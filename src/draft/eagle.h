@@ -9,6 +9,7 @@
 // again. Keeping self-fed entries would poison later drafts: the "1/n_draft ceiling" in
 // shared/seeds/002 was exactly that.
 #include <memory>
+#include <optional>
 
 #include "draft/drafter.h"
 #include "kv/kv_cache.h"
@@ -19,23 +20,44 @@ namespace specula {
 
 class EagleDrafter : public Drafter {
 public:
+    // Alone: its own runner and cache of n_ctx slots.
     EagleDrafter(const EagleHead & head, int n_ctx);
+    // One of a group (DrafterSource::make_group): a runner and KV pool shared with the group.
+    EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream);
     const char * name() const override;
-    Draft draft(const DraftRequest & request) override;
+    void start(const DraftRequest & request) override;
+    const DraftForward * pending() const override { return waiting_ ? &forward_ : nullptr; }
+    void resume() override;
+    Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & a) override;
     void reset() override;
     std::vector<int> feature_layers() const override { return head_.config().target_layers; }
 
-    const KvCache & cache() const { return cache_; }
+    const KvCache & cache() const { return *cache_; }
 
 private:
+    void wait_for(ForwardBatch batch);
     const EagleHead & head_;
-    ModelRunner runner_;
-    KvCache cache_;
+    std::shared_ptr<ModelRunner> runner_;
+    std::unique_ptr<KvCache> cache_;
     std::vector<float> pending_;  // target features not yet written, positions pending_first_..
     int pending_first_ = 0;
     ForwardOutput out_;
     std::vector<float> probs_;
+    // The draft in progress, between start() and take().
+    DraftRequest req_;
+    std::optional<TreeGrower> grower_;
+    int committed_ = 0;  // cache slots holding target-feature entries (= the root's position)
+    // Per tree node: its cache slot and the pre-norm output of its own entry; its children are
+    // proposed from that entry and are fed that output as their hidden state.
+    std::vector<int> slot_of_;
+    std::vector<std::vector<float>> proposer_hidden_;
+    std::vector<float> root_hidden_;
+    int first_slot_ = 0;
+    ForwardBatch batch_;
+    DraftForward forward_;
+    bool waiting_ = false;
+    Draft draft_;
 };
 
 }  // namespace specula

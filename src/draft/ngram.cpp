@@ -11,8 +11,9 @@ NgramDrafter::NgramDrafter(int n_min, int n_max) : n_min_(n_min), n_max_(n_max) 
     if (n_min < 1 || n_max < n_min) throw Error("n-gram sizes must satisfy 1 <= min <= max (got " + std::to_string(n_min) + ", " + std::to_string(n_max) + ")");
 }
 
-Draft NgramDrafter::draft(const DraftRequest & req) {
-    Draft d;
+void NgramDrafter::start(const DraftRequest & req) {
+    draft_ = Draft{};
+    Draft & d = draft_;
     const auto & h = req.history;
     const int L = static_cast<int>(h.size());
     for (int n = std::min(n_max_, L - 1); n >= n_min_; --n) {
@@ -22,10 +23,9 @@ Draft NgramDrafter::draft(const DraftRequest & req) {
             if (!std::equal(suffix.begin(), suffix.end(), h.begin() + start)) continue;
             int prev = TokenTree::kRoot;
             for (int i = start + n; i < L && d.tree.size() < req.budget.depth; ++i) prev = d.tree.add(prev, h[i], 0.0f);
-            return d;
+            return;
         }
     }
-    return d;
 }
 
 }  // namespace specula

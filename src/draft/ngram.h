@@ -10,12 +10,14 @@ class NgramDrafter : public Drafter {
 public:
     NgramDrafter(int n_min, int n_max);
     const char * name() const override { return "ngram"; }
-    Draft draft(const DraftRequest & request) override;
+    void start(const DraftRequest & request) override;
+    Draft take() override { return std::move(draft_); }
     void accept(const Acceptance &) override {}
     void reset() override {}
 
 private:
     int n_min_, n_max_;
+    Draft draft_;
 };
 
 }  // namespace specula

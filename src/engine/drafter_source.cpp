@@ -4,6 +4,7 @@
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
 #include "draft/ngram.h"
+#include "kv/kv_cache.h"
 #include "runtime/eagle_head.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
@@ -69,15 +70,31 @@ DrafterSource DrafterSource::open(const DrafterSpec & spec, Backend & backend, c
     return s;
 }
 
-std::unique_ptr<Drafter> DrafterSource::make(int n_ctx) const {
+std::unique_ptr<Drafter> DrafterSource::make(int n_ctx) const { return std::move(make_group(n_ctx, 1).front()); }
+
+std::vector<std::unique_ptr<Drafter>> DrafterSource::make_group(int n_ctx, int n) const {
+    if (n < 1) throw Error("a drafter group needs at least one drafter");
+    std::vector<std::unique_ptr<Drafter>> group;
     switch (spec.kind) {
-        case DrafterKind::None: return nullptr;
-        case DrafterKind::DraftModel: return std::make_unique<DraftModelDrafter>(*draft_model, n_ctx);
+        case DrafterKind::DraftModel: {
+            auto runner = std::make_shared<ModelRunner>(*draft_model);
+            auto streams = KvCache::pool(draft_model->backend(), draft_model->config(), n_ctx, n);
+            for (auto & s : streams) group.push_back(std::make_unique<DraftModelDrafter>(*draft_model, runner, std::move(s)));
+            break;
+        }
         case DrafterKind::Eagle:
-        case DrafterKind::Eagle3: return std::make_unique<EagleDrafter>(*head, n_ctx);
-        case DrafterKind::Ngram: return std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max);
+        case DrafterKind::Eagle3: {
+            auto runner = std::make_shared<ModelRunner>(*head);
+            auto streams = KvCache::pool(head->backend(), 1, head->shape().n_embd_kv, n_ctx, n);
+            for (auto & s : streams) group.push_back(std::make_unique<EagleDrafter>(*head, runner, std::move(s)));
+            break;
+        }
+        case DrafterKind::None: group.resize(n); break;
+        case DrafterKind::Ngram:
+            for (int i = 0; i < n; ++i) group.push_back(std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max));
+            break;
     }
-    return nullptr;
+    return group;
 }
 
 }  // namespace specula

@@ -6,6 +6,7 @@
 // their rules cannot drift apart.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "draft/drafter.h"
 #include "policy/draft_length.h"
@@ -33,7 +34,9 @@ struct DraftingRules {
 DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind);
 
 // What a drafter shares across sequences: its model or head, loaded and checked against the
-// target (the spec checked first). make() gives one sequence's drafter (nullptr for None).
+// target (the spec checked first). make() gives one sequence's drafter (nullptr for None);
+// make_group() drafters for n sequences that share one runner and KV pool, so that run_drafts
+// batches their forwards (a server's slots).
 struct DrafterSource {
     static DrafterSource open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab);
     DrafterSource();
@@ -42,6 +45,7 @@ struct DrafterSource {
     ~DrafterSource();
 
     std::unique_ptr<Drafter> make(int n_ctx) const;
+    std::vector<std::unique_ptr<Drafter>> make_group(int n_ctx, int n) const;
 
     DrafterSpec spec;
     std::unique_ptr<Model> draft_model;  // DrafterKind::DraftModel

@@ -76,73 +76,88 @@ bool Sequence::done() const {
     return stopped_ || emitted_ >= options_.n_predict || p_.cache.size() >= p_.cache.capacity();
 }
 
-const ForwardBatch & Sequence::next_block(const StepShare & step) {
-    if (done()) throw Error("next_block: the sequence is done");
-    if (t_start_ == clock_type::time_point{}) t_start_ = clock_type::now();
+void Sequence::plan(const StepShare & step) {
+    if (done()) throw Error("plan: the sequence is done");
+    const auto t0 = clock_type::now();
+    if (t_start_ == clock_type::time_point{}) t_start_ = t0;
     in_prefill_block_ = prefilling();
+    drafting_ = false;
     if (in_prefill_block_) {
         // The prompt minus its last token goes into the cache; the last token is the first root.
         const int n = std::min(chunk_, run_.n_prompt - 1 - prefilled_);
         block_ = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), p_.cache.size(), {});
         block_.tap_layers = feature_layers_;
         last_rows_ = block_.n_tokens();
-        return block_;
+        return;
     }
-    if (t_gen_ == clock_type::time_point{}) t_gen_ = clock_type::now();
+    if (t_gen_ == clock_type::time_point{}) t_gen_ = t0;
 
+    step_ = step;
     base_ = p_.cache.size();
     const int room = p_.cache.capacity() - base_ - 1;
-    TreeBudget budget = p_.tree;
-    asked_ = budget.max_nodes;
-    if (budget.shape == TreeShape::Chain) {
+    budget_ = p_.tree;
+    asked_ = budget_.max_nodes;
+    if (budget_.shape == TreeShape::Chain) {
         asked_ = p_.policy ? p_.policy->next_length_in(step) : 0;
         const int k = std::max(0, std::min({asked_, room, options_.n_predict - emitted_ - 1}));
-        budget.depth = budget.max_nodes = k;
-        budget.branching = 1;
+        budget_.depth = budget_.max_nodes = k;
+        budget_.branching = 1;
     } else {
         if (p_.tree_size) {
             skipped_draft_ = !p_.tree_size->should_draft(step);
-            budget.max_nodes = skipped_draft_ ? 0 : p_.tree_size->max_nodes();
-            budget.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
+            budget_.max_nodes = skipped_draft_ ? 0 : p_.tree_size->max_nodes();
+            budget_.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
         }
-        budget.max_nodes = std::min(budget.max_nodes, room);
-        budget.depth = std::min(budget.depth, room);
+        budget_.max_nodes = std::min(budget_.max_nodes, room);
+        budget_.depth = std::min(budget_.depth, room);
     }
-
-    auto td = clock_type::now();
     draft_ = Draft{};
-    if (p_.drafter && budget.max_nodes > 0 && budget.depth > 0) {
-        draft_ = p_.drafter->draft(DraftRequest{history_, budget, &options_.sampling, &rng_});
+    if (p_.drafter && budget_.max_nodes > 0 && budget_.depth > 0) {
+        p_.drafter->start(DraftRequest{history_, budget_, &options_.sampling, &rng_});
+        drafting_ = true;
     }
+    plan_ms_ = ms_since(t0);
+}
+
+Drafter * Sequence::drafting() const { return drafting_ ? p_.drafter : nullptr; }
+
+const ForwardBatch & Sequence::block(double draft_ms) {
+    if (in_prefill_block_) return block_;
+    const auto t0 = clock_type::now();
+    if (drafting_) {
+        if (p_.drafter->pending()) throw Error("block: the draft is still waiting for a forward");
+        draft_ = p_.drafter->take();
+    }
+    draft_ms += plan_ms_;
     promised_ = 0.0;
     // The decision is for observers only: not built (strings and all) when nobody observes.
     const bool observed = static_cast<bool>(p_.on_round);
     if (observed) {
-        decision_ = RoundDecision{budget.shape != TreeShape::Chain ? (p_.tree_size ? "tree-size" : "fixed-tree")
-                                  : p_.policy                     ? p_.policy->name()
-                                                                  : "none",
+        decision_ = RoundDecision{budget_.shape != TreeShape::Chain ? (p_.tree_size ? "tree-size" : "fixed-tree")
+                                  : p_.policy                      ? p_.policy->name()
+                                                                   : "none",
                                   asked_, draft_.tree.size(), 0, {}};
-        if (budget.shape == TreeShape::Chain && budget.max_nodes < asked_) {
-            decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget.max_nodes) + " (context or -n)";
+        if (budget_.shape == TreeShape::Chain && budget_.max_nodes < asked_) {
+            decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget_.max_nodes) + " (context or -n)";
         }
-        if (budget.shape != TreeShape::Chain && skipped_draft_) decision_.why = "no draft: not expected to beat the step's plain rate";
+        if (budget_.shape != TreeShape::Chain && skipped_draft_) decision_.why = "no draft: not expected to beat the step's plain rate";
     }
     if (p_.tree_size && !draft_.tree.empty()) {
-        p_.tree_size->observe_draft(ms_since(td), draft_.tree.max_depth());
+        p_.tree_size->observe_draft(draft_ms, draft_.tree.max_depth());
         std::vector<double> path_probs;
         for (int node : prune_order(draft_.tree)) path_probs.push_back(std::exp(double(draft_.tree.logp[node])));
-        const int n = p_.tree_size->choose(path_probs, ms_since(td), step);
+        const int n = p_.tree_size->choose(path_probs, draft_ms, step_);
         if (n < draft_.tree.size()) draft_.tree = prune_tree(draft_.tree, n);
         for (int i = 0; i < n; ++i) promised_ += path_probs[i];
         if (observed) {
             char why[160];
             std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
-                          p_.tree_size->calibration(), budget.min_path_prob, n, promised_);
+                          p_.tree_size->calibration(), budget_.min_path_prob, n, promised_);
             decision_.why = why;
         }
     }
     decision_.verified_nodes = draft_.tree.size();
-    draft_ms_ = ms_since(td);
+    draft_ms_ = draft_ms + ms_since(t0);
 
     block_ = tree_batch(history_.back(), draft_.tree, base_);
     block_.tap_layers = feature_layers_;
@@ -214,15 +229,32 @@ RoundReport round_report(const RoundInfo & r) {
 
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
                           const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous) {
-    std::vector<BatchPart> parts;
     StepResult step;
     const int n = static_cast<int>(sequences.size());
     const int decoding = static_cast<int>(std::count_if(sequences.begin(), sequences.end(), [](const Sequence * s) { return !s->prefilling(); }));
+    std::vector<Drafter *> drafters;
+    std::vector<char> runs_forwards(sequences.size(), 0);
     for (size_t i = 0; i < sequences.size(); ++i) {
         Sequence & s = *sequences[i];
         const StepShare share = estimate_step_share(previous.rows, previous.tokens, s.last_rows(), s.last_tokens(), n - 1,
                                                     decoding - (s.prefilling() ? 0 : 1));
-        parts.push_back(BatchPart{&s.next_block(share), &s.cache(), &s.output()});
+        s.plan(share);
+        Drafter * d = s.drafting();
+        if (d && d->pending()) {
+            drafters.push_back(d);
+            runs_forwards[i] = 1;
+        }
+    }
+    // The drafters' forwards level by level, batched across sequences; each sequence whose drafter
+    // ran forwards is charged an equal share of the time.
+    const auto td = clock_type::now();
+    step.draft_forwards = run_drafts(drafters);
+    step.drafting = static_cast<int>(drafters.size());
+    const double draft_share = drafters.empty() ? 0.0 : ms_since(td) / static_cast<double>(drafters.size());
+    std::vector<BatchPart> parts;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+        Sequence * s = sequences[i];
+        parts.push_back(BatchPart{&s->block(runs_forwards[i] ? draft_share : 0.0), &s->cache(), &s->output()});
         step.rows += parts.back().batch->n_tokens();
     }
     const auto t0 = clock_type::now();

@@ -1,7 +1,9 @@
 #pragma once
 // One sequence's speculative state and its round as step methods, so that one-sequence
 // generation (generate_speculative) and a many-sequence scheduler (src/server) drive the same code:
-//   next_block()  plan the draft budget and draft (or take the next prompt chunk while prefilling);
+//   plan()        the draft budget, and the drafter started (or the next prompt chunk while prefilling);
+//   (the caller runs the drafter's forwards, batched with other sequences' drafters: run_drafts)
+//   block()       the draft taken and sized: root + draft as the target's block;
 //   (the caller runs one target forward over this block, alone or beside other sequences' blocks)
 //   commit(out)   verify, keep the accepted path in the cache, tell the drafter, emit, update policies.
 // The sequence owns its Rng and sampling parameters, so its output does not depend on what else
@@ -62,11 +64,16 @@ public:
 
     bool done() const;
     bool prefilling() const { return prefilled_ < run_.n_prompt - 1; }
-    // This step's block for the target: a prompt chunk, or the root and the draft. Call once per
-    // step, then run the block through the target (writing into parts.cache) and call commit().
-    // `step`: what the rest of the step is expected to carry (policies weigh the whole step).
-    const ForwardBatch & next_block(const StepShare & step = {});
-    // After the target's forward of next_block(): forward_ms is how long that forward took,
+    // This step's block for the target, a prompt chunk or the root and the draft, in two calls
+    // around drafting. plan() chooses the draft budget and starts the drafter; `step`: what the
+    // rest of the step is expected to carry (policies weigh the whole step). drafting(): the drafter
+    // it started (nullptr: none), whose pending forwards the caller runs (run_drafts). block() takes
+    // the draft and gives the block; draft_ms: this sequence's share of the time its drafter's
+    // forwards took. Then run the block through the target (writing into parts.cache) and commit().
+    void plan(const StepShare & step = {});
+    Drafter * drafting() const;
+    const ForwardBatch & block(double draft_ms);
+    // After the target's forward of block(): forward_ms is how long that forward took,
     // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
     // stops the sequence.
     void commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1);
@@ -79,7 +86,7 @@ public:
     std::span<const int32_t> history() const { return history_; }
     int n_prompt() const { return run_.n_prompt; }
     KvCache & cache() const { return p_.cache; }
-    // Where the target's forward of next_block() writes; kept between steps so that its buffers
+    // Where the target's forward of block() writes; kept between steps so that its buffers
     // (a verify block's logits are megabytes) are reused, not allocated anew each step.
     ForwardOutput & output() { return out_; }
 
@@ -97,7 +104,11 @@ private:
     int emitted_ = 0;
     bool stopped_ = false;
     GenerationStats run_;
-    // The current round, between next_block() and commit().
+    // The current round, from plan() to commit().
+    StepShare step_;
+    TreeBudget budget_;
+    bool drafting_ = false;
+    double plan_ms_ = 0.0;
     ForwardBatch block_;
     ForwardOutput out_;
     Draft draft_;
@@ -111,13 +122,16 @@ private:
 };
 
 // One step of several sequences (none done, each on its own stream of one KV pool): each one's
-// next block, one target forward over all of them, then each commits; sink(i, token) receives
+// plan, their drafters' forwards batched (run_drafts), their blocks, one target forward over all
+// of them, then each commits; sink(i, token) receives
 // sequence i's tokens (false stops it). `previous`: the last step, from which each sequence's
 // policies estimate what the others will carry in this one.
 struct StepResult {
     double forward_ms = 0.0;
     int rows = 0;    // rows of the target forward
     int tokens = 0;  // tokens the step emitted, all sequences
+    int drafting = 0;        // sequences whose drafters ran forwards
+    int draft_forwards = 0;  // forwards those drafters' drafts took together (batched: one per tree level)
 };
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
                           const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous = {});

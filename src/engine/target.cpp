@@ -49,6 +49,8 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
 
 std::unique_ptr<Drafter> Target::make_drafter(int n_ctx) const { return drafter.make(n_ctx); }
 
+std::vector<std::unique_ptr<Drafter>> Target::make_drafters(int n_ctx, int n) const { return drafter.make_group(n_ctx, n); }
+
 bool Target::needs_verify_cost() const {
     const bool auto_tree = tree.shape != TreeShape::Chain && tree.max_nodes == 0;
     return speculative && (policy == DraftPolicyKind::Cost || auto_tree);

@@ -51,6 +51,8 @@ struct Target {
     // Per sequence: a drafter with its own caches of n_ctx slots (nullptr without speculation)
     // and its policies (the tree-size policy is nullptr unless the tree size is chosen per round).
     std::unique_ptr<Drafter> make_drafter(int n_ctx) const;
+    // Drafters for n sequences stepped together, their forwards batched (DrafterSource::make_group).
+    std::vector<std::unique_ptr<Drafter>> make_drafters(int n_ctx, int n) const;
     std::unique_ptr<DraftLengthPolicy> make_draft_policy() const;
     std::unique_ptr<TreeSizePolicy> make_tree_size_policy() const;
 };

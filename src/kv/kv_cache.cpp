@@ -59,9 +59,13 @@ KvCache::KvCache(std::shared_ptr<KvStorage> storage, int offset, int capacity)
       v_transposed_(storage_->v_transposed), k_(storage_->k), v_(storage_->v) {}
 
 std::vector<std::unique_ptr<KvCache>> KvCache::pool(Backend & backend, const ModelConfig & config, int capacity, int n_streams) {
+    return pool(backend, config.n_layer, config.n_embd_kv(), capacity, n_streams);
+}
+
+std::vector<std::unique_ptr<KvCache>> KvCache::pool(Backend & backend, int n_layers, int n_embd_kv, int capacity, int n_streams) {
     if (capacity <= 0 || n_streams <= 0) throw Error("KV pool: capacity and stream count must be positive");
     if (static_cast<int64_t>(capacity) * n_streams > (1 << 30)) throw Error("KV pool: too many slots");
-    auto storage = std::make_shared<KvStorage>(backend, config.n_layer, config.n_embd_kv(), capacity * n_streams);
+    auto storage = std::make_shared<KvStorage>(backend, n_layers, n_embd_kv, capacity * n_streams);
     std::vector<std::unique_ptr<KvCache>> streams;
     for (int i = 0; i < n_streams; ++i) streams.push_back(std::unique_ptr<KvCache>(new KvCache(storage, i * capacity, capacity)));
     return streams;

@@ -31,6 +31,7 @@ public:
     KvCache(Backend & backend, const ModelConfig & config, int capacity);
     // n_streams caches of `capacity` slots each over one storage.
     static std::vector<std::unique_ptr<KvCache>> pool(Backend & backend, const ModelConfig & config, int capacity, int n_streams);
+    static std::vector<std::unique_ptr<KvCache>> pool(Backend & backend, int n_layers, int n_embd_kv, int capacity, int n_streams);
     ~KvCache();
     KvCache(const KvCache &) = delete;
     KvCache & operator=(const KvCache &) = delete;

@@ -66,11 +66,12 @@ Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target
     if (options.prefill_chunk < 1) throw Error("the prefill chunk must be at least 1 token");
     const int n_ctx = target.options.n_ctx;
     auto caches = KvCache::pool(*target.backend, target.model->config(), n_ctx, options.parallel);
+    auto drafters = target.make_drafters(n_ctx, options.parallel);  // one group: a step's drafts run batched
     for (int i = 0; i < options.parallel; ++i) {
         auto slot = std::make_unique<Slot>();
         slot->id = i;
         slot->cache = std::move(caches[i]);
-        slot->drafter = target.make_drafter(n_ctx);
+        slot->drafter = std::move(drafters[i]);
         slots_.push_back(std::move(slot));
     }
     std::vector<int32_t> probe = target.tokenizer->tokenize("The quick brown fox jumps over the lazy dog.");

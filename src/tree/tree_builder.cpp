@@ -23,38 +23,6 @@ const std::vector<std::vector<int>> & static_tree_paths() {
     return paths;
 }
 
-namespace {
-
-struct Builder {
-    TokenTree tree;
-    std::vector<std::vector<int>> rank_path;  // per node
-    float entropy_sum = 0.0f;
-    int n_expansions = 0;
-
-    void add_children(int parent, const Expansion & e) {
-        const float base = parent == TokenTree::kRoot ? 0.0f : tree.logp[parent];
-        if (!e.q.empty()) {
-            if (tree.q.size() < static_cast<size_t>(tree.size() + 1)) tree.q.resize(tree.size() + 1);
-            tree.q[parent + 1] = e.q;
-        }
-        entropy_sum += e.entropy;
-        ++n_expansions;
-        for (size_t c = 0; c < e.tokens.size(); ++c) {
-            tree.add(parent, e.tokens[c], base + e.logp[c]);
-            rank_path.push_back(parent == TokenTree::kRoot ? std::vector<int>{} : rank_path[parent]);
-            rank_path.back().push_back(static_cast<int>(c));
-        }
-    }
-
-    void expand(const ExpandFn & fn, const std::vector<int> & frontier, const std::vector<int> & n_children) {
-        if (frontier.empty()) return;
-        const auto ex = fn(tree, frontier, n_children);
-        if (ex.size() != frontier.size()) throw Error("drafter returned the wrong number of expansions");
-        for (size_t i = 0; i < frontier.size(); ++i) add_children(frontier[i], ex[i]);
-    }
-};
-
-}  // namespace
 
 std::vector<int> prune_order(const TokenTree & t) {
     std::vector<int> by_logp(t.size());
@@ -105,72 +73,102 @@ TokenTree prune_tree(const TokenTree & t, int n) {
     return out;
 }
 
-BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
+TreeGrower::TreeGrower(const TreeBudget & budget) : budget_(budget) {
     if (budget.depth < 1 || budget.max_nodes < 1 || budget.branching < 1) throw Error("tree budget must be positive");
-    Builder b;
-    const auto & paths = static_tree_paths();
-
-    // Root.
     int root_children = 1;
     if (budget.shape == TreeShape::Dynamic) root_children = std::min(budget.branching, budget.max_nodes);
     if (budget.shape == TreeShape::Static) {
         root_children = 0;
-        for (const auto & p : paths) {
+        for (const auto & p : static_tree_paths()) {
             if (p.size() == 1) root_children = std::max(root_children, p[0] + 1);
         }
     }
-    b.expand(fn, {TokenTree::kRoot}, {root_children});
+    frontier_ = {TokenTree::kRoot};
+    n_children_ = {root_children};
+}
 
-    for (int d = 2; d <= budget.depth; ++d) {
-        std::vector<int> frontier, n_children;
-        std::vector<int> level;
-        for (int n = 0; n < b.tree.size(); ++n) {
-            if (b.tree.depth[n] == d - 1) level.push_back(n);
-        }
-        if (level.empty()) break;
-        switch (budget.shape) {
-            case TreeShape::Chain:
-                frontier = {level.front()};
-                n_children = {1};
-                break;
-            case TreeShape::Static: {
-                std::map<int, int> want;  // node -> children
-                for (const auto & p : paths) {
-                    if (static_cast<int>(p.size()) != d) continue;
-                    const std::vector<int> parent_path(p.begin(), p.end() - 1);
-                    for (int n : level) {
-                        if (b.rank_path[n] == parent_path) want[n] = std::max(want[n], p.back() + 1);
-                    }
-                }
-                for (auto [n, k] : want) frontier.push_back(n), n_children.push_back(k);
-                break;
-            }
-            case TreeShape::Dynamic: {
-                std::stable_sort(level.begin(), level.end(), [&](int a, int c) { return b.tree.logp[a] > b.tree.logp[c]; });
-                level.resize(std::min<size_t>(level.size(), std::min(budget.branching, budget.max_nodes)));
-                // A child's log-probability never exceeds its parent's: once max_nodes nodes beat a
-                // frontier node, nothing below it can make the final tree, so it is not expanded.
-                if (b.tree.size() >= budget.max_nodes) {
-                    std::vector<float> lp = b.tree.logp;
-                    std::nth_element(lp.begin(), lp.begin() + (budget.max_nodes - 1), lp.end(), std::greater<float>());
-                    const float bar = lp[budget.max_nodes - 1];
-                    std::erase_if(level, [&](int n) { return b.tree.logp[n] <= bar; });
-                }
-                // Children are no likelier than their parent: below the bar they cannot pay for a forward.
-                const float log_min = std::log(budget.min_path_prob);
-                std::erase_if(level, [&](int n) { return b.tree.logp[n] < log_min; });
-                frontier = level;
-                n_children.assign(frontier.size(), std::min(budget.branching, budget.max_nodes));
-                break;
-            }
-        }
-        b.expand(fn, frontier, n_children);
+void TreeGrower::add_children(int parent, const Expansion & e) {
+    const float base = parent == TokenTree::kRoot ? 0.0f : tree_.logp[parent];
+    if (!e.q.empty()) {
+        if (tree_.q.size() < static_cast<size_t>(tree_.size() + 1)) tree_.q.resize(tree_.size() + 1);
+        tree_.q[parent + 1] = e.q;
     }
+    entropy_sum_ += e.entropy;
+    ++n_expansions_;
+    for (size_t c = 0; c < e.tokens.size(); ++c) {
+        tree_.add(parent, e.tokens[c], base + e.logp[c]);
+        rank_path_.push_back(parent == TokenTree::kRoot ? std::vector<int>{} : rank_path_[parent]);
+        rank_path_.back().push_back(static_cast<int>(c));
+    }
+}
 
+void TreeGrower::expand(std::span<const Expansion> expansions) {
+    if (!growing()) throw Error("TreeGrower: the tree is complete");
+    if (expansions.size() != frontier_.size()) throw Error("drafter returned the wrong number of expansions");
+    for (size_t i = 0; i < frontier_.size(); ++i) add_children(frontier_[i], expansions[i]);
+    frontier_.clear();
+    n_children_.clear();
+    // The next level with a frontier, if any.
+    while (frontier_.empty() && level_ < budget_.depth && plan_level(++level_)) {
+    }
+}
+
+bool TreeGrower::plan_level(int d) {
+    std::vector<int> level;
+    for (int n = 0; n < tree_.size(); ++n) {
+        if (tree_.depth[n] == d - 1) level.push_back(n);
+    }
+    if (level.empty()) return false;  // nothing left to grow from
+    switch (budget_.shape) {
+        case TreeShape::Chain:
+            frontier_ = {level.front()};
+            n_children_ = {1};
+            break;
+        case TreeShape::Static: {
+            std::map<int, int> want;  // node -> children
+            for (const auto & p : static_tree_paths()) {
+                if (static_cast<int>(p.size()) != d) continue;
+                const std::vector<int> parent_path(p.begin(), p.end() - 1);
+                for (int n : level) {
+                    if (rank_path_[n] == parent_path) want[n] = std::max(want[n], p.back() + 1);
+                }
+            }
+            for (auto [n, k] : want) frontier_.push_back(n), n_children_.push_back(k);
+            break;
+        }
+        case TreeShape::Dynamic: {
+            std::stable_sort(level.begin(), level.end(), [&](int a, int c) { return tree_.logp[a] > tree_.logp[c]; });
+            level.resize(std::min<size_t>(level.size(), std::min(budget_.branching, budget_.max_nodes)));
+            // A child's log-probability never exceeds its parent's: once max_nodes nodes beat a
+            // frontier node, nothing below it can make the final tree, so it is not expanded.
+            if (tree_.size() >= budget_.max_nodes) {
+                std::vector<float> lp = tree_.logp;
+                std::nth_element(lp.begin(), lp.begin() + (budget_.max_nodes - 1), lp.end(), std::greater<float>());
+                const float bar = lp[budget_.max_nodes - 1];
+                std::erase_if(level, [&](int n) { return tree_.logp[n] <= bar; });
+            }
+            // Children are no likelier than their parent: below the bar they cannot pay for a forward.
+            const float log_min = std::log(budget_.min_path_prob);
+            std::erase_if(level, [&](int n) { return tree_.logp[n] < log_min; });
+            frontier_ = level;
+            n_children_.assign(frontier_.size(), std::min(budget_.branching, budget_.max_nodes));
+            break;
+        }
+    }
+    return true;
+}
+
+BuiltTree TreeGrower::finish() {
     BuiltTree out;
-    out.mean_entropy = b.n_expansions ? b.entropy_sum / b.n_expansions : 0.0f;
-    out.tree = b.tree.size() > budget.max_nodes ? prune_tree(b.tree, budget.max_nodes) : std::move(b.tree);
+    out.mean_entropy = n_expansions_ ? entropy_sum_ / n_expansions_ : 0.0f;
+    out.tree = tree_.size() > budget_.max_nodes ? prune_tree(tree_, budget_.max_nodes) : std::move(tree_);
     return out;
+}
+
+BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
+    TreeGrower g(budget);
+    while (g.growing()) g.expand(fn(g.tree(), g.frontier(), g.n_children()));
+    return g.finish();
 }
 
 }  // namespace specula

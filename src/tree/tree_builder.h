@@ -45,6 +45,30 @@ struct BuiltTree {
 
 BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & expand);
 
+// build_tree one level at a time, for drafters whose forwards a caller runs (batched with other
+// sequences' drafters): while growing(), propose children for frontier() and pass them to expand().
+class TreeGrower {
+public:
+    explicit TreeGrower(const TreeBudget & budget);  // throws Error unless depth, nodes and branching are positive
+    bool growing() const { return !frontier_.empty(); }
+    const TokenTree & tree() const { return tree_; }
+    std::span<const int> frontier() const { return frontier_; }      // TokenTree::kRoot first
+    std::span<const int> n_children() const { return n_children_; }  // children wanted per frontier node
+    void expand(std::span<const Expansion> expansions);              // one per frontier node, in order
+    BuiltTree finish();                                              // the tree, pruned to max_nodes
+
+private:
+    void add_children(int parent, const Expansion & e);
+    bool plan_level(int depth);  // false when no node sits at depth - 1
+    TreeBudget budget_;
+    TokenTree tree_;
+    std::vector<std::vector<int>> rank_path_;  // per node: child ranks from the root
+    std::vector<int> frontier_, n_children_;
+    int level_ = 1;  // depth of the children the frontier proposes
+    float entropy_sum_ = 0.0f;
+    int n_expansions_ = 0;
+};
+
 // The order in which nodes enter a pruned tree: best cumulative log-probability first, among the
 // nodes whose parent and earlier siblings are already in (children are proposals tried in order,
 // so a kept set must be a prefix of each proposal list for sampling to stay lossless).

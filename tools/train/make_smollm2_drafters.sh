@@ -1,47 +1,73 @@
 #!/usr/bin/env bash
 # Train the drafters for SmolLM2-135M-Instruct (the default target) from its own replies.
-#   tools/train/make_smollm2_drafters.sh [WORK_DIR] [TRAIN_MINUTES]   (default /tmp/smollm2_train, 40)
+#   tools/train/make_smollm2_drafters.sh [WORK_DIR] [TRAIN_MINUTES] [DRAFTERS]
+#   (defaults /tmp/smollm2_train, 40, "eagle3"; DRAFTERS: eagle3, draft-lm or "eagle3 draft-lm")
+# THREADS (default 2) sets the threads of every step: 1 leaves a core free for other work
+# (libgomp collapses when more compute threads than CPUs are busy).
 # Needs: pip install -r tools/train/requirements.txt; build/bin/specula and llama-tokenize
 # (scripts/build.sh); the target in the model cache (scripts/fetch_models.sh).
-# Outputs: models/smollm2-eagle3.gguf, models/smollm2_train_log.jsonl.
-# The shipped head is what these steps produce (session 11: about 80 minutes on a 2-core Intel
-# Xeon with AMX, 40 of them training; see models/README.md).
+# Outputs: models/smollm2-eagle3.gguf and/or models/smollm2-draft.gguf, with their training logs
+# models/smollm2_train_log.jsonl and models/smollm2_draft_train_log.jsonl.
+# The shipped files are what these steps produce; models/README.md says how long each took.
 # Steps: prompts (committed: models/smollm2_prompts.json) -> the target's chat replies, six sets
 # (specula serve, 4 slots; greedy, and sampled at T = 0.6, 0.8 (two seeds), 1.0 (two seeds))
-# -> target features and top-16 distributions (torch, two processes) -> EAGLE-3 head (wall-clock
+# -> target features and top-16 distributions (torch, two processes) -> each drafter (wall-clock
 # budget, checkpoints as it goes; bf16 matmuls where the CPU has AMX or AVX-512 BF16)
-# -> GGUF with the target's tokenizer.
+# -> GGUF with the target's tokenizer. Finished replies and features in WORK_DIR are reused.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 WORK="${1:-/tmp/smollm2_train}"
 MINUTES="${2:-40}"
+DRAFTERS="${3:-eagle3}"
+THREADS="${THREADS:-2}"
 MODEL="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 BIN="$ROOT/build/bin"
 TOKENIZE="$BIN/llama-tokenize"  # llama.cpp's, from the pinned source scripts/build.sh fetched
+for d in $DRAFTERS; do
+  case "$d" in eagle3|draft-lm) ;; *) echo "make_smollm2_drafters.sh: unknown drafter '$d' (eagle3, draft-lm)" >&2; exit 2 ;; esac
+done
 cmake --build "$ROOT/build" --target llama-tokenize >/dev/null
 mkdir -p "$WORK"
 SETS="0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000"  # temperature:seed of each reply set (prompt i uses seed + i)
 for set in $SETS; do
   python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
-    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 4 --threads 2
+    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 4 --threads "$THREADS"
 done
 python3 "$HERE/smollm2_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_0_1.jsonl" --limit 10
-features() {  # one process per half of the sets, a thread each
+features() {  # one process per half of the sets (one after the other with THREADS=1), a thread each
   for set in "$@"; do
+    [ -f "$WORK/feats_${set/:/_}.pt" ] && continue
     python3 "$HERE/smollm2_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_${set/:/_}.jsonl" --n 192 \
-      --out "$WORK/feats_${set/:/_}.pt" --threads 1 --split train
+      --out "$WORK/feats_${set/:/_}.pt.tmp" --threads 1 --split train
+    mv "$WORK/feats_${set/:/_}.pt.tmp" "$WORK/feats_${set/:/_}.pt"
   done
 }
 read -ra all <<<"$SETS"
-features "${all[@]:0:3}" &
-features "${all[@]:3}"
-wait
+if [ "$THREADS" -ge 2 ]; then
+  features "${all[@]:0:3}" &
+  features "${all[@]:3}"
+  wait
+else
+  features "${all[@]}"
+fi
 feats=()
 for set in $SETS; do feats+=(--feats "$WORK/feats_${set/:/_}.pt"); done
 bf16=()
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
-python3 "$HERE/train_eagle3_smollm2.py" "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" \
-  --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads 2 --vocab 4096 --batch 4 --lr 2e-3 --warmup 20 --save_every 50 "${bf16[@]}"
-python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" --name smollm2-eagle3 --type q8_0
-cp "$WORK/train_log.jsonl" "$ROOT/models/smollm2_train_log.jsonl"
+for d in $DRAFTERS; do
+  if [ "$d" = eagle3 ]; then
+    python3 "$HERE/train_eagle3_smollm2.py" "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" \
+      --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr 2e-3 --warmup 20 \
+      --save_every 50 "${bf16[@]}"
+    python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" \
+      --name smollm2-eagle3 --type q8_0
+    cp "$WORK/train_log.jsonl" "$ROOT/models/smollm2_train_log.jsonl"
+  else
+    python3 "$HERE/train_draft_lm_smollm2.py" "${feats[@]}" --model "$MODEL" --out "$WORK/draft_lm.pt" \
+      --log "$WORK/draft_train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" "${bf16[@]}"
+    python3 "$HERE/export_gguf.py" --kind llama --ckpt "$WORK/draft_lm.pt" --target "$MODEL" --out "$ROOT/models/smollm2-draft.gguf" \
+      --name smollm2-draft --type q8_0
+    cp "$WORK/draft_train_log.jsonl" "$ROOT/models/smollm2_draft_train_log.jsonl"
+  fi
+done

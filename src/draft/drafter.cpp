@@ -1,0 +1,53 @@
+#include "draft/drafter.h"
+
+#include <tuple>
+
+#include "kv/kv_cache.h"
+
+namespace specula {
+
+Draft Drafter::draft(const DraftRequest & request) {
+    start(request);
+    for (const DraftForward * f = pending(); f; f = pending()) {
+        f->runner->forward(*f->part.batch, *f->part.cache, *f->part.out);
+        resume();
+    }
+    return take();
+}
+
+int run_drafts(std::span<Drafter * const> drafters) {
+    // Forwards can be merged when they go through one runner into one KV pool with the same kind
+    // of input (an EAGLE head's catch-up rows carry target features, its tree rows its own state).
+    using Key = std::tuple<ModelRunner *, uint64_t, size_t>;
+    auto key_of = [](const DraftForward & f) {
+        const ForwardBatch & b = *f.part.batch;
+        return Key{f.runner, f.part.cache->id(), b.hidden_in.size() / static_cast<size_t>(b.n_tokens())};
+    };
+    std::vector<Drafter *> waiting, group_drafters;
+    std::vector<BatchPart> group;
+    int forwards = 0;
+    for (;;) {
+        waiting.clear();
+        for (Drafter * d : drafters) {
+            if (d->pending()) waiting.push_back(d);
+        }
+        if (waiting.empty()) return forwards;
+        // One group per distinct key, in the order drafters first name it.
+        while (!waiting.empty()) {
+            const Key key = key_of(*waiting.front()->pending());
+            group.clear();
+            group_drafters.clear();
+            std::erase_if(waiting, [&](Drafter * d) {
+                if (key_of(*d->pending()) != key) return false;
+                group.push_back(d->pending()->part);
+                group_drafters.push_back(d);
+                return true;
+            });
+            std::get<0>(key)->forward_parts(group);
+            for (Drafter * d : group_drafters) d->resume();
+            ++forwards;
+        }
+    }
+}
+
+}  // namespace specula
