@@ -24,6 +24,18 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
     if (reps < 1) throw Error("measure_verify_cost: reps must be positive");
     std::vector<double> ms(max_tokens);
     ForwardOutput out;
+    // Warm up first: right after loading, a model's first forwards run slower (its weights are
+    // not yet in the caches; measured on SmolLM2-135M: one-row forwards 4.2-5.0 ms for the first
+    // dozen, 3.2-3.4 ms after), and timed then they would make the small sizes, which come first,
+    // look dear and so drafting look cheap (the curve measured 8 rows at 1.3x one row; warm, 2x).
+    {
+        const ForwardBatch one = ForwardBatch::causal(tokens.first(1), base, {0});
+        const auto t0 = clock_type::now();
+        for (int i = 0; i < 8 || ms_since(t0) < 250.0; ++i) {
+            target.forward(one, cache, out);
+            cache.rollback(base);
+        }
+    }
     // Size by size, with an untimed first run: more sizes than the runner keeps graphs for would
     // otherwise time a graph build with every forward. The median, not the best: the curve
     // predicts what forwards cost inside a generation loop, where they are not the best case.
