@@ -212,12 +212,36 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.model = model_id;
 
     if (!r.stream) {
-        std::string text;
-        while (job->next(text) != Job::Wait::Ended) {
+        // The answer is one JSON object, sent whole. A request done within a second gets its
+        // status as usual; a longer one starts a chunked 200 response whose body opens with a
+        // space every 200 ms (JSON allows leading whitespace): writing is the only way to learn
+        // that the client went away (cpp-httplib 0.11 shows a handler no socket), and a client
+        // that went away must free its slot rather than hold it for the whole generation. Such a
+        // request's late server error comes as a 200 with the error object as its body.
+        auto text = std::make_shared<std::string>();
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (std::chrono::steady_clock::now() < until) {
+            if (job->next(*text) == Job::Wait::Ended) {
+                const Job::Result & result = job->result();
+                if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
+                return send_json(res, 200, openai::response(c, *text, result.finish_reason, result.stats));
+            }
         }
-        const Job::Result & result = job->result();
-        if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
-        return send_json(res, 200, openai::response(c, text, result.finish_reason, result.stats));
+        res.set_chunked_content_provider("application/json", [job, c, text](size_t, httplib::DataSink & sink) {
+            while (job->next(*text) != Job::Wait::Ended) {
+                if (!sink.write(" ", 1)) {
+                    job->cancel();  // the client went away: free the slot
+                    return false;
+                }
+            }
+            const Job::Result & result = job->result();
+            const std::string body = result.error.empty() ? openai::response(c, *text, result.finish_reason, result.stats).dump()
+                                                          : openai::ApiError{500, result.error, "server_error", "", ""}.body().dump();
+            sink.write(body.data(), body.size());
+            sink.done();
+            return true;
+        }, [job](bool) { job->cancel(); });
+        return;
     }
 
     res.set_header("Cache-Control", "no-cache");

@@ -213,3 +213,43 @@ def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
     metrics = urllib.request.urlopen(server + "/metrics").read().decode()
     cancelled = re.search(r"^specula:requests_cancelled_total (\d+)", metrics, re.M)
     assert cancelled and int(cancelled.group(1)) >= 1
+
+
+@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
+def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
+    # Catches: a non-streamed request kept generating for a client that went away (its slot would
+    # stay busy for the rest of 900 tokens, several seconds here), and a long non-streamed answer
+    # (sent chunked, after leading spaces) that the openai client cannot parse.
+    proc = subprocess.Popen([CLI, "serve", "-m", SMOLLM2, "--parallel", "1", "--port", "0", "-c", "1024", "-t", "1"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            port = int(m.group(1)) if m else port
+            if "ready" in line:
+                break
+        base = f"http://127.0.0.1:{port}"
+        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        t0 = time.time()
+        r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=300,
+                                 temperature=0, extra_body={"ignore_eos": True})
+        assert time.time() - t0 > 1.0, "the answer came within a second: the chunked path was not taken"
+        assert r.usage.completion_tokens == 300 and r.choices[0].text
+
+        conn = http.client.HTTPConnection("127.0.0.1", port)
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "temperature": 0})
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        time.sleep(1.5)  # past the first second, when the server starts probing the connection
+        assert get_json(base + "/slots")[0]["state"] != "idle"
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        deadline = time.time() + 1.5
+        while time.time() < deadline and get_json(base + "/slots")[0]["state"] != "idle":
+            time.sleep(0.02)
+        assert get_json(base + "/slots")[0]["state"] == "idle"
+        metrics = urllib.request.urlopen(base + "/metrics").read().decode()
+        assert re.search(r"^specula:requests_cancelled_total 1$", metrics, re.M), metrics
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
