@@ -355,6 +355,14 @@ int run_serve_bench(const ServeBenchOptions & options) {
     }
     const std::filesystem::path scratch = std::filesystem::temp_directory_path() / ("specula-serve-bench-" + std::to_string(::getpid()));
     std::filesystem::create_directories(scratch);
+    // Gone however the run ends: a server that fails to start throws with its log's tail in the message.
+    struct RemoveOnExit {
+        std::filesystem::path dir;
+        ~RemoveOnExit() {
+            std::error_code ec;
+            std::filesystem::remove_all(dir, ec);
+        }
+    } remove_scratch{scratch};
 
     // Reference texts per server: its plain configuration's first answer to each prompt.
     std::map<std::string, std::map<size_t, std::string>> reference;
@@ -418,7 +426,6 @@ int run_serve_bench(const ServeBenchOptions & options) {
             rows.push_back(std::move(row));
         }
     }
-    std::filesystem::remove_all(scratch);
 
     std::printf("\naggregate = all tokens / wall time; per-request = tokens / request time (median); TTFT = time to first token;\n"
                 "accept = accepted / drafted tokens; same = responses identical to the server's plain text; vs = aggregate / best llama-server\n");

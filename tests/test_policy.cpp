@@ -136,7 +136,8 @@ TEST(TreeSizePolicy, NeedsLikelierPathsInABusyStep) {
 // Catches: a tree policy that drafts in every round of a busy step. Eight sequences stepping
 // together emit 8 tokens per forward of 8 rows without drafting; a round that drafts adds its
 // drafter time and its rows' verify cost to the whole step for the tokens rounds accept, which
-// pays alone but not there. Skipping must not last: every 8th round drafts to keep learning.
+// pays alone but not there. Skipping must not last: a round drafts to keep learning every 8th
+// skip alone, every 8 x 8th in a step of 8 sequences (exploring delays them all).
 TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
     TreeSizePolicy p(kMeasuredTargetCurve);
     EXPECT_TRUE(p.should_draft(StepShare{7, 7.0}));  // nothing seen yet: draft to learn
@@ -149,7 +150,10 @@ TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
     EXPECT_TRUE(p.should_draft(StepShare{}));
     int drafted = 0;
     for (int r = 0; r < 16; ++r) drafted += p.should_draft(StepShare{7, 7.0});
-    EXPECT_EQ(drafted, 2) << "busy: only the exploring rounds draft";
+    EXPECT_EQ(drafted, 2) << "busy, the others unknown: only every 8th round explores";
+    drafted = 0;
+    for (int r = 0; r < 128; ++r) drafted += p.should_draft(StepShare{7, 7.0, 7});
+    EXPECT_EQ(drafted, 2) << "busy with 7 others: only every 64th round explores";
 }
 
 TEST(TreeSizePolicy, MinPathProbStopsTheDynamicBuilder) {

@@ -16,7 +16,7 @@ double expected_tokens(const std::vector<double> & alpha, int k) {
 StepShare estimate_step_share(int previous_rows, int previous_tokens, int own_rows, int own_tokens, int other_sequences,
                               int other_decoding) {
     return StepShare{std::max({0, previous_rows - own_rows, other_sequences}),
-                     std::max({0.0, double(previous_tokens - own_tokens), double(other_decoding)})};
+                     std::max({0.0, double(previous_tokens - own_tokens), double(other_decoding)}), std::max(0, other_sequences)};
 }
 
 namespace {

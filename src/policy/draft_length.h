@@ -22,6 +22,7 @@ namespace specula {
 struct StepShare {
     int other_rows = 0;
     double other_tokens = 0.0;
+    int other_sequences = 0;
 };
 
 // A sequence's share of the coming step, from the previous step (its rows and emitted tokens,

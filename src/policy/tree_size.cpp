@@ -42,7 +42,9 @@ bool TreeSizePolicy::should_draft(const StepShare & step) {
     const int nodes = std::max(1, static_cast<int>(verified_ / rounds_ + 0.5));
     const double extra_ms = round_draft_ms_ + verify_.ms(plain_rows + nodes) - verify_.ms(plain_rows);
     const double extra_tokens = accepted_ / rounds_;
-    if (extra_tokens > plain_rate(step) * extra_ms || ++skipped_ >= kExploreEvery) {
+    // Exploring costs the whole step, so a step of several sequences explores about as often as
+    // one sequence alone: each sequence every kExploreEvery x (sequences in the step) skips.
+    if (extra_tokens > plain_rate(step) * extra_ms || ++skipped_ >= kExploreEvery * (1 + std::max(0, step.other_sequences))) {
         skipped_ = 0;
         return true;
     }

@@ -40,8 +40,8 @@ public:
     // verify cost to the step and is expected to add the tokens rounds have accepted so far; that
     // must beat the step's plain rate, (1 + the others' tokens) per forward of (the others' rows
     // + 1). A busy step's plain rate is high, so drafting there must promise more. Until rounds
-    // have been seen, and every kExploreEvery-th round it would skip, it drafts: a text that turns
-    // predictable is noticed.
+    // have been seen, and every kExploreEvery-th round it would skip (x the sequences in the step:
+    // an exploring draft delays them all), it drafts: a text that turns predictable is noticed.
     bool should_draft(const StepShare & step = {});
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
 
