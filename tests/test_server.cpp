@@ -215,5 +215,19 @@ TEST(OpenAi, ChatPromptsStartWithOneBos) {
     }
 }
 
+// Catches: a response body serialized so that a model's stray byte (a byte-fallback token that is
+// not a whole UTF-8 character) throws: it killed the server (the long non-streamed path once
+// did). Every body goes out through openai::wire, which replaces such bytes.
+TEST(OpenAi, BytesThatAreNotUtf8AreReplacedNotFatal) {
+    openai::Completion c;
+    c.model = "m";
+    const nlohmann::json body = openai::response(c, "caf\xA9 ok", "stop", GenerationStats{});
+    EXPECT_THROW((void)body.dump(), nlohmann::json::type_error);  // what a plain dump does
+    std::string text;
+    ASSERT_NO_THROW(text = openai::wire(body));
+    EXPECT_NE(text.find("caf\xEF\xBF\xBD ok"), std::string::npos) << text;
+    EXPECT_NE(openai::sse(body).find("\xEF\xBF\xBD"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace specula

@@ -33,7 +33,7 @@ struct HttpServer::Impl {
 namespace {
 void send_json(httplib::Response & res, int status, const json & j) {
     res.status = status;
-    res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+    res.set_content(openai::wire(j), "application/json");
 }
 void send_error(httplib::Response & res, const openai::ApiError & e) { send_json(res, e.status, e.body()); }
 int64_t unix_now() {
@@ -235,8 +235,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
                 }
             }
             const Job::Result & result = job->result();
-            const std::string body = result.error.empty() ? openai::response(c, *text, result.finish_reason, result.stats).dump()
-                                                          : openai::ApiError{500, result.error, "server_error", "", ""}.body().dump();
+            const std::string body = openai::wire(result.error.empty() ? openai::response(c, *text, result.finish_reason, result.stats)
+                                                                       : openai::ApiError{500, result.error, "server_error", "", ""}.body());
             sink.write(body.data(), body.size());
             sink.done();
             return true;

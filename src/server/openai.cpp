@@ -224,6 +224,8 @@ json chunk_usage(const Completion & c, const GenerationStats & stats) {
     return j;
 }
 
-std::string sse(const json & j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
+std::string wire(const json & j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json & j) { return "data: " + wire(j) + "\n\n"; }
 
 }  // namespace specula::openai

@@ -57,6 +57,9 @@ nlohmann::json chunk_start(const Completion & c);
 nlohmann::json chunk_text(const Completion & c, const std::string & text, const nlohmann::json & tokens = nullptr);
 nlohmann::json chunk_finish(const Completion & c, const std::string & finish_reason);
 nlohmann::json chunk_usage(const Completion & c, const GenerationStats & stats);
+// JSON as the server sends it: a model can emit bytes that are not UTF-8 (a token that ends
+// inside a character), which are replaced (U+FFFD) rather than failing the response.
+std::string wire(const nlohmann::json & j);
 // One server-sent event: "data: <json>\n\n".
 std::string sse(const nlohmann::json & j);
 
