@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Train the drafters for SmolLM2-135M-Instruct (the default target) from its own replies.
 #   tools/train/make_smollm2_drafters.sh [WORK_DIR] [TRAIN_MINUTES] [DRAFTERS]
-#   (defaults /tmp/smollm2_train, 40, "eagle3"; DRAFTERS: eagle3, draft-lm or "eagle3 draft-lm")
+#   (defaults /tmp/smollm2_train, 40, "eagle3"; DRAFTERS: any of eagle3, eagle1, draft-lm, e.g. "eagle3 draft-lm")
 # THREADS (default 2) sets the threads of every step: 1 leaves a core free for other work
 # (libgomp collapses when more compute threads than CPUs are busy).
 # Needs: pip install -r tools/train/requirements.txt; build/bin/specula and llama-tokenize
 # (scripts/build.sh); the target in the model cache (scripts/fetch_models.sh).
-# Outputs: models/smollm2-eagle3.gguf and/or models/smollm2-draft.gguf, with their training logs
-# models/smollm2_train_log.jsonl and models/smollm2_draft_train_log.jsonl.
+# Outputs: models/smollm2-eagle3.gguf, models/smollm2-eagle1.gguf, models/smollm2-draft.gguf, with
+# their training logs models/smollm2_train_log.jsonl, smollm2_eagle1_train_log.jsonl and
+# smollm2_draft_train_log.jsonl.
 # The shipped files are what these steps produce; models/README.md says how long each took.
 # Steps: prompts (committed: models/smollm2_prompts.json) -> the target's chat replies, six sets
 # (specula serve, 4 slots; greedy, and sampled at T = 0.6, 0.8 (two seeds), 1.0 (two seeds))
@@ -25,7 +26,7 @@ MODEL="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}/SmolLM2-135M-Instruct
 BIN="$ROOT/build/bin"
 TOKENIZE="$BIN/llama-tokenize"  # llama.cpp's, from the pinned source scripts/build.sh fetched
 for d in $DRAFTERS; do
-  case "$d" in eagle3|draft-lm) ;; *) echo "make_smollm2_drafters.sh: unknown drafter '$d' (eagle3, draft-lm)" >&2; exit 2 ;; esac
+  case "$d" in eagle3|eagle1|draft-lm) ;; *) echo "make_smollm2_drafters.sh: unknown drafter '$d' (eagle3, eagle1, draft-lm)" >&2; exit 2 ;; esac
 done
 cmake --build "$ROOT/build" --target llama-tokenize >/dev/null
 mkdir -p "$WORK"
@@ -57,12 +58,19 @@ bf16=()
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
 for d in $DRAFTERS; do
   if [ "$d" = eagle3 ]; then
-    python3 "$HERE/train_eagle3_smollm2.py" "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" \
+    python3 "$HERE/train_eagle_smollm2.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" \
       --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr 2e-3 --warmup 20 \
       --save_every 50 "${bf16[@]}"
     python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" \
       --name smollm2-eagle3 --type q8_0
     cp "$WORK/train_log.jsonl" "$ROOT/models/smollm2_train_log.jsonl"
+  elif [ "$d" = eagle1 ]; then
+    python3 "$HERE/train_eagle_smollm2.py" --kind eagle1 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle1.pt" \
+      --log "$WORK/eagle1_train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --batch 4 --lr 2e-3 --warmup 20 \
+      --save_every 50 "${bf16[@]}"
+    python3 "$HERE/export_gguf.py" --kind eagle1 --ckpt "$WORK/eagle1.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle1.gguf" \
+      --name smollm2-eagle1 --type q8_0
+    cp "$WORK/eagle1_train_log.jsonl" "$ROOT/models/smollm2_eagle1_train_log.jsonl"
   else
     python3 "$HERE/train_draft_lm_smollm2.py" "${feats[@]}" --model "$MODEL" --out "$WORK/draft_lm.pt" \
       --log "$WORK/draft_train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" "${bf16[@]}"
