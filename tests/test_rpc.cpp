@@ -20,6 +20,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "kv_compaction_check.h"
 #include "test_models.h"
 
 extern char ** environ;
@@ -111,6 +112,22 @@ TEST(Rpc, ModelOnAnRpcServerGivesTheLocalGgmlLogits) {
         for (size_t i = 0; i < local.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(remote[i] - local[i])));
         std::printf("[rpc] %-14s max |logit diff| RPC vs local ggml = %.3g\n", name, max_diff);
         EXPECT_LT(max_diff, 1e-4);
+    }
+}
+
+// Tree compaction on a device moves the kept rows with copies the device runs (the host path reads
+// a CPU buffer's memory directly and cannot serve a GPU or RPC buffer): the compacted cache must
+// equal the path decoded alone, for both V layouts.
+TEST(Rpc, TreeCompactionOnTheDeviceKeepsTheAcceptedPath) {
+    RpcServer server;
+    ASSERT_TRUE(server.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    for (Attention attention : {Attention::Flash, Attention::Matmul}) {
+        Backend rpc(BackendOptions{server.device(), 1, attention});
+        const test::CompactionCheck c = test::check_tree_compaction(rpc, test::model_path("llama_q8_0"));
+        SCOPED_TRACE(c.v_transposed ? "transposed V" : "row-major V");
+        EXPECT_EQ(c.v_transposed, attention == Attention::Matmul);
+        EXPECT_LT(c.max_kv_diff, 2e-3);
+        EXPECT_LT(c.max_logit_diff, 1e-2);
     }
 }
 

@@ -20,6 +20,7 @@ struct KvStorage {
         if (ctx) ggml_free(ctx);
     }
     uint64_t id = 0;
+    ggml_backend * device = nullptr;  // computes on the buffer (device-side compaction)
     int n_embd_kv = 0;
     int slots = 0;
     bool v_transposed = false;
@@ -29,7 +30,7 @@ struct KvStorage {
 };
 
 KvStorage::KvStorage(Backend & backend, int n_layers, int n_embd_kv, int slots)
-    : n_embd_kv(n_embd_kv), slots(slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
+    : device(backend.primary()), n_embd_kv(n_embd_kv), slots(slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
     static std::atomic<uint64_t> next_id{1};
     id = next_id++;
     if (slots <= 0) throw Error("KV cache capacity must be positive");
@@ -98,34 +99,69 @@ void KvCache::compact(int base, std::span<const int> kept) {
             throw Error("KV compact: kept rows must be ascending offsets inside the block");
         }
     }
-    size_t first_moved = 0;
-    while (first_moved < kept.size() && kept[first_moved] == static_cast<int>(first_moved)) ++first_moved;
-    if (first_moved < kept.size()) {
-        // Slots [base + first_moved, base + kept.back()] are read once and their kept rows written
-        // back packed, through the host: correct on any backend. A slot is a row of `width` values
-        // `stride` apart; a row-major tensor has one such run of slots, a transposed V one per channel.
-        const int span = kept.back() + 1 - static_cast<int>(first_moved);
-        const int n_kept = static_cast<int>(kept.size() - first_moved);
-        auto move = [&](ggml_tensor * t, size_t offset, size_t width) {
-            std::vector<uint8_t> src(width * span), dst(width * n_kept);
-            const size_t first = width * (offset_ + base + first_moved);
-            ggml_backend_tensor_get(t, src.data(), offset + first, src.size());
-            for (size_t i = first_moved; i < kept.size(); ++i) {
-                std::memcpy(dst.data() + width * (i - first_moved), src.data() + width * (kept[i] - first_moved), width);
-            }
-            ggml_backend_tensor_set(t, dst.data(), offset + first, dst.size());
-        };
-        const size_t row = ggml_row_size(GGML_TYPE_F16, n_embd_kv_);
-        for (ggml_tensor * t : k_) move(t, 0, row);
-        for (ggml_tensor * t : v_) {
-            if (!v_transposed_) {
-                move(t, 0, row);
-                continue;
-            }
-            for (int j = 0; j < n_embd_kv_; ++j) move(t, ggml_row_size(GGML_TYPE_F16, storage_->slots) * j, sizeof(ggml_fp16_t));
+    std::vector<std::pair<int, int>> moves;  // stream slot from -> to, ascending: every `to` is below its `from`
+    for (size_t i = 0; i < kept.size(); ++i) {
+        if (kept[i] != static_cast<int>(i)) moves.emplace_back(base + kept[i], base + static_cast<int>(i));
+    }
+    if (!moves.empty()) {
+        if (ggml_backend_buffer_is_host(storage_->buffer)) {
+            move_slots_on_host(moves);
+        } else {
+            move_slots_on_device(moves);
         }
     }
     size_ = base + static_cast<int>(kept.size());
+}
+
+// A slot is a row of n_embd_kv F16 values in K and in a row-major V, and a column of a transposed V.
+void KvCache::move_slots_on_host(std::span<const std::pair<int, int>> moves) {
+    const size_t row = ggml_row_size(GGML_TYPE_F16, n_embd_kv_);
+    auto move_rows = [&](ggml_tensor * t) {
+        auto * data = static_cast<char *>(t->data);
+        for (auto [from, to] : moves) std::memcpy(data + row * (offset_ + to), data + row * (offset_ + from), row);
+    };
+    for (ggml_tensor * t : k_) move_rows(t);
+    for (ggml_tensor * t : v_) {
+        if (!v_transposed_) {
+            move_rows(t);
+            continue;
+        }
+        auto * v = static_cast<ggml_fp16_t *>(t->data);
+        for (int j = 0; j < n_embd_kv_; ++j) {
+            ggml_fp16_t * channel = v + static_cast<size_t>(j) * storage_->slots + offset_;
+            for (auto [from, to] : moves) channel[to] = channel[from];
+        }
+    }
+}
+
+// One graph of copies between views of the cache's own tensors, run by the device that holds
+// them: the rows never cross to the host (a GPU or an RPC server keeps them where they are).
+// The copies run in order, and each reads a slot above every slot written before it.
+void KvCache::move_slots_on_device(std::span<const std::pair<int, int>> moves) {
+    const size_t n_copies = moves.size() * (k_.size() + v_.size());
+    const size_t n_nodes = std::max<size_t>(GGML_DEFAULT_GRAPH_SIZE, n_copies);
+    ggml_init_params params{ggml_tensor_overhead() * (3 * n_copies + 1) + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
+    ggml_context * ctx = ggml_init(params);
+    if (!ctx) throw Error("KV compact: out of memory for the copy graph");
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, n_nodes, false);
+    auto slot_view = [&](ggml_tensor * t, bool transposed, int slot) {
+        ggml_tensor * v = transposed ? ggml_view_2d(ctx, t, 1, n_embd_kv_, t->nb[1], ggml_row_size(t->type, offset_ + slot))
+                                     : ggml_view_1d(ctx, t, n_embd_kv_, t->nb[1] * (offset_ + slot));
+        ggml_backend_view_init(v);
+        return v;
+    };
+    auto copy = [&](ggml_tensor * t, bool transposed) {
+        for (auto [from, to] : moves) {
+            ggml_tensor * c = ggml_cpy(ctx, slot_view(t, transposed, from), slot_view(t, transposed, to));
+            ggml_backend_view_init(c);
+            ggml_build_forward_expand(gf, c);
+        }
+    };
+    for (ggml_tensor * t : k_) copy(t, false);
+    for (ggml_tensor * t : v_) copy(t, v_transposed_);
+    const ggml_status status = ggml_backend_graph_compute(storage_->device, gf);
+    ggml_free(ctx);
+    if (status != GGML_STATUS_SUCCESS) throw Error("KV compact: the device could not move the kept rows");
 }
 
 std::vector<float> KvCache::read_row(int layer, bool value, int slot) const {

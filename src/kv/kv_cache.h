@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 struct ggml_context;
@@ -51,7 +52,8 @@ public:
     void rollback(int n);
     // Keep rows base+kept[0], base+kept[1], ... (ascending) of the block that starts at `base` and
     // move them to base, base+1, ...; the cache then holds base + kept.size() slots. Used after
-    // tree verification: the accepted path's rows were written at their tree positions.
+    // tree verification: the accepted path's rows were written at their tree positions. The rows
+    // move where they are: in memory for a host buffer, by copies the device runs otherwise.
     void compact(int base, std::span<const int> kept);
 
     // Runtime side: the forward reserves a block of n slots after size() and writes into them.
@@ -64,6 +66,8 @@ public:
 
 private:
     KvCache(std::shared_ptr<KvStorage> storage, int offset, int capacity);
+    void move_slots_on_host(std::span<const std::pair<int, int>> moves);
+    void move_slots_on_device(std::span<const std::pair<int, int>> moves);
     std::shared_ptr<KvStorage> storage_;
     uint64_t id_ = 0;
     int n_embd_kv_ = 0;
