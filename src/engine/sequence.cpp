@@ -165,7 +165,8 @@ const ForwardBatch & Sequence::block(double draft_ms) {
     return block_;
 }
 
-void Sequence::commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows) {
+void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows) {
+    const ForwardOutput & out = out_;
     if (step_rows < 0) step_rows = block_.n_tokens();
     last_tokens_ = 0;
     if (in_prefill_block_) {
@@ -261,7 +262,7 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     target.forward_parts(parts);
     step.forward_ms = ms_since(t0);
     for (size_t i = 0; i < sequences.size(); ++i) {
-        sequences[i]->commit(sequences[i]->output(), step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows);
+        sequences[i]->commit(step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows);
         step.tokens += sequences[i]->last_tokens();
     }
     return step;

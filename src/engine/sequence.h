@@ -5,7 +5,7 @@
 //   (the caller runs the drafter's forwards, batched with other sequences' drafters: run_drafts)
 //   block()       the draft taken and sized: root + draft as the target's block;
 //   (the caller runs one target forward over this block, alone or beside other sequences' blocks)
-//   commit(out)   verify, keep the accepted path in the cache, tell the drafter, emit, update policies.
+//   commit()      verify, keep the accepted path in the cache, tell the drafter, emit, update policies.
 // The sequence owns its Rng and sampling parameters, so its output does not depend on what else
 // shares the forward. It references its cache stream, drafter and policies, owned by the caller.
 #include <chrono>
@@ -73,10 +73,10 @@ public:
     void plan(const StepShare & step = {});
     Drafter * drafting() const;
     const ForwardBatch & block(double draft_ms);
-    // After the target's forward of block(): forward_ms is how long that forward took,
+    // After the target's forward of block() into output(): forward_ms is how long it took,
     // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
     // stops the sequence.
-    void commit(const ForwardOutput & out, double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1);
+    void commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1);
     // Rows of the last block and tokens its commit emitted.
     int last_rows() const { return last_rows_; }
     int last_tokens() const { return last_tokens_; }
