@@ -388,7 +388,9 @@ TEST(RealModelChat, ChatPromptStartsWithOneBos) {
         ASSERT_GE(chat.size(), 2u);
         EXPECT_NE(chat[0], chat[1]);
         const std::vector<int32_t> bos = tok.tokenize("", true);  // [BOS] when the vocabulary adds one
-        if (!bos.empty()) EXPECT_EQ(chat[0], bos[0]);
+        if (!bos.empty()) {
+            EXPECT_EQ(chat[0], bos[0]);
+        }
         ++checked;
     }
     if (checked == 0) GTEST_SKIP() << "no real model in " << model_cache_dir();

@@ -35,7 +35,7 @@ const char * drafter_kind_name(DrafterKind kind);  // none | draft | eagle | eag
 
 struct DrafterSpec {
     DrafterKind kind = DrafterKind::None;
-    std::string path;                  // DraftModel, Eagle, Eagle3: the GGUF; empty otherwise
+    std::string path = {};             // DraftModel, Eagle, Eagle3: the GGUF; empty otherwise
     int ngram_min = 1, ngram_max = 3;  // Ngram: the n-gram lengths matched
 };
 

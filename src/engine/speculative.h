@@ -30,9 +30,9 @@ struct SpecContext {
     Drafter & drafter;
     DraftLengthPolicy & policy;                        // chain depth per round (chain shape only)
     TreeBudget tree;                                   // shape Chain: a chain of the policy's length
-    std::function<void(const RoundInfo &)> on_round;  // trace, tests; may be empty
-    VerifyFn verify;                                   // empty = the standard verifier for the sampling params
-    TreeSizePolicy * tree_size = nullptr;              // trees: nodes verified per round (else tree.max_nodes)
+    std::function<void(const RoundInfo &)> on_round = {};  // trace, tests; may be empty
+    VerifyFn verify = {};                                  // empty = the standard verifier for the sampling params
+    TreeSizePolicy * tree_size = nullptr;                  // trees: nodes verified per round (else tree.max_nodes)
 };
 
 GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t> prompt, const GenerationOptions & options,
