@@ -19,13 +19,6 @@ DraftModelDrafter::DraftModelDrafter(const Model & model, std::shared_ptr<ModelR
 
 void DraftModelDrafter::accept(const Acceptance & a) { cache_->rollback(std::min(cache_->size(), a.n_valid)); }
 
-void DraftModelDrafter::wait_for(ForwardBatch batch) {
-    batch_ = std::move(batch);
-    first_slot_ = cache_->size();
-    forward_ = DraftForward{runner_.get(), BatchPart{&batch_, cache_.get(), &out_}};
-    waiting_ = true;
-}
-
 void DraftModelDrafter::start(const DraftRequest & req) {
     req_ = req;
     draft_ = Draft{};
@@ -38,26 +31,25 @@ void DraftModelDrafter::start(const DraftRequest & req) {
     grower_.emplace(budget);
     // Catch up on every token the cache lacks (the root, plus accepted tokens of a tree round).
     const int n_in = cache_->size();
-    wait_for(ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}));
+    pending_forward_.wait_for(*runner_, *cache_, out_, ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}));
 }
 
 void DraftModelDrafter::resume() {
-    if (!waiting_) throw Error("DraftModelDrafter: no forward was pending");
-    waiting_ = false;
+    pending_forward_.done();
     TreeGrower & g = *grower_;
     const std::span<const int> frontier = g.frontier();
     std::vector<Expansion> ex;
     for (size_t i = 0; i < frontier.size(); ++i) {
         if (frontier[i] != TokenTree::kRoot) {
             if (static_cast<int>(slot_of_.size()) < g.tree().size()) slot_of_.resize(g.tree().size(), -1);
-            slot_of_[frontier[i]] = first_slot_ + static_cast<int>(i);
+            slot_of_[frontier[i]] = pending_forward_.first_slot() + static_cast<int>(i);
         }
         ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_));
     }
     g.expand(ex);
     const int L = static_cast<int>(req_.history.size());
     if (g.growing()) {
-        wait_for(frontier_batch(g.tree(), g.frontier(), L - 1, L, slot_of_));
+        pending_forward_.wait_for(*runner_, *cache_, out_, frontier_batch(g.tree(), g.frontier(), L - 1, L, slot_of_));
         return;
     }
     BuiltTree built = g.finish();

@@ -20,7 +20,7 @@ public:
     DraftModelDrafter(const Model & model, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream);
     const char * name() const override { return "draft-model"; }
     void start(const DraftRequest & request) override;
-    const DraftForward * pending() const override { return waiting_ ? &forward_ : nullptr; }
+    const DraftForward * pending() const override { return pending_forward_.get(); }
     void resume() override;
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & a) override;
@@ -29,7 +29,6 @@ public:
     const KvCache & cache() const { return *cache_; }
 
 private:
-    void wait_for(ForwardBatch batch);
     std::shared_ptr<ModelRunner> runner_;
     std::unique_ptr<KvCache> cache_;
     ForwardOutput out_;
@@ -38,10 +37,7 @@ private:
     DraftRequest req_;
     std::optional<TreeGrower> grower_;
     std::vector<int> slot_of_;  // tree node -> cache slot, once fed
-    int first_slot_ = 0;        // where the level being run starts in the cache
-    ForwardBatch batch_;
-    DraftForward forward_;
-    bool waiting_ = false;
+    PendingForward pending_forward_;
     Draft draft_;
 };
 

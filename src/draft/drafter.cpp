@@ -2,9 +2,22 @@
 
 #include <tuple>
 
+#include "specula/error.h"
 #include "kv/kv_cache.h"
 
 namespace specula {
+
+void PendingForward::wait_for(ModelRunner & runner, KvCache & cache, ForwardOutput & out, ForwardBatch batch) {
+    batch_ = std::move(batch);
+    first_slot_ = cache.size();
+    forward_ = DraftForward{&runner, BatchPart{&batch_, &cache, &out}};
+    waiting_ = true;
+}
+
+void PendingForward::done() {
+    if (!waiting_) throw Error("drafter: resumed with no forward pending");
+    waiting_ = false;
+}
 
 Draft Drafter::draft(const DraftRequest & request) {
     start(request);

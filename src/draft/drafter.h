@@ -43,6 +43,24 @@ struct DraftForward {
     BatchPart part;
 };
 
+// The forward a stepped drafter waits for, kept here so that the pointers handed out stay valid
+// until the caller has run it.
+class PendingForward {
+public:
+    // Waits for `batch` through `runner`, appended to `cache` (first_slot(): where it starts).
+    void wait_for(ModelRunner & runner, KvCache & cache, ForwardOutput & out, ForwardBatch batch);
+    const DraftForward * get() const { return waiting_ ? &forward_ : nullptr; }
+    // The forward ran: stop waiting (throws Error when nothing was pending).
+    void done();
+    int first_slot() const { return first_slot_; }
+
+private:
+    ForwardBatch batch_;
+    DraftForward forward_;
+    int first_slot_ = 0;
+    bool waiting_ = false;
+};
+
 class Drafter {
 public:
     virtual ~Drafter() = default;

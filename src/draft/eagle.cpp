@@ -37,13 +37,6 @@ void EagleDrafter::accept(const Acceptance & a) {
     pending_.insert(pending_.end(), a.features.begin(), a.features.end());
 }
 
-void EagleDrafter::wait_for(ForwardBatch batch) {
-    batch_ = std::move(batch);
-    first_slot_ = cache_->size();
-    forward_ = DraftForward{runner_.get(), BatchPart{&batch_, cache_.get(), &out_}};
-    waiting_ = true;
-}
-
 void EagleDrafter::start(const DraftRequest & req) {
     req_ = req;
     draft_ = Draft{};
@@ -69,12 +62,11 @@ void EagleDrafter::start(const DraftRequest & req) {
     b.mask = BlockMask::causal(b.n_tokens());
     b.logit_rows = {b.n_tokens() - 1};
     pending_first_ = root_pos;
-    wait_for(std::move(b));
+    pending_forward_.wait_for(*runner_, *cache_, out_, std::move(b));
 }
 
 void EagleDrafter::resume() {
-    if (!waiting_) throw Error("EagleDrafter: no forward was pending");
-    waiting_ = false;
+    pending_forward_.done();
     TreeGrower & g = *grower_;
     const std::span<const int> frontier = g.frontier();
     const int E = head_.shape().n_embd;
@@ -89,7 +81,7 @@ void EagleDrafter::resume() {
             proposer_hidden_.resize(g.tree().size());
         }
         for (size_t i = 0; i < frontier.size(); ++i) {
-            slot_of_[frontier[i]] = first_slot_ + static_cast<int>(i);
+            slot_of_[frontier[i]] = pending_forward_.first_slot() + static_cast<int>(i);
             proposer_hidden_[frontier[i]].assign(out_.hidden_out.begin() + i * E, out_.hidden_out.begin() + (i + 1) * E);
             ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, vocab));
         }
@@ -102,7 +94,7 @@ void EagleDrafter::resume() {
             const std::vector<float> & h = tree.parent[node] == TokenTree::kRoot ? root_hidden_ : proposer_hidden_[tree.parent[node]];
             b.hidden_in.insert(b.hidden_in.end(), h.begin(), h.end());
         }
-        wait_for(std::move(b));
+        pending_forward_.wait_for(*runner_, *cache_, out_, std::move(b));
         return;
     }
     BuiltTree built = g.finish();

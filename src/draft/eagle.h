@@ -26,7 +26,7 @@ public:
     EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream);
     const char * name() const override;
     void start(const DraftRequest & request) override;
-    const DraftForward * pending() const override { return waiting_ ? &forward_ : nullptr; }
+    const DraftForward * pending() const override { return pending_forward_.get(); }
     void resume() override;
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & a) override;
@@ -36,7 +36,6 @@ public:
     const KvCache & cache() const { return *cache_; }
 
 private:
-    void wait_for(ForwardBatch batch);
     const EagleHead & head_;
     std::shared_ptr<ModelRunner> runner_;
     std::unique_ptr<KvCache> cache_;
@@ -53,10 +52,7 @@ private:
     std::vector<int> slot_of_;
     std::vector<std::vector<float>> proposer_hidden_;
     std::vector<float> root_hidden_;
-    int first_slot_ = 0;
-    ForwardBatch batch_;
-    DraftForward forward_;
-    bool waiting_ = false;
+    PendingForward pending_forward_;
     Draft draft_;
 };
 

@@ -2,6 +2,7 @@
 scripts/setup_server_tests.sh). A server on 127.0.0.1 with the bundled 15.7M target and its draft
 model, 4 slots. Each test states the breakage it catches."""
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -162,12 +163,10 @@ SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expandus
                        "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
-def test_real_chat_template_smollm2():
-    # Catches: the model's chat template not applied (or mangled) to chat requests: an instruct
-    # model answers a plain question only when it sees its own template.
-    proc = subprocess.Popen([CLI, "serve", "-m", SMOLLM2, "--ngram", "--parallel", "2", "--port", "0", "-c", "512", "-t", "1"],
-                            stderr=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def serve_smollm2(*args):
+    """`specula serve` on SmolLM2 with these extra arguments, for the length of a `with`; yields its URL."""
+    proc = subprocess.Popen([CLI, "serve", "-m", SMOLLM2, "--port", "0", "-t", "1", *args], stderr=subprocess.PIPE, text=True)
     try:
         port = None
         for line in proc.stderr:
@@ -175,7 +174,18 @@ def test_real_chat_template_smollm2():
             port = int(m.group(1)) if m else port
             if "ready" in line:
                 break
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
+def test_real_chat_template_smollm2():
+    # Catches: the model's chat template not applied (or mangled) to chat requests: an instruct
+    # model answers a plain question only when it sees its own template.
+    with serve_smollm2("--ngram", "--parallel", "2", "-c", "512") as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
         r = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1",
                                       messages=[{"role": "user", "content": "What is the capital of France?"}],
                                       max_tokens=24, temperature=0)
@@ -184,9 +194,6 @@ def test_real_chat_template_smollm2():
             model="SmolLM2-135M-Instruct.Q4_1", messages=[{"role": "user", "content": "What is the capital of France?"}],
             max_tokens=24, temperature=0, stream=True) if ch.choices)
         assert streamed == r.choices[0].message.content
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
@@ -220,16 +227,8 @@ def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
     # Catches: a non-streamed request kept generating for a client that went away (its slot would
     # stay busy for the rest of 900 tokens, several seconds here), and a long non-streamed answer
     # (sent chunked, after leading spaces) that the openai client cannot parse.
-    proc = subprocess.Popen([CLI, "serve", "-m", SMOLLM2, "--parallel", "1", "--port", "0", "-c", "1024", "-t", "1"],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        for line in proc.stderr:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            port = int(m.group(1)) if m else port
-            if "ready" in line:
-                break
-        base = f"http://127.0.0.1:{port}"
+    with serve_smollm2("--parallel", "1", "-c", "1024") as base:
+        port = int(base.rsplit(":", 1)[1])
         c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
         t0 = time.time()
         r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=300,
@@ -250,6 +249,3 @@ def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
         assert get_json(base + "/slots")[0]["state"] == "idle"
         metrics = urllib.request.urlopen(base + "/metrics").read().decode()
         assert re.search(r"^specula:requests_cancelled_total 1$", metrics, re.M), metrics
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
