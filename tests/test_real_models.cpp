@@ -247,17 +247,18 @@ TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
     auto eagle1 = EagleHead::load(test::shipped_model("smollm2-eagle1.gguf"), *model, backend);
     auto draft = Model::load(test::shipped_model("smollm2-draft.gguf"), backend);
     constexpr int kCapacity = 512, kGenerate = 24;
-    // Floors on drafted tokens accepted per round, chain / dynamic tree; an untrained head gets ~0.01.
+    // Floors on drafted tokens accepted per round, chain / dynamic tree, at about 40% of what the
+    // shipped drafters measured (session 12: EAGLE-3 1.46 / 2.47, EAGLE-1 0.50 / 0.76, draft LM
+    // 1.29 / 1.63); an untrained head gets ~0.01.
     struct Case {
         const char * name;
         std::function<std::unique_ptr<Drafter>()> make;
         double floor_chain, floor_tree;
     };
     const Case cases[] = {
-        // Measured: 0.19 (chain) and 0.43 (dynamic) for the shipped head.
-        {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, kCapacity); }, 0.1, 0.2},
-        {"eagle1", [&] { return std::make_unique<EagleDrafter>(*eagle1, kCapacity); }, 0.1, 0.2},
-        {"draft-lm", [&] { return std::make_unique<DraftModelDrafter>(*draft, kCapacity); }, 0.1, 0.2},
+        {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, kCapacity); }, 0.6, 1.0},
+        {"eagle1", [&] { return std::make_unique<EagleDrafter>(*eagle1, kCapacity); }, 0.2, 0.3},
+        {"draft-lm", [&] { return std::make_unique<DraftModelDrafter>(*draft, kCapacity); }, 0.5, 0.65},
     };
     GenerationOptions o;
     o.n_predict = kGenerate;

@@ -8,8 +8,8 @@
   restricted to the draft vocabulary.
 --kind eagle1: model.Eagle1Head; its input feature is the target's final pre-norm hidden state,
   its logits the target's own (output norm and tied lm_head, frozen: the full vocabulary). Loss,
-  as EAGLE-1: smooth L1 to the target's next hidden state + 0.1 x that soft CE, with uniform
-  feature noise (+-0.1 rms) on the target features.
+  as EAGLE-1: smooth L1 to the target's next hidden state (in units of its RMS) + 0.1 x that soft
+  CE, with uniform feature noise (+-0.1 rms) on the target features.
 Both: the token embedding is the target's (frozen, not stored in the head). Training-time test as
 train_eagle.py: --ttt_steps self-fed steps, step k at head index t reads token x[t+1+k] and is
 scored (weight 0.8^k) on the target's next-token distribution at t+1+k.
@@ -141,7 +141,11 @@ def run(x, feat, hfin, top_ids, top_p, valid, train_mode=True):
         ce = -(p * (d >= 0) * lq.gather(-1, d.clamp(min=0))).sum(-1)
         loss = (ce * m).sum() / m.sum().clamp(min=1)
         if a.kind == "eagle1":
-            reg = F.smooth_l1_loss(out[:, :n].float(), hfin[:, 1 + k:1 + k + n], reduction="none").mean(-1)
+            # In units of the target state's RMS: SmolLM2's final hidden states are large, and a raw
+            # smooth L1 (~80 at the start) drowned the cross-entropy that drafting depends on.
+            want = hfin[:, 1 + k:1 + k + n]
+            rms = want.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-3)
+            reg = F.smooth_l1_loss(out[:, :n].float() / rms, want / rms, reduction="none").mean(-1)
             loss = (reg * m).sum() / m.sum().clamp(min=1) + 0.1 * loss
         losses.append((0.8 ** k) * loss)
         agree = (d2t[lq.argmax(-1)] == ids[..., 0]) & m
