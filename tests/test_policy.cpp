@@ -6,6 +6,7 @@
 #include "policy/draft_length.h"
 #include "policy/tree_size.h"
 #include "policy/verify_cost.h"
+#include "build_tree.h"
 #include "tree/tree_builder.h"
 
 namespace specula {
@@ -169,9 +170,9 @@ TEST(TreeSizePolicy, MinPathProbStopsTheDynamicBuilder) {
         return out;
     };
     TreeBudget b{TreeShape::Dynamic, 8, 2, 64};
-    EXPECT_EQ(build_tree(b, expand).tree.max_depth(), 8);
+    EXPECT_EQ(test::build_tree(b, expand).tree.max_depth(), 8);
     b.min_path_prob = 0.2f;  // depth-2 nodes (0.25) are expanded, depth-3 ones (0.125) are not
-    EXPECT_EQ(build_tree(b, expand).tree.max_depth(), 3);
+    EXPECT_EQ(test::build_tree(b, expand).tree.max_depth(), 3);
 }
 
 TEST(CostPolicy, DraftsNothingWhenDraftingCannotPay) {

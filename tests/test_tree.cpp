@@ -7,6 +7,7 @@
 #include <set>
 
 #include "draft/propose.h"
+#include "build_tree.h"
 #include "tree/tree_builder.h"
 
 namespace specula {
@@ -40,14 +41,14 @@ void expect_well_formed(const TokenTree & t) {
 }
 
 TEST(TreeBuilder, ChainIsOneChildPerDepth) {
-    auto b = build_tree(TreeBudget{TreeShape::Chain, 5, 1, 5}, fake_expand);
+    auto b = test::build_tree(TreeBudget{TreeShape::Chain, 5, 1, 5}, fake_expand);
     ASSERT_EQ(b.tree.size(), 5);
     for (int n = 0; n < 5; ++n) EXPECT_EQ(b.tree.parent[n], n - 1);
     EXPECT_EQ(b.tree.max_depth(), 5);
 }
 
 TEST(TreeBuilder, StaticFollowsTheRankPaths) {
-    auto b = build_tree(TreeBudget{TreeShape::Static, 3, 4, 64}, fake_expand);
+    auto b = test::build_tree(TreeBudget{TreeShape::Static, 3, 4, 64}, fake_expand);
     expect_well_formed(b.tree);
     int expected = 0;
     for (const auto & p : static_tree_paths()) expected += p.size() <= 3;
@@ -57,7 +58,7 @@ TEST(TreeBuilder, StaticFollowsTheRankPaths) {
 }
 
 TEST(TreeBuilder, DynamicKeepsTheBestNodesAncestorAndSiblingClosed) {
-    auto b = build_tree(TreeBudget{TreeShape::Dynamic, 4, 3, 10}, fake_expand);
+    auto b = test::build_tree(TreeBudget{TreeShape::Dynamic, 4, 3, 10}, fake_expand);
     const TokenTree & t = b.tree;
     expect_well_formed(t);
     EXPECT_EQ(t.size(), 10);
@@ -67,7 +68,7 @@ TEST(TreeBuilder, DynamicKeepsTheBestNodesAncestorAndSiblingClosed) {
         for (int c : t.children(n)) EXPECT_EQ(t.token[c] % 100, expect_rank++);
     }
     // Nothing dropped beats anything kept: the full tree's 10th best log-prob bounds the kept set.
-    auto full = build_tree(TreeBudget{TreeShape::Dynamic, 4, 3, 1000}, fake_expand);
+    auto full = test::build_tree(TreeBudget{TreeShape::Dynamic, 4, 3, 1000}, fake_expand);
     std::vector<float> lp = full.tree.logp;
     std::sort(lp.rbegin(), lp.rend());
     float kept_min = 0.0f;

@@ -19,15 +19,6 @@ void PendingForward::done() {
     waiting_ = false;
 }
 
-Draft Drafter::draft(const DraftRequest & request) {
-    start(request);
-    for (const DraftForward * f = pending(); f; f = pending()) {
-        f->runner->forward(*f->part.batch, *f->part.cache, *f->part.out);
-        resume();
-    }
-    return take();
-}
-
 int run_drafts(std::span<Drafter * const> drafters) {
     // Forwards can be merged when they go through one runner into one KV pool with the same kind
     // of input (an EAGLE head's catch-up rows carry target features, its tree rows its own state).

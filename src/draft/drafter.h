@@ -71,8 +71,6 @@ public:
     virtual const DraftForward * pending() const { return nullptr; }
     virtual void resume() {}
     virtual Draft take() = 0;
-    // The same, running each forward alone.
-    Draft draft(const DraftRequest & request);
     // After verification: anything the drafter cached past what is final must go.
     virtual void accept(const Acceptance & acceptance) = 0;
     // Target layers whose input hidden states the drafter needs (EAGLE); empty for none.

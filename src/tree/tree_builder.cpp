@@ -165,10 +165,5 @@ BuiltTree TreeGrower::finish() {
     return out;
 }
 
-BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & fn) {
-    TreeGrower g(budget);
-    while (g.growing()) g.expand(fn(g.tree(), g.frontier(), g.n_children()));
-    return g.finish();
-}
 
 }  // namespace specula

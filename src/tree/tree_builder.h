@@ -1,13 +1,12 @@
 #pragma once
-// Builds a draft tree from a drafter's proposals. Pure: the drafter supplies an ExpandFn that
-// proposes children for a set of frontier nodes (one forward for the whole frontier); the shape
-// decides which nodes get expanded and which are kept.
+// Builds a draft tree from a drafter's proposals, one level at a time (TreeGrower). Pure: the
+// drafter proposes children for each level's frontier nodes (one forward for the whole frontier);
+// the shape decides which nodes get expanded and which are kept.
 //   chain   - the top child of the last node, `depth` times;
 //   static  - a fixed set of child-rank paths (EAGLE-1): the same shape every round;
 //   dynamic - EAGLE-2: expand the `branching` best nodes of each depth by cumulative draft
 //             log-probability, then keep the `max_nodes` best nodes of the whole tree.
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,19 +33,14 @@ struct Expansion {
     float entropy = 0.0f;     // of the draft distribution, nats
 };
 
-// Proposes up to n_children[i] children for each frontier[i] (TokenTree::kRoot on the first call).
-using ExpandFn = std::function<std::vector<Expansion>(const TokenTree & tree, std::span<const int> frontier,
-                                                      std::span<const int> n_children)>;
-
 struct BuiltTree {
     TokenTree tree;
     float mean_entropy = 0.0f;
 };
 
-BuiltTree build_tree(const TreeBudget & budget, const ExpandFn & expand);
-
-// build_tree one level at a time, for drafters whose forwards a caller runs (batched with other
-// sequences' drafters): while growing(), propose children for frontier() and pass them to expand().
+// While growing(), the drafter proposes up to n_children()[i] children for each frontier()[i]
+// (TokenTree::kRoot first) and passes them to expand(): a level per call, so that the drafter's
+// forward for it can run batched with other sequences' drafters.
 class TreeGrower {
 public:
     explicit TreeGrower(const TreeBudget & budget);  // throws Error unless depth, nodes and branching are positive
