@@ -65,7 +65,7 @@ void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path) {
 
 // Each type on each SIMD path (paths the CPU lacks are skipped): same bits, different speed.
 #define SPECULA_KERNEL_BENCH_PATH(type, path) \
-    BENCHMARK_CAPTURE(packed_matmul, type##_##path, GGML_TYPE_##type, CpuPath::path)->Arg(1)->Arg(2)->Arg(4)->Arg(5)->Arg(8)->Arg(16)
+    BENCHMARK_CAPTURE(packed_matmul, type##_##path, GGML_TYPE_##type, CpuPath::path)->Arg(1)->Arg(2)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)
 #define SPECULA_KERNEL_BENCH(type) SPECULA_KERNEL_BENCH_PATH(type, Avx2); SPECULA_KERNEL_BENCH_PATH(type, Avx512Vnni)
 
 SPECULA_KERNEL_BENCH(Q8_0);

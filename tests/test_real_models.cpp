@@ -417,6 +417,33 @@ TEST(RealModelChat, ChatPromptStartsWithOneBos) {
     if (checked == 0) GTEST_SKIP() << "no real model in " << model_cache_dir();
 }
 
+// A GGUF without a chat template (the PyPI Gemma 3 file has none) gets the format its vocabulary's
+// turn tokens belong to, not chatml's markers as plain text (which Gemma 3 answered by echoing the
+// prompt). SmolLM2 keeps the template in its file. Catches a return to the chatml fallback.
+TEST(RealModelChat, ATemplateLessFileGetsItsVocabularysTurnFormat) {
+    int checked = 0;
+    for (const RealModel & m : kModels) {
+        const std::string path = cached_model_path(m);
+        if (!std::filesystem::exists(path)) continue;
+        SCOPED_TRACE(m.name);
+        const Tokenizer tok(path);
+        const std::string text = tok.apply_chat_template({{"user", "Hello there"}}, true);
+        if (m.arch == "gemma3") {
+            EXPECT_EQ(std::string(tok.chat_template()), "gemma");
+            EXPECT_EQ(text, "<start_of_turn>user\nHello there<end_of_turn>\n<start_of_turn>model\n");
+            const std::vector<int32_t> turn = tok.tokenize("<start_of_turn>", false);
+            ASSERT_EQ(turn.size(), 1u);
+            const std::vector<int32_t> chat = tok.tokenize_chat({{"user", "Hello there"}});
+            ASSERT_GE(chat.size(), 2u);
+            EXPECT_EQ(chat[1], turn[0]);  // after BOS, the turn token itself, not its characters
+        } else {
+            EXPECT_EQ(text, "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n");
+        }
+        ++checked;
+    }
+    if (checked == 0) GTEST_SKIP() << "no real model in " << model_cache_dir();
+}
+
 // `specula serve` without -m serves the same default run as `generate`: SmolLM2-135M-Instruct from
 // the model cache, drafting with its EAGLE-3 head. Catches serve requiring -m again, or loading the
 // default model without the default drafter.

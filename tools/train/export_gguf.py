@@ -25,7 +25,8 @@ ap.add_argument("--tokenizer", help="SentencePiece .model (required for --kind l
 ap.add_argument("--target", help="target GGUF whose tokenizer.* keys the file carries (an EAGLE head for llama.cpp, or a draft LM distilled on the target's vocabulary)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--name", default=None)
-ap.add_argument("--type", default="f16", choices=["f16", "q8_0"], help="2-D weights (q8_0: half the size; the engine's kernels take both)")
+ap.add_argument("--type", default="f16", choices=["f16", "q8_0", "q4_0"],
+                help="2-D weights (q8_0: half the size; q4_0: a quarter, but an EAGLE head's lm_head stays q8_0, its ranking is the draft; the engine's kernels take all three)")
 ap.add_argument("--gguf_py", default=None, help="path to llama.cpp gguf-py (default: /work/main/.deps/llama.cpp/gguf-py if present, else /tmp/deps/llama.cpp/gguf-py)")
 a = ap.parse_args()
 gp = a.gguf_py or next((p for p in ("/work/main/.deps/llama.cpp/gguf-py", "/tmp/deps/llama.cpp/gguf-py") if os.path.isdir(p)), None)
@@ -39,7 +40,7 @@ sd = {k: v.float() for k, v in ck["state_dict"].items()}
 arch = {"llama": "llama", "eagle3": "eagle3", "eagle1": "specula-eagle1"}[a.kind]
 w = gguf.GGUFWriter(a.out, arch)
 w.add_name(a.name or os.path.splitext(os.path.basename(a.out))[0])
-w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if a.type == "q8_0" else gguf.LlamaFileType.MOSTLY_F16)
+w.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}.get(a.type, gguf.LlamaFileType.MOSTLY_F16))
 
 if a.kind == "llama" and not (a.tokenizer or a.target):
     sys.exit("export_gguf: error: --kind llama needs --tokenizer, or --target to share the target's tokenizer")
@@ -97,10 +98,11 @@ if a.kind == "eagle1":
 
 def put(name, t):
     arr = t.numpy()
-    if arr.ndim == 2 and a.type == "q8_0":
-        q = gguf.GGMLQuantizationType.Q8_0
+    if arr.ndim == 2 and a.type != "f16":
+        kind = "q8_0" if a.type == "q8_0" or (a.kind != "llama" and name == "output.weight") else "q4_0"
+        q = gguf.GGMLQuantizationType.Q8_0 if kind == "q8_0" else gguf.GGMLQuantizationType.Q4_0
         w.add_tensor(name, gguf.quants.quantize(arr.astype(np.float32), q), raw_dtype=q)
-        print(f"{name:28s} {tuple(arr.shape)} q8_0")
+        print(f"{name:28s} {tuple(arr.shape)} {kind}")
         return
     arr = arr.astype(np.float16) if arr.ndim == 2 else arr.astype(np.float32)
     w.add_tensor(name, arr)

@@ -22,6 +22,8 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--parallel", type=int, default=4, help="server slots, and requests in flight")
 ap.add_argument("--ctx", type=int, default=1024, help="context per slot (prompt + --n must fit)")
 ap.add_argument("--split", default=None, help="only this split (train / heldout)")
+ap.add_argument("--frame", default=None,
+                help="for a pretrained (not chat-tuned) target: /v1/completions of this frame around each prompt, e.g. 'Question: {}\\nAnswer:'")
 a = ap.parse_args()
 
 prompts = json.load(open(a.prompts))["prompts"]
@@ -64,12 +66,16 @@ def wait_ready(timeout=300):
 
 
 def reply(i):
-    body = {"messages": [{"role": "user", "content": prompts[i]["prompt"]}], "max_tokens": a.n, "temperature": a.temp,
-            "seed": a.seed + i}
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {"max_tokens": a.n, "temperature": a.temp, "seed": a.seed + i}
+    if a.frame:
+        body["prompt"] = a.frame.format(prompts[i]["prompt"])
+    else:
+        body["messages"] = [{"role": "user", "content": prompts[i]["prompt"]}]
+    route = "/v1/completions" if a.frame else "/v1/chat/completions"
+    req = urllib.request.Request(url + route, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:
-        return i, json.load(r)["choices"][0]["message"]["content"]
+        choice = json.load(r)["choices"][0]
+        return i, choice["text"] if a.frame else choice["message"]["content"]
 
 
 try:
@@ -77,7 +83,7 @@ try:
     t0 = time.time()
     with open(a.out, "a") as out, ThreadPoolExecutor(a.parallel) as pool:
         for n, (i, text) in enumerate(pool.map(reply, todo), 1):
-            out.write(json.dumps(dict(prompts[i], index=i, temp=a.temp, response=text)) + "\n")
+            out.write(json.dumps(dict(prompts[i], index=i, temp=a.temp, frame=a.frame, response=text)) + "\n")
             out.flush()
             if n % 20 == 0 or n == len(todo):
                 print(f"{a.out}: {n}/{len(todo)} replies, {time.time() - t0:.0f} s", flush=True)

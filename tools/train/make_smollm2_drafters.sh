@@ -35,11 +35,11 @@ for set in $SETS; do
   python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
     --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 4 --threads "$THREADS"
 done
-python3 "$HERE/smollm2_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_0_1.jsonl" --limit 10
+python3 "$HERE/chat_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_0_1.jsonl" --limit 10
 features() {  # one process per half of the sets (one after the other with THREADS=1), a thread each
   for set in "$@"; do
     [ -f "$WORK/feats_${set/:/_}.pt" ] && continue
-    python3 "$HERE/smollm2_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_${set/:/_}.jsonl" --n 192 \
+    python3 "$HERE/target_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_${set/:/_}.jsonl" --n 192 \
       --out "$WORK/feats_${set/:/_}.pt.tmp" --threads 1 --split train
     mv "$WORK/feats_${set/:/_}.pt.tmp" "$WORK/feats_${set/:/_}.pt"
   done
@@ -58,14 +58,14 @@ bf16=()
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
 for d in $DRAFTERS; do
   if [ "$d" = eagle3 ]; then
-    python3 "$HERE/train_eagle_smollm2.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" \
+    python3 "$HERE/train_eagle_head.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name smollm2-eagle3 \
       --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr 2e-3 --warmup 20 \
       --save_every 50 "${bf16[@]}"
     python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" \
       --name smollm2-eagle3 --type q8_0
     cp "$WORK/train_log.jsonl" "$ROOT/models/smollm2_train_log.jsonl"
   elif [ "$d" = eagle1 ]; then
-    python3 "$HERE/train_eagle_smollm2.py" --kind eagle1 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle1.pt" \
+    python3 "$HERE/train_eagle_head.py" --kind eagle1 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle1.pt" --name smollm2-eagle1 \
       --log "$WORK/eagle1_train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --batch 4 --lr 2e-3 --warmup 20 \
       --save_every 50 "${bf16[@]}"
     python3 "$HERE/export_gguf.py" --kind eagle1 --ckpt "$WORK/eagle1.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle1.gguf" \

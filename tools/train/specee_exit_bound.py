@@ -17,8 +17,8 @@ from docs/specee.md's cost model (layers 0.79, LM head 0.21 of a plain token): l
 import argparse, collections, json, os, sys
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import load_gguf_llama
-from smollm2_data import chat_text, tokenize
+from model import load_gguf_target
+from chat_data import ChatFormat, tokenize
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True)
@@ -29,9 +29,11 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--layer-share", type=float, default=0.79, help="the layers' share of a plain token's cost (docs/specee.md)")
 ap.add_argument("--verify-2", type=float, default=1.03, help="cost of a 2-row forward relative to 1 row")
 ap.add_argument("--json", default=None)
+ap.add_argument("--frame", default=None, help="the completion frame the replies were generated with (generate_responses.py --frame)")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
-m = load_gguf_llama(a.model)
+m = load_gguf_target(a.model)
+chat = ChatFormat(a.model, a.frame)
 L = m.c.n_layers
 taken = collections.Counter()
 first_by_cat, stable_by_cat = collections.defaultdict(list), collections.defaultdict(list)
@@ -40,8 +42,8 @@ for line in open(a.gen):
     if taken[r["category"]] >= a.per_category:
         continue
     taken[r["category"]] += 1
-    prompt = tokenize(a.tokenize, a.model, chat_text(r["prompt"]))
-    reply = tokenize(a.tokenize, a.model, chat_text(r["prompt"]) + r["response"])[len(prompt):]
+    prompt = tokenize(a.tokenize, a.model, chat.text(r["prompt"]))
+    reply = tokenize(a.tokenize, a.model, chat.text(r["prompt"]) + r["response"])[len(prompt):]
     ids = torch.tensor(prompt + reply)
     with torch.no_grad():
         logits, _, caps = m(ids[None], capture_layers=set(range(1, L)))

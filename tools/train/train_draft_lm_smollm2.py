@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Distil a small draft LM for SmolLM2-135M-Instruct from the target's own replies
-(smollm2_features.py outputs: token ids and the target's top-k next-token distributions).
+(target_features.py outputs: token ids and the target's top-k next-token distributions).
 
 The draft is a plain llama-architecture LM with the target's tokenizer and vocabulary, so
 specula (`--draft`) and llama.cpp (`llama-speculative-simple -md`) both run it. Its cost is

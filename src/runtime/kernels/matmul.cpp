@@ -95,7 +95,8 @@ void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const flo
          const QuantizedActivations & a, float * y, int64_t y_stride, int64_t g_begin, int64_t g_end) {
     if (m.is_float()) {
 #if defined(SPECULA_X86_KERNELS)
-        if (path != CpuPath::Generic) return avx2::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+        if (path == CpuPath::Avx512Vnni) return avx512::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+        if (path == CpuPath::Avx2) return avx2::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
 #endif
         return generic::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
     }

@@ -5,8 +5,14 @@
 // stored unsigned integers meet the signed activations and the offsets are subtracted once per
 // block (the exact isum of matmul.h). Each token keeps its 16 float accumulators in one register,
 // so a tile of 8 tokens reads every weight byte once and never spills.
-// Q6_K and the float formats keep the AVX2 bodies (same bits, by matmul.h's order).
+// Q6_K keeps the AVX2 body (same bits, by matmul.h's order). The float formats have their own
+// here: matmul.h's 16 lane sums are exactly one zmm, so a tile of 4 weight rows x 4 tokens keeps
+// 16 sums in registers and reads each weight chunk once per 4 tokens and each activation chunk
+// once per 4 rows (the AVX2 body: 2 ymm per sum, one row at a time), which is what a verify block
+// of many sequences' rows needs.
 #include <immintrin.h>
+
+#include <algorithm>
 
 #include "runtime/kernels/matmul_impl.h"
 
@@ -148,6 +154,85 @@ void quantize_activations(const float * x, int64_t x_stride, QuantizedActivation
             a.s[t * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
         }
     }
+}
+
+namespace {
+
+template <bool kBf16>
+inline __m512 load_w16(const uint16_t * p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+    if constexpr (kBf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+// matmul.h's halving tree over the 16 lanes: (l + 8), then (l + 4), (l + 2), (l + 1).
+inline float reduce16(__m512 v) {
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// Rows row0..row0+NR of one group against tokens t0..t0+NT.
+template <bool kBf16, int NR, int NT>
+void float_tile(const uint16_t * w, int64_t k, const float * x, int64_t x_stride, int t0, float * y, int64_t y_stride,
+                int64_t row0) {
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < k; c += 16) {
+        __m512 wv[NR];
+        for (int r = 0; r < NR; ++r) wv[r] = load_w16<kBf16>(w + r * k + c);
+        for (int t = 0; t < NT; ++t) {
+            const __m512 xv = _mm512_loadu_ps(x + (t0 + t) * x_stride + c);
+            for (int r = 0; r < NR; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < NT; ++t) y[(t0 + t) * y_stride + row0 + r] = reduce16(acc[r][t]);
+    }
+}
+
+template <bool kBf16, int NR>
+void float_rows_tiled(const uint16_t * w, int64_t k, const float * x, int64_t x_stride, int n_tokens, float * y,
+                      int64_t y_stride, int64_t row0) {
+    constexpr int kTile = 4;
+    for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
+        switch (n_tokens - t0 < kTile ? n_tokens - t0 : kTile) {
+            case 1: float_tile<kBf16, NR, 1>(w, k, x, x_stride, t0, y, y_stride, row0); break;
+            case 2: float_tile<kBf16, NR, 2>(w, k, x, x_stride, t0, y, y_stride, row0); break;
+            case 3: float_tile<kBf16, NR, 3>(w, k, x, x_stride, t0, y, y_stride, row0); break;
+            default: float_tile<kBf16, NR, 4>(w, k, x, x_stride, t0, y, y_stride, row0); break;
+        }
+    }
+}
+
+template <bool kBf16>
+void float_groups(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, float * y,
+                  int64_t y_stride, int64_t g_begin, int64_t g_end) {
+    constexpr int kRows = 4;
+    for (int64_t g = g_begin; g < g_end; ++g) {
+        const auto * wg = reinterpret_cast<const uint16_t *>(packed + g * m.group_bytes());
+        const int64_t first = g * kGroupRows, rows = std::min<int64_t>(kGroupRows, m.n_rows - first);
+        for (int64_t r = 0; r < rows; r += kRows) {
+            const uint16_t * w = wg + r * m.k;
+            switch (rows - r < kRows ? rows - r : kRows) {
+                case 1: float_rows_tiled<kBf16, 1>(w, m.k, x, x_stride, n_tokens, y, y_stride, first + r); break;
+                case 2: float_rows_tiled<kBf16, 2>(w, m.k, x, x_stride, n_tokens, y, y_stride, first + r); break;
+                case 3: float_rows_tiled<kBf16, 3>(w, m.k, x, x_stride, n_tokens, y, y_stride, first + r); break;
+                default: float_rows_tiled<kBf16, 4>(w, m.k, x, x_stride, n_tokens, y, y_stride, first + r); break;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, float * y,
+                  int64_t y_stride, int64_t g_begin, int64_t g_end) {
+    if (m.format == PackedFormat::BF16) float_groups<true>(m, packed, x, x_stride, n_tokens, y, y_stride, g_begin, g_end);
+    else float_groups<false>(m, packed, x, x_stride, n_tokens, y, y_stride, g_begin, g_end);
 }
 
 bool has_body(PackedFormat f) {

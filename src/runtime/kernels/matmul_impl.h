@@ -27,12 +27,14 @@ namespace generic { SPECULA_KERNEL_DECLS }
 namespace avx2 { SPECULA_KERNEL_DECLS }
 #undef SPECULA_KERNEL_DECLS
 
-// AVX-512 VNNI: the integer formats that have a body here; the rest run the AVX2 bodies.
+// AVX-512 VNNI: the float formats, and the integer formats that have_body(); Q6_K runs the AVX2 body.
 namespace avx512 {
 void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);
 bool has_body(PackedFormat f);
 void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
             int64_t g_begin, int64_t g_end);
+void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, float * y,
+                  int64_t y_stride, int64_t g_begin, int64_t g_end);
 }  // namespace avx512
 
 }  // namespace specula::kernels

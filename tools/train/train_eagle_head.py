@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Train an EAGLE head for SmolLM2-135M-Instruct on precomputed target features
-(smollm2_features.py).
+"""Train an EAGLE head for a real target (SmolLM2-135M-Instruct, Gemma 3 270M) on precomputed
+target features (target_features.py).
 
 --kind eagle3 (default): model.Eagle3Head over a compact draft vocabulary (d2t): the --vocab most
   frequent target tokens of the training sequences' replies (ties: lower id), in id order; g =
@@ -14,7 +14,7 @@ Both: the token embedding is the target's (frozen, not stored in the head). Trai
 train_eagle.py: --ttt_steps self-fed steps, step k at head index t reads token x[t+1+k] and is
 scored (weight 0.8^k) on the target's next-token distribution at t+1+k.
 A checkpoint is written every --save_every steps, so a run cut short still yields a head.
-  train_eagle_smollm2.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --minutes 35"""
+  train_eagle_head.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --minutes 35"""
 import argparse, json, os, sys, time
 import torch
 import torch.nn.functional as F
@@ -24,11 +24,15 @@ from schedule import wallclock_cosine_lr
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--kind", choices=["eagle3", "eagle1"], default="eagle3")
-ap.add_argument("--feats", action="append", required=True, help="smollm2_features.py outputs (repeatable: greedy and sampled replies)")
+ap.add_argument("--feats", action="append", required=True, help="target_features.py outputs (repeatable: greedy and sampled replies)")
 ap.add_argument("--model", required=True, help="target GGUF (token embedding, output norm and lm_head rows for init)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--log", required=True)
+ap.add_argument("--name", default=None, help="the model name in the log (default: the --out file's stem)")
 ap.add_argument("--vocab", type=int, default=8192)
+ap.add_argument("--heads", type=int, default=0, help="query heads of the head's attention (0: the target's)")
+ap.add_argument("--kv_heads", type=int, default=0, help="its KV heads (0: the target's)")
+ap.add_argument("--ffn", type=int, default=0, help="its FFN width (0: the target's)")
 ap.add_argument("--batch", type=int, default=8)
 ap.add_argument("--lr", type=float, default=1e-3)
 ap.add_argument("--warmup", type=int, default=20)
@@ -41,6 +45,7 @@ ap.add_argument("--seed", type=int, default=4321)
 ap.add_argument("--bf16", action="store_true",
                 help="bf16 autocast for the head's matmuls: several times faster on CPUs with AMX or AVX-512 BF16, emulated (slow) elsewhere")
 a = ap.parse_args()
+a.name = a.name or os.path.splitext(os.path.basename(a.out))[0]
 torch.set_num_threads(a.threads)
 torch.manual_seed(a.seed)
 
@@ -48,7 +53,7 @@ parts = [torch.load(f) for f in a.feats]
 data = parts[0]
 layers = data["layers"]
 if any(p["layers"] != layers for p in parts):
-    sys.exit("train_eagle_smollm2: error: the --feats files were extracted at different layers")
+    sys.exit("train_eagle_head: error: the --feats files were extracted at different layers")
 train = [s for p in parts for s in p["seqs"] if s["split"] == "train"]
 n_vocab = data["config"]["vocab_size"]
 counts = torch.zeros(n_vocab, dtype=torch.long)
@@ -64,9 +69,13 @@ coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
 print(f"{len(train)} training sequences, {sum(len(s['ids']) for s in train)} tokens; draft vocabulary {a.vocab} covers {coverage:.4f} of reply tokens", flush=True)
 
 c = LlamaConfig(**{**data["config"], "vocab_size": a.vocab, "n_layers": 1})
+c.n_heads, c.n_kv_heads, c.ffn_dim = a.heads or c.n_heads, a.kv_heads or c.n_kv_heads, a.ffn or c.ffn_dim
+if c.dim % c.n_heads or c.n_heads % c.n_kv_heads or (c.dim // c.n_heads) % 16:
+    sys.exit(f"train_eagle_head: error: width {c.dim} with {c.n_heads} heads / {c.n_kv_heads} KV heads: the head size must be "
+             "a whole multiple of 16 and the heads a multiple of the KV heads")
 ROPE_BASE[0] = c.rope_base
 if not data["config"]["tie_embeddings"]:
-    sys.exit("train_eagle_smollm2: error: expects a target with tied embeddings (its lm_head is token_embd)")
+    sys.exit("train_eagle_head: error: expects a target with tied embeddings (its lm_head is token_embd)")
 w = load_gguf_tensors(a.model, ["token_embd.weight", "output_norm.weight"])
 head = Eagle3Head(c, layers) if a.kind == "eagle3" else Eagle1Head(c)
 for mod in head.modules():
@@ -163,7 +172,7 @@ def save(step):
 
 
 log = open(a.log, "a")
-log.write(json.dumps({"event": "start", "model": "smollm2-" + a.kind, "params": nparam, "args": vars(a), "coverage": coverage}) + "\n")
+log.write(json.dumps({"event": "start", "model": a.name, "params": nparam, "args": vars(a), "coverage": coverage}) + "\n")
 g = torch.Generator().manual_seed(a.seed)
 t0 = time.time()
 step, epoch = 0, 0
@@ -182,7 +191,7 @@ while step < a.max_steps and time.time() - t0 < a.minutes * 60:
         gn = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
         step += 1
-        rec = {"model": "smollm2-" + a.kind, "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
+        rec = {"model": a.name, "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
                "top1_agree_by_step": [round(v, 4) for v in accs], "lr": lr, "grad_norm": round(gn.item(), 3),
                "elapsed_s": round(time.time() - t0, 1)}
         log.write(json.dumps(rec) + "\n"); log.flush()
@@ -192,5 +201,5 @@ while step < a.max_steps and time.time() - t0 < a.minutes * 60:
             save(step)
     epoch += 1
 save(step)
-log.write(json.dumps({"event": "done", "model": "smollm2-" + a.kind, "steps": step, "elapsed_s": time.time() - t0}) + "\n")
+log.write(json.dumps({"event": "done", "model": a.name, "steps": step, "elapsed_s": time.time() - t0}) + "\n")
 print("done", step, "steps", time.time() - t0)

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Target-side training data for SmolLM2 drafters: token sequences (chat prompt + the
+"""Target-side training data for drafters of a real target: token sequences (chat prompt + the
 target's own reply) with the target's layer features and top-k next-token distribution.
-  smollm2_features.py --model GGUF --tokenize BIN --gen gen_T0.jsonl [--gen more.jsonl] --out feats.pt
+  target_features.py --model GGUF --tokenize BIN --gen gen_T0.jsonl [--gen more.jsonl] --out feats.pt
 Features are the inputs of --layers (llama.cpp `layer_inp` semantics, as the engine's taps)
 plus the final pre-norm hidden state, stored bf16; labels are the target's top-k
 log-probabilities (fp16). Training uses split == "train" (--split train stores only those)."""
 import argparse, json, os, sys, time
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import load_gguf_llama
-from smollm2_data import chat_text, tokenize, EOS
+from model import load_gguf_target
+from chat_data import ChatFormat, tokenize
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True)
@@ -21,9 +21,11 @@ ap.add_argument("--topk", type=int, default=16)
 ap.add_argument("--n", type=int, default=128, help="the reply budget the replies were generated with")
 ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--split", default=None, help="only replies of this split (train / heldout)")
+ap.add_argument("--frame", default=None, help="the completion frame the replies were generated with (generate_responses.py --frame)")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
-m = load_gguf_llama(a.model)
+m = load_gguf_target(a.model)
+chat = ChatFormat(a.model, a.frame)
 layers = [int(x) for x in a.layers.split(",")]
 seqs = []
 t0 = time.time()
@@ -32,10 +34,10 @@ for path in a.gen:
         r = json.loads(line)
         if a.split and r["split"] != a.split:
             continue
-        prompt = tokenize(a.tokenize, a.model, chat_text(r["prompt"]))
-        reply = tokenize(a.tokenize, a.model, chat_text(r["prompt"]) + r["response"])[len(prompt):]
-        if len(reply) < a.n - 4:  # the reply ended at <|im_end|>, which the text does not show
-            reply.append(EOS)
+        prompt = tokenize(a.tokenize, a.model, chat.text(r["prompt"]))
+        reply = tokenize(a.tokenize, a.model, chat.text(r["prompt"]) + r["response"])[len(prompt):]
+        if len(reply) < a.n - 4:  # the reply ended at the end-of-turn token, which the text does not show
+            reply.append(chat.end_id)
         ids = torch.tensor(prompt + reply)
         with torch.no_grad():  # fp32: bf16 autocast is emulated (slow) on CPUs without AVX-512/AMX
             logits, hfin, caps = m(ids[None], capture_layers=set(layers))
