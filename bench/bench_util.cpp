@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <unistd.h>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -14,6 +15,7 @@
 
 #include "specula/error.h"
 #include "common/stats.h"
+#include "runtime/gguf_file.h"
 
 namespace specula::bench {
 
@@ -104,6 +106,25 @@ std::string run_command(const std::string & cmd) {
     }
     std::filesystem::remove(err_file);
     return out;
+}
+
+namespace {
+std::string target_architecture(const std::string & target_path) { return GgufFile(target_path).architecture(); }
+}  // namespace
+
+bool llama_cpp_runs_eagle3_on(const std::string & target_path) {
+    static std::map<std::string, bool> known;  // asked per prompt and mode: read each file's header once
+    auto it = known.find(target_path);
+    if (it == known.end()) {
+        const std::string arch = target_architecture(target_path);
+        it = known.emplace(target_path, arch == "llama" || arch == "qwen3").first;
+    }
+    return it->second;
+}
+
+std::string llama_eagle3_absent_note(const std::string & target_path) {
+    return "llama.cpp's EAGLE-3 is left out: v0.5.0 taps the layer inputs an EAGLE-3 head reads only in some architectures' "
+           "graphs, not in " + target_architecture(target_path) + "'s (it aborts with \"layer input tensor is null\")";
 }
 
 }  // namespace specula::bench

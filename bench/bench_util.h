@@ -33,6 +33,13 @@ struct PromptSet {
 PromptSet read_prompt_set(const std::string & path);
 std::string prompt_set_path(const std::string & path);
 
+// Whether the pinned llama.cpp can run an EAGLE-3 head on this target: v0.5.0 taps the layer inputs
+// the head reads only in some architectures' graphs (its src/models/*.cpp that set t_layer_inp;
+// of specula's families: llama and qwen3, not qwen2 or gemma3, where it aborts). When it cannot,
+// the benchmarks leave llama.cpp's EAGLE-3 out and say why (llama_eagle3_absent_note).
+bool llama_cpp_runs_eagle3_on(const std::string & target_path);
+std::string llama_eagle3_absent_note(const std::string & target_path);
+
 // Path of a llama.cpp peer binary built by `cmake --build build --target peers`; throws if missing.
 std::string peer_binary(const std::string & name);
 // Runs a command, returns its stdout; throws Error with its stderr tail on failure.

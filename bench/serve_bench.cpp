@@ -348,10 +348,12 @@ int run_serve_bench(const ServeBenchOptions & options) {
                            : "no drafter given: the speculative configurations draft by n-gram (specula --ngram, llama-server --spec-type ngram-simple)";
     std::printf("%s\n", note.c_str());
 
+    const bool llama_speculates = o.eagle3.empty() || llama_cpp_runs_eagle3_on(o.model);
+    if (!llama_speculates) std::printf("note: %s\n", llama_eagle3_absent_note(o.model).c_str());
     std::vector<Config> configs;
     for (const auto & s : o.servers) {
         configs.push_back({s, "plain", false});
-        configs.push_back({s, drafter, true});
+        if (s != "llama-server" || llama_speculates) configs.push_back({s, drafter, true});
     }
     const std::filesystem::path scratch = std::filesystem::temp_directory_path() / ("specula-serve-bench-" + std::to_string(::getpid()));
     std::filesystem::create_directories(scratch);

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <tuple>
@@ -81,11 +82,12 @@ constexpr const char * kAllCategories = "all";
 
 bool is_specula(Kind k) { return k != Kind::LlamaSpec && k != Kind::LlamaPlain && k != Kind::LlamaEagle3; }
 bool is_speculative(Kind k) { return k != Kind::SpeculaPlain && k != Kind::LlamaPlain; }
-// Modes that need a file the user did not give are skipped.
+// Modes that need a file the user did not give, or that the pinned llama.cpp cannot run, are skipped.
 bool available(const Mode & m, const SpecBenchOptions & o) {
     if (m.kind == Kind::SpeculaDraft || m.kind == Kind::LlamaSpec) return !o.draft.empty();
     if (m.kind == Kind::SpeculaEagle1) return !o.eagle.empty();
-    if (m.kind == Kind::SpeculaEagle3 || m.kind == Kind::LlamaEagle3) return !o.eagle3.empty();
+    if (m.kind == Kind::SpeculaEagle3) return !o.eagle3.empty();
+    if (m.kind == Kind::LlamaEagle3) return !o.eagle3.empty() && llama_cpp_runs_eagle3_on(o.model);
     return true;
 }
 int mode_index(const char * name) {
@@ -700,7 +702,8 @@ json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
 
 // The figures a dashboard wants: all prompts, first temperature.
 struct Headline {
-    Row spec, fixed, best, plain, llama_spec, llama_plain;
+    Row spec, fixed, best, plain, llama_plain;
+    std::optional<Row> llama_spec;  // none when llama.cpp cannot run the given drafter on this target
 };
 
 Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & cells, const CostCurve & cost) {
@@ -714,9 +717,9 @@ Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
         const Row a = all(fa_on), b = all(fa_off);
         return b.tok_s.median > a.tok_s.median ? b : a;
     };
-    Headline h{all(spec), all(fixed), all(spec), all("specula-plain"),
-               eagle3 ? best_llama("llamacpp-eagle3", "llamacpp-eagle3-fa-off") : best_llama("llamacpp-spec", "llamacpp-spec-fa-off"),
-               best_llama("llamacpp-plain", "llamacpp-plain-fa-off")};
+    Headline h{all(spec), all(fixed), all(spec), all("specula-plain"), best_llama("llamacpp-plain", "llamacpp-plain-fa-off"), {}};
+    if (eagle3 && llama_cpp_runs_eagle3_on(o.model)) h.llama_spec = best_llama("llamacpp-eagle3", "llamacpp-eagle3-fa-off");
+    else if (!o.draft.empty()) h.llama_spec = best_llama("llamacpp-spec", "llamacpp-spec-fa-off");
     for (const Mode & m : kModes) {
         if (!available(m, o) || !is_specula(m.kind) || !is_speculative(m.kind)) continue;
         const Row r = all(m.name);
@@ -729,7 +732,6 @@ void print_headline(const Headline & h, float temp) {
     const auto line = [](const std::string & label, const Row & r, const std::string & extra) {
         std::printf("  %-40s %8.1f  %s\n", label.c_str(), r.tok_s.median, extra.c_str());
     };
-    const double llama_gain = h.llama_plain.tok_s.median > 0 ? h.llama_spec.tok_s.median / h.llama_plain.tok_s.median : 0.0;
     char extra[160];
     std::printf("\nall prompts, temperature %g (tok/s, median):\n", temp);
     std::snprintf(extra, sizeof extra, "%.2fx specula plain (predicted %.2fx, ceiling %.2fx), %.2f tokens/forward",
@@ -742,9 +744,14 @@ void print_headline(const Headline & h, float temp) {
     }
     line(std::string("best: ") + h.best.mode->name, h.best, "");
     line("specula-plain", h.plain, "");
-    std::snprintf(extra, sizeof extra, "%.2fx llama.cpp plain, %.2f tokens/forward", llama_gain,
-                  h.llama_spec.cell->spec.mean_accepted_length());
-    line(std::string(h.llama_spec.mode->name) + " (llama.cpp's faster -fa)", h.llama_spec, extra);
+    if (h.llama_spec) {
+        const double llama_gain = h.llama_plain.tok_s.median > 0 ? h.llama_spec->tok_s.median / h.llama_plain.tok_s.median : 0.0;
+        std::snprintf(extra, sizeof extra, "%.2fx llama.cpp plain, %.2f tokens/forward", llama_gain,
+                      h.llama_spec->cell->spec.mean_accepted_length());
+        line(std::string(h.llama_spec->mode->name) + " (llama.cpp's faster -fa)", *h.llama_spec, extra);
+    } else {
+        std::printf("  llama.cpp speculative: none on this target with this drafter (see the note above)\n");
+    }
     line(std::string(h.llama_plain.mode->name) + " (llama.cpp's faster -fa)", h.llama_plain, "");
 }
 
@@ -769,16 +776,16 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"specula_fixed_k_tok_s", h.fixed.tok_s.median},
         {"specula_attention", attention_name(o.attention)},
         {"specula_kernels", kernels_name(o.kernels)},
-        {"llamacpp_spec_mode", h.llama_spec.mode->name},
+        {"llamacpp_spec_mode", h.llama_spec ? json(h.llama_spec->mode->name) : json(nullptr)},
         {"llamacpp_plain_mode", h.llama_plain.mode->name},
         {"specula_spec_tok_s", h.spec.tok_s.median},
         {"specula_spec_best_mode", h.best.mode->name},
         {"specula_spec_best_tok_s", h.best.tok_s.median},
         {"specula_plain_tok_s", h.plain.tok_s.median},
-        {"llamacpp_spec_tok_s", h.llama_spec.tok_s.median},
+        {"llamacpp_spec_tok_s", h.llama_spec ? json(h.llama_spec->tok_s.median) : json(nullptr)},
         {"llamacpp_plain_tok_s", h.llama_plain.tok_s.median},
         {"mean_accepted_len", h.spec.cell->spec.mean_accepted_length()},
-        {"llamacpp_mean_accepted_len", h.llama_spec.cell->spec.mean_accepted_length()},
+        {"llamacpp_mean_accepted_len", h.llama_spec ? json(h.llama_spec->cell->spec.mean_accepted_length()) : json(nullptr)},
         {"predicted_speedup", h.spec.predicted},
         {"measured_speedup", h.spec.speedup},
         {"speedup_ceiling", h.spec.ceiling},
@@ -808,6 +815,7 @@ int run_spec_bench(const SpecBenchOptions & o) {
     // Room for the prompt, n tokens and a final draft (llama-speculative-simple overshoots by up to k).
     const int n_ctx = static_cast<int>(longest) + o.n_gen + std::max(o.draft_max, 64) + 8;
 
+    if (!o.eagle3.empty() && !llama_cpp_runs_eagle3_on(o.model)) std::printf("note: %s\n", llama_eagle3_absent_note(o.model).c_str());
     SpeculaRig rig(o, n_ctx);
     if (const int trained = rig.target->config().n_ctx_train; trained > 0 && n_ctx > trained) {
         std::printf("warning: %d-token context exceeds the target's trained %d: shorten -n or the prompts\n", n_ctx, trained);

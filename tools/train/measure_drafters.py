@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Engine-side acceptance of a SmolLM2 drafter on the held-out prompts, by category: runs
-`specula generate --chat` per prompt and mode (chain of --chain tokens, dynamic tree of --nodes
+"""Engine-side acceptance of a real target's drafter on the held-out prompts, by category: runs
+`specula generate --chat` (or, with --frame, a completion of the framed prompt) per prompt and mode (chain of --chain tokens, dynamic tree of --nodes
 nodes; T=0 and T=1) and aggregates its end-of-run statistics. At T=0 in chain mode the
 per-position acceptance is the drafter's per-depth greedy agreement with the target (given the
 drafts before it were accepted).
@@ -18,6 +18,7 @@ ap.add_argument("--per-category", type=int, default=2)
 ap.add_argument("--n", type=int, default=64)
 ap.add_argument("--chain", type=int, default=4)
 ap.add_argument("--nodes", type=int, default=16)
+ap.add_argument("--frame", default=None, help="a pretrained target's completion frame (generate_responses.py --frame)")
 a = ap.parse_args()
 
 prompts = [p for p in json.load(open(a.prompts))["prompts"] if p["split"] == "heldout"]
@@ -34,7 +35,8 @@ for mode, margs in modes.items():
         for cat, ps in chosen.items():
             agg = {"drafted": 0, "accepted": 0, "rounds": 0, "tokens_x_rounds": 0.0, "per_position": defaultdict(list)}
             for i, p in enumerate(ps):
-                cmd = [a.specula, "generate", "-m", a.model, "--chat", "-p", p, "-n", str(a.n), "-t", "1", "--temp", str(temp),
+                prompt = ["-p", a.frame.format(p)] if a.frame else ["--chat", "-p", p]
+                cmd = [a.specula, "generate", "-m", a.model, *prompt, "-n", str(a.n), "-t", "1", "--temp", str(temp),
                        "--seed", str(i + 1)] + shlex.split(a.drafter_args) + margs
                 err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
                 m = SUMMARY.search(err)
@@ -48,4 +50,4 @@ for mode, margs in modes.items():
                         "acceptance_rate": round(agg["accepted"] / max(1, agg["drafted"]), 3),
                         "per_position_acceptance": {k: round(sum(v) / len(v), 3) for k, v in sorted(agg["per_position"].items())}}
             print(key, res[key], flush=True)
-json.dump({"drafter": a.drafter_args, "n_predict": a.n, "chain": a.chain, "tree_nodes": a.nodes, "results": res}, open(a.out, "w"), indent=1)
+json.dump({"drafter": a.drafter_args, "frame": a.frame, "n_predict": a.n, "chain": a.chain, "tree_nodes": a.nodes, "results": res}, open(a.out, "w"), indent=1)
