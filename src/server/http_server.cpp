@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <random>
@@ -25,6 +26,7 @@ struct HttpServer::Impl {
     std::string index_page;  // served at "/"; empty: 404
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
+    int listen_socket = -1;
 
     void routes();
     void completion(openai::Endpoint endpoint, const httplib::Request & req, httplib::Response & res);
@@ -94,6 +96,10 @@ HttpServer::HttpServer(int max_connections) : impl_(std::make_unique<Impl>()) {
     impl_->started = unix_now();
     const size_t threads = static_cast<size_t>(std::max(8, max_connections));
     impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    impl_->http.set_socket_options([this](socket_t sock) {
+        httplib::default_socket_options(sock);
+        impl_->listen_socket = static_cast<int>(sock);
+    });
     impl_->routes();
 }
 
@@ -102,6 +108,13 @@ HttpServer::~HttpServer() { stop(); }
 int HttpServer::start(const std::string & host, int port) {
     const int bound = port == 0 ? impl_->http.bind_to_any_port(host) : (impl_->http.bind_to_port(host, port) ? port : -1);
     if (bound < 0) throw Error("cannot listen on " + host + ":" + std::to_string(port));
+    // Debian's cpp-httplib is a shared library built with a listen backlog of 5: a burst of more
+    // connections (16 clients starting at once) overflowed it, and the kernel dropped their SYNs,
+    // which clients resend after a second: a 1 s time to first token for some and half the
+    // throughput. Listening again on the bound socket raises the backlog.
+    if (impl_->listen_socket < 0 || ::listen(impl_->listen_socket, SOMAXCONN) != 0) {
+        throw Error("cannot listen on " + host + ":" + std::to_string(port) + " with a backlog of " + std::to_string(SOMAXCONN));
+    }
     impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
     return bound;
 }

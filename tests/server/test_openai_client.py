@@ -249,3 +249,48 @@ def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
         assert get_json(base + "/slots")[0]["state"] == "idle"
         metrics = urllib.request.urlopen(base + "/metrics").read().decode()
         assert re.search(r"^specula:requests_cancelled_total 1$", metrics, re.M), metrics
+
+
+def test_a_burst_of_connections_is_queued_not_dropped():
+    """More clients than the listen backlog connecting at once while the accept loop is busy must
+    all be queued by the kernel. Debian's cpp-httplib listens with a backlog of 5: the kernel
+    dropped the SYNs past it, clients resent them a second later, and 16 clients starting together
+    saw a 1 s time to first token and half the throughput. The server is stopped (SIGSTOP) so
+    that nothing is accepted: every connection must still complete its handshake."""
+    proc = subprocess.Popen(
+        [CLI, "serve", "-m", os.path.join(ROOT, "models", "specula-target.gguf"), "--parallel", "1", "--port", "0", "-t", "1"],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port, "the server did not print its port"
+        proc.send_signal(19)  # SIGSTOP
+        socks = []
+        try:
+            for _ in range(32):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", port))
+                socks.append(s)
+            time.sleep(0.5)
+            connected = sum(1 for s in socks if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and _is_connected(s))
+        finally:
+            proc.send_signal(18)  # SIGCONT
+            for s in socks:
+                s.close()
+        assert connected == 32, f"only {connected} of 32 connections completed while the server accepted none"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _is_connected(s):
+    try:
+        s.getpeername()
+        return True
+    except OSError:
+        return False
