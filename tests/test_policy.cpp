@@ -157,6 +157,45 @@ TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
     EXPECT_EQ(drafted, 2) << "busy with 7 others: only every 64th round explores";
 }
 
+// The shape measured in `specula serve` with SmolLM2 at 8 clients (session 13): a one-row step
+// 3.46 ms, each further row ~0.74 ms (8 rows 6.8 ms, 16 rows 12.7 ms), and 0.3 ms per drafter
+// level. Alone a drafted token can pay; in a step of 8 sequences even a draft accepted whole
+// cannot (8 tokens per 6.8 ms against at best 1 per 0.3 + 0.74 ms), so the policy must not
+// draft there, not even every 64th round to explore: those exploring drafts made EAGLE-3 0.87x
+// plain at 8 clients. Catches exploration (or drafting) in a step where no draft can pay.
+TEST(TreeSizePolicy, NeverDraftsWhereEvenAWhollyAcceptedDraftLoses) {
+    std::vector<double> curve;
+    for (int n = 1; n <= 33; ++n) curve.push_back(n <= 8 ? 3.46 + 0.477 * (n - 1) : 6.8 + 0.74 * (n - 8));
+    TreeSizePolicy p(curve);
+    for (int r = 0; r < 40; ++r) {
+        p.observe_draft(1.2, 4);  // 0.3 ms per level
+        p.observe(3.0, 3, 4, curve[4]);
+    }
+    EXPECT_TRUE(p.should_draft(StepShare{}));
+    int drafted = 0;
+    for (int r = 0; r < 200; ++r) drafted += p.should_draft(StepShare{7, 7.0, 7});
+    EXPECT_EQ(drafted, 0) << "drafted in a step where even a wholly accepted draft is slower than plain decoding";
+}
+
+// A busy server's steps price extra rows above a single sequence's verify curve (each sequence's
+// row reads its own keys): measured with SmolLM2, 8 sequences' steps 6.8 ms and 16 sequences'
+// 12.7 ms (0.74 ms a row) where the one-sequence curve said 0.5. Once the observed steps vary in
+// size their line sets the price; with steps of one size only, the curve still does. Catches the
+// step line being ignored (the policy then over-drafts in busy steps) or used without evidence.
+TEST(VerifyCost, StepsOfManySequencesPriceExtraRows) {
+    std::vector<double> curve;
+    for (int n = 1; n <= 33; ++n) curve.push_back(3.46 + 0.5 * (n - 1));
+    VerifyCost same_size(curve);
+    for (int i = 0; i < 100; ++i) same_size.observe_step(8, 6.8);
+    EXPECT_NEAR(same_size.extra_ms(8, 4), 2.0, 1e-9);
+    VerifyCost varied(curve);
+    for (int i = 0; i < 100; ++i) varied.observe_step(8 + (i % 9), 6.8 + 0.74 * (i % 9));
+    EXPECT_NEAR(varied.extra_ms(8, 4), 4 * 0.74, 1e-6);
+    VerifyCost cheaper(curve);  // a line below the curve does not lower the price
+    for (int i = 0; i < 100; ++i) cheaper.observe_step(8 + (i % 9), 6.8 + 0.2 * (i % 9));
+    EXPECT_NEAR(cheaper.extra_ms(8, 4), 2.0, 1e-9);
+}
+
 TEST(TreeSizePolicy, MinPathProbStopsTheDynamicBuilder) {
     // Every child has probability 0.5 of its parent's path: path probs 0.5, 0.25, 0.125, ...
     auto expand = [](const TokenTree & tree, std::span<const int> frontier, std::span<const int> n) {

@@ -165,7 +165,7 @@ const ForwardBatch & Sequence::block(double draft_ms) {
     return block_;
 }
 
-void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows) {
+void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows, bool verify_only_step) {
     const ForwardOutput & out = out_;
     if (step_rows < 0) step_rows = block_.n_tokens();
     last_tokens_ = 0;
@@ -203,6 +203,7 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
             break;
         }
     }
+    if (p_.tree_size && verify_only_step) p_.tree_size->observe_step(step_rows, forward_ms);
     if (p_.tree_size && !draft_.tree.empty()) {
         p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), verify_ms, step_rows);
     }
@@ -253,16 +254,18 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     step.drafting = static_cast<int>(drafters.size());
     const double draft_share = drafters.empty() ? 0.0 : ms_since(td) / static_cast<double>(drafters.size());
     std::vector<BatchPart> parts;
+    bool verify_only = true;
     for (size_t i = 0; i < sequences.size(); ++i) {
         Sequence * s = sequences[i];
         parts.push_back(BatchPart{&s->block(runs_forwards[i] ? draft_share : 0.0), &s->cache(), &s->output()});
         step.rows += parts.back().batch->n_tokens();
+        verify_only = verify_only && !s->prefilling();
     }
     const auto t0 = clock_type::now();
     target.forward_parts(parts);
     step.forward_ms = ms_since(t0);
     for (size_t i = 0; i < sequences.size(); ++i) {
-        sequences[i]->commit(step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows);
+        sequences[i]->commit(step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows, verify_only);
         step.tokens += sequences[i]->last_tokens();
     }
     return step;

@@ -76,7 +76,9 @@ public:
     // After the target's forward of block() into output(): forward_ms is how long it took,
     // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
     // stops the sequence.
-    void commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1);
+    // step_rows: rows of the whole shared step (default: this block's); verify_only_step: none of
+    // them were prefill chunks (the step then prices rows for the tree-size policy).
+    void commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1, bool verify_only_step = true);
     // Rows of the last block and tokens its commit emitted.
     int last_rows() const { return last_rows_; }
     int last_tokens() const { return last_tokens_; }

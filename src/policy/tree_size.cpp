@@ -19,7 +19,7 @@ int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, 
     const int n_max = std::min<int>(static_cast<int>(path_probs.size()), max_nodes());
     for (int n = 1; n <= n_max; ++n) {
         promised += path_probs[n - 1];
-        const double rate = (1.0 + gamma * promised + other_tokens) / (draft_ms + verify_.ms(others + n + 1));
+        const double rate = (1.0 + gamma * promised + other_tokens) / (draft_ms + verify_.ms(others + 1) + verify_.extra_ms(others + 1, n));
         if (rate > best_rate) best_rate = rate, best = n;
     }
     return best;
@@ -36,11 +36,24 @@ double TreeSizePolicy::plain_rate(const StepShare & step) const {
     return (1.0 + std::max(0.0, step.other_tokens)) / verify_.ms(std::max(0, step.other_rows) + 1);
 }
 
+bool TreeSizePolicy::can_pay(const StepShare & step) const {
+    if (level_ms_ == 0.0) return true;  // no drafting round timed yet
+    const int plain_rows = std::max(0, step.other_rows) + 1;
+    const double plain = plain_rate(step);
+    // A chain of n accepted tokens: its n drafter levels and n more verify rows (the measured curve
+    // is not straight: the first extra row can cost more than the next few).
+    for (int n = 1; n <= max_nodes(); ++n) {
+        if (n / (n * level_ms_ + verify_.extra_ms(plain_rows, n)) > plain) return true;
+    }
+    return false;
+}
+
 bool TreeSizePolicy::should_draft(const StepShare & step) {
+    if (!can_pay(step)) return false;
     if (rounds_ == 0.0) return true;
     const int plain_rows = std::max(0, step.other_rows) + 1;
     const int nodes = std::max(1, static_cast<int>(verified_ / rounds_ + 0.5));
-    const double extra_ms = round_draft_ms_ + verify_.ms(plain_rows + nodes) - verify_.ms(plain_rows);
+    const double extra_ms = round_draft_ms_ + verify_.extra_ms(plain_rows, nodes);
     const double extra_tokens = accepted_ / rounds_;
     // Exploring costs the whole step, so a step of several sequences explores about as often as
     // one sequence alone: each sequence every kExploreEvery x (sequences in the step) skips.
@@ -55,6 +68,8 @@ double TreeSizePolicy::min_path_prob(const StepShare & step) const {
     const double gamma = std::clamp(calibration(), 0.05, 2.0);
     return level_ms_ * plain_rate(step) / gamma;
 }
+
+void TreeSizePolicy::observe_step(int rows, double forward_ms) { verify_.observe_step(rows, forward_ms); }
 
 void TreeSizePolicy::observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows) {
     // Forget slowly: the text, and with it the draft's calibration, drifts during a generation.

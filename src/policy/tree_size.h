@@ -29,6 +29,9 @@ public:
     // After verification of the n chosen nodes: the promised sum and what was accepted;
     // step_rows: rows of the verify forward (n_verified + 1 alone).
     void observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows = -1);
+    // Every decoding round's step, drafting or not, when all its rows were verify rows: its rows
+    // and forward time (VerifyCost::observe_step).
+    void observe_step(int rows, double forward_ms);
     // A drafting round's time and how many drafter forwards (tree levels) it took.
     void observe_draft(double draft_ms, int levels);
     // Expanding a node of path probability P adds at most gamma * P expected tokens for one more
@@ -42,6 +45,10 @@ public:
     // + 1). A busy step's plain rate is high, so drafting there must promise more. Until rounds
     // have been seen, and every kExploreEvery-th round it would skip (x the sequences in the step:
     // an exploring draft delays them all), it drafts: a text that turns predictable is noticed.
+    // Never, not even to explore, while a draft could not pay if every token of it were accepted:
+    // a chain of n tokens for n drafter levels plus n more verify rows, at its best n, against the
+    // step's plain rate. A busy step on a CPU is there: with 8 sequences a row adds ~0.7 ms to a ~7 ms
+    // step of 8 tokens, and an exploring draft only slowed the step.
     bool should_draft(const StepShare & step = {});
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
 
@@ -50,6 +57,7 @@ private:
     // Tokens per ms of the step without this sequence's draft: (1 + the others' tokens) per
     // forward of (the others' rows + 1); alone, one token per one-row forward.
     double plain_rate(const StepShare & step) const;
+    bool can_pay(const StepShare & step) const;
     VerifyCost verify_;
     double promised_ = 0.0, accepted_ = 0.0;  // decayed sums
     double rounds_ = 0.0, verified_ = 0.0;    // decayed count of drafting rounds, and of their verified nodes

@@ -23,6 +23,25 @@ public:
         scale_ = 0.9 * scale_ + 0.1 * (measured_ms / curve(n_tokens));
     }
 
+    // A shared step of `rows` verify rows (no prefill chunks) took `measured_ms`. Steps of many
+    // sequences cost more per extra row than one sequence's verify block of the same size (each
+    // sequence's row reads its own cached keys), so the line through these steps prices rows
+    // beyond a busy step's own.
+    void observe_step(int rows, double measured_ms) {
+        constexpr double kKeep = 0.99;
+        w_ = kKeep * w_ + 1.0, sx_ = kKeep * sx_ + rows, sy_ = kKeep * sy_ + measured_ms;
+        sxx_ = kKeep * sxx_ + double(rows) * rows, sxy_ = kKeep * sxy_ + rows * measured_ms;
+    }
+    // Cost of n more rows in a forward of `rows` rows: the curve's, or, once the steps seen so far
+    // vary enough in size to give a slope, the step line's if that is higher.
+    double extra_ms(int rows, int n) const {
+        const double from_curve = ms(rows + n) - ms(rows);
+        const double var = w_ > 0 ? sxx_ / w_ - (sx_ / w_) * (sx_ / w_) : 0.0;
+        if (w_ < 20.0 || var < 0.25) return from_curve;
+        const double slope = (sxy_ / w_ - (sx_ / w_) * (sy_ / w_)) / var;
+        return std::max(from_curve, slope * n);
+    }
+
 private:
     double curve(int n) const {
         const int m = max_tokens();
@@ -34,6 +53,7 @@ private:
 
     std::vector<double> curve_;
     double scale_ = 1.0;
+    double w_ = 0.0, sx_ = 0.0, sy_ = 0.0, sxx_ = 0.0, sxy_ = 0.0;  // decayed sums over observed steps
 };
 
 }  // namespace specula
