@@ -24,7 +24,7 @@ BIN="$ROOT/build/bin"
 TOKENIZE="$BIN/llama-tokenize"
 FRAME=$'Question: {}\nAnswer:'
 N=160
-cmake --build "$ROOT/build" --target llama-tokenize >/dev/null
+cmake --build "$ROOT/build" --target llama-tokenize llama-server >/dev/null
 mkdir -p "$WORK"
 SETS="0:1 0.8:1000 1.0:2000 0.6:5000"  # temperature:seed of each set (prompt i uses seed + i)
 for set in $SETS; do

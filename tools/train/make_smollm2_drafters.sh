@@ -28,7 +28,7 @@ TOKENIZE="$BIN/llama-tokenize"  # llama.cpp's, from the pinned source scripts/bu
 for d in $DRAFTERS; do
   case "$d" in eagle3|eagle1|draft-lm) ;; *) echo "make_smollm2_drafters.sh: unknown drafter '$d' (eagle3, eagle1, draft-lm)" >&2; exit 2 ;; esac
 done
-cmake --build "$ROOT/build" --target llama-tokenize >/dev/null
+cmake --build "$ROOT/build" --target llama-tokenize llama-server >/dev/null
 mkdir -p "$WORK"
 SETS="0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000"  # temperature:seed of each reply set (prompt i uses seed + i)
 for set in $SETS; do
