@@ -23,6 +23,8 @@ ap.add_argument("--kind", required=True, choices=["llama", "eagle3", "eagle1"])
 ap.add_argument("--ckpt", required=True)
 ap.add_argument("--tokenizer", help="SentencePiece .model (required for --kind llama)")
 ap.add_argument("--target", help="target GGUF whose tokenizer.* keys the file carries (an EAGLE head for llama.cpp, or a draft LM distilled on the target's vocabulary)")
+ap.add_argument("--omit-vocab", action="store_true",
+                help="with --target: do not copy its tokenizer.* keys (a head llama.cpp cannot run anyway, e.g. for a gemma3 target, whose 262144-token vocabulary would be 6.5 MB of the file; specula uses the target's)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--name", default=None)
 ap.add_argument("--type", default="f16", choices=["f16", "q8_0", "q4_0"],
@@ -83,7 +85,7 @@ w.add_layer_norm_rms_eps(c["norm_eps"])
 w.add_rope_freq_base(c["rope_base"])
 w.add_rope_dimension_count(dim // nh)
 w.add_vocab_size(c["vocab_size"])
-if a.target:
+if a.target and not a.omit_vocab:
     for f in gguf.GGUFReader(a.target).fields.values():
         if f.name.startswith("tokenizer."):
             w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)

@@ -5,13 +5,14 @@
 # THREADS (default 2) sets the threads of every step.
 # Needs: pip install -r tools/train/requirements.txt; build/bin/specula and llama-tokenize
 # (scripts/build.sh); the target in the model cache (scripts/fetch_models.sh).
-# Output: models/gemma3-eagle3.gguf and its training log models/gemma3_train_log.jsonl.
+# Output: models/gemma3-eagle3.gguf and its training log models/gemma3_train_log.jsonl (every 10th step).
 # Steps: the SmolLM2 prompt set (models/smollm2_prompts.json), each prompt framed as
 # "Question: ...\nAnswer:" -> the target's continuations, four sets (specula serve, 4 slots,
 # /v1/completions; greedy, and sampled at T = 0.6, 0.8, 1.0) -> target features at layers 2, 9, 15
 # and top-16 distributions over the 262144-token vocabulary (torch, gemma3.py) -> the head over a
 # compact 4096-token draft vocabulary (d2t), 4 heads of 160 / 2 KV heads, FFN 1024 -> GGUF (2-D
-# weights Q4_0 but the lm_head Q8_0, to stay small). Finished continuations and features in
+# weights Q4_0 but the lm_head Q8_0, and without a copy of the 262144-token vocabulary: llama.cpp
+# cannot run an EAGLE-3 head on gemma3 anyway, specula uses the target's). Finished continuations and features in
 # WORK_DIR are reused.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -48,6 +49,10 @@ if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
 python3 "$HERE/train_eagle_head.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name gemma3-eagle3 \
   --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --heads 4 --kv_heads 2 --ffn 1024 \
   --batch 4 --lr 2e-3 --warmup 20 --save_every 50 "${bf16[@]}"
-python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/gemma3-eagle3.gguf" \
+python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --omit-vocab --out "$ROOT/models/gemma3-eagle3.gguf" \
   --name gemma3-eagle3 --type q4_0
-cp "$WORK/train_log.jsonl" "$ROOT/models/gemma3_train_log.jsonl"
+# The committed log keeps every 10th step and the start/done events (the models/ budget).
+python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "event" in r or r["step"] % 10 == 0: sys.stdout.write(line)' "$WORK/train_log.jsonl" > "$ROOT/models/gemma3_train_log.jsonl"
