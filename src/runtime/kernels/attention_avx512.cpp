@@ -14,6 +14,7 @@
 
 #include "common/fast_exp.h"
 #include "runtime/kernels/attention_impl.h"
+#include "runtime/kernels/avx512_lanes.h"
 
 namespace specula::kernels::avx512 {
 
@@ -21,16 +22,6 @@ namespace {
 
 constexpr uint16_t kF16NegInf = 0xfc00;
 constexpr int kHeadBlock = 8;   // query heads whose V sums share one pass over the slots
-
-inline __m512 load_f16x16(const uint16_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
-
-// attention_body.inc's halving tree: lane[l] += lane[l + w] for w = 8, 4, 2, 1.
-inline float reduce16(__m512 v) {
-    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
 
 // One level of sixteen halving trees at once: lane l of the result is a[lo[l]] + a[hi[l]], with
 // indices past 15 reading b. The pairs added are reduce16's pairs, so the bits are its bits.

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "runtime/kernels/avx512_lanes.h"
 #include "runtime/kernels/matmul_impl.h"
 
 namespace specula::kernels::avx512 {
@@ -21,7 +22,6 @@ namespace specula::kernels::avx512 {
 namespace {
 
 inline __m512i broadcast4(const int8_t * p) { return _mm512_set1_epi32(*reinterpret_cast<const int32_t *>(p)); }
-inline __m512 load_f16x16(const uint8_t * p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
 inline __m512 load_u8x16(const uint8_t * p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
 }
@@ -160,17 +160,11 @@ namespace {
 
 template <bool kBf16>
 inline __m512 load_w16(const uint16_t * p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
-    if constexpr (kBf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return _mm512_cvtph_ps(h);
-}
-
-// matmul.h's halving tree over the 16 lanes: (l + 8), then (l + 4), (l + 2), (l + 1).
-inline float reduce16(__m512 v) {
-    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    if constexpr (kBf16) {
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return load_f16x16(p);
 }
 
 // Rows row0..row0+NR of one group against tokens t0..t0+NT.
