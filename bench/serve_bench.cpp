@@ -292,6 +292,7 @@ struct Row {
     double ttft_p90_ms = 0, acceptance = -1;
     int same = 0, compared = 0, requests = 0;
     std::vector<double> aggregate_reps;
+    Summary vs_plain;  // speculative rows: aggregate / the same server's plain aggregate, per rep (n = 0: none)
 };
 
 void validate(ServeBenchOptions & o) {
@@ -320,12 +321,13 @@ void validate(ServeBenchOptions & o) {
 }
 
 void print_row(const Row & r, double best_llama) {
-    char accept[16] = "-", vs[16] = "-";
+    char accept[16] = "-", vs[16] = "-", vs_plain[40] = "-";
     if (r.acceptance >= 0) std::snprintf(accept, sizeof accept, "%.2f", r.acceptance);
+    if (r.vs_plain.n > 0) std::snprintf(vs_plain, sizeof vs_plain, "%.2fx [%.2f..%.2f]", r.vs_plain.median, r.vs_plain.min, r.vs_plain.max);
     if (best_llama > 0) std::snprintf(vs, sizeof vs, "%.2fx", r.aggregate.median / best_llama);
-    std::printf("%-13s %-12s %7d %9.1f [%7.1f .. %7.1f] %9.1f %9.0f %9.0f %7s %5d/%-5d %8s\n", r.config->server.c_str(), r.config->name.c_str(),
-                r.clients, r.aggregate.median, r.aggregate.min, r.aggregate.max, r.per_request.median, r.ttft_ms.median, r.ttft_p90_ms,
-                accept, r.same, r.compared, vs);
+    std::printf("%-13s %-12s %7d %9.1f [%7.1f .. %7.1f] %-19s %9.1f %9.0f %9.0f %7s %5d/%-5d %8s\n", r.config->server.c_str(),
+                r.config->name.c_str(), r.clients, r.aggregate.median, r.aggregate.min, r.aggregate.max, vs_plain, r.per_request.median,
+                r.ttft_ms.median, r.ttft_p90_ms, accept, r.same, r.compared, vs);
 }
 
 }  // namespace
@@ -371,7 +373,14 @@ int run_serve_bench(const ServeBenchOptions & options) {
     std::vector<Row> rows;
     json raw = json::array();
     Progress progress("bench serve", int64_t(o.clients.size()) * int64_t(configs.size()) * o.reps);
+    // Per concurrency every configuration's server runs at once and the reps take turns (plain,
+    // speculative, the peer's plain, ...): this machine's speed drifts by 10-20% over a minute, and
+    // configurations measured one after another would carry the drift into their ratio.
     for (int clients : o.clients) {
+        std::vector<std::unique_ptr<ServerProcess>> servers;
+        std::vector<int> ports;
+        std::vector<json> requests;
+        const size_t first_row = rows.size();
         for (const Config & c : configs) {
             const int port = free_port();
             const std::string log = (scratch / (c.server + "-" + std::to_string(clients) + (c.speculative ? "-spec" : "") + ".log")).string();
@@ -380,8 +389,8 @@ int run_serve_bench(const ServeBenchOptions & options) {
             for (const auto & a : argv) command += (command.empty() ? "" : " ") + a;
             std::printf("%s %s, %d clients: %s\n", c.server.c_str(), c.name.c_str(), clients, command.c_str());
             std::fflush(stdout);
-            ServerProcess server(c.server, argv, log, port);
-            server.wait_ready(o.startup_timeout);
+            servers.push_back(std::make_unique<ServerProcess>(c.server, argv, log, port));
+            servers.back()->wait_ready(o.startup_timeout);
             const json request = request_template(o, c);
             {  // Warm-up (graphs, caches): one short request, not measured.
                 json warm = with_prompt(request, prompts[0].text, set.chat);
@@ -390,13 +399,20 @@ int run_serve_bench(const ServeBenchOptions & options) {
                     throw Error(c.server + " " + c.name + ": warm-up request failed: " + w.error);
                 }
             }
+            ports.push_back(port);
+            requests.push_back(request);
             Row row;
             row.config = &c;
             row.clients = clients;
-            std::vector<double> per_request, ttft;
-            long drafted = 0, accepted = 0;
-            for (int rep = 0; rep < o.reps; ++rep) {
-                const LoadRun run = run_load(port, prompts, set.chat, clients, request);
+            rows.push_back(std::move(row));
+        }
+        std::vector<std::vector<double>> per_request(configs.size()), ttft(configs.size());
+        std::vector<long> drafted(configs.size(), 0), accepted(configs.size(), 0);
+        for (int rep = 0; rep < o.reps; ++rep) {
+            for (size_t ci = 0; ci < configs.size(); ++ci) {
+                const Config & c = configs[ci];
+                Row & row = rows[first_row + ci];
+                const LoadRun run = run_load(ports[ci], prompts, set.chat, clients, requests[ci]);
                 progress.step(std::to_string(clients) + " clients, " + c.server + " " + c.name + ", rep " + std::to_string(rep + 1) + "/" +
                               std::to_string(o.reps));
                 long tokens = 0;
@@ -407,9 +423,9 @@ int run_serve_bench(const ServeBenchOptions & options) {
                                     std::to_string(o.n_gen) + " tokens");
                     }
                     tokens += r.tokens;
-                    per_request.push_back(r.tokens / r.seconds);
-                    ttft.push_back(1000.0 * r.ttft);
-                    drafted += r.drafted, accepted += r.accepted;
+                    per_request[ci].push_back(r.tokens / r.seconds);
+                    ttft[ci].push_back(1000.0 * r.ttft);
+                    drafted[ci] += r.drafted, accepted[ci] += r.accepted;
                     auto & ref = reference[c.server];
                     if (!c.speculative && !ref.count(r.prompt)) ref[r.prompt] = r.text;
                     if (ref.count(r.prompt)) row.same += ref[r.prompt] == r.text, ++row.compared;
@@ -420,19 +436,30 @@ int run_serve_bench(const ServeBenchOptions & options) {
                 row.requests += static_cast<int>(run.requests.size());
                 row.aggregate_reps.push_back(tokens / run.wall);
             }
+        }
+        for (size_t ci = 0; ci < configs.size(); ++ci) {
+            Row & row = rows[first_row + ci];
             row.aggregate = summarize(row.aggregate_reps);
-            row.per_request = summarize(per_request);
-            row.ttft_ms = summarize(ttft);
-            row.ttft_p90_ms = percentile(ttft, 0.9);
-            if (c.speculative && drafted > 0) row.acceptance = double(accepted) / drafted;
-            rows.push_back(std::move(row));
+            row.per_request = summarize(per_request[ci]);
+            row.ttft_ms = summarize(ttft[ci]);
+            row.ttft_p90_ms = percentile(ttft[ci], 0.9);
+            if (configs[ci].speculative && drafted[ci] > 0) row.acceptance = double(accepted[ci]) / drafted[ci];
+            if (configs[ci].speculative) {  // against the same server's plain configuration, rep by rep
+                for (size_t pi = 0; pi < configs.size(); ++pi) {
+                    if (configs[pi].server != configs[ci].server || configs[pi].speculative) continue;
+                    std::vector<double> ratios;
+                    for (int rep = 0; rep < o.reps; ++rep) ratios.push_back(row.aggregate_reps[rep] / rows[first_row + pi].aggregate_reps[rep]);
+                    row.vs_plain = summarize(ratios);
+                }
+            }
         }
     }
 
     std::printf("\naggregate = all tokens / wall time; per-request = tokens / request time (median); TTFT = time to first token;\n"
+                "vs plain = aggregate / the same server's plain aggregate, rep by rep (the reps take turns), median [min..max];\n"
                 "accept = accepted / drafted tokens; same = responses identical to the server's plain text; vs = aggregate / best llama-server\n");
-    std::printf("%-13s %-12s %7s %9s %-21s %9s %9s %9s %7s %11s %8s\n", "server", "config", "clients", "agg tok/s", " [min .. max]",
-                "req tok/s", "TTFT ms", "TTFT p90", "accept", "same", "vs llama");
+    std::printf("%-13s %-12s %7s %9s %-21s %-19s %9s %9s %9s %7s %11s %8s\n", "server", "config", "clients", "agg tok/s", " [min .. max]",
+                "vs plain [min..max]", "req tok/s", "TTFT ms", "TTFT p90", "accept", "same", "vs llama");
     json results = json::array();
     for (const Row & r : rows) {
         double best_llama = 0;
@@ -444,6 +471,7 @@ int run_serve_bench(const ServeBenchOptions & options) {
         results.push_back({{"server", r.config->server}, {"config", r.config->name}, {"speculative", r.config->speculative},
                            {"clients", r.clients}, {"aggregate_tok_s", summary(r.aggregate)}, {"aggregate_tok_s_reps", r.aggregate_reps},
                            {"per_request_tok_s", summary(r.per_request)}, {"ttft_ms", summary(r.ttft_ms)}, {"ttft_p90_ms", r.ttft_p90_ms},
+                           {"vs_plain_per_rep", r.vs_plain.n > 0 ? summary(r.vs_plain) : json(nullptr)},
                            {"acceptance", r.acceptance < 0 ? json(nullptr) : json(r.acceptance)}, {"identical_to_plain", r.same},
                            {"compared", r.compared}, {"requests", r.requests},
                            {"vs_best_llama_server", best_llama > 0 ? json(r.aggregate.median / best_llama) : json(nullptr)}});

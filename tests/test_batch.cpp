@@ -274,5 +274,83 @@ TEST(Batch, ADrafterGroupDraftsInOneForwardPerLevelAndEachSequenceEmitsWhatItEmi
     }
 }
 
+// The server's speculation gate (policy/speculation_gate.h) turns drafting off for whole windows of
+// steps. Catches: a gated step that still drafts, and a drafter that loses its place over the
+// rounds it did not draft (an EAGLE head must catch up on every token verified meanwhile, from the
+// target's features, or its later drafts are garbage and, worse, its cache holds stale rows).
+TEST(Batch, StepsThatMayNotDraftDraftNothingAndLaterDraftsStillHold) {
+    EngineOptions o;
+    o.model_path = test::shipped_model("specula-target.gguf");
+    o.drafter = DrafterSpec{DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf"), 1, 3};
+    o.draft_policy = DraftPolicyKind::Fixed;
+    o.draft_max = 3;
+    o.tree = TreeShape::Chain;
+    o.n_ctx = 128;
+    o.n_threads = 1;
+    auto target = Target::open(o);
+    const std::vector<std::string> prompts = {"def main():\n    parser = argparse.", "import os\nimport sys\n", "The list of"};
+    const int n = static_cast<int>(prompts.size());
+    GenerationOptions g;
+    g.n_predict = 40;
+    g.stop_at_end_of_generation = false;
+    auto never_end = [](int32_t) { return false; };
+    auto policy = [&] { return make_draft_policy(DraftPolicyKind::Fixed, o.draft_max, {}); };
+
+    std::vector<std::vector<int32_t>> plain(n), gated(n);
+    std::vector<double> ungated_accepted(n);
+    for (int i = 0; i < n; ++i) {
+        const std::vector<int32_t> tokens = target->tokenizer->tokenize(prompts[i]);
+        auto cache = KvCache::pool(*target->backend, target->model->config(), o.n_ctx, 1);
+        Sequence seq(SequenceParts{*cache[0], nullptr, nullptr, target->tree, nullptr, nullptr}, tokens, g, never_end);
+        Sequence * const one[1] = {&seq};
+        while (!seq.done()) step_sequences(*target->runner, one, [&](size_t, int32_t t) { return plain[i].push_back(t), true; });
+    }
+
+    auto caches = KvCache::pool(*target->backend, target->model->config(), o.n_ctx, n);
+    auto drafters = target->make_drafters(o.n_ctx, n);
+    std::vector<std::unique_ptr<DraftLengthPolicy>> policies;
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (int i = 0; i < n; ++i) {
+        policies.push_back(policy());
+        seqs.push_back(std::make_unique<Sequence>(SequenceParts{*caches[i], drafters[i].get(), policies[i].get(), target->tree, nullptr, nullptr},
+                                                  target->tokenizer->tokenize(prompts[i]), g, never_end));
+    }
+    int step_no = 0, drafting_steps = 0, accepted_after_gap = 0;
+    for (;; ++step_no) {
+        std::vector<Sequence *> active;
+        std::vector<int> index;
+        for (int i = 0; i < n; ++i) {
+            if (!seqs[i]->done()) active.push_back(seqs[i].get()), index.push_back(i);
+        }
+        if (active.empty()) break;
+        const bool may_draft = (step_no / 4) % 2 == 1;  // windows of 4 steps: plain, drafting, plain, ...
+        std::vector<int> accepted_before(active.size());
+        std::vector<char> decoding(active.size());
+        for (size_t k = 0; k < active.size(); ++k) {
+            accepted_before[k] = active[k]->stats().speculation.accepted;
+            decoding[k] = !active[k]->prefilling();
+        }
+        const StepResult step = step_sequences(*target->runner, active, [&](size_t k, int32_t t) {
+            gated[index[k]].push_back(t);
+            return true;
+        }, {}, may_draft);
+        if (!may_draft) {
+            EXPECT_EQ(step.drafting, 0) << "step " << step_no;
+            for (size_t k = 0; k < active.size(); ++k) {
+                if (decoding[k]) {
+                    EXPECT_EQ(active[k]->last_rows(), 1) << "step " << step_no << ": a gated sequence verifies its root alone";
+                }
+            }
+        } else {
+            drafting_steps += step.drafting > 0;
+            for (size_t k = 0; k < active.size(); ++k) accepted_after_gap += active[k]->stats().speculation.accepted - accepted_before[k];
+        }
+    }
+    for (int i = 0; i < n; ++i) EXPECT_EQ(gated[i], plain[i]) << "sequence " << i;
+    EXPECT_GT(drafting_steps, 3);
+    // The trained head drafts these prompts well; after catching up it still does.
+    EXPECT_GT(accepted_after_gap, drafting_steps);
+}
+
 }  // namespace
 }  // namespace specula

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "policy/draft_length.h"
+#include "policy/speculation_gate.h"
+#include "specula/error.h"
 #include "policy/tree_size.h"
 #include "policy/verify_cost.h"
 #include "build_tree.h"
@@ -223,6 +225,73 @@ TEST(CostPolicy, DraftsNothingWhenDraftingCannotPay) {
     auto q = make_draft_policy(DraftPolicyKind::Cost, 4, {1.0, 1.0, 1.0, 1.0, 1.0});
     for (int r = 0; r < 20; ++r) q->observe({4, 4, 0.1f, 0.0001, 0.001, 5});
     EXPECT_EQ(q->next_length(), 4);
+}
+
+// Drives a gate through `steps` steps at `decoding` sequences, where a drafting step emits
+// `on_tokens` and a plain one `off_tokens` tokens, each in `ms` (plus `settle_ms` on the first step
+// of a window that switched arm: an EAGLE head catching up). Returns the drafting steps.
+int run_gate(SpeculationGate & gate, int decoding, int steps, double on_tokens, double off_tokens, double ms = 7.0,
+             double settle_ms = 0.0) {
+    int drafting = 0;
+    bool last = true;
+    for (int i = 0; i < steps; ++i) {
+        const bool on = gate.allow(decoding);
+        drafting += on;
+        const double extra = on != last ? settle_ms : 0.0;
+        last = on;
+        gate.observe(decoding, static_cast<int>(on ? on_tokens : off_tokens), ms + extra);
+    }
+    return drafting;
+}
+
+// Catches: a server that keeps drafting at a load where plain steps are measurably faster (the
+// issue's "speculation >= plain at 8 clients"), or that stops drafting where drafts pay.
+TEST(SpeculationGate, KeepsWhicheverOfDraftingAndPlainStepsMeasuredFaster) {
+    const int window = 16, steps = window * 200;
+    {
+        SpeculationGate gate(window);  // plain faster: 8 tokens a step against drafting's 6
+        const int drafting = run_gate(gate, 8, steps, 6, 8);
+        EXPECT_GT(drafting, 2 * SpeculationGate::kMinWindows * window - 1);  // both arms were tried
+        EXPECT_LT(drafting, steps / 10);
+        EXPECT_NEAR(gate.rate(8, false), 8.0 / 7.0, 1e-9);
+        EXPECT_NEAR(gate.rate(8, true), 6.0 / 7.0, 1e-9);
+    }
+    {
+        SpeculationGate gate(window);  // drafting faster: 2 tokens a step against 1
+        const int drafting = run_gate(gate, 1, steps, 2, 1);
+        EXPECT_GT(drafting, steps * 9 / 10);
+        EXPECT_LT(drafting, steps);  // plain steps were measured too
+    }
+}
+
+// Catches: a gate that never looks again after deciding (traffic changes: code drafts well, chat
+// does not), and one that looks again so often that exploring costs what it saves.
+TEST(SpeculationGate, ExploresTheSlowerArmRarelyAndMoreRarelyWhenFarBehind) {
+    const int window = 16, windows = 640;
+    SpeculationGate close_gate(window), far_gate(window);
+    // Exploration windows after the first 2 x kMinWindows: 1 in kExploreClose when within kClose, 1 in kExploreFar otherwise.
+    const int warm = 2 * SpeculationGate::kMinWindows;
+    const int close_drafting = run_gate(close_gate, 8, window * windows, 9.5, 10.0) / window;
+    const int far_drafting = run_gate(far_gate, 8, window * windows, 5.0, 10.0) / window;
+    EXPECT_NEAR(close_drafting - SpeculationGate::kMinWindows, (windows - warm) / SpeculationGate::kExploreClose, 2);
+    EXPECT_NEAR(far_drafting - SpeculationGate::kMinWindows, (windows - warm) / SpeculationGate::kExploreFar, 2);
+}
+
+// Catches: loads mixed into one estimate (drafting pays alone, not at 8 sequences), and the first
+// steps after a switch (a head catching up, once) counted as the arm's steady rate.
+TEST(SpeculationGate, LearnsEachLoadApartAndIgnoresTheSwitchsFirstSteps) {
+    const int window = 16;
+    SpeculationGate gate(window);
+    // Alone drafting doubles the rate; switching to it costs a 100 ms catch-up once per switch.
+    run_gate(gate, 1, window * 100, 2, 1, 7.0, 100.0);
+    run_gate(gate, 8, window * 100, 6, 8);
+    EXPECT_NEAR(gate.rate(1, true), 2.0 / 7.0, 1e-9);
+    EXPECT_NEAR(gate.rate(1, false), 1.0 / 7.0, 1e-9);
+    EXPECT_EQ(SpeculationGate::load_bucket(5), SpeculationGate::load_bucket(8));
+    EXPECT_NE(SpeculationGate::load_bucket(8), SpeculationGate::load_bucket(9));
+    EXPECT_GT(run_gate(gate, 1, window * 40, 2, 1), window * 36);
+    EXPECT_LT(run_gate(gate, 8, window * 40, 6, 8), window * 4);
+    EXPECT_THROW(SpeculationGate(SpeculationGate::kSettle), Error);
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ bool Sequence::done() const {
     return stopped_ || emitted_ >= options_.n_predict || p_.cache.size() >= p_.cache.capacity();
 }
 
-void Sequence::plan(const StepShare & step) {
+void Sequence::plan(const StepShare & step, bool may_draft) {
     if (done()) throw Error("plan: the sequence is done");
     const auto t0 = clock_type::now();
     if (t_start_ == clock_type::time_point{}) t_start_ = t0;
@@ -97,7 +97,10 @@ void Sequence::plan(const StepShare & step) {
     const int room = p_.cache.capacity() - base_ - 1;
     budget_ = p_.tree;
     asked_ = budget_.max_nodes;
-    if (budget_.shape == TreeShape::Chain) {
+    gated_ = !may_draft;
+    if (gated_) {
+        asked_ = budget_.depth = budget_.max_nodes = 0;
+    } else if (budget_.shape == TreeShape::Chain) {
         asked_ = p_.policy ? p_.policy->next_length_in(step) : 0;
         const int k = std::max(0, std::min({asked_, room, options_.n_predict - emitted_ - 1}));
         budget_.depth = budget_.max_nodes = k;
@@ -141,6 +144,7 @@ const ForwardBatch & Sequence::block(double draft_ms) {
             decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget_.max_nodes) + " (context or -n)";
         }
         if (budget_.shape != TreeShape::Chain && skipped_draft_) decision_.why = "no draft: not expected to beat the step's plain rate";
+        if (gated_) decision_.why = "no draft: the server measured plain steps faster at this load";
     }
     if (p_.tree_size && !draft_.tree.empty()) {
         p_.tree_size->observe_draft(draft_ms, draft_.tree.max_depth());
@@ -230,7 +234,7 @@ RoundReport round_report(const RoundInfo & r) {
 }
 
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
-                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous) {
+                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous, bool may_draft) {
     StepResult step;
     const int n = static_cast<int>(sequences.size());
     const int decoding = static_cast<int>(std::count_if(sequences.begin(), sequences.end(), [](const Sequence * s) { return !s->prefilling(); }));
@@ -240,7 +244,7 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
         Sequence & s = *sequences[i];
         const StepShare share = estimate_step_share(previous.rows, previous.tokens, s.last_rows(), s.last_tokens(), n - 1,
                                                     decoding - (s.prefilling() ? 0 : 1));
-        s.plan(share);
+        s.plan(share, may_draft);
         Drafter * d = s.drafting();
         if (d && d->pending()) {
             drafters.push_back(d);

@@ -70,7 +70,8 @@ public:
     // it started (nullptr: none), whose pending forwards the caller runs (run_drafts). block() takes
     // the draft and gives the block; draft_ms: this sequence's share of the time its drafter's
     // forwards took. Then run the block through the target (writing into parts.cache) and commit().
-    void plan(const StepShare & step = {});
+    // may_draft false: the step drafts nothing (the server's SpeculationGate), the policies are not asked.
+    void plan(const StepShare & step = {}, bool may_draft = true);
     Drafter * drafting() const;
     const ForwardBatch & block(double draft_ms);
     // After the target's forward of block() into output(): forward_ms is how long it took,
@@ -117,6 +118,7 @@ private:
     int asked_ = 0, base_ = 0;
     double draft_ms_ = 0.0, promised_ = 0.0;
     bool skipped_draft_ = false;  // the tree policy chose not to draft this round
+    bool gated_ = false;          // the step allowed no drafts
     RoundDecision decision_;
     bool in_prefill_block_ = false;
     int last_rows_ = 0, last_tokens_ = 0;
@@ -127,7 +129,7 @@ private:
 // plan, their drafters' forwards batched (run_drafts), their blocks, one target forward over all
 // of them, then each commits; sink(i, token) receives
 // sequence i's tokens (false stops it). `previous`: the last step, from which each sequence's
-// policies estimate what the others will carry in this one.
+// policies estimate what the others will carry in this one; may_draft false: no sequence drafts.
 struct StepResult {
     double forward_ms = 0.0;
     int rows = 0;    // rows of the target forward
@@ -136,6 +138,7 @@ struct StepResult {
     int draft_forwards = 0;  // forwards those drafters' drafts took together (batched: one per tree level)
 };
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
-                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous = {});
+                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous = {},
+                          bool may_draft = true);
 
 }  // namespace specula

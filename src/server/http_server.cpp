@@ -57,6 +57,8 @@ std::string prometheus(const SchedulerMetrics & m) {
     metric("tokens_predicted_total", "counter", "Tokens generated.", m.generated_tokens);
     metric("tokens_predicted_seconds_total", "counter", "Generation time.", m.generation_seconds);
     metric("steps_total", "counter", "Scheduler steps (one target forward each).", m.steps);
+    metric("gated_steps_total", "counter", "Decoding steps in which the speculation gate allowed no drafts (plain steps measured faster at that load).",
+           m.gated_steps);
     o << "# HELP specula:verify_batch_rows Rows of the target forward per step.\n# TYPE specula:verify_batch_rows histogram\n";
     for (size_t b = 0; b < m.rows_buckets.size(); ++b) {
         o << "specula:verify_batch_rows_bucket{le=\"" << (b < m.rows_bounds.size() ? json(m.rows_bounds[b]).dump() : "+Inf") << "\"} "

@@ -85,6 +85,7 @@ Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target
     // speculative tokens at one slot).
     const int probe_rows = std::min(64, options.parallel * (target.options.draft_max + 1));
 
+    if (options.gate_speculation && target.needs_verify_cost()) gate_ = std::make_unique<SpeculationGate>();
     metrics_.slots = options.parallel;
     metrics_.rows_bounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     metrics_.rows_buckets.assign(metrics_.rows_bounds.size() + 1, 0);
@@ -266,6 +267,9 @@ void Scheduler::run() {
         lock.unlock();
         StepResult step;
         std::string failure;
+        const int decoding = static_cast<int>(std::count_if(sequences.begin(), sequences.end(), [](const Sequence * s) { return !s->prefilling(); }));
+        const bool may_draft = !gate_ || decoding == 0 || gate_->allow(decoding);
+        const auto t_step = std::chrono::steady_clock::now();
         try {
             Tokenizer & tok = *target_.tokenizer;
             step = step_sequences(*target_.runner, sequences, [&](size_t i, int32_t t) {
@@ -273,8 +277,12 @@ void Scheduler::run() {
                 if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
                 s.round_tokens.push_back(t);
                 return !s.job->cancelled();
-            }, last_step);
+            }, last_step, may_draft);
             last_step = step;
+            if (gate_ && decoding > 0) {
+                gate_->observe(decoding, step.tokens, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_step).count(),
+                               decoding == static_cast<int>(sequences.size()));
+            }
         } catch (const std::exception & e) {
             failure = e.what();
         }
@@ -293,6 +301,7 @@ void Scheduler::run() {
             continue;
         }
         ++metrics_.steps;
+        metrics_.gated_steps += !may_draft;
         metrics_.emitted_tokens += step.tokens;
         metrics_.rows_sum += step.rows;
         for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "policy/speculation_gate.h"
 #include "specula/specula.h"
 #include "tokenizer/utf8.h"
 
@@ -25,6 +26,11 @@ struct SchedulerOptions {
     int parallel = 1;        // slots: sequences generating at once
     int max_queued = 64;     // requests waiting for a slot; more are refused
     int prefill_chunk = 256; // prompt tokens a prefilling sequence adds per step
+    // Measure, per load, steps that may draft against steps that may not and keep the faster
+    // (policy/speculation_gate.h). Only where the drafts are sized by measured times (cost policy,
+    // per-round tree size): fixed draft sizes stay what the user chose, and with them a seeded
+    // sampled output whatever the neighbours.
+    bool gate_speculation = true;
 };
 
 // Where an emitted token came from, for the live page's colours (the stream's "specula" field).
@@ -84,6 +90,7 @@ struct SchedulerMetrics {
     uint64_t prompt_tokens = 0, generated_tokens = 0;
     double prompt_seconds = 0.0, generation_seconds = 0.0;
     uint64_t steps = 0;
+    uint64_t gated_steps = 0;                 // decoding steps in which the speculation gate allowed no drafts
     std::vector<double> rows_bounds;          // histogram of target-forward rows per step
     std::vector<uint64_t> rows_buckets;       // cumulative counts per bound, last = +Inf
     double rows_sum = 0.0;
@@ -128,6 +135,7 @@ private:
     std::deque<std::shared_ptr<Job>> queue_;
     bool stopping_ = false;
     SchedulerMetrics metrics_;
+    std::unique_ptr<SpeculationGate> gate_;  // null: every step may draft
     std::thread worker_;
 };
 

@@ -227,14 +227,15 @@ def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
     # Catches: a non-streamed request kept generating for a client that went away (its slot would
     # stay busy for the rest of 900 tokens, several seconds here), and a long non-streamed answer
     # (sent chunked, after leading spaces) that the openai client cannot parse.
-    with serve_smollm2("--parallel", "1", "-c", "1024") as base:
+    with serve_smollm2("--parallel", "1", "-c", "2048") as base:
         port = int(base.rsplit(":", 1)[1])
         c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
         t0 = time.time()
-        r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=300,
+        # Long enough to pass the first second on a fast machine (300 tokens took 0.9 s on a Zen 5 core pair).
+        r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=2000,
                                  temperature=0, extra_body={"ignore_eos": True})
         assert time.time() - t0 > 1.0, "the answer came within a second: the chunked path was not taken"
-        assert r.usage.completion_tokens == 300 and r.choices[0].text
+        assert r.usage.completion_tokens == 2000 and r.choices[0].text
 
         conn = http.client.HTTPConnection("127.0.0.1", port)
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "temperature": 0})
