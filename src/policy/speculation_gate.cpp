@@ -34,7 +34,7 @@ bool SpeculationGate::choose(Load & l) {
     if (l.arm[1].steps < min_steps) return true;  // drafting first: a lone sequence starts as without the gate
     if (l.arm[0].steps < min_steps) return false;
     const double on = l.arm[1].tokens / l.arm[1].ms, off = l.arm[0].tokens / l.arm[0].ms;
-    const bool best = on >= off;
+    const bool best = on > off * (1.0 + kDraftingMargin);
     const bool close = off > 0.0 && std::abs(on / off - 1.0) < kClose;
     if (++l.windows_since_explore >= (close ? kExploreClose : kExploreFar)) {
         l.windows_since_explore = 0;
