@@ -11,19 +11,19 @@ SpeculationGate::SpeculationGate(int window_steps) : window_steps_(window_steps)
 }
 
 int SpeculationGate::load_bucket(int decoding) {
-    int b = 0;
+    int b = 0;  // 0 and 1 sequences share bucket 0
     while ((1 << b) < decoding) ++b;
     return b;
 }
 
 SpeculationGate::Load & SpeculationGate::load(int decoding) {
-    const size_t b = static_cast<size_t>(load_bucket(decoding < 1 ? 1 : decoding));
+    const size_t b = static_cast<size_t>(load_bucket(decoding));
     if (loads_.size() <= b) loads_.resize(b + 1);
     return loads_[b];
 }
 
 double SpeculationGate::rate(int decoding, bool drafting) const {
-    const size_t b = static_cast<size_t>(load_bucket(decoding < 1 ? 1 : decoding));
+    const size_t b = static_cast<size_t>(load_bucket(decoding));
     if (b >= loads_.size()) return 0.0;
     const Arm & a = loads_[b].arm[drafting];
     return a.ms > 0.0 ? a.tokens / a.ms : 0.0;
