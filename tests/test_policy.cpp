@@ -1,6 +1,7 @@
 // Draft-size policies as pure functions of what they observe.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "policy/draft_length.h"
@@ -268,17 +269,29 @@ TEST(SpeculationGate, KeepsWhicheverOfDraftingAndPlainStepsMeasuredFaster) {
     }
 }
 
+// The windows among the first `windows` (after both arms' first kMinWindows) that explore the
+// slower arm: the period starts at `base` and doubles after each look, up to 2^kMaxBackoff.
+int expected_looks(int windows, int base) {
+    int looks = 0;
+    for (int w = base; w <= windows; w += base << std::min(looks, SpeculationGate::kMaxBackoff)) ++looks;
+    return looks;
+}
+
 // Catches: a gate that never looks again after deciding (traffic changes: code drafts well, chat
-// does not), and one that looks again so often that exploring costs what it saves.
-TEST(SpeculationGate, ExploresTheSlowerArmRarelyAndMoreRarelyWhenFarBehind) {
-    const int window = 16, windows = 640;
+// does not), one that looks so often that exploring costs what it saves, and one that does not
+// look again soon once the traffic did change.
+TEST(SpeculationGate, ExploresTheSlowerArmLessAndLessUntilTheTrafficChanges) {
+    const int window = 16, windows = 640, warm = 2 * SpeculationGate::kMinWindows;
     SpeculationGate close_gate(window), far_gate(window);
-    // Exploration windows after the first 2 x kMinWindows: 1 in kExploreClose when within kClose, 1 in kExploreFar otherwise.
-    const int warm = 2 * SpeculationGate::kMinWindows;
     const int close_drafting = run_gate(close_gate, 8, window * windows, 9.5, 10.0) / window;
     const int far_drafting = run_gate(far_gate, 8, window * windows, 5.0, 10.0) / window;
-    EXPECT_NEAR(close_drafting - SpeculationGate::kMinWindows, (windows - warm) / SpeculationGate::kExploreClose, 2);
-    EXPECT_NEAR(far_drafting - SpeculationGate::kMinWindows, (windows - warm) / SpeculationGate::kExploreFar, 2);
+    EXPECT_EQ(close_drafting - SpeculationGate::kMinWindows, expected_looks(windows - warm, SpeculationGate::kExploreClose));
+    EXPECT_EQ(far_drafting - SpeculationGate::kMinWindows, expected_looks(windows - warm, SpeculationGate::kExploreFar));
+    EXPECT_GE(expected_looks(windows - warm, SpeculationGate::kExploreFar), 3);
+    // Drafting becomes twice as fast: the next look finds it, and from then on the gate drafts.
+    const int longest = (SpeculationGate::kExploreFar << SpeculationGate::kMaxBackoff) + 1;
+    EXPECT_GT(run_gate(far_gate, 8, window * longest, 20.0, 10.0), 0);
+    EXPECT_GT(run_gate(far_gate, 8, window * 100, 20.0, 10.0), window * 95);
 }
 
 // Catches: loads mixed into one estimate (drafting pays alone, not at 8 sequences), and the first

@@ -1,5 +1,6 @@
 #include "policy/speculation_gate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "specula/error.h"
@@ -35,9 +36,11 @@ bool SpeculationGate::choose(Load & l) {
     if (l.arm[0].steps < min_steps) return false;
     const double on = l.arm[1].tokens / l.arm[1].ms, off = l.arm[0].tokens / l.arm[0].ms;
     const bool best = on > off * (1.0 + kDraftingMargin);
+    if (best != l.best) l.best = best, l.backoff = 0;  // the traffic changed: look again soon
     const bool close = off > 0.0 && std::abs(on / off - 1.0) < kClose;
-    if (++l.windows_since_explore >= (close ? kExploreClose : kExploreFar)) {
+    if (++l.windows_since_explore >= (close ? kExploreClose : kExploreFar) << l.backoff) {
         l.windows_since_explore = 0;
+        l.backoff = std::min(l.backoff + 1, kMaxBackoff);
         return !best;
     }
     return best;
@@ -55,7 +58,7 @@ bool SpeculationGate::allow(int decoding) {
 void SpeculationGate::observe(int decoding, int tokens, double ms, bool verify_only) {
     if (left_ > 0) --left_;
     if (step_in_window_++ < kSettle || !verify_only || decoding < 1 || ms <= 0.0) return;
-    constexpr double kKeep = 0.98;  // about the last 50 steps of the arm at this load
+    constexpr double kKeep = 0.95;  // about the arm's last 20 steps at this load: one exploring window is half its estimate
     Arm & a = load(decoding).arm[drafting_];
     a.tokens = kKeep * a.tokens + tokens;
     a.ms = kKeep * a.ms + ms;

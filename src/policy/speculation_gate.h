@@ -19,7 +19,9 @@
 // steps; measured with SmolLM2 at 4 clients: drafting steps as fast as plain ones, the server 6%
 // slower). The other arm is tried again every kExploreClose-th window at that load while the two
 // rates are within kClose of each other, every kExploreFar-th otherwise, so a change in the traffic
-// (code that drafts well, chat that does not) is noticed.
+// (code that drafts well, chat that does not) is noticed; each look that leaves the choice as it
+// was doubles that period (up to 2^kMaxBackoff times), a change of choice resets it: in steady
+// traffic the looks cost less and less.
 #include <array>
 #include <vector>
 
@@ -44,6 +46,7 @@ public:
     static constexpr int kMinWindows = 2;
     static constexpr int kExploreClose = 16, kExploreFar = 32;
     static constexpr double kClose = 0.15, kDraftingMargin = 0.05;
+    static constexpr int kMaxBackoff = 3;
 
 private:
     struct Arm {
@@ -53,6 +56,8 @@ private:
     struct Load {
         std::array<Arm, 2> arm;  // [0] no drafting, [1] drafting
         int windows_since_explore = 0;
+        bool best = true;  // the arm chosen at the last decision
+        int backoff = 0;   // exploration period doubled this many times
     };
     Load & load(int decoding);
     bool choose(Load & l);
