@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the drafters for SmolLM2-135M-Instruct (the default target) from its own replies.
 #   tools/train/make_smollm2_drafters.sh [WORK_DIR] [TRAIN_MINUTES] [DRAFTERS]
-#   (defaults /tmp/smollm2_train, 40, "eagle3"; DRAFTERS: any of eagle3, eagle1, draft-lm, e.g. "eagle3 draft-lm")
+#   (defaults /tmp/smollm2_train, 30, "eagle3"; DRAFTERS: any of eagle3, eagle1, draft-lm, e.g. "eagle3 draft-lm")
 # THREADS (default 2) sets the threads of every step: 1 leaves a core free for other work
 # (libgomp collapses when more compute threads than CPUs are busy).
 # Needs: pip install -r tools/train/requirements.txt; build/bin/specula and llama-tokenize
@@ -19,7 +19,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 WORK="${1:-/tmp/smollm2_train}"
-MINUTES="${2:-40}"
+MINUTES="${2:-30}"
 DRAFTERS="${3:-eagle3}"
 THREADS="${THREADS:-2}"
 MODEL="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
