@@ -297,7 +297,6 @@ TEST(Batch, StepsThatMayNotDraftDraftNothingAndLaterDraftsStillHold) {
     auto policy = [&] { return make_draft_policy(DraftPolicyKind::Fixed, o.draft_max, {}); };
 
     std::vector<std::vector<int32_t>> plain(n), gated(n);
-    std::vector<double> ungated_accepted(n);
     for (int i = 0; i < n; ++i) {
         const std::vector<int32_t> tokens = target->tokenizer->tokenize(prompts[i]);
         auto cache = KvCache::pool(*target->backend, target->model->config(), o.n_ctx, 1);
