@@ -184,10 +184,23 @@ TEST(Batch, SequencesSteppedTogetherEmitWhatTheyEmitAlone) {
             }
         }
         if (active.empty()) break;
-        step_sequences(f.runner, active, [&](size_t i, int32_t t) {
+        std::vector<char> prefilling;
+        for (Sequence * a : active) prefilling.push_back(a->prefilling());
+        const StepResult step = step_sequences(f.runner, active, [&](size_t i, int32_t t) {
             together[index[i]].push_back(t);
             return true;
         });
+        // The policies price drafts by the verify rows alone: a prompt chunk is not one.
+        int verify_rows = 0;
+        bool chunks = false;
+        for (size_t k = 0; k < active.size(); ++k) {
+            if (prefilling[k]) EXPECT_EQ(active[k]->last_rows(), 0);
+            else verify_rows += active[k]->last_rows();
+            chunks = chunks || prefilling[k];
+        }
+        EXPECT_EQ(step.verify_rows, verify_rows);
+        if (chunks) EXPECT_GT(step.rows, step.verify_rows);
+        else EXPECT_EQ(step.rows, step.verify_rows);
     }
     for (int s = 0; s < n_seq; ++s) {
         EXPECT_EQ(together[s], alone[s]) << "sequence " << s;

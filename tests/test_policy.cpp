@@ -70,12 +70,14 @@ TEST(CostPolicy, DraftsShorterAtEightBusySequencesOnAMeasuredCurve) {
 }
 
 // Catches: sequences of a step planning as if alone because the previous step did not have them
-// (a first step, a sequence that just joined), or a prefilling neighbour counted as emitting.
-TEST(StepShare, CountsAtLeastARootPerOtherSequence) {
-    // Nothing before: 7 others, 5 of them decoding.
+// (a first step, a sequence that just joined), or a prefilling neighbour counted as emitting, or
+// its prompt chunk counted as rows the draft shares the step's time with.
+TEST(StepShare, CountsAtLeastARootPerOtherDecodingSequence) {
+    // Nothing before: 7 others, 5 of them decoding (2 prefilling, their chunks not counted).
     const StepShare first = estimate_step_share(0, 0, 0, 0, 7, 5);
-    EXPECT_EQ(first.other_rows, 7);
+    EXPECT_EQ(first.other_rows, 5);
     EXPECT_DOUBLE_EQ(first.other_tokens, 5.0);
+    EXPECT_EQ(first.other_sequences, 7);
     // A previous step of 40 rows and 12 tokens, 5 rows and 2 tokens of them ours.
     const StepShare next = estimate_step_share(40, 12, 5, 2, 7, 7);
     EXPECT_EQ(next.other_rows, 35);
@@ -140,24 +142,30 @@ TEST(TreeSizePolicy, NeedsLikelierPathsInABusyStep) {
 // Catches: a tree policy that drafts in every round of a busy step. Eight sequences stepping
 // together emit 8 tokens per forward of 8 rows without drafting; a round that drafts adds its
 // drafter time and its rows' verify cost to the whole step for the tokens rounds accept, which
-// pays alone but not there. Skipping must not last: a round drafts to keep learning every 8th
-// skip alone, every 8 x 8th in a step of 8 sequences (exploring delays them all).
+// pays alone but not there. Skipping must not last: a round explores to keep learning every 8th
+// skip alone, every 8 x 8th in a step of 8 sequences (exploring delays them all), and an
+// exploring round drafts one node at one level, not a whole tree.
 TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
+    using Round = TreeSizePolicy::Round;
     TreeSizePolicy p(kMeasuredTargetCurve);
-    EXPECT_TRUE(p.should_draft(StepShare{7, 7.0}));  // nothing seen yet: draft to learn
+    EXPECT_EQ(p.plan_round(StepShare{7, 7.0}), Round::Draft);  // nothing seen yet: draft to learn
     for (int r = 0; r < 40; ++r) {
         p.observe_draft(0.2, 4);                        // 0.2 ms of drafting per round
         p.observe(3.0, r % 2 ? 3 : 2, 4, kMeasuredTargetCurve[4]);  // 4 nodes verified, 2.5 accepted
     }
     // Alone: 2.5 tokens for 0.2 + 2.26 - 0.82 ms beats 1 per 0.82 ms. Busy: 8 tokens per 3.28 ms
     // beat 2.5 for 0.2 + 4.20 - 3.28 ms.
-    EXPECT_TRUE(p.should_draft(StepShare{}));
-    int drafted = 0;
-    for (int r = 0; r < 16; ++r) drafted += p.should_draft(StepShare{7, 7.0});
-    EXPECT_EQ(drafted, 2) << "busy, the others unknown: only every 8th round explores";
-    drafted = 0;
-    for (int r = 0; r < 128; ++r) drafted += p.should_draft(StepShare{7, 7.0, 7});
-    EXPECT_EQ(drafted, 2) << "busy with 7 others: only every 64th round explores";
+    EXPECT_EQ(p.plan_round(StepShare{}), Round::Draft);
+    int drafted = 0, explored = 0;
+    for (int r = 0; r < 16; ++r) {
+        const Round round = p.plan_round(StepShare{7, 7.0});
+        drafted += round == Round::Draft, explored += round == Round::Explore;
+    }
+    EXPECT_EQ(drafted, 0) << "a whole draft in a busy step it does not pay in";
+    EXPECT_EQ(explored, 2) << "busy, the others unknown: only every 8th round explores";
+    explored = 0;
+    for (int r = 0; r < 128; ++r) explored += p.plan_round(StepShare{7, 7.0, 7}) == Round::Explore;
+    EXPECT_EQ(explored, 2) << "busy with 7 others: only every 64th round explores";
 }
 
 // The shape measured in `specula serve` with SmolLM2 at 8 clients (session 13): a one-row step
@@ -174,9 +182,9 @@ TEST(TreeSizePolicy, NeverDraftsWhereEvenAWhollyAcceptedDraftLoses) {
         p.observe_draft(1.2, 4);  // 0.3 ms per level
         p.observe(3.0, 3, 4, curve[4]);
     }
-    EXPECT_TRUE(p.should_draft(StepShare{}));
+    EXPECT_EQ(p.plan_round(StepShare{}), TreeSizePolicy::Round::Draft);
     int drafted = 0;
-    for (int r = 0; r < 200; ++r) drafted += p.should_draft(StepShare{7, 7.0, 7});
+    for (int r = 0; r < 200; ++r) drafted += p.plan_round(StepShare{7, 7.0, 7}) != TreeSizePolicy::Round::Skip;
     EXPECT_EQ(drafted, 0) << "drafted in a step where even a wholly accepted draft is slower than plain decoding";
 }
 
@@ -262,11 +270,21 @@ TEST(SpeculationGate, KeepsWhicheverOfDraftingAndPlainStepsMeasuredFaster) {
         EXPECT_LT(run_gate(gate, 8, steps, 10.3, 10), steps / 10);
     }
     {
-        SpeculationGate gate(window);  // drafting faster: 2 tokens a step against 1
-        const int drafting = run_gate(gate, 1, steps, 2, 1);
+        SpeculationGate gate(window);  // drafting faster: 4 tokens a step against 2
+        const int drafting = run_gate(gate, 2, steps, 4, 2);
         EXPECT_GT(drafting, steps * 9 / 10);
         EXPECT_LT(drafting, steps);  // plain steps were measured too
     }
+}
+
+// Catches: a lone sequence gated by windows compared one after another, where its drafting rate
+// swings with the text: even where plain steps measure faster, a lone sequence's policies decide,
+// and its steps leave the estimates of shared loads alone.
+TEST(SpeculationGate, LeavesALoneSequenceToItsPolicies) {
+    SpeculationGate gate(16);
+    EXPECT_EQ(run_gate(gate, 1, 16 * 100, 1, 4), 16 * 100);
+    EXPECT_EQ(gate.rate(1, true), 0.0);
+    EXPECT_EQ(gate.rate(1, false), 0.0);
 }
 
 // The windows among the first `windows` (after both arms' first kMinWindows) that explore the
@@ -294,19 +312,19 @@ TEST(SpeculationGate, ExploresTheSlowerArmLessAndLessUntilTheTrafficChanges) {
     EXPECT_GT(run_gate(far_gate, 8, window * 100, 20.0, 10.0), window * 95);
 }
 
-// Catches: loads mixed into one estimate (drafting pays alone, not at 8 sequences), and the first
+// Catches: loads mixed into one estimate (drafting pays at 2 sequences, not at 8), and the first
 // steps after a switch (a head catching up, once) counted as the arm's steady rate.
 TEST(SpeculationGate, LearnsEachLoadApartAndIgnoresTheSwitchsFirstSteps) {
     const int window = 16;
     SpeculationGate gate(window);
-    // Alone drafting doubles the rate; switching to it costs a 100 ms catch-up once per switch.
-    run_gate(gate, 1, window * 100, 2, 1, 7.0, 100.0);
+    // At 2 sequences drafting doubles the rate; switching to it costs a 100 ms catch-up once per switch.
+    run_gate(gate, 2, window * 100, 4, 2, 7.0, 100.0);
     run_gate(gate, 8, window * 100, 6, 8);
-    EXPECT_NEAR(gate.rate(1, true), 2.0 / 7.0, 1e-9);
-    EXPECT_NEAR(gate.rate(1, false), 1.0 / 7.0, 1e-9);
+    EXPECT_NEAR(gate.rate(2, true), 4.0 / 7.0, 1e-9);
+    EXPECT_NEAR(gate.rate(2, false), 2.0 / 7.0, 1e-9);
     EXPECT_EQ(SpeculationGate::load_bucket(5), SpeculationGate::load_bucket(8));
     EXPECT_NE(SpeculationGate::load_bucket(8), SpeculationGate::load_bucket(9));
-    EXPECT_GT(run_gate(gate, 1, window * 40, 2, 1), window * 36);
+    EXPECT_GT(run_gate(gate, 2, window * 40, 4, 2), window * 36);
     EXPECT_LT(run_gate(gate, 8, window * 40, 6, 8), window * 4);
     EXPECT_THROW(SpeculationGate(SpeculationGate::kSettle), Error);
 }

@@ -87,7 +87,7 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
         const int n = std::min(chunk_, run_.n_prompt - 1 - prefilled_);
         block_ = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), p_.cache.size(), {});
         block_.tap_layers = feature_layers_;
-        last_rows_ = block_.n_tokens();
+        last_rows_ = 0;
         return;
     }
     if (t_gen_ == clock_type::time_point{}) t_gen_ = t0;
@@ -107,8 +107,10 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
         budget_.branching = 1;
     } else {
         if (p_.tree_size) {
-            skipped_draft_ = !p_.tree_size->should_draft(step);
-            budget_.max_nodes = skipped_draft_ ? 0 : p_.tree_size->max_nodes();
+            const TreeSizePolicy::Round round = p_.tree_size->plan_round(step);
+            skipped_draft_ = round == TreeSizePolicy::Round::Skip;
+            budget_.max_nodes = skipped_draft_ ? 0 : round == TreeSizePolicy::Round::Explore ? 1 : p_.tree_size->max_nodes();
+            if (round == TreeSizePolicy::Round::Explore) budget_.depth = 1;
             budget_.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
         }
         budget_.max_nodes = std::min(budget_.max_nodes, room);
@@ -242,7 +244,7 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     std::vector<char> runs_forwards(sequences.size(), 0);
     for (size_t i = 0; i < sequences.size(); ++i) {
         Sequence & s = *sequences[i];
-        const StepShare share = estimate_step_share(previous.rows, previous.tokens, s.last_rows(), s.last_tokens(), n - 1,
+        const StepShare share = estimate_step_share(previous.verify_rows, previous.tokens, s.last_rows(), s.last_tokens(), n - 1,
                                                     decoding - (s.prefilling() ? 0 : 1));
         s.plan(share, may_draft);
         Drafter * d = s.drafting();
@@ -263,6 +265,7 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
         Sequence * s = sequences[i];
         parts.push_back(BatchPart{&s->block(runs_forwards[i] ? draft_share : 0.0), &s->cache(), &s->output()});
         step.rows += parts.back().batch->n_tokens();
+        if (!s->prefilling()) step.verify_rows += parts.back().batch->n_tokens();
         verify_only = verify_only && !s->prefilling();
     }
     const auto t0 = clock_type::now();

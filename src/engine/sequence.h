@@ -80,7 +80,8 @@ public:
     // step_rows: rows of the whole shared step (default: this block's); verify_only_step: none of
     // them were prefill chunks (the step then prices rows for the tree-size policy).
     void commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1, bool verify_only_step = true);
-    // Rows of the last block and tokens its commit emitted.
+    // Rows of the last block if it was a verify block (0 after a prompt chunk), and tokens its
+    // commit emitted.
     int last_rows() const { return last_rows_; }
     int last_tokens() const { return last_tokens_; }
     void stop() { stopped_ = true; }
@@ -133,6 +134,7 @@ private:
 struct StepResult {
     double forward_ms = 0.0;
     int rows = 0;    // rows of the target forward
+    int verify_rows = 0;  // of them, the rows of sequences past their prompt
     int tokens = 0;  // tokens the step emitted, all sequences
     int drafting = 0;        // sequences whose drafters ran forwards
     int draft_forwards = 0;  // forwards those drafters' drafts took together (batched: one per tree level)

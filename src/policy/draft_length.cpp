@@ -13,9 +13,9 @@ double expected_tokens(const std::vector<double> & alpha, int k) {
     return e;
 }
 
-StepShare estimate_step_share(int previous_rows, int previous_tokens, int own_rows, int own_tokens, int other_sequences,
+StepShare estimate_step_share(int previous_verify_rows, int previous_tokens, int own_rows, int own_tokens, int other_sequences,
                               int other_decoding) {
-    return StepShare{std::max({0, previous_rows - own_rows, other_sequences}),
+    return StepShare{std::max({0, previous_verify_rows - own_rows, other_decoding}),
                      std::max({0.0, double(previous_tokens - own_tokens), double(other_decoding)}), std::max(0, other_sequences)};
 }
 
@@ -36,6 +36,7 @@ class HeuristicPolicy : public DraftLengthPolicy {
 public:
     explicit HeuristicPolicy(int k_max) : k_max_(k_max), k_(std::max(1, k_max / 2)) {}
     const char * name() const override { return "heuristic"; }
+    void begin_sequence() override { k_ = std::max(1, k_max_ / 2); }
     int next_length() override { return k_; }
     void observe(const RoundObservation & r) override {
         if (r.drafted == 0) return;
@@ -82,6 +83,10 @@ public:
         probing_ = false;
         return best;
     }
+
+    // The acceptance seen so far stays too, as the new text's prior (it decays within a few dozen
+    // rounds); its first drafting round catches the drafter up on the prompt and is not timed.
+    void begin_sequence() override { n_drafting_rounds_ = 0, plain_streak_ = 0, probing_ = false; }
 
     void observe(const RoundObservation & r) override {
         // Recent rounds count more: acceptance drifts with the text.

@@ -25,11 +25,14 @@ struct StepShare {
     int other_sequences = 0;
 };
 
-// A sequence's share of the coming step, from the previous step (its rows and emitted tokens,
-// everyone's, and this sequence's part of them) and who is in this one: at least a root row per
-// other sequence and a token per other decoding sequence, so that sequences that just joined, or a
-// first step with nothing before it, do not plan as if alone.
-StepShare estimate_step_share(int previous_rows, int previous_tokens, int own_rows, int own_tokens, int other_sequences,
+// A sequence's share of the coming step, from the previous step (its verify rows and emitted
+// tokens, everyone's, and this sequence's part of them) and who is in this one: at least a root
+// row and a token per other decoding sequence, so that sequences that just joined, or a first step
+// with nothing before it, do not plan as if alone. Prompt chunks are left out: the step does them
+// whatever the drafts, and a draft must beat the rate of decoding, not the low rate of a step
+// slowed by a prompt (counted in, they made drafting look cheap in every step that carried a
+// prompt: at 8 clients most drafts were drafted there, and the server ran at 0.86x plain).
+StepShare estimate_step_share(int previous_verify_rows, int previous_tokens, int own_rows, int own_tokens, int other_sequences,
                               int other_decoding);
 
 struct RoundObservation {
@@ -51,6 +54,11 @@ public:
     // ignore the share).
     virtual int next_length_in(const StepShare & step) { return next_length(); }
     virtual void observe(const RoundObservation & round) = 0;
+    // A new sequence starts on this policy (a server slot's next request). What a policy measured
+    // of the machine (drafter and verify times) stays: a fresh one drafts blind until it has timed
+    // its own rounds. A policy that measures no time starts over, so a seeded sequence's draws
+    // depend on its own history only.
+    virtual void begin_sequence() {}
 };
 
 // verify_cost_ms[b - 1]: measured cost of a target forward of b tokens (cost policy only).

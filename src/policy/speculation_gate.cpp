@@ -47,6 +47,7 @@ bool SpeculationGate::choose(Load & l) {
 }
 
 bool SpeculationGate::allow(int decoding) {
+    if (decoding <= 1) return true;
     if (left_ == 0) {
         drafting_ = choose(load(decoding));
         left_ = window_steps_;
@@ -56,8 +57,9 @@ bool SpeculationGate::allow(int decoding) {
 }
 
 void SpeculationGate::observe(int decoding, int tokens, double ms, bool verify_only) {
+    if (decoding <= 1) return;
     if (left_ > 0) --left_;
-    if (step_in_window_++ < kSettle || !verify_only || decoding < 1 || ms <= 0.0) return;
+    if (step_in_window_++ < kSettle || !verify_only || ms <= 0.0) return;
     constexpr double kKeep = 0.95;  // about the arm's last 20 steps at this load: one exploring window is half its estimate
     Arm & a = load(decoding).arm[drafting_];
     a.tokens = kKeep * a.tokens + tokens;

@@ -27,6 +27,10 @@ int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, 
 
 void TreeSizePolicy::observe_draft(double draft_ms, int levels) {
     if (levels <= 0) return;
+    if (!time_next_draft_) {
+        time_next_draft_ = true;
+        if (level_ms_ > 0.0) return;  // with nothing timed yet, even a catch-up round beats no figure
+    }
     const double per_level = draft_ms / levels;
     level_ms_ = level_ms_ == 0.0 ? per_level : 0.9 * level_ms_ + 0.1 * per_level;
     round_draft_ms_ = round_draft_ms_ == 0.0 ? draft_ms : 0.9 * round_draft_ms_ + 0.1 * draft_ms;
@@ -48,20 +52,24 @@ bool TreeSizePolicy::can_pay(const StepShare & step) const {
     return false;
 }
 
-bool TreeSizePolicy::should_draft(const StepShare & step) {
-    if (!can_pay(step)) return false;
-    if (rounds_ == 0.0) return true;
+TreeSizePolicy::Round TreeSizePolicy::plan_round(const StepShare & step) {
+    if (!can_pay(step)) return Round::Skip;
+    if (rounds_ == 0.0) return Round::Draft;
     const int plain_rows = std::max(0, step.other_rows) + 1;
     const int nodes = std::max(1, static_cast<int>(verified_ / rounds_ + 0.5));
     const double extra_ms = round_draft_ms_ + verify_.extra_ms(plain_rows, nodes);
     const double extra_tokens = accepted_ / rounds_;
     // Exploring costs the whole step, so a step of several sequences explores about as often as
     // one sequence alone: each sequence every kExploreEvery x (sequences in the step) skips.
-    if (extra_tokens > plain_rate(step) * extra_ms || ++skipped_ >= kExploreEvery * (1 + std::max(0, step.other_sequences))) {
+    if (extra_tokens > plain_rate(step) * extra_ms) {
         skipped_ = 0;
-        return true;
+        return Round::Draft;
     }
-    return false;
+    if (++skipped_ >= kExploreEvery * (1 + std::max(0, step.other_sequences))) {
+        skipped_ = 0;
+        return Round::Explore;
+    }
+    return Round::Skip;
 }
 
 double TreeSizePolicy::min_path_prob(const StepShare & step) const {

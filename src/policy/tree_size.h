@@ -39,18 +39,26 @@ public:
     // In a shared step a drafter forward delays every sequence of the step, so it must beat the
     // step's plain rate: (1 + the others' tokens) per forward of (the others' rows + 1).
     double min_path_prob(const StepShare & step = {}) const;
-    // Whether this round should draft at all. A round's draft adds its drafter time and its rows'
-    // verify cost to the step and is expected to add the tokens rounds have accepted so far; that
-    // must beat the step's plain rate, (1 + the others' tokens) per forward of (the others' rows
-    // + 1). A busy step's plain rate is high, so drafting there must promise more. Until rounds
-    // have been seen, and every kExploreEvery-th round it would skip (x the sequences in the step:
-    // an exploring draft delays them all), it drafts: a text that turns predictable is noticed.
+    // What this round drafts. A round's draft adds its drafter time and its rows' verify cost to
+    // the step and is expected to add the tokens rounds have accepted so far; that must beat the
+    // step's plain rate, (1 + the others' tokens) per forward of (the others' rows + 1), for a
+    // full draft (Draft). A busy step's plain rate is high, so drafting there must promise more.
+    // Until rounds have been seen it drafts; every kExploreEvery-th round it would skip (x the
+    // sequences in the step: an exploring draft delays them all) it explores: one drafter level,
+    // one node, enough to notice a text that turns predictable (a whole tree's six levels and its
+    // rows cost a busy step ~3 ms of its ~5, for a draft the policy expects not to pay).
     // Never, not even to explore, while a draft could not pay if every token of it were accepted:
     // a chain of n tokens for n drafter levels plus n more verify rows, at its best n, against the
     // step's plain rate. A busy step on a CPU is there: with 8 sequences a row adds ~0.7 ms to a ~7 ms
     // step of 8 tokens, and an exploring draft only slowed the step.
-    bool should_draft(const StepShare & step = {});
+    enum class Round { Skip, Explore, Draft };
+    Round plan_round(const StepShare & step = {});
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
+    // A new sequence starts on this policy (a server slot's next request): the drafter's and the
+    // verifier's times measured so far are the machine's and stay, and so does the calibration, as
+    // the new text's prior; the first drafting round, which catches the drafter up on the prompt,
+    // is not timed.
+    void begin_sequence() { skipped_ = 0, time_next_draft_ = false; }
 
 private:
     static constexpr int kExploreEvery = 8;
@@ -64,6 +72,7 @@ private:
     double level_ms_ = 0.0;                   // drafter time per tree level, smoothed
     double round_draft_ms_ = 0.0;             // drafter time per round, smoothed
     int skipped_ = 0;                         // rounds skipped since the last one that drafted
+    bool time_next_draft_ = true;             // false for a sequence's first drafting round
 };
 
 }  // namespace specula

@@ -181,9 +181,15 @@ void Scheduler::admit() {
         queue_.pop_front();
         try {
             slot->cache->rollback(0);
-            // Fresh policies per request: what a sequence drafts depends on its own history only.
-            slot->policy = target_.speculative ? target_.make_draft_policy() : nullptr;
-            slot->tree_size = target_.speculative ? target_.make_tree_size_policy() : nullptr;
+            // The slot's policies carry what they measured of the machine from request to request
+            // (DraftLengthPolicy::begin_sequence): with fresh ones every request drafted blind
+            // in its first round, a tree at 8 clients, where no draft pays on a CPU.
+            if (target_.speculative && !slot->policy) {
+                slot->policy = target_.make_draft_policy();
+                slot->tree_size = target_.make_tree_size_policy();
+            }
+            if (slot->policy) slot->policy->begin_sequence();
+            if (slot->tree_size) slot->tree_size->begin_sequence();
             Tokenizer & tok = *target_.tokenizer;
             Slot * s = slot.get();
             auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
