@@ -22,11 +22,12 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--parallel", type=int, default=4, help="server slots, and requests in flight")
 ap.add_argument("--ctx", type=int, default=1024, help="context per slot (prompt + --n must fit)")
 ap.add_argument("--split", default=None, help="only this split (train / heldout)")
+ap.add_argument("--first", type=int, default=None, help="only the first N prompts of the set")
 ap.add_argument("--frame", default=None,
                 help="for a pretrained (not chat-tuned) target: /v1/completions of this frame around each prompt, e.g. 'Question: {}\\nAnswer:'")
 a = ap.parse_args()
 
-prompts = json.load(open(a.prompts))["prompts"]
+prompts = json.load(open(a.prompts))["prompts"][:a.first]
 done = set()
 if os.path.exists(a.out):
     done = {json.loads(l)["index"] for l in open(a.out)}

@@ -31,7 +31,7 @@ SETS="0:1 0.8:1000 1.0:2000 0.6:5000"  # temperature:seed of each set (prompt i 
 for set in $SETS; do
   python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
     --out "$WORK/gen_${set/:/_}.jsonl" --n "$N" --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 4 \
-    --threads "$THREADS" --frame "$FRAME"
+    --threads "$THREADS" --frame "$FRAME" --first 352  # the 352 prompts the shipped head was trained on
 done
 python3 "$HERE/chat_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_0_1.jsonl" --limit 10 --frame "$FRAME"
 feats=()

@@ -72,13 +72,16 @@ def build():
     }
     rng = random.Random(20261123)
     sizes = {"chat_qa": 120, "code": 80, "math_reasoning": 72, "writing": 80}
-    out = []
+    out, rest = [], []
     for cat, items in cats.items():
         items = sorted(set(items))
         rng.shuffle(items)
-        for i, p in enumerate(items[:sizes[cat]]):
-            out.append({"category": cat, "split": "heldout" if i % 8 == 0 else "train", "prompt": p})
-    return out
+        for i, p in enumerate(items):
+            (out if i < sizes[cat] else rest).append(
+                {"category": cat, "split": "heldout" if i % 8 == 0 else "train", "prompt": p})
+    # the chat prompts past the first 120 come after all the others: the first 308 keep their indices (reply seeds
+    # are seed + index, and held-out measures take each category's first prompts)
+    return out + [p for p in rest if p["category"] == "chat_qa"]
 
 if __name__ == "__main__":
     ps = build()
