@@ -188,6 +188,38 @@ TEST(TreeSizePolicy, NeverDraftsWhereEvenAWhollyAcceptedDraftLoses) {
     EXPECT_EQ(drafted, 0) << "drafted in a step where even a wholly accepted draft is slower than plain decoding";
 }
 
+// A server slot's next request starts on the slot's policies (begin_sequence). Catches: a new
+// request that drafts blind (a fresh policy drafts a whole tree in its first round, even in a
+// busy step where no draft can pay: 16 such trees a rep at 8 clients), a prompt catch-up timed as
+// a drafting round, and a timeless policy that carries one request's state into the next.
+TEST(TreeSizePolicy, ANewSequenceKeepsTheMachinesTimes) {
+    std::vector<double> curve;
+    for (int n = 1; n <= 33; ++n) curve.push_back(n <= 8 ? 3.46 + 0.477 * (n - 1) : 6.8 + 0.74 * (n - 8));
+    const StepShare busy{7, 7.0, 7};
+    EXPECT_EQ(TreeSizePolicy(curve).plan_round(busy), TreeSizePolicy::Round::Draft) << "a fresh policy drafts to learn";
+    TreeSizePolicy p(curve);
+    for (int r = 0; r < 40; ++r) {
+        p.observe_draft(1.2, 4);  // 0.3 ms per level
+        p.observe(3.0, 3, 4, curve[4]);
+    }
+    const double bar = p.min_path_prob();
+    p.begin_sequence();
+    EXPECT_EQ(p.plan_round(busy), TreeSizePolicy::Round::Skip);
+    p.observe_draft(40.0, 4);  // the new sequence's first round: the drafter catching up on its prompt
+    EXPECT_DOUBLE_EQ(p.min_path_prob(), bar);
+    p.observe_draft(1.2, 4);  // later rounds are timed
+    EXPECT_DOUBLE_EQ(p.min_path_prob(), bar);
+    p.observe_draft(2.4, 4);
+    EXPECT_GT(p.min_path_prob(), bar);
+
+    auto heuristic = make_draft_policy(DraftPolicyKind::Heuristic, 8, {});
+    const int first = heuristic->next_length();
+    for (int r = 0; r < 8; ++r) heuristic->observe({first, first, 1.0f, 0.001, 0.002, first + 1});
+    EXPECT_GT(heuristic->next_length(), first);
+    heuristic->begin_sequence();
+    EXPECT_EQ(heuristic->next_length(), first) << "a policy that measures no time starts over";
+}
+
 // A busy server's steps price extra rows above a single sequence's verify curve (each sequence's
 // row reads its own keys): measured with SmolLM2, 8 sequences' steps 6.8 ms and 16 sequences'
 // 12.7 ms (0.74 ms a row) where the one-sequence curve said 0.5. Once the observed steps vary in
