@@ -36,7 +36,7 @@ for set in $SETS; do
     --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 4 --threads "$THREADS"
 done
 python3 "$HERE/chat_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_0_1.jsonl" --limit 10
-features() {  # one process per half of the sets (one after the other with THREADS=1), a thread each
+features() {  # two processes, every other set each (one after the other with THREADS=1), a thread each
   for set in "$@"; do
     [ -f "$WORK/feats_${set/:/_}.pt" ] && continue
     python3 "$HERE/target_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_${set/:/_}.jsonl" --n 192 \
@@ -46,8 +46,10 @@ features() {  # one process per half of the sets (one after the other with THREA
 }
 read -ra all <<<"$SETS"
 if [ "$THREADS" -ge 2 ]; then
-  features "${all[@]:0:3}" &
-  features "${all[@]:3}"
+  even=() odd=()  # interleaved, so that a resumed run's remaining sets still split evenly
+  for i in "${!all[@]}"; do if ((i % 2)); then odd+=("${all[i]}"); else even+=("${all[i]}"); fi; done
+  features "${even[@]}" &
+  features "${odd[@]}"
   wait
 else
   features "${all[@]}"
