@@ -209,7 +209,10 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
             break;
         }
     }
-    if (p_.tree_size && verify_only_step) p_.tree_size->observe_step(step_rows, forward_ms);
+    if (verify_only_step) {
+        if (p_.tree_size) p_.tree_size->observe_step(step_rows, forward_ms);
+        if (p_.policy) p_.policy->observe_step(step_rows, forward_ms);
+    }
     if (p_.tree_size && !draft_.tree.empty()) {
         p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), verify_ms, step_rows);
     }

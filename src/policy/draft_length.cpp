@@ -65,17 +65,22 @@ public:
         std::vector<double> alpha(k_max_);
         for (int i = 0; i < k_max_; ++i) alpha[i] = (accepted_[i] + 0.8 * kPrior) / (reached_[i] + kPrior);
         // Tokens per second of the whole step: a longer draft makes every sequence in it wait.
-        const int others = std::max(0, step.other_rows);
+        const int plain_rows = std::max(0, step.other_rows) + 1;
         const double other_tokens = std::max(0.0, step.other_tokens);
+        const double plain_rate = (1.0 + other_tokens) / verify_.ms(plain_rows);
         int best = 0;
-        double best_rate = (1.0 + other_tokens) / verify_.ms(others + 1);  // a plain step
+        double best_rate = plain_rate;
+        bool can_pay = false;  // would some k pay if all k drafts were accepted?
         for (int k = 1; k <= k_max_; ++k) {
-            const double rate = (expected_tokens(alpha, k) + other_tokens) / (k * draft_ms_per_token_ + verify_.ms(others + k + 1));
+            const double ms = k * draft_ms_per_token_ + verify_.ms(plain_rows) + verify_.extra_ms(plain_rows, k);
+            const double rate = (expected_tokens(alpha, k) + other_tokens) / ms;
             if (rate > best_rate) best_rate = rate, best = k;
+            can_pay = can_pay || (k + 1.0 + other_tokens) / ms > plain_rate;
         }
+        // A probe delays every sequence in the step: about as often per step as alone.
         if (best > 0) {
             plain_streak_ = 0;
-        } else if (++plain_streak_ >= kProbeEvery) {
+        } else if (can_pay && ++plain_streak_ >= kProbeEvery * (1 + std::max(0, step.other_sequences))) {
             plain_streak_ = 0;
             probing_ = true;
             return 1;
@@ -105,6 +110,7 @@ public:
         }
         verify_.observe(r.verify_tokens, 1000.0 * r.verify_seconds);
     }
+    void observe_step(int rows, double forward_ms) override { verify_.observe_step(rows, forward_ms); }
 
 private:
     static constexpr double kPrior = 2.0;

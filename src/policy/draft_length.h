@@ -6,8 +6,11 @@
 //               shrink it after one accepting < 30%;
 //   cost      - choose k in 0..k_max maximising expected tokens per second, from the measured
 //               per-position acceptance and the measured cost of drafting and of verifying k + 1
-//               tokens; k = 0 (a plain step) when no draft pays, with a one-token probe now and
-//               then so that a drafter that starts to agree is noticed.
+//               tokens (in a shared step, extra rows priced as TreeSizePolicy prices them: the
+//               curve, or the line through the server's steps if higher); k = 0 (a plain step)
+//               when no draft pays, with a one-token probe now and then (less often the more
+//               sequences the step holds, never where even a draft accepted whole cannot pay) so
+//               that a drafter that starts to agree is noticed.
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +57,9 @@ public:
     // ignore the share).
     virtual int next_length_in(const StepShare & step) { return next_length(); }
     virtual void observe(const RoundObservation & round) = 0;
+    // Every decoding round's step whose rows were all verify rows: its rows and forward time
+    // (VerifyCost::observe_step; cost policy).
+    virtual void observe_step(int rows, double forward_ms) {}
     // A new sequence starts on this policy (a server slot's next request). What a policy measured
     // of the machine (drafter and verify times) stays: a fresh one drafts blind until it has timed
     // its own rounds. A policy that measures no time starts over, so a seeded sequence's draws
