@@ -29,12 +29,8 @@ struct SchedulerOptions {
     // Measure, per load, steps that may draft against steps that may not and keep the faster
     // (policy/speculation_gate.h). Only where the drafts are sized by measured times (cost policy,
     // per-round tree size): fixed draft sizes stay what the user chose, and with them a seeded
-    // sampled output whatever the neighbours. Off by default since the policies price a shared
-    // step's drafts against its decoding rate (session 15): with and without it the server then
-    // measured the same within noise at 1-16 clients (SmolLM2 + EAGLE-3), and at 8 clients 0.98x
-    // plain with it over 90 paired reps against 1.00x without; it stays for hardware whose costs
-    // the policies' model misjudges.
-    bool gate_speculation = false;
+    // sampled output whatever the neighbours.
+    bool gate_speculation = true;
 };
 
 // Where an emitted token came from, for the live page's colours (the stream's "specula" field).

@@ -28,9 +28,8 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_option("--parallel", args->scheduler.parallel, "slots: sequences generated at once")->capture_default_str();
     sub->add_option("--queue", args->scheduler.max_queued, "requests that may wait for a slot (more get 503)")->capture_default_str();
     sub->add_option("--prefill-chunk", args->scheduler.prefill_chunk, "prompt tokens a sequence adds per step")->capture_default_str();
-    sub->add_flag("--speculation-gate", args->scheduler.gate_speculation,
-                  "measure, per load, steps that may draft against steps that may not, and keep the faster "
-                  "(for hardware whose costs the draft policies misjudge)");
+    sub->add_flag("!--no-speculation-gate", args->scheduler.gate_speculation,
+                  "draft in every step the policies choose to, even at loads where plain steps measured faster");
     sub->add_option("--host", args->host, "address to listen on")->capture_default_str();
     sub->add_option("--port", args->port, "port (0: any free port)")->capture_default_str();
     add_engine_flags(sub, args->engine);
