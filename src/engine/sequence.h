@@ -78,7 +78,7 @@ public:
     // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
     // stops the sequence.
     // step_rows: rows of the whole shared step (default: this block's); verify_only_step: none of
-    // them were prefill chunks (the step then prices rows for the tree-size policy).
+    // them were prefill chunks (the step then prices rows for the policies).
     void commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1, bool verify_only_step = true);
     // Rows of the last block if it was a verify block (0 after a prompt chunk), and tokens its
     // commit emitted.
