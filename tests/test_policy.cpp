@@ -220,6 +220,21 @@ TEST(TreeSizePolicy, ANewSequenceKeepsTheMachinesTimes) {
     EXPECT_EQ(heuristic->next_length(), first) << "a policy that measures no time starts over";
 }
 
+// The chain policy's probes (one token every 8th plain round alone) follow the same rule as the
+// tree policy's explorations: never where even a draft accepted whole cannot pay. Catches probes
+// that slowed every busy step of a server for drafts that could never pay there.
+TEST(CostPolicy, NeverProbesWhereEvenAWhollyAcceptedDraftLoses) {
+    std::vector<double> curve;
+    for (int n = 1; n <= 33; ++n) curve.push_back(n <= 8 ? 3.46 + 0.477 * (n - 1) : 6.8 + 0.74 * (n - 8));
+    auto p = make_draft_policy(DraftPolicyKind::Cost, 4, curve);
+    for (int r = 0; r < 20; ++r) p->observe({1, 0, 1.0f, 0.0003, 0.004, 2});  // 0.3 ms a draft token, none accepted
+    int alone = 0, busy = 0;
+    for (int r = 0; r < 64; ++r) alone += p->next_length_in(StepShare{}) > 0;
+    for (int r = 0; r < 200; ++r) busy += p->next_length_in(StepShare{7, 7.0, 7}) > 0;
+    EXPECT_EQ(alone, 8) << "alone, a one-token probe every 8th plain round";
+    EXPECT_EQ(busy, 0) << "probed in a step where even a wholly accepted draft is slower than plain decoding";
+}
+
 // A busy server's steps price extra rows above a single sequence's verify curve (each sequence's
 // row reads its own keys): measured with SmolLM2, 8 sequences' steps 6.8 ms and 16 sequences'
 // 12.7 ms (0.74 ms a row) where the one-sequence curve said 0.5. Once the observed steps vary in

@@ -70,17 +70,16 @@ public:
         const double plain_rate = (1.0 + other_tokens) / verify_.ms(plain_rows);
         int best = 0;
         double best_rate = plain_rate;
-        bool can_pay = false;  // would some k pay if all k drafts were accepted?
         for (int k = 1; k <= k_max_; ++k) {
             const double ms = k * draft_ms_per_token_ + verify_.ms(plain_rows) + verify_.extra_ms(plain_rows, k);
             const double rate = (expected_tokens(alpha, k) + other_tokens) / ms;
             if (rate > best_rate) best_rate = rate, best = k;
-            can_pay = can_pay || (k + 1.0 + other_tokens) / ms > plain_rate;
         }
         // A probe delays every sequence in the step: about as often per step as alone.
         if (best > 0) {
             plain_streak_ = 0;
-        } else if (can_pay && ++plain_streak_ >= kProbeEvery * (1 + std::max(0, step.other_sequences))) {
+        } else if (verify_.some_chain_pays(plain_rows, plain_rate, draft_ms_per_token_, k_max_) &&
+                   ++plain_streak_ >= kProbeEvery * (1 + std::max(0, step.other_sequences))) {
             plain_streak_ = 0;
             probing_ = true;
             return 1;

@@ -42,14 +42,7 @@ double TreeSizePolicy::plain_rate(const StepShare & step) const {
 
 bool TreeSizePolicy::can_pay(const StepShare & step) const {
     if (level_ms_ == 0.0) return true;  // no drafting round timed yet
-    const int plain_rows = std::max(0, step.other_rows) + 1;
-    const double plain = plain_rate(step);
-    // A chain of n accepted tokens: its n drafter levels and n more verify rows (the measured curve
-    // is not straight: the first extra row can cost more than the next few).
-    for (int n = 1; n <= max_nodes(); ++n) {
-        if (n / (n * level_ms_ + verify_.extra_ms(plain_rows, n)) > plain) return true;
-    }
-    return false;
+    return verify_.some_chain_pays(std::max(0, step.other_rows) + 1, plain_rate(step), level_ms_, max_nodes());
 }
 
 TreeSizePolicy::Round TreeSizePolicy::plan_round(const StepShare & step) {

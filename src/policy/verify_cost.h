@@ -42,6 +42,18 @@ public:
         return std::max(from_curve, slope * n);
     }
 
+    // Whether a chain of n drafted tokens, all accepted, could beat `plain_rate` (tokens per ms of
+    // the step without the draft, whose rows are `plain_rows`) for some n <= max_n: n tokens for n
+    // drafts of `draft_ms_per_token` and n more verify rows. Where none could, no draft is worth
+    // making, not even to explore. (The measured curve is not straight: the first extra row can
+    // cost more than the next few, so every n is tried.)
+    bool some_chain_pays(int plain_rows, double plain_rate, double draft_ms_per_token, int max_n) const {
+        for (int n = 1; n <= max_n; ++n) {
+            if (n / (n * draft_ms_per_token + extra_ms(plain_rows, n)) > plain_rate) return true;
+        }
+        return false;
+    }
+
 private:
     double curve(int n) const {
         const int m = max_tokens();
