@@ -76,12 +76,12 @@ def build():
     for cat, items in cats.items():
         items = sorted(set(items))
         rng.shuffle(items)
-        for i, p in enumerate(items):
+        for i, p in enumerate(items if cat == "chat_qa" else items[:sizes[cat]]):
             (out if i < sizes[cat] else rest).append(
                 {"category": cat, "split": "heldout" if i % 8 == 0 else "train", "prompt": p})
-    # the chat prompts past the first 120 come after all the others: the first 308 keep their indices (reply seeds
+    # the chat prompts past the first 120 come after all the others: the first 352 keep their indices (reply seeds
     # are seed + index, and held-out measures take each category's first prompts)
-    return out + [p for p in rest if p["category"] == "chat_qa"]
+    return out + rest
 
 if __name__ == "__main__":
     ps = build()
