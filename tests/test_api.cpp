@@ -50,8 +50,12 @@ TEST(Api, ObserverGetsOneConsistentReportPerRound) {
         const GenerationStats s = engine->generate("def main():\n    parser = argparse.", g, [](const std::string &) { return true; });
         ASSERT_EQ(static_cast<int>(reports.size()), s.speculation.rounds);
         int emitted = 0, drafted = 0;
+        double forward_ms = 0, draft_ms = 0, commit_ms = 0;
         for (size_t i = 0; i < reports.size(); ++i) {
             const RoundReport & r = reports[i];
+            forward_ms += r.forward_ms;
+            draft_ms += r.draft_ms;
+            commit_ms += r.commit_ms;
             EXPECT_EQ(r.round, static_cast<int>(i));
             EXPECT_EQ(r.decision.verified_nodes, static_cast<int>(r.tree.size()));
             EXPECT_LE(r.accepted.size(), r.tree.size());
@@ -71,6 +75,12 @@ TEST(Api, ObserverGetsOneConsistentReportPerRound) {
         }
         EXPECT_EQ(drafted, s.speculation.drafted);
         EXPECT_GT(s.speculation.accepted, 0);
+        // The run's time split is the rounds' times added up, and fits in the generation time.
+        EXPECT_DOUBLE_EQ(s.speculation.forward_ms, forward_ms);
+        EXPECT_DOUBLE_EQ(s.speculation.draft_ms, draft_ms);
+        EXPECT_DOUBLE_EQ(s.speculation.commit_ms, commit_ms);
+        EXPECT_GT(forward_ms, 0.0);
+        EXPECT_LE(forward_ms + draft_ms + commit_ms, s.generation_seconds * 1000.0 + 1e-6);
     }
 }
 

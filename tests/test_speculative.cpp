@@ -608,6 +608,10 @@ TEST(Speculative, TraceRecordsEachRoundsTreeAndPolicyDecision) {
         }
         for (int i = 0; i < want.size(); ++i) branching_rounds += want.children(i).size() > 1 || want.children(TokenTree::kRoot).size() > 1;
         EXPECT_EQ(j["accepted"].get<std::vector<int>>(), accepted[round]);
+        // The forward is part of the verify time; the commit follows the forward.
+        EXPECT_GE(j["forward_ms"].get<double>(), 0.0);
+        EXPECT_LE(j["forward_ms"].get<double>(), j["verify_ms"].get<double>());
+        EXPECT_GE(j["commit_ms"].get<double>(), 0.0);
         EXPECT_EQ(j["policy"], "tree-size");
         EXPECT_EQ(j["verified_nodes"].get<int>(), want.size());
         EXPECT_EQ(j["drafted_nodes"].get<int>(), decisions[round].drafted_nodes);
@@ -635,6 +639,19 @@ TEST(Speculative, StatsCountRoundsAndPositions) {
     EXPECT_DOUBLE_EQ(st.acceptance_at(1), 2.0 / 3.0);
     EXPECT_DOUBLE_EQ(st.acceptance_given_reached(1), 1.0);
     EXPECT_DOUBLE_EQ(expected_tokens({1.0, 0.5}, 2), 2.5);
+}
+
+TEST(Speculative, TimeSplitAttributesEachRoundsTimeAndTheRest) {
+    GenerationStats g;
+    g.speculation.add_round(2, 2, 1);
+    g.speculation.add_round(2, 2, 2);
+    g.speculation.forward_ms = 8.0;
+    g.speculation.draft_ms = 1.0;
+    g.speculation.commit_ms = 0.5;
+    g.generation_seconds = 0.010;  // 10 ms: 0.5 ms spent outside the rounds
+    EXPECT_EQ(format_time_split(g),
+              "time per round 5.00 ms: target forward 4.00 ms (80%), drafting 0.50 ms (10%), commit 0.25 ms (5%), other 0.25 ms (5%)");
+    EXPECT_EQ(format_time_split(GenerationStats{}), "");
 }
 
 // Catches the summary printing a rate for a position no round drafted (issue 15 part 6).

@@ -71,7 +71,8 @@ struct DraftNode {
 struct RoundReport {
     int round = 0;     // 0-based
     int position = 0;  // the root's position: tokens in the target's cache before the round
-    double draft_ms = 0.0, verify_ms = 0.0;
+    double draft_ms = 0.0, verify_ms = 0.0;  // verify_ms: the target's forward and the verification
+    double forward_ms = 0.0, commit_ms = 0.0;  // the target's forward alone; the whole commit after it
     RoundDecision decision;
     std::vector<DraftNode> tree;  // the verified draft
     std::vector<int> accepted;    // accepted nodes, top-down
@@ -99,6 +100,10 @@ struct SpeculationStats {
     std::vector<int> drafted_at;   // [d]: rounds whose draft reached depth d+1 (drafted at least d+1 tokens deep)
     std::vector<int> reached_at;   // [d]: rounds whose draft had a token at depth d+1 with all before accepted
     std::vector<int> accepted_at;  // [d]: rounds that accepted that token
+    // Where the rounds' time went (milliseconds, all rounds): the target's forwards, the
+    // drafter (policy, drafter forwards, pruning, building the block), and the commit
+    // (verification, KV compaction, handing the accepted path to the drafter, emitting).
+    double forward_ms = 0.0, draft_ms = 0.0, commit_ms = 0.0;
 
     double acceptance_rate() const { return drafted ? double(accepted) / drafted : 0.0; }
     double mean_accepted_length() const { return rounds ? double(emitted) / rounds : 0.0; }

@@ -186,7 +186,7 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
         return;
     }
 
-    auto tv = clock_type::now();
+    const auto tv = clock_type::now();
     const VerifyResult result = verify_(draft_.tree, TargetLogits{out.logits, out.n_vocab}, rng_);
     std::vector<int> kept{0};
     for (int node : result.accepted) kept.push_back(node + 1);
@@ -221,8 +221,13 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
         p_.policy->observe({draft_.tree.size(), static_cast<int>(result.accepted.size()), draft_.mean_entropy,
                             draft_ms_ / 1000.0, verify_ms / 1000.0, step_rows});
     }
+    const double commit_ms = ms_since(tv);
+    run_.speculation.forward_ms += forward_ms;
+    run_.speculation.draft_ms += draft_ms_;
+    run_.speculation.commit_ms += commit_ms;
     if (p_.on_round) {
-        p_.on_round(RoundInfo{run_.speculation.rounds - 1, base_, asked_, draft_ms_, verify_ms, &draft_, &result, history_, decision_});
+        p_.on_round(RoundInfo{run_.speculation.rounds - 1, base_, asked_, draft_ms_, verify_ms, forward_ms, commit_ms, &draft_, &result,
+                              history_, decision_});
     }
     run_.n_generated = emitted_;
     run_.generation_seconds = ms_since(t_gen_) / 1000.0;
@@ -230,8 +235,8 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
 
 RoundReport round_report(const RoundInfo & r) {
     const TokenTree & tree = r.draft->tree;
-    RoundReport report{r.round, r.base, r.draft_ms, r.verify_ms, r.decision, {}, r.result->accepted, r.result->next_token,
-                       r.result->bonus, r.result->events};
+    RoundReport report{r.round,      r.base, r.draft_ms, r.verify_ms, r.forward_ms, r.commit_ms, r.decision, {}, r.result->accepted,
+                       r.result->next_token, r.result->bonus, r.result->events};
     for (int i = 0; i < tree.size(); ++i) {
         report.tree.push_back(DraftNode{tree.token[i], tree.parent[i], tree.depth[i], node_draft_prob(tree, i), std::exp(tree.logp[i])});
     }

@@ -34,6 +34,7 @@ struct RoundInfo {
     int base = 0;               // target cache size before the round (= position of the root)
     int draft_length = 0;       // what the policy asked for
     double draft_ms = 0, verify_ms = 0;
+    double forward_ms = 0, commit_ms = 0;
     const Draft * draft = nullptr;
     const VerifyResult * result = nullptr;
     std::span<const int32_t> history;  // the sequence after this round's tokens

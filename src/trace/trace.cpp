@@ -1,5 +1,6 @@
 #include "trace/trace.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -57,6 +58,8 @@ void TraceWriter::round(const RoundReport & report) {
                 {"why", decision.why},
                 {"draft_ms", draft_ms},
                 {"verify_ms", verify_ms},
+                {"forward_ms", report.forward_ms},
+                {"commit_ms", report.commit_ms},
                 {"tree", nodes},
                 {"accepted", report.accepted},
                 {"next_token", report.next_token},
@@ -102,6 +105,20 @@ std::string format_summary(const SpeculationStats & s) {
         }
     }
     return out;
+}
+
+std::string format_time_split(const GenerationStats & g) {
+    const SpeculationStats & s = g.speculation;
+    const double total = g.generation_seconds * 1000.0;
+    if (s.rounds == 0 || total <= 0.0) return {};
+    const double other = std::max(0.0, total - s.forward_ms - s.draft_ms - s.commit_ms);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf),
+                  "time per round %.2f ms: target forward %.2f ms (%.0f%%), drafting %.2f ms (%.0f%%), commit %.2f ms (%.0f%%), "
+                  "other %.2f ms (%.0f%%)",
+                  total / s.rounds, s.forward_ms / s.rounds, 100.0 * s.forward_ms / total, s.draft_ms / s.rounds,
+                  100.0 * s.draft_ms / total, s.commit_ms / s.rounds, 100.0 * s.commit_ms / total, other / s.rounds, 100.0 * other / total);
+    return buf;
 }
 
 }  // namespace specula

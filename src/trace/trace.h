@@ -31,5 +31,8 @@ private:
 float node_draft_prob(const TokenTree & tree, int node);
 
 std::string format_summary(const SpeculationStats & s);
+// Where a run's generation time went per round: the target's forwards, drafting, the commits, and
+// the rest (the caller's work between rounds); empty for a run without rounds.
+std::string format_time_split(const GenerationStats & g);
 
 }  // namespace specula

@@ -74,20 +74,26 @@ struct Scratch {
     std::vector<int8_t> q;
     std::vector<float> d;
     std::vector<int32_t> s;
+    std::vector<float> ds;
     QuantizedActivations view(int n_tokens, int64_t k) {
         q.resize(static_cast<size_t>(n_tokens) * k);
         d.resize(static_cast<size_t>(n_tokens) * (k / kBlock));
         s.resize(d.size());
-        return QuantizedActivations{n_tokens, k, q.data(), d.data(), s.data()};
+        ds.resize(d.size());
+        return QuantizedActivations{n_tokens, k, q.data(), d.data(), s.data(), ds.data()};
     }
 };
 
 void quantize(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
 #if defined(SPECULA_X86_KERNELS)
-    if (path == CpuPath::Avx512Vnni) return avx512::quantize_activations(x, x_stride, a);
-    if (path == CpuPath::Avx2) return avx2::quantize_activations(x, x_stride, a);
-#endif
+    if (path == CpuPath::Avx512Vnni) avx512::quantize_activations(x, x_stride, a);
+    else if (path == CpuPath::Avx2) avx2::quantize_activations(x, x_stride, a);
+    else generic::quantize_activations(x, x_stride, a);
+#else
     generic::quantize_activations(x, x_stride, a);
+#endif
+    const int64_t n = a.n_tokens * (a.k / kBlock);
+    for (int64_t i = 0; i < n; ++i) a.ds[i] = a.d[i] * static_cast<float>(a.s[i]);
 }
 
 // Row groups [g_begin, g_end) of one matrix; integer formats read `a`, float formats x itself.

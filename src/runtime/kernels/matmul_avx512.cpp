@@ -21,7 +21,13 @@ namespace specula::kernels::avx512 {
 
 namespace {
 
-inline __m512i broadcast4(const int8_t * p) { return _mm512_set1_epi32(*reinterpret_cast<const int32_t *>(p)); }
+// acc += dot(w's unsigned bytes, the 4 signed bytes at p broadcast to every lane), with the
+// broadcast folded into vpdpbusd's memory operand: a separate vpbroadcastd per token and slice
+// would cost an issue slot beside each vpdpbusd.
+inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t * p) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t *>(p)));
+    return acc;
+}
 inline __m512 load_u8x16(const uint8_t * p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
 }
@@ -34,7 +40,7 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m5
     if constexpr (F == PackedFormat::Q8_0) {
         for (int j = 0; j < 8; ++j) {
             const __m512i w = load64(blk + 64 * j);
-            for (int t = 0; t < NT; ++t) isum[t] = _mm512_dpbusd_epi32(isum[t], w, broadcast4(q[t] + 4 * j));
+            for (int t = 0; t < NT; ++t) isum[t] = dpbusd_broadcast(isum[t], w, q[t] + 4 * j);
         }
     } else {
         const __m512i nibble = _mm512_set1_epi8(0x0f);
@@ -51,8 +57,8 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m5
                 hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(bit(j + 4), fifth));
             }
             for (int t = 0; t < NT; ++t) {
-                isum[t] = _mm512_dpbusd_epi32(isum[t], lo, broadcast4(q[t] + 4 * j));
-                isum[t] = _mm512_dpbusd_epi32(isum[t], hi, broadcast4(q[t] + 16 + 4 * j));
+                isum[t] = dpbusd_broadcast(isum[t], lo, q[t] + 4 * j);
+                isum[t] = dpbusd_broadcast(isum[t], hi, q[t] + 16 + 4 * j);
             }
         }
     }
@@ -67,10 +73,12 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
     __m512 acc[NT];
     const float * d[NT];
     const int32_t * s[NT];
+    const float * ds[NT];
     for (int t = 0; t < NT; ++t) {
         acc[t] = _mm512_setzero_ps();
         d[t] = a.d + (t0 + t) * nbk;
         s[t] = a.s + (t0 + t) * nbk;
+        ds[t] = a.ds + (t0 + t) * nbk;
     }
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wg + packed_block_offset(F, b);
@@ -101,7 +109,7 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
             if constexpr (F == PackedFormat::Q5_0) i32 = _mm512_sub_epi32(i32, _mm512_set1_epi32(16 * s[t][b]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(dw, _mm512_set1_ps(d[t][b])), acc[t]);
             if constexpr (F == PackedFormat::Q4_1 || F == PackedFormat::Q4_K) {
-                acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(d[t][b] * static_cast<float>(s[t][b])), acc[t]);
+                acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ds[t][b]), acc[t]);
             }
         }
     }

@@ -6,7 +6,9 @@
 
 namespace specula::kernels {
 
-// Activations quantized per 32-block: q [n_tokens, k], d and s [n_tokens, k / 32].
+// Activations quantized per 32-block: q [n_tokens, k], d, s and ds [n_tokens, k / 32], where
+// ds = d * float(s) is the factor of the Q4_1/Q4_K min term (matmul.h), computed once per block
+// rather than once per block and row group.
 // The bodies write token t's output row r at y[t * y_stride + r].
 struct QuantizedActivations {
     int n_tokens = 0;
@@ -14,6 +16,7 @@ struct QuantizedActivations {
     int8_t * q = nullptr;
     float * d = nullptr;
     int32_t * s = nullptr;
+    float * ds = nullptr;
 };
 
 #define SPECULA_KERNEL_DECLS                                                                            \
