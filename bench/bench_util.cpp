@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/error.h"
+#include "runtime/kernels/matmul.h"
 #include "common/stats.h"
 #include "runtime/gguf_file.h"
 
@@ -50,11 +51,33 @@ MachineLoad measure_machine_load(double seconds) {
     auto [b1, t1] = cpu_ticks();
     m.busy_fraction = t1 > t0 ? double(b1 - b0) / double(t1 - t0) : 0.0;
     std::ifstream("/proc/loadavg") >> m.loadavg_1m;
+    m.cpu = cpu_description();
     return m;
 }
 
+std::string cpu_description() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line, name = "unknown CPU", family, model;
+    int cpus = 0;
+    auto value = [](const std::string & l) {  // "key\t: value" -> "value"
+        const size_t v = l.find_first_not_of(' ', l.find(':') + 1);
+        return v == std::string::npos ? std::string() : l.substr(v);
+    };
+    while (std::getline(in, line)) {
+        if (line.rfind("processor", 0) == 0) ++cpus;
+        if (cpus != 1) continue;
+        if (line.rfind("model name", 0) == 0) name = value(line);
+        else if (line.rfind("cpu family", 0) == 0) family = value(line);
+        else if (line.rfind("model", 0) == 0 && line.rfind("model name", 0) != 0) model = value(line);
+    }
+    std::string out = name;
+    if (!family.empty()) out += " (family " + family + " model " + model + ")";
+    out += ", " + std::to_string(cpus) + " cpus, kernels " + kernels::cpu_path_name(kernels::detected_cpu_path());
+    return out;
+}
+
 void print_machine(const MachineLoad & load) {
-    std::printf("machine: %.0f%% busy before start, loadavg %.2f%s\n", load.busy_fraction * 100, load.loadavg_1m,
+    std::printf("machine: %s; %.0f%% busy before start, loadavg %.2f%s\n", load.cpu.c_str(), load.busy_fraction * 100, load.loadavg_1m,
                 load.idle() ? "" : "  ** NOT IDLE: figures are unreliable **");
 }
 

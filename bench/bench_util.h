@@ -15,9 +15,13 @@ Summary summarize(std::vector<double> samples);
 struct MachineLoad {
     double busy_fraction = 0;  // 0..1
     double loadavg_1m = 0;
+    std::string cpu;           // cpu_description(): every figure names the machine it was measured on
     bool idle() const { return busy_fraction < 0.10; }
 };
 MachineLoad measure_machine_load(double seconds = 1.0);
+// "AMD EPYC (family 25 model 17), 2 cpus, kernels avx512vnni": /proc/cpuinfo's model name, family
+// and model (which tell CPU generations apart where the name does not), and specula's kernel path.
+std::string cpu_description();
 // "machine: N% busy before start, loadavg X", flagged when not idle.
 void print_machine(const MachineLoad & load);
 

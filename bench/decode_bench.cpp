@@ -123,8 +123,7 @@ struct EngineFigures {
 
 int run_decode_bench(const DecodeBenchOptions & o) {
     const MachineLoad load = measure_machine_load();
-    std::printf("machine: %.0f%% busy before start, loadavg %.2f%s\n", load.busy_fraction * 100, load.loadavg_1m,
-                load.idle() ? "" : "  ** NOT IDLE: figures are unreliable **");
+    print_machine(load);
 
     // Two specula engines on the same file: its own kernels (packed matmuls, its attention op) and
     // ggml's kernels with the attention kernel asked for; llama.cpp runs ggml's attention setting.
@@ -240,7 +239,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
             {"weight_gb", weight_gb},
             {"macs_per_token", macs},
             {"machine_busy_fraction_before", load.busy_fraction},
-            {"machine_idle", load.idle()},
+            {"machine_idle", load.idle()}, {"cpu", load.cpu},
             {"specula_tg_tok_s", fig[0].tg.median}, {"specula_tg_tok_s_min", fig[0].tg.min}, {"specula_tg_tok_s_max", fig[0].tg.max},
             {"specula_ggml_kernels_tg_tok_s", fig[1].tg.median},
             {"llamacpp_tg_tok_s", peer_tg.median}, {"llamacpp_tg_tok_s_min", peer_tg.min}, {"llamacpp_tg_tok_s_max", peer_tg.max},

@@ -769,7 +769,7 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"seed", o.seed},
         {"machine_busy_fraction_before", load.busy_fraction},
         {"machine_loadavg_1m", load.loadavg_1m},
-        {"machine_idle", load.idle()},
+        {"machine_idle", load.idle()}, {"cpu", load.cpu},
         {"headline_temperature", o.temps[0]},
         {"specula_spec_mode", !o.eagle3.empty() ? std::string(h.spec.mode->name) + " (specula's default EAGLE-3 mode)"
                                                  : std::string(h.spec.mode->name) + " (default policy, k <= draft_max = llama.cpp's k)"},
