@@ -374,7 +374,7 @@ int run_serve_bench(const ServeBenchOptions & options) {
     json raw = json::array();
     Progress progress("bench serve", int64_t(o.clients.size()) * int64_t(configs.size()) * o.reps);
     // Per concurrency every configuration's server runs at once and the reps take turns (plain,
-    // speculative, the peer's plain, ...): this machine's speed drifts by 10-20% over a minute, and
+    // speculative, the peer's plain, ...): a machine's speed can drift within a minute, and
     // configurations measured one after another would carry the drift into their ratio.
     for (int clients : o.clients) {
         std::vector<std::unique_ptr<ServerProcess>> servers;

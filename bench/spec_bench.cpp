@@ -237,8 +237,8 @@ std::vector<int32_t> probe_tokens(const std::vector<Prompt> & prompts, int n) {
 }
 
 // Cost of one forward of 1..max_tokens tokens on `depth` cached tokens. Median of 15, not the
-// engine's 2: the prediction rests on the curve's shape, and with 5 repetitions its 1-token point
-// moved by 8-13% from run to run on the same machine (docs/policies.md).
+// engine's 2: the prediction rests on the curve's shape, and with few repetitions its 1-token point
+// moves by several percent from run to run on the same machine (docs/policies.md).
 std::vector<double> forward_cost(ModelRunner & runner, KvCache & cache, std::span<const int32_t> probe, int depth, int max_tokens) {
     cache.rollback(0);
     prefill(runner, cache, probe.first(depth));

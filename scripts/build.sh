@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Configures and builds specula (and the pinned llama.cpp it stands on) into build/.
-# Extra arguments go to cmake's configure step, e.g. -DSPECULA_LLAMA_CPP_DIR=/path/to/llama.cpp
+# Configures and builds specula (and the pinned llama.cpp it stands on) into build/: every target,
+# the test suite included. Extra arguments go to cmake's configure step, e.g.
+# -DSPECULA_LLAMA_CPP_DIR=/path/to/llama.cpp
 # Progress: scripts/progress.sh (a bar on a terminal, cmake's own lines otherwise; SPECULA_QUIET=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/progress.sh
-scripts/setup.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "$@"
+scripts/setup.sh --tests
+# SPECULA_BUILD_TESTS=ON explicitly: scripts/demo.sh configures the same build/ without the tests.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON "$@"
 cmake --build build -j"$(nproc)" 2>&1 | progress_cmake build

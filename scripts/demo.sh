@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# README command 1: set up, build, fetch SmolLM2-135M-Instruct (scripts/fetch_models.sh, into the
-# model cache, once), then answer one chat prompt twice, greedily: plain decoding, and the default
-# speculative run (its EAGLE-3 head from models/). Prints the answer, whether both texts are
-# identical (they must be), both speeds and the speedup, and writes the HTML report of the
-# speculative run. The bundled 15.7M family (models/specula-*.gguf) stays the tests' fixture.
+# README command 1: install what building the `specula` command needs, build that one target, fetch
+# SmolLM2-135M-Instruct (scripts/fetch_models.sh smollm2, into the model cache, once), then answer
+# one chat prompt twice, greedily: plain decoding, and the default speculative run (its EAGLE-3
+# head from models/). Prints the answer, whether both texts are identical (they must be), both
+# speeds and the speedup, and writes the HTML report of the speculative run (scripts/demo.sh "PROMPT"
+# asks another prompt). The test suite's packages, targets and second model are scripts/test.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh
-scripts/fetch_models.sh
+. scripts/progress.sh
+progress_start demo 5 steps --lines
+progress_step 0 "install the build's Debian packages (scripts/setup.sh)"
+scripts/setup.sh
+progress_step 1 "build the specula command (the first build also fetches and compiles llama.cpp)"
+# The test suite stays off in a fresh build/ (GoogleTest is scripts/test.sh's); an existing
+# configuration is kept as it is.
+tests_off=()
+[ -f build/CMakeCache.txt ] || tests_off=(-DSPECULA_BUILD_TESTS=OFF)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${tests_off[@]}"
+cmake --build build -j"$(nproc)" --target specula 2>&1 | progress_cmake build
+progress_step 2 "fetch SmolLM2-135M-Instruct"
+scripts/fetch_models.sh smollm2
 S=./build/bin/specula
 model="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 prompt="${1:-Give me three interesting facts about black holes.}"
 out=out/demo
 mkdir -p "$out"
 
+progress_step 3 "plain decoding"
 "$S" generate -m "$model" --chat -n 128 -p "$prompt" >"$out/plain.txt" 2>"$out/plain.log"
+progress_step 4 "speculative decoding (EAGLE-3 head models/smollm2-eagle3.gguf)"
 "$S" generate -n 128 -p "$prompt" --trace "$out/speculative.jsonl" >"$out/speculative.txt" 2>"$out/speculative.log"
 "$S" report "$out/speculative.jsonl" -o "$out/report.html" >/dev/null
+progress_step 5 "done"
 
 rate() { sed -n 's/.*generated [0-9]* tok, \([0-9.]*\) tok\/s.*/\1/p' "$1" | tail -1; }
 plain_rate=$(rate "$out/plain.log")
@@ -32,6 +47,6 @@ else
 fi
 awk -v p="$plain_rate" -v s="$spec_rate" 'BEGIN {
   printf "demo: plain %.1f tok/s, speculative %.1f tok/s: %.2fx\n", p, s, s / p
-  if (s < p * 1.05) print "demo: speculation does not pay here: drafts are accepted (the acceptance line above), but verifying n tokens costs the multiples of one step on the verify-cost line above, so the cost policy keeps its drafts small (README, SmolLM2 benchmark)"
+  if (s < p * 1.05) print "demo: speculation does not pay here: drafts are accepted (the acceptance line above), but verifying n tokens costs the multiples of one step on the verify-cost line above, so the cost policy keeps its drafts small (docs/benchmarks.md)"
 }'
 echo "demo: HTML report of the speculative run: $out/report.html"

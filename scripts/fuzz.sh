@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-600}"
 shift || true
-scripts/setup.sh
+scripts/setup.sh --tests
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DSPECULA_FUZZ=ON -DSPECULA_BUILD_TESTS=OFF "$@" >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_loading fuzz_safetensors fuzz_openai_request fuzz_seeds
 

@@ -5,7 +5,7 @@
 
 # progress_start NAME TOTAL UNIT [--lines]: a task of TOTAL units (steps, %, MB) starts now.
 # --lines: on a terminal too, each step's bar stays on its own line (for phases whose commands
-# print, or draw bars, of their own in between).
+# print, or draw bars, of their own in between); such phases differ in length, so no rate or ETA.
 progress_start() {
   _progress_name="$1" _progress_total="$2" _progress_unit="$3" _progress_t0="$(date +%s)"
   _progress_lines=0
@@ -19,15 +19,17 @@ progress_step() {
   local done="$1" label="$2" elapsed rate eta=""
   elapsed=$(($(date +%s) - _progress_t0))
   rate=$(awk -v d="$done" -v e="$elapsed" 'BEGIN { printf (e > 0 ? "%.1f" : "-"), (e > 0 ? d / e : 0) }')
-  if [ "$done" -gt 0 ] && [ "$done" -lt "$_progress_total" ]; then
+  if [ "$_progress_lines" = 0 ] && [ "$done" -gt 0 ] && [ "$done" -lt "$_progress_total" ]; then
     eta=", ETA $((elapsed * (_progress_total - done) / done)) s"
   fi
   if [ -t 2 ]; then
     local width=30 fill bar
     fill=$((done * width / (_progress_total > 0 ? _progress_total : 1)))
     bar="$(printf '%*s' "$fill" '' | tr ' ' '#')$(printf '%*s' $((width - fill)) '')"
-    printf '\r\033[K%s [%s] %s/%s %s, %s %s/s%s  %.40s' "$_progress_name" "$bar" "$done" "$_progress_total" \
-      "$_progress_unit" "$rate" "$_progress_unit" "$eta" "$label" >&2
+    local speed=""
+    [ "$_progress_lines" = 1 ] || speed=", $rate $_progress_unit/s"
+    printf '\r\033[K%s [%s] %s/%s %s%s%s  %.40s' "$_progress_name" "$bar" "$done" "$_progress_total" \
+      "$_progress_unit" "$speed" "$eta" "$label" >&2
     if [ "$done" -ge "$_progress_total" ] || [ "$_progress_lines" = 1 ]; then echo >&2; fi
   else
     echo "$_progress_name: [$done/$_progress_total $_progress_unit] $label (${elapsed} s$eta)" >&2

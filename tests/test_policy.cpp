@@ -31,7 +31,7 @@ TEST(VerifyCost, ScalesTheCurveByWhatRoundsReallyCost) {
 }
 
 // Catches: a policy that drafts as if alone inside a big shared step, where every draft token
-// makes all the other sequences wait (the "drafting should shrink with the batch").
+// makes all the other sequences wait (drafting should shrink as the batch grows).
 TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {
     // A curve with a fixed base and 1 ms per row: drafting pays alone, not beside 60 other rows.
     std::vector<double> cost;
@@ -45,8 +45,8 @@ TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {
     EXPECT_GT(p->next_length_in(StepShare{2, 1.0}), 0);
 }
 
-// The verify-cost curve `bench spec` measured for the bundled target (docs/bench-results/
-// spec-target.json: ms of a target forward of 1..33 tokens at depth 152) and its draft model's
+// The verify-cost curve `bench spec` measured for the bundled target (ms of a target forward of 1..33
+// tokens at depth 152, docs/bench-results/spec-bundled-zen4-2026-11-23.json) and its draft model's
 // 0.21 ms per drafted token.
 const std::vector<double> kMeasuredTargetCurve = {0.824, 1.705, 1.857, 1.947, 2.261, 2.381, 2.811, 3.283, 3.284, 3.764, 3.561,
                                                   4.198, 3.916, 4.373, 4.581, 4.356, 4.952, 5.398, 5.403, 5.737, 5.948, 6.556,
@@ -168,12 +168,12 @@ TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
     EXPECT_EQ(explored, 2) << "busy with 7 others: only every 64th round explores";
 }
 
-// The shape measured in `specula serve` with SmolLM2 at 8 clients (session 13): a one-row step
-// 3.46 ms, each further row ~0.74 ms (8 rows 6.8 ms, 16 rows 12.7 ms), and 0.3 ms per drafter
-// level. Alone a drafted token can pay; in a step of 8 sequences even a draft accepted whole
-// cannot (8 tokens per 6.8 ms against at best 1 per 0.3 + 0.74 ms), so the policy must not
-// draft there, not even every 64th round to explore: those exploring drafts made EAGLE-3 0.87x
-// plain at 8 clients. Catches exploration (or drafting) in a step where no draft can pay.
+// The shape measured in `specula serve` with SmolLM2 at 8 clients on an AVX-512 VNNI CPU: a
+// one-row step 3.46 ms, each further row ~0.74 ms (8 rows 6.8 ms, 16 rows 12.7 ms), and 0.3 ms per
+// drafter level. Alone a drafted token can pay; in a step of 8 sequences even a draft accepted
+// whole cannot (8 tokens per 6.8 ms against at best 1 per 0.3 + 0.74 ms), so the policy must not
+// draft there, not even every 64th round to explore: an exploring draft only slows the step.
+// Catches exploration (or drafting) in a step where no draft can pay.
 TEST(TreeSizePolicy, NeverDraftsWhereEvenAWhollyAcceptedDraftLoses) {
     std::vector<double> curve;
     for (int n = 1; n <= 33; ++n) curve.push_back(n <= 8 ? 3.46 + 0.477 * (n - 1) : 6.8 + 0.74 * (n - 8));
@@ -300,8 +300,8 @@ int run_gate(SpeculationGate & gate, int decoding, int steps, double on_tokens, 
     return drafting;
 }
 
-// Catches: a server that keeps drafting at a load where plain steps are measurably faster (the
-// issue's "speculation >= plain at 8 clients"), or that stops drafting where drafts pay.
+// Catches: a server that keeps drafting at a load where plain steps are measurably faster (it
+// would serve below plain decoding), or that stops drafting where drafts pay.
 TEST(SpeculationGate, KeepsWhicheverOfDraftingAndPlainStepsMeasuredFaster) {
     const int window = 16, steps = window * 200;
     {

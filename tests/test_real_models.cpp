@@ -360,8 +360,8 @@ TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
     auto eagle3 = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *t.model, t.backend);
     auto eagle1 = EagleHead::load(test::shipped_model("smollm2-eagle1.gguf"), *t.model, t.backend);
     auto draft = Model::load(test::shipped_model("smollm2-draft.gguf"), t.backend);
-    // Floors at about 40% of what the shipped drafters measured (EAGLE-3, session 14's head: 1.74 /
-    // 2.32; session 12: EAGLE-1 0.50 / 0.76, draft LM 1.29 / 1.63).
+    // Floors at about 40% of what the shipped drafters measured here (models/README.md has their
+    // acceptance).
     const DrafterCase cases[] = {
         {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, 512); }, 0.6, 1.0},
         {"eagle1", [&] { return std::make_unique<EagleDrafter>(*eagle1, 512); }, 0.2, 0.3},
@@ -396,7 +396,7 @@ TEST(Gemma3Drafter, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
     if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
     LoadedTarget t(path);
     auto eagle3 = EagleHead::load(test::shipped_model("gemma3-eagle3.gguf"), *t.model, t.backend);
-    // Floors at about 40% of what the shipped head measured (session 13: 1.18 / 1.51).
+    // Floors at about 40% of what the shipped head measured here (models/README.md has its acceptance).
     const DrafterCase cases[] = {
         {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, 512); }, 0.45, 0.6},
     };

@@ -1,5 +1,5 @@
 // `specula report`, `bench spec --html` and the live page of `specula serve`: each page rendered
-// in a real browser (headless Chromium, installed by scripts/setup.sh), checked through the DOM it builds.
+// in a real browser (headless Chromium, installed by scripts/setup.sh --tests), checked through the DOM it builds.
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <fstream>
@@ -139,7 +139,7 @@ TEST(Report, TraceReportRendersInChromiumWithEveryTokenAndChart) {
     }
 
     const std::string browser = chromium();
-    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it): the page was written but not rendered";
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --tests installs it): the page was written but not rendered";
     const std::string dom = render(browser, html, artifacts_dir() + "/report.png");
     std::printf("[report] screenshot: %s/report.png\n", artifacts_dir().c_str());
     EXPECT_EQ(dom.find("id=\"js-error\""), std::string::npos) << dom.substr(dom.find("js-error"), 300);
@@ -179,12 +179,12 @@ TEST(Report, TraceReportRendersInChromiumWithEveryTokenAndChart) {
 // Catches a bench page that loses result rows or a chart: one tok/s bar and one whisker per
 // result, one point per predicted result, one acceptance line per mode and temperature.
 TEST(Report, BenchPageRendersInChromiumWithItsCharts) {
-    const std::string json_path = std::string(SPECULA_SOURCE_DIR) + "/docs/bench-results/spec-target.json";
+    const std::string json_path = std::string(SPECULA_SOURCE_DIR) + "/docs/bench-results/spec-bundled-zen4-2026-11-23.json";
     const std::string html = artifacts_dir() + "/bench.html";
     const test::CommandRun made = test::run_command(std::string(SPECULA_CLI) + " report --bench " + json_path + " -o " + html);
     ASSERT_EQ(made.exit_code, 0) << made.err;
     const std::string browser = chromium();
-    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it): the page was written but not rendered";
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --tests installs it): the page was written but not rendered";
     const std::string dom = render(browser, html, artifacts_dir() + "/bench.png");
     EXPECT_EQ(dom.find("id=\"js-error\""), std::string::npos) << dom.substr(dom.find("js-error"), 300);
     ASSERT_NE(dom.find("id=\"report-ready\""), std::string::npos);
@@ -375,7 +375,7 @@ TEST(Report, LivePageOnTheServerStreamsColouredTokens) {
     ASSERT_FALSE(want.empty());
 
     const std::string browser = chromium();
-    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh installs it)";
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --tests installs it)";
     Devtools chrome(browser);
     chrome.open(server.url("/?prompt=Write%20a%20Python%20function"));
     for (int i = 0; i < 1200 && !chrome.evaluate("document.querySelector('.reply[data-done]') !== null").get<bool>(); ++i) {

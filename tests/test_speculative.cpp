@@ -654,7 +654,7 @@ TEST(Speculative, TimeSplitAttributesEachRoundsTimeAndTheRest) {
     EXPECT_EQ(format_time_split(GenerationStats{}), "");
 }
 
-// Catches the summary printing a rate for a position no round drafted (issue 15 part 6).
+// Catches the summary printing a rate for a position no round drafted.
 TEST(Speculative, SummaryPrintsADashForPositionsNeverDrafted) {
     SpeculationStats st;
     st.add_round(2, 2, 1);

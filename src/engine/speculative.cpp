@@ -25,9 +25,8 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
     std::vector<double> ms(max_tokens);
     ForwardOutput out;
     // Warm up first: right after loading, a model's first forwards run slower (its weights are
-    // not yet in the caches; measured on SmolLM2-135M: one-row forwards 4.2-5.0 ms for the first
-    // dozen, 3.2-3.4 ms after), and timed then they would make the small sizes, which come first,
-    // look dear and so drafting look cheap (the curve measured 8 rows at 1.3x one row; warm, 2x).
+    // not yet in the caches), and timed then they would make the small sizes, which come first,
+    // look dear and so verification and drafting look cheap (docs/policies.md).
     {
         const ForwardBatch one = ForwardBatch::causal(tokens.first(1), base, {0});
         const auto t0 = clock_type::now();

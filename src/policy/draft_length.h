@@ -33,8 +33,7 @@ struct StepShare {
 // row and a token per other decoding sequence, so that sequences that just joined, or a first step
 // with nothing before it, do not plan as if alone. Prompt chunks are left out: the step does them
 // whatever the drafts, and a draft must beat the rate of decoding, not the low rate of a step
-// slowed by a prompt (counted in, they made drafting look cheap in every step that carried a
-// prompt: at 8 clients most drafts were drafted there, and the server ran at 0.86x plain).
+// slowed by a prompt (counted in, they would make drafting look cheap in every such step).
 StepShare estimate_step_share(int previous_verify_rows, int previous_tokens, int own_rows, int own_tokens, int other_sequences,
                               int other_decoding);
 

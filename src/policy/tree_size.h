@@ -46,11 +46,11 @@ public:
     // Until rounds have been seen it drafts; every kExploreEvery-th round it would skip (x the
     // sequences in the step: an exploring draft delays them all) it explores: one drafter level,
     // one node, enough to notice a text that turns predictable (a whole tree's six levels and its
-    // rows cost a busy step ~3 ms of its ~5, for a draft the policy expects not to pay).
+    // rows would cost a busy step most of its time, for a draft the policy expects not to pay).
     // Never, not even to explore, while a draft could not pay if every token of it were accepted:
     // a chain of n tokens for n drafter levels plus n more verify rows, at its best n, against the
-    // step's plain rate. A busy step on a CPU is there: with 8 sequences a row adds ~0.7 ms to a ~7 ms
-    // step of 8 tokens, and an exploring draft only slowed the step.
+    // step's plain rate. A busy step on a CPU is there (a row costs nearly what a token does), and
+    // an exploring draft would only slow the step.
     enum class Round { Skip, Explore, Draft };
     Round plan_round(const StepShare & step = {});
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }

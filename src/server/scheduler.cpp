@@ -79,10 +79,8 @@ Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target
     // Up to the rows of a step where every slot drafts its longest chain (capped: the probe runs
     // each size three times); larger steps extrapolate the curve. Measured on the worker thread,
     // like every forward of this target: with libgomp each thread that starts a parallel region
-    // gets its own team, and two teams on a 2-core machine are more threads than CPUs, for which
-    // libgomp cuts its barrier spin to a hundred iterations, so every graph node's barrier sleeps
-    // (measured with the probe on this thread: 43,000 context switches and 0.2x the speed for 128
-    // speculative tokens at one slot).
+    // gets its own team, and two teams on a 2-core machine are more threads than CPUs, so libgomp's
+    // barriers sleep instead of spinning (docs/server.md, "One thread computes").
     const int probe_rows = std::min(64, options.parallel * (target.options.draft_max + 1));
 
     if (options.gate_speculation && target.needs_verify_cost()) gate_ = std::make_unique<SpeculationGate>();
