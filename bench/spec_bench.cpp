@@ -39,7 +39,7 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // What is compared
 
-enum class Kind { SpeculaPlain, SpeculaDraft, SpeculaNgram, SpeculaEagle1, SpeculaEagle3, LlamaSpec, LlamaPlain, LlamaEagle3 };
+enum class Kind { SpeculaPlain, SpeculaDraft, SpeculaNgram, SpeculaEagle1, SpeculaEagle3, SpeculaEagle3Lookup, LlamaSpec, LlamaPlain, LlamaEagle3 };
 
 struct Mode {
     const char * name;
@@ -67,6 +67,7 @@ const std::vector<Mode> kModes = {
     {"specula-eagle3-chain", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain},
     {"specula-eagle3-static", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Static},
     {"specula-eagle3-dynamic", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Dynamic},
+    {"specula-eagle3-lookup", Kind::SpeculaEagle3Lookup, DraftPolicyKind::Fixed, TreeShape::Dynamic},
     {"llamacpp-eagle3", Kind::LlamaEagle3},
     {"llamacpp-eagle3-fa-off", Kind::LlamaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain, false},
 };
@@ -86,7 +87,7 @@ bool is_speculative(Kind k) { return k != Kind::SpeculaPlain && k != Kind::Llama
 bool available(const Mode & m, const SpecBenchOptions & o) {
     if (m.kind == Kind::SpeculaDraft || m.kind == Kind::LlamaSpec) return !o.draft.empty();
     if (m.kind == Kind::SpeculaEagle1) return !o.eagle.empty();
-    if (m.kind == Kind::SpeculaEagle3) return !o.eagle3.empty();
+    if (m.kind == Kind::SpeculaEagle3 || m.kind == Kind::SpeculaEagle3Lookup) return !o.eagle3.empty();
     if (m.kind == Kind::LlamaEagle3) return !o.eagle3.empty() && llama_cpp_runs_eagle3_on(o.model);
     return true;
 }
@@ -190,8 +191,8 @@ struct SpeculaRig {
     Tokenizer vocab;
     ModelRunner runner;
     KvCache cache;
-    DrafterSource draft, ngram, eagle1, eagle3;
-    std::unique_ptr<Drafter> draft_drafter, ngram_drafter, eagle1_drafter, eagle3_drafter;
+    DrafterSource draft, ngram, eagle1, eagle3, eagle3_lookup;
+    std::unique_ptr<Drafter> draft_drafter, ngram_drafter, eagle1_drafter, eagle3_drafter, eagle3_lookup_drafter;
     CostCurve cost;
     TreeBudget tree;  // tree modes: the engine's defaults for a dynamic tree; 0 nodes = TreeSizePolicy
 
@@ -206,14 +207,16 @@ struct SpeculaRig {
         e.tree = TreeShape::Dynamic;
         e.tree_nodes = o.tree_nodes;
         tree = drafting_rules(e, DrafterKind::DraftModel).tree;
-        auto assemble = [&](DrafterSource & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path) {
-            source = DrafterSource::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max}, backend, *target, vocab);
+        auto assemble = [&](DrafterSource & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path,
+                            bool lookup = false) {
+            source = DrafterSource::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max, lookup}, backend, *target, vocab);
             drafter = source.make(n_ctx);
         };
         if (!o.draft.empty()) assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
         assemble(ngram, ngram_drafter, DrafterKind::Ngram, "");
         if (!o.eagle.empty()) assemble(eagle1, eagle1_drafter, DrafterKind::Eagle, o.eagle);
         if (!o.eagle3.empty()) assemble(eagle3, eagle3_drafter, DrafterKind::Eagle3, o.eagle3);
+        if (!o.eagle3.empty()) assemble(eagle3_lookup, eagle3_lookup_drafter, DrafterKind::Eagle3, o.eagle3, true);
     }
 
     Drafter & drafter_for(Kind k) {
@@ -221,6 +224,7 @@ struct SpeculaRig {
             case Kind::SpeculaNgram: return *ngram_drafter;
             case Kind::SpeculaEagle1: return *eagle1_drafter;
             case Kind::SpeculaEagle3: return *eagle3_drafter;
+            case Kind::SpeculaEagle3Lookup: return *eagle3_lookup_drafter;
             default: return *draft_drafter;
         }
     }

@@ -83,6 +83,8 @@ TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
         o.drafter = {DrafterKind::Eagle, eagle1}, o.tree = TreeShape::Chain, o.draft_policy = DraftPolicyKind::Heuristic;
     });
     add("EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle3, eagle3}; }, kTextPrompts.size());
+    add("EAGLE-3 + prompt lookup", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle3, eagle3}, o.drafter.lookup = true; });
+    add("draft model + prompt lookup (chain)", [&](EngineOptions & o) { o.drafter = {DrafterKind::DraftModel, draft}, o.drafter.lookup = true; });
     for (const Case & c : cases) {
         auto engine = Engine::open(c.options);
         int accepted = 0;

@@ -11,6 +11,7 @@
 #include "specula/error.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
+#include "draft/lookup_graft.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
@@ -641,6 +642,56 @@ TEST(Speculative, StatsCountRoundsAndPositions) {
     EXPECT_DOUBLE_EQ(expected_tokens({1.0, 0.5}, 2), 2.5);
 }
 
+// A drafter that hands out one fixed tree: what a model drafter proposes, without a model.
+class FixedTreeDrafter : public Drafter {
+public:
+    explicit FixedTreeDrafter(TokenTree tree) : tree_(std::move(tree)) {}
+    const char * name() const override { return "fixed"; }
+    void start(const DraftRequest &) override {}
+    Draft take() override { return Draft{tree_, 0.0f}; }
+    void accept(const Acceptance &) override {}
+    void reset() override {}
+
+private:
+    TokenTree tree_;
+};
+
+// Catches: the lookup continuation not grafted (or grafted as a duplicate of a child the model
+// already proposed), grafted nodes without a path probability below their parent's, or a graft at
+// T > 0, where lossless tree sampling needs every node drawn from its parent's draft distribution.
+TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTreeAtTemperatureZero) {
+    TokenTree model_tree;
+    const int a = model_tree.add(TokenTree::kRoot, 7, std::log(0.6f));
+    model_tree.add(TokenTree::kRoot, 9, std::log(0.3f));
+    model_tree.add(a, 8, std::log(0.4f));
+    // "5 6 7 8 4 3 ... 5 6": lookup continues the trailing "5 6" with "7 8 4 3".
+    const std::vector<int32_t> history = {5, 6, 7, 8, 4, 3, 1, 5, 6};
+    auto drafter = LookupGraftDrafter(std::make_unique<FixedTreeDrafter>(model_tree), 1, 3);
+    EXPECT_STREQ(drafter.name(), "fixed+lookup");
+    SamplingParams greedy;
+    drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &greedy, nullptr});
+    const TokenTree t = drafter.take().tree;
+    ASSERT_EQ(t.size(), 5);  // 7 and 8 were the model's; 4 and 3 are new, below 8
+    EXPECT_EQ(t.token[3], 4);
+    EXPECT_EQ(t.parent[3], 2);
+    EXPECT_EQ(t.token[4], 3);
+    EXPECT_EQ(t.parent[4], 3);
+    EXPECT_EQ(t.depth[4], 4);
+    EXPECT_FLOAT_EQ(t.logp[3], t.logp[2] + std::log(LookupGraftDrafter::kStepProb));
+    EXPECT_FLOAT_EQ(t.logp[4], t.logp[3] + std::log(LookupGraftDrafter::kStepProb));
+    // A continuation the model did not propose at all becomes a new child of the root.
+    TokenTree other;
+    other.add(TokenTree::kRoot, 9, std::log(0.9f));
+    EXPECT_EQ(graft_chain(other, std::vector<int32_t>{7, 8}, std::log(0.5f)), 2);
+    EXPECT_EQ(other.children(TokenTree::kRoot), (std::vector<int>{0, 1}));
+    EXPECT_FLOAT_EQ(other.logp[1], std::log(0.5f));
+
+    SamplingParams sampled;
+    sampled.temperature = 1.0f;
+    drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &sampled, nullptr});
+    EXPECT_EQ(drafter.take().tree.token, model_tree.token);
+}
+
 TEST(Speculative, TimeSplitAttributesEachRoundsTimeAndTheRest) {
     GenerationStats g;
     g.speculation.add_round(2, 2, 1);
@@ -707,6 +758,10 @@ TEST(Speculative, DrafterSpecErrorsNameTheProblem) {
     EXPECT_EQ(message({DrafterKind::DraftModel}), "the draft drafter needs a GGUF path");
     EXPECT_EQ(message({DrafterKind::Ngram, "x.gguf"}), "the ngram drafter takes no file, but was given x.gguf");
     EXPECT_EQ(message({DrafterKind::None, "x.gguf"}), "the none drafter takes no file, but was given x.gguf");
+    EXPECT_EQ(message({DrafterKind::Ngram, "", 1, 3, true}),
+              "prompt lookup (--lookup) grafts into a model drafter's trees: add --draft, --eagle or --eagle3 (--ngram drafts by lookup alone)");
+    EXPECT_EQ(message({DrafterKind::None, "", 1, 3, true}),
+              "prompt lookup (--lookup) grafts into a model drafter's trees: add --draft, --eagle or --eagle3");
 }
 
 }  // namespace

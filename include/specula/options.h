@@ -36,7 +36,10 @@ const char * drafter_kind_name(DrafterKind kind);  // none | draft | eagle | eag
 struct DrafterSpec {
     DrafterKind kind = DrafterKind::None;
     std::string path = {};             // DraftModel, Eagle, Eagle3: the GGUF; empty otherwise
-    int ngram_min = 1, ngram_max = 3;  // Ngram: the n-gram lengths matched
+    int ngram_min = 1, ngram_max = 3;  // Ngram (and lookup): the n-gram lengths matched
+    // DraftModel, Eagle, Eagle3: also graft the prompt-lookup continuation into each draft at
+    // temperature 0 (draft/lookup_graft.h).
+    bool lookup = false;
 };
 
 }  // namespace specula

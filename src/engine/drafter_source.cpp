@@ -3,6 +3,7 @@
 #include "specula/error.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
+#include "draft/lookup_graft.h"
 #include "draft/ngram.h"
 #include "kv/kv_cache.h"
 #include "runtime/eagle_head.h"
@@ -16,6 +17,10 @@ void check_drafter_spec(const DrafterSpec & spec) {
     const std::string kind = drafter_kind_name(spec.kind);
     if (takes_file && spec.path.empty()) throw Error("the " + kind + " drafter needs a GGUF path");
     if (!takes_file && !spec.path.empty()) throw Error("the " + kind + " drafter takes no file, but was given " + spec.path);
+    if (spec.lookup && !takes_file) {
+        throw Error("prompt lookup (--lookup) grafts into a model drafter's trees: add --draft, --eagle or --eagle3" +
+                    std::string(spec.kind == DrafterKind::Ngram ? " (--ngram drafts by lookup alone)" : ""));
+    }
 }
 
 DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind) {
@@ -93,6 +98,9 @@ std::vector<std::unique_ptr<Drafter>> DrafterSource::make_group(int n_ctx, int n
         case DrafterKind::Ngram:
             for (int i = 0; i < n; ++i) group.push_back(std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max));
             break;
+    }
+    if (spec.lookup) {
+        for (auto & d : group) d = std::make_unique<LookupGraftDrafter>(std::move(d), spec.ngram_min, spec.ngram_max);
     }
     return group;
 }
