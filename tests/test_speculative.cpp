@@ -629,7 +629,7 @@ TEST(Speculative, StatsCountRoundsAndPositions) {
     EXPECT_DOUBLE_EQ(expected_tokens({1.0, 0.5}, 2), 2.5);
 }
 
-// Catches the summary printing a rate for a position no round drafted (issue 15 part 6).
+// Catches the summary printing a rate for a position no round drafted.
 TEST(Speculative, SummaryPrintsADashForPositionsNeverDrafted) {
     SpeculationStats st;
     st.add_round(2, 2, 1);
