@@ -134,7 +134,7 @@ TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
     }
     constexpr int kRuns = 300;
     // Returns the statistic and its degrees of freedom; counts drafted and accepted tokens.
-    auto chi2 = [&](float temperature, int & drafted, int & accepted) {
+    auto chi2 = [&](float temperature, int runs, int & drafted, int & accepted) {
         Scheduler scheduler(*target, SchedulerOptions{4, 64, 16});
         std::map<std::pair<std::string, std::string>, int> counts;
         int outside = 0;
@@ -157,7 +157,7 @@ TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
             }
             counts[{origins[0].text, origins[1].text}]++;
         };
-        for (int r = 0; r < kRuns; ++r) {
+        for (int r = 0; r < runs; ++r) {
             GenerationOptions mine = options(3, temperature, 1000 + r);  // the first round drafts min(4, 3 - 1) = 2
             mine.sampling.top_k = sp.top_k;
             in_flight.emplace_back(scheduler.submit(prompt, mine), true);
@@ -172,10 +172,10 @@ TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
         if (outside > 0) return std::pair{std::numeric_limits<double>::infinity(), 1};
         std::vector<test::Cell> cells;
         for (const auto & [cell, prob] : exact) cells.push_back({prob, double(counts[cell])});
-        return test::chi_square(cells, kRuns);
+        return test::chi_square(cells, runs);
     };
     int drafted = 0, accepted = 0;
-    const auto [stat, dof] = chi2(1.0f, drafted, accepted);
+    const auto [stat, dof] = chi2(1.0f, kRuns, drafted, accepted);
     std::printf("[server distribution] T=1 top-k 4, first two tokens with neighbours: chi2 = %.1f, dof = %d, critical = %.1f; "
                 "%d drafted, %d accepted\n",
                 stat, dof, test::chi2_critical(dof), drafted, accepted);
@@ -184,7 +184,7 @@ TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
     EXPECT_GE(drafted, 2 * kRuns) << "every request must have drafted";
     EXPECT_GT(accepted, 0) << "no draft was accepted";
     EXPECT_LT(accepted, drafted) << "no draft was rejected";
-    const auto [wrong, wrong_dof] = chi2(0.5f, drafted, accepted);
+    const auto [wrong, wrong_dof] = chi2(0.5f, kRuns / 2, drafted, accepted);
     std::printf("[server distribution] sampled at T=0.5 instead: chi2 = %.1f (critical %.1f)\n", wrong, test::chi2_critical(wrong_dof));
     EXPECT_GT(wrong, test::chi2_critical(wrong_dof)) << "the test cannot tell a server that misapplies the temperature";
 }
