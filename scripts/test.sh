@@ -6,26 +6,40 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/progress.sh
 progress_start test 7 phases --lines
-progress_step 0 "build"
+# phase N LABEL: the running phase ended (its wall time is printed and kept for the summary);
+# phase N, LABEL, starts.
+phase_label="" phase_t0=$(date +%s) phase_times=""
+phase() {
+  local now
+  now=$(date +%s)
+  if [ -n "$phase_label" ]; then
+    echo "test: $phase_label took $((now - phase_t0)) s" >&2
+    phase_times+="$(printf '%6d s  %s' $((now - phase_t0)) "$phase_label")"$'\n'
+  fi
+  phase_label="$2" phase_t0=$now
+  progress_step "$1" "$2"
+}
+phase 0 "build"
 scripts/build.sh
-progress_step 1 "fetch the real models"
+phase 1 "fetch the real models"
 # The real pretrained models (SmolLM2-135M-Instruct, Gemma 3 270M) for the tests that run them.
 scripts/fetch_models.sh
-progress_step 2 "server test clients"
+phase 2 "server test clients"
 # The openai Python client and pytest, pinned, for the server's end-to-end tests.
 scripts/setup_server_tests.sh
-progress_step 3 "test suite"
+phase 3 "test suite"
 ctest --test-dir build --output-on-failure --timeout 900
 
 # Sanitized run: specula's own code instrumented, ggml/llama.cpp built normally beside it.
-progress_step 4 "ASan + UBSan build"
+phase 4 "ASan + UBSan build"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE=ON
 cmake --build build-asan -j"$(nproc)" 2>&1 | progress_cmake build-asan
-progress_step 5 "test suite under ASan + UBSan"
+phase 5 "test suite under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 1800
 
 # Fuzz smoke: 20 s per target on the seeds and every regression input (scripts/fuzz.sh).
-progress_step 6 "fuzz smoke"
+phase 6 "fuzz smoke"
 scripts/fuzz.sh 20
-progress_step 7 "all passed"
+phase 7 "all passed"
+printf 'test: wall time per phase\n%s' "$phase_times" >&2

@@ -8,6 +8,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "test_models.h"
 
 namespace specula::test {
 
@@ -38,13 +39,13 @@ CompactionCheck check_tree_compaction(Backend & backend, const std::string & mod
         for (bool value : {false, true}) {
             for (int slot = 0; slot < path_cache.size(); ++slot) {
                 const auto a = tree_cache.read_row(layer, value, slot), b = path_cache.read_row(layer, value, slot);
-                for (size_t i = 0; i < a.size(); ++i) r.max_kv_diff = std::max(r.max_kv_diff, double(std::fabs(a[i] - b[i])));
+                r.max_kv_diff = std::max(r.max_kv_diff, max_abs_diff(a, b));
             }
         }
     }
     const ForwardOutput x = runner.forward(ForwardBatch::causal(std::vector<int32_t>{3186}, base + 3, {0}), tree_cache);
     const ForwardOutput y = runner.forward(ForwardBatch::causal(std::vector<int32_t>{3186}, base + 3, {0}), path_cache);
-    for (size_t i = 0; i < x.logits.size(); ++i) r.max_logit_diff = std::max(r.max_logit_diff, double(std::fabs(x.logits[i] - y.logits[i])));
+    r.max_logit_diff = max_abs_diff(x.logits, y.logits);
     return r;
 }
 

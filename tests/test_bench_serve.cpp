@@ -16,7 +16,7 @@ namespace {
 const std::string kModels = test::shipped_model("");
 
 std::string two_prompts() {
-    const std::string path = test::scratch_dir() + "/bench-serve-prompts.json";
+    const std::string path = test::scratch_file("bench-serve-prompts.json");
     std::ofstream(path) << R"({"prompts": [
         {"category": "code", "name": "def", "text": "def read_config(path):\n    with open(path) as f:\n"},
         {"category": "prose", "name": "doc", "text": "The Python standard library provides"}]})";
@@ -27,7 +27,7 @@ std::string two_prompts() {
 // exactly -n tokens, the speculative server's text must equal the plain one's at every
 // concurrency), a server not started, not stopped or not waited for, rows or JSON fields missing.
 TEST(BenchServe, SpeculaPlainAndDraftModelAtOneAndTwoClients) {
-    const std::string json_path = test::scratch_dir() + "/bench-serve.json";
+    const std::string json_path = test::scratch_file("bench-serve.json");
     std::filesystem::remove(json_path);
     const test::CommandRun run = test::run_command(std::string(SPECULA_CLI) + " bench serve -m " + kModels + "specula-target.gguf --draft " +
                                                    kModels + "specula-draft.gguf --servers specula --clients 1,2 -r 1 -n 8 -t 1 --prompts " +
@@ -65,11 +65,11 @@ TEST(BenchServe, SpeculaPlainAndDraftModelAtOneAndTwoClients) {
 TEST(BenchServe, ChatPromptsWithAnEagle3Head) {
     const std::string model = model_cache_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " is absent: run scripts/fetch_models.sh";
-    const std::string prompts = test::scratch_dir() + "/bench-serve-chat-prompts.json";
+    const std::string prompts = test::scratch_file("bench-serve-chat-prompts.json");
     std::ofstream(prompts) << R"({"chat": true, "prompts": [
         {"category": "code", "name": "sum", "text": "Write a Python function that returns the sum of a list."},
         {"category": "chat_qa", "name": "sky", "text": "Why is the sky blue?"}]})";
-    const std::string json_path = test::scratch_dir() + "/bench-serve-chat.json";
+    const std::string json_path = test::scratch_file("bench-serve-chat.json");
     std::filesystem::remove(json_path);
     const test::CommandRun run = test::run_command(std::string(SPECULA_CLI) + " bench serve -m " + model + " --eagle3 " + kModels +
                                                    "smollm2-eagle3.gguf --servers specula --clients 2 -r 1 -n 16 -t 1 --prompts " + prompts +

@@ -16,7 +16,7 @@ TEST(BenchSpec, ClearErrors) {
     const std::string target = " bench spec -m " + test::shipped_model("specula-target.gguf");
     test::expect_cli_error(cli, target, "bench spec needs a drafter llama.cpp also runs: a draft model (--draft) and/or an EAGLE-3 head (--eagle3)");
     test::expect_cli_error(cli, target + " --eagle " + test::shipped_model("specula-eagle1.gguf"), "bench spec needs a drafter llama.cpp also runs");
-    const std::string bad = test::scratch_dir() + "/bench-spec-bad-chat.json";
+    const std::string bad = test::scratch_file("bench-spec-bad-chat.json");
     std::ofstream(bad) << R"({"chat": "yes", "prompts": [{"category": "c", "name": "n", "text": "t"}]})";
     test::expect_cli_error(cli, target + " --draft " + test::shipped_model("specula-draft.gguf") + " --prompts " + bad, bad + ": expected {\"chat\": false");
 }

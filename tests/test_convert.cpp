@@ -104,7 +104,7 @@ void write_safetensors(const std::string & path, const std::map<std::string, StT
 // once, and two cases writing "e3" into one shared directory read each other's half-written files.
 std::string fresh_checkpoint_dir(const std::string & name) {
     struct ProcessDir {
-        std::string path = test::scratch_dir() + "/convert-" + std::to_string(getpid());
+        std::string path = test::scratch_file("convert");
         ~ProcessDir() { std::error_code ec; fs::remove_all(path, ec); }
     };
     static const ProcessDir process_dir;
@@ -201,7 +201,6 @@ std::string convert(const std::string & kind, const std::string & dir, const std
     return out;
 }
 
-
 // ---------------------------------------------------------------- reading the GGUF back
 
 struct Gguf {
@@ -236,13 +235,6 @@ Vec permuted(const Vec & w, int n_head, int64_t cols) {
             for (int64_t j = 0; j < 2; ++j)
                 for (int64_t col = 0; col < cols; ++col) out[((h * d) + 2 * i + j) * cols + col] = w[((h * d) + j * d / 2 + i) * cols + col];
     return out;
-}
-
-double max_diff(const Vec & a, const Vec & b) {
-    if (a.size() != b.size()) return 1e30;
-    double m = 0.0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
-    return m;
 }
 
 // ---------------------------------------------------------------- the HF computation, by hand
@@ -403,10 +395,10 @@ TEST(Convert, Eagle3TensorsRoundTripWithPermutedQkAndAbsoluteD2t) {
         {"blk.0.ffn_down.weight", "midlayer.mlp.down_proj.weight"},
         {"output_norm.weight", "norm.weight"},
         {"output.weight", "lm_head.weight"}};
-    for (const auto & [gname, hf] : plain) EXPECT_EQ(max_diff(g.floats(gname), c.values.at(hf)), 0.0) << gname;
-    EXPECT_EQ(max_diff(g.floats("blk.0.attn_q.weight"), permuted(c.values.at("midlayer.self_attn.q_proj.weight"), NH, 2 * E)), 0.0);
-    EXPECT_EQ(max_diff(g.floats("blk.0.attn_k.weight"), permuted(c.values.at("midlayer.self_attn.k_proj.weight"), NKV, 2 * E)), 0.0);
-    EXPECT_NE(max_diff(g.floats("blk.0.attn_q.weight"), c.values.at("midlayer.self_attn.q_proj.weight")), 0.0);
+    for (const auto & [gname, hf] : plain) EXPECT_EQ(test::max_abs_diff(g.floats(gname), c.values.at(hf)), 0.0) << gname;
+    EXPECT_EQ(test::max_abs_diff(g.floats("blk.0.attn_q.weight"), permuted(c.values.at("midlayer.self_attn.q_proj.weight"), NH, 2 * E)), 0.0);
+    EXPECT_EQ(test::max_abs_diff(g.floats("blk.0.attn_k.weight"), permuted(c.values.at("midlayer.self_attn.k_proj.weight"), NKV, 2 * E)), 0.0);
+    EXPECT_NE(test::max_abs_diff(g.floats("blk.0.attn_q.weight"), c.values.at("midlayer.self_attn.q_proj.weight")), 0.0);
     ggml_tensor * q = g.tensor("blk.0.attn_q.weight");
     EXPECT_EQ(q->ne[0], 2 * E);
     EXPECT_EQ(q->ne[1], NH * D);
@@ -423,10 +415,10 @@ TEST(Convert, Eagle3TensorsRoundTripWithPermutedQkAndAbsoluteD2t) {
     Gguf h(convert("eagle3", write_checkpoint(c, "e3"), "f16"));
     EXPECT_EQ(h.tensor("fc.weight")->type, GGML_TYPE_F16);
     EXPECT_EQ(h.tensor("blk.0.attn_norm.weight")->type, GGML_TYPE_F32);
-    EXPECT_LT(max_diff(h.floats("blk.0.attn_k.weight"), g.floats("blk.0.attn_k.weight")), 2e-3);
+    EXPECT_LT(test::max_abs_diff(h.floats("blk.0.attn_k.weight"), g.floats("blk.0.attn_k.weight")), 2e-3);
     Gguf q8(convert("eagle3", write_checkpoint(c, "e3"), "q8_0"));
     EXPECT_EQ(q8.tensor("fc.weight")->type, GGML_TYPE_Q8_0);
-    EXPECT_LT(max_diff(q8.floats("fc.weight"), g.floats("fc.weight")), 1e-2);
+    EXPECT_LT(test::max_abs_diff(q8.floats("fc.weight"), g.floats("fc.weight")), 1e-2);
 }
 
 // Max |specula - reference| over every row of `got` (hidden_out, and logits when given), and the
@@ -438,11 +430,11 @@ struct Agreement {
 Agreement compare(const ForwardOutput & got, const std::vector<Vec> & hidden, const std::vector<Vec> & logits) {
     Agreement a;
     for (size_t t = 0; t < hidden.size(); ++t) {
-        a.hidden = std::max(a.hidden, max_diff(Vec(got.hidden_out.begin() + t * E, got.hidden_out.begin() + (t + 1) * E), hidden[t]));
+        a.hidden = std::max(a.hidden, test::max_abs_diff(Vec(got.hidden_out.begin() + t * E, got.hidden_out.begin() + (t + 1) * E), hidden[t]));
         for (float v : hidden[t]) a.scale = std::max(a.scale, double(std::fabs(v)));
         if (!logits.empty()) {
             auto row = got.logits_row(t);
-            a.logits = std::max(a.logits, max_diff(Vec(row.begin(), row.end()), logits[t]));
+            a.logits = std::max(a.logits, test::max_abs_diff(Vec(row.begin(), row.end()), logits[t]));
         }
     }
     return a;
@@ -518,10 +510,12 @@ TEST(Convert, LlamaCppRunsTheConvertedEagle3Head) {
     for (int i = 0; i < n; ++i) {
         const float * ref = llama_logits.data() + static_cast<size_t>(i) * V;  // target vocabulary, d2t-scattered
         for (int v = 0; v < V; ++v) finite += std::isfinite(ref[v]) ? 1 : 0;
+        Vec scattered;  // llama.cpp's logits of the draft tokens, in draft order
         for (int k = 0; k < NDRAFT; ++k) {
-            diff = std::max(diff, double(std::fabs(ref[draft_id(k)] - logits[i][k])));
+            scattered.push_back(ref[draft_id(k)]);
             scale = std::max(scale, double(std::fabs(logits[i][k])));
         }
+        diff = std::max(diff, test::max_abs_diff(scattered, logits[i]));
     }
     std::printf("eagle3 in llama.cpp: |llama.cpp - HF reference| logits %.2e (scale %.2f)\n", diff, scale);
     EXPECT_EQ(finite, n * NDRAFT) << "llama.cpp should score exactly the d2t ids";
@@ -535,10 +529,10 @@ TEST(Convert, Eagle1HeadForwardMatchesTheCheckpointsHfSemantics) {
     Gguf g(out);
     EXPECT_EQ(std::string(gguf_get_val_str(g.g, gguf_find_key(g.g, "general.architecture"))), "specula-eagle1");
     EXPECT_EQ(gguf_get_val_u32(g.g, gguf_find_key(g.g, "specula-eagle1.target_hidden_size")), uint32_t(E));
-    EXPECT_EQ(max_diff(g.floats("fc.bias"), c.values.at("fc.bias")), 0.0);
-    EXPECT_EQ(max_diff(g.floats("blk.0.attn_q.weight"), permuted(c.values.at("layers.0.self_attn.q_proj.weight"), NH, E)), 0.0);
-    EXPECT_EQ(max_diff(g.floats("blk.0.attn_k.weight"), permuted(c.values.at("layers.0.self_attn.k_proj.weight"), NKV, E)), 0.0);
-    EXPECT_EQ(max_diff(g.floats("blk.0.attn_output.weight"), c.values.at("layers.0.self_attn.o_proj.weight")), 0.0);
+    EXPECT_EQ(test::max_abs_diff(g.floats("fc.bias"), c.values.at("fc.bias")), 0.0);
+    EXPECT_EQ(test::max_abs_diff(g.floats("blk.0.attn_q.weight"), permuted(c.values.at("layers.0.self_attn.q_proj.weight"), NH, E)), 0.0);
+    EXPECT_EQ(test::max_abs_diff(g.floats("blk.0.attn_k.weight"), permuted(c.values.at("layers.0.self_attn.k_proj.weight"), NKV, E)), 0.0);
+    EXPECT_EQ(test::max_abs_diff(g.floats("blk.0.attn_output.weight"), c.values.at("layers.0.self_attn.o_proj.weight")), 0.0);
     EXPECT_FALSE(g.tensor("token_embd.weight")) << "EAGLE-1 uses the target's embeddings";
     EXPECT_FALSE(g.tensor("blk.0.attn_norm.weight"));
     EXPECT_EQ(gguf_get_n_tensors(g.g), 10);
@@ -586,8 +580,8 @@ TEST(Convert, ShardedAndSpeculatorsStyleCheckpointsGiveTheSameFile) {
     for (int64_t i = 0; i < gguf_get_n_tensors(one.g); ++i) {
         const std::string n = gguf_get_tensor_name(one.g, i);
         if (n == "d2t") continue;
-        EXPECT_EQ(max_diff(one.floats(n), sharded.floats(n)), 0.0) << n;
-        EXPECT_EQ(max_diff(one.floats(n), spec.floats(n)), 0.0) << n;
+        EXPECT_EQ(test::max_abs_diff(one.floats(n), sharded.floats(n)), 0.0) << n;
+        EXPECT_EQ(test::max_abs_diff(one.floats(n), spec.floats(n)), 0.0) << n;
     }
 }
 
@@ -602,7 +596,7 @@ TEST(Convert, Eagle3NormFlagsAndInputNormPassThrough) {
     Gguf g(out);
     EXPECT_TRUE(gguf_get_val_bool(g.g, gguf_find_key(g.g, "eagle3.norm_before_fc")));
     EXPECT_TRUE(gguf_get_val_bool(g.g, gguf_find_key(g.g, "eagle3.norm_before_residual")));
-    EXPECT_EQ(max_diff(g.floats("enc.output_norm.weight"), c.values.at("input_norm.weight")), 0.0);
+    EXPECT_EQ(test::max_abs_diff(g.floats("enc.output_norm.weight"), c.values.at("input_norm.weight")), 0.0);
     auto head = EagleHead::load(out, *f.target, f.backend);
     EXPECT_TRUE(head->config().norm_before_fc);
     EXPECT_TRUE(head->config().norm_before_residual);

@@ -19,7 +19,7 @@ namespace {
 
 // A GGUF that declares `arch` and holds nothing a loader could use.
 std::string write_arch_only(const std::string & name, const std::string & arch) {
-    const std::string path = test::scratch_dir() + "/" + name;
+    const std::string path = test::scratch_file(name);
     gguf_context * g = gguf_init_empty();
     gguf_set_val_str(g, "general.architecture", arch.c_str());
     gguf_write_to_file(g, path.c_str(), false);
@@ -34,10 +34,10 @@ TEST(Errors, MissingFile) {
 
 TEST(Errors, NotGguf) {
     Backend b(BackendOptions{"cpu", 1});
-    const std::string path = test::scratch_dir() + "/not-a-model.txt";
+    const std::string path = test::scratch_file("not-a-model.txt");
     std::ofstream(path) << "hello, I am text\n";
     EXPECT_EQ(test::error_message([&] { Model::load(path, b); }), path + ": not a GGUF file (bad magic)");
-    const std::string trunc = test::scratch_dir() + "/truncated.gguf";
+    const std::string trunc = test::scratch_file("truncated.gguf");
     std::ofstream(trunc) << "GGUF\x03";
     const std::string corrupt = test::error_message([&] { Model::load(trunc, b); });  // with ggml's reason in brackets
     EXPECT_EQ(corrupt.rfind(trunc + ": corrupt or truncated GGUF file (", 0), 0u) << corrupt;

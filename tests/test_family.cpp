@@ -43,8 +43,7 @@ TEST(Family, ModelsLoadInSpeculaAndLibllamaWithOneVocabulary) {
         for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
         ForwardOutput ours = runner.forward(ForwardBatch::causal(tokens, 0, rows), cache);
         const std::vector<float> ref = peer.decode(tokens, true);
-        double diff = 0.0;
-        for (size_t i = 0; i < ref.size(); ++i) diff = std::max(diff, double(std::fabs(ref[i] - ours.logits[i])));
+        const double diff = test::max_abs_diff(ref, ours.logits);
         EXPECT_LT(diff, 1e-2) << name;
     }
     // Text round-trips through the tokenizer, indentation and newlines included.
@@ -63,7 +62,7 @@ TEST(Family, HeadsFitTheTarget) {
 }
 
 TEST(Family, BenchTwinComputesTheTargetsLogits) {
-    const std::string twin_path = test::scratch_dir() + "/twin-of-specula-target.gguf";
+    const std::string twin_path = test::scratch_file("twin-of-specula-target.gguf");
     write_bench_twin(test::shipped_model("specula-target.gguf"), "llama-100m", "f16", twin_path);
     Backend backend(BackendOptions{"cpu", 2});
     auto target = Model::load(test::shipped_model("specula-target.gguf"), backend);
@@ -76,8 +75,7 @@ TEST(Family, BenchTwinComputesTheTargetsLogits) {
     KvCache ct(backend, target->config(), 256), cw(backend, twin->config(), 256);
     ForwardOutput a = rt.forward(ForwardBatch::causal(tokens, 0, rows), ct);
     ForwardOutput b = rw.forward(ForwardBatch::causal(tokens, 0, rows), cw);
-    double diff = 0.0;
-    for (size_t i = 0; i < a.logits.size(); ++i) diff = std::max(diff, double(std::fabs(a.logits[i] - b.logits[i])));
+    const double diff = test::max_abs_diff(a.logits, b.logits);
     for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(argmax(a.logits_row(i)), argmax(b.logits_row(i))) << i;
     std::printf("[family] twin (llama-100m shape, f16) vs target: max |logit diff| = %.3g over %zu positions\n", diff, rows.size());
     EXPECT_LT(diff, 5e-2);

@@ -14,12 +14,7 @@
 namespace specula {
 namespace {
 
-double max_abs_diff(std::span<const float> a, std::span<const float> b) {
-    EXPECT_EQ(a.size(), b.size());
-    double m = 0.0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
-    return m;
-}
+using test::max_abs_diff;
 
 struct Fixture {
     Backend backend{BackendOptions{"cpu", 1}};

@@ -48,7 +48,7 @@ std::vector<uint8_t> bytes_of(const std::vector<T> & v) {
 // nullopt) by `tensors`; a tensor in `tensors` the source lacks is added.
 std::string edited(const std::string & src, const std::string & name, const std::function<void(gguf_context *)> & edit_kv,
                    const std::map<std::string, std::optional<TensorEdit>> & tensors = {}) {
-    const std::string path = test::scratch_dir() + "/hostile-" + name + ".gguf";
+    const std::string path = test::scratch_file("hostile-" + name + ".gguf");
     const GgufFile in(src);
     gguf_context * out = metadata_of(src);
     if (edit_kv) edit_kv(out);
@@ -200,7 +200,7 @@ TEST(Hostile, TensorShapesAreExact) {
 }
 
 TEST(Hostile, TruncatedFilesAreCaughtBeforeAllocating) {
-    const std::string p = test::scratch_dir() + "/hostile-truncated.gguf";
+    const std::string p = test::scratch_file("hostile-truncated.gguf");
     std::filesystem::copy_file(target(), p, std::filesystem::copy_options::overwrite_existing);
     std::filesystem::resize_file(p, std::filesystem::file_size(p) - 1000);
     const std::string m = model_error(p);
@@ -291,7 +291,7 @@ TEST(HostileCli, MissingAndNonGgufFiles) {
 }
 
 TEST(HostileCli, CorruptHeader) {  // ggml's parser logs its reason: it belongs in the one line
-    const std::string p = test::scratch_dir() + "/hostile-cli-corrupt-header.gguf";
+    const std::string p = test::scratch_file("hostile-cli-corrupt-header.gguf");
     std::filesystem::copy_file(target(), p, std::filesystem::copy_options::overwrite_existing);
     std::filesystem::resize_file(p, 1000);  // inside the metadata
     expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": corrupt or truncated GGUF file (");
@@ -314,7 +314,7 @@ TEST(HostileCli, NonF32NormInADraftModel) {
 }
 
 TEST(HostileCli, TruncatedTarget) {
-    const std::string p = test::scratch_dir() + "/hostile-cli-truncated.gguf";
+    const std::string p = test::scratch_file("hostile-cli-truncated.gguf");
     std::filesystem::copy_file(target(), p, std::filesystem::copy_options::overwrite_existing);
     std::filesystem::resize_file(p, std::filesystem::file_size(p) / 2);
     expect_cli_error("generate -m " + p + " -p hi -n 4", "past the end of the");
@@ -341,7 +341,7 @@ TEST(HostileCli, EmptyPromptWithoutBosAndADrafter) {  // spun forever in the cos
 
 TEST(HostileCli, BenchTwinOfATargetWithZeroHeads) {  // divided the width by the head count before
     const std::string p = edited(target(), "heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count", 0); });
-    expect_cli_error("make-twin --target " + p + " --shape twin-test -o " + test::scratch_dir() + "/hostile-twin.gguf",
+    expect_cli_error("make-twin --target " + p + " --shape twin-test -o " + test::scratch_file("hostile-twin.gguf"),
                      p + ": metadata key llama.attention.head_count is 0");
 }
 

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <random>
 
 #include "ggml-cpu.h"
@@ -68,11 +70,18 @@ const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML
                             GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16};
 
 // The paths this CPU can run: the generic one always, then every faster one up to the detected.
-std::vector<CpuPath> paths() {
-    std::vector<CpuPath> p = {CpuPath::Generic};
-    const CpuPath best = kernels::detected_cpu_path();
-    if (best != CpuPath::Generic) p.push_back(CpuPath::Avx2);
-    if (best == CpuPath::Avx512Vnni) p.push_back(CpuPath::Avx512Vnni);
+// Printed once, since machines differ in which paths a comparison covers.
+const std::vector<CpuPath> & paths() {
+    static const std::vector<CpuPath> p = [] {
+        std::vector<CpuPath> runnable = {CpuPath::Generic};
+        const CpuPath best = kernels::detected_cpu_path();
+        if (best != CpuPath::Generic) runnable.push_back(CpuPath::Avx2);
+        if (best == CpuPath::Avx512Vnni) runnable.push_back(CpuPath::Avx512Vnni);
+        std::string names;
+        for (CpuPath path : runnable) names += std::string(" ") + kernels::cpu_path_name(path);
+        std::printf("[kernels] paths compared on this CPU:%s\n", names.c_str());
+        return runnable;
+    }();
     return p;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Random-weight fixture models, written once per build into the build tree and reused.
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,6 @@ struct Variant {
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     bool tied;
     std::string type;
-    double logit_tol;  // max |specula - libllama| allowed on logits
 };
 
 // Every supported family and option: GQA, tied output, qwen2 biases, qwen3 q/k norm, weight types.
@@ -34,6 +34,13 @@ std::string vocab_dir();
 // The message of the specula::Error that `f` throws, or "<no error>".
 std::string error_message(const std::function<void()> & f);
 std::string scratch_dir();
+// A file under scratch_dir() for the running test only: named by its suite, its name and the
+// process, so that tests run at once (ctest -j) never share one.
+std::string scratch_file(const std::string & name);
+// Largest |a[i] - b[i]|. Equal infinities (masked logits) agree; a NaN on either side, an infinity
+// on one side only, or different sizes give +infinity, so that any bound on the result fails
+// (`m = std::max(m, fabs(a - b))` silently keeps m when the difference is NaN).
+double max_abs_diff(std::span<const float> a, std::span<const float> b);
 // A file of the repository's models/ (the bundled family, the SmolLM2 head).
 std::string shipped_model(const std::string & name);
 

@@ -23,9 +23,8 @@ std::string slurp(const std::string & path) {
 // into stdout or changes the output file, or that --quiet (before or after the subcommand) does
 // not silence.
 TEST(Progress, OneLinePerStepOnStderrAndQuietSilencesIt) {
-    const std::string dir = test::scratch_dir();
     const std::string cli = SPECULA_CLI;
-    const std::string model = dir + "/progress.gguf";
+    const std::string model = test::scratch_file("progress.gguf");
     const test::CommandRun loud = test::run_command(cli + " make-model -o " + model);
     ASSERT_EQ(loud.exit_code, 0) << loud.err;
     const std::string loud_file = slurp(model);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <span>
 #include <sstream>
@@ -24,6 +25,7 @@
 #include "engine/generate.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
+#include "distribution.h"
 #include "greedy_agreement.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
@@ -90,7 +92,8 @@ double mean_nll(std::span<const float> logits, int V, std::span<const int32_t> n
     return sum / double(next.size());
 }
 
-// ggml's kernels with both attention kernels, each against libllama running the same one: equal.
+// ggml's kernels with both attention kernels, each against libllama running the same one: equal
+// to the bit.
 // specula's own kernels against libllama -fa off: they round differently (F32 activation scales and
 // attention where ggml uses F16), and in a 30-layer model whose activations are rounded to int8
 // before every matmul that difference becomes rounding noise of the same size as ggml's own
@@ -132,7 +135,7 @@ TEST_P(RealModelOracle, TeacherForcedLogitsMatchLibllama) {
             for (int i = 0; i < n; ++i) {
                 const std::span<const float> a = ours.logits_row(i);
                 const std::span<const float> r(ref.data() + size_t(i) * V, V);
-                for (int j = 0; j < V; ++j) max_diff = std::max(max_diff, double(std::fabs(a[j] - r[j])));
+                max_diff = std::max(max_diff, test::max_abs_diff(a, r));
                 top1_mismatches += argmax(a) != argmax(r);
             }
         }
@@ -146,7 +149,7 @@ TEST_P(RealModelOracle, TeacherForcedLogitsMatchLibllama) {
             EXPECT_LT(nll_ours, nll_ref + 0.01);
         } else {
             EXPECT_EQ(top1_mismatches, 0);
-            EXPECT_LT(max_diff, 1e-2);
+            EXPECT_EQ(max_diff, 0.0) << "ggml's kernels must give libllama's logits to the bit";
         }
     }
 }
@@ -301,56 +304,129 @@ void expect_greedy_speculation_equals_plain(const char * tag, LoadedTarget & t, 
     }
 }
 
-// Speculative sampling with an EAGLE-3 head keeps the target's distribution: the first generated
-// token of many seeded runs against the exact processed target distribution (T = 1, top-k 4: four
-// cells), chi-square at p = 1e-4. Catches a verifier that accepts drafted tokens without the
-// rejection step or a compact-vocabulary mapping that biases sampling.
+// Hands on the wrapped drafter's drafts with each draft distribution's values moved one place
+// along its support: q no longer says how the drafted tokens were drawn, as when a compact
+// vocabulary's d2t map scatters q onto the wrong target ids.
+class MisplacedQDrafter : public Drafter {
+public:
+    explicit MisplacedQDrafter(Drafter & inner) : inner_(inner) {}
+    const char * name() const override { return inner_.name(); }
+    void start(const DraftRequest & request) override { inner_.start(request); }
+    const DraftForward * pending() const override { return inner_.pending(); }
+    void resume() override { inner_.resume(); }
+    Draft take() override {
+        Draft d = inner_.take();
+        for (std::vector<float> & q : d.tree.q) {
+            std::vector<size_t> support;
+            for (size_t i = 0; i < q.size(); ++i) {
+                if (q[i] > 0.0f) support.push_back(i);
+            }
+            if (support.size() < 2) continue;
+            const float last = q[support.back()];
+            for (size_t j = support.size() - 1; j > 0; --j) q[support[j]] = q[support[j - 1]];
+            q[support[0]] = last;
+        }
+        return d;
+    }
+    void accept(const Acceptance & acceptance) override { inner_.accept(acceptance); }
+    std::vector<int> feature_layers() const override { return inner_.feature_layers(); }
+    void reset() override { inner_.reset(); }
+
+private:
+    Drafter & inner_;
+};
+
+// Speculative sampling with an EAGLE-3 head (compact draft vocabulary through d2t) keeps the
+// target's distribution: the joint law of the first two generated tokens of many seeded runs
+// against the exact processed target distribution (T = 1, top-k 4: 16 cells, those expected below
+// 5 pooled), chi-square at p = 1e-4. Every run's first round drafts a 2-token chain, so acceptance, rejection and the
+// residual at both depths shape the pair; the test demands that drafts were verified and some
+// rejected. Controls that must fail: a verifier that accepts every draft, and the head's drafts
+// with q on the wrong target ids (a d2t mapping bug).
 void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, const EagleHead & head, const std::vector<int32_t> & prompt) {
     Backend & backend = t.backend;
     const Model & model = *t.model;
     ModelRunner & runner = *t.runner;
     SamplingParams sp;
     sp.temperature = 1.0f, sp.top_k = 4;
-    std::vector<float> exact;
+    const int capacity = static_cast<int>(prompt.size()) + 8;
+    std::map<std::pair<int32_t, int32_t>, double> exact;
     {
-        KvCache cache(backend, model.config(), 64);
+        KvCache cache(backend, model.config(), capacity);
         ForwardOutput out = runner.forward(ForwardBatch::causal(prompt, 0, {int32_t(prompt.size()) - 1}), cache);
-        processed_probs(out.logits_row(0), sp, exact);
-    }
-    std::map<int32_t, int> counts;
-    constexpr int kRuns = 200;
-    EagleDrafter drafter(head, 64);
-    KvCache cache(backend, model.config(), 64);
-    auto policy = make_draft_policy(DraftPolicyKind::Fixed, 3, {});
-    for (int r = 0; r < kRuns; ++r) {
-        cache.rollback(0);
-        drafter.reset();
-        SpecContext ctx{runner, cache, drafter, *policy, TreeBudget{}};
-        GenerationOptions o;
-        o.n_predict = 1;
-        o.sampling = sp;
-        o.sampling.seed = 1000 + r;
-        o.stop_at_end_of_generation = false;
-        generate_speculative(ctx, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
-            counts[t]++;
-            return true;
-        });
-    }
-    double stat = 0.0;
-    int cells = 0;
-    for (size_t t = 0; t < exact.size(); ++t) {
-        if (exact[t] <= 0.0f) {
-            EXPECT_EQ(counts[int32_t(t)], 0) << "sampled token " << t << " outside the target's top-k";
-            continue;
+        std::vector<float> first, second;
+        processed_probs(out.logits_row(0), sp, first);
+        for (size_t a = 0; a < first.size(); ++a) {
+            if (first[a] <= 0.0f) continue;
+            const int32_t one[1] = {int32_t(a)};
+            ForwardOutput o = runner.forward(ForwardBatch::causal(one, cache.size(), {0}), cache);
+            processed_probs(o.logits_row(0), sp, second);
+            for (size_t b = 0; b < second.size(); ++b) {
+                if (second[b] > 0.0f) exact[{int32_t(a), int32_t(b)}] = double(first[a]) * second[b];
+            }
+            cache.rollback(int(prompt.size()));
         }
-        const double e = double(exact[t]) * kRuns;
-        stat += (counts[int32_t(t)] - e) * (counts[int32_t(t)] - e) / e;
-        ++cells;
     }
-    const int dof = cells - 1;
-    const double z = 3.719, a = 2.0 / (9.0 * dof), critical = dof * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-    std::printf("[%s] eagle3 T=1 top-k 4: chi2 = %.2f, dof = %d, critical = %.2f\n", tag, stat, dof, critical);
-    EXPECT_LT(stat, critical);
+    ASSERT_EQ(exact.size(), 16u);
+    EagleDrafter eagle(head, capacity);
+    KvCache cache(backend, model.config(), capacity);
+    auto policy = make_draft_policy(DraftPolicyKind::Fixed, 3, {});
+    // Chi-square statistic and degrees of freedom of `runs` pairs (cells expected below 5 pooled); a
+    // pair outside the exact support makes it infinite.
+    auto chi2 = [&](Drafter & drafter, VerifyFn verify, int runs, int & drafted, int & rejected) {
+        std::map<std::pair<int32_t, int32_t>, int> counts;
+        int outside = 0;
+        drafted = rejected = 0;
+        for (int r = 0; r < runs; ++r) {
+            cache.rollback(0);
+            SpecContext ctx{runner, cache, drafter, *policy, TreeBudget{}, [&](const RoundInfo & info) {
+                                if (info.round != 0) return;
+                                drafted += info.draft->tree.size() == 2;
+                                rejected += info.result->accepted.size() < 2;
+                            },
+                            verify};
+            GenerationOptions o;
+            o.n_predict = 3;  // the first round drafts min(k, n_predict - 1) = 2 tokens
+            o.sampling = sp;
+            o.sampling.seed = 1000 + r;
+            o.stop_at_end_of_generation = false;
+            std::vector<int32_t> pair;
+            generate_speculative(ctx, prompt, o, [](int32_t) { return false; }, [&](int32_t tok) {
+                pair.push_back(tok);
+                return pair.size() < 2;
+            });
+            if (pair.size() != 2 || !exact.count({pair[0], pair[1]})) {
+                ++outside;
+                continue;
+            }
+            counts[{pair[0], pair[1]}]++;
+        }
+        if (outside > 0) return std::pair{std::numeric_limits<double>::infinity(), 1};
+        std::vector<test::Cell> cells;
+        for (const auto & [cell, prob] : exact) cells.push_back({prob, double(counts[cell])});
+        return test::chi_square(cells, runs);
+    };
+    constexpr int kRuns = 320;
+    int drafted = 0, rejected = 0;
+    const auto [stat, dof] = chi2(eagle, nullptr, kRuns, drafted, rejected);
+    std::printf("[%s] eagle3 T=1 top-k 4, first two tokens: chi2 = %.2f, dof = %d, critical = %.2f; %d of %d first rounds drafted 2, "
+                "%d rejected a draft\n",
+                tag, stat, dof, test::chi2_critical(dof), drafted, kRuns, rejected);
+    EXPECT_EQ(drafted, kRuns) << "every first round must draft a 2-token chain";
+    EXPECT_GT(rejected, 0) << "no draft was rejected: the residual was never sampled";
+    EXPECT_LT(rejected, kRuns) << "no draft was accepted";
+    ASSERT_GT(dof, 2);
+    EXPECT_LT(stat, test::chi2_critical(dof));
+
+    // Accepted drafts leave the target's top-k at once: a few runs show it.
+    auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return test::accept_everything(tree, l, sp, rng); };
+    const auto [broken_stat, broken_dof] = chi2(eagle, broken, kRuns / 4, drafted, rejected);
+    std::printf("[%s] eagle3, verifier accepting everything: chi2 = %.2f (critical %.2f)\n", tag, broken_stat, test::chi2_critical(broken_dof));
+    EXPECT_GT(broken_stat, test::chi2_critical(broken_dof)) << "the test cannot tell a verifier that accepts every draft";
+    MisplacedQDrafter misplaced(eagle);
+    const auto [misplaced_stat, misplaced_dof] = chi2(misplaced, nullptr, kRuns, drafted, rejected);
+    std::printf("[%s] eagle3, q on the wrong target ids: chi2 = %.2f (critical %.2f)\n", tag, misplaced_stat, test::chi2_critical(misplaced_dof));
+    EXPECT_GT(misplaced_stat, test::chi2_critical(misplaced_dof)) << "the test cannot tell a draft distribution mapped to the wrong tokens";
 }
 
 TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
@@ -417,8 +493,8 @@ TEST(Gemma3Drafter, SampledOutputFollowsTheTargetDistribution) {
 TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     const std::string path = cached_model_path(smollm2());
     if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
-    const std::string err_path = test::scratch_dir() + "/default-run-stderr.txt";
-    const std::string out_path = test::scratch_dir() + "/default-run-stdout.txt";
+    const std::string err_path = test::scratch_file("default-run-stderr.txt");
+    const std::string out_path = test::scratch_file("default-run-stdout.txt");
     auto run = [&](const std::string & env) {
         const int status = std::system((env + " " + SPECULA_CLI + " generate -p 'What is 25 plus 4?' -n 8 -t 1 >" + out_path + " 2>" + err_path).c_str());
         std::ifstream in(err_path);
@@ -439,7 +515,7 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     EXPECT_FALSE(reply.empty());
     EXPECT_EQ(reply.find("What is 25 plus 4?"), std::string::npos) << reply;
     // An empty cache and no way to run the fetch script (no PATH for its `env bash`).
-    const std::string empty = test::scratch_dir() + "/empty-model-cache";
+    const std::string empty = test::scratch_file("empty-model-cache");
     std::filesystem::create_directories(empty);
     const auto [fail_code, fail_err] = run("SPECULA_MODEL_CACHE=" + empty + " PATH=/nonexistent");
     EXPECT_EQ(fail_code, 1) << fail_err;
@@ -503,7 +579,7 @@ TEST(RealModelChat, ATemplateLessFileGetsItsVocabularysTurnFormat) {
 TEST(SmolLM2Drafters, ServeWithoutModelIsTheDefaultRun) {
     const std::string path = cached_model_path(smollm2());
     if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
-    const std::string err_path = test::scratch_dir() + "/default-serve-stderr.txt";
+    const std::string err_path = test::scratch_file("default-serve-stderr.txt");
     const std::string script = "SPECULA_MODEL_CACHE=" + model_cache_dir() + " " + SPECULA_CLI + " serve --port 0 -t 1 --parallel 1 -c 256 2>" +
                                err_path + " & pid=$!; for i in $(seq 1200); do grep -q 'ready:\\|error:' " + err_path +
                                " && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done; kill $pid; wait $pid";

@@ -108,8 +108,7 @@ TEST(Rpc, ModelOnAnRpcServerGivesTheLocalGgmlLogits) {
         const std::vector<float> remote = logits(rpc, test::model_path(name), tokens);
         const std::vector<float> local = logits(cpu, test::model_path(name), tokens);
         ASSERT_EQ(remote.size(), local.size());
-        double max_diff = 0.0;
-        for (size_t i = 0; i < local.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(remote[i] - local[i])));
+        const double max_diff = test::max_abs_diff(remote, local);
         std::printf("[rpc] %-14s max |logit diff| RPC vs local ggml = %.3g\n", name, max_diff);
         EXPECT_LT(max_diff, 1e-4);
     }

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
 #include <numeric>
 
 #include "sample/sampler.h"
@@ -120,6 +123,46 @@ TEST(Sampler, SoftmaxStatsMatchADoublePrecisionReference) {
     for (size_t i = 0; i < logits.size(); ++i) {
         const double ref = std::isfinite(logits[i]) ? std::exp((logits[i] - m) / 0.8) / zt : 0.0;
         ASSERT_NEAR(p[i], ref, 1e-6 * std::max(ref, 1e-3)) << i;
+    }
+}
+
+// Every instruction-set path of the vocabulary loops this CPU runs gives the portable path's bits:
+// softmax statistics, the argmax, and processed distributions (greedy, plain temperature, and the
+// sorted top-k/top-p/min-p path), on vocabulary-sized rows with masked (-inf) logits, ties and a
+// tail past the last 16-lane block. Prints which paths ran, since machines differ.
+TEST(Sampler, EveryInstructionSetPathGivesThePortableBits) {
+    const std::vector<SamplerPath> paths = sampler_paths();
+    std::string names;
+    for (SamplerPath path : paths) names += std::string(" ") + sampler_path_name(path);
+    std::printf("[sampler] paths compared on this CPU:%s\n", names.c_str());
+    if (paths.size() == 1) GTEST_SKIP() << "this CPU runs the portable path only";
+    SamplingParams greedy, plain, shaped;
+    plain.temperature = 0.7f;
+    shaped.temperature = 1.3f, shaped.top_k = 50, shaped.top_p = 0.9f, shaped.min_p = 0.01f;
+    auto bits_equal = [](std::span<const float> a, std::span<const float> b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    for (size_t n : {size_t(7), size_t(49152 + 7), size_t(262144)}) {
+        std::vector<float> logits(n);
+        Rng rng(n);
+        for (auto & l : logits) l = static_cast<float>(40.0 * rng.uniform() - 25.0);
+        for (size_t i = 3; i < n; i += 11) logits[i] = -INFINITY;
+        logits[n / 2] = logits[n - 1] = 16.0f;  // a tie for the maximum, the first inside, the second in the tail
+        std::vector<float> scratch, ref, got;
+        const SoftmaxStats st = softmax_stats_on(SamplerPath::Portable, logits, scratch);
+        for (SamplerPath path : paths) {
+            SCOPED_TRACE(std::string(sampler_path_name(path)) + ", vocabulary " + std::to_string(n));
+            const SoftmaxStats s = softmax_stats_on(path, logits, scratch);
+            EXPECT_TRUE(bits_equal(std::span(&s.max_logit, 1), std::span(&st.max_logit, 1)));
+            EXPECT_TRUE(bits_equal(std::span(&s.log_z, 1), std::span(&st.log_z, 1)));
+            EXPECT_TRUE(bits_equal(std::span(&s.entropy, 1), std::span(&st.entropy, 1)));
+            EXPECT_EQ(argmax_on(path, logits), argmax_on(SamplerPath::Portable, logits));
+            for (const SamplingParams & sp : {greedy, plain, shaped}) {
+                processed_probs_on(SamplerPath::Portable, logits, sp, ref);
+                processed_probs_on(path, logits, sp, got);
+                EXPECT_TRUE(bits_equal(got, ref)) << "temperature " << sp.temperature << ", top-k " << sp.top_k;
+            }
+        }
     }
 }
 

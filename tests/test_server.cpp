@@ -1,16 +1,28 @@
 // `specula serve`'s scheduler and request checking, without HTTP (tests/server/ drives the HTTP
 // side with the real openai client). The bundled 15.7M family, greedy and seeded sampling.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <chrono>
+#include <deque>
+#include <limits>
+#include <map>
 #include <thread>
 
 #include "specula/error.h"
+#include "distribution.h"
 #include "engine/target.h"
+#include "kv/kv_cache.h"
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
+#include "sample/sampler.h"
+#include "server/http_server.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
 #include "test_models.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 
 namespace specula {
 namespace {
@@ -84,6 +96,97 @@ TEST(Scheduler, SampledTextWithAFixedSeedDoesNotDependOnTheOtherSequences) {
     const std::string alone = with_neighbours(*target, 1, 0, mine);
     EXPECT_EQ(with_neighbours(*target, 4, 5, mine), alone);
     EXPECT_NE(with_neighbours(*target, 1, 0, options(40, 0.8f, 1235)), alone);  // the seed matters
+}
+
+// The server at T > 0 keeps the target's distribution: the joint law of a request's first two
+// tokens (its first round drafts 2 with the draft model), sampled through the scheduler while
+// neighbours of other lengths and temperatures share its steps, against the exact processed target
+// distribution (T = 1, top-k 4; cells expected below 5 pooled), chi-square at p = 1e-4. Seeded
+// reproducibility (above) holds for a server that ignores or misapplies the temperature; this
+// fails for one, as the control sampled at T = 0.5 shows.
+TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
+    auto target = open_target(true);
+    const std::vector<int32_t> prompt = target->tokenizer->tokenize(kPrompts[1]);
+    SamplingParams sp;
+    sp.temperature = 1.0f, sp.top_k = 4;
+    const auto whole_characters = [](const std::string & piece) { return Utf8Stream().push(piece) == piece; };
+    // Cells by the tokens' texts, as the stream reports them (texts that coincide share a cell).
+    std::map<std::pair<std::string, std::string>, double> exact;
+    {
+        KvCache cache(*target->backend, target->model->config(), 64);
+        const int n = static_cast<int>(prompt.size());
+        ForwardOutput out = target->runner->forward(ForwardBatch::causal(prompt, 0, {n - 1}), cache);
+        std::vector<float> first, second;
+        processed_probs(out.logits_row(0), sp, first);
+        for (size_t a = 0; a < first.size(); ++a) {
+            if (first[a] <= 0.0f) continue;
+            const int32_t one[1] = {int32_t(a)};
+            ForwardOutput o = target->runner->forward(ForwardBatch::causal(one, n, {0}), cache);
+            processed_probs(o.logits_row(0), sp, second);
+            for (size_t b = 0; b < second.size(); ++b) {
+                if (second[b] <= 0.0f) continue;
+                const std::string ta = target->tokenizer->piece(int32_t(a)), tb = target->tokenizer->piece(int32_t(b));
+                ASSERT_TRUE(whole_characters(ta) && whole_characters(tb)) << "a candidate token is part of a character: pick another prompt";
+                exact[{ta, tb}] += double(first[a]) * second[b];
+            }
+            cache.rollback(n);
+        }
+    }
+    constexpr int kRuns = 300;
+    // Returns the statistic and its degrees of freedom; counts drafted and accepted tokens.
+    auto chi2 = [&](float temperature, int runs, int & drafted, int & accepted) {
+        Scheduler scheduler(*target, SchedulerOptions{4, 64, 16});
+        std::map<std::pair<std::string, std::string>, int> counts;
+        int outside = 0;
+        drafted = accepted = 0;
+        std::deque<std::pair<std::shared_ptr<Job>, bool>> in_flight;  // (job, measured)
+        auto finish_oldest = [&] {
+            auto [job, measured] = in_flight.front();
+            in_flight.pop_front();
+            std::string text;
+            std::vector<TokenOrigin> origins;
+            while (job->next(text, &origins) != Job::Wait::Ended) {
+            }
+            EXPECT_EQ(job->result().error, "");
+            if (!measured) return;
+            drafted += job->result().stats.speculation.drafted;
+            accepted += job->result().stats.speculation.accepted;
+            if (origins.size() < 2 || !exact.count({origins[0].text, origins[1].text})) {
+                ++outside;
+                return;
+            }
+            counts[{origins[0].text, origins[1].text}]++;
+        };
+        for (int r = 0; r < runs; ++r) {
+            GenerationOptions mine = options(3, temperature, 1000 + r);  // the first round drafts min(4, 3 - 1) = 2
+            mine.sampling.top_k = sp.top_k;
+            in_flight.emplace_back(scheduler.submit(prompt, mine), true);
+            if (r % 2 == 0) {  // a neighbour of another length and temperature, sharing the steps
+                const int i = 2 + r % 7;
+                in_flight.emplace_back(
+                    scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), options(4 + r % 23, r % 4 ? 0.9f : 0.0f, 500 + r)), false);
+            }
+            while (in_flight.size() > 12) finish_oldest();
+        }
+        while (!in_flight.empty()) finish_oldest();
+        if (outside > 0) return std::pair{std::numeric_limits<double>::infinity(), 1};
+        std::vector<test::Cell> cells;
+        for (const auto & [cell, prob] : exact) cells.push_back({prob, double(counts[cell])});
+        return test::chi_square(cells, runs);
+    };
+    int drafted = 0, accepted = 0;
+    const auto [stat, dof] = chi2(1.0f, kRuns, drafted, accepted);
+    std::printf("[server distribution] T=1 top-k 4, first two tokens with neighbours: chi2 = %.1f, dof = %d, critical = %.1f; "
+                "%d drafted, %d accepted\n",
+                stat, dof, test::chi2_critical(dof), drafted, accepted);
+    ASSERT_GT(dof, 2);
+    EXPECT_LT(stat, test::chi2_critical(dof));
+    EXPECT_GE(drafted, 2 * kRuns) << "every request must have drafted";
+    EXPECT_GT(accepted, 0) << "no draft was accepted";
+    EXPECT_LT(accepted, drafted) << "no draft was rejected";
+    const auto [wrong, wrong_dof] = chi2(0.5f, kRuns / 2, drafted, accepted);
+    std::printf("[server distribution] sampled at T=0.5 instead: chi2 = %.1f (critical %.1f)\n", wrong, test::chi2_critical(wrong_dof));
+    EXPECT_GT(wrong, test::chi2_critical(wrong_dof)) << "the test cannot tell a server that misapplies the temperature";
 }
 
 // Catches: requests beyond the slots and the queue accepted, a cancelled request keeping its slot.
@@ -201,6 +304,107 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
     EXPECT_TRUE(r.stream && r.include_usage);
     EXPECT_EQ(r.sampling.temperature, 0.0f);
     EXPECT_EQ(r.messages.at(0).second, "hi");
+}
+
+// Catches size arithmetic that overflows: n_prompt + max_tokens with max_tokens near INT32_MAX
+// wrapped to a negative int and passed the context check. Every size that does not fit is a 400
+// naming both lengths; the scheduler refuses such a request too.
+TEST(OpenAi, SizesBeyondTheContextAreRefusedWithoutOverflow) {
+    constexpr int kMax = std::numeric_limits<int32_t>::max();
+    openai::Request r;
+    r.endpoint = openai::Endpoint::Chat;
+    auto refused = [&](size_t n_prompt) {
+        try {
+            (void)openai::tokens_to_generate(r, n_prompt, 192);
+        } catch (const openai::ApiError & e) {
+            return e;
+        }
+        return openai::ApiError{0, "accepted", "", "", ""};
+    };
+    for (int max_tokens : {kMax, kMax - 5, 183}) {
+        r.max_tokens = max_tokens;
+        const openai::ApiError e = refused(10);
+        EXPECT_EQ(e.status, 400) << max_tokens;
+        EXPECT_EQ(e.param, "max_tokens");
+        EXPECT_EQ(e.code, "context_length_exceeded");
+        EXPECT_EQ(e.message, "this model's context is 192 tokens; the prompt has 10 tokens and max_tokens is " + std::to_string(max_tokens));
+    }
+    r.max_tokens = 182;
+    EXPECT_EQ(openai::tokens_to_generate(r, 10, 192), 182);
+    r.max_tokens = -1;  // unset: the rest of the context
+    EXPECT_EQ(openai::tokens_to_generate(r, 10, 192), 182);
+    for (size_t n_prompt : {size_t(192), size_t(5000)}) {
+        const openai::ApiError e = refused(n_prompt);
+        EXPECT_EQ(e.status, 400);
+        EXPECT_EQ(e.param, "messages");
+        EXPECT_EQ(e.message, "this model's context is 192 tokens; the prompt has " + std::to_string(n_prompt) + " tokens");
+    }
+    r.endpoint = openai::Endpoint::Completions;
+    EXPECT_EQ(refused(192).param, "prompt");
+    EXPECT_EQ(refusal(openai::Endpoint::Completions, R"({"prompt": "x", "max_tokens": 2147483648})").param, "max_tokens");
+    EXPECT_EQ(refusal(openai::Endpoint::Completions, R"({"prompt": "x", "max_tokens": 18446744073709551615})").param, "max_tokens");
+
+    auto target = open_target(false);
+    Scheduler scheduler(*target, SchedulerOptions{1, 1, 16});
+    const auto prompt = target->tokenizer->tokenize(kPrompts[1]);
+    for (int n : {kMax, kMax - 1}) {
+        EXPECT_NE(test::error_message([&] { scheduler.submit(prompt, options(n)); }).find("exceed the 192-token context"), std::string::npos) << n;
+    }
+}
+
+// `specula serve`'s HTTP edge, in process on a free port: a body over the limit gets 413, a chat
+// prompt longer than the context a 400 naming both lengths, invalid UTF-8 and out-of-range sizes
+// a 400; none of them crashes or hangs the server, which stays healthy and answers a greedy
+// request with the text it gave before them.
+TEST(HttpEdge, HostileRequestsGetErrorsAndTheServerKeepsItsGreedyText) {
+    auto target = open_target(true);
+    Scheduler scheduler(*target, SchedulerOptions{2, 8, 64});
+    constexpr size_t kLimit = 64 << 10;
+    HttpServer server(16, kLimit);
+    const int port = server.start("127.0.0.1", 0);
+    server.ready(*target, scheduler, "specula-target");
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(60, 0);
+    auto post = [&](const std::string & body, const char * path = "/v1/completions") {
+        const httplib::Result res = client.Post(path, body, "application/json");
+        if (!res) return std::pair<int, nlohmann::json>{-1, nullptr};
+        return std::pair<int, nlohmann::json>{res->status, nlohmann::json::parse(res->body, nullptr, false)};
+    };
+    const std::string greedy = R"({"prompt": "def fibonacci(n):", "max_tokens": 24, "temperature": 0})";
+    const auto [before_status, before] = post(greedy);
+    ASSERT_EQ(before_status, 200);
+    const std::string text = before["choices"][0]["text"];
+    ASSERT_FALSE(text.empty());
+
+    const auto [big_status, big] = post(R"({"prompt": ")" + std::string(kLimit, 'a') + R"(", "max_tokens": 4})");
+    EXPECT_EQ(big_status, 413);
+    EXPECT_NE(big.dump().find("larger than the server's limit of 65536 bytes"), std::string::npos) << big.dump();
+
+    std::string long_chat = R"({"messages": [{"role": "user", "content": ")";
+    for (int i = 0; i < 400; ++i) long_chat += "one two three ";
+    long_chat += R"("}]})";
+    const auto [chat_status, chat] = post(long_chat, "/v1/chat/completions");
+    EXPECT_EQ(chat_status, 400);
+    EXPECT_EQ(chat["error"]["param"], "messages");
+    const std::string message = chat["error"]["message"];
+    EXPECT_NE(message.find("this model's context is 192 tokens; the prompt has "), std::string::npos) << message;
+
+    for (const std::string & body : {std::string("{\"prompt\": \"caf\xC3\x28 \xFF\xFE\", \"max_tokens\": 4}"),
+                                     std::string("{\"prompt\": \"\\udc00\", \"max_tokens\": 4}"),
+                                     std::string(R"({"prompt": "x", "max_tokens": 2147483647})"),
+                                     std::string(R"({"prompt": "x", "max_tokens": 99999999999999999999})")}) {
+        const auto [status, error] = post(body);
+        EXPECT_EQ(status, 400) << body;
+        EXPECT_EQ(error["error"]["type"], "invalid_request_error") << body;
+    }
+
+    const httplib::Result health = client.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+    const auto [after_status, after] = post(greedy);
+    ASSERT_EQ(after_status, 200);
+    EXPECT_EQ(after["choices"][0]["text"], text);
+    server.stop();
 }
 
 // Catches: a chat prompt with a doubled BOS (template text + added BOS).

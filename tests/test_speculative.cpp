@@ -20,10 +20,14 @@
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "distribution.h"
 #include "test_models.h"
 
 namespace specula {
 namespace {
+
+using test::accept_everything;
+using test::chi2_critical;
 
 const std::vector<std::vector<int32_t>> kPrompts = {
     {1, 450, 4996, 17354, 1701, 29916},
@@ -202,7 +206,7 @@ double max_row_diff(const KvCache & a, const KvCache & b, int slots) {
         for (bool value : {false, true}) {
             for (int slot = 0; slot < slots; ++slot) {
                 auto x = a.read_row(layer, value, slot), y = b.read_row(layer, value, slot);
-                for (size_t i = 0; i < x.size(); ++i) m = std::max(m, double(std::fabs(x[i] - y[i])));
+                m = std::max(m, test::max_abs_diff(x, y));
             }
         }
     }
@@ -244,12 +248,6 @@ TEST(Speculative, CachesHoldExactlyTheAcceptedSequenceAfterEveryRound) {
 // ---- Lossless sampling on a tiny vocabulary --------------------------------------------------
 
 constexpr int kTinyVocab = 10;
-
-// Chi-square critical value at p = 1e-4 (Wilson-Hilferty).
-double chi2_critical(int dof) {
-    const double z = 3.719, a = 2.0 / (9.0 * dof);
-    return dof * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-}
 
 struct Tiny {
     const int V;
@@ -318,37 +316,11 @@ struct Tiny {
             });
             counts[cell]++;
         }
-        // Cells expected below 5 are pooled into one.
-        double stat = 0.0, pooled_e = 0.0, pooled_o = 0.0;
-        int cells = 0;
-        for (size_t i = 0; i < joint.size(); ++i) {
-            const double e = joint[i] * runs;
-            if (e < 5.0) {
-                pooled_e += e, pooled_o += counts[i];
-                continue;
-            }
-            stat += (counts[i] - e) * (counts[i] - e) / e;
-            ++cells;
-        }
-        if (pooled_e > 0.0) {
-            stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9);
-            ++cells;
-        }
-        return {stat, cells - 1};
+        std::vector<test::Cell> cells;
+        for (size_t i = 0; i < joint.size(); ++i) cells.push_back({joint[i], double(counts[i])});
+        return test::chi_square(cells, runs);
     }
 };
-
-// Accepts every drafted token, then samples the bonus from the target: a verifier with a bug.
-VerifyResult accept_everything(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & sp, Rng & rng) {
-    VerifyResult r;
-    int cur = TokenTree::kRoot;
-    for (int c = tree.first_child_of(cur); c >= 0; c = tree.first_child_of(c)) r.accepted.push_back(cur = c);
-    std::vector<float> p;
-    processed_probs(logits.row_of(cur), sp, p);
-    r.next_token = sample_from(p, rng);
-    r.bonus = true;
-    return r;
-}
 
 TEST(Speculative, SampledOutputFollowsTheTargetDistributionAndABrokenVerifierFails) {
     Tiny t;
@@ -368,10 +340,15 @@ TEST(Speculative, SampledOutputFollowsTheTargetDistributionAndABrokenVerifierFai
                         sp.temperature, sp.top_k, stat, dof, chi2_critical(dof));
             EXPECT_LT(stat, chi2_critical(dof)) << d->name();
         }
+        // The n-gram drafter's proposals are deterministic (no q): accepting them unchecked must
+        // show as well as accepting a sampled draft model's.
         auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return accept_everything(tree, l, sp, rng); };
-        auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken);
-        std::printf("[distribution] broken verifier T=%.1f: chi2 = %.1f (critical %.1f)\n", sp.temperature, stat, chi2_critical(dof));
-        EXPECT_GT(stat, chi2_critical(dof)) << "the distribution test cannot tell a broken verifier";
+        for (Drafter * d : std::vector<Drafter *>{&model_drafter, &ngram}) {
+            auto [stat, dof] = t.chi2(*d, prefix, sp, joint, runs, broken);
+            std::printf("[distribution] %-11s broken verifier T=%.1f: chi2 = %.1f (critical %.1f)\n", d->name(), sp.temperature, stat,
+                        chi2_critical(dof));
+            EXPECT_GT(stat, chi2_critical(dof)) << d->name() << ": the distribution test cannot tell a broken verifier";
+        }
     }
 }
 
@@ -410,9 +387,12 @@ TEST(Speculative, SampledTreesFollowTheTargetDistributionAndABrokenTreeVerifierF
         EXPECT_LT(stat, chi2_critical(dof));
     }
     auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return no_residual(tree, l, sp, rng); };
-    auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken, TreeBudget{TreeShape::Dynamic, 2, 3, 9});
-    std::printf("[distribution] tree verifier without residual: chi2 = %.1f (critical %.1f)\n", stat, chi2_critical(dof));
-    EXPECT_GT(stat, chi2_critical(dof));
+    for (TreeBudget tree : {TreeBudget{TreeShape::Dynamic, 2, 3, 9}, TreeBudget{TreeShape::Static, 3, 4, 12}}) {
+        auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken, tree);
+        std::printf("[distribution] %s tree verifier without residual: chi2 = %.1f (critical %.1f)\n", tree_shape_name(tree.shape), stat,
+                    chi2_critical(dof));
+        EXPECT_GT(stat, chi2_critical(dof)) << tree_shape_name(tree.shape);
+    }
 }
 
 // A chain verifier that is right at depth 1 and wrong after: a rejection at depth >= 2 draws the
@@ -444,46 +424,57 @@ VerifyResult residual_at_depth_one_only(const TokenTree & tree, const TargetLogi
     }
 }
 
-// Chains drafted three deep at T > 0: the joint law of the first four tokens (the first round
-// drafts 3, so acceptance, correction and bonus are exercised at every depth of a chain), on a
-// 4-token vocabulary so that 6000 runs fill enough of the 256 cells. A verifier wrong only beyond
-// depth 1 must fail, as must one that accepts everything.
+// Chains drafted three deep at T > 0 by every drafter with a draft distribution (a draft model,
+// EAGLE-1 and EAGLE-3 heads): the joint law of the first four tokens (the first round drafts 3, so
+// acceptance, correction and bonus are exercised at every depth of a chain), on a 4-token
+// vocabulary so that 6000 runs fill enough of the 256 cells. A verifier wrong only beyond depth 1
+// must fail, as must one that accepts everything.
 TEST(Speculative, SampledChainsThreeDeepFollowTheTargetDistributionAndBrokenVerifiersFail) {
     Tiny t(4);
     const std::vector<int32_t> prefix = {1, 2, 3, 1, 2};
     DraftModelDrafter model_drafter(*t.draft, 64);
+    auto eagle1 = EagleHead::load(test::tiny_vocab_eagle_head("eagle1", 4, 303), *t.target, t.backend);
+    auto eagle3 = EagleHead::load(test::tiny_vocab_eagle_head("eagle3", 4, 303), *t.target, t.backend);
+    EagleDrafter eagle1_drafter(*eagle1, 64), eagle3_drafter(*eagle3, 64);
     SamplingParams sp;
     sp.temperature = 2.0f;  // flatter p and q: more of the 256 cells are populated and more chains reach depth 3
     const auto joint = t.exact_joint(prefix, sp, 4);
     const int runs = 6000;
-    int three_deep = 0, accepted_three = 0;
-    auto on_round = [&](const RoundInfo & r) {
-        if (r.round != 0) return;
-        three_deep += r.draft->tree.max_depth() == 3;
-        accepted_three += r.result->accepted.size() == 3;
-    };
-    auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, nullptr, {}, on_round);
-    std::printf("[distribution] chain k=3, 4 tokens: chi2 = %.1f, dof = %d, critical = %.1f; 3 accepted in %d of %d first rounds\n",
-                stat, dof, chi2_critical(dof), accepted_three, runs);
-    EXPECT_LT(stat, chi2_critical(dof));
-    EXPECT_EQ(three_deep, runs) << "the first round must draft 3 tokens";
-    EXPECT_GT(accepted_three, runs / 40) << "whole 3-token chains must be accepted sometimes";
-    for (auto [name, broken] : {std::pair<const char *, VerifyFn>{"residual at depth 1 only",
-                                                                  [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
-                                                                      return residual_at_depth_one_only(tree, l, sp, rng);
-                                                                  }},
-                                std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
-                                                                      return accept_everything(tree, l, sp, rng);
-                                                                  }}}) {
-        auto [bstat, bdof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken);
-        std::printf("[distribution] broken chain verifier (%s), k=3: chi2 = %.1f (critical %.1f)\n", name, bstat, chi2_critical(bdof));
-        EXPECT_GT(bstat, chi2_critical(bdof)) << name;
+    for (auto [name, drafter] : {std::pair<const char *, Drafter *>{"draft model", &model_drafter},
+                                 std::pair<const char *, Drafter *>{"eagle1", &eagle1_drafter},
+                                 std::pair<const char *, Drafter *>{"eagle3", &eagle3_drafter}}) {
+        SCOPED_TRACE(name);
+        int three_deep = 0, accepted_three = 0;
+        auto on_round = [&](const RoundInfo & r) {
+            if (r.round != 0) return;
+            three_deep += r.draft->tree.max_depth() == 3;
+            accepted_three += r.result->accepted.size() == 3;
+        };
+        auto [stat, dof] = t.chi2(*drafter, prefix, sp, joint, runs, nullptr, {}, on_round);
+        std::printf("[distribution] %s chain k=3, 4 tokens: chi2 = %.1f, dof = %d, critical = %.1f; 3 accepted in %d of %d first rounds\n",
+                    name, stat, dof, chi2_critical(dof), accepted_three, runs);
+        EXPECT_LT(stat, chi2_critical(dof));
+        EXPECT_EQ(three_deep, runs) << "the first round must draft 3 tokens";
+        EXPECT_GT(accepted_three, runs / 40) << "whole 3-token chains must be accepted sometimes";
+        for (auto [broken_name, broken] :
+             {std::pair<const char *, VerifyFn>{"residual at depth 1 only",
+                                                [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+                                                    return residual_at_depth_one_only(tree, l, sp, rng);
+                                                }},
+              std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+                                                    return accept_everything(tree, l, sp, rng);
+                                                }}}) {
+            auto [bstat, bdof] = t.chi2(*drafter, prefix, sp, joint, runs, broken);
+            std::printf("[distribution] %s, broken chain verifier (%s), k=3: chi2 = %.1f (critical %.1f)\n", name, broken_name, bstat,
+                        chi2_critical(bdof));
+            EXPECT_GT(bstat, chi2_critical(bdof)) << broken_name;
+        }
     }
 }
 
-// EAGLE-1 and EAGLE-3 heads at T > 0, chains and trees: their drafts carry the head's processed
-// distribution q, sampled without replacement, and the output must follow the target's law.
-// Broken chain and tree verifiers fed the same drafts must fail.
+// EAGLE-1 and EAGLE-3 heads at T > 0, chains, dynamic and static trees: their drafts carry the
+// head's processed distribution q, sampled without replacement, and the output must follow the
+// target's law. Broken chain and tree verifiers (both tree shapes) fed the same drafts must fail.
 TEST(Speculative, SampledEagleChainsAndTreesFollowTheTargetDistributionAndBrokenVerifiersFail) {
     Tiny t;
     const std::vector<int32_t> prefix = {4, 2, 3, 1, 2};
@@ -491,7 +482,7 @@ TEST(Speculative, SampledEagleChainsAndTreesFollowTheTargetDistributionAndBroken
     sp.temperature = 1.0f;
     const auto joint = t.exact_joint(prefix, sp);
     const int runs = 4000;
-    const TreeBudget tree{TreeShape::Dynamic, 2, 3, 9};
+    const TreeBudget dynamic_tree{TreeShape::Dynamic, 2, 3, 9}, static_tree{TreeShape::Static, 3, 4, 12};
     auto broken_chain = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return accept_everything(tr, l, sp, rng); };
     auto broken_tree = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return no_residual(tr, l, sp, rng); };
     for (const std::string kind : {"eagle1", "eagle3"}) {
@@ -499,29 +490,30 @@ TEST(Speculative, SampledEagleChainsAndTreesFollowTheTargetDistributionAndBroken
         EagleDrafter drafter(*head, 64);
         int accepted = 0;
         auto count = [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); };
-        for (TreeBudget shape : {TreeBudget{}, tree}) {
+        for (TreeBudget shape : {TreeBudget{}, dynamic_tree, static_tree}) {
             auto [stat, dof] = t.chi2(drafter, prefix, sp, joint, runs, nullptr, shape, count);
             std::printf("[distribution] %s %s: chi2 = %.1f, dof = %d, critical = %.1f\n", kind.c_str(), tree_shape_name(shape.shape), stat,
                         dof, chi2_critical(dof));
             EXPECT_LT(stat, chi2_critical(dof)) << kind << " " << tree_shape_name(shape.shape);
         }
-        // Measured: 3178 (eagle1) and 4242 (eagle3) drafts accepted over the 2 x 4000 runs.
         EXPECT_GT(accepted, runs / 2) << kind << ": the accept path must be exercised";
         auto [cstat, cdof] = t.chi2(drafter, prefix, sp, joint, runs, broken_chain);
         std::printf("[distribution] %s chain, verifier accepting everything: chi2 = %.1f (critical %.1f)\n", kind.c_str(), cstat,
                     chi2_critical(cdof));
         EXPECT_GT(cstat, chi2_critical(cdof)) << kind;
-        auto [tstat, tdof] = t.chi2(drafter, prefix, sp, joint, runs, broken_tree, tree);
-        std::printf("[distribution] %s tree, verifier without residual: chi2 = %.1f (critical %.1f)\n", kind.c_str(), tstat,
-                    chi2_critical(tdof));
-        EXPECT_GT(tstat, chi2_critical(tdof)) << kind;
+        for (TreeBudget shape : {dynamic_tree, static_tree}) {
+            auto [tstat, tdof] = t.chi2(drafter, prefix, sp, joint, runs, broken_tree, shape);
+            std::printf("[distribution] %s %s tree, verifier without residual: chi2 = %.1f (critical %.1f)\n", kind.c_str(),
+                        tree_shape_name(shape.shape), tstat, chi2_critical(tdof));
+            EXPECT_GT(tstat, chi2_critical(tdof)) << kind << " " << tree_shape_name(shape.shape);
+        }
     }
 }
 
 TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {
     Spec s;
     DraftModelDrafter drafter(*s.draft_small, 256);
-    const std::string path = test::scratch_dir() + "/trace.jsonl";
+    const std::string path = test::scratch_file("trace.jsonl");
     SamplingParams sp;
     sp.temperature = 1.0f;
     sp.seed = 3;
@@ -554,7 +546,7 @@ TEST(Speculative, TraceHasOneLinePerDecisionWithTheDocumentedFields) {
 TEST(Speculative, TraceRecordsEachRoundsTreeAndPolicyDecision) {
     Spec s;
     DraftModelDrafter drafter(*s.target, 256);  // drafts what the target accepts: the policy keeps drafting trees
-    const std::string path = test::scratch_dir() + "/trace_tree.jsonl";
+    const std::string path = test::scratch_file("trace_tree.jsonl");
     SamplingParams sp;
     sp.temperature = 1.0f;
     sp.seed = 5;

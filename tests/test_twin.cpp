@@ -18,7 +18,7 @@ namespace {
 
 TEST(BenchTwin, LogitsEqualTheTargetsInABiggerShape) {
     const std::string target_path = test::model_path("llama_gqa_f32");
-    const std::string twin_path = test::scratch_dir() + "/twin_of_llama_gqa_f32.gguf";
+    const std::string twin_path = test::scratch_file("twin_of_llama_gqa_f32.gguf");
     write_bench_twin(target_path, "twin-test", "f32", twin_path);
     Backend backend(BackendOptions{"cpu", 1});
     auto target = Model::load(target_path, backend);
@@ -32,8 +32,7 @@ TEST(BenchTwin, LogitsEqualTheTargetsInABiggerShape) {
     for (int i = 0; i < 48; ++i) tokens[i] = 3 + static_cast<int32_t>(rng.uniform() * 30000), rows[i] = i;
     ForwardOutput a = rt.forward(ForwardBatch::causal(tokens, 0, rows), ct);
     ForwardOutput b = rw.forward(ForwardBatch::causal(tokens, 0, rows), cw);
-    double max_diff = 0.0;
-    for (size_t i = 0; i < a.logits.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(a.logits[i] - b.logits[i])));
+    const double max_diff = test::max_abs_diff(a.logits, b.logits);
     for (int i = 0; i < 48; ++i) EXPECT_EQ(argmax(a.logits_row(i)), argmax(b.logits_row(i))) << i;
     std::printf("[twin] max |logit diff| target vs twin = %.3g\n", max_diff);
     EXPECT_LT(max_diff, 2e-2);  // RMSNorm epsilon sees a wider row; nothing else differs
@@ -43,15 +42,15 @@ TEST(BenchTwin, LogitsEqualTheTargetsInABiggerShape) {
 // are integers, not weights) and loads against the twin.
 TEST(BenchTwin, EagleThreeHeadWithACompactVocabularyFollowsTheTwin) {
     const std::string target_path = test::model_path("llama_gqa_f32");
-    const std::string twin_path = test::scratch_dir() + "/twin_of_llama_gqa_f32_for_head.gguf";
+    const std::string twin_path = test::scratch_file("twin_of_llama_gqa_f32_for_head.gguf");
     write_bench_twin(target_path, "twin-test", "f32", twin_path);
     Backend backend(BackendOptions{"cpu", 1});
     auto target = Model::load(target_path, backend);
     std::vector<int64_t> counts(target->config().n_vocab);
     for (size_t id = 0; id < counts.size(); ++id) counts[id] = static_cast<int64_t>((id * 7919) % 1000);
-    const std::string compact_path = test::scratch_dir() + "/eagle3_compact_for_twin.gguf";
+    const std::string compact_path = test::scratch_file("eagle3_compact_for_twin.gguf");
     write_compact_eagle3(test::eagle_head_path("eagle3", "llama_gqa_f32"), counts, 3000, compact_path);
-    const std::string twin_head_path = test::scratch_dir() + "/eagle3_compact_of_twin.gguf";
+    const std::string twin_head_path = test::scratch_file("eagle3_compact_of_twin.gguf");
     write_bench_twin_eagle3(compact_path, target_path, "twin-test", twin_head_path);
 
     auto twin = Model::load(twin_path, backend);
@@ -64,7 +63,7 @@ TEST(BenchTwin, EagleThreeHeadWithACompactVocabularyFollowsTheTwin) {
 // A shape too small for the target names the dimension and the shapes that fit deep targets.
 TEST(BenchTwin, AShapeSmallerThanTheTargetIsAClearError) {
     const std::string target_path = test::model_path("llama_gqa_f32");  // width 64, 2 layers
-    const std::string msg = test::error_message([&] { write_bench_twin(target_path, "tiny", "f32", test::scratch_dir() + "/never.gguf"); });
+    const std::string msg = test::error_message([&] { write_bench_twin(target_path, "tiny", "f32", test::scratch_file("never.gguf")); });
     EXPECT_NE(msg.find("fewer than the target's"), std::string::npos) << msg;
     EXPECT_NE(msg.find("smol-1b"), std::string::npos) << msg;
 }

@@ -8,14 +8,13 @@
 #include "common/fast_exp.h"
 
 // The vocabulary-wide loops (a softmax over 49152 or 262144 logits) run once per sampled token
-// and per drafted or verified node at T > 0, single-threaded between target forwards: they are
-// built for AVX-512 and AVX2 beside the baseline, the loader picking one (ifunc). The file is
-// compiled without FMA contraction and without trapping math (src/CMakeLists.txt): every clone
-// computes the same bits, and the exponential loops vectorise at all.
+// and per drafted or verified node at T > 0, single-threaded between target forwards: their bodies
+// are built for AVX-512 and AVX2 beside the portable one, and the best the CPU runs is picked once.
+// The file is compiled without FMA contraction and without trapping math (src/CMakeLists.txt):
+// every path computes the same bits (test_sampler compares them), and the exponential loops
+// vectorise at all.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SPECULA_VOCABULARY_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define SPECULA_VOCABULARY_CLONES
+#define SPECULA_SAMPLER_X86 1
 #endif
 
 namespace specula {
@@ -23,7 +22,7 @@ namespace specula {
 namespace {
 
 // Sixteen independent partial sums: vectorisable without letting the compiler reassociate.
-double sum(std::span<const float> v) {
+[[gnu::always_inline]] inline double sum(std::span<const float> v) {
     float acc[16] = {};
     size_t i = 0;
     for (; i + 16 <= v.size(); i += 16) {
@@ -35,11 +34,9 @@ double sum(std::span<const float> v) {
     return s;
 }
 
-}  // namespace
-
 // Sixteen lane maxima, then theirs: a maximum is exact in any order, and lanes vectorise where
 // std::max_element's index bookkeeping kept the loop scalar.
-SPECULA_VOCABULARY_CLONES float max_value(std::span<const float> v) {
+[[gnu::always_inline]] inline float max_value_body(std::span<const float> v) {
     if (v.empty()) return -INFINITY;
     float lane[16];
     for (float & l : lane) l = v[0];
@@ -53,10 +50,10 @@ SPECULA_VOCABULARY_CLONES float max_value(std::span<const float> v) {
     return m;
 }
 
-SPECULA_VOCABULARY_CLONES SoftmaxStats softmax_stats(std::span<const float> logits, std::vector<float> & scratch) {
+[[gnu::always_inline]] inline SoftmaxStats softmax_stats_body(std::span<const float> logits, std::vector<float> & scratch) {
     SoftmaxStats st;
     const size_t n = logits.size();
-    st.max_logit = max_value(logits);
+    st.max_logit = max_value_body(logits);
     scratch.resize(2 * n);
     float * e = scratch.data();
     float * ed = scratch.data() + n;
@@ -71,24 +68,24 @@ SPECULA_VOCABULARY_CLONES SoftmaxStats softmax_stats(std::span<const float> logi
     return st;
 }
 
-SPECULA_VOCABULARY_CLONES int32_t argmax(std::span<const float> logits) {
-    const float m = max_value(logits);
+[[gnu::always_inline]] inline int32_t argmax_body(std::span<const float> logits) {
+    const float m = max_value_body(logits);
     for (size_t i = 0; i < logits.size(); ++i) {
         if (logits[i] == m) return static_cast<int32_t>(i);  // the first maximum, as std::max_element
     }
     return 0;  // only for an empty row or NaNs
 }
 
-SPECULA_VOCABULARY_CLONES void processed_probs(std::span<const float> logits, const SamplingParams & p, std::vector<float> & probs) {
+[[gnu::always_inline]] inline void processed_probs_body(std::span<const float> logits, const SamplingParams & p, std::vector<float> & probs) {
     const size_t n = logits.size();
     probs.assign(n, 0.0f);
     if (p.greedy()) {
-        probs[argmax(logits)] = 1.0f;
+        probs[argmax_body(logits)] = 1.0f;
         return;
     }
     if (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0.0f) {  // plain temperature: no sort needed
         const float inv_t = 1.0f / p.temperature;
-        const float max_logit = max_value(logits);
+        const float max_logit = max_value_body(logits);
         for (size_t i = 0; i < n; ++i) probs[i] = exp_nonpositive((logits[i] - max_logit) * inv_t);
         const float inv = static_cast<float>(1.0 / sum(probs));
         for (float & x : probs) x *= inv;
@@ -139,6 +136,80 @@ SPECULA_VOCABULARY_CLONES void processed_probs(std::span<const float> logits, co
     double sum = 0.0;
     for (int32_t id : ids) sum += (probs[id] = static_cast<float>(std::exp(logits[id] * inv_t - max_scaled)));
     for (int32_t id : ids) probs[id] = static_cast<float>(probs[id] / sum);
+}
+
+// Each path: the bodies compiled for one instruction set.
+#define SPECULA_SAMPLER_PATH(suffix, attribute)                                                                          \
+    attribute float max_value_##suffix(std::span<const float> v) { return max_value_body(v); }                         \
+    attribute int32_t argmax_##suffix(std::span<const float> v) { return argmax_body(v); }                             \
+    attribute SoftmaxStats softmax_stats_##suffix(std::span<const float> v, std::vector<float> & s) {                  \
+        return softmax_stats_body(v, s);                                                                                \
+    }                                                                                                                  \
+    attribute void processed_probs_##suffix(std::span<const float> v, const SamplingParams & p, std::vector<float> & o) { \
+        processed_probs_body(v, p, o);                                                                                  \
+    }                                                                                                                  \
+    constexpr VocabularyLoops k_##suffix##_loops{max_value_##suffix, argmax_##suffix, softmax_stats_##suffix, processed_probs_##suffix};
+
+struct VocabularyLoops {
+    float (*max_value)(std::span<const float>);
+    int32_t (*argmax)(std::span<const float>);
+    SoftmaxStats (*softmax_stats)(std::span<const float>, std::vector<float> &);
+    void (*processed_probs)(std::span<const float>, const SamplingParams &, std::vector<float> &);
+};
+
+SPECULA_SAMPLER_PATH(portable, )
+#ifdef SPECULA_SAMPLER_X86
+SPECULA_SAMPLER_PATH(avx2, __attribute__((target("avx2"))))
+SPECULA_SAMPLER_PATH(avx512, __attribute__((target("avx512f"))))
+#endif
+
+const VocabularyLoops & loops_of(SamplerPath path) {
+    switch (path) {
+#ifdef SPECULA_SAMPLER_X86
+        case SamplerPath::Avx2: return k_avx2_loops;
+        case SamplerPath::Avx512: return k_avx512_loops;
+#endif
+        default: return k_portable_loops;
+    }
+}
+
+const VocabularyLoops & best_loops() {
+    static const VocabularyLoops & loops = loops_of(sampler_paths().back());
+    return loops;
+}
+
+}  // namespace
+
+std::vector<SamplerPath> sampler_paths() {
+    std::vector<SamplerPath> paths = {SamplerPath::Portable};
+#ifdef SPECULA_SAMPLER_X86
+    if (__builtin_cpu_supports("avx2")) paths.push_back(SamplerPath::Avx2);
+    if (__builtin_cpu_supports("avx512f")) paths.push_back(SamplerPath::Avx512);
+#endif
+    return paths;
+}
+
+const char * sampler_path_name(SamplerPath path) {
+    switch (path) {
+        case SamplerPath::Avx2: return "avx2";
+        case SamplerPath::Avx512: return "avx512f";
+        default: return "portable";
+    }
+}
+
+float max_value(std::span<const float> values) { return best_loops().max_value(values); }
+int32_t argmax(std::span<const float> logits) { return best_loops().argmax(logits); }
+SoftmaxStats softmax_stats(std::span<const float> logits, std::vector<float> & scratch) { return best_loops().softmax_stats(logits, scratch); }
+void processed_probs(std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs) {
+    best_loops().processed_probs(logits, params, probs);
+}
+
+SoftmaxStats softmax_stats_on(SamplerPath path, std::span<const float> logits, std::vector<float> & scratch) {
+    return loops_of(path).softmax_stats(logits, scratch);
+}
+int32_t argmax_on(SamplerPath path, std::span<const float> logits) { return loops_of(path).argmax(logits); }
+void processed_probs_on(SamplerPath path, std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs) {
+    loops_of(path).processed_probs(logits, params, probs);
 }
 
 std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {

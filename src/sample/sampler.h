@@ -44,6 +44,16 @@ std::vector<int32_t> top_k_ids(std::span<const float> scores, int k);
 // k distinct ids drawn from `probs` without replacement, in draw order (Gumbel-top-k).
 std::vector<int32_t> sample_without_replacement(std::span<const float> probs, int k, Rng & rng);
 
+// The instruction sets the vocabulary-wide loops (max_value, argmax, softmax_stats,
+// processed_probs) are built for; the functions above run the best one this CPU has. Every path
+// must give the portable path's bits: the *_on variants run one path, for the tests that compare.
+enum class SamplerPath { Portable, Avx2, Avx512 };
+std::vector<SamplerPath> sampler_paths();  // the paths this CPU runs: portable first, the best last
+const char * sampler_path_name(SamplerPath path);
+int32_t argmax_on(SamplerPath path, std::span<const float> logits);
+SoftmaxStats softmax_stats_on(SamplerPath path, std::span<const float> logits, std::vector<float> & scratch);
+void processed_probs_on(SamplerPath path, std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs);
+
 // Draws from a distribution that sums to ~1 (tolerates rounding).
 int32_t sample_from(std::span<const float> probs, Rng & rng);
 

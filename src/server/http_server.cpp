@@ -94,8 +94,16 @@ json metrics_json(const SchedulerMetrics & m) {
 }
 }  // namespace
 
-HttpServer::HttpServer(int max_connections) : impl_(std::make_unique<Impl>()) {
+HttpServer::HttpServer(int max_connections, size_t max_request_bytes) : impl_(std::make_unique<Impl>()) {
     impl_->started = unix_now();
+    impl_->http.set_payload_max_length(max_request_bytes);
+    // cpp-httplib answers an oversized body with a bare 413: give it OpenAI's error object.
+    impl_->http.set_error_handler(httplib::Server::HandlerWithResponse([max_request_bytes](const httplib::Request &, httplib::Response & res) {
+        if (res.status != 413 || !res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        send_error(res, openai::ApiError{413, "the request body is larger than the server's limit of " + std::to_string(max_request_bytes) + " bytes",
+                                         "invalid_request_error", "", "request_too_large"});
+        return httplib::Server::HandlerResponse::Handled;
+    }));
     const size_t threads = static_cast<size_t>(std::max(8, max_connections));
     impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     impl_->http.set_socket_options([this](socket_t sock) {
@@ -192,6 +200,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
     openai::Request r;
     std::vector<int32_t> prompt;
+    GenerationOptions gen;
     try {
         r = openai::parse_request(endpoint, req.body, model_id);
         try {
@@ -201,19 +210,10 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
                                    endpoint == openai::Endpoint::Chat ? "messages" : "prompt", ""};
         }
         if (prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
-        const int n_ctx = s->context_size();
-        const int n_prompt = static_cast<int>(prompt.size());
-        if (r.max_tokens < 0 ? n_prompt >= n_ctx : n_prompt + r.max_tokens > n_ctx) {
-            throw openai::ApiError{400,
-                                   "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) +
-                                       " tokens" + (r.max_tokens < 0 ? "" : " and max_tokens is " + std::to_string(r.max_tokens)),
-                                   "invalid_request_error", r.max_tokens < 0 ? "messages" : "max_tokens", "context_length_exceeded"};
-        }
+        gen.n_predict = openai::tokens_to_generate(r, prompt.size(), s->context_size());
     } catch (const openai::ApiError & e) {
         return send_error(res, e);
     }
-    GenerationOptions gen;
-    gen.n_predict = r.max_tokens < 0 ? s->context_size() - static_cast<int>(prompt.size()) : r.max_tokens;
     gen.sampling = r.sampling;
     if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
     gen.stop_at_end_of_generation = !r.ignore_eos;

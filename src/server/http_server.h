@@ -3,6 +3,7 @@
 // /metrics (Prometheus text), /metrics.json (its twin for the live page), /slots and the page at /. Listens before the model is loaded, answering 503 on
 // /health and the API routes until ready() is called.
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,7 +15,8 @@ struct Target;
 
 class HttpServer {
 public:
-    explicit HttpServer(int max_connections);
+    // Request bodies longer than max_request_bytes are refused with 413 before they are read whole.
+    HttpServer(int max_connections, size_t max_request_bytes);
     ~HttpServer();
     HttpServer(const HttpServer &) = delete;
     HttpServer & operator=(const HttpServer &) = delete;

@@ -63,6 +63,19 @@ std::string message_content(const json & content, size_t i) {
 
 }  // namespace
 
+int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx) {
+    const int64_t room = static_cast<int64_t>(n_ctx) - static_cast<int64_t>(n_prompt);
+    const bool unset = r.max_tokens < 0;
+    if (unset ? room <= 0 : r.max_tokens > room) {
+        throw ApiError{400,
+                       "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) + " tokens" +
+                           (unset ? "" : " and max_tokens is " + std::to_string(r.max_tokens)),
+                       "invalid_request_error", unset ? (r.endpoint == Endpoint::Chat ? "messages" : "prompt") : "max_tokens",
+                       "context_length_exceeded"};
+    }
+    return unset ? static_cast<int>(room) : r.max_tokens;
+}
+
 Request parse_request(Endpoint endpoint, const std::string & text, const std::string & model_id) {
     json body;
     try {

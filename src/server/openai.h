@@ -40,6 +40,11 @@ struct Request {
 // (a request may name it or omit it).
 Request parse_request(Endpoint endpoint, const std::string & body, const std::string & model_id);
 
+// The tokens the request may generate with a prompt of n_prompt tokens in a context of n_ctx:
+// max_tokens, or when unset the rest of the context. Throws a 400 naming both lengths when they
+// do not fit (computed without overflow for every int max_tokens and any prompt size).
+int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx);
+
 // The completed request's response, its stream chunks, and the usage/speculation objects.
 struct Completion {
     Endpoint endpoint = Endpoint::Completions;

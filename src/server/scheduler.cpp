@@ -128,7 +128,7 @@ int Scheduler::context_size() const { return target_.options.n_ctx; }
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options) {
     if (prompt.empty()) throw Error("empty prompt");
-    if (static_cast<int>(prompt.size()) + std::max(options.n_predict, 0) > context_size()) {
+    if (static_cast<int64_t>(prompt.size()) + std::max<int64_t>(options.n_predict, 0) > context_size()) {
         throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.n_predict) +
                     ") exceed the " + std::to_string(context_size()) + "-token context");
     }

@@ -1,15 +1,18 @@
-"""Bounded load test for `specula serve` (not run by CI): N concurrent streaming clients for a
-while on 127.0.0.1, each request's text compared with the same prompt's text from a single client
-at T = 0. Samples the server's RSS from /proc every second; records throughput, latency and
-time-to-first-token percentiles and the RSS samples (--json).
+"""Bounded load test for `specula serve`: N concurrent streaming clients for a while on 127.0.0.1.
+Most requests are greedy (T = 0), each one's text compared with the same prompt's text from a
+single client; mixed in are sampled requests (T = 0.9, which must complete) and requests whose
+client goes away after the first chunk (which must be cancelled, freeing their slots). Samples the
+server's RSS from /proc every second; records throughput, latency and time-to-first-token
+percentiles and the RSS samples (--json). ctest runs a 20-second version (server_load).
 
     .venv-server/bin/python tests/server/load_test.py --clients 32 --seconds 120 --json load.json -- \\
         build/bin/specula serve -m models/specula-target.gguf --draft models/specula-draft.gguf --parallel 8
 
-Exits 1 when any response fails, differs from its single-client text or is incomplete (fewer
-tokens than alone, no finish_reason), or when memory is not flat: the highest RSS of the second
-half of the run more than --rss-growth (default 10%) above the highest of the first half (the first
-half is when graph caches and buffers fill)."""
+Exits 1 when any response fails, a greedy one differs from its single-client text, any is
+incomplete (greedy: fewer tokens than alone; every one: no finish_reason), the cancelled requests
+are not counted as cancelled or leave a slot busy, or when memory is not flat: the highest RSS of
+the second half of the run more than --rss-growth (default 10%) above the highest of the first
+half (the first half is when graph caches and buffers fill)."""
 import argparse
 import json
 import re
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import openai
 
@@ -28,6 +32,11 @@ PROMPTS = ["def read_config(path):", "import os\nimport sys\n", "class Parser:",
 def rss_kb(pid):
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+
+def get_json(url):
+    with urllib.request.urlopen(url) as r:
+        return json.loads(r.read())
 
 
 def pct(xs, q):
@@ -93,11 +102,39 @@ def run(a, proc, port):
             rss.append((round(time.time() - t_start, 1), rss_kb(proc.pid)))
             time.sleep(1.0)
 
+    cancelled = [0]
+
+    def go_away(prompt):
+        """Streams a request and closes the connection after its first chunk."""
+        stream = client.completions.create(prompt=prompt, stream=True, **dict(ask, max_tokens=a.max_tokens * 4))
+        for _ in stream:
+            break
+        stream.close()
+        with lock:
+            cancelled[0] += 1
+
+    def sampled(prompt, seed):
+        text, finish = "", None
+        for ch in client.completions.create(prompt=prompt, stream=True, **dict(ask, temperature=0.9, seed=seed)):
+            for c in ch.choices:
+                text += c.text
+                finish = c.finish_reason or finish
+        if finish is None:
+            with lock:
+                failures.append(f"{prompt!r} at T = 0.9: no finish_reason")
+
     def worker(i):
         n = i
         while time.time() < stop_at:
             prompt = PROMPTS[n % len(PROMPTS)]
             n += 1
+            if n % 8 in (3, 6):
+                try:
+                    go_away(prompt) if n % 8 == 3 else sampled(prompt, n)
+                except Exception as e:  # noqa: BLE001 - every failure is reported
+                    with lock:
+                        failures.append(f"{prompt!r} ({'cancelled' if n % 8 == 3 else 'sampled'}): {e}")
+                continue
             t0 = time.time()
             first, text, tokens, finish = None, "", 0, None
             try:
@@ -132,6 +169,21 @@ def run(a, proc, port):
     running.clear()
     sampler.join()
 
+    # Every slot idle again, and every client that went away counted as cancelled (a request can
+    # also end before the server notices its client left, hence at most).
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline and any(s["state"] != "idle" for s in get_json(base + "/slots")):
+        time.sleep(0.05)
+    if any(s["state"] != "idle" for s in get_json(base + "/slots")):
+        failures.append("a slot stayed busy after every client finished")
+    metrics = urllib.request.urlopen(base + "/metrics").read().decode()
+    n_cancelled = int(re.search(r"^specula:requests_cancelled_total (\d+)", metrics, re.M).group(1))
+    if cancelled[0] and n_cancelled == 0:
+        failures.append(f"{cancelled[0]} clients went away, the server cancelled none")
+    if n_cancelled > cancelled[0]:
+        failures.append(f"{n_cancelled} requests cancelled, but only {cancelled[0]} clients went away")
+
     half = wall / 2
     first_peak = max((kb for t, kb in rss if t <= half), default=0)
     second_peak = max((kb for t, kb in rss if t > half), default=0)
@@ -142,13 +194,15 @@ def run(a, proc, port):
     per_request = statistics.mean(r[2] / r[0] for r in results if r[0] > 0) if results else float("nan")
     report = {
         "clients": a.clients, "seconds": wall, "max_tokens": a.max_tokens, "responses": len(results), "failures": failures,
+        "clients_gone": cancelled[0], "requests_cancelled": n_cancelled,
         "aggregate_tok_s": toks / wall, "per_request_tok_s_mean": per_request,
         "latency_s": {q: pct(lat, v) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
         "ttft_s": {q: pct(ttft, v) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
         "rss_kb_samples": rss, "rss_peak_kb_first_half": first_peak, "rss_peak_kb_second_half": second_peak, "rss_flat": rss_flat,
     }
     report["passed"] = bool(results) and not failures and rss_flat
-    print(f"clients {a.clients}, {wall:.0f} s: {len(results)} responses, {len(failures)} failures")
+    print(f"clients {a.clients}, {wall:.0f} s: {len(results)} greedy responses, {len(failures)} failures; "
+          f"{cancelled[0]} clients went away, {n_cancelled} requests cancelled")
     print(f"aggregate {report['aggregate_tok_s']:.1f} tok/s, per request {per_request:.1f} tok/s")
     print("latency p50 {p50:.3f} s, p90 {p90:.3f} s, p99 {p99:.3f} s".format(**report["latency_s"]) +
           "; TTFT p50 {p50:.3f} s, p90 {p90:.3f} s, p99 {p99:.3f} s".format(**report["ttft_s"]))

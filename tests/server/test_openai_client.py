@@ -60,6 +60,17 @@ def get_json(url):
         return json.loads(r.read())
 
 
+def wait_for(condition, deadline_s=120):
+    """Polls `condition` until it holds or a deadline far beyond any machine's need passes;
+    returns whether it held. The tests wait on what the server shows, not on elapsed time."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
 MESSAGES = [{"role": "user", "content": "How do I open a file in Python?"}]
 
 
@@ -213,10 +224,7 @@ def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
         text = other.result().choices[0].text
     alone = client.completions.create(model=MODEL, prompt="def f(x):", max_tokens=32, temperature=0).choices[0].text
     assert text == alone
-    deadline = time.time() + 10
-    while time.time() < deadline and any(s["state"] != "idle" for s in get_json(server + "/slots")):
-        time.sleep(0.05)
-    assert all(s["state"] == "idle" for s in get_json(server + "/slots"))
+    assert wait_for(lambda: all(s["state"] == "idle" for s in get_json(server + "/slots"))), "a slot stayed busy"
     metrics = urllib.request.urlopen(server + "/metrics").read().decode()
     cancelled = re.search(r"^specula:requests_cancelled_total (\d+)", metrics, re.M)
     assert cancelled and int(cancelled.group(1)) >= 1
@@ -224,32 +232,30 @@ def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
 
 @pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
 def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
-    # Catches: a non-streamed request kept generating for a client that went away (its slot would
-    # stay busy for the rest of 900 tokens, several seconds here), and a long non-streamed answer
-    # (sent chunked, after leading spaces) that the openai client cannot parse.
-    with serve_smollm2("--parallel", "1", "-c", "2048") as base:
+    # Catches: a non-streamed request kept generating for a client that went away (the slot would
+    # finish all 3000 tokens and the request count as finished, not cancelled), and a long
+    # non-streamed answer (sent chunked, after leading spaces) that the openai client cannot parse.
+    # Waits on what the server shows (the response's framing, /slots, /metrics), never on a clock.
+    with serve_smollm2("--parallel", "1", "-c", "4096") as base:
         port = int(base.rsplit(":", 1)[1])
-        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
-        t0 = time.time()
-        # Long enough to pass the first second on a fast machine (300 tokens can come within a second).
-        r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=2000,
-                                 temperature=0, extra_body={"ignore_eos": True})
-        assert time.time() - t0 > 1.0, "the answer came within a second: the chunked path was not taken"
+        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
+        raw = c.completions.with_raw_response.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=2000,
+                                                     temperature=0, extra_body={"ignore_eos": True})
+        assert raw.headers.get("transfer-encoding") == "chunked" and raw.http_response.text.startswith(" "), \
+            "2000 tokens came within the first second: the chunked path was not taken"
+        r = raw.parse()
         assert r.usage.completion_tokens == 2000 and r.choices[0].text
 
         conn = http.client.HTTPConnection("127.0.0.1", port)
-        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True, "temperature": 0})
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True, "temperature": 0})
         conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-        time.sleep(1.5)  # past the first second, when the server starts probing the connection
-        assert get_json(base + "/slots")[0]["state"] != "idle"
+        assert wait_for(lambda: get_json(base + "/slots")[0]["n_generated"] > 0), "the request never reached its slot"
         conn.sock.shutdown(socket.SHUT_RDWR)
         conn.close()
-        deadline = time.time() + 1.5
-        while time.time() < deadline and get_json(base + "/slots")[0]["state"] != "idle":
-            time.sleep(0.02)
-        assert get_json(base + "/slots")[0]["state"] == "idle"
+        assert wait_for(lambda: get_json(base + "/slots")[0]["state"] == "idle"), "the slot stayed busy"
         metrics = urllib.request.urlopen(base + "/metrics").read().decode()
         assert re.search(r"^specula:requests_cancelled_total 1$", metrics, re.M), metrics
+        assert re.search(r"^specula:requests_finished_total 1$", metrics, re.M), metrics
 
 
 def test_a_burst_of_connections_is_queued_not_dropped():
@@ -277,8 +283,9 @@ def test_a_burst_of_connections_is_queued_not_dropped():
                 s.setblocking(False)
                 s.connect_ex(("127.0.0.1", port))
                 socks.append(s)
-            time.sleep(0.5)
-            connected = sum(1 for s in socks if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and _is_connected(s))
+            count = lambda: sum(1 for s in socks if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and _is_connected(s))
+            wait_for(lambda: count() == 32, deadline_s=10)  # a dropped SYN is resent only after a second
+            connected = count()
         finally:
             proc.send_signal(18)  # SIGCONT
             for s in socks:

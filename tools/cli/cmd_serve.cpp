@@ -18,6 +18,7 @@ void register_serve(CLI::App & app, Commands & commands) {
         SchedulerOptions scheduler;
         std::string host = "127.0.0.1";
         int port = 8080;
+        size_t max_request_bytes = 4 << 20;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
@@ -32,12 +33,15 @@ void register_serve(CLI::App & app, Commands & commands) {
                   "draft in every step the policies choose to, even at loads where plain steps measured faster");
     sub->add_option("--host", args->host, "address to listen on")->capture_default_str();
     sub->add_option("--port", args->port, "port (0: any free port)")->capture_default_str();
+    sub->add_option("--max-request-bytes", args->max_request_bytes, "longest request body accepted (longer ones get 413)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
     add_engine_flags(sub, args->engine);
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {
             if (args->engine.model_path.empty()) use_default_model(args->engine);
-            HttpServer server(args->scheduler.parallel + args->scheduler.max_queued + 8);
+            HttpServer server(args->scheduler.parallel + args->scheduler.max_queued + 8, args->max_request_bytes);
             server.set_index_page(report::live_page());
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
