@@ -3,7 +3,8 @@
 //     head's top 4 candidates and their logits at every layer (the predictors' training data,
 //     tools/train/train_specee.py);
 //   specee-eval: a predictor file on held-out prompts, plain decoding measured in the same run:
-//     tok/s of both, the exit profile, teacher-forced agreement and free-running agreement.
+//     tok/s of plain, lossy and lossless, the exit profile, teacher-forced agreement, free-running
+//     agreement, and whether the lossless replies equal plain's.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +15,8 @@
 #include "commands.h"
 #include "engine/generate.h"
 #include "engine/specee.h"
+#include "engine/speculative.h"
+#include "policy/draft_length.h"
 #include "engine/target.h"
 #include "kv/kv_cache.h"
 #include "runtime/candidate_logits.h"
@@ -125,22 +128,55 @@ int run_features(EngineOptions options, const PromptSet & set, int n_predict, co
             const int position = static_cast<int>(history.size()) - 1;
             const std::vector<int32_t> candidates = top_candidates(*drafter, history);
             const int32_t token = full_step(*t->runner, cache, history.back(), taps, fo);
-            features.clear();
-            for (size_t f = 0; f < n_feature_taps; ++f) features.insert(features.end(), fo.taps[f].begin(), fo.taps[f].end());
-            drafter->accept(Acceptance{position + 1, position, features});
+            auto state = [&](int l) { return std::span<const float>(fo.taps[n_feature_taps + l - 1]).first(E); };
+            nlohmann::json per_layer = nlohmann::json::array();
             if (candidates.size() == kExitCandidates) {
-                nlohmann::json row = {{"prompt", pi}, {"position", position}, {"token", token}, {"candidates", candidates}};
-                nlohmann::json per_layer = nlohmann::json::array();
                 for (int l = 1; l <= L; ++l) {
-                    probe.compute(std::span<const float>(fo.taps[n_feature_taps + l - 1]).first(E), candidates, logits);
+                    probe.compute(state(l), candidates, logits);
                     per_layer.push_back(logits);
                 }
-                row["logits"] = per_layer;
+            }
+            // With a predictor: decode as its lossy mode would, so that the data carries the cache
+            // and candidates its exits leave (the exited rows' K/V filled from the exit state, the
+            // drafter fed exit states); each token is still labelled with the full model's argmax.
+            int exit_layer = -1;
+            int32_t next = token;
+            if (t->exit_predictor && !per_layer.empty()) {
+                std::vector<float> previous(kExitCandidates), exit_in(kExitFeatures);
+                const std::vector<int> & schedule = t->exit_predictor->layers();
+                for (size_t k = 0; k < schedule.size() && exit_layer < 0; ++k) {
+                    const std::vector<float> at = per_layer[schedule[k] - 1].get<std::vector<float>>();
+                    exit_features(at, previous, k == 0, exit_in);
+                    if (t->exit_predictor->exit_probability(k, exit_in) > t->exit_threshold) {
+                        exit_layer = schedule[k];
+                        next = candidates[std::max_element(at.begin(), at.end()) - at.begin()];
+                    }
+                }
+                if (exit_layer >= 0 && exit_layer < L) {
+                    ForwardBatch fill;
+                    fill.positions = {position};
+                    fill.mask = BlockMask::causal(1);
+                    fill.hidden_in.assign(state(exit_layer).begin(), state(exit_layer).end());
+                    fill.kv_slot_begin = position;
+                    fill.layer_begin = exit_layer;
+                    fill.kv_only = true;
+                    t->runner->forward(fill, cache);
+                }
+            }
+            features.clear();
+            for (size_t f = 0; f < n_feature_taps; ++f) {
+                const int layer = drafter->feature_layers()[f];
+                const std::span<const float> row = exit_layer >= 0 && layer >= exit_layer ? state(exit_layer) : std::span<const float>(fo.taps[f]);
+                features.insert(features.end(), row.begin(), row.end());
+            }
+            drafter->accept(Acceptance{position + 1, position, features});
+            if (!per_layer.empty()) {
+                nlohmann::json row = {{"prompt", pi}, {"position", position}, {"token", token}, {"candidates", candidates}, {"logits", per_layer}};
                 out << row.dump() << "\n";
                 ++n_tokens;
             }
-            history.push_back(token);
-            if (t->tokenizer->is_end_of_generation(token)) break;
+            history.push_back(next);
+            if (t->tokenizer->is_end_of_generation(next)) break;
         }
         std::fprintf(stderr, "[specula] prompt %zu/%zu: %d tokens so far\n", pi + 1, prompts.size(), n_tokens);
     }
@@ -159,11 +195,14 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
     gen.n_predict = n_predict;
     auto is_end = [&](int32_t tok) { return t->tokenizer->is_end_of_generation(tok); };
 
-    double plain_s = 0, lossy_s = 0;
+    // The lossless mode: the same predictor's exited tokens as chains of up to 6 drafts.
+    EarlyExitDrafter lossless_drafter(model, *t->exit_predictor, t->exit_threshold, t->make_drafter(options.n_ctx), options.n_ctx);
+    auto fixed = make_draft_policy(DraftPolicyKind::Fixed, 6, {});
+    double plain_s = 0, lossy_s = 0, lossless_s = 0;
+    int lossless_n = 0, lossless_identical = 0;
     int plain_n = 0, lossy_n = 0, forced_exited = 0, forced_agree = 0, forced_tokens = 0, free_same_total = 0, free_identical = 0;
     EarlyExitStats forced_stats, lossy_stats;
-    std::vector<double> ratios;
-    ForwardOutput fo;
+    std::vector<double> ratios, lossless_ratios;
     for (size_t pi = 0; pi < prompts.size(); ++pi) {
         const std::vector<int32_t> prompt = prompt_tokens(*t->tokenizer, set, prompts[pi]);
         // Plain greedy: the reference text and the baseline time.
@@ -201,19 +240,32 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
         free_same_total += static_cast<int>(same);
         free_identical += same == plain.size() && same == lossy.size();
         if (ps.generation_seconds > 0 && ls.generation_seconds > 0) ratios.push_back(ls.generation_tok_s() / ps.generation_tok_s());
+        std::vector<int32_t> verified;
+        KvCache c4(*t->backend, model.config(), options.n_ctx);
+        SpecContext ctx{*t->runner, c4, lossless_drafter, *fixed, TreeBudget{TreeShape::Chain, 6, 1, 6}};
+        GenerationStats vs = generate_speculative(ctx, prompt, gen, is_end, [&](int32_t tok) { verified.push_back(tok); return true; });
+        lossless_s += vs.generation_seconds;
+        lossless_n += vs.n_generated;
+        lossless_identical += verified == plain;
+        if (vs.generation_seconds > 0 && ps.generation_seconds > 0) lossless_ratios.push_back(vs.generation_tok_s() / ps.generation_tok_s());
         std::fprintf(stderr, "[specula] prompt %zu/%zu: plain %.1f tok/s, lossy %.1f tok/s, same for %zu of %zu tokens\n", pi + 1,
                      prompts.size(), ps.generation_tok_s(), ls.generation_tok_s(), same, plain.size());
     }
     std::sort(ratios.begin(), ratios.end());
+    std::sort(lossless_ratios.begin(), lossless_ratios.end());
     const double median = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+    const double lossless_median = lossless_ratios.empty() ? 0.0 : lossless_ratios[lossless_ratios.size() / 2];
+    const double lossless_tok_s = lossless_n / lossless_s;
     const double plain_tok_s = plain_n / plain_s, lossy_tok_s = lossy_n / lossy_s;
-    std::printf("prompts %zu (%s split), %d plain tokens, threshold %.2f\n", prompts.size(), set.split.c_str(), plain_n, t->exit_threshold);
+    std::printf("prompts %zu (%s split), %d plain tokens, threshold %.3f\n", prompts.size(), set.split.c_str(), plain_n, t->exit_threshold);
     std::printf("plain %.1f tok/s, lossy %.1f tok/s: %.2fx (per-prompt ratio median %.2fx, range %.2f-%.2f)\n", plain_tok_s, lossy_tok_s,
                 lossy_tok_s / plain_tok_s, median, ratios.empty() ? 0.0 : ratios.front(), ratios.empty() ? 0.0 : ratios.back());
     std::printf("teacher-forced: %s; exited tokens equal to the full model's: %d/%d (%.1f%%)\n", forced_stats.summary(L).c_str(),
                 forced_agree, forced_exited, forced_exited ? 100.0 * forced_agree / forced_exited : 0.0);
     std::printf("free-running: %s; mean tokens before the first difference %.1f, identical replies %d/%zu\n",
                 lossy_stats.summary(L).c_str(), static_cast<double>(free_same_total) / prompts.size(), free_identical, prompts.size());
+    std::printf("lossless: %.1f tok/s, %.2fx plain (per-prompt median %.2fx), replies identical to plain %d/%zu; drafter %s\n", lossless_tok_s,
+                lossless_tok_s / plain_tok_s, lossless_median, lossless_identical, prompts.size(), lossless_drafter.exit_stats().summary(L).c_str());
     if (!json_path.empty()) {
         nlohmann::json j = {{"prompts", prompts.size()}, {"split", set.split}, {"threshold", t->exit_threshold},
                             {"plain_tok_s", plain_tok_s}, {"lossy_tok_s", lossy_tok_s}, {"ratio_median", median},
@@ -221,7 +273,8 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
                             {"teacher_forced_exited", forced_exited}, {"teacher_forced_agree", forced_agree}, {"teacher_forced_tokens", forced_tokens},
                             {"teacher_forced_exits_at", forced_stats.exits_at}, {"free_exits_at", lossy_stats.exits_at},
                             {"free_mean_exit_layer", lossy_stats.mean_exit_layer(L)}, {"free_tokens_before_difference", free_same_total},
-                            {"free_identical_replies", free_identical}};
+                            {"free_identical_replies", free_identical}, {"lossless_tok_s", lossless_tok_s},
+                            {"lossless_ratio_median", lossless_median}, {"lossless_identical_replies", lossless_identical}};
         std::ofstream(json_path) << j.dump(1) << "\n";
     }
     return 0;
@@ -240,6 +293,8 @@ void register_specee(CLI::App & app, Commands & commands) {
     CLI::App * feat = app.add_subcommand("specee-features", "SpecEE training data: the target's replies, its EAGLE-3 head's top 4 and their logits at every layer (JSON lines)");
     add_common(feat, fa->engine, fa->prompts, fa->n_predict);
     feat->add_option("-o,--out", fa->out, "output JSON-lines file")->required();
+    feat->add_option("--specee", fa->engine.specee_path, "exit predictors GGUF: decode with their exits (on-policy data for the next predictors)");
+    feat->add_option("--specee-threshold", fa->engine.specee_threshold, "exit above this probability (default: the file's)");
     feat->callback([fa, &commands] { commands.run = [fa] { return run_features(fa->engine, fa->prompts, fa->n_predict, fa->out); }; });
 
     auto ea = std::make_shared<Args>();

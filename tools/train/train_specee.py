@@ -11,7 +11,8 @@ the best candidate there is the full model's token.
   2. The paper's features at each scheduled layer: the 4 logits, their softmax over the 4, and
      the softmax's change since the previous scheduled layer (as runtime/exit_predictor.cpp).
   3. Per scheduled layer a 12 -> hidden -> 1 ReLU MLP, logistic loss, Adam, full batch, with the
-     feature standardisation folded into the first layer. numpy only.
+     feature standardisation folded into the first layer. numpy only. A scheduled layer where no
+     token would exit is dropped and the rest refitted.
   4. The default threshold: the smallest on a grid whose simulated exits (first scheduled layer
      above it) agree with the full model on at least --target-agreement of the exited tokens of
      the prompts held out from training (whole prompts).
@@ -26,6 +27,8 @@ ap.add_argument("--features", required=True)
 ap.add_argument("--model", required=True, help="the target GGUF (its depth and width go into the sidecar)")
 ap.add_argument("--out", required=True)
 ap.add_argument("--layers", type=int, default=6, help="scheduled layers besides the last")
+ap.add_argument("--min-layer", type=int, default=1,
+                help="schedule no layer below this; above the drafter's deepest feature layer, an exit leaves the drafter exact features")
 ap.add_argument("--hidden", type=int, default=16)
 ap.add_argument("--epochs", type=int, default=400)
 ap.add_argument("--lr", type=float, default=0.01)
@@ -69,7 +72,7 @@ in_candidates = float((cands == token[:, None]).any(axis=1).mean())
 print(f"{N} tokens; the full model's token is among the 4 candidates for {100 * in_candidates:.1f}%, "
       f"the best candidate at the last layer for {100 * label[:, -1].mean():.1f}%")
 print("tokens settled by layer:", {int(l): int(c) for l, c in enumerate(counts) if c})
-ranked = [int(l) for l in np.argsort(-counts[1:L]) + 1 if counts[l] > 0][: a.layers]
+ranked = [int(l) for l in np.argsort(-counts[1:L]) + 1 if counts[l] > 0 and l >= a.min_layer][: a.layers]
 schedule = sorted(set(ranked) | {L})
 print("schedule:", schedule)
 
@@ -85,8 +88,6 @@ def features(sched):
         prev = p
     return out
 
-X = features(schedule)
-Y = np.stack([label[:, l - 1] for l in schedule], axis=1)  # [N, S]
 rng = np.random.default_rng(a.seed)
 prompts = np.unique(prompt)
 valid_prompts = set(rng.choice(prompts, size=max(1, int(len(prompts) * a.valid_share)), replace=False).tolist())
@@ -126,10 +127,7 @@ def predict(mlp, x):
     w1, b1, w2, b2 = mlp
     return 1 / (1 + np.exp(-(np.maximum(x @ w1.T + b1, 0) @ w2 + b2[0])))
 
-mlps = [train_mlp(X[train, i], Y[train, i]) for i in range(len(schedule))]
-P = np.stack([predict(mlps[i], X[:, i]) for i in range(len(schedule))], axis=1)  # [N, S]
-
-def simulate(thr, rows):
+def simulate(P, Y, schedule, thr, rows):
     exit_at = np.full(rows.sum(), -1)
     p, y = P[rows], Y[rows]
     for i in range(len(schedule) - 1, -1, -1):
@@ -139,14 +137,32 @@ def simulate(thr, rows):
     layers = np.where(exited, np.array(schedule)[np.maximum(exit_at, 0)], L)
     return exited.mean(), (agree.mean() if exited.any() else 1.0), layers.mean(), exit_at
 
-grid = [round(0.5 + 0.01 * i, 2) for i in range(50)]
-threshold = grid[-1]
-for thr in grid:
-    _, agreement, _, _ = simulate(thr, valid)
-    if agreement >= a.target_agreement:
-        threshold = thr
+grid = [round(0.5 + 0.005 * i, 3) for i in range(100)]
+
+def fit(schedule):
+    X = features(schedule)
+    Y = np.stack([label[:, l - 1] for l in schedule], axis=1)  # [N, S]
+    mlps = [train_mlp(X[train, i], Y[train, i]) for i in range(len(schedule))]
+    P = np.stack([predict(mlps[i], X[:, i]) for i in range(len(schedule))], axis=1)  # [N, S]
+    threshold = grid[-1]
+    for thr in grid:
+        if simulate(P, Y, schedule, thr, valid)[1] >= a.target_agreement:
+            threshold = thr
+            break
+    return mlps, P, Y, threshold
+
+# A scheduled layer where no token exits costs a segment boundary and a probe for nothing: drop
+# it and refit (the features' change term depends on the schedule).
+while True:
+    mlps, P, Y, threshold = fit(schedule)
+    _, _, _, exit_all = simulate(P, Y, schedule, threshold, np.ones(N, bool))
+    idle = [l for i, l in enumerate(schedule) if l != L and not (exit_all == i).any()]
+    if not idle:
         break
-rate, agreement, mean_layer, exit_at = simulate(threshold, valid)
+    schedule = [l for l in schedule if l not in idle]
+    print("dropped idle layers", idle, "-> schedule", schedule)
+
+rate, agreement, mean_layer, exit_at = simulate(P, Y, schedule, threshold, valid)
 profile = {int(schedule[i]): int((exit_at == i).sum()) for i in range(len(schedule))}
 print(f"threshold {threshold}: held-out prompts ({valid.sum()} tokens): exit rate {100 * rate:.1f}%, "
       f"agreement {100 * agreement:.1f}%, mean exit layer {mean_layer:.1f} of {L}; exits by layer {profile}")
