@@ -39,8 +39,12 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
     t->runner = std::make_unique<ModelRunner>(*t->model);
 
     t->speculative = spec.kind != DrafterKind::None;
+    if (options.specee_lossless && options.specee_path.empty()) throw Error("--specee-lossless needs --specee FILE");
     if (t->speculative) {
-        const DraftingRules rules = drafting_rules(options, spec.kind);
+        // SpecEE's lossless drafts are chains (the tokens up to the first that did not exit).
+        EngineOptions drafting = options;
+        if (options.specee_lossless && !options.tree) drafting.tree = TreeShape::Chain;
+        const DraftingRules rules = drafting_rules(drafting, spec.kind);
         t->policy = rules.policy;
         t->tree = rules.tree;
     }
