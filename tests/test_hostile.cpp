@@ -24,6 +24,7 @@
 #include "runtime/eagle_head.h"
 #include "runtime/gguf_file.h"
 #include "runtime/model.h"
+#include "specee_predictor.h"
 #include "test_models.h"
 #include "tokenizer/tokenizer.h"
 
@@ -283,6 +284,24 @@ TEST(HostileCli, BadChoicesNameTheValue) {
     expect_cli_error(m + "--draft-policy best", "unknown draft policy 'best' (expected cost, heuristic or fixed)");
     expect_cli_error(m + "--tree bush", "unknown tree shape 'bush' (expected chain, static or dynamic)");
     expect_cli_error(m + "--ngram --draft " + target(), "choose one drafter: --draft, --eagle, --eagle3 or --ngram");
+}
+
+// Catches SpecEE flags that crash, are ignored, or fail without saying what is missing or wrong.
+TEST(HostileCli, SpecEEFlagsNameTheProblem) {
+    Backend backend(BackendOptions{"cpu", 1});
+    auto model = Model::load(target(), backend);
+    test::PredictorSpec spec;
+    spec.layers = {1, 2};
+    const std::string good = test::write_predictor(spec, *model, "hostile-cli-specee");
+    spec.ints["specula-specee.target_block_count"] = 3;
+    const std::string deeper = test::write_predictor(spec, *model, "hostile-cli-specee-deeper");
+    const std::string m = "generate -m " + target() + " -p hi -n 2 ";
+    expect_cli_error(m + "--specee " + good, "--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");
+    expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + deeper, "predictors for a target of 3 layers and width 64, the target has 2 and 64");
+    expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + target(), "not a SpecEE predictor file (architecture 'llama'");
+    expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + good + " --temp 0.5", "SpecEE's lossy mode decodes greedily");
+    expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + good + " --specee-threshold 2", "--specee-threshold must be within 0..1");
+    expect_cli_error(m + "--eagle3 " + eagle3() + " --specee-lossless", "--specee-lossless needs --specee FILE");
 }
 
 TEST(HostileCli, MissingAndNonGgufFiles) {

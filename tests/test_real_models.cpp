@@ -23,6 +23,7 @@
 #include "draft/eagle.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
+#include "engine/specee.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
 #include "distribution.h"
@@ -436,12 +437,15 @@ TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
     auto eagle3 = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *t.model, t.backend);
     auto eagle1 = EagleHead::load(test::shipped_model("smollm2-eagle1.gguf"), *t.model, t.backend);
     auto draft = Model::load(test::shipped_model("smollm2-draft.gguf"), t.backend);
+    auto specee = ExitPredictor::load(test::shipped_model("smollm2-specee.gguf"), *t.model);
     // Floors at about 40% of what the shipped drafters measured here (models/README.md has their
     // acceptance).
     const DrafterCase cases[] = {
         {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, 512); }, 0.6, 1.0},
         {"eagle1", [&] { return std::make_unique<EagleDrafter>(*eagle1, 512); }, 0.2, 0.3},
         {"draft-lm", [&] { return std::make_unique<DraftModelDrafter>(*draft, 512); }, 0.5, 0.65},
+        // SpecEE's lossless mode: the shipped predictor's exited tokens as drafts (measured 1.91 / 1.97).
+        {"specee", [&] { return std::make_unique<EarlyExitDrafter>(*t.model, *specee, specee->default_threshold(), std::make_unique<EagleDrafter>(*eagle3, 512), 512); }, 0.75, 0.75},
     };
     expect_greedy_speculation_equals_plain("smollm2-drafters", t, chat_prompts(path), cases);
 }
@@ -472,9 +476,12 @@ TEST(Gemma3Drafter, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
     if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
     LoadedTarget t(path);
     auto eagle3 = EagleHead::load(test::shipped_model("gemma3-eagle3.gguf"), *t.model, t.backend);
+    auto specee = ExitPredictor::load(test::shipped_model("gemma3-specee.gguf"), *t.model);
     // Floors at about 40% of what the shipped head measured here (models/README.md has its acceptance).
     const DrafterCase cases[] = {
         {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, 512); }, 0.45, 0.6},
+        // SpecEE's lossless mode with the shipped predictor (measured 1.29 / 1.40).
+        {"specee", [&] { return std::make_unique<EarlyExitDrafter>(*t.model, *specee, specee->default_threshold(), std::make_unique<EagleDrafter>(*eagle3, 512), 512); }, 0.5, 0.5},
     };
     expect_greedy_speculation_equals_plain("gemma3-drafter", t, framed_prompts(path), cases);
 }

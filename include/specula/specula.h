@@ -29,6 +29,11 @@ struct EngineOptions {
     std::string device = "cpu";  // a ggml device name when built with a GPU backend
     Kernels kernels = Kernels::Auto;
     Attention attention = Attention::Auto;
+    // SpecEE early exit (docs/specee.md): the exit-predictor sidecar, with the EAGLE-3 head as
+    // the drafter of its candidates; lossy (default) = greedy with exits, the text may differ from plain.
+    std::string specee_path;
+    float specee_threshold = -1.0f;  // exit above this predictor probability; < 0: the file's default
+    bool specee_lossless = false;    // exited tokens are drafts the full target verifies: plain's output
 };
 
 // What a round's policy chose.
@@ -140,6 +145,7 @@ struct GenerationStats {
     // The target's measured forward cost for 1..N tokens that the draft policies planned with
     // (empty when no policy needed it): why a run drafted as much or as little as it did.
     std::vector<double> verify_cost_ms;
+    std::string early_exit;  // SpecEE runs: where tokens exited (one line; empty otherwise)
     double prompt_tok_s() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0.0; }
     double generation_tok_s() const { return generation_seconds > 0 ? n_generated / generation_seconds : 0.0; }
 };

@@ -1,6 +1,7 @@
 #include <memory>
 
 #include "engine/generate.h"
+#include "engine/specee.h"
 #include "engine/speculative.h"
 #include "engine/target.h"
 #include "kv/kv_cache.h"
@@ -50,6 +51,14 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     KvCache cache(*t.backend, t.model->config(), t.options.n_ctx);
     auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
     if (!impl_->drafter) return generate_plain(*t.runner, cache, tokens, options, is_end, sink);
+    if (t.exit_predictor && !t.options.specee_lossless) {
+        EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get());
+        EarlyExitStats exits;
+        GenerationStats stats = generate_early_exit(decoder, *t.runner, cache, *impl_->drafter, tokens, options, t.exit_threshold,
+                                                    is_end, sink, exits);
+        stats.early_exit = exits.summary(t.model->config().n_layer);
+        return stats;
+    }
 
     t.measure_verify_cost_once(cache, tokens);
     std::unique_ptr<TreeSizePolicy> tree_size = t.make_tree_size_policy();
@@ -58,6 +67,9 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     if (options.on_round) ctx.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
     GenerationStats stats = generate_speculative(ctx, tokens, options, is_end, sink);
     stats.verify_cost_ms = t.verify_cost_ms;
+    if (const auto * exits = dynamic_cast<const EarlyExitDrafter *>(impl_->drafter.get())) {
+        stats.early_exit = exits->exit_stats().summary(t.model->config().n_layer);
+    }
     return stats;
 }
 

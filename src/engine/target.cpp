@@ -6,6 +6,8 @@
 #include "common/progress.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
+#include "engine/specee.h"
+#include "runtime/exit_predictor.h"
 #include "kv/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -37,19 +39,37 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
     t->runner = std::make_unique<ModelRunner>(*t->model);
 
     t->speculative = spec.kind != DrafterKind::None;
+    if (options.specee_lossless && options.specee_path.empty()) throw Error("--specee-lossless needs --specee FILE");
     if (t->speculative) {
-        const DraftingRules rules = drafting_rules(options, spec.kind);
+        // SpecEE's lossless drafts are chains (the tokens up to the first that did not exit).
+        EngineOptions drafting = options;
+        if (options.specee_lossless && !options.tree) drafting.tree = TreeShape::Chain;
+        const DraftingRules rules = drafting_rules(drafting, spec.kind);
         t->policy = rules.policy;
         t->tree = rules.tree;
     }
     t->drafter = DrafterSource::open(spec, *t->backend, *t->model, *t->tokenizer);
     if (t->speculative) progress.step("drafter");
+    if (!options.specee_path.empty()) {
+        if (spec.kind != DrafterKind::Eagle3) throw Error("--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");
+        t->exit_predictor = ExitPredictor::load(options.specee_path, *t->model);
+        t->exit_threshold = options.specee_threshold < 0.0f ? t->exit_predictor->default_threshold() : options.specee_threshold;
+        if (!(t->exit_threshold <= 1.0f)) throw Error("--specee-threshold must be within 0..1 (1: never exit)");
+    }
     return t;
 }
 
-std::unique_ptr<Drafter> Target::make_drafter(int n_ctx) const { return drafter.make(n_ctx); }
+std::unique_ptr<Drafter> Target::make_drafter(int n_ctx) const {
+    if (exit_predictor && options.specee_lossless) {
+        return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, exit_threshold, drafter.make(n_ctx), n_ctx);
+    }
+    return drafter.make(n_ctx);
+}
 
-std::vector<std::unique_ptr<Drafter>> Target::make_drafters(int n_ctx, int n) const { return drafter.make_group(n_ctx, n); }
+std::vector<std::unique_ptr<Drafter>> Target::make_drafters(int n_ctx, int n) const {
+    if (exit_predictor) throw Error("SpecEE early exit runs one sequence at a time (specula generate)");
+    return drafter.make_group(n_ctx, n);
+}
 
 bool Target::needs_verify_cost() const {
     const bool auto_tree = tree.shape != TreeShape::Chain && tree.max_nodes == 0;

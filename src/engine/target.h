@@ -20,6 +20,7 @@ namespace specula {
 
 class Backend;
 struct BackendOptions;
+class ExitPredictor;
 class KvCache;
 class Model;
 class ModelRunner;
@@ -42,6 +43,8 @@ struct Target {
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
     TreeBudget tree;
     std::vector<double> verify_cost_ms;  // measured once: cost policy, default tree size
+    std::unique_ptr<ExitPredictor> exit_predictor;  // SpecEE (options.specee_path)
+    float exit_threshold = 0.5f;
 
     bool needs_verify_cost() const;
     // Measures verify_cost_ms once, on `tokens` tiled, in the empty `cache` (left empty), for

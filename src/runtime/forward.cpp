@@ -56,6 +56,7 @@ constexpr int kKvPad = 256;
 
 struct GraphKey {
     int n_tokens, hidden_width, n_kv, n_out, layer_begin, layer_end;
+    bool kv_only;
     std::vector<int> taps;
     uint64_t cache_id;
     bool operator==(const GraphKey &) const = default;
@@ -93,7 +94,9 @@ void ModelRunner::check(const ForwardBatch & b, const KvCache & cache) const {
     const int n = b.n_tokens();
     const int layer_end = b.layer_end < 0 ? c.n_layer : b.layer_end;
     if (n <= 0) throw Error("forward: empty batch");
-    if (b.layer_begin < 0 || b.layer_begin >= layer_end || layer_end > c.n_layer) throw Error("forward: bad layer range");
+    // layer_begin == layer_end == n_layer: the output alone, on a continuation's final state.
+    const bool head_only = b.layer_begin == c.n_layer && layer_end == c.n_layer && b.kv_slot_begin >= 0 && !b.kv_only;
+    if (b.layer_begin < 0 || (b.layer_begin >= layer_end && !head_only) || layer_end > c.n_layer) throw Error("forward: bad layer range");
     if (!b.tokens.empty() && static_cast<int>(b.tokens.size()) != n) throw Error("forward: tokens and positions differ in length");
     if (b.hidden_in.size() % n != 0) throw Error("forward: hidden_in is not a whole number of rows");
     const int hidden_width = static_cast<int>(b.hidden_in.size() / n);
@@ -114,6 +117,9 @@ void ModelRunner::check(const ForwardBatch & b, const KvCache & cache) const {
     }
     if (b.kv_slot_begin >= 0 && (b.layer_begin == 0 || b.kv_slot_begin + n != cache.size())) {
         throw Error("forward: a continuation segment starts past layer 0 and rewrites the cache's last rows");
+    }
+    if (b.kv_only && (b.kv_slot_begin < 0 || !b.tap_layers.empty() || !b.logit_rows.empty())) {
+        throw Error("forward: a K/V-only batch continues an earlier segment and returns nothing");
     }
     for (int l : b.tap_layers) {
         if (l < b.layer_begin || l > layer_end) throw Error("forward: tap layer " + std::to_string(l) + " outside the layer range");
@@ -136,7 +142,7 @@ void ModelRunner::forward_parts(std::span<const BatchPart> parts) {
         const ForwardBatch & b = *p.batch;
         if (p.cache->id() != parts[0].cache->id()) throw Error("forward: parts must use streams of one KV pool");
         if (b.layer_begin != first.layer_begin || (b.layer_end < 0 ? c.n_layer : b.layer_end) != layer_end ||
-            b.tap_layers != first.tap_layers || b.tokens.empty() != first.tokens.empty() ||
+            b.tap_layers != first.tap_layers || b.kv_only != first.kv_only || b.tokens.empty() != first.tokens.empty() ||
             b.hidden_in.size() != hidden_width * b.n_tokens()) {
             throw Error("forward: parts differ in layer range, taps or inputs");
         }
@@ -168,7 +174,7 @@ void ModelRunner::forward_parts(std::span<const BatchPart> parts) {
 ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end) {
     const int n = b.n_tokens();
     const int hidden_width = static_cast<int>(b.hidden_in.size() / n);
-    GraphKey key{n, hidden_width, n_kv, want_logits ? static_cast<int>(b.logit_rows.size()) : 0, b.layer_begin, layer_end, b.tap_layers, cache.id()};
+    GraphKey key{n, hidden_width, n_kv, want_logits ? static_cast<int>(b.logit_rows.size()) : 0, b.layer_begin, layer_end, b.kv_only, b.tap_layers, cache.id()};
     for (size_t i = 0; i < graphs_.size(); ++i) {
         if (graphs_[i]->key == key) {
             std::rotate(graphs_.begin() + i, graphs_.begin() + i + 1, graphs_.end());
@@ -239,6 +245,7 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
     merged.layer_begin = parts[0].batch->layer_begin;
     merged.layer_end = layer_end;
     merged.tap_layers = parts[0].batch->tap_layers;
+    merged.kv_only = parts[0].batch->kv_only;
     std::vector<int> row_begin;
     std::vector<int64_t> slots;  // storage slot of each row
     int kv_len = 0;

@@ -41,12 +41,18 @@ struct ForwardBatch {
                                       // (0 = token embeddings, n_layer = final pre-norm state), as
                                       // llama.cpp's eagle3 extract_layers count them
     int layer_begin = 0;
-    int layer_end = -1;               // exclusive; -1 = n_layer
+    int layer_end = -1;               // exclusive; -1 = n_layer. A continuation may run no layer at
+                                      // all (layer_begin == n_layer): the output of hidden_in alone
     // Layer segments: >= 0 makes this batch the continuation (layer_begin > 0) of rows an earlier
     // segment already put at stream slots [kv_slot_begin, kv_slot_begin + n), the cache's last n:
     // their K/V for these layers goes into those slots, so that after the last segment the cache
     // holds what one full-depth forward would have written. -1 = append new slots.
     int kv_slot_begin = -1;
+    // Early exit (docs/specee.md): a continuation that only writes the K/V rows of layers
+    // [layer_begin, layer_end) for rows whose residual stream stopped at layer_begin. Each layer
+    // projects hidden_in (the exit state) through its own norm and K/V weights, so later tokens
+    // attend to a complete cache; no attention, FFN or output is computed.
+    bool kv_only = false;
 
     int n_tokens() const { return static_cast<int>(positions.size()); }
     // A causal block of `tokens` at positions start.. with logits for the listed rows.

@@ -141,8 +141,8 @@ void Model::check_hidden_in(const ForwardBatch & b, int hidden_width) const {
 
 GraphOutputs Model::build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCache & cache, const GraphInputs & in,
                                 const ForwardBatch & b, int layer_end) const {
-    if (config_.arch == Arch::Gemma3) return build_gemma3_graph(ctx, gf, *this, cache, in, b.layer_begin, layer_end, b.tap_layers);
-    return build_llama_family_graph(ctx, gf, *this, cache, in, b.layer_begin, layer_end, b.tap_layers);
+    if (config_.arch == Arch::Gemma3) return build_gemma3_graph(ctx, gf, *this, cache, in, b.layer_begin, layer_end, b.tap_layers, b.kv_only);
+    return build_llama_family_graph(ctx, gf, *this, cache, in, b.layer_begin, layer_end, b.tap_layers, b.kv_only);
 }
 
 }  // namespace specula

@@ -31,6 +31,11 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
     add_engine_flags(sub, args->engine);
+    sub->add_option("--specee", args->engine.specee_path,
+                    "SpecEE exit predictors GGUF (models/*-specee.gguf): lossy early exit at T=0 with the EAGLE-3 head's top 4 as candidates");
+    sub->add_flag("--specee-lossless", args->engine.specee_lossless,
+                  "SpecEE's lossless mode: exited tokens are drafts the full target verifies (output identical to plain)");
+    sub->add_option("--specee-threshold", args->engine.specee_threshold, "exit above this predictor probability (default: the file's; 1 = never)");
     sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds");
     sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
@@ -57,6 +62,7 @@ void register_generate(CLI::App & app, Commands & commands) {
                          s.prompt_tok_s(), s.n_generated, s.generation_tok_s());
             if (s.speculative) std::fprintf(stderr, "[specula] %s\n", format_summary(s.speculation).c_str());
             if (s.speculative && s.speculation.rounds > 0) std::fprintf(stderr, "[specula] %s\n", format_time_split(s).c_str());
+            if (!s.early_exit.empty()) std::fprintf(stderr, "[specula] %s\n", s.early_exit.c_str());
             if (s.verify_cost_ms.size() >= 2) {
                 // What the policies saw: a draft pays only if verifying it costs little more than one step.
                 std::string costs;

@@ -16,5 +16,6 @@ void register_make_model(CLI::App & app, Commands & commands);
 void register_convert(CLI::App & app, Commands & commands);
 void register_serve(CLI::App & app, Commands & commands);
 void register_report(CLI::App & app, Commands & commands);
+void register_specee(CLI::App & app, Commands & commands);
 
 }  // namespace specula::cli

@@ -20,6 +20,7 @@ int main(int argc, char ** argv) {
     specula::cli::register_convert(app, commands);
     specula::cli::register_serve(app, commands);
     specula::cli::register_report(app, commands);
+    specula::cli::register_specee(app, commands);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

@@ -51,6 +51,9 @@ ggml_tensor * split_heads(ggml_context * ctx, ggml_tensor * t, int64_t D, int64_
 ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, KvCache & cache, int il,
                               ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const GraphInputs & in,
                               ggml_tensor * kq_mask, float kq_scale);
+// Writes the block's k/v ([head_dim, heads, n], final form) into layer `il` of the cache at in.kv_slots.
+void store_kv(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, KvCache & cache, int il, ggml_tensor * k,
+              ggml_tensor * v, const GraphInputs & in);
 // Self-attention of the block against layer `il` of the cache; writes the block's K/V there.
 ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L, KvCache & cache,
                         int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs);
@@ -59,8 +62,11 @@ ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tens
 
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
                                       const GraphInputs & in, int layer_begin, int layer_end,
-                                      std::span<const int> tap_layers);
+                                      std::span<const int> tap_layers, bool kv_only);
 GraphOutputs build_gemma3_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
-                                const GraphInputs & in, int layer_begin, int layer_end, std::span<const int> tap_layers);
+                                const GraphInputs & in, int layer_begin, int layer_end, std::span<const int> tap_layers,
+                                bool kv_only);
+// kv_only (ForwardBatch::kv_only): each layer in the range only writes the K/V projections of
+// the same input rows; nothing is returned.
 
 }  // namespace specula

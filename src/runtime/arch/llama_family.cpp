@@ -46,26 +46,66 @@ ggml_tensor * split_heads(ggml_context * ctx, ggml_tensor * t, int64_t D, int64_
     return ggml_view_3d(ctx, t, D, heads, t->ne[1], D * ggml_element_size(t), t->nb[1], 0);
 }
 
-ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L,
-                        KvCache & cache, int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs) {
+namespace {
+
+// q (when asked for), k and v of a pre-normed input, roped: [D, heads, n] each. The K/V-only
+// path of an early exit computes k and v exactly as the full layer does.
+struct Qkv {
+    ggml_tensor * q = nullptr;
+    ggml_tensor * k = nullptr;
+    ggml_tensor * v = nullptr;
+};
+
+Qkv project_qkv(ggml_context * ctx, const ModelConfig & c, const LayerWeights & L, ggml_tensor * x, const GraphInputs & in,
+                ggml_tensor * rope_freqs, bool with_q) {
     const int D = c.head_dim;
     const int rope_mode = c.rope_style == RopeStyle::Neox ? GGML_ROPE_TYPE_NEOX : 0;
-
-    const std::vector<ggml_tensor *> qkv = linear_stack(ctx, {L.wq, L.wk, L.wv}, x);
     auto biased = [&](ggml_tensor * t, ggml_tensor * bias) { return bias ? ggml_add(ctx, t, bias) : t; };
-    ggml_tensor * q = split_heads(ctx, biased(qkv[0], L.bq), D, c.n_head);     // [D, n_head, n]
-    ggml_tensor * k = split_heads(ctx, biased(qkv[1], L.bk), D, c.n_head_kv);  // [D, n_head_kv, n]
-    ggml_tensor * v = split_heads(ctx, biased(qkv[2], L.bv), D, c.n_head_kv);
-    if (L.q_norm) {
-        q = rms_norm(ctx, q, L.q_norm, c.rms_eps);
-        k = rms_norm(ctx, k, L.k_norm, c.rms_eps);
+    auto rope = [&](ggml_tensor * t) {
+        return ggml_rope_ext(ctx, t, in.positions, rope_freqs, D, rope_mode, c.n_ctx_train, c.rope_freq_base,
+                             c.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+    };
+    const std::vector<ggml_tensor *> proj = with_q ? linear_stack(ctx, {L.wq, L.wk, L.wv}, x) : linear_stack(ctx, {L.wk, L.wv}, x);
+    const size_t first_kv = with_q ? 1 : 0;
+    Qkv r;
+    r.k = split_heads(ctx, biased(proj[first_kv], L.bk), D, c.n_head_kv);  // [D, n_head_kv, n]
+    r.v = split_heads(ctx, biased(proj[first_kv + 1], L.bv), D, c.n_head_kv);
+    if (L.k_norm) r.k = rms_norm(ctx, r.k, L.k_norm, c.rms_eps);
+    r.k = rope(r.k);
+    if (with_q) {
+        r.q = split_heads(ctx, biased(proj[0], L.bq), D, c.n_head);  // [D, n_head, n]
+        if (L.q_norm) r.q = rms_norm(ctx, r.q, L.q_norm, c.rms_eps);
+        r.q = rope(r.q);
+        ggml_set_name(r.q, "q_rope");
     }
-    q = ggml_rope_ext(ctx, q, in.positions, rope_freqs, D, rope_mode, c.n_ctx_train, c.rope_freq_base,
-                      c.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
-    k = ggml_rope_ext(ctx, k, in.positions, rope_freqs, D, rope_mode, c.n_ctx_train, c.rope_freq_base,
-                      c.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
-    ggml_set_name(q, "q_rope");
-    return linear(ctx, L.wo, attend_to_cache(ctx, gf, c, cache, il, q, k, v, in, in.kq_mask, 1.0f / std::sqrt(static_cast<float>(D))));  // [n_embd, n]
+    return r;
+}
+
+}  // namespace
+
+ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, const LayerWeights & L,
+                        KvCache & cache, int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs) {
+    const Qkv qkv = project_qkv(ctx, c, L, x, in, rope_freqs, true);
+    return linear(ctx, L.wo, attend_to_cache(ctx, gf, c, cache, il, qkv.q, qkv.k, qkv.v, in, in.kq_mask,
+                                             1.0f / std::sqrt(static_cast<float>(c.head_dim))));  // [n_embd, n]
+}
+
+void store_kv(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, KvCache & cache, int il, ggml_tensor * k,
+              ggml_tensor * v, const GraphInputs & in) {
+    const int n = static_cast<int>(k->ne[2]);
+    ggml_tensor * cache_k = cache.k(il);  // [n_embd_kv, capacity]
+    ggml_tensor * cache_v = cache.v(il);
+    const int64_t n_embd_kv = c.n_embd_kv();
+    // Rows of [D, heads, n] as [n_embd_kv, n]; v may be a view into a q/k/v stack.
+    auto rows_of = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, n_embd_kv, n, t->nb[2], 0); };
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_k, rows_of(k), in.kv_slots));
+    if (in.attention != AttentionKernel::Matmul) {
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, rows_of(v), in.kv_slots));
+        return;
+    }
+    // Element (channel j, slot s) of the transposed V lives at j * capacity + s: one scatter per element.
+    ggml_tensor * v_flat = ggml_reshape_2d(ctx, cache_v, 1, ggml_nelements(cache_v));
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_flat, ggml_reshape_2d(ctx, ggml_is_contiguous(v) ? v : ggml_cont(ctx, v), 1, n_embd_kv * n), in.v_elements));
 }
 
 ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig & c, KvCache & cache, int il,
@@ -75,30 +115,22 @@ ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelC
     const int D = c.head_dim;
 
     // Store the block's K/V at their slots; the attention then reads the cache views.
+    store_kv(ctx, gf, c, cache, il, k, v, in);
     ggml_tensor * cache_k = cache.k(il);  // [n_embd_kv, capacity]
     ggml_tensor * cache_v = cache.v(il);
-    const int64_t n_embd_kv = c.n_embd_kv();
-    // Rows of [D, heads, n] as [n_embd_kv, n]; v may be a view into a q/k/v stack.
-    auto rows_of = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, n_embd_kv, n, t->nb[2], 0); };
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_k, rows_of(k), in.kv_slots));
     const size_t es = ggml_element_size(cache_k);
     ggml_tensor * kp = ggml_permute(ctx, ggml_view_3d(ctx, cache_k, D, c.n_head_kv, in.n_kv, es * D, cache_k->nb[1], 0), 0, 2, 1, 3);
     ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [D, n, n_head];  kp: [D, n_kv, n_head_kv]
 
     ggml_tensor * o;
     if (in.attention == AttentionKernel::Specula) {
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, rows_of(v), in.kv_slots));
         o = kernels::masked_attention(ctx, q, cache_k, cache_v, kq_mask, kq_scale);  // [D*n_head, n]
     } else if (in.attention == AttentionKernel::Flash) {
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, cache_v, rows_of(v), in.kv_slots));
         ggml_tensor * vp = ggml_permute(ctx, ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0), 0, 2, 1, 3);
         o = ggml_flash_attn_ext(ctx, qp, kp, vp, kq_mask, kq_scale, 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
         o = ggml_reshape_2d(ctx, o, D * c.n_head, n);  // [D*n_head, n]
     } else {  // llama.cpp's -fa off path op for op: KQ, masked softmax, V^T KQ
-        // Element (channel j, slot s) of the transposed V lives at j * capacity + s: one scatter per element.
-        ggml_tensor * v_flat = ggml_reshape_2d(ctx, cache_v, 1, ggml_nelements(cache_v));
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_flat, ggml_reshape_2d(ctx, ggml_is_contiguous(v) ? v : ggml_cont(ctx, v), 1, n_embd_kv * n), in.v_elements));
         const size_t row = cache_v->nb[1];  // one channel across all slots
         ggml_tensor * vt = ggml_view_3d(ctx, cache_v, in.n_kv, D, c.n_head_kv, row, row * D, 0);  // [n_kv, D, n_head_kv]
         ggml_tensor * kq = ggml_mul_mat(ctx, kp, qp);                                             // [n_kv, n, n_head]
@@ -117,7 +149,7 @@ ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tens
 
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
                                       const GraphInputs & in, int layer_begin, int layer_end,
-                                      std::span<const int> tap_layers) {
+                                      std::span<const int> tap_layers, bool kv_only) {
     const ModelConfig & c = model.config();
     const ModelWeights & w = model.weights();
     GraphOutputs out;
@@ -129,6 +161,14 @@ GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, cons
             if (tap_layers[t] == il) out.taps[t] = x;
         }
     };
+    if (kv_only) {
+        for (int il = layer_begin; il < layer_end; ++il) {
+            const LayerWeights & L = w.layers[il];
+            const Qkv kv = project_qkv(ctx, c, L, rms_norm(ctx, x, L.attn_norm, c.rms_eps), in, w.rope_freqs, false);
+            store_kv(ctx, gf, c, cache, il, kv.k, kv.v, in);
+        }
+        return out;
+    }
     for (int il = layer_begin; il < layer_end; ++il) {
         tap(il);
         const LayerWeights & L = w.layers[il];

@@ -1,0 +1,292 @@
+#include "engine/specee.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "kv/kv_cache.h"
+#include "runtime/model.h"
+#include "sample/sampler.h"
+#include "specula/error.h"
+
+namespace specula {
+
+EarlyExitDecoder::EarlyExitDecoder(const Model & model, ModelRunner & runner, const ExitPredictor * predictor)
+    : model_(model), runner_(runner), predictor_(predictor), probe_(model) {
+    if (&runner.network() != &model) throw Error("early exit: the runner runs another network");
+}
+
+ExitStep EarlyExitDecoder::step(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates,
+                                float threshold, std::span<const int> feature_layers) {
+    std::span<const int> schedule;
+    if (predictor_ && !candidates.empty()) schedule = predictor_->layers();
+    std::vector<float> previous(kExitCandidates), features(kExitFeatures);
+    auto exits = [&](size_t i, std::span<const float> logits) {
+        exit_features(logits, previous, i == 0, features);
+        return predictor_->exit_probability(i, features) > threshold;
+    };
+    return run(cache, token, position, candidates, schedule, exits, feature_layers);
+}
+
+ExitStep EarlyExitDecoder::step_forced(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates,
+                                       int exit_layer, std::span<const int> feature_layers) {
+    if (exit_layer < 1 || exit_layer > model_.config().n_layer) throw Error("early exit: forced exit layer out of range");
+    const int schedule[] = {exit_layer};
+    return run(cache, token, position, candidates, schedule, [](size_t, std::span<const float>) { return true; }, feature_layers);
+}
+
+ExitStep EarlyExitDecoder::run(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates,
+                               std::span<const int> schedule, const std::function<bool(size_t, std::span<const float>)> & exits,
+                               std::span<const int> feature_layers) {
+    const int L = model_.config().n_layer;
+    const size_t E = model_.config().n_embd;
+    if (!schedule.empty() && candidates.size() != kExitCandidates) {
+        throw Error("early exit: " + std::to_string(kExitCandidates) + " candidates needed, got " + std::to_string(candidates.size()));
+    }
+    ExitStep r;
+    r.features.assign(feature_layers.size() * E, 0.0f);
+    probe_logits_.clear();
+    std::vector<float> hidden;  // the residual state entering layer `begin`
+    int begin = 0, slot = -1;
+
+    // One segment [begin, end): taps of the feature layers it covers (and of `end` itself when
+    // that is the final state, which no hidden_out returns).
+    auto segment = [&](int end, bool with_logits) {
+        ForwardBatch b;
+        b.positions = {position};
+        b.mask = BlockMask::causal(1);
+        if (begin == 0) {
+            b.tokens = {token};
+        } else {
+            b.hidden_in = hidden;
+            b.kv_slot_begin = slot;
+        }
+        b.layer_begin = begin;
+        b.layer_end = end;
+        std::vector<size_t> feature_of_tap;
+        for (size_t f = 0; f < feature_layers.size(); ++f) {
+            if (feature_layers[f] >= begin && (feature_layers[f] < end || (end == L && feature_layers[f] == L))) {
+                b.tap_layers.push_back(feature_layers[f]);
+                feature_of_tap.push_back(f);
+            }
+        }
+        const bool final_state = end == L && !with_logits;
+        if (final_state && std::find(b.tap_layers.begin(), b.tap_layers.end(), L) == b.tap_layers.end()) b.tap_layers.push_back(L);
+        if (with_logits) b.logit_rows = {0};
+        runner_.forward(b, cache, out_);
+        if (begin == 0) slot = cache.size() - 1;
+        for (size_t t = 0; t < feature_of_tap.size(); ++t) {
+            std::copy(out_.taps[t].begin(), out_.taps[t].end(), r.features.begin() + feature_of_tap[t] * E);
+        }
+        if (end < L) {
+            hidden = out_.hidden_out;
+        } else if (final_state) {
+            const size_t t = std::find(b.tap_layers.begin(), b.tap_layers.end(), L) - b.tap_layers.begin();
+            hidden = out_.taps[t];
+        }
+        begin = end;
+    };
+
+    std::vector<float> logits(candidates.size());
+    for (size_t i = 0; i < schedule.size(); ++i) {
+        segment(schedule[i], false);
+        probe_.compute(hidden, candidates, logits);
+        probe_logits_.push_back(logits);
+        if (!exits(i, logits)) continue;
+        r.exit_layer = schedule[i];
+        r.token = candidates[std::max_element(logits.begin(), logits.end()) - logits.begin()];
+        if (r.exit_layer < L) {
+            ForwardBatch fill;
+            fill.positions = {position};
+            fill.mask = BlockMask::causal(1);
+            fill.hidden_in = hidden;
+            fill.kv_slot_begin = slot;
+            fill.layer_begin = r.exit_layer;
+            fill.kv_only = true;
+            runner_.forward(fill, cache, out_);
+        }
+        for (size_t f = 0; f < feature_layers.size(); ++f) {
+            if (feature_layers[f] >= r.exit_layer) std::copy(hidden.begin(), hidden.end(), r.features.begin() + f * E);
+        }
+        return r;
+    }
+    if (begin < L) {
+        segment(L, true);
+    } else {  // the final state was probed and did not exit: the LM head alone
+        ForwardBatch head;
+        head.positions = {position};
+        head.mask = BlockMask::causal(1);
+        head.hidden_in = hidden;
+        head.kv_slot_begin = slot;
+        head.layer_begin = L;
+        head.logit_rows = {0};
+        runner_.forward(head, cache, out_);
+    }
+    r.logits = out_.logits;
+    r.token = static_cast<int32_t>(std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin());
+    return r;
+}
+
+std::vector<int32_t> top_candidates(Drafter & drafter, std::span<const int32_t> history) {
+    static const SamplingParams greedy{};
+    Rng rng(0);
+    DraftRequest req;
+    req.history = history;
+    req.budget = TreeBudget{TreeShape::Dynamic, 1, kExitCandidates, kExitCandidates, 0.0f};
+    req.sampling = &greedy;
+    req.rng = &rng;
+    drafter.start(req);
+    while (const DraftForward * f = drafter.pending()) {
+        f->runner->forward(*f->part.batch, *f->part.cache, *f->part.out);
+        drafter.resume();
+    }
+    const Draft d = drafter.take();
+    std::vector<int32_t> c;
+    for (int node : d.tree.children(TokenTree::kRoot)) c.push_back(d.tree.token[node]);
+    if (c.size() != kExitCandidates) c.clear();
+    return c;
+}
+
+void EarlyExitStats::add(int exit_layer, int n_layer) {
+    exits_at.resize(n_layer + 1, 0);
+    if (exit_layer < 0) ++full;
+    else ++exits_at[exit_layer];
+}
+
+int EarlyExitStats::exited() const {
+    int n = 0;
+    for (int c : exits_at) n += c;
+    return n;
+}
+
+double EarlyExitStats::mean_exit_layer(int n_layer) const {
+    double sum = static_cast<double>(full) * n_layer;
+    for (size_t l = 0; l < exits_at.size(); ++l) sum += static_cast<double>(l) * exits_at[l];
+    const int n = exited() + full;
+    return n ? sum / n : 0.0;
+}
+
+std::string EarlyExitStats::summary(int n_layer) const {
+    const int n = exited() + full;
+    char head[160];
+    std::snprintf(head, sizeof head, "specee: exited %d/%d (%.0f%%), mean exit layer %.1f of %d; exits by layer:", exited(), n,
+                  n ? 100.0 * exited() / n : 0.0, mean_exit_layer(n_layer), n_layer);
+    std::string s = head;
+    for (size_t l = 0; l < exits_at.size(); ++l) {
+        if (exits_at[l]) s += " " + std::to_string(l) + ":" + std::to_string(exits_at[l]);
+    }
+    return s;
+}
+
+GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                    std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
+                                    const std::function<bool(int32_t)> & is_end, const TokenSink & sink,
+                                    EarlyExitStats & exit_stats, const std::function<void(const ExitStep &)> & on_token) {
+    if (!options.sampling.greedy()) throw Error("SpecEE's lossy mode decodes greedily: use temperature 0 (the lossless mode samples)");
+    if (prompt.empty()) throw Error("empty prompt");
+    if (static_cast<int>(prompt.size()) > cache.capacity()) {
+        throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " + std::to_string(cache.capacity()) + "-token context");
+    }
+    const Model & model = static_cast<const Model &>(runner.network());
+    const int L = model.config().n_layer;
+    const size_t E = model.config().n_embd;
+    const std::vector<int> feature_layers = drafter.feature_layers();
+    using clock = std::chrono::steady_clock;
+    GenerationStats stats;
+    stats.n_prompt = static_cast<int>(prompt.size());
+    drafter.reset();
+
+    // Prefill every prompt token but the last, which the first decode step takes: its features
+    // feed the drafter, which then predicts the first generated token.
+    auto t0 = clock::now();
+    constexpr size_t kChunk = 512;
+    std::vector<float> features;
+    ForwardOutput out;
+    for (size_t start = 0; start + 1 < prompt.size(); start += kChunk) {
+        const size_t n = std::min(kChunk, prompt.size() - 1 - start);
+        ForwardBatch b = ForwardBatch::causal(prompt.subspan(start, n), cache.size(), {});
+        b.tap_layers = feature_layers;
+        runner.forward(b, cache, out);
+        features.clear();
+        for (size_t i = 0; i < n; ++i) {
+            for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
+        }
+        drafter.accept(Acceptance{static_cast<int>(start + n), static_cast<int>(start), features});
+    }
+    stats.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+
+    t0 = clock::now();
+    std::vector<int32_t> history(prompt.begin(), prompt.end());
+    for (int i = 0; i < options.n_predict && cache.size() < cache.capacity(); ++i) {
+        const int position = static_cast<int>(history.size()) - 1;
+        const std::vector<int32_t> candidates = top_candidates(drafter, history);
+        ExitStep step = decoder.step(cache, history.back(), position, candidates, threshold, feature_layers);
+        drafter.accept(Acceptance{position + 1, position, step.features});
+        if (!candidates.empty()) ++exit_stats.probed;
+        exit_stats.add(step.exit_layer, L);
+        if (on_token) on_token(step);
+        history.push_back(step.token);
+        ++stats.n_generated;
+        if (!sink(step.token)) break;
+        if (options.stop_at_end_of_generation && is_end(step.token)) break;
+    }
+    stats.generation_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    return stats;
+}
+
+EarlyExitDrafter::EarlyExitDrafter(const Model & model, const ExitPredictor & predictor, float threshold,
+                                   std::unique_ptr<Drafter> candidates, int n_ctx)
+    : model_(model),
+      runner_(std::make_unique<ModelRunner>(model)),
+      cache_(std::make_unique<KvCache>(model.backend(), model.config(), n_ctx)),
+      candidates_(std::move(candidates)),
+      decoder_(model, *runner_, &predictor),
+      threshold_(threshold),
+      feature_layers_(candidates_->feature_layers()) {}
+
+EarlyExitDrafter::~EarlyExitDrafter() = default;
+
+void EarlyExitDrafter::reset() {
+    cache_->rollback(0);
+    candidates_->reset();
+}
+
+void EarlyExitDrafter::accept(const Acceptance & a) {
+    // Rows past the accepted tokens hold rejected drafts.
+    if (cache_->size() > a.n_valid) cache_->rollback(a.n_valid);
+}
+
+void EarlyExitDrafter::start(const DraftRequest & req) {
+    draft_ = Draft{};
+    const int root = static_cast<int>(req.history.size()) - 1;
+    const size_t E = model_.config().n_embd;
+    // Catch up at full depth on the tokens the verifier settled that this cache never ran (the
+    // prompt, a fully accepted chain's last token), handing their features to the candidates.
+    if (cache_->size() < root) {
+        const int first = cache_->size();
+        ForwardBatch b = ForwardBatch::causal(req.history.subspan(first, root - first), first, {});
+        b.tap_layers = feature_layers_;
+        ForwardOutput out = runner_->forward(b, *cache_);
+        std::vector<float> features;
+        for (int i = 0; i < b.n_tokens(); ++i) {
+            for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
+        }
+        candidates_->accept(Acceptance{root, first, features});
+    }
+    std::vector<int32_t> history(req.history.begin(), req.history.end());
+    const int depth = std::min(req.budget.depth, cache_->capacity() - root - 1);
+    int parent = TokenTree::kRoot;
+    for (int d = 0; d < depth; ++d) {
+        const int position = static_cast<int>(history.size()) - 1;
+        const std::vector<int32_t> candidates = top_candidates(*candidates_, history);
+        const ExitStep step = decoder_.step(*cache_, history.back(), position, candidates, threshold_, feature_layers_);
+        candidates_->accept(Acceptance{position + 1, position, step.features});
+        stats_.add(step.exit_layer, model_.config().n_layer);
+        parent = draft_.tree.add(parent, step.token, 0.0f);
+        history.push_back(step.token);
+        if (step.exit_layer < 0) break;  // a full-depth token ends the chain: the verifier runs it anyway
+    }
+}
+
+}  // namespace specula

@@ -1,0 +1,101 @@
+#include "runtime/exit_predictor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ggml.h"
+#include "runtime/gguf_file.h"
+#include "runtime/gguf_validate.h"
+#include "runtime/model.h"
+#include "specula/error.h"
+
+namespace specula {
+
+void exit_features(std::span<const float> logits, std::span<float> previous_probs, bool first_layer, std::span<float> features) {
+    const size_t K = kExitCandidates;
+    if (logits.size() != K || previous_probs.size() != K || features.size() != kExitFeatures) throw Error("exit features: wrong sizes");
+    const float top = *std::max_element(logits.begin(), logits.end());
+    float sum = 0.0f;
+    for (size_t i = 0; i < K; ++i) sum += std::exp(logits[i] - top);
+    for (size_t i = 0; i < K; ++i) {
+        const float p = std::exp(logits[i] - top) / sum;
+        features[i] = logits[i];
+        features[K + i] = p;
+        features[2 * K + i] = first_layer ? 0.0f : p - previous_probs[i];
+        previous_probs[i] = p;
+    }
+}
+
+std::unique_ptr<ExitPredictor> ExitPredictor::load(const std::string & path, const Model & target) {
+    GgufFile file(path);
+    if (file.architecture() != "specula-specee") {
+        throw Error(path + ": not a SpecEE predictor file (architecture '" + file.architecture() + "'; expected specula-specee)");
+    }
+    const ModelConfig & t = target.config();
+    const int n_layer = get_int_in(file, "specula-specee.target_block_count", 1, kMaxModelDim);
+    const int n_embd = get_int_in(file, "specula-specee.target_embedding_length", 1, kMaxModelDim);
+    if (n_layer != t.n_layer || n_embd != t.n_embd) {
+        throw Error(path + ": predictors for a target of " + std::to_string(n_layer) + " layers and width " + std::to_string(n_embd) +
+                    ", the target has " + std::to_string(t.n_layer) + " and " + std::to_string(t.n_embd));
+    }
+    get_int_in(file, "specula-specee.candidates", kExitCandidates, kExitCandidates);
+    get_int_in(file, "specula-specee.features", kExitFeatures, kExitFeatures);
+    auto p = std::unique_ptr<ExitPredictor>(new ExitPredictor());
+    p->hidden_ = get_int_in(file, "specula-specee.hidden", 1, 4096);
+    p->threshold_ = find_float_in(file, "specula-specee.threshold", 0.0f, 1.0f).value_or(0.5f);
+    p->layers_ = file.get_i32_array("specula-specee.layers");
+    if (p->layers_.empty()) throw Error(path + ": specula-specee.layers lists no layer");
+    for (size_t i = 0; i < p->layers_.size(); ++i) {
+        const int l = p->layers_[i];
+        if (l < 1 || l > n_layer || (i > 0 && l <= p->layers_[i - 1])) {
+            throw Error(path + ": specula-specee.layers must increase within 1.." + std::to_string(n_layer) + ", found " + std::to_string(l));
+        }
+    }
+    const size_t expected_tensors = 4 * p->layers_.size();
+    if (file.tensors().size() != expected_tensors) {
+        throw Error(path + ": " + std::to_string(file.tensors().size()) + " tensors, expected " + std::to_string(expected_tensors) +
+                    " (4 per listed layer)");
+    }
+    const int64_t H = p->hidden_;
+    auto read = [&](const std::string & name, std::vector<int64_t> shape) {
+        const ggml_tensor * meta = file.tensor_meta(name);
+        if (!meta) throw Error(path + ": tensor " + name + " is missing");
+        if (meta->type != GGML_TYPE_F32) throw Error(path + ": tensor " + name + " must be F32");
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) {
+            const int64_t want = d < static_cast<int>(shape.size()) ? shape[d] : 1;
+            if (meta->ne[d] != want) throw Error(path + ": tensor " + name + " has the wrong shape");
+        }
+        const std::vector<uint8_t> bytes = file.read_tensor_bytes(name);
+        std::vector<float> v(bytes.size() / sizeof(float));
+        std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+        for (float x : v) {
+            if (!std::isfinite(x)) throw Error(path + ": tensor " + name + " holds a non-finite value");
+        }
+        return v;
+    };
+    for (int l : p->layers_) {
+        const std::string n = "exit." + std::to_string(l) + ".";
+        Mlp m;
+        m.w1 = read(n + "fc1.weight", {kExitFeatures, H});
+        m.b1 = read(n + "fc1.bias", {H});
+        m.w2 = read(n + "fc2.weight", {H});
+        m.b2 = read(n + "fc2.bias", {1})[0];
+        p->mlps_.push_back(std::move(m));
+    }
+    return p;
+}
+
+float ExitPredictor::exit_probability(size_t i, std::span<const float> features) const {
+    if (i >= mlps_.size() || features.size() != kExitFeatures) throw Error("exit predictor: bad layer index or feature count");
+    const Mlp & m = mlps_[i];
+    float z = m.b2;
+    for (int h = 0; h < hidden_; ++h) {
+        float a = m.b1[h];
+        for (int f = 0; f < kExitFeatures; ++f) a += m.w1[static_cast<size_t>(h) * kExitFeatures + f] * features[f];
+        z += m.w2[h] * std::max(a, 0.0f);
+    }
+    return 1.0f / (1.0f + std::exp(-z));
+}
+
+}  // namespace specula
