@@ -4,6 +4,7 @@
 #include "engine/speculative.h"
 #include "engine/target.h"
 #include "kv/kv_cache.h"
+#include "runtime/backend.h"
 #include "runtime/model.h"
 #include "specula/specula.h"
 #include "tokenizer/tokenizer.h"
@@ -49,7 +50,11 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     }
     KvCache cache(*t.backend, t.model->config(), t.options.n_ctx);
     auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
-    if (!impl_->drafter) return generate_plain(*t.runner, cache, tokens, options, is_end, sink);
+    if (!impl_->drafter) {
+        GenerationStats stats = generate_plain(*t.runner, cache, tokens, options, is_end, sink);
+        stats.kernels = t.backend->kernels_summary();
+        return stats;
+    }
 
     t.measure_verify_cost_once(cache, tokens);
     std::unique_ptr<TreeSizePolicy> tree_size = t.make_tree_size_policy();
@@ -58,6 +63,7 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     if (options.on_round) ctx.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
     GenerationStats stats = generate_speculative(ctx, tokens, options, is_end, sink);
     stats.verify_cost_ms = t.verify_cost_ms;
+    stats.kernels = t.backend->kernels_summary();
     return stats;
 }
 
