@@ -4,7 +4,9 @@
 # products and FP16 arithmetic (every Apple Silicon, Graviton 2+, Ampere Altra/One core has them);
 # specula's own NEON kernels pick their dot-product instructions at run time.
 # Arguments are the targets to build (default: the CLI and the tests scripts/test_aarch64.sh runs).
-# Extra cmake configure arguments: SPECULA_AARCH64_CMAKE_ARGS="-D...".
+# Extra cmake configure arguments: SPECULA_AARCH64_CMAKE_ARGS="-D..."; for ARMv8.0 cores (Cortex-A53/
+# A57/A72, Raspberry Pi 3/4), which have no dot product, -DGGML_CPU_ARM_ARCH=armv8-a (specula then
+# runs ggml's kernels there, as `--kernels auto` does on every CPU without a specula SIMD path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/progress.sh
