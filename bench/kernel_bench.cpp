@@ -50,7 +50,7 @@ void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path) {
     ggml_cpu_init();
     const int n_tokens = static_cast<int>(state.range(0));
     const int64_t n_rows = 1536, k = 768;  // k a multiple of 256 for the k-quants
-    if (path > detected_cpu_path()) {
+    if (!cpu_can_run(path)) {
         state.SkipWithError("this CPU cannot run the path");
         return;
     }
@@ -66,7 +66,9 @@ void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path) {
 // Each type on each SIMD path (paths the CPU lacks are skipped): same bits, different speed.
 #define SPECULA_KERNEL_BENCH_PATH(type, path) \
     BENCHMARK_CAPTURE(packed_matmul, type##_##path, GGML_TYPE_##type, CpuPath::path)->Arg(1)->Arg(2)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)
-#define SPECULA_KERNEL_BENCH(type) SPECULA_KERNEL_BENCH_PATH(type, Avx2); SPECULA_KERNEL_BENCH_PATH(type, Avx512Vnni)
+#define SPECULA_KERNEL_BENCH(type)                                                         \
+    SPECULA_KERNEL_BENCH_PATH(type, Avx2); SPECULA_KERNEL_BENCH_PATH(type, Avx512Vnni);     \
+    SPECULA_KERNEL_BENCH_PATH(type, NeonDotprod); SPECULA_KERNEL_BENCH_PATH(type, NeonI8mm)
 
 SPECULA_KERNEL_BENCH(Q8_0);
 SPECULA_KERNEL_BENCH(Q4_0);
@@ -79,7 +81,7 @@ SPECULA_KERNEL_BENCH(F16);
 void masked_attention(benchmark::State & state, CpuPath path) {
     const int n_kv = static_cast<int>(state.range(0));
     const int D = 64, n_head = 9, n_head_kv = 3;
-    if (path > detected_cpu_path()) {
+    if (!cpu_can_run(path)) {
         state.SkipWithError("this CPU cannot run the path");
         return;
     }
@@ -104,6 +106,7 @@ void masked_attention(benchmark::State & state, CpuPath path) {
 
 BENCHMARK_CAPTURE(masked_attention, Avx2, CpuPath::Avx2)->Arg(128)->Arg(512)->Arg(2048);
 BENCHMARK_CAPTURE(masked_attention, Avx512Vnni, CpuPath::Avx512Vnni)->Arg(128)->Arg(512)->Arg(2048);
+BENCHMARK_CAPTURE(masked_attention, Neon, CpuPath::NeonDotprod)->Arg(128)->Arg(512)->Arg(2048);
 
 std::vector<float> vocabulary_logits() {
     std::mt19937 rng(1);

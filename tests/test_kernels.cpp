@@ -69,14 +69,14 @@ std::vector<float> run(CpuPath path, const Packed & p, const float * x, int n_to
 const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
                             GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16};
 
-// The paths this CPU can run: the generic one always, then every faster one up to the detected.
-// Printed once, since machines differ in which paths a comparison covers.
+// The paths this CPU can run: the generic one always, then every SIMD one it has. Printed once,
+// since machines differ in which paths a comparison covers.
 const std::vector<CpuPath> & paths() {
     static const std::vector<CpuPath> p = [] {
-        std::vector<CpuPath> runnable = {CpuPath::Generic};
-        const CpuPath best = kernels::detected_cpu_path();
-        if (best != CpuPath::Generic) runnable.push_back(CpuPath::Avx2);
-        if (best == CpuPath::Avx512Vnni) runnable.push_back(CpuPath::Avx512Vnni);
+        std::vector<CpuPath> runnable;
+        for (CpuPath path : {CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512Vnni, CpuPath::NeonDotprod, CpuPath::NeonI8mm}) {
+            if (kernels::cpu_can_run(path)) runnable.push_back(path);
+        }
         std::string names;
         for (CpuPath path : runnable) names += std::string(" ") + kernels::cpu_path_name(path);
         std::printf("[kernels] paths compared on this CPU:%s\n", names.c_str());
@@ -282,8 +282,8 @@ void expect_all_matrices_packable(const std::string & path) {
 TEST_P(ForwardBatchInvariance, EveryRowEqualsItsOneTokenForward) {
     const std::string path = test::model_path(GetParam());
     expect_all_matrices_packable(path);
-    Backend one(BackendOptions{"cpu", 1});
-    Backend two(BackendOptions{"cpu", 2});
+    Backend one(BackendOptions{"cpu", 1, Attention::Auto, Kernels::Specula});
+    Backend two(BackendOptions{"cpu", 2, Attention::Auto, Kernels::Specula});
     ASSERT_TRUE(one.own_kernels());
     ASSERT_EQ(one.attention_kernel(), AttentionKernel::Specula);
     auto model1 = Model::load(path, one);
@@ -367,6 +367,28 @@ TEST(ForwardBatchInvariance, GgmlsKernelsAreNotAndTheCheckSeesIt) {
         differing += row_logits(o, 0) != row_logits(all, i);
     }
     EXPECT_GT(differing, 0);
+}
+
+// `--kernels auto` where specula has no SIMD body for the CPU (forced here with SPECULA_CPU_PATH):
+// ggml's kernels run, which the run summary says and the text shows (it is `--kernels ggml`'s);
+// `--kernels specula` still runs the portable body. Catches an auto that keeps the slow portable
+// loops, a fallback the summary does not mention, and an override that is silently ignored.
+TEST(KernelsAuto, FallsBackToGgmlWhereSpeculaHasNoSimdPathAndSaysSo) {
+    if (kernels::detected_cpu_path() == CpuPath::Generic) GTEST_SKIP() << "this CPU has no SIMD path to compare with";
+    const std::string run = std::string(SPECULA_CLI) + " generate -m " + test::model_path("llama_q8_0") + " -p 'the quick brown' -n 12 -t 1";
+    const std::string generic = "SPECULA_CPU_PATH=generic ";
+    const test::CommandRun fastest = test::run_command(run), fallback = test::run_command(generic + run),
+                           ggml = test::run_command(run + " --kernels ggml"), portable = test::run_command(generic + run + " --kernels specula");
+    for (const test::CommandRun * r : {&fastest, &fallback, &ggml, &portable}) ASSERT_EQ(r->exit_code, 0) << r->err;
+    EXPECT_NE(fastest.err.find(std::string("[specula] kernels: specula's, ") + kernels::cpu_path_name(kernels::detected_cpu_path()) + " path\n"),
+              std::string::npos) << fastest.err;
+    EXPECT_NE(fallback.err.find("[specula] kernels: ggml's: specula has no SIMD path for this CPU"), std::string::npos) << fallback.err;
+    EXPECT_NE(ggml.err.find("[specula] kernels: ggml's (--kernels ggml)"), std::string::npos) << ggml.err;
+    EXPECT_NE(portable.err.find("[specula] kernels: specula's, generic path (portable C++"), std::string::npos) << portable.err;
+    EXPECT_EQ(fallback.out, ggml.out);
+    EXPECT_EQ(portable.out, fastest.out);  // every path gives the same bits
+    test::expect_cli_error("SPECULA_CPU_PATH=turbo " + std::string(SPECULA_CLI), run.substr(std::string(SPECULA_CLI).size() + 1),
+                           "SPECULA_CPU_PATH=turbo: not a kernel path this CPU runs (generic, ");
 }
 
 INSTANTIATE_TEST_SUITE_P(PackedTypes, ForwardBatchInvariance,

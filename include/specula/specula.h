@@ -146,6 +146,7 @@ struct GenerationStats {
     // (empty when no policy needed it): why a run drafted as much or as little as it did.
     std::vector<double> verify_cost_ms;
     std::string early_exit;  // SpecEE runs: where tokens exited (one line; empty otherwise)
+    std::string kernels;     // which kernels ran the target's matmuls and why (Backend::kernels_summary)
     double prompt_tok_s() const { return prompt_seconds > 0 ? n_prompt / prompt_seconds : 0.0; }
     double generation_tok_s() const { return generation_seconds > 0 ? n_generated / generation_seconds : 0.0; }
 };

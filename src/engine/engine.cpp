@@ -5,6 +5,7 @@
 #include "engine/speculative.h"
 #include "engine/target.h"
 #include "kv/kv_cache.h"
+#include "runtime/backend.h"
 #include "runtime/model.h"
 #include "specula/specula.h"
 #include "tokenizer/tokenizer.h"
@@ -50,13 +51,18 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     }
     KvCache cache(*t.backend, t.model->config(), t.options.n_ctx);
     auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
-    if (!impl_->drafter) return generate_plain(*t.runner, cache, tokens, options, is_end, sink);
+    if (!impl_->drafter) {
+        GenerationStats stats = generate_plain(*t.runner, cache, tokens, options, is_end, sink);
+        stats.kernels = t.backend->kernels_summary();
+        return stats;
+    }
     if (t.exit_predictor && !t.options.specee_lossless) {
         EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get());
         EarlyExitStats exits;
         GenerationStats stats = generate_early_exit(decoder, *t.runner, cache, *impl_->drafter, tokens, options, t.exit_threshold,
                                                     is_end, sink, exits);
         stats.early_exit = exits.summary(t.model->config().n_layer);
+        stats.kernels = t.backend->kernels_summary();
         return stats;
     }
 
@@ -70,6 +76,7 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     if (const auto * exits = dynamic_cast<const EarlyExitDrafter *>(impl_->drafter.get())) {
         stats.early_exit = exits->exit_stats().summary(t.model->config().n_layer);
     }
+    stats.kernels = t.backend->kernels_summary();
     return stats;
 }
 

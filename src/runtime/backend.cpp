@@ -13,6 +13,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "runtime/kernels/matmul.h"
 #include "runtime/library_log.h"
 
 namespace specula {
@@ -97,7 +98,23 @@ Backend::Backend(const BackendOptions & opts) {
     if (!on_cpu && (opts.kernels == Kernels::Specula || opts.attention == Attention::Specula)) {
         throw Error("specula's own kernels run on the CPU only; device '" + opts.device + "' takes --kernels ggml (or auto)");
     }
-    own_kernels_ = on_cpu && opts.kernels != Kernels::Ggml;
+    kernels::check_cpu_path_override();
+    // "auto" never runs slower than ggml: without a SIMD body for this CPU, specula's portable
+    // loops would, so ggml's kernels (NEON, AVX, ...) take the matmuls and the attention.
+    const kernels::CpuPath path = kernels::detected_cpu_path();
+    const bool simd = path != kernels::CpuPath::Generic;
+    own_kernels_ = on_cpu && (opts.kernels == Kernels::Specula || (opts.kernels == Kernels::Auto && simd));
+    if (own_kernels_) {
+        kernels_summary_ = std::string("specula's, ") + kernels::cpu_path_name(path) + " path";
+        if (!simd) kernels_summary_ += " (portable C++: specula has no SIMD path for this CPU)";
+    } else if (!on_cpu) {
+        kernels_summary_ = "ggml's, on " + opts.device;
+    } else if (opts.kernels == Kernels::Ggml) {
+        kernels_summary_ = "ggml's (--kernels ggml)";
+    } else {
+        kernels_summary_ = "ggml's: specula has no SIMD path for this CPU (--kernels specula runs its portable one); "
+                           "greedy speculative output can differ from plain decoding at near-ties";
+    }
     switch (opts.attention) {
         case Attention::Auto:
             attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul : AttentionKernel::Flash;

@@ -44,10 +44,13 @@ public:
     ggml_backend * primary() const { return backends_.front(); }
     int n_threads() const { return n_threads_; }
     // Whether weight matmuls run specula's packed small-batch kernels (runtime/kernels/matmul.h)
-    // instead of ggml's mul_mat: "auto" = yes on the CPU device, where they make verifying a
-    // few tokens cost about what one costs, and keep every row batch-invariant; other devices
-    // keep ggml's kernels ("specula" there is an error).
+    // instead of ggml's mul_mat: "auto" = yes on the CPU device when specula has a SIMD path for
+    // the CPU (kernels::detected_cpu_path), where they make verifying a few tokens cost about what
+    // one costs, and keep every row batch-invariant; else ggml's, faster than specula's portable
+    // loops. Other devices keep ggml's kernels ("specula" there is an error).
     bool own_kernels() const { return own_kernels_; }
+    // Which kernels run the matmuls and why, for the run summary.
+    const std::string & kernels_summary() const { return kernels_summary_; }
     // "auto": specula's op with specula's kernels (the whole forward stays batch-invariant);
     // with ggml's kernels, matmul on the CPU (the fused kernel walks the keys one query row at a
     // time, so a 4-8 row verify costs 1.5-3x the matmul form) and flash on GPUs.
@@ -65,6 +68,7 @@ private:
     ggml_threadpool * threadpool_ = nullptr;
     int n_threads_ = 1;
     bool own_kernels_ = false;
+    std::string kernels_summary_;
     AttentionKernel attention_ = AttentionKernel::Matmul;
 };
 

@@ -60,6 +60,7 @@ void register_generate(CLI::App & app, Commands & commands) {
             });
             std::fprintf(stderr, "\n[specula] prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s\n", s.n_prompt,
                          s.prompt_tok_s(), s.n_generated, s.generation_tok_s());
+            std::fprintf(stderr, "[specula] kernels: %s\n", s.kernels.c_str());
             if (s.speculative) std::fprintf(stderr, "[specula] %s\n", format_summary(s.speculation).c_str());
             if (s.speculative && s.speculation.rounds > 0) std::fprintf(stderr, "[specula] %s\n", format_time_split(s).c_str());
             if (!s.early_exit.empty()) std::fprintf(stderr, "[specula] %s\n", s.early_exit.c_str());

@@ -67,8 +67,11 @@ void attend_on(CpuPath path, const AttentionArgs & a, int64_t pair_begin, int64_
     switch (path) {
         case CpuPath::Avx512Vnni: return avx512::attend(a, pair_begin, pair_end);
         case CpuPath::Avx2: return avx2::attend(a, pair_begin, pair_end);
-        case CpuPath::Generic: break;
+        default: break;
     }
+#endif
+#if defined(SPECULA_ARM64_KERNELS)
+    if (path == CpuPath::NeonDotprod || path == CpuPath::NeonI8mm) return neon::attend(a, pair_begin, pair_end);
 #endif
     generic::attend(a, pair_begin, pair_end);
 }

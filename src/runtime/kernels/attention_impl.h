@@ -27,5 +27,6 @@ void attend_on(CpuPath path, const AttentionArgs & a, int64_t pair_begin, int64_
 namespace generic { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
 namespace avx2 { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
 namespace avx512 { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
+namespace neon { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
 
 }  // namespace specula::kernels

@@ -1,11 +1,16 @@
 #include "runtime/kernels/matmul.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #if defined(SPECULA_X86_KERNELS)
 #include <cpuid.h>
+#endif
+#if defined(SPECULA_ARM64_KERNELS)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #endif
 
 #include "specula/error.h"
@@ -45,22 +50,85 @@ bool cpu_has_avx512_vnni() {
 }  // namespace
 #endif
 
+#if defined(SPECULA_ARM64_KERNELS)
+namespace {
+
+// The kernel reads these from the CPU's ID registers for every process (Linux's hwcaps).
+bool cpu_has_dotprod() { return getauxval(AT_HWCAP) & HWCAP_ASIMDDP; }
+bool cpu_has_i8mm() { return getauxval(AT_HWCAP2) & HWCAP2_I8MM; }
+
+}  // namespace
+#endif
+
+namespace {
+
+CpuPath fastest_cpu_path() {
+#if defined(SPECULA_X86_KERNELS)
+    if (!cpu_has_avx2_fma_f16c()) return CpuPath::Generic;
+    return cpu_has_avx512_vnni() ? CpuPath::Avx512Vnni : CpuPath::Avx2;
+#elif defined(SPECULA_ARM64_KERNELS)
+    if (!cpu_has_dotprod()) return CpuPath::Generic;
+    return cpu_has_i8mm() ? CpuPath::NeonI8mm : CpuPath::NeonDotprod;
+#else
+    return CpuPath::Generic;
+#endif
+}
+
+constexpr CpuPath kAllPaths[] = {CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512Vnni, CpuPath::NeonDotprod, CpuPath::NeonI8mm};
+
+// SPECULA_CPU_PATH's path, when it names one this CPU can run.
+bool override_path(CpuPath * path, std::string * value) {
+    const char * env = std::getenv("SPECULA_CPU_PATH");
+    if (!env) return false;
+    if (value) *value = env;
+    for (CpuPath p : kAllPaths) {
+        if (cpu_path_name(p) == std::string(env) && cpu_can_run(p)) {
+            *path = p;
+            return true;
+        }
+    }
+    return false;
+}
+
+}  // namespace
+
+bool cpu_can_run(CpuPath path) {
+    static const CpuPath fastest = fastest_cpu_path();
+    switch (path) {
+        case CpuPath::Generic: return true;
+        case CpuPath::Avx2: return fastest == CpuPath::Avx2 || fastest == CpuPath::Avx512Vnni;
+        case CpuPath::Avx512Vnni: return fastest == CpuPath::Avx512Vnni;
+        case CpuPath::NeonDotprod: return fastest == CpuPath::NeonDotprod || fastest == CpuPath::NeonI8mm;
+        case CpuPath::NeonI8mm: return fastest == CpuPath::NeonI8mm;
+    }
+    return false;
+}
+
 CpuPath detected_cpu_path() {
     static const CpuPath path = [] {
-#if defined(SPECULA_X86_KERNELS)
-        if (!cpu_has_avx2_fma_f16c()) return CpuPath::Generic;
-        return cpu_has_avx512_vnni() ? CpuPath::Avx512Vnni : CpuPath::Avx2;
-#else
-        return CpuPath::Generic;
-#endif
+        CpuPath p = CpuPath::Generic;
+        return override_path(&p, nullptr) ? p : fastest_cpu_path();
     }();
     return path;
+}
+
+void check_cpu_path_override() {
+    CpuPath p;
+    std::string value;
+    if (!std::getenv("SPECULA_CPU_PATH") || override_path(&p, &value)) return;
+    std::string runnable;
+    for (CpuPath q : kAllPaths) {
+        if (cpu_can_run(q)) runnable += std::string(runnable.empty() ? "" : ", ") + cpu_path_name(q);
+    }
+    throw Error("SPECULA_CPU_PATH=" + value + ": not a kernel path this CPU runs (" + runnable + ")");
 }
 
 const char * cpu_path_name(CpuPath path) {
     switch (path) {
         case CpuPath::Avx2: return "avx2";
         case CpuPath::Avx512Vnni: return "avx512vnni";
+        case CpuPath::NeonDotprod: return "neon-dotprod";
+        case CpuPath::NeonI8mm: return "neon-i8mm";
         case CpuPath::Generic: return "generic";
     }
     return "?";
@@ -84,14 +152,19 @@ struct Scratch {
     }
 };
 
-void quantize(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
+void quantize_blocks(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
 #if defined(SPECULA_X86_KERNELS)
-    if (path == CpuPath::Avx512Vnni) avx512::quantize_activations(x, x_stride, a);
-    else if (path == CpuPath::Avx2) avx2::quantize_activations(x, x_stride, a);
-    else generic::quantize_activations(x, x_stride, a);
-#else
-    generic::quantize_activations(x, x_stride, a);
+    if (path == CpuPath::Avx512Vnni) return avx512::quantize_activations(x, x_stride, a);
+    if (path == CpuPath::Avx2) return avx2::quantize_activations(x, x_stride, a);
 #endif
+#if defined(SPECULA_ARM64_KERNELS)
+    if (path == CpuPath::NeonI8mm || path == CpuPath::NeonDotprod) return neon_dotprod::quantize_activations(x, x_stride, a);
+#endif
+    generic::quantize_activations(x, x_stride, a);
+}
+
+void quantize(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
+    quantize_blocks(path, x, x_stride, a);
     const int64_t n = a.n_tokens * (a.k / kBlock);
     for (int64_t i = 0; i < n; ++i) a.ds[i] = a.d[i] * static_cast<float>(a.s[i]);
 }
@@ -104,11 +177,20 @@ void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const flo
         if (path == CpuPath::Avx512Vnni) return avx512::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
         if (path == CpuPath::Avx2) return avx2::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
 #endif
+#if defined(SPECULA_ARM64_KERNELS)
+        if (path == CpuPath::NeonI8mm || path == CpuPath::NeonDotprod) {
+            return neon_dotprod::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+        }
+#endif
         return generic::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
     }
 #if defined(SPECULA_X86_KERNELS)
     if (path == CpuPath::Avx512Vnni && avx512::has_body(m.format)) return avx512::matmul(m, packed, a, y, y_stride, g_begin, g_end);
-    if (path != CpuPath::Generic) return avx2::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+    if (path == CpuPath::Avx2 || path == CpuPath::Avx512Vnni) return avx2::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+#endif
+#if defined(SPECULA_ARM64_KERNELS)
+    if (path == CpuPath::NeonI8mm) return neon_i8mm::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+    if (path == CpuPath::NeonDotprod) return neon_dotprod::matmul(m, packed, a, y, y_stride, g_begin, g_end);
 #endif
     generic::matmul(m, packed, a, y, y_stride, g_begin, g_end);
 }

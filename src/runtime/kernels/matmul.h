@@ -14,7 +14,8 @@
 // F16 and BF16 weights meet the F32 activations as they are: 16 lane sums,
 //   lane[l] = fma(w[k + l], x[k + l], lane[l])                for k = 0, 16, 32, ... in order
 // then a fixed halving tree (lane[l] += lane[l + w] for w = 8, 4, 2, 1); the result is lane[0].
-// The AVX-512 VNNI, AVX2 and portable paths follow it to the bit.
+// The AVX-512 VNNI, AVX2, NEON (dot-product and int8 matrix-multiply) and portable paths follow
+// it to the bit.
 #include <cstdint>
 #include <span>
 
@@ -25,9 +26,17 @@ struct ggml_tensor;
 
 namespace specula::kernels {
 
-enum class CpuPath { Generic, Avx2, Avx512Vnni };
+// The instruction sets specula's kernels have bodies for. x86-64: AVX2 (+FMA, F16C), then
+// AVX-512 F/BW + VNNI. ARM64: NEON with the ARMv8.2 dot product (`sdot`), then with the int8
+// matrix multiply (`smmla`, i8mm) too. Generic is the portable C++ reference.
+enum class CpuPath { Generic, Avx2, Avx512Vnni, NeonDotprod, NeonI8mm };
+// The path the kernels run: the fastest this CPU has, or the one SPECULA_CPU_PATH names (a path
+// the CPU can run; check_cpu_path_override() reports any other value).
 CpuPath detected_cpu_path();
+bool cpu_can_run(CpuPath path);
 const char * cpu_path_name(CpuPath path);
+// Throws Error when SPECULA_CPU_PATH is set to something other than a path this CPU can run.
+void check_cpu_path_override();
 
 // y = W x as a ggml custom op: w packed ([K, N] logically), x F32 [K, B] -> F32 [N, B].
 ggml_tensor * packed_matmul(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);

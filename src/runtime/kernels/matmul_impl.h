@@ -28,7 +28,14 @@ struct QuantizedActivations {
 
 namespace generic { SPECULA_KERNEL_DECLS }
 namespace avx2 { SPECULA_KERNEL_DECLS }
+namespace neon_dotprod { SPECULA_KERNEL_DECLS }
 #undef SPECULA_KERNEL_DECLS
+
+// NEON with i8mm: the integer formats (the rest is neon_dotprod's).
+namespace neon_i8mm {
+void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
+            int64_t g_begin, int64_t g_end);
+}  // namespace neon_i8mm
 
 // AVX-512 VNNI: the float formats, and the integer formats that have_body(); Q6_K runs the AVX2 body.
 namespace avx512 {
