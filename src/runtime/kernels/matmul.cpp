@@ -163,8 +163,10 @@ void quantize_blocks(CpuPath path, const float * x, int64_t x_stride, QuantizedA
     generic::quantize_activations(x, x_stride, a);
 }
 
-void quantize(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
+// with_min_factor: some weight is Q4_1 or Q4_K, whose bodies read ds.
+void quantize(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a, bool with_min_factor) {
     quantize_blocks(path, x, x_stride, a);
+    if (!with_min_factor) return;
     const int64_t n = a.n_tokens * (a.k / kBlock);
     for (int64_t i = 0; i < n; ++i) a.ds[i] = a.d[i] * static_cast<float>(a.s[i]);
 }
@@ -204,11 +206,12 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     while (n_w + 1 < GGML_MAX_SRC && dst->src[n_w + 1]) ++n_w;
     const ggml_tensor * x = dst->src[n_w];
     int64_t total_groups = 0;
-    bool any_integer = false;
+    bool any_integer = false, with_min_factor = false;
     for (int i = 0; i < n_w; ++i) {
         const PackedMatrix & m = *packed_matrix_of(dst->src[i]);
         total_groups += m.n_groups();
         any_integer = any_integer || !m.is_float();
+        with_min_factor = with_min_factor || has_min_term(m.format);
     }
     const int64_t begin = total_groups * ith / nth, end = total_groups * (ith + 1) / nth;
     if (begin == end) return;
@@ -219,7 +222,7 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int n_tokens = static_cast<int>(ggml_nrows(x));
     thread_local Scratch scratch;
     QuantizedActivations a = scratch.view(n_tokens, x->ne[0]);
-    if (any_integer) quantize(path, xd, x_stride, a);
+    if (any_integer) quantize(path, xd, x_stride, a, with_min_factor);
 
     auto * y = static_cast<float *>(dst->data);
     const int64_t y_stride = dst->ne[0];
@@ -239,7 +242,7 @@ void matmul_groups(CpuPath path, const PackedMatrix & m, const uint8_t * packed,
                    int n_tokens, float * y, int64_t g_begin, int64_t g_end) {
     thread_local Scratch scratch;
     QuantizedActivations a = scratch.view(n_tokens, m.k);
-    if (!m.is_float()) quantize(path, x, x_stride, a);
+    if (!m.is_float()) quantize(path, x, x_stride, a, has_min_term(m.format));
     run(path, m, packed, x, x_stride, a, y, m.n_rows, g_begin, g_end);
 }
 

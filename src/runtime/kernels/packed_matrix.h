@@ -37,6 +37,8 @@ enum class PackedFormat : uint8_t {
 constexpr int kGroupRows = 16;
 constexpr int kBlock = 32;
 
+// Formats whose weights carry a min term (w = d * u + m): their bodies read the activations' d * s.
+constexpr bool has_min_term(PackedFormat f) { return f == PackedFormat::Q4_1 || f == PackedFormat::Q4_K; }
 constexpr bool is_k_quant(PackedFormat f) { return f == PackedFormat::Q4_K || f == PackedFormat::Q6_K; }
 constexpr int blocks_per_super(PackedFormat f) { return is_k_quant(f) ? 8 : 1; }
 
