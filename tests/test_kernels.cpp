@@ -206,13 +206,16 @@ TEST(PackedMatmul, StackedWeightsGiveEachWeightsBitsInOneOp) {
 }
 
 // The masked attention op's bodies: random F16 K/V, a mask hiding some slots (a whole row hides
-// all of them), GQA shapes of SmolLM2 (64 x 3 per KV head) and Gemma 3 (256 x 4); every SIMD
+// all of them, the last row sees only the last slot), GQA shapes of SmolLM2 (64 x 3 per KV head) and Gemma 3 (256 x 4); every SIMD
 // body returns the generic body's bits.
 TEST(MaskedAttention, EverySimdPathGivesTheGenericPathsBits) {
     if (paths().size() == 1) GTEST_SKIP() << "this CPU runs the generic path only";
     struct Shape { int head_dim, n_head, n_head_kv; };
-    for (const Shape shape : {Shape{64, 9, 3}, Shape{256, 4, 1}, Shape{16, 2, 2}}) {
-        const int n_rows = 5, n_kv = 77;
+    // 77 slots in one block of 5 rows; 300 slots over several tiles in blocks of 8 and 3 rows.
+    struct Size { int n_rows, n_kv; };
+    for (const auto & [shape, size] : {std::pair{Shape{64, 9, 3}, Size{5, 77}}, std::pair{Shape{256, 4, 1}, Size{5, 77}},
+                                     std::pair{Shape{16, 2, 2}, Size{5, 77}}, std::pair{Shape{64, 9, 3}, Size{11, 300}}}) {
+        const int n_rows = size.n_rows, n_kv = size.n_kv;
         std::mt19937 rng(7);
         std::normal_distribution<float> normal(0.0f, 1.0f);
         const int64_t q_row = int64_t(shape.n_head) * shape.head_dim, kv_row = int64_t(shape.n_head_kv) * shape.head_dim;
@@ -223,7 +226,7 @@ TEST(MaskedAttention, EverySimdPathGivesTheGenericPathsBits) {
         for (auto & h : v) h = ggml_fp32_to_fp16(normal(rng));
         for (int i = 0; i < n_rows; ++i) {
             for (int s = 0; s < n_kv; ++s) {
-                const bool hidden = i == 2 || (rng() % 3 == 0);
+                const bool hidden = i == 2 || (i == n_rows - 1 ? s != n_kv - 1 : rng() % 3 == 0);
                 mask[i * n_kv + s] = ggml_fp32_to_fp16(hidden ? -INFINITY : 0.0f);
             }
         }

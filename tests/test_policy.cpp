@@ -150,11 +150,11 @@ TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
     TreeSizePolicy p(kMeasuredTargetCurve);
     EXPECT_EQ(p.plan_round(StepShare{7, 7.0}), Round::Draft);  // nothing seen yet: draft to learn
     for (int r = 0; r < 40; ++r) {
-        p.observe_draft(0.2, 4);                        // 0.2 ms of drafting per round
+        p.observe_draft(0.3, 4);                        // 0.3 ms of drafting per round
         p.observe(3.0, r % 2 ? 3 : 2, 4, kMeasuredTargetCurve[4]);  // 4 nodes verified, 2.5 accepted
     }
-    // Alone: 2.5 tokens for 0.2 + 2.26 - 0.82 ms beats 1 per 0.82 ms. Busy: 8 tokens per 3.28 ms
-    // beat 2.5 for 0.2 + 4.20 - 3.28 ms.
+    // Alone: 2.5 tokens for 0.3 + 2.26 - 0.82 ms beats 1 per 0.82 ms. Busy: 8 tokens per 3.28 ms
+    // beat 2.5 for 0.3 + 4.06 - 3.28 ms (12 rows' 4.20 and 13 rows' 3.92 pooled to 4.06).
     EXPECT_EQ(p.plan_round(StepShare{}), Round::Draft);
     int drafted = 0, explored = 0;
     for (int r = 0; r < 16; ++r) {
@@ -240,6 +240,21 @@ TEST(CostPolicy, NeverProbesWhereEvenAWhollyAcceptedDraftLoses) {
 // 12.7 ms (0.74 ms a row) where the one-sequence curve said 0.5. Once the observed steps vary in
 // size their line sets the price; with steps of one size only, the curve still does. Catches the
 // step line being ignored (the policy then over-drafts in busy steps) or used without evidence.
+// A timed curve that dips (noise: 8 tokens timed cheaper than 3..7) is priced as the closest
+// non-decreasing curve; a rising curve is kept as measured.
+TEST(VerifyCost, NeverPricesMoreTokensBelowFewer) {
+    const VerifyCost dipping({4.8, 5.4, 8.1, 8.9, 9.5, 9.8, 10.1, 7.3, 8.1, 9.0});
+    for (int b = 2; b <= dipping.max_tokens(); ++b) EXPECT_GE(dipping.ms(b), dipping.ms(b - 1)) << b;
+    EXPECT_DOUBLE_EQ(dipping.ms(1), 4.8);
+    EXPECT_DOUBLE_EQ(dipping.ms(2), 5.4);
+    EXPECT_DOUBLE_EQ(dipping.ms(4), 8.9);
+    for (int b = 5; b <= 9; ++b) EXPECT_NEAR(dipping.ms(b), (9.5 + 9.8 + 10.1 + 7.3 + 8.1) / 5, 1e-9) << b;  // one pooled block
+    EXPECT_DOUBLE_EQ(dipping.ms(10), 9.0);
+    const std::vector<double> rising{4.8, 5.4, 5.9, 7.2, 9.0};
+    const VerifyCost kept(rising);
+    for (int b = 1; b <= 5; ++b) EXPECT_DOUBLE_EQ(kept.ms(b), rising[b - 1]);
+}
+
 TEST(VerifyCost, StepsOfManySequencesPriceExtraRows) {
     std::vector<double> curve;
     for (int n = 1; n <= 33; ++n) curve.push_back(3.46 + 0.5 * (n - 1));

@@ -4,15 +4,35 @@
 // costs in the running loop, learned from every round. Past the measured sizes (a step that
 // carries several sequences' rows) the curve goes on linearly with the slope of its upper half.
 #include <algorithm>
-#include <utility>
+#include <cstddef>
 #include <vector>
 
 namespace specula {
 
+// The closest non-decreasing curve in least squares (pool adjacent violators). A forward of more
+// tokens never costs less than one of fewer; a timed curve can say so (a slow sample at 3 tokens,
+// a lucky one at 8), and the policies would then prefer whichever size was timed lucky.
+inline std::vector<double> non_decreasing(const std::vector<double> & curve) {
+    std::vector<double> mean;  // pooled blocks: mean and size
+    std::vector<size_t> size;
+    for (double v : curve) {
+        mean.push_back(v), size.push_back(1);
+        while (mean.size() > 1 && mean[mean.size() - 2] > mean.back()) {
+            const size_t n = size[size.size() - 2] + size.back();
+            const double m = (mean[mean.size() - 2] * size[size.size() - 2] + mean.back() * size.back()) / n;
+            mean.pop_back(), size.pop_back();
+            mean.back() = m, size.back() = n;
+        }
+    }
+    std::vector<double> out;
+    for (size_t b = 0; b < mean.size(); ++b) out.insert(out.end(), size[b], mean[b]);
+    return out;
+}
+
 class VerifyCost {
 public:
-    // curve_ms[b - 1]: measured cost of a target forward of b tokens.
-    explicit VerifyCost(std::vector<double> curve_ms) : curve_(std::move(curve_ms)) {}
+    // curve_ms[b - 1]: measured cost of a target forward of b tokens (made non-decreasing).
+    explicit VerifyCost(const std::vector<double> & curve_ms) : curve_(non_decreasing(curve_ms)) {}
 
     int max_tokens() const { return static_cast<int>(curve_.size()); }
     // Expected cost of verifying n_tokens (>= 1) now.
@@ -45,8 +65,8 @@ public:
     // Whether a chain of n drafted tokens, all accepted, could beat `plain_rate` (tokens per ms of
     // the step without the draft, whose rows are `plain_rows`) for some n <= max_n: n tokens for n
     // drafts of `draft_ms_per_token` and n more verify rows. Where none could, no draft is worth
-    // making, not even to explore. (The measured curve is not straight: the first extra row can
-    // cost more than the next few, so every n is tried.)
+    // making, not even to explore. (The curve is not straight: the first extra row can cost more
+    // than the next few, so every n is tried.)
     bool some_chain_pays(int plain_rows, double plain_rate, double draft_ms_per_token, int max_n) const {
         for (int n = 1; n <= max_n; ++n) {
             if (n / (n * draft_ms_per_token + extra_ms(plain_rows, n)) > plain_rate) return true;
