@@ -40,6 +40,6 @@ GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t>
 
 // Measured cost (ms, median of `reps`) of a target forward of b = 1..max_tokens tokens at the
 // cache's current depth; the cache is left as it was. Feeds the cost policy.
-std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 5);
+std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 3);
 
 }  // namespace specula
