@@ -9,7 +9,7 @@
 #include "bench_util.h"
 #include "specula/error.h"
 #include "common/progress.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "ggml.h"

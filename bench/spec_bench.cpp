@@ -22,7 +22,7 @@
 #include "engine/generate.h"
 #include "engine/target.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "policy/draft_length.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"

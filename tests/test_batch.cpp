@@ -13,7 +13,7 @@
 #include "engine/speculative.h"
 #include "engine/target.h"
 #include "tokenizer/tokenizer.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"

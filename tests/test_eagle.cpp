@@ -9,7 +9,7 @@
 #include "eagle3_vocab.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "policy/tree_size.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"

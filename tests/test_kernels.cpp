@@ -11,7 +11,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "gguf.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/kernels/attention_impl.h"

@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "engine/generate.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"

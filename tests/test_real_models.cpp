@@ -25,7 +25,7 @@
 #include "engine/generate.h"
 #include "engine/specee.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "distribution.h"
 #include "greedy_agreement.h"
 #include "llama_peer.h"

@@ -12,7 +12,7 @@
 #include "specula/error.h"
 #include "distribution.h"
 #include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "engine/specee.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/exit_predictor.h"
 #include "runtime/forward.h"

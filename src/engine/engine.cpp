@@ -4,7 +4,7 @@
 #include "engine/specee.h"
 #include "engine/speculative.h"
 #include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/model.h"
 #include "specula/specula.h"

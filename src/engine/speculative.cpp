@@ -6,7 +6,7 @@
 
 #include "specula/error.h"
 #include "common/stats.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/forward.h"
 
 namespace specula {

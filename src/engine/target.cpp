@@ -8,7 +8,7 @@
 #include "engine/speculative.h"
 #include "engine/specee.h"
 #include "runtime/exit_predictor.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"

@@ -8,7 +8,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/arch/graph.h"
 #include "runtime/backend.h"
 #include "runtime/network.h"

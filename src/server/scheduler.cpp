@@ -7,7 +7,7 @@
 #include "specula/error.h"
 #include "engine/sequence.h"
 #include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"

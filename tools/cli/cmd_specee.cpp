@@ -18,7 +18,7 @@
 #include "engine/speculative.h"
 #include "policy/draft_length.h"
 #include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/candidate_logits.h"
 #include "runtime/model.h"
 #include "sample/sampler.h"

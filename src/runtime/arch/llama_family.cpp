@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "ggml.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/arch/graph.h"
 #include "runtime/kernels/attention.h"
 #include "runtime/kernels/matmul.h"

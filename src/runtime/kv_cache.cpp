@@ -1,4 +1,4 @@
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 
 #include <atomic>
 #include <cstring>
