@@ -41,7 +41,7 @@ struct RoundInfo {
     RoundDecision decision;            // what the policy chose and why (built only when observed)
 };
 
-// The public report of a round (specula.h), for observers.
+// The public report of a round (specula/report.h), for observers.
 RoundReport round_report(const RoundInfo & round);
 
 using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
