@@ -27,9 +27,6 @@ private:
     std::function<std::string(int32_t)> token_text_;
 };
 
-// Draft probability of a node's own token: q of its parent's distribution, 1 when deterministic.
-float node_draft_prob(const TokenTree & tree, int node);
-
 std::string format_summary(const SpeculationStats & s);
 // Where a run's generation time went per round: the target's forwards, drafting, the commits, and
 // the rest (the caller's work between rounds); empty for a run without rounds.
