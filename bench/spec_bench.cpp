@@ -302,12 +302,12 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, cons
             tree.shape = mode.tree;
             if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms);
         }
-        SpecContext ctx{.target = rig.runner, .cache = rig.cache, .drafter = drafter, .policy = *policy,
-                        .tree = tree,
-                        .on_round = [&](const RoundInfo & r) { record_round(run, r); },
-                        .verify = nullptr,
-                        .tree_size = tree_size.get()};
-        s = generate_speculative(ctx, prompt.tokens, g, never_end, keep_going);
+        SequenceParts parts{.cache = rig.cache, .drafter = &drafter, .policy = policy.get(),
+                            .tree = tree,
+                            .on_round = [&](const RoundInfo & r) { record_round(run, r); },
+                            .verify = nullptr,
+                            .tree_size = tree_size.get()};
+        s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);
     }
     run.tokens = s.n_generated;
     run.seconds = s.generation_seconds;

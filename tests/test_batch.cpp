@@ -155,8 +155,8 @@ TEST(Batch, SequencesSteppedTogetherEmitWhatTheyEmitAlone) {
         KvCache cache(f.backend, f.model->config(), 64);
         auto drafter = make_drafter(s);
         auto policy = make_draft_policy(DraftPolicyKind::Fixed, 1 + s, {});
-        SpecContext ctx{f.runner, cache, *drafter, *policy, TreeBudget{}, nullptr, nullptr};
-        generate_speculative(ctx, kPrompts[s], o, never_end, [&](int32_t t) {
+        SequenceParts parts{cache, drafter.get(), policy.get(), TreeBudget{}, nullptr, nullptr};
+        generate_speculative(f.runner, parts, kPrompts[s], o, never_end, [&](int32_t t) {
             alone[s].push_back(t);
             return true;
         });

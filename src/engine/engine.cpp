@@ -69,9 +69,9 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     t.measure_verify_cost_once(cache, tokens);
     std::unique_ptr<TreeSizePolicy> tree_size = t.make_tree_size_policy();
     auto policy = t.make_draft_policy();
-    SpecContext ctx{*t.runner, cache, *impl_->drafter, *policy, t.tree, nullptr, nullptr, tree_size.get()};
-    if (options.on_round) ctx.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
-    GenerationStats stats = generate_speculative(ctx, tokens, options, is_end, sink);
+    SequenceParts parts{cache, impl_->drafter.get(), policy.get(), t.tree, nullptr, nullptr, tree_size.get()};
+    if (options.on_round) parts.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
+    GenerationStats stats = generate_speculative(*t.runner, parts, tokens, options, is_end, sink);
     stats.verify_cost_ms = t.verify_cost_ms;
     if (const auto * exits = dynamic_cast<const EarlyExitDrafter *>(impl_->drafter.get())) {
         stats.early_exit = exits->exit_stats().summary(t.model->config().n_layer);

@@ -242,8 +242,8 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
         if (ps.generation_seconds > 0 && ls.generation_seconds > 0) ratios.push_back(ls.generation_tok_s() / ps.generation_tok_s());
         std::vector<int32_t> verified;
         KvCache c4(*t->backend, model.config(), options.n_ctx);
-        SpecContext ctx{*t->runner, c4, lossless_drafter, *fixed, TreeBudget{TreeShape::Chain, 6, 1, 6}};
-        GenerationStats vs = generate_speculative(ctx, prompt, gen, is_end, [&](int32_t tok) { verified.push_back(tok); return true; });
+        SequenceParts parts{c4, &lossless_drafter, fixed.get(), TreeBudget{TreeShape::Chain, 6, 1, 6}};
+        GenerationStats vs = generate_speculative(*t->runner, parts, prompt, gen, is_end, [&](int32_t tok) { verified.push_back(tok); return true; });
         lossless_s += vs.generation_seconds;
         lossless_n += vs.n_generated;
         lossless_identical += verified == plain;
