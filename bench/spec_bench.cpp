@@ -20,7 +20,7 @@
 #include "engine/drafter_source.h"
 #include "common/progress.h"
 #include "engine/generate.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "engine/speculative.h"
 #include "runtime/kv_cache.h"
 #include "policy/draft_length.h"

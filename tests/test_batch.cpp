@@ -11,7 +11,7 @@
 #include "draft/ngram.h"
 #include "engine/sequence.h"
 #include "engine/speculative.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "tokenizer/tokenizer.h"
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"

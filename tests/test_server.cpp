@@ -11,7 +11,7 @@
 
 #include "specula/error.h"
 #include "distribution.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "specula/error.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
 #include "tokenizer/tokenizer.h"

@@ -6,7 +6,7 @@
 
 #include "specula/error.h"
 #include "engine/sequence.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"

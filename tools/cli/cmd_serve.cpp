@@ -5,7 +5,7 @@
 
 #include "commands.h"
 #include "engine_flags.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "report.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"

@@ -17,7 +17,7 @@
 #include "engine/specee.h"
 #include "engine/speculative.h"
 #include "policy/draft_length.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"
 #include "runtime/candidate_logits.h"
 #include "runtime/model.h"

@@ -1,4 +1,4 @@
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 
 #include <algorithm>
 
