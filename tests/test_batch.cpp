@@ -227,7 +227,7 @@ TEST(Batch, ADrafterGroupDraftsInOneForwardPerLevelAndEachSequenceEmitsWhatItEmi
         o.tree_nodes = 8;
         o.n_ctx = 128;
         o.n_threads = 1;
-        auto target = Target::open(o);
+        auto target = ModelBundle::open(o);
         const std::vector<std::string> prompts = {"def main():\n    parser = argparse.", "import os\nimport sys\n",
                                                   "class Stack:\n    def push(self, item):", "The list of"};
         const int n = static_cast<int>(prompts.size());
@@ -300,7 +300,7 @@ TEST(Batch, StepsThatMayNotDraftDraftNothingAndLaterDraftsStillHold) {
     o.tree = TreeShape::Chain;
     o.n_ctx = 128;
     o.n_threads = 1;
-    auto target = Target::open(o);
+    auto target = ModelBundle::open(o);
     const std::vector<std::string> prompts = {"def main():\n    parser = argparse.", "import os\nimport sys\n", "The list of"};
     const int n = static_cast<int>(prompts.size());
     GenerationOptions g;

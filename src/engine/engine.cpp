@@ -14,7 +14,7 @@
 namespace specula {
 
 struct Engine::Impl {
-    std::unique_ptr<Target> target;
+    std::unique_ptr<ModelBundle> target;
     std::unique_ptr<Drafter> drafter;  // the one sequence's
 };
 
@@ -23,7 +23,7 @@ Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
     auto impl = std::make_unique<Impl>();
-    impl->target = Target::open(options);
+    impl->target = ModelBundle::open(options);
     impl->drafter = impl->target->make_drafter(options.n_ctx);
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -40,7 +40,7 @@ std::string Engine::detokenize(std::span<const int32_t> tokens) const {
 std::string Engine::piece(int32_t token) const { return impl_->target->tokenizer->piece(token); }
 
 GenerationStats Engine::generate(std::span<const int32_t> tokens, const GenerationOptions & options, const TokenSink & sink) {
-    Target & t = *impl_->target;
+    ModelBundle & t = *impl_->target;
     // Before the cost probe, which tiles the prompt to fill its batches and would never fill them.
     if (tokens.empty()) throw Error("the prompt is empty and the vocabulary adds no BOS token: nothing to generate from");
     for (int32_t tok : tokens) {

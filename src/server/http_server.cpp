@@ -20,7 +20,7 @@ using nlohmann::json;
 struct HttpServer::Impl {
     httplib::Server http;
     std::thread listener;
-    std::atomic<Target *> target{nullptr};
+    std::atomic<ModelBundle *> target{nullptr};
     std::atomic<Scheduler *> scheduler{nullptr};
     std::string model_id;
     std::string index_page;  // served at "/"; empty: 404
@@ -129,7 +129,7 @@ int HttpServer::start(const std::string & host, int port) {
     return bound;
 }
 
-void HttpServer::ready(Target & target, Scheduler & scheduler, const std::string & model_id) {
+void HttpServer::ready(ModelBundle & target, Scheduler & scheduler, const std::string & model_id) {
     impl_->model_id = model_id;
     impl_->target = &target;
     impl_->scheduler = &scheduler;
@@ -196,7 +196,7 @@ void HttpServer::Impl::routes() {
 
 void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Request & req, httplib::Response & res) {
     Scheduler * s = scheduler;
-    Target * t = target;
+    ModelBundle * t = target;
     if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
     openai::Request r;
     std::vector<int32_t> prompt;

@@ -60,7 +60,7 @@ struct Scheduler::Slot {
     SpeculationStats seen;  // the sequence's counters already added to the metrics
 };
 
-Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target), options_(options) {
+Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(target), options_(options) {
     if (options.parallel < 1) throw Error("--parallel must be at least 1");
     if (options.max_queued < 0) throw Error("the queue size must not be negative");
     if (options.prefill_chunk < 1) throw Error("the prefill chunk must be at least 1 token");

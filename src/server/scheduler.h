@@ -20,7 +20,7 @@
 
 namespace specula {
 
-struct Target;
+struct ModelBundle;
 
 struct SchedulerOptions {
     int parallel = 1;        // slots: sequences generating at once
@@ -110,7 +110,7 @@ class Scheduler {
 public:
     // The target must outlive the scheduler. Measures the verify cost (when the policies need it)
     // before returning.
-    Scheduler(Target & target, SchedulerOptions options);
+    Scheduler(ModelBundle & target, SchedulerOptions options);
     ~Scheduler();
     Scheduler(const Scheduler &) = delete;
     Scheduler & operator=(const Scheduler &) = delete;
@@ -127,7 +127,7 @@ private:
     void admit();                      // under mutex_: queued jobs into free slots
     void release(Slot & slot, bool finished_normally);
 
-    Target & target_;
+    ModelBundle & target_;
     SchedulerOptions options_;
     std::vector<std::unique_ptr<Slot>> slots_;
     mutable std::mutex mutex_;

@@ -106,7 +106,7 @@ void add_common(CLI::App * sub, EngineOptions & e, PromptSet & p, int & n_predic
 
 int run_features(EngineOptions options, const PromptSet & set, int n_predict, const std::string & out_path) {
     const std::vector<std::string> prompts = read_prompts(set);
-    auto t = Target::open(options);
+    auto t = ModelBundle::open(options);
     const Model & model = *t->model;
     const int L = model.config().n_layer;
     auto drafter = t->make_drafter(options.n_ctx);
@@ -185,7 +185,7 @@ int run_features(EngineOptions options, const PromptSet & set, int n_predict, co
 
 int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const std::string & json_path) {
     const std::vector<std::string> prompts = read_prompts(set);
-    auto t = Target::open(options);
+    auto t = ModelBundle::open(options);
     const Model & model = *t->model;
     const int L = model.config().n_layer;
     auto drafter = t->make_drafter(options.n_ctx);
