@@ -21,6 +21,7 @@
 namespace specula {
 
 struct ModelBundle;
+struct StepResult;
 
 struct SchedulerOptions {
     int parallel = 1;        // slots: sequences generating at once
@@ -126,6 +127,10 @@ private:
     void run();
     void admit();                      // under mutex_: queued jobs into free slots
     void release(Slot & slot, bool finished_normally);
+    // Under mutex_, after a step over `active`: a step that threw ends each of their requests with
+    // its error; one that ran adds to the metrics and releases the slots whose sequence is done.
+    void fail_step(const std::vector<Slot *> & active, const std::string & failure);
+    void account_step(const std::vector<Slot *> & active, const StepResult & step, bool may_draft);
 
     ModelBundle & target_;
     SchedulerOptions options_;
