@@ -24,13 +24,13 @@ head's own previous output; step k at head index t reads token x[t+1+k] and is s
 0.8^k) on the target's next-token distribution at t+1+k. The token embedding is the target's.
   train_eagle.py --work DIR --kind eagle3 --steps 160 --log LOG [--bf16]
   train_eagle.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --log LOG --minutes 35"""
-import argparse, json, math, os, sys, time
+import argparse, json, os, sys, time
 import numpy as np
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import ROPE_BASE, Eagle1Head, Eagle3Head, LlamaConfig, load_gguf_tensors, load_llama
-from schedule import wallclock_cosine_lr
+from schedule import optimizer_step, step_cosine_lr, wallclock_cosine_lr
 
 
 def parse_args():
@@ -111,14 +111,6 @@ def optimizer(a, head):
     return torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
 
-def train_step(opt, head, loss):
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-    opt.step()
-    return gn
-
-
 def train_on_family(a, log):
     """The bundled family: the PyTorch target computes features and distributions per batch."""
     rng = np.random.default_rng(a.seed)
@@ -172,21 +164,16 @@ def train_on_family(a, log):
         return (round(sum(r[0].item() for r in res) / len(res), 4),
                 [round(sum(r[1][k] for r in res) / len(res), 4) for k in range(a.ttt_steps)])
 
-    def lr_at(s):
-        if s < a.warmup:
-            return a.lr * (s + 1) / a.warmup
-        pr = (s - a.warmup) / max(1, a.steps - a.warmup)
-        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * pr)))
-
     log.write(json.dumps({"event": "start", "model": a.name, "params": nparam, "args": vars(a)}) + "\n")
     t0 = time.time()
     for s in range(a.steps):
+        lr = step_cosine_lr(a.lr, a.warmup, a.steps, s)
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(s)
+            gr["lr"] = lr
         loss, accs = run(batch(train, rng, a.batch, a.seq))
-        gn = train_step(opt, head, loss)
+        gn = optimizer_step(opt, head, loss)
         rec = {"model": a.name, "step": s + 1, "loss": round(loss.item(), 4), "top1_agree_by_step": [round(v, 4) for v in accs],
-               "lr": lr_at(s), "grad_norm": round(gn.item(), 3), "tokens": (s + 1) * a.batch * a.seq, "elapsed_s": round(time.time() - t0, 1)}
+               "lr": lr, "grad_norm": round(gn.item(), 3), "tokens": (s + 1) * a.batch * a.seq, "elapsed_s": round(time.time() - t0, 1)}
         if (s + 1) % a.eval_every == 0 or s + 1 == a.steps:
             rec["heldout_loss"], rec["heldout_top1_agree_by_step"] = evaluate()
         log.write(json.dumps(rec) + "\n"); log.flush()
@@ -312,7 +299,7 @@ def train_on_features(a, log):
             for gr in opt.param_groups:
                 gr["lr"] = lr
             loss, accs = run(*make_batch([train[j] for j in perm[i:i + a.batch]]))
-            gn = train_step(opt, head, loss)
+            gn = optimizer_step(opt, head, loss)
             step += 1
             rec = {"model": a.name, "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
                    "top1_agree_by_step": [round(v, 4) for v in accs], "lr": lr, "grad_norm": round(gn.item(), 3),

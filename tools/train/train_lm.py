@@ -20,13 +20,13 @@ draft distilled for a real target.
       training sequences; the checkpoint kept is the best by that figure.
   train_lm.py --work DIR --name target --steps 1250 --log LOG [--bf16]
   train_lm.py --feats feats.pt [--feats more.pt] --model GGUF --out draft.pt --log LOG --minutes 40"""
-import argparse, json, math, os, sys, time
+import argparse, json, os, sys, time
 import numpy as np
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import CONFIGS, ROPE_BASE, Llama, LlamaConfig, load_gguf_tensors
-from schedule import wallclock_cosine_lr
+from schedule import optimizer_step, step_cosine_lr, wallclock_cosine_lr
 
 
 def parse_args():
@@ -76,14 +76,6 @@ def adamw(a, model, no_decay=()):
                              lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def train_step(opt, model, loss):
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return gn
-
-
 def train_family_lm(a, log):
     rng = np.random.default_rng(a.seed)
     train = np.memmap(os.path.join(a.work, "train.bin"), dtype=np.uint16, mode="r")
@@ -113,25 +105,20 @@ def train_family_lm(a, log):
         model.train()
         return tot / n
 
-    def lr_at(s):
-        if s < a.warmup:
-            return a.lr * (s + 1) / a.warmup
-        pr = (s - a.warmup) / max(1, a.steps - a.warmup)
-        return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * pr)))
-
     log.write(json.dumps({"event": "start", "model": a.name, "params": nparam, "config": c.__dict__, "args": vars(a)}) + "\n")
     t0 = time.time()
     steps = a.bench or a.steps
     for s in range(steps):
+        lr = step_cosine_lr(a.lr, a.warmup, a.steps, s, a.min_lr_frac)
         for g in opt.param_groups:
-            g["lr"] = lr_at(s)
+            g["lr"] = lr
         x, y = batch(train, rng, a.batch, a.seq)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
             lg, _, _ = model(x)
         loss = F.cross_entropy(lg.float().reshape(-1, lg.size(-1)), y.reshape(-1))
-        gn = train_step(opt, model, loss)
+        gn = optimizer_step(opt, model, loss)
         el = time.time() - t0
-        rec = {"model": a.name, "step": s + 1, "loss": round(loss.item(), 4), "lr": lr_at(s), "grad_norm": round(gn.item(), 3),
+        rec = {"model": a.name, "step": s + 1, "loss": round(loss.item(), 4), "lr": lr, "grad_norm": round(gn.item(), 3),
                "tokens": (s + 1) * a.batch * a.seq, "elapsed_s": round(el, 1), "tok_per_s": round((s + 1) * a.batch * a.seq / el, 1)}
         if (s + 1) % a.eval_every == 0 or s + 1 == steps:
             rec["heldout_loss"] = round(evaluate(), 4)
@@ -220,7 +207,7 @@ def distil_draft_lm(a, log):
             for gr in opt.param_groups:
                 gr["lr"] = lr
             loss, agree, n = run(*make_batch([train[j] for j in perm[i:i + a.batch]]))
-            gn = train_step(opt, model, loss)
+            gn = optimizer_step(opt, model, loss)
             step += 1
             rec = {"model": "smollm2-draft", "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
                    "top1_agree": round(agree / max(1, n), 4), "lr": lr, "grad_norm": round(gn.item(), 3),
