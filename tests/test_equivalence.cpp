@@ -200,7 +200,7 @@ std::vector<MatrixCase> matrix_cases() {
     return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, KernelMatrix, ::testing::ValuesIn(matrix_cases()), [](const auto & info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Targets, KernelMatrix, ::testing::ValuesIn(matrix_cases()), [](const auto & param_info) { return case_name(param_info.param); });
 
 }  // namespace
 }  // namespace specula

@@ -131,7 +131,7 @@ TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Oracle, ::testing::ValuesIn(test::oracle_variants()),
-                         [](const auto & info) { return info.param.name; });
+                         [](const auto & param_info) { return param_info.param.name; });
 
 }  // namespace
 }  // namespace specula

@@ -217,7 +217,7 @@ TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecoding) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cached, RealModelOracle, ::testing::ValuesIn(kModels), [](const auto & info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cached, RealModelOracle, ::testing::ValuesIn(kModels), [](const auto & param_info) { return param_info.param.name; });
 
 // ---- The drafters trained for SmolLM2-135M-Instruct (models/smollm2-*.gguf) ------------------
 
@@ -272,8 +272,8 @@ void expect_greedy_speculation_equals_plain(const char * tag, LoadedTarget & t, 
     std::vector<std::vector<int32_t>> plain(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
         KvCache cache(backend, model.config(), kCapacity);
-        generate_plain(runner, cache, prompts[i], o, never_end, [&](int32_t t) {
-            plain[i].push_back(t);
+        generate_plain(runner, cache, prompts[i], o, never_end, [&](int32_t token) {
+            plain[i].push_back(token);
             return true;
         });
     }
@@ -290,8 +290,8 @@ void expect_greedy_speculation_equals_plain(const char * tag, LoadedTarget & t, 
                                     ++rounds;
                                     accepted += int(r.result->accepted.size());
                                 }};
-                generate_speculative(runner, parts, prompts[i], o, never_end, [&](int32_t t) {
-                    got.push_back(t);
+                generate_speculative(runner, parts, prompts[i], o, never_end, [&](int32_t token) {
+                    got.push_back(token);
                     return true;
                 });
                 EXPECT_EQ(got, plain[i]);
