@@ -1,5 +1,6 @@
 #include "decode_bench.h"
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -9,7 +10,7 @@
 #include "bench_util.h"
 #include "specula/error.h"
 #include "common/progress.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "ggml.h"
@@ -114,72 +115,45 @@ double macs_per_token(const ModelConfig & c) {
     return c.n_layer * (E * Q + 2 * E * KV + Q * E + 3 * E * F) + E * c.n_vocab;
 }
 
-struct EngineFigures {
-    Summary tg;
-    std::vector<Summary> batch_ms;
+// One of the two specula engines the benchmark compares: a runner and its cache.
+struct BenchEngine {
+    ModelRunner * runner;
+    KvCache * cache;
 };
 
-}  // namespace
-
-int run_decode_bench(const DecodeBenchOptions & o) {
-    const MachineLoad load = measure_machine_load();
-    print_machine(load);
-
-    // Two specula engines on the same file: its own kernels (packed matmuls, its attention op) and
-    // ggml's kernels with the attention kernel asked for; llama.cpp runs ggml's attention setting.
-    Backend own(BackendOptions{"cpu", o.threads, Attention::Auto, Kernels::Specula});
-    Backend ggml_k(BackendOptions{"cpu", o.threads, o.attention, Kernels::Ggml});
-    const int threads = own.n_threads();
-    const bool flash = ggml_k.flash_attention();
-    const Roofline roof = measure_roofline(threads);
-    std::printf("roofline: read %.1f GB/s (%d threads); specula int8 kernel (%s) %.0f G MAC/s at 16 tokens, in L2\n",
-                roof.read_gb_s, threads, roof.path.c_str(), roof.kernel_gmac_s);
-    std::printf("engines: specula (own kernels, %s), specula (ggml kernels, %s attention), llama.cpp (-fa %s)\n",
-                roof.path.c_str(), attention_kernel_name(ggml_k.attention_kernel()), flash ? "on" : "off");
-
-    const int max_b = *std::max_element(o.batch_sizes.begin(), o.batch_sizes.end());
-    const int n_ctx = o.depth + std::max(max_b, o.n_gen) + 8;
-    auto own_model = Model::load(o.model, own);
-    auto ggml_model = Model::load(o.model, ggml_k);
-    const ModelConfig & cfg = own_model->config();
-    const std::vector<int32_t> tokens = bench_tokens(o.depth + std::max(max_b, o.n_gen), cfg.n_vocab);
-    ModelRunner own_runner(*own_model), ggml_runner(*ggml_model);
-    KvCache own_cache(own, cfg, n_ctx), ggml_cache(ggml_k, cfg, n_ctx);
-    LlamaPeer peer(o.model, n_ctx, threads, flash, std::max(512, max_b));
-    struct Engine {
-        ModelRunner * runner;
-        KvCache * cache;
-    };
-    const Engine engines[2] = {{&own_runner, &own_cache}, {&ggml_runner, &ggml_cache}};
-
-    // Generation: one token at a time from an empty cache, as llama-bench's tg does.
-    EngineFigures fig[2];
+// Generation, tokens per second per rep: one token at a time from an empty cache, as llama-bench's
+// tg does; the first run of each engine is a warm-up.
+std::array<Summary, 2> measure_generation(const DecodeBenchOptions & o, const BenchEngine (&engines)[2], std::span<const int32_t> tokens,
+                                          Progress & progress) {
+    std::array<Summary, 2> tg_of;
     ForwardOutput out;
-    Progress progress("bench decode", int64_t(2) * (o.reps + 1) + int64_t(o.batch_sizes.size()));
     for (int e = 0; e < 2; ++e) {
         std::vector<double> tg;
         for (int r = 0; r < o.reps + 1; ++r) {
             engines[e].cache->rollback(0);
             const auto t0 = clock_type::now();
             for (int i = 0; i < o.n_gen; ++i) {
-                engines[e].runner->forward(ForwardBatch::causal(std::span(tokens).subspan(i, 1), i, {0}), *engines[e].cache, out);
+                engines[e].runner->forward(ForwardBatch::causal(tokens.subspan(i, 1), i, {0}), *engines[e].cache, out);
             }
-            if (r > 0) tg.push_back(o.n_gen * 1000.0 / ms_since(t0));  // first run is warm-up
+            if (r > 0) tg.push_back(o.n_gen * 1000.0 / ms_since(t0));
             progress.step(std::string("generation, ") + (e == 0 ? "specula kernels" : "ggml kernels") + ", rep " + std::to_string(r) + "/" +
                           std::to_string(o.reps) + (r == 0 ? " (warm-up)" : ""));
         }
-        fig[e].tg = summarize(tg);
+        tg_of[e] = summarize(tg);
     }
-    const Summary peer_tg = llama_bench_tg(o, threads, flash);
+    return tg_of;
+}
 
-    // Verifier-style batch cost: B rows with logits, on top of `depth` cached tokens.
-    for (const Engine & e : engines) {
+// Verifier-style batch cost: B rows with logits on top of `depth` cached tokens, both engines and
+// llama.cpp taking turns rep by rep; prints a table row per B and returns the rows as JSON.
+nlohmann::json measure_batches(const DecodeBenchOptions & o, const BenchEngine (&engines)[2], LlamaPeer & peer, std::span<const int32_t> tokens,
+                               double weight_gb, double macs, Progress & progress) {
+    ForwardOutput out;
+    for (const BenchEngine & e : engines) {
         e.cache->rollback(0);
-        e.runner->forward(ForwardBatch::causal(std::span(tokens).first(o.depth), 0, {}), *e.cache, out);
+        e.runner->forward(ForwardBatch::causal(tokens.first(o.depth), 0, {}), *e.cache, out);
     }
-    peer.decode(std::span(tokens).first(o.depth), false);
-    const double weight_gb = double(own_model->weight_bytes()) / 1e9;
-    const double macs = macs_per_token(cfg);
+    peer.decode(tokens.first(o.depth), false);
     nlohmann::json batches = nlohmann::json::array();
     std::printf("\n%-4s | %9s %7s %7s %8s | %9s %7s | %9s %7s | %8s %8s\n", "B", "own ms", "/B=1", "GB/s", "G MAC/s", "ggml ms",
                 "/B=1", "llama ms", "/B=1", "own/ggml", "own/llama");
@@ -187,7 +161,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
     for (int B : o.batch_sizes) {
         std::vector<int32_t> rows(B);
         for (int i = 0; i < B; ++i) rows[i] = i;
-        const auto block = std::span(tokens).subspan(o.depth, B);
+        const auto block = tokens.subspan(o.depth, B);
         std::vector<double> ms[3];
         for (int r = 0; r < o.reps + 1; ++r) {  // alternate engines so drift hits all alike
             for (int e = 0; e < 2; ++e) {
@@ -220,11 +194,49 @@ int run_decode_bench(const DecodeBenchOptions & o) {
                            {"llamacpp_vs_b1", s[2].median / b1[2]},
                            {"specula_vs_llamacpp", s[0].median / s[2].median}});
     }
+    return batches;
+}
+
+}  // namespace
+
+int run_decode_bench(const DecodeBenchOptions & o) {
+    const MachineLoad load = measure_machine_load();
+    print_machine(load);
+
+    // Two specula engines on the same file: its own kernels (packed matmuls, its attention op) and
+    // ggml's kernels with the attention kernel asked for; llama.cpp runs ggml's attention setting.
+    Backend own(BackendOptions{"cpu", o.threads, Attention::Auto, Kernels::Specula});
+    Backend ggml_k(BackendOptions{"cpu", o.threads, o.attention, Kernels::Ggml});
+    const int threads = own.n_threads();
+    const bool flash = ggml_k.flash_attention();
+    const Roofline roof = measure_roofline(threads);
+    std::printf("roofline: read %.1f GB/s (%d threads); specula int8 kernel (%s) %.0f G MAC/s at 16 tokens, in L2\n",
+                roof.read_gb_s, threads, roof.path.c_str(), roof.kernel_gmac_s);
+    std::printf("engines: specula (own kernels, %s), specula (ggml kernels, %s attention), llama.cpp (-fa %s)\n",
+                roof.path.c_str(), attention_kernel_name(ggml_k.attention_kernel()), flash ? "on" : "off");
+
+    const int max_b = *std::max_element(o.batch_sizes.begin(), o.batch_sizes.end());
+    const int n_ctx = o.depth + std::max(max_b, o.n_gen) + 8;
+    auto own_model = Model::load(o.model, own);
+    auto ggml_model = Model::load(o.model, ggml_k);
+    const ModelConfig & cfg = own_model->config();
+    const std::vector<int32_t> tokens = bench_tokens(o.depth + std::max(max_b, o.n_gen), cfg.n_vocab);
+    ModelRunner own_runner(*own_model), ggml_runner(*ggml_model);
+    KvCache own_cache(own, cfg, n_ctx), ggml_cache(ggml_k, cfg, n_ctx);
+    LlamaPeer peer(o.model, n_ctx, threads, flash, std::max(512, max_b));
+    const BenchEngine engines[2] = {{&own_runner, &own_cache}, {&ggml_runner, &ggml_cache}};
+
+    Progress progress("bench decode", int64_t(2) * (o.reps + 1) + int64_t(o.batch_sizes.size()));
+    const std::array<Summary, 2> tg = measure_generation(o, engines, tokens, progress);
+    const Summary peer_tg = llama_bench_tg(o, threads, flash);
+    const double weight_gb = double(own_model->weight_bytes()) / 1e9;
+    const double macs = macs_per_token(cfg);
+    const nlohmann::json batches = measure_batches(o, engines, peer, tokens, weight_gb, macs, progress);
     std::printf("\n%-30s %10s %10s %10s\n", "generation (tok/s)", "median", "min", "max");
-    std::printf("%-30s %10.2f %10.2f %10.2f\n", "specula (own kernels)", fig[0].tg.median, fig[0].tg.min, fig[0].tg.max);
-    std::printf("%-30s %10.2f %10.2f %10.2f\n", "specula (ggml kernels)", fig[1].tg.median, fig[1].tg.min, fig[1].tg.max);
+    std::printf("%-30s %10.2f %10.2f %10.2f\n", "specula (own kernels)", tg[0].median, tg[0].min, tg[0].max);
+    std::printf("%-30s %10.2f %10.2f %10.2f\n", "specula (ggml kernels)", tg[1].median, tg[1].min, tg[1].max);
     std::printf("%-30s %10.2f %10.2f %10.2f\n", "llama.cpp (llama-bench tg)", peer_tg.median, peer_tg.min, peer_tg.max);
-    std::printf("%-30s %10.3f\n", "ratio own kernels/llama.cpp", fig[0].tg.median / peer_tg.median);
+    std::printf("%-30s %10.3f\n", "ratio own kernels/llama.cpp", tg[0].median / peer_tg.median);
 
     if (!o.json_path.empty()) {
         nlohmann::json j = {
@@ -240,10 +252,10 @@ int run_decode_bench(const DecodeBenchOptions & o) {
             {"macs_per_token", macs},
             {"machine_busy_fraction_before", load.busy_fraction},
             {"machine_idle", load.idle()}, {"cpu", load.cpu},
-            {"specula_tg_tok_s", fig[0].tg.median}, {"specula_tg_tok_s_min", fig[0].tg.min}, {"specula_tg_tok_s_max", fig[0].tg.max},
-            {"specula_ggml_kernels_tg_tok_s", fig[1].tg.median},
+            {"specula_tg_tok_s", tg[0].median}, {"specula_tg_tok_s_min", tg[0].min}, {"specula_tg_tok_s_max", tg[0].max},
+            {"specula_ggml_kernels_tg_tok_s", tg[1].median},
             {"llamacpp_tg_tok_s", peer_tg.median}, {"llamacpp_tg_tok_s_min", peer_tg.min}, {"llamacpp_tg_tok_s_max", peer_tg.max},
-            {"tg_ratio", fig[0].tg.median / peer_tg.median},
+            {"tg_ratio", tg[0].median / peer_tg.median},
             {"batches", batches},
         };
         std::ofstream(o.json_path) << j.dump(2) << "\n";

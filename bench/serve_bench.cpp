@@ -330,6 +330,124 @@ void print_row(const Row & r, double best_llama) {
                 r.ttft_ms.median, r.ttft_p90_ms, accept, r.same, r.compared, vs);
 }
 
+// The servers of one concurrency, one per configuration, started and warmed up; rows[first_row + i]
+// is configuration i's row.
+struct RunningServers {
+    std::vector<std::unique_ptr<ServerProcess>> processes;
+    std::vector<int> ports;
+    std::vector<json> requests;
+};
+
+RunningServers start_servers(const ServeBenchOptions & o, const std::vector<Config> & configs, const PromptSet & set, int clients,
+                             int threads, const std::filesystem::path & scratch, std::vector<Row> & rows) {
+    RunningServers s;
+    for (const Config & c : configs) {
+        const int port = free_port();
+        const std::string log = (scratch / (c.server + "-" + std::to_string(clients) + (c.speculative ? "-spec" : "") + ".log")).string();
+        const std::vector<std::string> argv = server_argv(o, c, clients, threads, port);
+        std::string command;
+        for (const auto & a : argv) command += (command.empty() ? "" : " ") + a;
+        std::printf("%s %s, %d clients: %s\n", c.server.c_str(), c.name.c_str(), clients, command.c_str());
+        std::fflush(stdout);
+        s.processes.push_back(std::make_unique<ServerProcess>(c.server, argv, log, port));
+        s.processes.back()->wait_ready(o.startup_timeout);
+        const json request = request_template(o, c);
+        {  // Warm-up (graphs, caches): one short request, not measured.
+            json warm = with_prompt(request, set.prompts[0].text, set.chat);
+            warm["max_tokens"] = std::min(o.n_gen, 8);
+            if (const auto w = stream_completion(port, warm); !w.error.empty()) {
+                throw Error(c.server + " " + c.name + ": warm-up request failed: " + w.error);
+            }
+        }
+        s.ports.push_back(port);
+        s.requests.push_back(request);
+        Row row;
+        row.config = &c;
+        row.clients = clients;
+        rows.push_back(std::move(row));
+    }
+    return s;
+}
+
+// What one configuration's requests gave over all reps, before it is summarized into its Row.
+struct ConfigSamples {
+    std::vector<double> per_request, ttft;
+    long drafted = 0, accepted = 0;
+};
+
+// One load run's requests into the row, the samples and the raw records; `reference` holds each
+// server's plain answer per prompt, which the row compares its texts with.
+void record_run(const ServeBenchOptions & o, const Config & c, const PromptSet & set, int clients, int rep, const LoadRun & run, Row & row,
+                ConfigSamples & samples, std::map<size_t, std::string> & reference, json & raw) {
+    long tokens = 0;
+    for (const auto & r : run.requests) {
+        if (!r.error.empty()) throw Error(c.server + " " + c.name + ", " + std::to_string(clients) + " clients: " + r.error);
+        if (r.tokens != o.n_gen) {
+            throw Error(c.server + " " + c.name + ": a request produced " + std::to_string(r.tokens) + " of " + std::to_string(o.n_gen) +
+                        " tokens");
+        }
+        tokens += r.tokens;
+        samples.per_request.push_back(r.tokens / r.seconds);
+        samples.ttft.push_back(1000.0 * r.ttft);
+        samples.drafted += r.drafted, samples.accepted += r.accepted;
+        if (!c.speculative && !reference.count(r.prompt)) reference[r.prompt] = r.text;
+        if (reference.count(r.prompt)) row.same += reference[r.prompt] == r.text, ++row.compared;
+        raw.push_back({{"server", c.server}, {"config", c.name}, {"clients", clients}, {"rep", rep},
+                       {"category", set.prompts[r.prompt].category}, {"prompt", set.prompts[r.prompt].name}, {"tokens", r.tokens},
+                       {"seconds", r.seconds}, {"ttft_s", r.ttft}, {"drafted", r.drafted}, {"accepted", r.accepted}});
+    }
+    row.requests += static_cast<int>(run.requests.size());
+    row.aggregate_reps.push_back(tokens / run.wall);
+}
+
+// The rows of one concurrency (rows[first_row + i] for configuration i) from their samples; a
+// speculative row's ratio is against the same server's plain row, rep by rep.
+void summarize_rows(const std::vector<Config> & configs, const std::vector<ConfigSamples> & samples, int reps, size_t first_row,
+                    std::vector<Row> & rows) {
+    for (size_t ci = 0; ci < configs.size(); ++ci) {
+        Row & row = rows[first_row + ci];
+        row.aggregate = summarize(row.aggregate_reps);
+        row.per_request = summarize(samples[ci].per_request);
+        row.ttft_ms = summarize(samples[ci].ttft);
+        row.ttft_p90_ms = percentile(samples[ci].ttft, 0.9);
+        if (configs[ci].speculative && samples[ci].drafted > 0) row.acceptance = double(samples[ci].accepted) / samples[ci].drafted;
+        if (configs[ci].speculative) {
+            for (size_t pi = 0; pi < configs.size(); ++pi) {
+                if (configs[pi].server != configs[ci].server || configs[pi].speculative) continue;
+                std::vector<double> ratios;
+                for (int rep = 0; rep < reps; ++rep) ratios.push_back(row.aggregate_reps[rep] / rows[first_row + pi].aggregate_reps[rep]);
+                row.vs_plain = summarize(ratios);
+            }
+        }
+    }
+}
+
+// The table, printed, and its rows as JSON.
+json print_results(const std::vector<Row> & rows) {
+    std::printf("\naggregate = all tokens / wall time; per-request = tokens / request time (median); TTFT = time to first token;\n"
+                "vs plain = aggregate / the same server's plain aggregate, rep by rep (the reps take turns), median [min..max];\n"
+                "accept = accepted / drafted tokens; same = responses identical to the server's plain text; vs = aggregate / best llama-server\n");
+    std::printf("%-13s %-12s %7s %9s %-21s %-19s %9s %9s %9s %7s %11s %8s\n", "server", "config", "clients", "agg tok/s", " [min .. max]",
+                "vs plain [min..max]", "req tok/s", "TTFT ms", "TTFT p90", "accept", "same", "vs llama");
+    json results = json::array();
+    for (const Row & r : rows) {
+        double best_llama = 0;
+        for (const Row & q : rows) {
+            if (q.clients == r.clients && q.config->server == "llama-server") best_llama = std::max(best_llama, q.aggregate.median);
+        }
+        print_row(r, best_llama);
+        auto summary = [](const Summary & s) { return json{{"median", s.median}, {"min", s.min}, {"max", s.max}, {"n", s.n}}; };
+        results.push_back({{"server", r.config->server}, {"config", r.config->name}, {"speculative", r.config->speculative},
+                           {"clients", r.clients}, {"aggregate_tok_s", summary(r.aggregate)}, {"aggregate_tok_s_reps", r.aggregate_reps},
+                           {"per_request_tok_s", summary(r.per_request)}, {"ttft_ms", summary(r.ttft_ms)}, {"ttft_p90_ms", r.ttft_p90_ms},
+                           {"vs_plain_per_rep", r.vs_plain.n > 0 ? summary(r.vs_plain) : json(nullptr)},
+                           {"acceptance", r.acceptance < 0 ? json(nullptr) : json(r.acceptance)}, {"identical_to_plain", r.same},
+                           {"compared", r.compared}, {"requests", r.requests},
+                           {"vs_best_llama_server", best_llama > 0 ? json(r.aggregate.median / best_llama) : json(nullptr)}});
+    }
+    return results;
+}
+
 }  // namespace
 
 int run_serve_bench(const ServeBenchOptions & options) {
@@ -377,105 +495,21 @@ int run_serve_bench(const ServeBenchOptions & options) {
     // speculative, the peer's plain, ...): a machine's speed can drift within a minute, and
     // configurations measured one after another would carry the drift into their ratio.
     for (int clients : o.clients) {
-        std::vector<std::unique_ptr<ServerProcess>> servers;
-        std::vector<int> ports;
-        std::vector<json> requests;
         const size_t first_row = rows.size();
-        for (const Config & c : configs) {
-            const int port = free_port();
-            const std::string log = (scratch / (c.server + "-" + std::to_string(clients) + (c.speculative ? "-spec" : "") + ".log")).string();
-            const std::vector<std::string> argv = server_argv(o, c, clients, threads, port);
-            std::string command;
-            for (const auto & a : argv) command += (command.empty() ? "" : " ") + a;
-            std::printf("%s %s, %d clients: %s\n", c.server.c_str(), c.name.c_str(), clients, command.c_str());
-            std::fflush(stdout);
-            servers.push_back(std::make_unique<ServerProcess>(c.server, argv, log, port));
-            servers.back()->wait_ready(o.startup_timeout);
-            const json request = request_template(o, c);
-            {  // Warm-up (graphs, caches): one short request, not measured.
-                json warm = with_prompt(request, prompts[0].text, set.chat);
-                warm["max_tokens"] = std::min(o.n_gen, 8);
-                if (const auto w = stream_completion(port, warm); !w.error.empty()) {
-                    throw Error(c.server + " " + c.name + ": warm-up request failed: " + w.error);
-                }
-            }
-            ports.push_back(port);
-            requests.push_back(request);
-            Row row;
-            row.config = &c;
-            row.clients = clients;
-            rows.push_back(std::move(row));
-        }
-        std::vector<std::vector<double>> per_request(configs.size()), ttft(configs.size());
-        std::vector<long> drafted(configs.size(), 0), accepted(configs.size(), 0);
+        const RunningServers servers = start_servers(o, configs, set, clients, threads, scratch, rows);
+        std::vector<ConfigSamples> samples(configs.size());
         for (int rep = 0; rep < o.reps; ++rep) {
             for (size_t ci = 0; ci < configs.size(); ++ci) {
                 const Config & c = configs[ci];
-                Row & row = rows[first_row + ci];
-                const LoadRun run = run_load(ports[ci], prompts, set.chat, clients, requests[ci]);
+                const LoadRun run = run_load(servers.ports[ci], prompts, set.chat, clients, servers.requests[ci]);
                 progress.step(std::to_string(clients) + " clients, " + c.server + " " + c.name + ", rep " + std::to_string(rep + 1) + "/" +
                               std::to_string(o.reps));
-                long tokens = 0;
-                for (const auto & r : run.requests) {
-                    if (!r.error.empty()) throw Error(c.server + " " + c.name + ", " + std::to_string(clients) + " clients: " + r.error);
-                    if (r.tokens != o.n_gen) {
-                        throw Error(c.server + " " + c.name + ": a request produced " + std::to_string(r.tokens) + " of " +
-                                    std::to_string(o.n_gen) + " tokens");
-                    }
-                    tokens += r.tokens;
-                    per_request[ci].push_back(r.tokens / r.seconds);
-                    ttft[ci].push_back(1000.0 * r.ttft);
-                    drafted[ci] += r.drafted, accepted[ci] += r.accepted;
-                    auto & ref = reference[c.server];
-                    if (!c.speculative && !ref.count(r.prompt)) ref[r.prompt] = r.text;
-                    if (ref.count(r.prompt)) row.same += ref[r.prompt] == r.text, ++row.compared;
-                    raw.push_back({{"server", c.server}, {"config", c.name}, {"clients", clients}, {"rep", rep},
-                                   {"category", prompts[r.prompt].category}, {"prompt", prompts[r.prompt].name}, {"tokens", r.tokens},
-                                   {"seconds", r.seconds}, {"ttft_s", r.ttft}, {"drafted", r.drafted}, {"accepted", r.accepted}});
-                }
-                row.requests += static_cast<int>(run.requests.size());
-                row.aggregate_reps.push_back(tokens / run.wall);
+                record_run(o, c, set, clients, rep, run, rows[first_row + ci], samples[ci], reference[c.server], raw);
             }
         }
-        for (size_t ci = 0; ci < configs.size(); ++ci) {
-            Row & row = rows[first_row + ci];
-            row.aggregate = summarize(row.aggregate_reps);
-            row.per_request = summarize(per_request[ci]);
-            row.ttft_ms = summarize(ttft[ci]);
-            row.ttft_p90_ms = percentile(ttft[ci], 0.9);
-            if (configs[ci].speculative && drafted[ci] > 0) row.acceptance = double(accepted[ci]) / drafted[ci];
-            if (configs[ci].speculative) {  // against the same server's plain configuration, rep by rep
-                for (size_t pi = 0; pi < configs.size(); ++pi) {
-                    if (configs[pi].server != configs[ci].server || configs[pi].speculative) continue;
-                    std::vector<double> ratios;
-                    for (int rep = 0; rep < o.reps; ++rep) ratios.push_back(row.aggregate_reps[rep] / rows[first_row + pi].aggregate_reps[rep]);
-                    row.vs_plain = summarize(ratios);
-                }
-            }
-        }
+        summarize_rows(configs, samples, o.reps, first_row, rows);
     }
-
-    std::printf("\naggregate = all tokens / wall time; per-request = tokens / request time (median); TTFT = time to first token;\n"
-                "vs plain = aggregate / the same server's plain aggregate, rep by rep (the reps take turns), median [min..max];\n"
-                "accept = accepted / drafted tokens; same = responses identical to the server's plain text; vs = aggregate / best llama-server\n");
-    std::printf("%-13s %-12s %7s %9s %-21s %-19s %9s %9s %9s %7s %11s %8s\n", "server", "config", "clients", "agg tok/s", " [min .. max]",
-                "vs plain [min..max]", "req tok/s", "TTFT ms", "TTFT p90", "accept", "same", "vs llama");
-    json results = json::array();
-    for (const Row & r : rows) {
-        double best_llama = 0;
-        for (const Row & q : rows) {
-            if (q.clients == r.clients && q.config->server == "llama-server") best_llama = std::max(best_llama, q.aggregate.median);
-        }
-        print_row(r, best_llama);
-        auto summary = [](const Summary & s) { return json{{"median", s.median}, {"min", s.min}, {"max", s.max}, {"n", s.n}}; };
-        results.push_back({{"server", r.config->server}, {"config", r.config->name}, {"speculative", r.config->speculative},
-                           {"clients", r.clients}, {"aggregate_tok_s", summary(r.aggregate)}, {"aggregate_tok_s_reps", r.aggregate_reps},
-                           {"per_request_tok_s", summary(r.per_request)}, {"ttft_ms", summary(r.ttft_ms)}, {"ttft_p90_ms", r.ttft_p90_ms},
-                           {"vs_plain_per_rep", r.vs_plain.n > 0 ? summary(r.vs_plain) : json(nullptr)},
-                           {"acceptance", r.acceptance < 0 ? json(nullptr) : json(r.acceptance)}, {"identical_to_plain", r.same},
-                           {"compared", r.compared}, {"requests", r.requests},
-                           {"vs_best_llama_server", best_llama > 0 ? json(r.aggregate.median / best_llama) : json(nullptr)}});
-    }
+    const json results = print_results(rows);
     if (!o.json_path.empty()) {
         const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"eagle3", o.eagle3}, {"prompts", prompts_path},
                         {"chat", set.chat}, {"threads", threads},

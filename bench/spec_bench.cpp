@@ -20,9 +20,9 @@
 #include "engine/drafter_source.h"
 #include "common/progress.h"
 #include "engine/generate.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "policy/draft_length.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -302,12 +302,12 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, cons
             tree.shape = mode.tree;
             if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms);
         }
-        SpecContext ctx{.target = rig.runner, .cache = rig.cache, .drafter = drafter, .policy = *policy,
-                        .tree = tree,
-                        .on_round = [&](const RoundInfo & r) { record_round(run, r); },
-                        .verify = nullptr,
-                        .tree_size = tree_size.get()};
-        s = generate_speculative(ctx, prompt.tokens, g, never_end, keep_going);
+        SequenceParts parts{.cache = rig.cache, .drafter = &drafter, .policy = policy.get(),
+                            .tree = tree,
+                            .on_round = [&](const RoundInfo & r) { record_round(run, r); },
+                            .verify = nullptr,
+                            .tree_size = tree_size.get()};
+        s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);
     }
     run.tokens = s.n_generated;
     run.seconds = s.generation_seconds;

@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"

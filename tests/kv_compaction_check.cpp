@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"

@@ -40,10 +40,10 @@ inline std::string write_predictor(const PredictorSpec & s, const Model & target
     ggml_init_params params{ggml_tensor_overhead() * 64 + (1 << 16), nullptr, false};
     ggml_context * ctx = ggml_init(params);
     bool first = true;
-    auto add = [&](const std::string & name, std::vector<int64_t> shape, float value) {
-        if (auto it = s.shape_override.find(name); it != s.shape_override.end()) shape = it->second;
+    auto add = [&](const std::string & tensor, std::vector<int64_t> shape, float value) {
+        if (auto it = s.shape_override.find(tensor); it != s.shape_override.end()) shape = it->second;
         ggml_tensor * t = shape.size() == 1 ? ggml_new_tensor_1d(ctx, GGML_TYPE_F32, shape[0]) : ggml_new_tensor_2d(ctx, GGML_TYPE_F32, shape[0], shape[1]);
-        ggml_set_name(t, name.c_str());
+        ggml_set_name(t, tensor.c_str());
         float * d = static_cast<float *>(t->data);
         for (int64_t i = 0; i < ggml_nelements(t); ++i) d[i] = value;
         if (s.nan_weight && !first) d[0] = NAN;

@@ -11,9 +11,9 @@
 #include "draft/ngram.h"
 #include "engine/sequence.h"
 #include "engine/speculative.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "tokenizer/tokenizer.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
@@ -155,8 +155,8 @@ TEST(Batch, SequencesSteppedTogetherEmitWhatTheyEmitAlone) {
         KvCache cache(f.backend, f.model->config(), 64);
         auto drafter = make_drafter(s);
         auto policy = make_draft_policy(DraftPolicyKind::Fixed, 1 + s, {});
-        SpecContext ctx{f.runner, cache, *drafter, *policy, TreeBudget{}, nullptr, nullptr};
-        generate_speculative(ctx, kPrompts[s], o, never_end, [&](int32_t t) {
+        SequenceParts parts{cache, drafter.get(), policy.get(), TreeBudget{}, nullptr, nullptr};
+        generate_speculative(f.runner, parts, kPrompts[s], o, never_end, [&](int32_t t) {
             alone[s].push_back(t);
             return true;
         });
@@ -227,7 +227,7 @@ TEST(Batch, ADrafterGroupDraftsInOneForwardPerLevelAndEachSequenceEmitsWhatItEmi
         o.tree_nodes = 8;
         o.n_ctx = 128;
         o.n_threads = 1;
-        auto target = Target::open(o);
+        auto target = ModelBundle::open(o);
         const std::vector<std::string> prompts = {"def main():\n    parser = argparse.", "import os\nimport sys\n",
                                                   "class Stack:\n    def push(self, item):", "The list of"};
         const int n = static_cast<int>(prompts.size());
@@ -300,7 +300,7 @@ TEST(Batch, StepsThatMayNotDraftDraftNothingAndLaterDraftsStillHold) {
     o.tree = TreeShape::Chain;
     o.n_ctx = 128;
     o.n_threads = 1;
-    auto target = Target::open(o);
+    auto target = ModelBundle::open(o);
     const std::vector<std::string> prompts = {"def main():\n    parser = argparse.", "import os\nimport sys\n", "The list of"};
     const int n = static_cast<int>(prompts.size());
     GenerationOptions g;

@@ -19,7 +19,7 @@
 #include "eagle_convert.h"
 #include "ggml.h"
 #include "gguf.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"

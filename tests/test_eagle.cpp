@@ -9,7 +9,7 @@
 #include "eagle3_vocab.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "policy/tree_size.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
@@ -47,12 +47,12 @@ struct Fixture {
         KvCache local(backend, target->config(), 256);
         KvCache & cache = cache_out ? *cache_out : local;
         auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
-        SpecContext ctx{runner, cache, d, *policy, tree, std::move(on_round), nullptr};
+        SequenceParts parts{cache, &d, policy.get(), tree, std::move(on_round), nullptr};
         GenerationOptions o;
         o.n_predict = n;
         o.stop_at_end_of_generation = false;
         std::vector<int32_t> out;
-        generate_speculative(ctx, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        generate_speculative(runner, parts, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
             out.push_back(t);
             return true;
         });
@@ -144,11 +144,11 @@ TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
             auto policy = make_draft_policy(m.policy, kDraftMax, cost);
             TreeSizePolicy tree_size(cost);
             int deepest_accepted = 0;
-            SpecContext ctx{runner, cache, drafter, *policy, m.tree,
-                            [&](const RoundInfo & r) { deepest_accepted = std::max(deepest_accepted, int(r.result->accepted.size())); },
+            SequenceParts parts{cache, &drafter, policy.get(), m.tree,
+                              [&](const RoundInfo & r) { deepest_accepted = std::max(deepest_accepted, int(r.result->accepted.size())); },
                             nullptr, m.sized ? &tree_size : nullptr};
             std::vector<int32_t> got;
-            const GenerationStats st = generate_speculative(ctx, prompt, o, never_end, [&](int32_t t) {
+            const GenerationStats st = generate_speculative(runner, parts, prompt, o, never_end, [&](int32_t t) {
                 got.push_back(t);
                 return true;
             });

@@ -11,7 +11,7 @@
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"
@@ -158,9 +158,9 @@ TEST_P(KernelMatrix, GreedySpeculativeEqualsPlainDecoding) {
                                   std::pair<Drafter *, TreeBudget>{&eagle, tree}, std::pair<Drafter *, TreeBudget>{&ngram, {}}}) {
         KvCache cache(backend, target->config(), kCtx);
         auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
-        SpecContext ctx{runner, cache, *drafter, *policy, shape, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); }, nullptr};
+        SequenceParts parts{cache, drafter, policy.get(), shape, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); }, nullptr};
         std::vector<int32_t> got;
-        generate_speculative(ctx, prompt, o, never_end, [&](int32_t t) {
+        generate_speculative(runner, parts, prompt, o, never_end, [&](int32_t t) {
             got.push_back(t);
             return true;
         });
@@ -200,7 +200,7 @@ std::vector<MatrixCase> matrix_cases() {
     return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Targets, KernelMatrix, ::testing::ValuesIn(matrix_cases()), [](const auto & info) { return case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Targets, KernelMatrix, ::testing::ValuesIn(matrix_cases()), [](const auto & param_info) { return case_name(param_info.param); });
 
 }  // namespace
 }  // namespace specula

@@ -6,7 +6,7 @@
 
 #include "specula/error.h"
 #include "gguf.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"

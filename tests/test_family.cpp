@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"

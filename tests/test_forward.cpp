@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "specula/error.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -16,14 +16,8 @@ namespace {
 
 using test::max_abs_diff;
 
-struct Fixture {
-    Backend backend{BackendOptions{"cpu", 1}};
-    std::unique_ptr<Model> model;
-    std::unique_ptr<ModelRunner> runner;
-    explicit Fixture(const std::string & variant) {
-        model = Model::load(test::model_path(variant), backend);
-        runner = std::make_unique<ModelRunner>(*model);
-    }
+struct Fixture : test::LoadedModel {
+    using LoadedModel::LoadedModel;
     std::unique_ptr<KvCache> cache() { return std::make_unique<KvCache>(backend, model->config(), 128); }
 };
 

@@ -11,7 +11,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "gguf.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/kernels/attention_impl.h"
@@ -335,13 +335,13 @@ TEST_P(ForwardBatchInvariance, EveryRowEqualsItsOneTokenForward) {
             runner->forward(ForwardBatch::causal(prefix, 0, {}), cache);
             ForwardOutput out = runner->forward(tree, cache);
             for (int i = 0; i < n; ++i) {
-                std::vector<int> path;
-                for (int j = i; j >= 0; j = parents[j]) path.insert(path.begin(), j);
+                std::vector<int> tree_path;
+                for (int j = i; j >= 0; j = parents[j]) tree_path.insert(tree_path.begin(), j);
                 KvCache ref_cache(one, model1->config(), 64);
                 runner1.forward(ForwardBatch::causal(prefix, 0, {}), ref_cache);
                 std::vector<float> ref;
-                for (size_t d = 0; d < path.size(); ++d) {
-                    const int32_t token = block[path[d]];
+                for (size_t d = 0; d < tree_path.size(); ++d) {
+                    const int32_t token = block[tree_path[d]];
                     ref = row_logits(runner1.forward(ForwardBatch::causal(std::span(&token, 1), base + static_cast<int>(d), {0}), ref_cache), 0);
                 }
                 ASSERT_EQ(row_logits(out, i), ref) << "tree row " << i << " of " << n << ", " << backend.n_threads() << " threads";

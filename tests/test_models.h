@@ -1,9 +1,14 @@
 #pragma once
 // Random-weight fixture models, written once per build into the build tree and reused.
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/forward.h"
+#include "runtime/model.h"
 
 namespace specula::test {
 
@@ -20,6 +25,15 @@ struct Variant {
 const std::vector<Variant> & oracle_variants();
 // Path of the model for `name` (one of oracle_variants()), created on first use.
 std::string model_path(const std::string & name);
+
+// The fixture model `variant` loaded on one CPU thread, with a runner for its forwards.
+struct LoadedModel {
+    Backend backend{BackendOptions{"cpu", 1}};
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ModelRunner> runner;
+    explicit LoadedModel(const std::string & variant)
+        : model(Model::load(model_path(variant), backend)), runner(std::make_unique<ModelRunner>(*model)) {}
+};
 // The same weights as `name`, stored as `type`: a draft that mostly agrees with its target.
 std::string quantized_twin(const std::string & name, const std::string & type);
 // A random EAGLE head ("eagle1" | "eagle3") for the fixture model `target`; n_draft_vocab > 0

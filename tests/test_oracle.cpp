@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "engine/generate.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "llama_peer.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -131,7 +131,7 @@ TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Oracle, ::testing::ValuesIn(test::oracle_variants()),
-                         [](const auto & info) { return info.param.name; });
+                         [](const auto & param_info) { return param_info.param.name; });
 
 }  // namespace
 }  // namespace specula

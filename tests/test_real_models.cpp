@@ -25,7 +25,7 @@
 #include "engine/generate.h"
 #include "engine/specee.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "distribution.h"
 #include "greedy_agreement.h"
 #include "llama_peer.h"
@@ -201,10 +201,10 @@ TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecoding) {
         KvCache cache(backend, model->config(), kCapacity);
         auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, flat_cost);
         int accepted = 0;
-        SpecContext ctx{runner, cache, *drafter, *policy, tree,
-                        [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); }};
+        SequenceParts parts{cache, drafter, policy.get(), tree,
+                          [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); }};
         std::vector<int32_t> got;
-        generate_speculative(ctx, prompt, o, never_end, collect(got));
+        generate_speculative(runner, parts, prompt, o, never_end, collect(got));
         ASSERT_EQ(got.size(), plain.size());
         const test::FirstDifference f = test::first_difference(runner, backend, *model, prompt, plain, got, kCapacity);
         std::printf("[real-spec] %-28s %-11s %-7s accepted %d of %d tokens, identical to plain for %zu\n", m.name.c_str(),
@@ -217,7 +217,7 @@ TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecoding) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cached, RealModelOracle, ::testing::ValuesIn(kModels), [](const auto & info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cached, RealModelOracle, ::testing::ValuesIn(kModels), [](const auto & param_info) { return param_info.param.name; });
 
 // ---- The drafters trained for SmolLM2-135M-Instruct (models/smollm2-*.gguf) ------------------
 
@@ -272,8 +272,8 @@ void expect_greedy_speculation_equals_plain(const char * tag, LoadedTarget & t, 
     std::vector<std::vector<int32_t>> plain(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {
         KvCache cache(backend, model.config(), kCapacity);
-        generate_plain(runner, cache, prompts[i], o, never_end, [&](int32_t t) {
-            plain[i].push_back(t);
+        generate_plain(runner, cache, prompts[i], o, never_end, [&](int32_t token) {
+            plain[i].push_back(token);
             return true;
         });
     }
@@ -286,12 +286,12 @@ void expect_greedy_speculation_equals_plain(const char * tag, LoadedTarget & t, 
                 auto drafter = c.make();
                 KvCache cache(backend, model.config(), kCapacity);
                 auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, flat_cost);
-                SpecContext ctx{runner, cache, *drafter, *policy, tree, [&](const RoundInfo & r) {
+                SequenceParts parts{cache, drafter.get(), policy.get(), tree, [&](const RoundInfo & r) {
                                     ++rounds;
                                     accepted += int(r.result->accepted.size());
                                 }};
-                generate_speculative(ctx, prompts[i], o, never_end, [&](int32_t t) {
-                    got.push_back(t);
+                generate_speculative(runner, parts, prompts[i], o, never_end, [&](int32_t token) {
+                    got.push_back(token);
                     return true;
                 });
                 EXPECT_EQ(got, plain[i]);
@@ -380,7 +380,7 @@ void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, cons
         drafted = rejected = 0;
         for (int r = 0; r < runs; ++r) {
             cache.rollback(0);
-            SpecContext ctx{runner, cache, drafter, *policy, TreeBudget{}, [&](const RoundInfo & info) {
+            SequenceParts parts{cache, &drafter, policy.get(), TreeBudget{}, [&](const RoundInfo & info) {
                                 if (info.round != 0) return;
                                 drafted += info.draft->tree.size() == 2;
                                 rejected += info.result->accepted.size() < 2;
@@ -392,7 +392,7 @@ void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, cons
             o.sampling.seed = 1000 + r;
             o.stop_at_end_of_generation = false;
             std::vector<int32_t> pair;
-            generate_speculative(ctx, prompt, o, [](int32_t) { return false; }, [&](int32_t tok) {
+            generate_speculative(runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t tok) {
                 pair.push_back(tok);
                 return pair.size() < 2;
             });

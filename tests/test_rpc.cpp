@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "specula/error.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"

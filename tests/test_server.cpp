@@ -11,8 +11,8 @@
 
 #include "specula/error.h"
 #include "distribution.h"
-#include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "engine/model_bundle.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
@@ -33,7 +33,7 @@ const std::vector<std::string> kPrompts = {
     "    for i in range(", "The following example shows", "# Copyright", "It is possible to",
 };
 
-std::unique_ptr<Target> open_target(bool speculative) {
+std::unique_ptr<ModelBundle> open_target(bool speculative) {
     EngineOptions o;
     o.model_path = test::shipped_model("specula-target.gguf");
     if (speculative) {
@@ -43,7 +43,7 @@ std::unique_ptr<Target> open_target(bool speculative) {
     }
     o.n_ctx = 192;
     o.n_threads = 1;
-    return Target::open(o);
+    return ModelBundle::open(o);
 }
 
 GenerationOptions options(int n, float temperature = 0.0f, uint64_t seed = 1) {
@@ -64,7 +64,7 @@ std::string drain(Job & job) {
 }
 
 // Runs prompt 0 (with `options`) together with `neighbours` other requests; returns prompt 0's text.
-std::string with_neighbours(Target & target, int parallel, int neighbours, const GenerationOptions & mine) {
+std::string with_neighbours(ModelBundle & target, int parallel, int neighbours, const GenerationOptions & mine) {
     Scheduler scheduler(target, SchedulerOptions{parallel, 16, 7});
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 1; i <= neighbours; ++i) {

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "engine/specee.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/exit_predictor.h"
 #include "runtime/forward.h"
@@ -24,14 +24,8 @@ const std::vector<int32_t> kPrompt = {1, 450, 4996, 17354, 1701};
 // a q/k-normed family, and Gemma 3's sliding-window layers.
 const char * const kVariants[] = {"llama_q4_1_tied", "qwen3_qknorm", "gemma3_swa_q8_0"};
 
-struct Fixture {
-    Backend backend{BackendOptions{"cpu", 1}};
-    std::unique_ptr<Model> model;
-    std::unique_ptr<ModelRunner> runner;
-    explicit Fixture(const std::string & variant) {
-        model = Model::load(test::model_path(variant), backend);
-        runner = std::make_unique<ModelRunner>(*model);
-    }
+struct Fixture : test::LoadedModel {
+    using LoadedModel::LoadedModel;
     std::unique_ptr<KvCache> prefilled() {
         auto c = std::make_unique<KvCache>(backend, model->config(), 64);
         runner->forward(ForwardBatch::causal(kPrompt, 0, {}), *c);

@@ -16,7 +16,7 @@
 #include "engine/generate.h"
 #include "engine/specee.h"
 #include "engine/speculative.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"
@@ -67,13 +67,13 @@ struct Spec {
         std::vector<double> cost(k + 1);
         for (int b = 0; b <= k; ++b) cost[b] = 1.0 + 0.1 * b;
         auto pol = make_draft_policy(policy, k, cost);
-        SpecContext ctx{runner, cache, drafter, *pol, tree, std::move(on_round), std::move(verify), tree_size};
+        SequenceParts parts{cache, &drafter, pol.get(), tree, std::move(on_round), std::move(verify), tree_size};
         GenerationOptions o;
         o.n_predict = n;
         o.sampling = sp;
         o.stop_at_end_of_generation = false;
         std::vector<int32_t> out;
-        generate_speculative(ctx, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        generate_speculative(runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
             out.push_back(t);
             return true;
         });
@@ -305,14 +305,14 @@ struct Tiny {
         KvCache cache(backend, target->config(), 64);
         for (int r = 0; r < runs; ++r) {
             cache.rollback(0);
-            SpecContext ctx{runner, cache, drafter, *pol, tree, on_round, verify};
+            SequenceParts parts{cache, &drafter, pol.get(), tree, on_round, verify};
             GenerationOptions o;
             o.n_predict = n_tokens;
             o.sampling = base_sp;
             o.sampling.seed = 1000 + r;
             o.stop_at_end_of_generation = false;
             size_t cell = 0;
-            generate_speculative(ctx, prefix, o, [](int32_t) { return false; }, [&](int32_t t) {
+            generate_speculative(runner, parts, prefix, o, [](int32_t) { return false; }, [&](int32_t t) {
                 cell = cell * V + t;
                 return true;
             });

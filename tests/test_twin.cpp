@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "eagle3_vocab.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/eagle_head.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"

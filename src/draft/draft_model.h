@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "draft/drafter.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/forward.h"
 
 namespace specula {

@@ -3,7 +3,7 @@
 #include <tuple>
 
 #include "specula/error.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 
 namespace specula {
 

@@ -12,7 +12,7 @@
 #include <optional>
 
 #include "draft/drafter.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"
 

@@ -5,7 +5,7 @@
 #include "draft/eagle.h"
 #include "draft/lookup_graft.h"
 #include "draft/ngram.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/eagle_head.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"

@@ -1,7 +1,7 @@
 #pragma once
 // The one assembly path for drafters: the options' DrafterSpec checked, what it loads and checks
 // (the draft model's vocabulary, the EAGLE head's kind), the drafting defaults (tree shape and
-// budget, policy, limits), and per-sequence drafter instances. Target (so Engine, `specula
+// budget, policy, limits), and per-sequence drafter instances. ModelBundle (so Engine, `specula
 // generate`, `specula serve` and the server) and the benchmarks assemble drafters only here, so
 // their rules cannot drift apart.
 #include <memory>

@@ -3,8 +3,8 @@
 #include "engine/generate.h"
 #include "engine/specee.h"
 #include "engine/speculative.h"
-#include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "engine/model_bundle.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/model.h"
 #include "specula/specula.h"
@@ -14,7 +14,7 @@
 namespace specula {
 
 struct Engine::Impl {
-    std::unique_ptr<Target> target;
+    std::unique_ptr<ModelBundle> target;
     std::unique_ptr<Drafter> drafter;  // the one sequence's
 };
 
@@ -23,7 +23,7 @@ Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
     auto impl = std::make_unique<Impl>();
-    impl->target = Target::open(options);
+    impl->target = ModelBundle::open(options);
     impl->drafter = impl->target->make_drafter(options.n_ctx);
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -40,7 +40,7 @@ std::string Engine::detokenize(std::span<const int32_t> tokens) const {
 std::string Engine::piece(int32_t token) const { return impl_->target->tokenizer->piece(token); }
 
 GenerationStats Engine::generate(std::span<const int32_t> tokens, const GenerationOptions & options, const TokenSink & sink) {
-    Target & t = *impl_->target;
+    ModelBundle & t = *impl_->target;
     // Before the cost probe, which tiles the prompt to fill its batches and would never fill them.
     if (tokens.empty()) throw Error("the prompt is empty and the vocabulary adds no BOS token: nothing to generate from");
     for (int32_t tok : tokens) {
@@ -69,9 +69,9 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     t.measure_verify_cost_once(cache, tokens);
     std::unique_ptr<TreeSizePolicy> tree_size = t.make_tree_size_policy();
     auto policy = t.make_draft_policy();
-    SpecContext ctx{*t.runner, cache, *impl_->drafter, *policy, t.tree, nullptr, nullptr, tree_size.get()};
-    if (options.on_round) ctx.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
-    GenerationStats stats = generate_speculative(ctx, tokens, options, is_end, sink);
+    SequenceParts parts{cache, impl_->drafter.get(), policy.get(), t.tree, nullptr, nullptr, tree_size.get()};
+    if (options.on_round) parts.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
+    GenerationStats stats = generate_speculative(*t.runner, parts, tokens, options, is_end, sink);
     stats.verify_cost_ms = t.verify_cost_ms;
     if (const auto * exits = dynamic_cast<const EarlyExitDrafter *>(impl_->drafter.get())) {
         stats.early_exit = exits->exit_stats().summary(t.model->config().n_layer);

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "specula/error.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/forward.h"
 #include "sample/sampler.h"
 

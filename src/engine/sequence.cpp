@@ -6,7 +6,7 @@
 #include <string>
 
 #include "specula/error.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 
 namespace specula {
 

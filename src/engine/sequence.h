@@ -41,7 +41,7 @@ struct RoundInfo {
     RoundDecision decision;            // what the policy chose and why (built only when observed)
 };
 
-// The public report of a round (specula.h), for observers.
+// The public report of a round (specula/report.h), for observers.
 RoundReport round_report(const RoundInfo & round);
 
 using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
@@ -51,8 +51,8 @@ struct SequenceParts {
     Drafter * drafter = nullptr;                       // nullptr: no drafting (each round verifies the root alone)
     DraftLengthPolicy * policy = nullptr;              // chain depth per round (chain shape only); nullptr: 0
     TreeBudget tree;                                   // shape Chain: a chain of the policy's length
-    std::function<void(const RoundInfo &)> on_round;  // trace, tests; may be empty
-    VerifyFn verify;                                   // empty = the standard verifier for the sampling params
+    std::function<void(const RoundInfo &)> on_round = {};  // trace, tests; may be empty
+    VerifyFn verify = {};                                   // empty = the standard verifier for the sampling params
     TreeSizePolicy * tree_size = nullptr;              // trees: nodes verified per round (else tree.max_nodes)
 };
 

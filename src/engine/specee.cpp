@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "sample/sampler.h"
 #include "specula/error.h"

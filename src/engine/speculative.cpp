@@ -6,7 +6,7 @@
 
 #include "specula/error.h"
 #include "common/stats.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/forward.h"
 
 namespace specula {
@@ -68,12 +68,11 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
     return ms;
 }
 
-GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t> prompt, const GenerationOptions & options,
-                                     const std::function<bool(int32_t)> & is_end, const TokenSink & sink) {
-    Sequence seq(SequenceParts{ctx.cache, &ctx.drafter, &ctx.policy, ctx.tree, ctx.on_round, ctx.verify, ctx.tree_size}, prompt,
-                 options, is_end);
+GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,
+                                     const GenerationOptions & options, const std::function<bool(int32_t)> & is_end, const TokenSink & sink) {
+    Sequence seq(parts, prompt, options, is_end);
     Sequence * const one[1] = {&seq};
-    while (!seq.done()) step_sequences(ctx.target, one, [&](size_t, int32_t t) { return sink(t); });
+    while (!seq.done()) step_sequences(target, one, [&](size_t, int32_t t) { return sink(t); });
     return seq.stats();
 }
 

@@ -24,19 +24,9 @@ namespace specula {
 class KvCache;
 class ModelRunner;
 
-struct SpecContext {
-    ModelRunner & target;
-    KvCache & cache;
-    Drafter & drafter;
-    DraftLengthPolicy & policy;                        // chain depth per round (chain shape only)
-    TreeBudget tree;                                   // shape Chain: a chain of the policy's length
-    std::function<void(const RoundInfo &)> on_round = {};  // trace, tests; may be empty
-    VerifyFn verify = {};                                  // empty = the standard verifier for the sampling params
-    TreeSizePolicy * tree_size = nullptr;                  // trees: nodes verified per round (else tree.max_nodes)
-};
-
-GenerationStats generate_speculative(SpecContext & ctx, std::span<const int32_t> prompt, const GenerationOptions & options,
-                             const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
+// One sequence from prompt to end on `target` (Sequence stepped alone).
+GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,
+                                     const GenerationOptions & options, const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
 
 // Measured cost (ms, median of `reps`) of a target forward of b = 1..max_tokens tokens at the
 // cache's current depth; the cache is left as it was. Feeds the cost policy.

@@ -8,7 +8,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/arch/graph.h"
 #include "runtime/backend.h"
 #include "runtime/network.h"
@@ -236,23 +236,27 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     return *graphs_.back();
 }
 
-void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const int> first_slots, bool want_logits, int layer_end) {
-    const NetworkShape & c = net_.shape();
-    const KvCache & pool = *parts[0].cache;
+namespace {
 
-    // The parts as one block: rows of part p start at row_begin[p].
-    ForwardBatch merged;
+// The parts as one block: rows of part p start at row_begin[p]; slots holds each row's storage slot.
+struct MergedBlock {
+    ForwardBatch batch;
+    std::vector<int> row_begin;
+    std::vector<int64_t> slots;
+    int kv_len = 0;  // storage slots up to the end of the farthest part's block
+};
+
+MergedBlock merge_parts(std::span<const BatchPart> parts, std::span<const int> first_slots, bool want_logits, int layer_end) {
+    MergedBlock m;
+    ForwardBatch & merged = m.batch;
     merged.layer_begin = parts[0].batch->layer_begin;
     merged.layer_end = layer_end;
     merged.tap_layers = parts[0].batch->tap_layers;
     merged.kv_only = parts[0].batch->kv_only;
-    std::vector<int> row_begin;
-    std::vector<int64_t> slots;  // storage slot of each row
-    int kv_len = 0;
     for (size_t p = 0; p < parts.size(); ++p) {
         const ForwardBatch & b = *parts[p].batch;
         const int base = static_cast<int>(merged.positions.size());
-        row_begin.push_back(base);
+        m.row_begin.push_back(base);
         merged.tokens.insert(merged.tokens.end(), b.tokens.begin(), b.tokens.end());
         merged.hidden_in.insert(merged.hidden_in.end(), b.hidden_in.begin(), b.hidden_in.end());
         merged.positions.insert(merged.positions.end(), b.positions.begin(), b.positions.end());
@@ -260,12 +264,100 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
             for (int32_t r : b.logit_rows) merged.logit_rows.push_back(base + r);
         }
         const int first = parts[p].cache->offset() + first_slots[p];
-        for (int i = 0; i < b.n_tokens(); ++i) slots.push_back(first + i);
-        kv_len = std::max(kv_len, first + b.n_tokens());
+        for (int i = 0; i < b.n_tokens(); ++i) m.slots.push_back(first + i);
+        m.kv_len = std::max(m.kv_len, first + b.n_tokens());
     }
+    merged.mask.n = merged.n_tokens();  // the graph key needs only the size; the real mask is built per part
+    return m;
+}
+
+// [n_kv, n]: 0 where a row may attend (its own stream's visible prefix, its listed cached slots,
+// its block's mask), -inf elsewhere (other streams and padding included). prefixes: each part's
+// visible prefix.
+std::vector<ggml_fp16_t> attention_mask(std::span<const BatchPart> parts, std::span<const int> first_slots, const MergedBlock & m,
+                                        int n_kv, std::vector<int> & prefixes) {
+    std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv) * m.batch.n_tokens(), ggml_fp32_to_fp16(-INFINITY));
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
+    for (size_t p = 0; p < parts.size(); ++p) {
+        const ForwardBatch & b = *parts[p].batch;
+        const int offset = parts[p].cache->offset(), block = offset + first_slots[p];
+        const int prefix = b.visible_prefix < 0 ? first_slots[p] : std::min(b.visible_prefix, first_slots[p]);
+        prefixes.push_back(prefix);
+        for (int i = 0; i < b.n_tokens(); ++i) {
+            ggml_fp16_t * row = mask.data() + static_cast<size_t>(m.row_begin[p] + i) * n_kv;
+            std::fill(row + offset, row + offset + prefix, zero);
+            if (!b.cached_visible.empty()) {
+                for (int32_t slot : b.cached_visible[i]) row[offset + slot] = zero;
+            }
+            for (int j = 0; j < b.n_tokens(); ++j) {
+                if (b.mask.sees(i, j)) row[block + j] = zero;
+            }
+        }
+    }
+    return mask;
+}
+
+// Sliding-window layers also hide every key whose position is window or more before the query's
+// (llama.cpp's standard SWA rule). A cached stream slot below the prefix holds the token at
+// sequence index = slot, so its position is the slot number.
+void hide_outside_window(std::vector<ggml_fp16_t> & mask, std::span<const BatchPart> parts, std::span<const int> first_slots,
+                         const MergedBlock & m, std::span<const int> prefixes, int n_kv, int window) {
+    const ggml_fp16_t ninf = ggml_fp32_to_fp16(-INFINITY);
+    for (size_t p = 0; p < parts.size(); ++p) {
+        const ForwardBatch & b = *parts[p].batch;
+        const int offset = parts[p].cache->offset(), block = offset + first_slots[p], prefix = prefixes[p];
+        for (int i = 0; i < b.n_tokens(); ++i) {
+            ggml_fp16_t * row = mask.data() + static_cast<size_t>(m.row_begin[p] + i) * n_kv;
+            const int pos = b.positions[i];
+            std::fill(row + offset, row + offset + std::clamp(pos - window + 1, 0, prefix), ninf);
+            // cached_visible slots hold draft-tree nodes at positions >= prefix, not recorded
+            // here; they are surely inside the window only while the query is near the prefix.
+            if (!b.cached_visible.empty() && !b.cached_visible[i].empty() && pos - prefix >= window) {
+                throw Error("forward: a sliding-window model cannot see cached tree slots farther than its window from the cached prefix");
+            }
+            for (int j = 0; j < b.n_tokens(); ++j) {
+                if (pos - b.positions[j] >= window) row[block + j] = ninf;
+            }
+        }
+    }
+}
+
+// Each part's rows straight from the graph's outputs into its ForwardOutput, whose buffers the
+// caller keeps between forwards: a verify block's logits are megabytes, and a fresh buffer for
+// them costs page faults on every forward.
+void read_outputs(std::span<const BatchPart> parts, std::span<const int> row_begin, const GraphOutputs & g, const NetworkShape & c) {
+    const size_t E = c.n_embd, V = c.n_vocab;
+    size_t logit_row = 0;
+    for (size_t p = 0; p < parts.size(); ++p) {
+        const ForwardBatch & b = *parts[p].batch;
+        ForwardOutput & out = *parts[p].out;
+        out.n_vocab = c.n_vocab;
+        out.n_embd = c.n_embd;
+        const size_t rows = b.n_tokens(), first = row_begin[p];
+        const size_t n_out = g.logits ? b.logit_rows.size() : 0;
+        out.logits.resize(n_out * V);
+        if (n_out > 0) ggml_backend_tensor_get(g.logits, out.logits.data(), sizeof(float) * logit_row * V, sizeof(float) * n_out * V);
+        logit_row += n_out;
+        out.taps.resize(g.taps.size());
+        for (size_t t = 0; t < g.taps.size(); ++t) {
+            out.taps[t].resize(rows * E);
+            ggml_backend_tensor_get(g.taps[t], out.taps[t].data(), sizeof(float) * first * E, sizeof(float) * rows * E);
+        }
+        out.hidden_out.resize(g.hidden_out ? rows * E : 0);
+        if (g.hidden_out) ggml_backend_tensor_get(g.hidden_out, out.hidden_out.data(), sizeof(float) * first * E, sizeof(float) * rows * E);
+    }
+}
+
+}  // namespace
+
+void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const int> first_slots, bool want_logits, int layer_end) {
+    const NetworkShape & c = net_.shape();
+    const KvCache & pool = *parts[0].cache;
+    const MergedBlock m = merge_parts(parts, first_slots, want_logits, layer_end);
+    const ForwardBatch & merged = m.batch;
+    const std::vector<int64_t> & slots = m.slots;
     const int n = merged.n_tokens();
-    merged.mask.n = n;  // the key needs only the size; the real mask is built per part below
-    const int n_kv = std::min(pool.storage_slots(), (kv_len + kKvPad - 1) / kKvPad * kKvPad);
+    const int n_kv = std::min(pool.storage_slots(), (m.kv_len + kKvPad - 1) / kKvPad * kKvPad);
 
     Graph & g = graph_for(merged, *parts[0].cache, n_kv, want_logits, layer_end);
 
@@ -288,82 +380,18 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
     }
     set(g.in.out_rows, merged.logit_rows.data(), sizeof(int32_t) * merged.logit_rows.size());
 
-    const bool need_mask = g.in.kq_mask->buffer || (g.in.kq_mask_sliding && g.in.kq_mask_sliding->buffer);
-    if (need_mask) {
-        // [n_kv, n]: 0 where a row may attend (its own stream's visible prefix, its listed cached
-        // slots, its block's mask), -inf elsewhere (other streams and padding included).
-        std::vector<ggml_fp16_t> mask(static_cast<size_t>(n_kv) * n);
-        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-        std::fill(mask.begin(), mask.end(), ninf);
+    if (g.in.kq_mask->buffer || (g.in.kq_mask_sliding && g.in.kq_mask_sliding->buffer)) {
         std::vector<int> prefixes;
-        for (size_t p = 0; p < parts.size(); ++p) {
-            const ForwardBatch & b = *parts[p].batch;
-            const int offset = parts[p].cache->offset(), block = offset + first_slots[p];
-            const int prefix = b.visible_prefix < 0 ? first_slots[p] : std::min(b.visible_prefix, first_slots[p]);
-            prefixes.push_back(prefix);
-            for (int i = 0; i < b.n_tokens(); ++i) {
-                ggml_fp16_t * row = mask.data() + static_cast<size_t>(row_begin[p] + i) * n_kv;
-                std::fill(row + offset, row + offset + prefix, zero);
-                if (!b.cached_visible.empty()) {
-                    for (int32_t slot : b.cached_visible[i]) row[offset + slot] = zero;
-                }
-                for (int j = 0; j < b.n_tokens(); ++j) {
-                    if (b.mask.sees(i, j)) row[block + j] = zero;
-                }
-            }
-        }
+        std::vector<ggml_fp16_t> mask = attention_mask(parts, first_slots, m, n_kv, prefixes);
         set(g.in.kq_mask, mask.data(), sizeof(ggml_fp16_t) * mask.size());
         if (g.in.kq_mask_sliding) {
-            // Sliding-window layers also hide every key whose position is window or more before
-            // the query's (llama.cpp's standard SWA rule). A cached stream slot below the prefix
-            // holds the token at sequence index = slot, so its position is the slot number.
-            const int window = c.sliding_window;
-            for (size_t p = 0; p < parts.size(); ++p) {
-                const ForwardBatch & b = *parts[p].batch;
-                const int offset = parts[p].cache->offset(), block = offset + first_slots[p], prefix = prefixes[p];
-                for (int i = 0; i < b.n_tokens(); ++i) {
-                    ggml_fp16_t * row = mask.data() + static_cast<size_t>(row_begin[p] + i) * n_kv;
-                    const int pos = b.positions[i];
-                    std::fill(row + offset, row + offset + std::clamp(pos - window + 1, 0, prefix), ninf);
-                    // cached_visible slots hold draft-tree nodes at positions >= prefix, not recorded
-                    // here; they are surely inside the window only while the query is near the prefix.
-                    if (!b.cached_visible.empty() && !b.cached_visible[i].empty() && pos - prefix >= window) {
-                        throw Error("forward: a sliding-window model cannot see cached tree slots farther than its window from the cached prefix");
-                    }
-                    for (int j = 0; j < b.n_tokens(); ++j) {
-                        if (pos - b.positions[j] >= window) row[block + j] = ninf;
-                    }
-                }
-            }
+            hide_outside_window(mask, parts, first_slots, m, prefixes, n_kv, c.sliding_window);
             set(g.in.kq_mask_sliding, mask.data(), sizeof(ggml_fp16_t) * mask.size());
         }
     }
 
     if (ggml_backend_sched_graph_compute(g.sched, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");
-
-    // Each part's rows straight from the graph's outputs into its ForwardOutput, whose buffers the
-    // caller keeps between forwards: a verify block's logits are megabytes, and a fresh buffer
-    // for them costs page faults on every forward.
-    const size_t E = c.n_embd, V = c.n_vocab;
-    size_t logit_row = 0;
-    for (size_t p = 0; p < parts.size(); ++p) {
-        const ForwardBatch & b = *parts[p].batch;
-        ForwardOutput & out = *parts[p].out;
-        out.n_vocab = c.n_vocab;
-        out.n_embd = c.n_embd;
-        const size_t rows = b.n_tokens(), first = row_begin[p];
-        const size_t n_out = g.out.logits ? b.logit_rows.size() : 0;
-        out.logits.resize(n_out * V);
-        if (n_out > 0) ggml_backend_tensor_get(g.out.logits, out.logits.data(), sizeof(float) * logit_row * V, sizeof(float) * n_out * V);
-        logit_row += n_out;
-        out.taps.resize(g.out.taps.size());
-        for (size_t t = 0; t < g.out.taps.size(); ++t) {
-            out.taps[t].resize(rows * E);
-            ggml_backend_tensor_get(g.out.taps[t], out.taps[t].data(), sizeof(float) * first * E, sizeof(float) * rows * E);
-        }
-        out.hidden_out.resize(g.out.hidden_out ? rows * E : 0);
-        if (g.out.hidden_out) ggml_backend_tensor_get(g.out.hidden_out, out.hidden_out.data(), sizeof(float) * first * E, sizeof(float) * rows * E);
-    }
+    read_outputs(parts, m.row_begin, g.out, c);
 }
 
 }  // namespace specula

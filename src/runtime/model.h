@@ -1,7 +1,7 @@
 #pragma once
 // A loaded llama-family or Gemma 3 model: hyper-parameters and weights resident in backend buffers, used as
 // stored in the GGUF (quantized types included). Immutable after load; the forward pass and the
-// KV cache live elsewhere (runtime/forward.h, kv/kv_cache.h).
+// KV cache live elsewhere (runtime/forward.h, runtime/kv_cache.h).
 #include <memory>
 #include <string>
 #include <vector>

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "specula/error.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
 #include "tokenizer/tokenizer.h"
@@ -20,7 +20,7 @@ using nlohmann::json;
 struct HttpServer::Impl {
     httplib::Server http;
     std::thread listener;
-    std::atomic<Target *> target{nullptr};
+    std::atomic<ModelBundle *> target{nullptr};
     std::atomic<Scheduler *> scheduler{nullptr};
     std::string model_id;
     std::string index_page;  // served at "/"; empty: 404
@@ -92,6 +92,79 @@ json metrics_json(const SchedulerMetrics & m) {
                 // Tokens per drafting round: its accepted drafts plus the target's own token.
                 {"mean_accepted_length", m.drafts ? double(m.accepted_tokens + m.drafts) / m.drafts : 0.0}};
 }
+
+// A non-streamed answer: one JSON object, sent whole. A request done within a second gets its
+// status as usual; a longer one starts a chunked 200 response whose body opens with a space every
+// 200 ms (JSON allows leading whitespace): writing is the only way to learn that the client went
+// away (cpp-httplib 0.11 shows a handler no socket), and a client that went away must free its
+// slot rather than hold it for the whole generation. Such a request's late server error comes as
+// a 200 with the error object as its body.
+void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c) {
+    auto text = std::make_shared<std::string>();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (std::chrono::steady_clock::now() < until) {
+        if (job->next(*text) == Job::Wait::Ended) {
+            const Job::Result & result = job->result();
+            if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
+            return send_json(res, 200, openai::response(c, *text, result.finish_reason, result.stats));
+        }
+    }
+    res.set_chunked_content_provider("application/json", [job, c, text](size_t, httplib::DataSink & sink) {
+        while (job->next(*text) != Job::Wait::Ended) {
+            if (!sink.write(" ", 1)) {
+                job->cancel();  // the client went away: free the slot
+                return false;
+            }
+        }
+        const Job::Result & result = job->result();
+        const std::string body = openai::wire(result.error.empty() ? openai::response(c, *text, result.finish_reason, result.stats)
+                                                                   : openai::ApiError{500, result.error, "server_error", "", ""}.body());
+        sink.write(body.data(), body.size());
+        sink.done();
+        return true;
+    }, [job](bool) { job->cancel(); });
+}
+
+// A streamed answer: server-sent events, a chunk per piece of text.
+void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c, bool include_usage) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [job, c, include_usage](size_t, httplib::DataSink & sink) {
+        auto write = [&](const std::string & event) {
+            if (sink.write(event.data(), event.size())) return true;
+            job->cancel();  // the client went away: free the slot
+            return false;
+        };
+        if (!write(openai::sse(openai::chunk_start(c)))) return false;
+        for (;;) {
+            std::string text;
+            std::vector<TokenOrigin> origins;
+            const Job::Wait w = job->next(text, &origins);
+            if (w == Job::Wait::Text) {
+                json tokens = json::array();
+                for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
+                if (!write(openai::sse(openai::chunk_text(c, text, tokens)))) return false;
+            } else if (w == Job::Wait::Idle) {
+                if (!sink.is_writable() || !write(": waiting\n\n")) {
+                    job->cancel();
+                    return false;
+                }
+            } else {
+                break;
+            }
+        }
+        const Job::Result & result = job->result();
+        if (!result.error.empty()) {
+            write(openai::sse(openai::ApiError{500, result.error, "server_error", "", ""}.body()));
+        } else {
+            if (!write(openai::sse(openai::chunk_finish(c, result.finish_reason)))) return false;
+            if (include_usage && !write(openai::sse(openai::chunk_usage(c, result.stats)))) return false;
+        }
+        write("data: [DONE]\n\n");
+        sink.done();
+        return true;
+    }, [job](bool) { job->cancel(); });
+}
+
 }  // namespace
 
 HttpServer::HttpServer(int max_connections, size_t max_request_bytes) : impl_(std::make_unique<Impl>()) {
@@ -129,7 +202,7 @@ int HttpServer::start(const std::string & host, int port) {
     return bound;
 }
 
-void HttpServer::ready(Target & target, Scheduler & scheduler, const std::string & model_id) {
+void HttpServer::ready(ModelBundle & target, Scheduler & scheduler, const std::string & model_id) {
     impl_->model_id = model_id;
     impl_->target = &target;
     impl_->scheduler = &scheduler;
@@ -196,7 +269,7 @@ void HttpServer::Impl::routes() {
 
 void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Request & req, httplib::Response & res) {
     Scheduler * s = scheduler;
-    Target * t = target;
+    ModelBundle * t = target;
     if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
     openai::Request r;
     std::vector<int32_t> prompt;
@@ -226,75 +299,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.created = unix_now();
     c.model = model_id;
 
-    if (!r.stream) {
-        // The answer is one JSON object, sent whole. A request done within a second gets its
-        // status as usual; a longer one starts a chunked 200 response whose body opens with a
-        // space every 200 ms (JSON allows leading whitespace): writing is the only way to learn
-        // that the client went away (cpp-httplib 0.11 shows a handler no socket), and a client
-        // that went away must free its slot rather than hold it for the whole generation. Such a
-        // request's late server error comes as a 200 with the error object as its body.
-        auto text = std::make_shared<std::string>();
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-        while (std::chrono::steady_clock::now() < until) {
-            if (job->next(*text) == Job::Wait::Ended) {
-                const Job::Result & result = job->result();
-                if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
-                return send_json(res, 200, openai::response(c, *text, result.finish_reason, result.stats));
-            }
-        }
-        res.set_chunked_content_provider("application/json", [job, c, text](size_t, httplib::DataSink & sink) {
-            while (job->next(*text) != Job::Wait::Ended) {
-                if (!sink.write(" ", 1)) {
-                    job->cancel();  // the client went away: free the slot
-                    return false;
-                }
-            }
-            const Job::Result & result = job->result();
-            const std::string body = openai::wire(result.error.empty() ? openai::response(c, *text, result.finish_reason, result.stats)
-                                                                       : openai::ApiError{500, result.error, "server_error", "", ""}.body());
-            sink.write(body.data(), body.size());
-            sink.done();
-            return true;
-        }, [job](bool) { job->cancel(); });
-        return;
-    }
-
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [job, c, include_usage = r.include_usage](size_t, httplib::DataSink & sink) {
-        auto write = [&](const std::string & event) {
-            if (sink.write(event.data(), event.size())) return true;
-            job->cancel();  // the client went away: free the slot
-            return false;
-        };
-        if (!write(openai::sse(openai::chunk_start(c)))) return false;
-        for (;;) {
-            std::string text;
-            std::vector<TokenOrigin> origins;
-            const Job::Wait w = job->next(text, &origins);
-            if (w == Job::Wait::Text) {
-                json tokens = json::array();
-                for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
-                if (!write(openai::sse(openai::chunk_text(c, text, tokens)))) return false;
-            } else if (w == Job::Wait::Idle) {
-                if (!sink.is_writable() || !write(": waiting\n\n")) {
-                    job->cancel();
-                    return false;
-                }
-            } else {
-                break;
-            }
-        }
-        const Job::Result & result = job->result();
-        if (!result.error.empty()) {
-            write(openai::sse(openai::ApiError{500, result.error, "server_error", "", ""}.body()));
-        } else {
-            if (!write(openai::sse(openai::chunk_finish(c, result.finish_reason)))) return false;
-            if (include_usage && !write(openai::sse(openai::chunk_usage(c, result.stats)))) return false;
-        }
-        write("data: [DONE]\n\n");
-        sink.done();
-        return true;
-    }, [job](bool) { job->cancel(); });
+    if (r.stream) respond_stream(res, job, c, r.include_usage);
+    else respond_whole(res, job, c);
 }
 
 }  // namespace specula

@@ -11,7 +11,7 @@
 namespace specula {
 
 class Scheduler;
-struct Target;
+struct ModelBundle;
 
 class HttpServer {
 public:
@@ -26,7 +26,7 @@ public:
     int start(const std::string & host, int port);
     // From now on requests go to `scheduler`, generating with `target`'s tokenizer; both must
     // outlive the server (or stop() first).
-    void ready(Target & target, Scheduler & scheduler, const std::string & model_id);
+    void ready(ModelBundle & target, Scheduler & scheduler, const std::string & model_id);
     // The HTML served at "/" (the live page, tools/report/live.html); none: "/" answers 404.
     void set_index_page(std::string html);
     void stop();

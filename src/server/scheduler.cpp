@@ -6,8 +6,8 @@
 
 #include "specula/error.h"
 #include "engine/sequence.h"
-#include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "engine/model_bundle.h"
+#include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -60,7 +60,7 @@ struct Scheduler::Slot {
     SpeculationStats seen;  // the sequence's counters already added to the metrics
 };
 
-Scheduler::Scheduler(Target & target, SchedulerOptions options) : target_(target), options_(options) {
+Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(target), options_(options) {
     if (options.parallel < 1) throw Error("--parallel must be at least 1");
     if (options.max_queued < 0) throw Error("the queue size must not be negative");
     if (options.prefill_chunk < 1) throw Error("the prefill chunk must be at least 1 token");
@@ -243,6 +243,43 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
     slot.cache->rollback(0);
 }
 
+void Scheduler::fail_step(const std::vector<Slot *> & active, const std::string & failure) {
+    for (Slot * s : active) {
+        ++metrics_.requests_failed;
+        Job::Result r;
+        r.error = failure;
+        s->job->finish(r);
+        s->sequence.reset();
+        s->job.reset();
+        s->cache->rollback(0);
+    }
+}
+
+void Scheduler::account_step(const std::vector<Slot *> & active, const StepResult & step, bool may_draft) {
+    ++metrics_.steps;
+    metrics_.gated_steps += !may_draft;
+    metrics_.emitted_tokens += step.tokens;
+    metrics_.rows_sum += step.rows;
+    for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {
+        if (b == metrics_.rows_bounds.size() || step.rows <= metrics_.rows_bounds[b]) ++metrics_.rows_buckets[b];
+    }
+    ++metrics_.busy_slots_steps[active.size() - 1];
+    for (Slot * s : active) {
+        const SpeculationStats & now = s->sequence->stats().speculation;
+        metrics_.draft_tokens += now.drafted - s->seen.drafted;
+        metrics_.accepted_tokens += now.accepted - s->seen.accepted;
+        if (metrics_.accepted_at.size() < now.accepted_at.size()) metrics_.accepted_at.resize(now.accepted_at.size(), 0);
+        for (size_t d = 0; d < now.accepted_at.size(); ++d) {
+            metrics_.accepted_at[d] += now.accepted_at[d] - (d < s->seen.accepted_at.size() ? s->seen.accepted_at[d] : 0);
+        }
+        const int drafts_now = now.reached_at.empty() ? 0 : now.reached_at[0];
+        const int drafts_seen = s->seen.reached_at.empty() ? 0 : s->seen.reached_at[0];
+        metrics_.drafts += drafts_now - drafts_seen;
+        s->seen = now;
+        if (s->sequence->done()) release(*s, !s->job->cancelled());
+    }
+}
+
 void Scheduler::run() {
     std::unique_lock lock(mutex_);
     std::vector<Slot *> active;
@@ -292,40 +329,8 @@ void Scheduler::run() {
         }
         lock.lock();
 
-        if (!failure.empty()) {
-            for (Slot * s : active) {
-                ++metrics_.requests_failed;
-                Job::Result r;
-                r.error = failure;
-                s->job->finish(r);
-                s->sequence.reset();
-                s->job.reset();
-                s->cache->rollback(0);
-            }
-            continue;
-        }
-        ++metrics_.steps;
-        metrics_.gated_steps += !may_draft;
-        metrics_.emitted_tokens += step.tokens;
-        metrics_.rows_sum += step.rows;
-        for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {
-            if (b == metrics_.rows_bounds.size() || step.rows <= metrics_.rows_bounds[b]) ++metrics_.rows_buckets[b];
-        }
-        ++metrics_.busy_slots_steps[active.size() - 1];
-        for (Slot * s : active) {
-            const SpeculationStats & now = s->sequence->stats().speculation;
-            metrics_.draft_tokens += now.drafted - s->seen.drafted;
-            metrics_.accepted_tokens += now.accepted - s->seen.accepted;
-            if (metrics_.accepted_at.size() < now.accepted_at.size()) metrics_.accepted_at.resize(now.accepted_at.size(), 0);
-            for (size_t d = 0; d < now.accepted_at.size(); ++d) {
-                metrics_.accepted_at[d] += now.accepted_at[d] - (d < s->seen.accepted_at.size() ? s->seen.accepted_at[d] : 0);
-            }
-            const int drafts_now = now.reached_at.empty() ? 0 : now.reached_at[0];
-            const int drafts_seen = s->seen.reached_at.empty() ? 0 : s->seen.reached_at[0];
-            metrics_.drafts += drafts_now - drafts_seen;
-            s->seen = now;
-            if (s->sequence->done()) release(*s, !s->job->cancelled());
-        }
+        if (failure.empty()) account_step(active, step, may_draft);
+        else fail_step(active, failure);
     }
 }
 

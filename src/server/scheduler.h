@@ -20,7 +20,8 @@
 
 namespace specula {
 
-struct Target;
+struct ModelBundle;
+struct StepResult;
 
 struct SchedulerOptions {
     int parallel = 1;        // slots: sequences generating at once
@@ -110,7 +111,7 @@ class Scheduler {
 public:
     // The target must outlive the scheduler. Measures the verify cost (when the policies need it)
     // before returning.
-    Scheduler(Target & target, SchedulerOptions options);
+    Scheduler(ModelBundle & target, SchedulerOptions options);
     ~Scheduler();
     Scheduler(const Scheduler &) = delete;
     Scheduler & operator=(const Scheduler &) = delete;
@@ -126,8 +127,12 @@ private:
     void run();
     void admit();                      // under mutex_: queued jobs into free slots
     void release(Slot & slot, bool finished_normally);
+    // Under mutex_, after a step over `active`: a step that threw ends each of their requests with
+    // its error; one that ran adds to the metrics and releases the slots whose sequence is done.
+    void fail_step(const std::vector<Slot *> & active, const std::string & failure);
+    void account_step(const std::vector<Slot *> & active, const StepResult & step, bool may_draft);
 
-    Target & target_;
+    ModelBundle & target_;
     SchedulerOptions options_;
     std::vector<std::unique_ptr<Slot>> slots_;
     mutable std::mutex mutex_;

@@ -18,12 +18,6 @@ TraceWriter::TraceWriter(const std::string & path, std::function<std::string(int
     if (!out_) throw Error(path + ": cannot open the trace file for writing");
 }
 
-float node_draft_prob(const TokenTree & tree, int node) {
-    const auto q = tree.q_of(tree.parent[node]);
-    const auto t = static_cast<size_t>(tree.token[node]);
-    return t < q.size() ? q[t] : 1.0f;
-}
-
 void TraceWriter::round(const RoundReport & report) {
     const RoundDecision & decision = report.decision;
     const int round = report.round, base_position = report.position;

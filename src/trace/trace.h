@@ -1,7 +1,7 @@
 #pragma once
 // Trace of speculative rounds (JSON lines) and the summary every run prints.
 //
-// The trace file is one observer of RoundReports (specula.h). Per round, one line {"kind":"round", ...} with the verified tree (token, parent, depth, draft
+// The trace file is one observer of RoundReports (specula/report.h). Per round, one line {"kind":"round", ...} with the verified tree (token, parent, depth, draft
 // probability q of each node, path probability), the accepted nodes, the policy's decision and
 // the round's timings; then one line {"kind":"token", ...} per verification event (accepted and
 // rejected drafts, the correction or bonus token). docs/report.md lists every field.
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "specula/specula.h"
+#include "specula/report.h"
 #include "verify/verify.h"
 
 namespace specula {
@@ -26,9 +26,6 @@ private:
     std::ofstream out_;
     std::function<std::string(int32_t)> token_text_;
 };
-
-// Draft probability of a node's own token: q of its parent's distribution, 1 when deterministic.
-float node_draft_prob(const TokenTree & tree, int node);
 
 std::string format_summary(const SpeculationStats & s);
 // Where a run's generation time went per round: the target's forwards, drafting, the commits, and

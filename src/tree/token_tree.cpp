@@ -36,6 +36,12 @@ std::span<const float> TokenTree::q_of(int node) const {
     return q[idx];
 }
 
+float node_draft_prob(const TokenTree & tree, int node) {
+    const auto q = tree.q_of(tree.parent[node]);
+    const auto t = static_cast<size_t>(tree.token[node]);
+    return t < q.size() ? q[t] : 1.0f;
+}
+
 std::vector<int> TokenTree::path_to(int node) const {
     std::vector<int> p;
     for (int n = node; n != kRoot; n = parent[n]) p.push_back(n);

@@ -36,4 +36,7 @@ struct TokenTree {
     static TokenTree chain(std::span<const int32_t> tokens);
 };
 
+// Draft probability of a node's own token: q of its parent's distribution, 1 when deterministic.
+float node_draft_prob(const TokenTree & tree, int node);
+
 }  // namespace specula

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "sample/sampler.h"
-#include "specula/specula.h"
+#include "specula/report.h"
 #include "tree/token_tree.h"
 
 namespace specula {

@@ -96,7 +96,7 @@ void register_make_model(CLI::App & app, Commands & commands) {
                 const std::string s = text.str();
                 if (s.find('\0') != std::string::npos) return;  // binary (e.g. .pyc): not text
                 read += static_cast<long long>(s.size());
-                for (int32_t t : tok.tokenize(s, false)) ++counts[t];
+                for (int32_t token : tok.tokenize(s, false)) ++counts[token];
             };
             for (const std::string & path : compact->corpus) {
                 if (!fs::exists(path)) throw Error(path + ": no such file or directory");

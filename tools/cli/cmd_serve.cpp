@@ -5,7 +5,7 @@
 
 #include "commands.h"
 #include "engine_flags.h"
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 #include "report.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -46,7 +46,7 @@ void register_serve(CLI::App & app, Commands & commands) {
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
             std::fprintf(stderr, "specula: listening on http://%s:%d (loading %s)\n", args->host.c_str(), port, args->engine.model_path.c_str());
-            std::unique_ptr<Target> target = Target::open(args->engine);
+            std::unique_ptr<ModelBundle> target = ModelBundle::open(args->engine);
             Scheduler scheduler(*target, args->scheduler);
             server.ready(*target, scheduler, std::filesystem::path(args->engine.model_path).stem().string());
             const DrafterSpec & drafter = target->drafter.spec;

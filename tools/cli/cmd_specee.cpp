@@ -17,8 +17,8 @@
 #include "engine/specee.h"
 #include "engine/speculative.h"
 #include "policy/draft_length.h"
-#include "engine/target.h"
-#include "kv/kv_cache.h"
+#include "engine/model_bundle.h"
+#include "runtime/kv_cache.h"
 #include "runtime/candidate_logits.h"
 #include "runtime/model.h"
 #include "sample/sampler.h"
@@ -106,7 +106,7 @@ void add_common(CLI::App * sub, EngineOptions & e, PromptSet & p, int & n_predic
 
 int run_features(EngineOptions options, const PromptSet & set, int n_predict, const std::string & out_path) {
     const std::vector<std::string> prompts = read_prompts(set);
-    auto t = Target::open(options);
+    auto t = ModelBundle::open(options);
     const Model & model = *t->model;
     const int L = model.config().n_layer;
     auto drafter = t->make_drafter(options.n_ctx);
@@ -185,7 +185,7 @@ int run_features(EngineOptions options, const PromptSet & set, int n_predict, co
 
 int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const std::string & json_path) {
     const std::vector<std::string> prompts = read_prompts(set);
-    auto t = Target::open(options);
+    auto t = ModelBundle::open(options);
     const Model & model = *t->model;
     const int L = model.config().n_layer;
     auto drafter = t->make_drafter(options.n_ctx);
@@ -242,8 +242,8 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
         if (ps.generation_seconds > 0 && ls.generation_seconds > 0) ratios.push_back(ls.generation_tok_s() / ps.generation_tok_s());
         std::vector<int32_t> verified;
         KvCache c4(*t->backend, model.config(), options.n_ctx);
-        SpecContext ctx{*t->runner, c4, lossless_drafter, *fixed, TreeBudget{TreeShape::Chain, 6, 1, 6}};
-        GenerationStats vs = generate_speculative(ctx, prompt, gen, is_end, [&](int32_t tok) { verified.push_back(tok); return true; });
+        SequenceParts parts{c4, &lossless_drafter, fixed.get(), TreeBudget{TreeShape::Chain, 6, 1, 6}};
+        GenerationStats vs = generate_speculative(*t->runner, parts, prompt, gen, is_end, [&](int32_t tok) { verified.push_back(tok); return true; });
         lossless_s += vs.generation_seconds;
         lossless_n += vs.n_generated;
         lossless_identical += verified == plain;

@@ -1,5 +1,5 @@
 #pragma once
-// The flags every command that opens an Engine/Target shares (device, kernels, drafter, policy,
+// The flags every command that opens an Engine or a ModelBundle shares (device, kernels, drafter, policy,
 // tree) and the default model, defined once so that `generate` and `serve` cannot drift apart.
 #include <CLI/CLI.hpp>
 #include <string>

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -422,54 +423,56 @@ std::string canonical(std::string n) {
     return n;
 }
 
-}  // namespace
+// The head's sizes, checked against the config's and the target's.
+struct HeadShape {
+    int vocab = 0;          // the target's vocabulary
+    int E = 0;              // the head's width
+    int target_hidden = 0;  // the target's width (EAGLE-3 reads 3 of its layers)
+    int n_draft = 0;        // the head's output vocabulary (EAGLE-3: a subset, mapped by d2t)
+    std::vector<int> target_layers;  // EAGLE-3: the target layers whose inputs the head reads
+};
 
-EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
-    const bool eagle3 = o.kind == "eagle3";
-    if (!eagle3 && o.kind != "eagle1") throw Error("unknown --kind '" + o.kind + "' (eagle3, eagle1)");
-    const ggml_type wtype = parse_out_type(o.type);
-    const TargetInfo tgt = read_target(o.target_gguf);
-    const HeadConfig c = read_config(o.checkpoint_dir);
-    const SafetensorsCheckpoint ck(o.checkpoint_dir);
-    const std::string cfg = (fs::path(o.checkpoint_dir) / "config.json").string() + ": ";
+HeadShape check_against_target(const HeadConfig & c, const TargetInfo & tgt, bool eagle3, const std::string & cfg) {
     const std::string vs_target = " but the target " + tgt.path + " has ";
-
-    // ---- config vs target
+    HeadShape h;
     if (c.n_layers && *c.n_layers != 1) throw Error(cfg + "num_hidden_layers is " + std::to_string(*c.n_layers) + "; an EAGLE head has 1");
-    const int vocab = c.vocab > 0 ? c.vocab : tgt.n_vocab;
-    if (vocab != tgt.n_vocab) throw Error(cfg + "vocab_size is " + std::to_string(vocab) + vs_target + std::to_string(tgt.n_vocab) + " tokens");
-    const int E = c.hidden;
-    const int target_hidden = eagle3 && c.target_hidden ? *c.target_hidden : tgt.n_embd;
-    if (target_hidden != tgt.n_embd) throw Error(cfg + "target_hidden_size is " + std::to_string(target_hidden) + vs_target + "hidden size " + std::to_string(tgt.n_embd));
-    if (!eagle3 && E != tgt.n_embd) throw Error(cfg + "hidden_size is " + std::to_string(E) + vs_target + "hidden size " + std::to_string(tgt.n_embd));
-    const int n_draft = eagle3 && c.draft_vocab > 0 ? c.draft_vocab : vocab;
-    if (n_draft > vocab) throw Error(cfg + "draft_vocab_size " + std::to_string(n_draft) + " exceeds vocab_size " + std::to_string(vocab));
-
-    std::vector<int> target_layers;
+    h.vocab = c.vocab > 0 ? c.vocab : tgt.n_vocab;
+    if (h.vocab != tgt.n_vocab) throw Error(cfg + "vocab_size is " + std::to_string(h.vocab) + vs_target + std::to_string(tgt.n_vocab) + " tokens");
+    h.E = c.hidden;
+    h.target_hidden = eagle3 && c.target_hidden ? *c.target_hidden : tgt.n_embd;
+    if (h.target_hidden != tgt.n_embd) throw Error(cfg + "target_hidden_size is " + std::to_string(h.target_hidden) + vs_target + "hidden size " + std::to_string(tgt.n_embd));
+    if (!eagle3 && h.E != tgt.n_embd) throw Error(cfg + "hidden_size is " + std::to_string(h.E) + vs_target + "hidden size " + std::to_string(tgt.n_embd));
+    h.n_draft = eagle3 && c.draft_vocab > 0 ? c.draft_vocab : h.vocab;
+    if (h.n_draft > h.vocab) throw Error(cfg + "draft_vocab_size " + std::to_string(h.n_draft) + " exceeds vocab_size " + std::to_string(h.vocab));
     if (eagle3) {
         const int L = tgt.n_layer;
         const bool from_config = !c.aux_layers.empty();
-        target_layers = from_config ? c.aux_layers : std::vector<int>{2, L / 2, L - 3};
-        if (target_layers.size() != 3) throw Error(cfg + "eagle_aux_hidden_state_layer_ids must list 3 layers");
-        for (int l : target_layers) {
+        h.target_layers = from_config ? c.aux_layers : std::vector<int>{2, L / 2, L - 3};
+        if (h.target_layers.size() != 3) throw Error(cfg + "eagle_aux_hidden_state_layer_ids must list 3 layers");
+        for (int l : h.target_layers) {
             if (l < 0 || l > L) {
                 throw Error(std::string(from_config ? cfg + "eagle_aux_hidden_state_layer_ids" : "default target layers [2, L/2, L-3]") +
                             " include layer " + std::to_string(l) + vs_target + std::to_string(L) + " layers");
             }
         }
     }
+    return h;
+}
 
-    // ---- tensors: expected names, shapes, targets
-    const int64_t Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, F = c.n_ff;
-    const int64_t attn_in = eagle3 ? 2 * int64_t(E) : E;
-    struct Spec {
-        std::string out;
-        std::vector<int64_t> shape;  // HF order
-        bool required;
-        int permute_heads = 0;
-    };
-    std::map<std::string, Spec> specs;  // canonical name -> spec
-    const std::set<std::string> ignored = {"t2d"};
+// One checkpoint tensor the head may hold: its GGUF name ("" = dropped), HF shape, whether it must be there.
+struct TensorSpec {
+    std::string out;
+    std::vector<int64_t> shape;  // HF order
+    bool required;
+    int permute_heads = 0;
+};
+
+// Canonical checkpoint name -> spec, for this kind of head and these sizes.
+std::map<std::string, TensorSpec> expected_tensors(const HeadConfig & c, const HeadShape & h, const TargetInfo & tgt, bool eagle3,
+                                                   const SafetensorsCheckpoint & ck, const std::string & dir) {
+    const int64_t E = h.E, Q = int64_t(c.n_head) * c.head_dim, KV = int64_t(c.n_head_kv) * c.head_dim, F = c.n_ff;
+    const int64_t attn_in = eagle3 ? 2 * E : E;
+    std::map<std::string, TensorSpec> specs;
     specs["L.self_attn.q_proj.weight"] = {"blk.0.attn_q.weight", {Q, attn_in}, true, c.n_head};
     specs["L.self_attn.k_proj.weight"] = {"blk.0.attn_k.weight", {KV, attn_in}, true, c.n_head_kv};
     specs["L.self_attn.v_proj.weight"] = {"blk.0.attn_v.weight", {KV, attn_in}, true};
@@ -480,80 +483,69 @@ EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
     specs["L.mlp.down_proj.weight"] = {"blk.0.ffn_down.weight", {E, F}, true};
     if (eagle3) {
         const bool has_d2t = ck.has("d2t") || ck.has("model.d2t");
-        if (n_draft < vocab && !has_d2t) throw Error(o.checkpoint_dir + ": draft_vocab_size " + std::to_string(n_draft) + " < vocab_size " + std::to_string(vocab) + " but the checkpoint has no d2t");
-        specs["fc.weight"] = {"fc.weight", {E, 3 * int64_t(target_hidden)}, true};
-        specs["input_norm.weight"] = {"enc.output_norm.weight", {3 * int64_t(target_hidden)}, c.norm_before_fc};
+        if (h.n_draft < h.vocab && !has_d2t) throw Error(dir + ": draft_vocab_size " + std::to_string(h.n_draft) + " < vocab_size " + std::to_string(h.vocab) + " but the checkpoint has no d2t");
+        specs["fc.weight"] = {"fc.weight", {E, 3 * int64_t(h.target_hidden)}, true};
+        specs["input_norm.weight"] = {"enc.output_norm.weight", {3 * int64_t(h.target_hidden)}, c.norm_before_fc};
         specs["L.input_layernorm.weight"] = {"blk.0.attn_norm.weight", {E}, true};
         specs["L.hidden_norm.weight"] = {"blk.0.attn_norm_2.weight", {E}, true};
         specs["norm.weight"] = {"output_norm.weight", {E}, true};
-        specs["lm_head.weight"] = {"output.weight", {n_draft, E}, has_d2t || n_draft < vocab || E != tgt.n_embd};
-        specs["embed_tokens.weight"] = {"token_embd.weight", {vocab, E}, E != tgt.n_embd};
-        specs["d2t"] = {"d2t", {n_draft}, n_draft < vocab};
+        specs["lm_head.weight"] = {"output.weight", {h.n_draft, E}, has_d2t || h.n_draft < h.vocab || E != tgt.n_embd};
+        specs["embed_tokens.weight"] = {"token_embd.weight", {h.vocab, E}, E != tgt.n_embd};
+        specs["d2t"] = {"d2t", {h.n_draft}, h.n_draft < h.vocab};
     } else {
-        specs["fc.weight"] = {"fc.weight", {E, 2 * int64_t(E)}, true};
+        specs["fc.weight"] = {"fc.weight", {E, 2 * E}, true};
         specs["fc.bias"] = {"fc.bias", {E}, false};
-        specs["embed_tokens.weight"] = {"", {vocab, E}, false};  // dropped: the target's embeddings are used
+        specs["embed_tokens.weight"] = {"", {h.vocab, E}, false};  // dropped: the target's embeddings are used
     }
+    return specs;
+}
 
-    std::map<std::string, std::string> found;  // canonical -> checkpoint name
+// Canonical name -> checkpoint name of every tensor the checkpoint holds; throws Error on an
+// unexpected, duplicated, missing or misshapen one.
+std::map<std::string, std::string> match_tensors(const SafetensorsCheckpoint & ck, const std::map<std::string, TensorSpec> & specs, bool eagle3,
+                                                 const std::string & dir) {
+    const std::set<std::string> ignored = {"t2d"};
+    std::map<std::string, std::string> found;
     for (const auto & n : ck.names()) {
         const std::string cn = canonical(n);
         if (ignored.count(cn) || cn.find("rotary_emb.inv_freq") != std::string::npos) continue;
         if (!specs.count(cn)) {
-            throw Error(o.checkpoint_dir + ": unexpected tensor " + n + " for an " + (eagle3 ? "EAGLE-3" : "EAGLE-1") + " checkpoint" +
+            throw Error(dir + ": unexpected tensor " + n + " for an " + (eagle3 ? "EAGLE-3" : "EAGLE-1") + " checkpoint" +
                         (!eagle3 && cn == "L.input_layernorm.weight" ? " (EAGLE-1 has no input_layernorm: is this EAGLE-3?)" : ""));
         }
-        if (found.count(cn)) throw Error(o.checkpoint_dir + ": tensors " + found[cn] + " and " + n + " are the same weight");
+        if (found.count(cn)) throw Error(dir + ": tensors " + found[cn] + " and " + n + " are the same weight");
         found[cn] = n;
     }
     for (const auto & [cn, s] : specs) {
         if (!found.count(cn)) {
-            if (s.required) throw Error(o.checkpoint_dir + ": missing tensor " + (cn.rfind("L.", 0) == 0 ? (eagle3 ? "midlayer." : "layers.0.") + cn.substr(2) : cn));
+            if (s.required) throw Error(dir + ": missing tensor " + (cn.rfind("L.", 0) == 0 ? (eagle3 ? "midlayer." : "layers.0.") + cn.substr(2) : cn));
             continue;
         }
         const auto & shape = ck.shape(found.at(cn));
-        if (shape != s.shape) throw Error(o.checkpoint_dir + ": tensor " + found.at(cn) + " has shape " + shape_str(shape) + ", expected " + shape_str(s.shape));
+        if (shape != s.shape) throw Error(dir + ": tensor " + found.at(cn) + " has shape " + shape_str(shape) + ", expected " + shape_str(s.shape));
     }
+    return found;
+}
 
-    // ---- convert
-    std::vector<OutTensor> outs;
-    EagleConvertResult result;
-    result.n_draft_vocab = n_draft;
-    result.target_layers = target_layers;
-    int64_t n_convert = 0;
-    for (const auto & [cn, s] : specs) n_convert += found.count(cn) && !s.out.empty();
-    Progress progress("converting " + o.checkpoint_dir, n_convert);
-    for (const auto & [cn, s] : specs) {
-        if (!found.count(cn) || s.out.empty()) continue;
-        const std::string & name = found.at(cn);
-        progress.step(name);
-        SafeTensor t = ck.read(name);
-        if (cn == "d2t") {
-            if (t.i64.empty() && t.numel() > 0) throw Error(o.checkpoint_dir + ": d2t has dtype " + t.dtype + "; expected integer offsets");
-            std::vector<int64_t> ids(t.i64.size());
-            std::set<int64_t> seen;
-            for (size_t i = 0; i < ids.size(); ++i) {
-                ids[i] = t.i64[i] + static_cast<int64_t>(i);  // offsets -> absolute target ids
-                if (ids[i] < 0 || ids[i] >= vocab) throw Error(o.checkpoint_dir + ": d2t maps draft token " + std::to_string(i) + " to target id " + std::to_string(ids[i]) + ", outside the target vocabulary of " + std::to_string(vocab));
-                if (!seen.insert(ids[i]).second) throw Error(o.checkpoint_dir + ": d2t maps two draft tokens to target id " + std::to_string(ids[i]));
-            }
-            OutTensor ot{"d2t", GGML_TYPE_I64, {static_cast<int64_t>(ids.size())}, {}};
-            ot.data.resize(ids.size() * sizeof(int64_t));
-            std::memcpy(ot.data.data(), ids.data(), ot.data.size());
-            outs.push_back(std::move(ot));
-            continue;
-        }
-        if (t.f32.empty()) throw Error(o.checkpoint_dir + ": tensor " + name + " has dtype " + t.dtype + "; expected floating point");
-        if (s.shape.size() == 1) {
-            outs.push_back(make_float(s.out, t.f32, 0, s.shape[0], GGML_TYPE_F32));
-        } else {
-            std::vector<float> v = s.permute_heads ? permute_qk_rows(t.f32, s.shape[0], s.shape[1], s.permute_heads) : std::move(t.f32);
-            outs.push_back(make_float(s.out, v, s.shape[0], s.shape[1], wtype));
-        }
+// d2t: the checkpoint's offsets as absolute target ids, each in the vocabulary and none twice.
+OutTensor d2t_tensor(const SafeTensor & t, int vocab, const std::string & dir) {
+    if (t.i64.empty() && t.numel() > 0) throw Error(dir + ": d2t has dtype " + t.dtype + "; expected integer offsets");
+    std::vector<int64_t> ids(t.i64.size());
+    std::set<int64_t> seen;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        ids[i] = t.i64[i] + static_cast<int64_t>(i);  // offsets -> absolute target ids
+        if (ids[i] < 0 || ids[i] >= vocab) throw Error(dir + ": d2t maps draft token " + std::to_string(i) + " to target id " + std::to_string(ids[i]) + ", outside the target vocabulary of " + std::to_string(vocab));
+        if (!seen.insert(ids[i]).second) throw Error(dir + ": d2t maps two draft tokens to target id " + std::to_string(ids[i]));
     }
-    result.n_tensors = static_cast<int>(outs.size());
+    OutTensor ot{"d2t", GGML_TYPE_I64, {static_cast<int64_t>(ids.size())}, {}};
+    ot.data.resize(ids.size() * sizeof(int64_t));
+    std::memcpy(ot.data.data(), ids.data(), ot.data.size());
+    return ot;
+}
 
-    // ---- metadata
+// The head's GGUF: the target's tokenizer.* keys, the head's hyperparameters, then `outs`.
+void write_head_gguf(const EagleConvertOptions & o, const HeadConfig & c, const HeadShape & h, const TargetInfo & tgt, bool eagle3,
+                     ggml_type wtype, std::vector<OutTensor> & outs) {
     gguf_context * out = gguf_init_empty();
     {
         ggml_context * meta = nullptr;
@@ -579,7 +571,7 @@ EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
     gguf_set_val_u32(out, "general.file_type", wtype == GGML_TYPE_F32 ? 0 : wtype == GGML_TYPE_F16 ? 1 : 7);
     gguf_set_val_u32(out, (a + "block_count").c_str(), 1);
     gguf_set_val_u32(out, (a + "context_length").c_str(), c.n_ctx.value_or(tgt.n_ctx));
-    gguf_set_val_u32(out, (a + "embedding_length").c_str(), E);
+    gguf_set_val_u32(out, (a + "embedding_length").c_str(), h.E);
     gguf_set_val_u32(out, (a + "feed_forward_length").c_str(), c.n_ff);
     gguf_set_val_u32(out, (a + "attention.head_count").c_str(), c.n_head);
     gguf_set_val_u32(out, (a + "attention.head_count_kv").c_str(), c.n_head_kv);
@@ -590,15 +582,15 @@ EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
     gguf_set_val_f32(out, (a + "attention.layer_norm_rms_epsilon").c_str(), c.rms_eps);
     gguf_set_val_f32(out, (a + "rope.freq_base").c_str(), c.rope_theta);
     gguf_set_val_u32(out, (a + "rope.dimension_count").c_str(), c.head_dim);
-    gguf_set_val_u32(out, (a + "vocab_size").c_str(), vocab);
-    gguf_set_val_u32(out, (a + "target_hidden_size").c_str(), target_hidden);
+    gguf_set_val_u32(out, (a + "vocab_size").c_str(), h.vocab);
+    gguf_set_val_u32(out, (a + "target_hidden_size").c_str(), h.target_hidden);
     if (eagle3) {
-        gguf_set_arr_data(out, "eagle3.target_layers", GGUF_TYPE_INT32, target_layers.data(), target_layers.size());
+        gguf_set_arr_data(out, "eagle3.target_layers", GGUF_TYPE_INT32, h.target_layers.data(), h.target_layers.size());
         gguf_set_val_bool(out, "eagle3.norm_before_residual", c.norm_before_residual);
         gguf_set_val_bool(out, "eagle3.norm_before_fc", c.norm_before_fc);
     }
 
-    // ---- tensors (data stays in `outs` until written)
+    // The tensors point into `outs`, which holds their data until written.
     ggml_init_params ip{ggml_tensor_overhead() * (outs.size() + 1), nullptr, true};
     ggml_context * ctx = ggml_init(ip);
     for (auto & t : outs) {
@@ -608,6 +600,47 @@ EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
         gguf_add_tensor(out, g);
     }
     write_gguf(out, ctx, o.out_path);
+}
+
+}  // namespace
+
+EagleConvertResult convert_eagle(const EagleConvertOptions & o) {
+    const bool eagle3 = o.kind == "eagle3";
+    if (!eagle3 && o.kind != "eagle1") throw Error("unknown --kind '" + o.kind + "' (eagle3, eagle1)");
+    const ggml_type wtype = parse_out_type(o.type);
+    const TargetInfo tgt = read_target(o.target_gguf);
+    const HeadConfig c = read_config(o.checkpoint_dir);
+    const SafetensorsCheckpoint ck(o.checkpoint_dir);
+    const HeadShape h = check_against_target(c, tgt, eagle3, (fs::path(o.checkpoint_dir) / "config.json").string() + ": ");
+    const std::map<std::string, TensorSpec> specs = expected_tensors(c, h, tgt, eagle3, ck, o.checkpoint_dir);
+    const std::map<std::string, std::string> found = match_tensors(ck, specs, eagle3, o.checkpoint_dir);
+
+    std::vector<OutTensor> outs;
+    int64_t n_convert = 0;
+    for (const auto & [cn, s] : specs) n_convert += found.count(cn) && !s.out.empty();
+    Progress progress("converting " + o.checkpoint_dir, n_convert);
+    for (const auto & [cn, s] : specs) {
+        if (!found.count(cn) || s.out.empty()) continue;
+        const std::string & name = found.at(cn);
+        progress.step(name);
+        SafeTensor t = ck.read(name);
+        if (cn == "d2t") {
+            outs.push_back(d2t_tensor(t, h.vocab, o.checkpoint_dir));
+            continue;
+        }
+        if (t.f32.empty()) throw Error(o.checkpoint_dir + ": tensor " + name + " has dtype " + t.dtype + "; expected floating point");
+        if (s.shape.size() == 1) {
+            outs.push_back(make_float(s.out, t.f32, 0, s.shape[0], GGML_TYPE_F32));
+        } else {
+            std::vector<float> v = s.permute_heads ? permute_qk_rows(t.f32, s.shape[0], s.shape[1], s.permute_heads) : std::move(t.f32);
+            outs.push_back(make_float(s.out, v, s.shape[0], s.shape[1], wtype));
+        }
+    }
+    write_head_gguf(o, c, h, tgt, eagle3, wtype, outs);
+    EagleConvertResult result;
+    result.n_draft_vocab = h.n_draft;
+    result.target_layers = h.target_layers;
+    result.n_tensors = static_cast<int>(outs.size());
     return result;
 }
 

@@ -76,11 +76,11 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
     auto add = [&](const std::string & name, int64_t ne0, int64_t ne1, bool matrix, std::function<std::vector<float>()> make) {
         plan.push_back({name, ne0, ne1, matrix ? wtype : GGML_TYPE_F32, std::move(make)});
     };
-    // W[out][in] with in = ne0: copy the target's rows/cols into a zero matrix through index maps.
-    auto embed = [](const std::vector<float> & src, int in_t, int out_t, int in, int out, auto in_map, auto out_map) {
-        std::vector<float> dst(static_cast<size_t>(in) * out, 0.0f);
+    // W[n_out][n_in] with n_in = ne0: copy the target's rows/cols into a zero matrix through index maps.
+    auto embed = [](const std::vector<float> & src, int in_t, int out_t, int n_in, int n_out, auto in_map, auto out_map) {
+        std::vector<float> dst(static_cast<size_t>(n_in) * n_out, 0.0f);
         for (int o = 0; o < out_t; ++o) {
-            for (int i = 0; i < in_t; ++i) dst[static_cast<size_t>(out_map(o)) * in + in_map(i)] = src[static_cast<size_t>(o) * in_t + i];
+            for (int i = 0; i < in_t; ++i) dst[static_cast<size_t>(out_map(o)) * n_in + in_map(i)] = src[static_cast<size_t>(o) * in_t + i];
         }
         return dst;
     };
@@ -102,8 +102,8 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
 
     auto zeros = [](int64_t n) { return [n] { return std::vector<float>(static_cast<size_t>(n), 0.0f); }; };
     auto ones = [](int64_t n) { return [n] { return std::vector<float>(static_cast<size_t>(n), 1.0f); }; };
-    auto from = [&](std::string name, int in_t, int out_t, int in, int out, std::function<int(int)> in_map, std::function<int(int)> out_map) {
-        return [=, &read_sized] { return embed(read_sized(name, int64_t(in_t) * out_t), in_t, out_t, in, out, in_map, out_map); };
+    auto from = [&](std::string name, int in_t, int out_t, int n_in, int n_out, std::function<int(int)> in_map, std::function<int(int)> out_map) {
+        return [=, &read_sized] { return embed(read_sized(name, int64_t(in_t) * out_t), in_t, out_t, n_in, n_out, in_map, out_map); };
     };
     add("token_embd.weight", E, V, true, from("token_embd.weight", Et, V, E, V, id, id));
     add("output_norm.weight", E, 1, false, [&] { return norm("output_norm.weight"); });

@@ -8,7 +8,7 @@
 Q/K weights are written UNPERMUTED: the PyTorch models already use llama.cpp's
 NORM RoPE (adjacent pairs), so no HF-style permute is needed.
 2-D weights are F16 (or Q8_0 with --type q8_0), 1-D norm weights F32.
-EAGLE heads of a real target (tools/train/train_eagle_head.py) are exported with
+EAGLE heads of a real target (tools/train/train_eagle.py --feats) are exported with
 --target TARGET.gguf: the target's tokenizer.* keys are copied into the head, as
 `specula convert-eagle` does (llama.cpp loads a draft's vocabulary from its own file and
 checks it against the target's); a checkpoint with a compact draft

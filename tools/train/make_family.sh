@@ -29,12 +29,12 @@ $PY "$HERE/train_tokenizer.py" --work "$WORK" --vocab 8192 --sample_pct 50
 $PY "$HERE/tokenize_corpus.py" --work "$WORK"
 
 # 2. target (15.7M) and draft (1.4M) language models
-$PY "$HERE/train_lm.py" --work "$WORK" --name target --steps 1250 --batch 4 --seq 512 --lr 1.5e-3 --warmup 50 --seed 1234 --eval_every 250 --log "$LOG"
-$PY "$HERE/train_lm.py" --work "$WORK" --name draft  --steps 450  --batch 8 --seq 512 --lr 3e-3   --warmup 30 --seed 1235 --eval_every 150 --log "$LOG"
+$PY "$HERE/train_lm.py" --work "$WORK" --name target --steps 1250 --batch 4 --seq 512 --lr 1.5e-3 --warmup 50 --seed 1234 --eval_every 250 --log "$LOG" --bf16
+$PY "$HERE/train_lm.py" --work "$WORK" --name draft  --steps 450  --batch 8 --seq 512 --lr 3e-3   --warmup 30 --seed 1235 --eval_every 150 --log "$LOG" --bf16
 
 # 3. EAGLE heads on the frozen target
-$PY "$HERE/train_eagle.py" --work "$WORK" --kind eagle3 --steps 160 --batch 4 --seq 512 --lr 1.5e-3 --warmup 15 --ttt_steps 3 --target_layers 1,3,5 --seed 4321 --eval_every 40 --log "$LOG"
-$PY "$HERE/train_eagle.py" --work "$WORK" --kind eagle1 --steps 220 --batch 4 --seq 512 --lr 1.5e-3 --warmup 15 --ttt_steps 1 --seed 4322 --eval_every 55 --log "$LOG"
+$PY "$HERE/train_eagle.py" --work "$WORK" --kind eagle3 --steps 160 --batch 4 --seq 512 --lr 1.5e-3 --warmup 15 --ttt_steps 3 --target_layers 1,3,5 --seed 4321 --eval_every 40 --log "$LOG" --bf16
+$PY "$HERE/train_eagle.py" --work "$WORK" --kind eagle1 --steps 220 --batch 4 --seq 512 --lr 1.5e-3 --warmup 15 --ttt_steps 1 --seed 4322 --eval_every 55 --log "$LOG" --bf16
 
 # 4. GGUF export
 TOK="$WORK/specula_tok.model"

@@ -46,7 +46,7 @@ for set in $SETS; do
 done
 bf16=()
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
-python3 "$HERE/train_eagle_head.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name gemma3-eagle3 \
+python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name gemma3-eagle3 \
   --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --heads 4 --kv_heads 2 --ffn 1024 \
   --batch 4 --lr 2e-3 --warmup 20 --save_every 50 "${bf16[@]}"
 python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --omit-vocab --out "$ROOT/models/gemma3-eagle3.gguf" \

@@ -60,7 +60,7 @@ bf16=()
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
 for d in $DRAFTERS; do
   if [ "$d" = eagle3 ]; then
-    python3 "$HERE/train_eagle_head.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name smollm2-eagle3 \
+    python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name smollm2-eagle3 \
       --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr 2e-3 --warmup 20 \
       --save_every 50 "${bf16[@]}"
     python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" \
@@ -70,14 +70,14 @@ for d in $DRAFTERS; do
 for line in open(sys.argv[1]):
     if json.loads(line).get("step", 0) % 10 == 0: sys.stdout.write(line)' "$WORK/train_log.jsonl" >"$ROOT/models/smollm2_train_log.jsonl"
   elif [ "$d" = eagle1 ]; then
-    python3 "$HERE/train_eagle_head.py" --kind eagle1 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle1.pt" --name smollm2-eagle1 \
+    python3 "$HERE/train_eagle.py" --kind eagle1 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle1.pt" --name smollm2-eagle1 \
       --log "$WORK/eagle1_train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --batch 4 --lr 2e-3 --warmup 20 \
       --save_every 50 "${bf16[@]}"
     python3 "$HERE/export_gguf.py" --kind eagle1 --ckpt "$WORK/eagle1.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle1.gguf" \
       --name smollm2-eagle1 --type q8_0
     cp "$WORK/eagle1_train_log.jsonl" "$ROOT/models/smollm2_eagle1_train_log.jsonl"
   else
-    python3 "$HERE/train_draft_lm_smollm2.py" "${feats[@]}" --model "$MODEL" --out "$WORK/draft_lm.pt" \
+    python3 "$HERE/train_lm.py" "${feats[@]}" --model "$MODEL" --out "$WORK/draft_lm.pt" --batch 4 --lr 2e-3 --wd 0.05 --warmup 30 --seed 2024 \
       --log "$WORK/draft_train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" "${bf16[@]}"
     python3 "$HERE/export_gguf.py" --kind llama --ckpt "$WORK/draft_lm.pt" --target "$MODEL" --out "$ROOT/models/smollm2-draft.gguf" \
       --name smollm2-draft --type q8_0

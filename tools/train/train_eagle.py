@@ -1,76 +1,84 @@
 #!/usr/bin/env python3
-"""Train an EAGLE-3 or EAGLE-1 head on the frozen specula target (CPU, 1 thread, bf16).
+"""Train an EAGLE-3 or EAGLE-1 head (model.Eagle3Head, model.Eagle1Head) on a frozen target.
 
-EAGLE-3 (--kind eagle3): features = target layer inputs of layers --target_layers
-  (llama.cpp `layer_inp` semantics); training-time test with --ttt_steps unrolled
-  self-fed steps: step 0 uses g = fc(features), step k uses the head's own previous
-  output hidden state; token input at head index t for step k is x[t+1+k]; loss is soft
-  CE against the target's next-token distribution at t+1+k, weighted 0.8^k.
-EAGLE-1 (--kind eagle1): feature = target final hidden (before output norm); head
-  predicts the next feature; loss = smoothL1(pred, f[t+1]) + 0.1 * softCE(target
-  head(pred), p_target) (EAGLE-1 recipe) with uniform feature noise (+-0.1*rms).
-  --ttt_steps > 1 additionally unrolls self-fed steps (default 1 = plain EAGLE-1)."""
-import argparse, json, math, os, sys, time
+Two targets, one training-time test:
+  --work DIR   the bundled family's target (DIR/target.pt) on its token streams (DIR/train.bin,
+               heldout.bin): the target's features and full next-token distributions computed on
+               the fly; --steps optimizer steps, cosine by step; held-out loss and agreement every
+               --eval_every steps; the head is written to DIR/<kind>.pt.
+  --feats F    a real target (SmolLM2-135M-Instruct, Gemma 3 270M) on its own replies: features and
+               top-k distributions precomputed by target_features.py (repeatable), --model its GGUF
+               (token embedding, output norm); a --minutes wall-clock budget, cosine over it; a
+               checkpoint every --save_every steps to --out, so a run cut short still yields a head.
+               EAGLE-3 drafts over a compact vocabulary (d2t): the --vocab most frequent target
+               tokens of the replies (ties: lower id), in id order; its lm_head starts from those
+               rows of the target's tied embedding and fc as "take the high tap".
+EAGLE-3: g = fc(the inputs of the target layers it taps); loss: soft cross-entropy against the
+  target's next-token distribution (--feats: its top-k, restricted to the draft vocabulary).
+EAGLE-1: the feature is the target's final pre-norm hidden state, with uniform noise (+-0.1 RMS)
+  in training; the head predicts the next one; its logits are the target's own output norm and
+  lm_head (frozen). Loss, as EAGLE-1: smooth L1 to the target's next state (--feats: in units of
+  its RMS) + 0.1 x that soft cross-entropy.
+Training-time test: --ttt_steps self-fed steps; step 0 reads the target's features, step k the
+head's own previous output; step k at head index t reads token x[t+1+k] and is scored (weight
+0.8^k) on the target's next-token distribution at t+1+k. The token embedding is the target's.
+  train_eagle.py --work DIR --kind eagle3 --steps 160 --log LOG [--bf16]
+  train_eagle.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --log LOG --minutes 35"""
+import argparse, json, os, sys, time
 import numpy as np
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import Eagle3Head, Eagle1Head, load_llama
+from model import ROPE_BASE, Eagle1Head, Eagle3Head, LlamaConfig, load_gguf_tensors, load_llama
+from schedule import optimizer_step, step_cosine_lr, wallclock_cosine_lr
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--work", required=True)
-ap.add_argument("--kind", required=True, choices=["eagle3", "eagle1"])
-ap.add_argument("--steps", type=int, required=True)
-ap.add_argument("--batch", type=int, default=4)
-ap.add_argument("--seq", type=int, default=512)
-ap.add_argument("--lr", type=float, default=1e-3)
-ap.add_argument("--warmup", type=int, default=30)
-ap.add_argument("--ttt_steps", type=int, default=3)
-ap.add_argument("--target_layers", default="1,3,5")
-ap.add_argument("--seed", type=int, default=4321)
-ap.add_argument("--log", required=True)
-ap.add_argument("--eval_every", type=int, default=100)
-a = ap.parse_args()
 
-torch.set_num_threads(1)
-torch.manual_seed(a.seed)
-rng = np.random.default_rng(a.seed)
-train = np.memmap(os.path.join(a.work, "train.bin"), dtype=np.uint16, mode="r")
-held = np.memmap(os.path.join(a.work, "heldout.bin"), dtype=np.uint16, mode="r")
-tgt = load_llama(os.path.join(a.work, "target.pt"))
-c = tgt.c
-layers = [int(x) for x in a.target_layers.split(",")]
-if a.kind == "eagle3":
-    head = Eagle3Head(c, layers)
-    with torch.no_grad():  # start lm_head / final norm from the target's
-        head.output.weight.copy_(tgt.output.weight)
-        head.norm.weight.copy_(tgt.norm.weight)
-else:
-    head = Eagle1Head(c)
-for m in head.modules():
-    if isinstance(m, torch.nn.Linear) and m is not getattr(head, "output", None):
-        torch.nn.init.normal_(m.weight, std=0.02)
-nparam = sum(p.numel() for p in head.parameters())
-print(f"{a.kind}: {nparam/1e6:.2f}M params", flush=True)
-opt = torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kind", choices=["eagle3", "eagle1"], default="eagle3")
+    ap.add_argument("--work", help="the bundled family's work directory (target.pt, train.bin, heldout.bin)")
+    ap.add_argument("--feats", action="append", help="target_features.py outputs (repeatable: greedy and sampled replies)")
+    ap.add_argument("--model", help="--feats: the target GGUF (token embedding, output norm and lm_head rows for init)")
+    ap.add_argument("--out", help="--feats: the checkpoint to write")
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--name", default=None, help="the model name in the log (default: --kind with --work, the --out file's stem with --feats)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--ttt_steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=4321)
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast for the matmuls: several times faster on CPUs with AMX or AVX-512 BF16, emulated (slow) elsewhere")
+    ap.add_argument("--steps", type=int, help="--work: optimizer steps")
+    ap.add_argument("--seq", type=int, default=512, help="--work: tokens per training window")
+    ap.add_argument("--target_layers", default="1,3,5", help="--work, EAGLE-3: the target layers whose inputs the head reads")
+    ap.add_argument("--eval_every", type=int, default=100, help="--work: steps between held-out evaluations")
+    ap.add_argument("--vocab", type=int, default=8192, help="--feats, EAGLE-3: the draft vocabulary's size")
+    ap.add_argument("--heads", type=int, default=0, help="--feats: query heads of the head's attention (0: the target's)")
+    ap.add_argument("--kv_heads", type=int, default=0, help="--feats: its KV heads (0: the target's)")
+    ap.add_argument("--ffn", type=int, default=0, help="--feats: its FFN width (0: the target's)")
+    ap.add_argument("--minutes", type=float, default=35.0, help="--feats: wall-clock budget; the cosine schedule spans it")
+    ap.add_argument("--max_steps", type=int, default=100000, help="--feats: at most this many steps")
+    ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
+    a = ap.parse_args()
+    if bool(a.work) == bool(a.feats):
+        ap.error("give the bundled family's --work DIR or a real target's --feats files, one of them")
+    if a.work and a.steps is None:
+        ap.error("--work needs --steps")
+    if a.feats and (not a.model or not a.out):
+        ap.error("--feats needs --model and --out")
+    a.name = a.name or (a.kind if a.work else os.path.splitext(os.path.basename(a.out))[0])
+    return a
 
-def batch(data, r, B, T):
-    ix = r.integers(0, len(data) - T, size=B)
-    return torch.from_numpy(np.stack([data[i:i + T].astype(np.int64) for i in ix]))
 
-def target_feats(x):
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        logits, hfin, caps = tgt(x, capture_layers=set(layers) if a.kind == "eagle3" else None)
-    logp = F.log_softmax(logits.float(), -1)
-    feat = torch.cat([caps[l].float() for l in layers], -1) if a.kind == "eagle3" else hfin.float()
-    return feat, hfin.float(), logp
-
-def run(x, train_mode=True):
-    """Returns (loss, per-step top-1 agreement with target argmax)."""
+def unrolled_loss(a, head, x, feat, embed, target_head, score, train_mode=True):
+    """The training-time test over one batch of token ids x [B, T]: returns (loss, agreement per step).
+    feat [B, T, .]: the target's features; embed(tok): the target's token embedding; target_head(out):
+    EAGLE-1's logits; score(k, n, lq, out): step k's loss and agreement from its log-probabilities
+    lq [B, n, vocab] and predicted states out [B, n, dim] (n = valid head indices of the step)."""
     B, T = x.shape
-    feat, hfin, logp = target_feats(x)
-    p = logp.exp()
-    Th = T - 1  # head index t uses token x[t+1]
+    Th = T - 1  # head index t reads token x[t+1]
     base = torch.arange(Th)
     cache, losses, accs = [], [], []
     g = None
@@ -78,72 +86,242 @@ def run(x, train_mode=True):
         n = Th - k  # valid head indices: t + 1 + k <= T - 1
         tok = torch.zeros(B, Th, dtype=torch.long)
         tok[:, :n] = x[:, 1 + k:1 + k + n]
-        emb = tgt.tok_embd(tok).float()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        emb = embed(tok)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
             if a.kind == "eagle3":
                 if k == 0:
                     g = head.fc(feat[:, :Th])
                 out, logits = head.step(emb, g, k, cache, base)
             else:
                 if k == 0:
-                    f = feat[:, :Th]
+                    g = feat[:, :Th]
                     if train_mode:
-                        rms = f.pow(2).mean(-1, keepdim=True).sqrt()
-                        f = f + (torch.rand_like(f) * 0.2 - 0.1) * rms
-                    g = f
+                        g = g + (torch.rand_like(g) * 0.2 - 0.1) * g.pow(2).mean(-1, keepdim=True).sqrt()
                 out = head.step(emb, g, k, cache, base)
-                logits = tgt.lm_head(tgt.norm(out))
-        tp = p[:, 1 + k:1 + k + n]
+                logits = target_head(out)
         lq = F.log_softmax(logits[:, :n].float(), -1)
-        ce = -(tp * lq).sum(-1).mean()
-        if a.kind == "eagle3":
-            l = ce
-        else:
-            l = F.smooth_l1_loss(out[:, :n].float(), hfin[:, 1 + k:1 + k + n]) + 0.1 * ce
-        losses.append((0.8 ** k) * l)
-        accs.append((lq.argmax(-1) == tp.argmax(-1)).float().mean().item())
+        loss, agree = score(k, n, lq, out[:, :n].float())
+        losses.append((0.8 ** k) * loss)
+        accs.append(agree)
         g = out
     return sum(losses), accs
 
-er = np.random.default_rng(999)
-EVAL = [batch(held, er, 4, a.seq) for _ in range(2)]
 
-def evaluate():
-    head.eval()
-    with torch.no_grad():
-        res = [run(x, train_mode=False) for x in EVAL]
-    head.train()
-    return round(sum(r[0].item() for r in res) / len(res), 4), [round(sum(r[1][k] for r in res) / len(res), 4) for k in range(a.ttt_steps)]
+def optimizer(a, head):
+    return torch.optim.AdamW(head.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
-def lr_at(s):
-    if s < a.warmup:
-        return a.lr * (s + 1) / a.warmup
-    pr = (s - a.warmup) / max(1, a.steps - a.warmup)
-    return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * pr)))
 
-log = open(a.log, "a")
-log.write(json.dumps({"event": "start", "model": a.kind, "params": nparam, "args": vars(a)}) + "\n")
-t0 = time.time()
-for s in range(a.steps):
-    for gr in opt.param_groups:
-        gr["lr"] = lr_at(s)
-    x = batch(train, rng, a.batch, a.seq)
-    loss, accs = run(x)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-    opt.step()
-    el = time.time() - t0
-    rec = {"model": a.kind, "step": s + 1, "loss": round(loss.item(), 4), "top1_agree_by_step": [round(v, 4) for v in accs],
-           "lr": lr_at(s), "grad_norm": round(gn.item(), 3), "tokens": (s + 1) * a.batch * a.seq, "elapsed_s": round(el, 1)}
-    if (s + 1) % a.eval_every == 0 or s + 1 == a.steps:
-        rec["heldout_loss"], rec["heldout_top1_agree_by_step"] = evaluate()
-    log.write(json.dumps(rec) + "\n"); log.flush()
-    if (s + 1) % 10 == 0 or "heldout_loss" in rec:
-        print(rec, flush=True)
-ck = {"config": c.__dict__, "state_dict": head.state_dict(), "args": vars(a), "target_hidden_size": c.dim}
-if a.kind == "eagle3":
-    ck["target_layers"] = layers
-torch.save(ck, os.path.join(a.work, f"{a.kind}.pt"))
-log.write(json.dumps({"event": "done", "model": a.kind, "elapsed_s": time.time() - t0}) + "\n")
-print("done", time.time() - t0)
+def train_on_family(a, log):
+    """The bundled family: the PyTorch target computes features and distributions per batch."""
+    rng = np.random.default_rng(a.seed)
+    train = np.memmap(os.path.join(a.work, "train.bin"), dtype=np.uint16, mode="r")
+    held = np.memmap(os.path.join(a.work, "heldout.bin"), dtype=np.uint16, mode="r")
+    tgt = load_llama(os.path.join(a.work, "target.pt"))
+    c = tgt.c
+    layers = [int(x) for x in a.target_layers.split(",")]
+    if a.kind == "eagle3":
+        head = Eagle3Head(c, layers)
+        with torch.no_grad():  # start lm_head / final norm from the target's
+            head.output.weight.copy_(tgt.output.weight)
+            head.norm.weight.copy_(tgt.norm.weight)
+    else:
+        head = Eagle1Head(c)
+    for m in head.modules():
+        if isinstance(m, torch.nn.Linear) and m is not getattr(head, "output", None):
+            torch.nn.init.normal_(m.weight, std=0.02)
+    nparam = sum(p.numel() for p in head.parameters())
+    print(f"{a.kind}: {nparam/1e6:.2f}M params", flush=True)
+    opt = optimizer(a, head)
+
+    def batch(data, r, B, T):
+        ix = r.integers(0, len(data) - T, size=B)
+        return torch.from_numpy(np.stack([data[i:i + T].astype(np.int64) for i in ix]))
+
+    def run(x, train_mode=True):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            logits, hfin, caps = tgt(x, capture_layers=set(layers) if a.kind == "eagle3" else None)
+        p = F.log_softmax(logits.float(), -1).exp()
+        hfin = hfin.float()
+        feat = torch.cat([caps[l].float() for l in layers], -1) if a.kind == "eagle3" else hfin
+
+        def score(k, n, lq, out):
+            tp = p[:, 1 + k:1 + k + n]
+            ce = -(tp * lq).sum(-1).mean()
+            loss = ce if a.kind == "eagle3" else F.smooth_l1_loss(out, hfin[:, 1 + k:1 + k + n]) + 0.1 * ce
+            return loss, (lq.argmax(-1) == tp.argmax(-1)).float().mean().item()
+
+        return unrolled_loss(a, head, x, feat, lambda tok: tgt.tok_embd(tok).float(), lambda out: tgt.lm_head(tgt.norm(out)),
+                             score, train_mode)
+
+    er = np.random.default_rng(999)
+    evals = [batch(held, er, 4, a.seq) for _ in range(2)]
+
+    def evaluate():
+        head.eval()
+        with torch.no_grad():
+            res = [run(x, train_mode=False) for x in evals]
+        head.train()
+        return (round(sum(r[0].item() for r in res) / len(res), 4),
+                [round(sum(r[1][k] for r in res) / len(res), 4) for k in range(a.ttt_steps)])
+
+    log.write(json.dumps({"event": "start", "model": a.name, "params": nparam, "args": vars(a)}) + "\n")
+    t0 = time.time()
+    for s in range(a.steps):
+        lr = step_cosine_lr(a.lr, a.warmup, a.steps, s)
+        for gr in opt.param_groups:
+            gr["lr"] = lr
+        loss, accs = run(batch(train, rng, a.batch, a.seq))
+        gn = optimizer_step(opt, head, loss)
+        rec = {"model": a.name, "step": s + 1, "loss": round(loss.item(), 4), "top1_agree_by_step": [round(v, 4) for v in accs],
+               "lr": lr, "grad_norm": round(gn.item(), 3), "tokens": (s + 1) * a.batch * a.seq, "elapsed_s": round(time.time() - t0, 1)}
+        if (s + 1) % a.eval_every == 0 or s + 1 == a.steps:
+            rec["heldout_loss"], rec["heldout_top1_agree_by_step"] = evaluate()
+        log.write(json.dumps(rec) + "\n"); log.flush()
+        if (s + 1) % 10 == 0 or "heldout_loss" in rec:
+            print(rec, flush=True)
+    ck = {"config": c.__dict__, "state_dict": head.state_dict(), "args": vars(a), "target_hidden_size": c.dim}
+    if a.kind == "eagle3":
+        ck["target_layers"] = layers
+    torch.save(ck, os.path.join(a.work, f"{a.kind}.pt"))
+    log.write(json.dumps({"event": "done", "model": a.name, "elapsed_s": time.time() - t0}) + "\n")
+    print("done", time.time() - t0)
+
+
+def train_on_features(a, log):
+    """A real target: its features and top-k distributions read from target_features.py's files."""
+    parts = [torch.load(f) for f in a.feats]
+    data = parts[0]
+    layers = data["layers"]
+    if any(p["layers"] != layers for p in parts):
+        sys.exit("train_eagle: error: the --feats files were extracted at different layers")
+    train = [s for p in parts for s in p["seqs"] if s["split"] == "train"]
+    n_vocab = data["config"]["vocab_size"]
+    counts = torch.zeros(n_vocab, dtype=torch.long)
+    for s in train:
+        counts.index_add_(0, s["ids"][s["n_prompt"]:], torch.ones(len(s["ids"]) - s["n_prompt"], dtype=torch.long))
+    if a.kind == "eagle1":
+        a.vocab = n_vocab  # drafts over the target's own logits
+    order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
+    d2t = torch.tensor(sorted(order[:a.vocab]))
+    t2d = torch.full((len(counts),), -1, dtype=torch.long)
+    t2d[d2t] = torch.arange(a.vocab)
+    coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
+    print(f"{len(train)} training sequences, {sum(len(s['ids']) for s in train)} tokens; draft vocabulary {a.vocab} covers {coverage:.4f} of reply tokens", flush=True)
+
+    c = LlamaConfig(**{**data["config"], "vocab_size": a.vocab, "n_layers": 1})
+    c.n_heads, c.n_kv_heads, c.ffn_dim = a.heads or c.n_heads, a.kv_heads or c.n_kv_heads, a.ffn or c.ffn_dim
+    if c.dim % c.n_heads or c.n_heads % c.n_kv_heads or (c.dim // c.n_heads) % 16:
+        sys.exit(f"train_eagle: error: width {c.dim} with {c.n_heads} heads / {c.n_kv_heads} KV heads: the head size must be "
+                 "a whole multiple of 16 and the heads a multiple of the KV heads")
+    ROPE_BASE[0] = c.rope_base
+    if not data["config"]["tie_embeddings"]:
+        sys.exit("train_eagle: error: expects a target with tied embeddings (its lm_head is token_embd)")
+    w = load_gguf_tensors(a.model, ["token_embd.weight", "output_norm.weight"])
+    head = Eagle3Head(c, layers) if a.kind == "eagle3" else Eagle1Head(c)
+    for mod in head.modules():
+        if isinstance(mod, torch.nn.Linear):
+            torch.nn.init.normal_(mod.weight, std=0.02)
+    target_norm = None
+    if a.kind == "eagle3":
+        with torch.no_grad():  # lm_head and final norm start from the target's (rows of the draft vocabulary)
+            head.output.weight.copy_(w["token_embd.weight"][d2t])
+            head.norm.weight.copy_(w["output_norm.weight"])
+            # fc starts as "take the high tap": g begins in the target's own hidden space (a short CPU
+            # budget gets far less out of a random fc)
+            head.fc.weight[:, 2 * c.dim:] += torch.eye(c.dim)
+    else:
+        with torch.no_grad():  # fc starts as "take the feature": x begins as the target's own hidden state
+            head.fc.weight[:, c.dim:] += torch.eye(c.dim)
+        target_norm = torch.nn.RMSNorm(c.dim, eps=c.norm_eps, elementwise_affine=True)
+        target_norm.weight = torch.nn.Parameter(w["output_norm.weight"], requires_grad=False)
+    embd = torch.nn.Embedding.from_pretrained(w["token_embd.weight"])  # frozen: the engine feeds the target's
+    nparam = sum(p.numel() for p in head.parameters())
+    print(f"{a.kind} head: {nparam / 1e6:.2f}M params", flush=True)
+    opt = optimizer(a, head)
+
+    def make_batch(seqs):
+        T = max(len(s["ids"]) for s in seqs)
+        B = len(seqs)
+        x = torch.zeros(B, T, dtype=torch.long)
+        feat = torch.zeros(B, T, (3 if a.kind == "eagle3" else 1) * c.dim)
+        hfin = torch.zeros(B, T, c.dim)
+        K = seqs[0]["top_ids"].shape[1]
+        top_ids = torch.zeros(B, T, K, dtype=torch.long)
+        top_p = torch.zeros(B, T, K)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        for b, s in enumerate(seqs):
+            n = len(s["ids"])
+            x[b, :n] = s["ids"]; hfin[b, :n] = s["hfin"].float()
+            feat[b, :n] = s["feat"].float() if a.kind == "eagle3" else hfin[b, :n]
+            top_ids[b, :n] = s["top_ids"].long(); top_p[b, :n] = s["top_logp"].float().exp()
+            valid[b, :n] = True
+            valid[b, :max(0, s["n_prompt"] - 2)] = False  # score the reply (and the turn's last prompt tokens) only
+        return x, feat, hfin, top_ids, top_p, valid
+
+    def run(x, feat, hfin, top_ids, top_p, valid):
+        def score(k, n, lq, out):
+            ids = top_ids[:, 1 + k:1 + k + n]
+            p = top_p[:, 1 + k:1 + k + n]
+            d = t2d[ids]
+            m = valid[:, 1 + k:1 + k + n]
+            ce = -(p * (d >= 0) * lq.gather(-1, d.clamp(min=0))).sum(-1)
+            loss = (ce * m).sum() / m.sum().clamp(min=1)
+            if a.kind == "eagle1":
+                # In units of the target state's RMS: SmolLM2's final hidden states are large, and a raw
+                # smooth L1 (~80 at the start) drowned the cross-entropy that drafting depends on.
+                want = hfin[:, 1 + k:1 + k + n]
+                rms = want.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-3)
+                reg = F.smooth_l1_loss(out / rms, want / rms, reduction="none").mean(-1)
+                loss = (reg * m).sum() / m.sum().clamp(min=1) + 0.1 * loss
+            agree = (d2t[lq.argmax(-1)] == ids[..., 0]) & m
+            return loss, agree.sum().item() / max(1, m.sum().item())
+
+        return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score)
+
+    def save(step):
+        ck = {"config": c.__dict__, "state_dict": head.state_dict(), "target_hidden_size": c.dim, "step": step, "args": vars(a)}
+        if a.kind == "eagle3":
+            ck.update({"target_layers": layers, "d2t": d2t, "vocab_coverage": coverage})
+        torch.save(ck, a.out + ".tmp")
+        os.replace(a.out + ".tmp", a.out)
+
+    log.write(json.dumps({"event": "start", "model": a.name, "params": nparam, "args": vars(a), "coverage": coverage}) + "\n")
+    g = torch.Generator().manual_seed(a.seed)
+    t0 = time.time()
+    step, epoch = 0, 0
+    while step < a.max_steps and time.time() - t0 < a.minutes * 60:
+        perm = torch.randperm(len(train), generator=g).tolist()
+        for i in range(0, len(perm) - a.batch + 1, a.batch):
+            el = time.time() - t0
+            if el >= a.minutes * 60 or step >= a.max_steps:
+                break
+            lr = wallclock_cosine_lr(a.lr, a.warmup, el / (a.minutes * 60), step)
+            for gr in opt.param_groups:
+                gr["lr"] = lr
+            loss, accs = run(*make_batch([train[j] for j in perm[i:i + a.batch]]))
+            gn = optimizer_step(opt, head, loss)
+            step += 1
+            rec = {"model": a.name, "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
+                   "top1_agree_by_step": [round(v, 4) for v in accs], "lr": lr, "grad_norm": round(gn.item(), 3),
+                   "elapsed_s": round(time.time() - t0, 1)}
+            log.write(json.dumps(rec) + "\n"); log.flush()
+            if step % 5 == 0:
+                print(rec, flush=True)
+            if step % a.save_every == 0:
+                save(step)
+        epoch += 1
+    save(step)
+    log.write(json.dumps({"event": "done", "model": a.name, "steps": step, "elapsed_s": time.time() - t0}) + "\n")
+    print("done", step, "steps", time.time() - t0)
+
+
+def main():
+    a = parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    with open(a.log, "a") as log:
+        (train_on_family if a.work else train_on_features)(a, log)
+
+
+if __name__ == "__main__":
+    main()

@@ -95,19 +95,7 @@ GraphOutputs build_gemma3_graph(ggml_context * ctx, ggml_cgraph * gf, const Mode
         ggml_format_name(x, "l_out-%d", il);
     }
     tap(layer_end);
-
-    if (layer_end < c.n_layer) {
-        out.hidden_out = x;
-    } else if (in.out_rows) {
-        x = ggml_get_rows(ctx, x, in.out_rows);  // [n_embd, n_out]
-        x = rms_norm(ctx, x, w.output_norm, c.rms_eps);
-        ggml_tensor * logits = linear(ctx, w.output, x);  // [n_vocab, n_out]
-        if (c.final_logit_softcap > 0.0f) {
-            logits = ggml_scale(ctx, logits, 1.0f / c.final_logit_softcap);
-            logits = ggml_scale(ctx, ggml_tanh(ctx, logits), c.final_logit_softcap);
-        }
-        out.logits = logits;
-    }
+    output_head(ctx, model, in, layer_end, x, out);
     return out;
 }
 

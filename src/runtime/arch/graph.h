@@ -59,6 +59,9 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
                         int il, ggml_tensor * x, const GraphInputs & in, ggml_tensor * rope_freqs);
 // SwiGLU feed-forward of a pre-normed input.
 ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h);
+// The end of a layer range at `x`: the hidden state when the range stops before the last layer,
+// else the logits of in.out_rows (output norm, LM head, the model's final soft-cap if it has one).
+void output_head(ggml_context * ctx, const Model & model, const GraphInputs & in, int layer_end, ggml_tensor * x, GraphOutputs & out);
 
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
                                       const GraphInputs & in, int layer_begin, int layer_end,

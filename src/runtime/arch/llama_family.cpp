@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "ggml.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/arch/graph.h"
 #include "runtime/kernels/attention.h"
 #include "runtime/kernels/matmul.h"
@@ -147,6 +147,24 @@ ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tens
     return linear(ctx, L.ffn_down, ggml_swiglu_split(ctx, gate_up[0], gate_up[1]));
 }
 
+void output_head(ggml_context * ctx, const Model & model, const GraphInputs & in, int layer_end, ggml_tensor * x, GraphOutputs & out) {
+    const ModelConfig & c = model.config();
+    const ModelWeights & w = model.weights();
+    if (layer_end < c.n_layer) {
+        out.hidden_out = x;
+        return;
+    }
+    if (!in.out_rows) return;
+    x = ggml_get_rows(ctx, x, in.out_rows);  // [n_embd, n_out]
+    x = rms_norm(ctx, x, w.output_norm, c.rms_eps);
+    ggml_tensor * logits = linear(ctx, w.output, x);  // [n_vocab, n_out]
+    if (c.final_logit_softcap > 0.0f) {
+        logits = ggml_scale(ctx, logits, 1.0f / c.final_logit_softcap);
+        logits = ggml_scale(ctx, ggml_tanh(ctx, logits), c.final_logit_softcap);
+    }
+    out.logits = logits;
+}
+
 GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, const Model & model, KvCache & cache,
                                       const GraphInputs & in, int layer_begin, int layer_end,
                                       std::span<const int> tap_layers, bool kv_only) {
@@ -178,14 +196,7 @@ GraphOutputs build_llama_family_graph(ggml_context * ctx, ggml_cgraph * gf, cons
         ggml_format_name(x, "l_out-%d", il);
     }
     tap(layer_end);
-
-    if (layer_end < c.n_layer) {
-        out.hidden_out = x;
-    } else if (in.out_rows) {
-        x = ggml_get_rows(ctx, x, in.out_rows);  // [n_embd, n_out]
-        x = rms_norm(ctx, x, w.output_norm, c.rms_eps);
-        out.logits = linear(ctx, w.output, x);  // [n_vocab, n_out]
-    }
+    output_head(ctx, model, in, layer_end, x, out);
     return out;
 }
 

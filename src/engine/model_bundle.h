@@ -1,5 +1,5 @@
 #pragma once
-// What every sequence of an engine shares: the target model, its tokenizer, the drafter's model or
+// The shared model bundle: what every sequence of an engine shares: the target model, its tokenizer, the drafter's model or
 // head, the drafting defaults and the measured verify-cost curve, and the runner whose graph cache
 // all sequences' target forwards use. The CLI, the engine and the server open it; drafters are
 // assembled in engine/drafter_source.h (which the benchmarks use too).
@@ -26,12 +26,12 @@ class Model;
 class ModelRunner;
 class Tokenizer;
 
-// The backend settings of `options`: Target's, and the benchmarks' for the same options.
+// The backend settings of `options`: ModelBundle's, and the benchmarks' for the same options.
 BackendOptions backend_options(const EngineOptions & options);
 
-struct Target {
-    static std::unique_ptr<Target> open(const EngineOptions & options);  // throws Error
-    ~Target();
+struct ModelBundle {
+    static std::unique_ptr<ModelBundle> open(const EngineOptions & options);  // throws Error
+    ~ModelBundle();
 
     EngineOptions options;
     std::unique_ptr<Backend> backend;

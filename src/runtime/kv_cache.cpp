@@ -1,4 +1,4 @@
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 
 #include <atomic>
 #include <cstring>
@@ -29,8 +29,8 @@ struct KvStorage {
     std::vector<ggml_tensor *> k, v;
 };
 
-KvStorage::KvStorage(Backend & backend, int n_layers, int n_embd_kv, int slots)
-    : device(backend.primary()), n_embd_kv(n_embd_kv), slots(slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
+KvStorage::KvStorage(Backend & backend, int n_layers, int width, int n_slots)
+    : device(backend.primary()), n_embd_kv(width), slots(n_slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
     static std::atomic<uint64_t> next_id{1};
     id = next_id++;
     if (slots <= 0) throw Error("KV cache capacity must be positive");

@@ -1,4 +1,4 @@
-#include "engine/target.h"
+#include "engine/model_bundle.h"
 
 #include <algorithm>
 
@@ -8,7 +8,7 @@
 #include "engine/speculative.h"
 #include "engine/specee.h"
 #include "runtime/exit_predictor.h"
-#include "kv/kv_cache.h"
+#include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
@@ -20,10 +20,10 @@ BackendOptions backend_options(const EngineOptions & options) {
     return BackendOptions{options.device, options.n_threads, options.attention, options.kernels};
 }
 
-Target::~Target() = default;
+ModelBundle::~ModelBundle() = default;
 
-std::unique_ptr<Target> Target::open(const EngineOptions & options) {
-    auto t = std::make_unique<Target>();
+std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
+    auto t = std::make_unique<ModelBundle>();
     t->options = options;
     if (options.n_ctx <= 0) throw Error("context size must be positive");
     t->backend = std::make_unique<Backend>(backend_options(options));
@@ -59,24 +59,24 @@ std::unique_ptr<Target> Target::open(const EngineOptions & options) {
     return t;
 }
 
-std::unique_ptr<Drafter> Target::make_drafter(int n_ctx) const {
+std::unique_ptr<Drafter> ModelBundle::make_drafter(int n_ctx) const {
     if (exit_predictor && options.specee_lossless) {
         return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, exit_threshold, drafter.make(n_ctx), n_ctx);
     }
     return drafter.make(n_ctx);
 }
 
-std::vector<std::unique_ptr<Drafter>> Target::make_drafters(int n_ctx, int n) const {
+std::vector<std::unique_ptr<Drafter>> ModelBundle::make_drafters(int n_ctx, int n) const {
     if (exit_predictor) throw Error("SpecEE early exit runs one sequence at a time (specula generate)");
     return drafter.make_group(n_ctx, n);
 }
 
-bool Target::needs_verify_cost() const {
+bool ModelBundle::needs_verify_cost() const {
     const bool auto_tree = tree.shape != TreeShape::Chain && tree.max_nodes == 0;
     return speculative && (policy == DraftPolicyKind::Cost || auto_tree);
 }
 
-void Target::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows) {
+void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows) {
     if (!needs_verify_cost() || !verify_cost_ms.empty()) return;
     if (tokens.empty()) throw Error("measure_verify_cost_once: no tokens");
     // At a typical depth (attention grows with it), on the given token ids.
@@ -93,11 +93,11 @@ void Target::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> 
     cache.rollback(0);
 }
 
-std::unique_ptr<DraftLengthPolicy> Target::make_draft_policy() const {
+std::unique_ptr<DraftLengthPolicy> ModelBundle::make_draft_policy() const {
     return specula::make_draft_policy(policy, options.draft_max, verify_cost_ms);
 }
 
-std::unique_ptr<TreeSizePolicy> Target::make_tree_size_policy() const {
+std::unique_ptr<TreeSizePolicy> ModelBundle::make_tree_size_policy() const {
     if (tree.shape == TreeShape::Chain || tree.max_nodes != 0) return nullptr;
     // The policy verifies at most one less node than its curve has sizes: the sizes one sequence
     // verifies (the rest of the curve, measured for shared steps, it extrapolates).
