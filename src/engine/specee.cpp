@@ -154,6 +154,13 @@ void EarlyExitStats::add(int exit_layer, int n_layer) {
     else ++exits_at[exit_layer];
 }
 
+void EarlyExitStats::merge(const EarlyExitStats & other) {
+    if (exits_at.size() < other.exits_at.size()) exits_at.resize(other.exits_at.size(), 0);
+    for (size_t l = 0; l < other.exits_at.size(); ++l) exits_at[l] += other.exits_at[l];
+    full += other.full;
+    probed += other.probed;
+}
+
 int EarlyExitStats::exited() const {
     int n = 0;
     for (int c : exits_at) n += c;
@@ -179,60 +186,81 @@ std::string EarlyExitStats::summary(int n_layer) const {
     return s;
 }
 
-GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
-                                    std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
-                                    const std::function<bool(int32_t)> & is_end, const TokenSink & sink,
-                                    EarlyExitStats & exit_stats, const std::function<void(const ExitStep &)> & on_token) {
+EarlyExitSequence::EarlyExitSequence(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                     std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
+                                     std::function<bool(int32_t)> is_end, int prefill_chunk)
+    : decoder_(decoder),
+      runner_(runner),
+      cache_(cache),
+      drafter_(drafter),
+      options_(options),
+      threshold_(threshold),
+      is_end_(std::move(is_end)),
+      chunk_(prefill_chunk),
+      n_layer_(static_cast<const Model &>(runner.network()).config().n_layer),
+      feature_layers_(drafter.feature_layers()),
+      history_(prompt.begin(), prompt.end()) {
     if (!options.sampling.greedy()) throw Error("SpecEE's lossy mode decodes greedily: use temperature 0 (the lossless mode samples)");
     if (prompt.empty()) throw Error("empty prompt");
     if (static_cast<int>(prompt.size()) > cache.capacity()) {
         throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " + std::to_string(cache.capacity()) + "-token context");
     }
-    const Model & model = static_cast<const Model &>(runner.network());
-    const int L = model.config().n_layer;
-    const size_t E = model.config().n_embd;
-    const std::vector<int> feature_layers = drafter.feature_layers();
-    using clock = std::chrono::steady_clock;
-    GenerationStats stats;
-    stats.n_prompt = static_cast<int>(prompt.size());
-    drafter.reset();
+    if (chunk_ < 1) throw Error("the prefill chunk must be at least 1 token");
+    stats_.n_prompt = static_cast<int>(prompt.size());
+    drafter_.reset();
+}
 
-    // Prefill every prompt token but the last, which the first decode step takes: its features
-    // feed the drafter, which then predicts the first generated token.
-    auto t0 = clock::now();
-    constexpr size_t kChunk = 512;
-    std::vector<float> features;
-    ForwardOutput out;
-    for (size_t start = 0; start + 1 < prompt.size(); start += kChunk) {
-        const size_t n = std::min(kChunk, prompt.size() - 1 - start);
-        ForwardBatch b = ForwardBatch::causal(prompt.subspan(start, n), cache.size(), {});
-        b.tap_layers = feature_layers;
-        runner.forward(b, cache, out);
-        features.clear();
-        for (size_t i = 0; i < n; ++i) {
+bool EarlyExitSequence::done() const {
+    return stopped_ || (!prefilling() && (stats_.n_generated >= options_.n_predict || cache_.size() >= cache_.capacity()));
+}
+
+const ExitStep * EarlyExitSequence::step(const TokenSink & sink) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    if (prefilling()) {
+        // Every prompt token but the last, which the first decode step takes: its features feed
+        // the drafter, which then predicts the first generated token.
+        const size_t E = static_cast<const Model &>(runner_.network()).config().n_embd;
+        const int n = std::min(chunk_, static_cast<int>(history_.size()) - 1 - prefilled_);
+        ForwardBatch b = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), cache_.size(), {});
+        b.tap_layers = feature_layers_;
+        ForwardOutput out;
+        runner_.forward(b, cache_, out);
+        std::vector<float> features;
+        for (int i = 0; i < n; ++i) {
             for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
         }
-        drafter.accept(Acceptance{static_cast<int>(start + n), static_cast<int>(start), features});
+        drafter_.accept(Acceptance{prefilled_ + n, prefilled_, features});
+        prefilled_ += n;
+        stats_.prompt_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+        return nullptr;
     }
-    stats.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    if (stats_.n_generated == 0) t_decode_ = t0;
+    const int position = static_cast<int>(history_.size()) - 1;
+    const std::vector<int32_t> candidates = top_candidates(drafter_, history_);
+    last_ = decoder_.step(cache_, history_.back(), position, candidates, threshold_, feature_layers_);
+    drafter_.accept(Acceptance{position + 1, position, last_.features});
+    if (!candidates.empty()) ++exit_stats_.probed;
+    exit_stats_.add(last_.exit_layer, n_layer_);
+    history_.push_back(last_.token);
+    ++stats_.n_generated;
+    if (!sink(last_.token)) stopped_ = true;
+    if (options_.stop_at_end_of_generation && is_end_(last_.token)) stopped_ = true;
+    stats_.generation_seconds = std::chrono::duration<double>(clock::now() - t_decode_).count();
+    return &last_;
+}
 
-    t0 = clock::now();
-    std::vector<int32_t> history(prompt.begin(), prompt.end());
-    for (int i = 0; i < options.n_predict && cache.size() < cache.capacity(); ++i) {
-        const int position = static_cast<int>(history.size()) - 1;
-        const std::vector<int32_t> candidates = top_candidates(drafter, history);
-        ExitStep step = decoder.step(cache, history.back(), position, candidates, threshold, feature_layers);
-        drafter.accept(Acceptance{position + 1, position, step.features});
-        if (!candidates.empty()) ++exit_stats.probed;
-        exit_stats.add(step.exit_layer, L);
-        if (on_token) on_token(step);
-        history.push_back(step.token);
-        ++stats.n_generated;
-        if (!sink(step.token)) break;
-        if (options.stop_at_end_of_generation && is_end(step.token)) break;
+GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                    std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
+                                    const std::function<bool(int32_t)> & is_end, const TokenSink & sink,
+                                    EarlyExitStats & exit_stats, const std::function<void(const ExitStep &)> & on_token) {
+    EarlyExitSequence sequence(decoder, runner, cache, drafter, prompt, options, threshold, is_end);
+    while (!sequence.done()) {
+        const ExitStep * step = sequence.step(sink);
+        if (step && on_token) on_token(*step);
     }
-    stats.generation_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-    return stats;
+    exit_stats.merge(sequence.exit_stats());
+    return sequence.stats();
 }
 
 EarlyExitDrafter::EarlyExitDrafter(const Model & model, const ExitPredictor & predictor, float threshold,

@@ -40,10 +40,19 @@ struct TokenOrigin {
     int depth = 0;       // 1-based position after the round's root
 };
 
+// SpecEE per request (docs/specee.md): off, the lossy early exit (greedy; may differ from plain
+// decoding) or the lossless mode (exited tokens as drafts the target verifies), at a threshold.
+enum class EarlyExitMode { Off, Lossy, Lossless };
+struct EarlyExitRequest {
+    EarlyExitMode mode = EarlyExitMode::Off;
+    float threshold = 1.0f;
+};
+
 // One request's life, shared by the HTTP handler (consumer) and the scheduler (producer).
 class Job {
 public:
-    Job(std::vector<int32_t> prompt, GenerationOptions options) : prompt_(std::move(prompt)), options_(std::move(options)) {}
+    Job(std::vector<int32_t> prompt, GenerationOptions options, EarlyExitRequest early_exit = {})
+        : prompt_(std::move(prompt)), options_(std::move(options)), early_exit_(early_exit) {}
 
     struct Result {
         std::string finish_reason;  // "stop" (end of generation) | "length"
@@ -70,6 +79,7 @@ private:
 
     const std::vector<int32_t> prompt_;
     const GenerationOptions options_;
+    const EarlyExitRequest early_exit_;
     std::atomic<bool> cancelled_{false};
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -116,8 +126,11 @@ public:
     Scheduler & operator=(const Scheduler &) = delete;
 
     // Queues a request; nullptr when the queue is full. The prompt must fit the context with
-    // options.n_predict (checked by the caller, which can name the sizes).
-    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options);
+    // options.n_predict (checked by the caller, which can name the sizes). A SpecEE mode other
+    // than Off needs the target's exit predictors, and the lossy mode greedy sampling (Error).
+    // Lossless sequences share the step's target forward like any drafter's; a lossy sequence
+    // runs its own layer segments on its cache stream after the shared forward, one token per step.
+    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {});
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
 
