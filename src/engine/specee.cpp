@@ -281,8 +281,14 @@ void EarlyExitDrafter::reset() {
 }
 
 void EarlyExitDrafter::accept(const Acceptance & a) {
-    // Rows past the accepted tokens hold rejected drafts.
-    if (cache_->size() > a.n_valid) cache_->rollback(a.n_valid);
+    // Rows past the accepted tokens hold rejected drafts: dropped here, and the head is handed
+    // back the features of the last accepted position, which predict the next root's successor
+    // (else its next draft would find its features ahead of the sequence and propose nothing).
+    if (cache_->size() <= a.n_valid) return;
+    cache_->rollback(a.n_valid);
+    const int last = a.n_valid - 1;
+    if (last < draft_root_ || last - draft_root_ >= static_cast<int>(draft_features_.size())) return;
+    candidates_->accept(Acceptance{a.n_valid, last, draft_features_[last - draft_root_]});
 }
 
 void EarlyExitDrafter::start(const DraftRequest & req) {
@@ -305,13 +311,17 @@ void EarlyExitDrafter::start(const DraftRequest & req) {
     std::vector<int32_t> history(req.history.begin(), req.history.end());
     const int depth = std::min(req.budget.depth, cache_->capacity() - root - 1);
     int parent = TokenTree::kRoot;
+    draft_root_ = root;
+    draft_features_.clear();
     for (int d = 0; d < depth; ++d) {
         const int position = static_cast<int>(history.size()) - 1;
         const std::vector<int32_t> candidates = top_candidates(*candidates_, history);
         const ExitStep step = decoder_.step(*cache_, history.back(), position, candidates, threshold_, feature_layers_);
         candidates_->accept(Acceptance{position + 1, position, step.features});
+        draft_features_.push_back(step.features);
         stats_.add(step.exit_layer, model_.config().n_layer);
         parent = draft_.tree.add(parent, step.token, 0.0f);
+        draft_.exit_layer.push_back(step.exit_layer);
         history.push_back(step.token);
         if (step.exit_layer < 0) break;  // a full-depth token ends the chain: the verifier runs it anyway
     }
