@@ -250,6 +250,42 @@ const ExitStep * EarlyExitSequence::step(const TokenSink & sink) {
     return &last_;
 }
 
+void prefill_for_drafter(ModelRunner & runner, KvCache & cache, Drafter & drafter, std::span<const int32_t> prompt) {
+    const size_t E = runner.network().shape().n_embd;
+    drafter.reset();
+    if (prompt.size() < 2) return;
+    ForwardBatch b = ForwardBatch::causal(prompt.first(prompt.size() - 1), 0, {});
+    b.tap_layers = drafter.feature_layers();
+    ForwardOutput out = runner.forward(b, cache);
+    std::vector<float> features;
+    for (int i = 0; i < b.n_tokens(); ++i) {
+        for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
+    }
+    drafter.accept(Acceptance{b.n_tokens(), 0, features});
+}
+
+TeacherForcedExits teacher_forced_exits(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                        std::span<const int32_t> prompt, std::span<const int32_t> reference, float threshold) {
+    const int L = static_cast<const Model &>(runner.network()).config().n_layer;
+    const std::vector<int> feature_layers = drafter.feature_layers();
+    prefill_for_drafter(runner, cache, drafter, prompt);
+    TeacherForcedExits r;
+    std::vector<int32_t> history(prompt.begin(), prompt.end());
+    for (int32_t want : reference) {
+        const int position = static_cast<int>(history.size()) - 1;
+        const std::vector<int32_t> candidates = top_candidates(drafter, history);
+        const ExitStep s = decoder.step(cache, history.back(), position, candidates, threshold, feature_layers);
+        drafter.accept(Acceptance{position + 1, position, s.features});
+        r.stats.add(s.exit_layer, L);
+        if (s.exit_layer >= 0) {
+            ++r.exited;
+            r.agree += s.token == want;
+        }
+        history.push_back(want);
+    }
+    return r;
+}
+
 GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
                                     std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
                                     const std::function<bool(int32_t)> & is_end, const TokenSink & sink,

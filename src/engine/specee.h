@@ -121,6 +121,21 @@ private:
     std::chrono::steady_clock::time_point t_decode_{};
 };
 
+// Every prompt token but the last through the target at full depth into the empty `cache`, the
+// drafter (reset) given their features: where a SpecEE decode of the last prompt token starts.
+void prefill_for_drafter(ModelRunner & runner, KvCache & cache, Drafter & drafter, std::span<const int32_t> prompt);
+
+// Teacher-forced agreement: `reference` (plain greedy decoding's reply to `prompt`) fed back token
+// by token, each step exiting as the lossy mode would; an exited token is compared with the
+// reference's token there. `cache` must be empty.
+struct TeacherForcedExits {
+    EarlyExitStats stats;
+    int exited = 0;  // tokens that exited
+    int agree = 0;   // of them, equal to the reference
+};
+TeacherForcedExits teacher_forced_exits(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                        std::span<const int32_t> prompt, std::span<const int32_t> reference, float threshold);
+
 GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
                                     std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
                                     const std::function<bool(int32_t)> & is_end, const TokenSink & sink,
