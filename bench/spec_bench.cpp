@@ -617,7 +617,8 @@ json specee_json(const Cell & c, const Mode & mode, int n_layer) {
               {"exit_rate", n ? double(e.exited()) / n : 0.0},
               {"mean_exit_layer", e.mean_exit_layer(n_layer)},
               {"n_layer", n_layer},
-              {"exit_rate_by_layer", by_layer}};
+              {"exit_rate_by_layer", by_layer},
+              {"predictor_runs_per_token", n ? double(e.probes) / n : 0.0}};
     if (mode.kind == Kind::SpeculaSpeceeLossy) {
         j["teacher_forced_exited"] = c.forced_exited;
         j["teacher_forced_agreement"] = c.forced_exited ? double(c.forced_agree) / c.forced_exited : 0.0;

@@ -83,6 +83,7 @@ TEST(BenchSpec, SpecEERowsBesidePlainAndEagle3) {
             EXPECT_EQ(e["mean_exit_layer"], 2.0);
             EXPECT_EQ(e["exit_rate_by_layer"], nlohmann::json({{"2", 1.0}}));
             EXPECT_EQ(e["teacher_forced_exited"], 2 * kTokens);
+            EXPECT_EQ(e["predictor_runs_per_token"], 1.0) << "one scheduled layer, probed for every token";
             EXPECT_GE(e["teacher_forced_agreement"].get<double>(), 0.0);
             EXPECT_LT(e["teacher_forced_agreement"].get<double>(), 1.0) << "a random head's best candidate at layer 2 of 3 is not always the target's token";
             EXPECT_LT(e["free_running_tokens_before_difference"].get<double>(), kTokens);
@@ -92,6 +93,7 @@ TEST(BenchSpec, SpecEERowsBesidePlainAndEagle3) {
             EXPECT_EQ(e["exit_rate"], 0.0);
             EXPECT_EQ(e["mean_exit_layer"], 3.0);
             EXPECT_EQ(e["teacher_forced_exited"], 0);
+            EXPECT_EQ(e["predictor_runs_per_token"], 1.0);
             EXPECT_EQ(e["free_running_tokens_before_difference"], kTokens) << "no exit: the lossy mode is plain greedy decoding";
             EXPECT_EQ(lossless["specee"]["exit_rate"], 0.0);
         }

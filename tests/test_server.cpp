@@ -537,7 +537,7 @@ TEST(HttpEdge, SpecEERequestFieldsAreCheckedWith400NamingTheField) {
     const auto [ok_status, ok] = post_to(port, R"({"prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0, "specee": "lossy", "specee_threshold": 0.4})");
     ASSERT_EQ(ok_status, 200) << ok.dump();
     EXPECT_EQ(ok["usage"]["completion_tokens"], 8);
-    EXPECT_EQ(ok["speculation"]["early_exit"], "specee: exited 8/8 (100%), mean exit layer 1.0 of 3; exits by layer: 1:8") << ok.dump();
+    EXPECT_EQ(ok["speculation"]["early_exit"], "specee: exited 8/8 (100%), mean exit layer 1.0 of 3; exits by layer: 1:8; predictor runs per token 1.00") << ok.dump();
     server.stop();
 }
 

@@ -148,8 +148,9 @@ std::vector<int32_t> top_candidates(Drafter & drafter, std::span<const int32_t> 
     return c;
 }
 
-void EarlyExitStats::add(int exit_layer, int n_layer) {
+void EarlyExitStats::add(int exit_layer, int n_layer, int predictor_runs) {
     exits_at.resize(n_layer + 1, 0);
+    probes += predictor_runs;
     if (exit_layer < 0) ++full;
     else ++exits_at[exit_layer];
 }
@@ -159,6 +160,7 @@ void EarlyExitStats::merge(const EarlyExitStats & other) {
     for (size_t l = 0; l < other.exits_at.size(); ++l) exits_at[l] += other.exits_at[l];
     full += other.full;
     probed += other.probed;
+    probes += other.probes;
 }
 
 int EarlyExitStats::exited() const {
@@ -183,6 +185,9 @@ std::string EarlyExitStats::summary(int n_layer) const {
     for (size_t l = 0; l < exits_at.size(); ++l) {
         if (exits_at[l]) s += " " + std::to_string(l) + ":" + std::to_string(exits_at[l]);
     }
+    char runs[64];
+    std::snprintf(runs, sizeof runs, "; predictor runs per token %.2f", n ? static_cast<double>(probes) / n : 0.0);
+    s += runs;
     return s;
 }
 
@@ -241,7 +246,7 @@ const ExitStep * EarlyExitSequence::step(const TokenSink & sink) {
     last_ = decoder_.step(cache_, history_.back(), position, candidates, threshold_, feature_layers_);
     drafter_.accept(Acceptance{position + 1, position, last_.features});
     if (!candidates.empty()) ++exit_stats_.probed;
-    exit_stats_.add(last_.exit_layer, n_layer_);
+    exit_stats_.add(last_.exit_layer, n_layer_, static_cast<int>(decoder_.probe_logits().size()));
     history_.push_back(last_.token);
     ++stats_.n_generated;
     if (!sink(last_.token)) stopped_ = true;
@@ -276,7 +281,7 @@ TeacherForcedExits teacher_forced_exits(EarlyExitDecoder & decoder, ModelRunner 
         const std::vector<int32_t> candidates = top_candidates(drafter, history);
         const ExitStep s = decoder.step(cache, history.back(), position, candidates, threshold, feature_layers);
         drafter.accept(Acceptance{position + 1, position, s.features});
-        r.stats.add(s.exit_layer, L);
+        r.stats.add(s.exit_layer, L, static_cast<int>(decoder.probe_logits().size()));
         if (s.exit_layer >= 0) {
             ++r.exited;
             r.agree += s.token == want;
@@ -355,7 +360,7 @@ void EarlyExitDrafter::start(const DraftRequest & req) {
         const ExitStep step = decoder_.step(*cache_, history.back(), position, candidates, threshold_, feature_layers_);
         candidates_->accept(Acceptance{position + 1, position, step.features});
         draft_features_.push_back(step.features);
-        stats_.add(step.exit_layer, model_.config().n_layer);
+        stats_.add(step.exit_layer, model_.config().n_layer, static_cast<int>(decoder_.probe_logits().size()));
         parent = draft_.tree.add(parent, step.token, 0.0f);
         draft_.exit_layer.push_back(step.exit_layer);
         history.push_back(step.token);

@@ -72,12 +72,14 @@ struct EarlyExitStats {
     std::vector<int> exits_at;
     int full = 0;
     int probed = 0;  // tokens that had candidates to probe
-    void add(int exit_layer, int n_layer);
+    int probes = 0;  // predictor runs (scheduled layers probed), all tokens
+    void add(int exit_layer, int n_layer, int predictor_runs = 0);
     void merge(const EarlyExitStats & other);
     int exited() const;
     // Mean layer at which tokens stopped (a full token counts as n_layer).
     double mean_exit_layer(int n_layer) const;
-    std::string summary(int n_layer) const;  // "exited 812/1024 (79%), mean exit layer 14.2 of 18; exits by layer: 9:40 12:300 ..."
+    // "exited 812/1024 (79%), mean exit layer 14.2 of 18; exits by layer: 9:40 12:300 ...; predictor runs per token 2.10"
+    std::string summary(int n_layer) const;
 };
 
 // SpecEE's lossy mode, greedy: each token is the best candidate at the first confident layer, or
