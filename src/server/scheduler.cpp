@@ -55,14 +55,15 @@ struct Scheduler::Slot {
     std::unique_ptr<DraftLengthPolicy> policy;
     std::unique_ptr<TreeSizePolicy> tree_size;
     std::shared_ptr<Job> job;
-    std::unique_ptr<Sequence> sequence;
     // SpecEE, made on the slot's first request that asks for it and kept: the lossy mode's
     // decoder and sequence (candidates from the slot's EAGLE-3 drafter), the lossless drafter
-    // (its own target cache and head) and its draft policy.
+    // (its own target cache and head) and its draft policy. Declared before the sequences that
+    // refer to them, so that they are destroyed after them.
     std::unique_ptr<EarlyExitDecoder> exit_decoder;
-    std::unique_ptr<EarlyExitSequence> exit_sequence;
     std::unique_ptr<EarlyExitDrafter> exit_drafter;
     std::unique_ptr<DraftLengthPolicy> exit_policy;
+    std::unique_ptr<Sequence> sequence;
+    std::unique_ptr<EarlyExitSequence> exit_sequence;
     const GenerationStats & stats() const { return exit_sequence ? exit_sequence->stats() : sequence->stats(); }
     bool running() const { return sequence || exit_sequence; }
     bool ended_by_eog = false;
