@@ -22,6 +22,8 @@
 #include "engine/generate.h"
 #include "engine/model_bundle.h"
 #include "engine/speculative.h"
+#include "engine/specee.h"
+#include "runtime/exit_predictor.h"
 #include "runtime/kv_cache.h"
 #include "policy/draft_length.h"
 #include "runtime/backend.h"
@@ -39,7 +41,10 @@ using json = nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // What is compared
 
-enum class Kind { SpeculaPlain, SpeculaDraft, SpeculaNgram, SpeculaEagle1, SpeculaEagle3, SpeculaEagle3Lookup, LlamaSpec, LlamaPlain, LlamaEagle3 };
+enum class Kind {
+    SpeculaPlain, SpeculaDraft, SpeculaNgram, SpeculaEagle1, SpeculaEagle3, SpeculaEagle3Lookup, SpeculaSpeceeLossy, SpeculaSpeceeLossless,
+    LlamaSpec, LlamaPlain, LlamaEagle3
+};
 
 struct Mode {
     const char * name;
@@ -68,6 +73,9 @@ const std::vector<Mode> kModes = {
     {"specula-eagle3-static", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Static},
     {"specula-eagle3-dynamic", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Dynamic},
     {"specula-eagle3-lookup", Kind::SpeculaEagle3Lookup, DraftPolicyKind::Fixed, TreeShape::Dynamic},
+    // SpecEE (docs/specee.md): the lossy early exit (greedy only) and its exits as chains of drafts.
+    {"specula-specee-lossy", Kind::SpeculaSpeceeLossy},
+    {"specula-specee-lossless", Kind::SpeculaSpeceeLossless, DraftPolicyKind::Fixed, TreeShape::Chain},
     {"llamacpp-eagle3", Kind::LlamaEagle3},
     {"llamacpp-eagle3-fa-off", Kind::LlamaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain, false},
 };
@@ -82,9 +90,14 @@ constexpr const char * kEagle3FixedMode = "specula-eagle3-chain";
 constexpr const char * kAllCategories = "all";
 
 bool is_specula(Kind k) { return k != Kind::LlamaSpec && k != Kind::LlamaPlain && k != Kind::LlamaEagle3; }
-bool is_speculative(Kind k) { return k != Kind::SpeculaPlain && k != Kind::LlamaPlain; }
+bool is_speculative(Kind k) { return k != Kind::SpeculaPlain && k != Kind::LlamaPlain && k != Kind::SpeculaSpeceeLossy; }
+bool is_specee(Kind k) { return k == Kind::SpeculaSpeceeLossy || k == Kind::SpeculaSpeceeLossless; }
+// The lossy mode decodes greedily: it has no rows at T > 0.
+bool runs_at(const Mode & m, float temp) { return m.kind != Kind::SpeculaSpeceeLossy || temp == 0.0f; }
 // Modes that need a file the user did not give, or that the pinned llama.cpp cannot run, are skipped.
 bool available(const Mode & m, const SpecBenchOptions & o) {
+    if (!is_specula(m.kind) && !o.llamacpp) return false;
+    if (is_specee(m.kind)) return !o.specee.empty();
     if (m.kind == Kind::SpeculaDraft || m.kind == Kind::LlamaSpec) return !o.draft.empty();
     if (m.kind == Kind::SpeculaEagle1) return !o.eagle.empty();
     if (m.kind == Kind::SpeculaEagle3 || m.kind == Kind::SpeculaEagle3Lookup) return !o.eagle3.empty();
@@ -119,6 +132,11 @@ struct Run {
     std::vector<int> rounds_by_k;    // specula: rounds that drafted (chains) or verified (trees) k tokens, [k]
     std::vector<int> rounds_by_depth;  // specula: rounds whose draft was d tokens deep, [d]
     RoundTimes times;                // specula speculative runs
+    // SpecEE modes: where tokens exited; the lossy mode also its agreement with plain greedy
+    // decoding (teacher-forced: exited tokens equal to plain's; free-running: tokens until the
+    // first difference).
+    EarlyExitStats exits;
+    int forced_exited = 0, forced_agree = 0, same_prefix = 0, reference_tokens = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -193,6 +211,11 @@ struct SpeculaRig {
     KvCache cache;
     DrafterSource draft, ngram, eagle1, eagle3, eagle3_lookup;
     std::unique_ptr<Drafter> draft_drafter, ngram_drafter, eagle1_drafter, eagle3_drafter, eagle3_lookup_drafter;
+    std::unique_ptr<ExitPredictor> exit_predictor;  // SpecEE: the lossy mode's decoder, the lossless mode's drafter
+    float exit_threshold = 1.0f;
+    std::unique_ptr<EarlyExitDecoder> exit_decoder;
+    std::unique_ptr<EarlyExitDrafter> exit_drafter;
+    std::map<size_t, std::vector<int32_t>> plain_tokens;  // prompt -> specula-plain's greedy reply (T = 0)
     CostCurve cost;
     TreeBudget tree;  // tree modes: the engine's defaults for a dynamic tree; 0 nodes = TreeSizePolicy
 
@@ -217,6 +240,12 @@ struct SpeculaRig {
         if (!o.eagle.empty()) assemble(eagle1, eagle1_drafter, DrafterKind::Eagle, o.eagle);
         if (!o.eagle3.empty()) assemble(eagle3, eagle3_drafter, DrafterKind::Eagle3, o.eagle3);
         if (!o.eagle3.empty()) assemble(eagle3_lookup, eagle3_lookup_drafter, DrafterKind::Eagle3, o.eagle3, true);
+        if (!o.specee.empty()) {
+            exit_predictor = ExitPredictor::load(o.specee, *target);
+            exit_threshold = o.specee_threshold < 0.0f ? exit_predictor->default_threshold() : o.specee_threshold;
+            exit_decoder = std::make_unique<EarlyExitDecoder>(*target, runner, exit_predictor.get());
+            exit_drafter = std::make_unique<EarlyExitDrafter>(*target, *exit_predictor, exit_threshold, eagle3.make(n_ctx), n_ctx);
+        }
     }
 
     Drafter & drafter_for(Kind k) {
@@ -225,6 +254,7 @@ struct SpeculaRig {
             case Kind::SpeculaEagle1: return *eagle1_drafter;
             case Kind::SpeculaEagle3: return *eagle3_drafter;
             case Kind::SpeculaEagle3Lookup: return *eagle3_lookup_drafter;
+            case Kind::SpeculaSpeceeLossless: return *exit_drafter;
             default: return *draft_drafter;
         }
     }
@@ -283,15 +313,36 @@ void record_round(Run & run, const RoundInfo & r) {
     }
 }
 
-Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, const GenerationOptions & g, int k_max) {
+// `prompt_index` keys plain decoding's greedy reply, which the lossy SpecEE mode is compared with.
+Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size_t prompt_index, const GenerationOptions & g, int k_max) {
     rig.cache.rollback(0);
     const auto never_end = [](int32_t) { return false; };  // stop_at_end_of_generation is off
-    const auto keep_going = [](int32_t) { return true; };
+    std::vector<int32_t> tokens;
+    const auto keep_going = [&](int32_t t) {
+        tokens.push_back(t);
+        return true;
+    };
     Run run;
     GenerationStats s;
     if (mode.kind == Kind::SpeculaPlain) {
         s = generate_plain(rig.runner, rig.cache, prompt.tokens, g, never_end, keep_going);
+        if (g.sampling.greedy()) rig.plain_tokens[prompt_index] = tokens;
+    } else if (mode.kind == Kind::SpeculaSpeceeLossy) {
+        s = generate_early_exit(*rig.exit_decoder, rig.runner, rig.cache, *rig.eagle3_drafter, prompt.tokens, g, rig.exit_threshold, never_end,
+                                keep_going, run.exits);
+        const std::vector<int32_t> & plain = rig.plain_tokens.at(prompt_index);
+        while (run.same_prefix < static_cast<int>(std::min(plain.size(), tokens.size())) && plain[run.same_prefix] == tokens[run.same_prefix]) {
+            ++run.same_prefix;
+        }
+        run.reference_tokens = static_cast<int>(plain.size());
+        // Untimed, after the timed run: the plain reply fed back.
+        rig.cache.rollback(0);
+        const TeacherForcedExits forced = teacher_forced_exits(*rig.exit_decoder, rig.runner, rig.cache, *rig.eagle3_drafter, prompt.tokens,
+                                                               plain, rig.exit_threshold);
+        run.forced_exited = forced.exited;
+        run.forced_agree = forced.agree;
     } else {
+        if (mode.kind == Kind::SpeculaSpeceeLossless) rig.exit_drafter->clear_exit_stats();
         Drafter & drafter = rig.drafter_for(mode.kind);
         auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms);
         run.rounds_by_k.assign(rig.cost.verify_ms.size(), 0);
@@ -308,6 +359,7 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, cons
                             .verify = nullptr,
                             .tree_size = tree_size.get()};
         s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);
+        if (mode.kind == Kind::SpeculaSpeceeLossless) run.exits = rig.exit_drafter->exit_stats();
     }
     run.tokens = s.n_generated;
     run.seconds = s.generation_seconds;
@@ -423,6 +475,8 @@ struct Cell {
     SpeculationStats spec;           // over all prompts and reps
     std::vector<int> rounds_by_k, rounds_by_depth;
     RoundTimes times;                // over all prompts and reps
+    EarlyExitStats exits;            // SpecEE modes, over all prompts and reps
+    int forced_exited = 0, forced_agree = 0, same_prefix = 0, reference_tokens = 0, runs = 0;
 };
 using CellKey = std::tuple<int, std::string, int>;  // temperature index, category, mode index
 
@@ -452,6 +506,12 @@ void add_run(Cell & c, int rep, const Run & r) {
     c.rounds_by_k.resize(std::max(c.rounds_by_k.size(), r.rounds_by_k.size()), 0);
     for (size_t k = 0; k < r.rounds_by_k.size(); ++k) c.rounds_by_k[k] += r.rounds_by_k[k];
     c.times.add(r.times);
+    c.exits.merge(r.exits);
+    c.forced_exited += r.forced_exited;
+    c.forced_agree += r.forced_agree;
+    c.same_prefix += r.same_prefix;
+    c.reference_tokens += r.reference_tokens;
+    ++c.runs;
     c.rounds_by_depth.resize(std::max(c.rounds_by_depth.size(), r.rounds_by_depth.size()), 0);
     for (size_t d = 0; d < r.rounds_by_depth.size(); ++d) c.rounds_by_depth[d] += r.rounds_by_depth[d];
 }
@@ -543,7 +603,42 @@ std::string fmt(const char * f, double v) {
     return buf;
 }
 
-void print_row(const Row & r) {
+// SpecEE modes' exit figures: the exit profile; the lossy mode's agreement with plain greedy
+// decoding, teacher-forced and free-running.
+json specee_json(const Cell & c, const Mode & mode, int n_layer) {
+    const EarlyExitStats & e = c.exits;
+    const int n = e.exited() + e.full;
+    json by_layer = json::object();
+    for (size_t l = 0; l < e.exits_at.size(); ++l) {
+        if (e.exits_at[l]) by_layer[std::to_string(l)] = n ? double(e.exits_at[l]) / n : 0.0;
+    }
+    json j = {{"tokens", n},
+              {"exited", e.exited()},
+              {"exit_rate", n ? double(e.exited()) / n : 0.0},
+              {"mean_exit_layer", e.mean_exit_layer(n_layer)},
+              {"n_layer", n_layer},
+              {"exit_rate_by_layer", by_layer},
+              {"predictor_runs_per_token", n ? double(e.probes) / n : 0.0}};
+    if (mode.kind == Kind::SpeculaSpeceeLossy) {
+        j["teacher_forced_exited"] = c.forced_exited;
+        j["teacher_forced_agreement"] = c.forced_exited ? double(c.forced_agree) / c.forced_exited : 0.0;
+        j["free_running_tokens_before_difference"] = c.runs ? double(c.same_prefix) / c.runs : 0.0;
+        j["free_running_reference_tokens"] = c.runs ? double(c.reference_tokens) / c.runs : 0.0;
+    }
+    return j;
+}
+
+void print_specee(const Cell & c, const Mode & mode, int n_layer) {
+    std::printf("%-11s   %s", "", c.exits.summary(n_layer).c_str());
+    if (mode.kind == Kind::SpeculaSpeceeLossy && c.runs) {
+        std::printf("; teacher-forced agreement %.1f%% of %d exited; free-running: %.1f of %.1f tokens before the first difference",
+                    c.forced_exited ? 100.0 * c.forced_agree / c.forced_exited : 0.0, c.forced_exited, double(c.same_prefix) / c.runs,
+                    double(c.reference_tokens) / c.runs);
+    }
+    std::printf("\n");
+}
+
+void print_row(const Row & r, int n_layer) {
     const SpeculationStats & s = r.cell->spec;
     const bool spec = is_speculative(r.mode->kind);
     std::string positions;
@@ -555,6 +650,7 @@ void print_row(const Row & r) {
                 spec ? fmt("%.2f", s.mean_accepted_length()).c_str() : "-",
                 r.predicted > 0 ? fmt("%.2fx", r.predicted).c_str() : "-",
                 r.ceiling > 0 ? fmt("%.2fx", r.ceiling).c_str() : "-", positions.c_str());
+    if (is_specee(r.mode->kind)) print_specee(*r.cell, *r.mode, n_layer);
 }
 
 void print_header(float temp) {
@@ -576,7 +672,7 @@ json measured_costs(const Cell & c) {
             {"other_ms_per_round", rounds ? (total_ms - t.first_draft_ms - t.draft_ms - t.verify_ms) / rounds : 0.0}};
 }
 
-json row_json(const Row & r, float temp) {
+json row_json(const Row & r, float temp, int n_layer) {
     const SpeculationStats & s = r.cell->spec;
     json j = {{"temperature", temp},
               {"category", r.category},
@@ -604,6 +700,7 @@ json row_json(const Row & r, float temp) {
             j["measured_costs"] = measured_costs(*r.cell);
         }
     }
+    if (is_specee(r.mode->kind)) j["specee"] = specee_json(*r.cell, *r.mode, n_layer);
     return j;
 }
 
@@ -617,6 +714,8 @@ void print_cost(const CostCurve & c) {
 
 void validate(const SpecBenchOptions & o) {
     if (o.model.empty()) throw Error("bench spec needs a target (-m)");
+    if (!o.specee.empty() && o.eagle3.empty()) throw Error("--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");
+    if (o.specee_threshold > 1.0f) throw Error("--specee-threshold must be within 0..1 (1: never exit)");
     if (o.draft.empty() && o.eagle3.empty()) {
         throw Error("bench spec needs a drafter llama.cpp also runs: a draft model (--draft) and/or an EAGLE-3 head (--eagle3)");
     }
@@ -645,7 +744,9 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
                                    const std::vector<Prompt> & prompts) {
     // Warm-up (untimed): builds specula's graphs for every batch shape the modes use.
     for (const Mode & mode : kModes) {
-        if (is_specula(mode.kind) && available(mode, o)) run_specula(rig, mode, prompts[0], generation_options(o, o.temps[0], 0), o.draft_max);
+        if (is_specula(mode.kind) && available(mode, o) && runs_at(mode, o.temps[0])) {
+            run_specula(rig, mode, prompts[0], 0, generation_options(o, o.temps[0], 0), o.draft_max);
+        }
     }
     std::map<CellKey, Cell> cells;
     int64_t n_modes = 0;
@@ -656,14 +757,14 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
             for (size_t i = 0; i < prompts.size(); ++i) {
                 const GenerationOptions g = generation_options(o, o.temps[t], i);
                 for (size_t m = 0; m < kModes.size(); ++m) {
-                    if (!available(kModes[m], o)) continue;
+                    if (!available(kModes[m], o) || !runs_at(kModes[m], o.temps[t])) continue;
                     Run r;
                     const bool fa = kModes[m].llama_flash_attn;
                     switch (kModes[m].kind) {
                         case Kind::LlamaSpec: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.draft, "draft-simple", fa); break;
                         case Kind::LlamaEagle3: r = run_llama_spec(o, llama, prompts[i], g.sampling, o.eagle3, "draft-eagle3", fa); break;
                         case Kind::LlamaPlain: r = run_llama_plain(o, llama, prompts[i], g.sampling, fa); break;
-                        default: r = run_specula(rig, kModes[m], prompts[i], g, o.draft_max);
+                        default: r = run_specula(rig, kModes[m], prompts[i], i, g, o.draft_max);
                     }
                     add_run(cells[{int(t), prompts[i].category, int(m)}], rep, r);
                     add_run(cells[{int(t), kAllCategories, int(m)}], rep, r);
@@ -680,17 +781,17 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
 
 // Prints one table per temperature; returns every row as JSON.
 json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & cells, std::vector<std::string> categories,
-                  const CostCurve & cost) {
+                  const CostCurve & cost, int n_layer) {
     categories.push_back(kAllCategories);
     json rows = json::array();
     for (size_t t = 0; t < o.temps.size(); ++t) {
         print_header(o.temps[t]);
         for (const auto & cat : categories) {
             for (size_t m = 0; m < kModes.size(); ++m) {
-                if (!available(kModes[m], o)) continue;
+                if (!available(kModes[m], o) || !runs_at(kModes[m], o.temps[t])) continue;
                 const Row r = make_row(cells, int(t), cat, int(m), cost);
-                print_row(r);
-                rows.push_back(row_json(r, o.temps[t]));
+                print_row(r, n_layer);
+                rows.push_back(row_json(r, o.temps[t], n_layer));
             }
         }
     }
@@ -706,8 +807,9 @@ json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
 
 // The figures a dashboard wants: all prompts, first temperature.
 struct Headline {
-    Row spec, fixed, best, plain, llama_plain;
-    std::optional<Row> llama_spec;  // none when llama.cpp cannot run the given drafter on this target
+    Row spec, fixed, best, plain;
+    std::optional<Row> llama_plain;  // none with --no-llamacpp
+    std::optional<Row> llama_spec;   // none when llama.cpp cannot run the given drafter on this target, or with --no-llamacpp
 };
 
 Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & cells, const CostCurve & cost) {
@@ -721,9 +823,12 @@ Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
         const Row a = all(fa_on), b = all(fa_off);
         return b.tok_s.median > a.tok_s.median ? b : a;
     };
-    Headline h{all(spec), all(fixed), all(spec), all("specula-plain"), best_llama("llamacpp-plain", "llamacpp-plain-fa-off"), {}};
-    if (eagle3 && llama_cpp_runs_eagle3_on(o.model)) h.llama_spec = best_llama("llamacpp-eagle3", "llamacpp-eagle3-fa-off");
-    else if (!o.draft.empty()) h.llama_spec = best_llama("llamacpp-spec", "llamacpp-spec-fa-off");
+    Headline h{all(spec), all(fixed), all(spec), all("specula-plain"), {}, {}};
+    if (o.llamacpp) {
+        h.llama_plain = best_llama("llamacpp-plain", "llamacpp-plain-fa-off");
+        if (eagle3 && llama_cpp_runs_eagle3_on(o.model)) h.llama_spec = best_llama("llamacpp-eagle3", "llamacpp-eagle3-fa-off");
+        else if (!o.draft.empty()) h.llama_spec = best_llama("llamacpp-spec", "llamacpp-spec-fa-off");
+    }
     for (const Mode & m : kModes) {
         if (!available(m, o) || !is_specula(m.kind) || !is_speculative(m.kind)) continue;
         const Row r = all(m.name);
@@ -749,14 +854,14 @@ void print_headline(const Headline & h, float temp) {
     line(std::string("best: ") + h.best.mode->name, h.best, "");
     line("specula-plain", h.plain, "");
     if (h.llama_spec) {
-        const double llama_gain = h.llama_plain.tok_s.median > 0 ? h.llama_spec->tok_s.median / h.llama_plain.tok_s.median : 0.0;
+        const double llama_gain = h.llama_plain->tok_s.median > 0 ? h.llama_spec->tok_s.median / h.llama_plain->tok_s.median : 0.0;
         std::snprintf(extra, sizeof extra, "%.2fx llama.cpp plain, %.2f tokens/forward", llama_gain,
                       h.llama_spec->cell->spec.mean_accepted_length());
         line(std::string(h.llama_spec->mode->name) + " (llama.cpp's faster -fa)", *h.llama_spec, extra);
-    } else {
+    } else if (h.llama_plain) {
         std::printf("  llama.cpp speculative: none on this target with this drafter (see the note above)\n");
     }
-    line(std::string(h.llama_plain.mode->name) + " (llama.cpp's faster -fa)", h.llama_plain, "");
+    if (h.llama_plain) line(std::string(h.llama_plain->mode->name) + " (llama.cpp's faster -fa)", *h.llama_plain, "");
 }
 
 json results_json(const SpecBenchOptions & o, const std::string & prompts_path, int threads, const MachineLoad & load,
@@ -781,13 +886,13 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"specula_attention", attention_name(o.attention)},
         {"specula_kernels", kernels_name(o.kernels)},
         {"llamacpp_spec_mode", h.llama_spec ? json(h.llama_spec->mode->name) : json(nullptr)},
-        {"llamacpp_plain_mode", h.llama_plain.mode->name},
+        {"llamacpp_plain_mode", h.llama_plain ? json(h.llama_plain->mode->name) : json(nullptr)},
         {"specula_spec_tok_s", h.spec.tok_s.median},
         {"specula_spec_best_mode", h.best.mode->name},
         {"specula_spec_best_tok_s", h.best.tok_s.median},
         {"specula_plain_tok_s", h.plain.tok_s.median},
         {"llamacpp_spec_tok_s", h.llama_spec ? json(h.llama_spec->tok_s.median) : json(nullptr)},
-        {"llamacpp_plain_tok_s", h.llama_plain.tok_s.median},
+        {"llamacpp_plain_tok_s", h.llama_plain ? json(h.llama_plain->tok_s.median) : json(nullptr)},
         {"mean_accepted_len", h.spec.cell->spec.mean_accepted_length()},
         {"llamacpp_mean_accepted_len", h.llama_spec ? json(h.llama_spec->cell->spec.mean_accepted_length()) : json(nullptr)},
         {"predicted_speedup", h.spec.predicted},
@@ -806,8 +911,10 @@ int run_spec_bench(const SpecBenchOptions & o) {
     const PromptSet prompt_set = read_prompt_set(prompts_path);
     // Fail on a missing peer before spending minutes on specula's runs.
     LlamaSetup llama;
-    llama.spec_bin = peer_binary("llama-speculative-simple");
-    llama.plain_bin = peer_binary("llama-completion");
+    if (o.llamacpp) {
+        llama.spec_bin = peer_binary("llama-speculative-simple");
+        llama.plain_bin = peer_binary("llama-completion");
+    }
     const MachineLoad load = measure_machine_load();
     print_machine(load);
 
@@ -819,7 +926,7 @@ int run_spec_bench(const SpecBenchOptions & o) {
     // Room for the prompt, n tokens and a final draft (llama-speculative-simple overshoots by up to k).
     const int n_ctx = static_cast<int>(longest) + o.n_gen + std::max(o.draft_max, 64) + 8;
 
-    if (!o.eagle3.empty() && !llama_cpp_runs_eagle3_on(o.model)) std::printf("note: %s\n", llama_eagle3_absent_note(o.model).c_str());
+    if (o.llamacpp && !o.eagle3.empty() && !llama_cpp_runs_eagle3_on(o.model)) std::printf("note: %s\n", llama_eagle3_absent_note(o.model).c_str());
     SpeculaRig rig(o, n_ctx);
     if (const int trained = rig.target->config().n_ctx_train; trained > 0 && n_ctx > trained) {
         std::printf("warning: %d-token context exceeds the target's trained %d: shorten -n or the prompts\n", n_ctx, trained);
@@ -838,7 +945,7 @@ int run_spec_bench(const SpecBenchOptions & o) {
                 o.n_gen, o.draft_max, llama.threads, o.reps);
 
     const auto cells = run_matrix(o, rig, llama, prompts);
-    json rows = print_tables(o, cells, categories, rig.cost);
+    json rows = print_tables(o, cells, categories, rig.cost, rig.target->config().n_layer);
     const Headline h = headline(o, cells, rig.cost);
     print_headline(h, o.temps[0]);
     const json j = results_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));

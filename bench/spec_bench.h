@@ -12,6 +12,9 @@ struct SpecBenchOptions {
     std::string draft;        // draft GGUF (same vocabulary)
     std::string eagle;        // optional EAGLE-1 head: adds its chain/static/dynamic modes
     std::string eagle3;       // optional EAGLE-3 head: adds its modes and llama.cpp's EAGLE-3
+    std::string specee;       // optional SpecEE predictors (needs eagle3): adds specee-lossy (T = 0) and specee-lossless
+    float specee_threshold = -1.0f;  // < 0: the predictors' own
+    bool llamacpp = true;     // false: specula's modes only (no peer tools needed)
     int tree_nodes = 0;       // nodes per tree verify; 0 = from the measured verify cost
     std::string prompts;      // prompt set (JSON); empty = bench/prompts.json of the source tree
     std::string json_path;    // write results as JSON

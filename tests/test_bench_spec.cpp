@@ -1,9 +1,15 @@
-// `specula bench spec`'s input errors (its runs need llama.cpp's peer tools, which CI does not build;
-// the benchmark itself is not a test).
+// `specula bench spec`'s input errors, and its specula-only rows on fixture models (the llama.cpp
+// modes need the peer tools, which CI does not build; the benchmark itself is not a test).
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
+#include "runtime/backend.h"
+#include "runtime/model.h"
+#include "specee_predictor.h"
 #include "test_models.h"
 
 namespace specula {
@@ -19,6 +25,79 @@ TEST(BenchSpec, ClearErrors) {
     const std::string bad = test::scratch_file("bench-spec-bad-chat.json");
     std::ofstream(bad) << R"({"chat": "yes", "prompts": [{"category": "c", "name": "n", "text": "t"}]})";
     test::expect_cli_error(cli, target + " --draft " + test::shipped_model("specula-draft.gguf") + " --prompts " + bad, bad + ": expected {\"chat\": false");
+    test::expect_cli_error(cli, target + " --draft " + test::shipped_model("specula-draft.gguf") + " --specee x.gguf",
+                           "--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");
+}
+
+// Catches: SpecEE rows missing from a `bench spec` run, or with exit figures, agreement or
+// tok/s that contradict the predictor. A fixture Gemma 3 target (3 layers), a random EAGLE-3
+// head and a predictor at layer 2 whose probability is 0.5: at threshold 0.4 every token exits
+// there, at 0.6 none does, and the lossy mode is then plain greedy decoding.
+TEST(BenchSpec, SpecEERowsBesidePlainAndEagle3) {
+    const std::string cli = SPECULA_CLI;
+    const std::string model = test::model_path("gemma3_swa_q8_0");
+    Backend backend(BackendOptions{});
+    auto target = Model::load(model, backend);
+    test::PredictorSpec spec;
+    spec.layers = {2};
+    const std::string predictor = test::write_predictor(spec, *target, "bench_half_" + std::to_string(::getpid()));
+    const std::string prompts = test::scratch_file("bench-spec-prompts.json");
+    std::ofstream(prompts) << R"({"chat": false, "prompts": [{"category": "code", "name": "a", "text": "def main():"},
+                                                            {"category": "prose", "name": "b", "text": "The history of"}]})";
+    constexpr int kTokens = 12;
+    for (const double threshold : {0.4, 0.6}) {
+        SCOPED_TRACE(threshold);
+        const std::string json_path = test::scratch_file("bench-spec-specee.json");
+        const test::CommandRun run = test::run_command(cli + " bench spec --no-llamacpp -m " + model + " --eagle3 " +
+                                                       test::eagle_head_path("eagle3", "gemma3_swa_q8_0") + " --specee " + predictor +
+                                                       " --specee-threshold " + std::to_string(threshold) + " --prompts " + prompts +
+                                                       " -n " + std::to_string(kTokens) + " --reps 1 --temps 0,1 -t 1 --json " + json_path);
+        ASSERT_EQ(run.exit_code, 0) << run.err << run.out;
+        EXPECT_NE(run.out.find("specula-specee-lossy"), std::string::npos) << run.out;
+        EXPECT_NE(run.out.find("teacher-forced agreement"), std::string::npos) << run.out;
+        const nlohmann::json j = nlohmann::json::parse(std::ifstream(json_path));
+        std::map<std::pair<double, std::string>, nlohmann::json> all;  // (temperature, mode) -> the all-prompts row
+        for (const auto & row : j["results"]) {
+            const std::string mode = row["mode"];
+            EXPECT_EQ(mode.rfind("llamacpp", 0), std::string::npos) << "--no-llamacpp ran " << mode;
+            if (row["category"] == "all") all[{row["temperature"].get<double>(), mode}] = row;
+        }
+        for (const double t : {0.0, 1.0}) {
+            for (const char * mode : {"specula-plain", "specula-eagle3-chain", "specula-specee-lossless"}) {
+                const auto row = all.find({t, mode});
+                ASSERT_NE(row, all.end()) << mode << " at T=" << t;
+                EXPECT_GT(row->second["tok_s"].get<double>(), 0.0) << mode;
+            }
+        }
+        EXPECT_EQ(all.count({1.0, "specula-specee-lossy"}), 0u) << "the lossy mode decodes greedily: no T > 0 rows";
+        ASSERT_EQ(all.count({0.0, "specula-specee-lossy"}), 1u);
+        const nlohmann::json lossy = all.at({0.0, "specula-specee-lossy"}), lossless = all.at({0.0, "specula-specee-lossless"});
+        EXPECT_GT(lossy["speedup_vs_specula_plain"].get<double>(), 0.0);
+        const nlohmann::json & e = lossy["specee"];
+        ASSERT_TRUE(e.is_object()) << lossy.dump();
+        EXPECT_EQ(e["tokens"], 2 * kTokens);
+        EXPECT_EQ(e["n_layer"], 3);
+        EXPECT_EQ(e["free_running_reference_tokens"], kTokens);
+        if (threshold < 0.5) {
+            EXPECT_EQ(e["exit_rate"], 1.0);
+            EXPECT_EQ(e["mean_exit_layer"], 2.0);
+            EXPECT_EQ(e["exit_rate_by_layer"], nlohmann::json({{"2", 1.0}}));
+            EXPECT_EQ(e["teacher_forced_exited"], 2 * kTokens);
+            EXPECT_EQ(e["predictor_runs_per_token"], 1.0) << "one scheduled layer, probed for every token";
+            EXPECT_GE(e["teacher_forced_agreement"].get<double>(), 0.0);
+            EXPECT_LT(e["teacher_forced_agreement"].get<double>(), 1.0) << "a random head's best candidate at layer 2 of 3 is not always the target's token";
+            EXPECT_LT(e["free_running_tokens_before_difference"].get<double>(), kTokens);
+            EXPECT_EQ(lossless["specee"]["exit_rate_by_layer"], nlohmann::json({{"2", 1.0}})) << lossless.dump();
+            EXPECT_GT(lossless["drafted"].get<int>(), 0);
+        } else {
+            EXPECT_EQ(e["exit_rate"], 0.0);
+            EXPECT_EQ(e["mean_exit_layer"], 3.0);
+            EXPECT_EQ(e["teacher_forced_exited"], 0);
+            EXPECT_EQ(e["predictor_runs_per_token"], 1.0);
+            EXPECT_EQ(e["free_running_tokens_before_difference"], kTokens) << "no exit: the lossy mode is plain greedy decoding";
+            EXPECT_EQ(lossless["specee"]["exit_rate"], 0.0);
+        }
+    }
 }
 
 }  // namespace

@@ -18,6 +18,9 @@
 
 #include "specula/specula.h"
 #include "trace/trace.h"
+#include "runtime/backend.h"
+#include "runtime/model.h"
+#include "specee_predictor.h"
 #include "test_models.h"
 
 namespace specula {
@@ -416,6 +419,116 @@ TEST(Report, LivePageOnTheServerStreamsColouredTokens) {
 }
 
 // Catches a report command that crashes or writes a page from input that is not a trace.
+// SpecEE runs of a fixture Gemma 3 target (3 layers) with a random EAGLE-3 head and a predictor
+// at layer 2 whose probability is 0.5: threshold 0.4 exits every token there, 0.6 none.
+EngineOptions specee_engine(float threshold, bool lossless) {
+    EngineOptions eo;
+    eo.model_path = test::model_path("gemma3_swa_q8_0");
+    eo.n_threads = 1;
+    eo.n_ctx = 128;
+    auto backend = std::make_unique<Backend>(BackendOptions{});
+    auto model = Model::load(eo.model_path, *backend);
+    test::PredictorSpec spec;
+    spec.layers = {2};
+    eo.specee_path = test::write_predictor(spec, *model, "report_half_" + std::to_string(::getpid()));
+    eo.drafter = {DrafterKind::Eagle3, test::eagle_head_path("eagle3", "gemma3_swa_q8_0")};
+    eo.draft_policy = DraftPolicyKind::Fixed;
+    eo.draft_max = 3;
+    eo.specee_threshold = threshold;
+    eo.specee_lossless = lossless;
+    return eo;
+}
+
+std::vector<nlohmann::json> trace_lines(const std::string & path, const std::string & kind) {
+    std::vector<nlohmann::json> lines;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+        auto j = nlohmann::json::parse(line);
+        if (j.value("kind", "token") == kind) lines.push_back(std::move(j));
+    }
+    return lines;
+}
+
+// Catches: a SpecEE trace without each token's exit layer (lossy: one exit line per token;
+// lossless: each drafted node's), a report that drops them, shows the wrong layer or a wrong
+// exit profile, and a trace line with a missing or impossible exit layer accepted.
+TEST(Report, SpecEETracesAndTheReportShowEachTokensExitLayer) {
+    constexpr int kTokens = 24;
+    std::vector<std::string> paths;
+    for (const float threshold : {0.4f, 0.6f}) {
+        auto engine = Engine::open(specee_engine(threshold, false));
+        paths.push_back(artifacts_dir() + (threshold < 0.5f ? "/specee-exits.jsonl" : "/specee-full.jsonl"));
+        TraceWriter trace(paths.back(), [&](int32_t t) { return engine->piece(t); });
+        GenerationOptions go;
+        go.n_predict = kTokens;
+        go.stop_at_end_of_generation = false;
+        go.on_exit = [&](const ExitReport & token) { trace.exit(token); };
+        const GenerationStats st = engine->generate("def main():", go, [](const std::string &) { return true; });
+        ASSERT_EQ(st.n_generated, kTokens);
+    }
+    const auto exits = trace_lines(paths[0], "exit"), fulls = trace_lines(paths[1], "exit");
+    ASSERT_EQ(exits.size(), static_cast<size_t>(kTokens));
+    ASSERT_EQ(fulls.size(), static_cast<size_t>(kTokens));
+    for (size_t i = 0; i < exits.size(); ++i) {
+        EXPECT_EQ(exits[i]["exit_layer"], 2) << exits[i].dump();
+        EXPECT_EQ(exits[i]["n_layer"], 3);
+        EXPECT_EQ(exits[i]["position"], exits[0]["position"].get<int>() + static_cast<int>(i));
+        EXPECT_TRUE(fulls[i]["exit_layer"].is_null()) << fulls[i].dump();
+    }
+
+    // Lossless: every drafted node carries the layer it exited at (2), in the round's tree and
+    // on its verification event.
+    {
+        auto engine = Engine::open(specee_engine(0.4f, true));
+        paths.push_back(artifacts_dir() + "/specee-lossless.jsonl");
+        TraceWriter trace(paths.back(), [&](int32_t t) { return engine->piece(t); });
+        GenerationOptions go;
+        go.n_predict = kTokens;
+        go.stop_at_end_of_generation = false;
+        go.on_round = [&](const RoundReport & round) { trace.round(round); };
+        engine->generate("def main():", go, [](const std::string &) { return true; });
+        int drafted_events = 0;
+        for (const auto & round : trace_lines(paths.back(), "round")) {
+            EXPECT_EQ(round["tree"]["exit_layer"].size(), round["tree"]["token"].size()) << round.dump();
+            for (const auto & l : round["tree"]["exit_layer"]) EXPECT_EQ(l, 2);
+        }
+        for (const auto & t : trace_lines(paths.back(), "token")) {
+            if (t["node"].get<int>() < 0) continue;
+            ++drafted_events;
+            EXPECT_EQ(t["exit_layer"], 2) << t.dump();
+        }
+        EXPECT_GT(drafted_events, 0);
+    }
+
+    const std::string html = artifacts_dir() + "/specee-report.html";
+    const test::CommandRun made = test::run_command(std::string(SPECULA_CLI) + " report " + paths[0] + " " + paths[1] + " " + paths[2] + " -o " + html);
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+
+    const std::string dir = artifacts_dir(), cli = SPECULA_CLI;
+    std::ofstream(dir + "/no-exit-layer.jsonl") << R"({"kind":"exit","position":3,"token":5,"text":"a","n_layer":3})" << "\n";
+    test::expect_cli_error(cli, "report " + dir + "/no-exit-layer.jsonl -o " + dir + "/x.html", "no-exit-layer.jsonl:1: no 'exit_layer' (a layer or null)");
+    std::ofstream(dir + "/deep-exit.jsonl") << R"({"kind":"exit","position":3,"token":5,"text":"a","exit_layer":4,"n_layer":3})" << "\n";
+    test::expect_cli_error(cli, "report " + dir + "/deep-exit.jsonl -o " + dir + "/x.html", "deep-exit.jsonl:1: 'exit_layer' is past the model's 'n_layer'");
+
+    const std::string browser = chromium();
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --tests installs it): the page was written but not rendered";
+    const std::string dom = render(browser, html, artifacts_dir() + "/specee-report.png");
+    EXPECT_EQ(dom.find("id=\"js-error\""), std::string::npos) << dom.substr(dom.find("js-error"), 300);
+    ASSERT_NE(dom.find("id=\"report-ready\""), std::string::npos) << "the page's script did not finish";
+    const std::string marker = "<section class=\"run\" id=\"run-";
+    ASSERT_EQ(count(dom, marker), 3u);
+    const std::string run0 = dom.substr(dom.find(marker + "0"), dom.find(marker + "1") - dom.find(marker + "0"));
+    const std::string run1 = dom.substr(dom.find(marker + "1"), dom.find(marker + "2") - dom.find(marker + "1"));
+    const std::string run2 = dom.substr(dom.find(marker + "2"));
+    EXPECT_EQ(count(run0, "data-exit-layer=\"2\""), static_cast<size_t>(kTokens));
+    EXPECT_EQ(count(run0, "data-exit-layer=\"full\""), 0u);
+    EXPECT_EQ(count(run1, "data-exit-layer=\"full\""), static_cast<size_t>(kTokens));
+    EXPECT_NE(run0.find("exited 24/24 (100%), mean exit layer 2.0 of 3"), std::string::npos);
+    EXPECT_NE(run1.find("exited 0/24 (0%), mean exit layer 3.0 of 3"), std::string::npos);
+    for (const std::string & run : {run0, run1}) EXPECT_EQ(count(run, "class=\"bar-exit\""), 5u) << "layers 0..3 and full";
+    EXPECT_NE(run2.find("SpecEE draft: exited at layer 2"), std::string::npos) << "the lossless run's tooltips name the exit layer";
+}
+
 TEST(Report, BadInputGivesOneErrorLine) {
     const std::string dir = artifacts_dir();
     const std::string cli = SPECULA_CLI;

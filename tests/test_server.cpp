@@ -8,6 +8,8 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <unistd.h>
+#include <cstdio>
 
 #include "specula/error.h"
 #include "distribution.h"
@@ -20,6 +22,7 @@
 #include "server/http_server.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
+#include "specee_predictor.h"
 #include "test_models.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -272,6 +275,90 @@ TEST(Scheduler, TokenOriginsSpellTheTextAndTellDraftsFromTargetTokens) {
     EXPECT_LE(accepted, job->result().stats.speculation.accepted);
 }
 
+// A fixture Gemma 3 target (3 layers, tied Q8_0 head) with a random EAGLE-3 head and exit
+// predictors at layers 1 and 3 whose probability is 0.5 everywhere: a request's threshold 0.4
+// exits every token at layer 1 (drafts and lossy tokens far from the target's), 0.6 never exits.
+const char * const kSpecEETarget = "gemma3_swa_q8_0";
+
+EngineOptions specee_options(bool with_predictors = true) {
+    EngineOptions o;
+    o.model_path = test::model_path(kSpecEETarget);
+    o.n_ctx = 192;
+    o.n_threads = 1;
+    if (!with_predictors) return o;
+    o.drafter = {DrafterKind::Eagle3, test::eagle_head_path("eagle3", kSpecEETarget)};
+    o.draft_policy = DraftPolicyKind::Fixed;
+    o.draft_max = 4;
+    const auto model_only = ModelBundle::open(specee_options(false));
+    test::PredictorSpec spec;
+    spec.layers = {1, 3};
+    o.specee_path = test::write_predictor(spec, *model_only->model, "server_half_" + std::to_string(::getpid()));
+    return o;
+}
+
+std::string alone_text(ModelBundle & target, const std::string & prompt, const GenerationOptions & g, EarlyExitRequest exit = {}) {
+    Scheduler scheduler(target, SchedulerOptions{1, 1, 7});
+    return drain(*scheduler.submit(target.tokenizer->tokenize(prompt), g, exit));
+}
+
+int exited_tokens(const GenerationStats & stats) {
+    int exited = -1;
+    std::sscanf(stats.early_exit.c_str(), "specee: exited %d", &exited);
+    return exited;
+}
+
+// Catches: SpecEE sequences that leak into each other or into their neighbours in the shared
+// step (the lossless drafter's cache, the slot's head), exited drafts emitted without the
+// target's verification, a threshold not taken from the request.
+TEST(Scheduler, ConcurrentSpecEELosslessRequestsGiveThePlainGreedyText) {
+    auto plain = ModelBundle::open(specee_options(false));
+    auto target = ModelBundle::open(specee_options());
+    Scheduler scheduler(*target, SchedulerOptions{4, 8, 7});
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (int i = 0; i < 3; ++i) {
+        jobs.push_back(scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), options(32), EarlyExitRequest{EarlyExitMode::Lossless, 0.4f}));
+    }
+    auto neighbour = scheduler.submit(target->tokenizer->tokenize(kPrompts[3]), options(20, 0.9f, 7));  // a sampled EAGLE-3 sequence beside them
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(drain(*jobs[i]), alone_text(*plain, kPrompts[i], options(32))) << kPrompts[i];
+        EXPECT_GT(exited_tokens(jobs[i]->result().stats), 0) << jobs[i]->result().stats.early_exit;
+        EXPECT_GT(jobs[i]->result().stats.speculation.drafted, 0);
+    }
+    drain(*neighbour);
+    // Threshold 0.6: the predictors never exit, so nothing is drafted.
+    auto never = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), options(8), EarlyExitRequest{EarlyExitMode::Lossless, 0.6f});
+    drain(*never);
+    EXPECT_EQ(exited_tokens(never->result().stats), 0) << never->result().stats.early_exit;
+}
+
+// Catches: a server's lossy SpecEE text that differs from `specula generate --specee` at the same
+// threshold (prefill chunks, the slot's drafter, the cache stream of a pool, busy neighbours).
+TEST(Scheduler, SpecEELossyRequestGivesGeneratesTextWithNeighbours) {
+    EngineOptions o = specee_options();
+    o.specee_threshold = 0.4f;
+    auto engine = Engine::open(o);
+    std::string want;
+    const GenerationStats generated = engine->generate(kPrompts[0], options(32), [&](const std::string & piece) {
+        want += piece;
+        return true;
+    });
+    ASSERT_GT(exited_tokens(generated), 0) << generated.early_exit;
+
+    auto target = ModelBundle::open(specee_options());
+    Scheduler scheduler(*target, SchedulerOptions{3, 8, 5});
+    auto lossless = scheduler.submit(target->tokenizer->tokenize(kPrompts[1]), options(24), EarlyExitRequest{EarlyExitMode::Lossless, 0.4f});
+    auto sampled = scheduler.submit(target->tokenizer->tokenize(kPrompts[2]), options(40, 0.9f, 3));
+    auto lossy = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), options(32), EarlyExitRequest{EarlyExitMode::Lossy, 0.4f});
+    EXPECT_EQ(drain(*lossy), want);
+    EXPECT_EQ(lossy->result().stats.early_exit, generated.early_exit);
+    EXPECT_NE(want, alone_text(*ModelBundle::open(specee_options(false)), kPrompts[0], options(32))) << "exits at layer 1 of 3 should change the text";
+    drain(*lossless);
+    drain(*sampled);
+    // At threshold 0.6 nothing exits: the lossy mode is plain greedy decoding.
+    EXPECT_EQ(alone_text(*target, kPrompts[0], options(32), EarlyExitRequest{EarlyExitMode::Lossy, 0.6f}),
+              alone_text(*ModelBundle::open(specee_options(false)), kPrompts[0], options(32)));
+}
+
 openai::ApiError refusal(openai::Endpoint e, const std::string & body) {
     try {
         openai::parse_request(e, body, "specula-target");
@@ -404,6 +491,53 @@ TEST(HttpEdge, HostileRequestsGetErrorsAndTheServerKeepsItsGreedyText) {
     const auto [after_status, after] = post(greedy);
     ASSERT_EQ(after_status, 200);
     EXPECT_EQ(after["choices"][0]["text"], text);
+    server.stop();
+}
+
+// Catches: SpecEE request fields accepted when malformed, or where the server cannot honour them
+// (no predictors; the lossy mode sampling), or refused without naming the field; a lossy answer
+// that does not say where its tokens exited.
+TEST(HttpEdge, SpecEERequestFieldsAreCheckedWith400NamingTheField) {
+    using openai::Endpoint;
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "specee": "fast"})").param, "specee");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "specee": true})").param, "specee");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "specee_threshold": 1.5})").param, "specee_threshold");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "specee_threshold": "high"})").param, "specee_threshold");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "specee": "lossless", "specee_threshold": 0.9})").status, 0);
+
+    auto post_to = [](int port, const std::string & body) {
+        httplib::Client client("127.0.0.1", port);
+        client.set_read_timeout(60, 0);
+        const httplib::Result res = client.Post("/v1/completions", body, "application/json");
+        if (!res) return std::pair<int, nlohmann::json>{-1, nullptr};
+        return std::pair<int, nlohmann::json>{res->status, nlohmann::json::parse(res->body, nullptr, false)};
+    };
+    {
+        auto target = open_target(true);
+        Scheduler scheduler(*target, SchedulerOptions{1, 2, 64});
+        HttpServer server(8, 1 << 16);
+        const int port = server.start("127.0.0.1", 0);
+        server.ready(*target, scheduler, "specula-target");
+        const auto [status, error] = post_to(port, R"({"prompt": "x", "specee": "lossless"})");
+        EXPECT_EQ(status, 400);
+        EXPECT_EQ(error["error"]["param"], "specee") << error.dump();
+        const auto [t_status, t_error] = post_to(port, R"({"prompt": "x", "specee_threshold": 0.5})");
+        EXPECT_EQ(t_status, 400);
+        EXPECT_EQ(t_error["error"]["param"], "specee_threshold") << t_error.dump();
+        server.stop();
+    }
+    auto target = ModelBundle::open(specee_options());
+    Scheduler scheduler(*target, SchedulerOptions{1, 2, 64});
+    HttpServer server(8, 1 << 16);
+    const int port = server.start("127.0.0.1", 0);
+    server.ready(*target, scheduler, "specula-target");
+    const auto [status, error] = post_to(port, R"({"prompt": "x", "specee": "lossy", "temperature": 0.7})");
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(error["error"]["param"], "specee") << error.dump();
+    const auto [ok_status, ok] = post_to(port, R"({"prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0, "specee": "lossy", "specee_threshold": 0.4})");
+    ASSERT_EQ(ok_status, 200) << ok.dump();
+    EXPECT_EQ(ok["usage"]["completion_tokens"], 8);
+    EXPECT_EQ(ok["speculation"]["early_exit"], "specee: exited 8/8 (100%), mean exit layer 1.0 of 3; exits by layer: 1:8; predictor runs per token 1.00") << ok.dump();
     server.stop();
 }
 

@@ -513,8 +513,10 @@ TEST(Speculative, SampledEagleChainsAndTreesFollowTheTargetDistributionAndBroken
 }
 
 // SpecEE's lossless mode: early-exited tokens as drafts. A predictor that always exits at layer 1
-// (drafts far from the target) and one that always exits at the last layer (drafts mostly
-// right, skipping only the LM head) must both leave plain greedy decoding's output.
+// (drafts far from the target) and one that always exits at the last layer must both leave plain
+// greedy decoding's output. At the last layer the candidates come from the target itself (its
+// top 4 as a draft model), so the exited drafts are its own tokens and are accepted: the accept
+// path, and the drafter's hand-over of the last accepted position's features after a rejection.
 TEST(Speculative, GreedyEarlyExitDraftsEqualPlainDecoding) {
     for (const std::string target : {"llama_gqa_f32", "gemma3_swa_q8_0"}) {
         Spec s(target);
@@ -525,7 +527,9 @@ TEST(Speculative, GreedyEarlyExitDraftsEqualPlainDecoding) {
             spec.layers = {exit_layer};
             spec.output_bias = 100.0f;
             auto predictor = ExitPredictor::load(test::write_predictor(spec, *s.target, "always_" + target + std::to_string(exit_layer)), *s.target);
-            EarlyExitDrafter drafter(*s.target, *predictor, 0.5f, std::make_unique<EagleDrafter>(*head, 256), 256);
+            std::unique_ptr<Drafter> candidates = exit_layer == L ? std::unique_ptr<Drafter>(std::make_unique<DraftModelDrafter>(*s.target, 256))
+                                                                  : std::make_unique<EagleDrafter>(*head, 256);
+            EarlyExitDrafter drafter(*s.target, *predictor, 0.5f, std::move(candidates), 256);
             int accepted = 0;
             for (const auto & prompt : kPrompts) {
                 const auto want = plain_greedy(*s.target, s.runner, prompt, 40);

@@ -58,8 +58,20 @@ struct RoundReport {
     int32_t next_token = -1;      // the target's correction or bonus token
     bool bonus = false;
     std::vector<VerifyEvent> events;
+    // SpecEE's lossless drafts: per tree node, the layer whose state decided its token (-1: it
+    // ran the full LM head); empty for other drafters.
+    std::vector<int> exit_layer;
 };
 using RoundObserver = std::function<void(const RoundReport & round)>;
+
+// One token of SpecEE's lossy mode: where it left the target.
+struct ExitReport {
+    int position = 0;     // the token's position in the sequence
+    int32_t token = 0;
+    int exit_layer = -1;  // the layer whose entering state decided it (n_layer: after every layer); -1: the full LM head
+    int n_layer = 0;
+};
+using ExitObserver = std::function<void(const ExitReport & token)>;
 
 // Counters of a speculative run. "Emitted" counts every token a round produced (accepted drafts
 // plus the target's correction or bonus token), so mean_accepted_length is tokens per target forward.

@@ -43,6 +43,7 @@ struct GenerationOptions {
     bool stop_at_end_of_generation = true;
     bool chat = false;       // text prompts: wrap the prompt as a user message in the model's chat template
     RoundObserver on_round;  // speculative runs: called after each round; the reports are built only when set
+    ExitObserver on_exit;    // SpecEE's lossy mode: called after each token
 };
 
 // Receives each generated token id; return false to stop.

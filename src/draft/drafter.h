@@ -33,6 +33,7 @@ struct Acceptance {
 struct Draft {
     TokenTree tree;
     float mean_entropy = 0.0f;  // of the draft distributions used (nats); 0 for deterministic drafters
+    std::vector<int> exit_layer;  // SpecEE drafts: per node, the layer that decided its token (-1: full depth); else empty
 };
 
 // A forward of a drafter's own network that the drafter waits for. The caller runs it alone or,

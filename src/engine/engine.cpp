@@ -59,8 +59,14 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     if (t.exit_predictor && !t.options.specee_lossless) {
         EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get());
         EarlyExitStats exits;
+        const int n_layer = t.model->config().n_layer;
+        int position = static_cast<int>(tokens.size());
+        auto on_token = [&](const ExitStep & s) {
+            if (options.on_exit) options.on_exit(ExitReport{position, s.token, s.exit_layer, n_layer});
+            ++position;
+        };
         GenerationStats stats = generate_early_exit(decoder, *t.runner, cache, *impl_->drafter, tokens, options, t.exit_threshold,
-                                                    is_end, sink, exits);
+                                                    is_end, sink, exits, on_token);
         stats.early_exit = exits.summary(t.model->config().n_layer);
         stats.kernels = t.backend->kernels_summary();
         return stats;

@@ -60,16 +60,16 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
 }
 
 std::unique_ptr<Drafter> ModelBundle::make_drafter(int n_ctx) const {
-    if (exit_predictor && options.specee_lossless) {
-        return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, exit_threshold, drafter.make(n_ctx), n_ctx);
-    }
+    if (exit_predictor && options.specee_lossless) return make_exit_drafter(n_ctx, exit_threshold);
     return drafter.make(n_ctx);
 }
 
-std::vector<std::unique_ptr<Drafter>> ModelBundle::make_drafters(int n_ctx, int n) const {
-    if (exit_predictor) throw Error("SpecEE early exit runs one sequence at a time (specula generate)");
-    return drafter.make_group(n_ctx, n);
+std::unique_ptr<EarlyExitDrafter> ModelBundle::make_exit_drafter(int n_ctx, float threshold) const {
+    if (!exit_predictor) throw Error("SpecEE needs exit predictors (--specee FILE)");
+    return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, threshold, drafter.make(n_ctx), n_ctx);
 }
+
+std::vector<std::unique_ptr<Drafter>> ModelBundle::make_drafters(int n_ctx, int n) const { return drafter.make_group(n_ctx, n); }
 
 bool ModelBundle::needs_verify_cost() const {
     const bool auto_tree = tree.shape != TreeShape::Chain && tree.max_nodes == 0;

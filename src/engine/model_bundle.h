@@ -20,6 +20,7 @@ namespace specula {
 
 class Backend;
 struct BackendOptions;
+class EarlyExitDrafter;
 class ExitPredictor;
 class KvCache;
 class Model;
@@ -54,6 +55,9 @@ struct ModelBundle {
     // Per sequence: a drafter with its own caches of n_ctx slots (nullptr without speculation)
     // and its policies (the tree-size policy is nullptr unless the tree size is chosen per round).
     std::unique_ptr<Drafter> make_drafter(int n_ctx) const;
+    // SpecEE's lossless drafter for one sequence (its own target cache and EAGLE-3 head); throws
+    // without exit predictors.
+    std::unique_ptr<EarlyExitDrafter> make_exit_drafter(int n_ctx, float threshold) const;
     // Drafters for n sequences stepped together, their forwards batched (DrafterSource::make_group).
     std::vector<std::unique_ptr<Drafter>> make_drafters(int n_ctx, int n) const;
     std::unique_ptr<DraftLengthPolicy> make_draft_policy() const;

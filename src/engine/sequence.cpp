@@ -240,6 +240,8 @@ RoundReport round_report(const RoundInfo & r) {
     for (int i = 0; i < tree.size(); ++i) {
         report.tree.push_back(DraftNode{tree.token[i], tree.parent[i], tree.depth[i], node_draft_prob(tree, i), std::exp(tree.logp[i])});
     }
+    const std::vector<int> & exits = r.draft->exit_layer;
+    if (!exits.empty()) report.exit_layer.assign(exits.begin(), exits.begin() + std::min<size_t>(exits.size(), tree.size()));
     return report;
 }
 

@@ -148,10 +148,19 @@ std::vector<int32_t> top_candidates(Drafter & drafter, std::span<const int32_t> 
     return c;
 }
 
-void EarlyExitStats::add(int exit_layer, int n_layer) {
+void EarlyExitStats::add(int exit_layer, int n_layer, int predictor_runs) {
     exits_at.resize(n_layer + 1, 0);
+    probes += predictor_runs;
     if (exit_layer < 0) ++full;
     else ++exits_at[exit_layer];
+}
+
+void EarlyExitStats::merge(const EarlyExitStats & other) {
+    if (exits_at.size() < other.exits_at.size()) exits_at.resize(other.exits_at.size(), 0);
+    for (size_t l = 0; l < other.exits_at.size(); ++l) exits_at[l] += other.exits_at[l];
+    full += other.full;
+    probed += other.probed;
+    probes += other.probes;
 }
 
 int EarlyExitStats::exited() const {
@@ -176,63 +185,123 @@ std::string EarlyExitStats::summary(int n_layer) const {
     for (size_t l = 0; l < exits_at.size(); ++l) {
         if (exits_at[l]) s += " " + std::to_string(l) + ":" + std::to_string(exits_at[l]);
     }
+    char runs[64];
+    std::snprintf(runs, sizeof runs, "; predictor runs per token %.2f", n ? static_cast<double>(probes) / n : 0.0);
+    s += runs;
     return s;
+}
+
+EarlyExitSequence::EarlyExitSequence(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                     std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
+                                     std::function<bool(int32_t)> is_end, int prefill_chunk)
+    : decoder_(decoder),
+      runner_(runner),
+      cache_(cache),
+      drafter_(drafter),
+      options_(options),
+      threshold_(threshold),
+      is_end_(std::move(is_end)),
+      chunk_(prefill_chunk),
+      n_layer_(static_cast<const Model &>(runner.network()).config().n_layer),
+      feature_layers_(drafter.feature_layers()),
+      history_(prompt.begin(), prompt.end()) {
+    if (!options.sampling.greedy()) throw Error("SpecEE's lossy mode decodes greedily: use temperature 0 (the lossless mode samples)");
+    if (prompt.empty()) throw Error("empty prompt");
+    if (static_cast<int>(prompt.size()) > cache.capacity()) {
+        throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " + std::to_string(cache.capacity()) + "-token context");
+    }
+    if (chunk_ < 1) throw Error("the prefill chunk must be at least 1 token");
+    stats_.n_prompt = static_cast<int>(prompt.size());
+    drafter_.reset();
+}
+
+bool EarlyExitSequence::done() const {
+    return stopped_ || (!prefilling() && (stats_.n_generated >= options_.n_predict || cache_.size() >= cache_.capacity()));
+}
+
+const ExitStep * EarlyExitSequence::step(const TokenSink & sink) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    if (prefilling()) {
+        // Every prompt token but the last, which the first decode step takes: its features feed
+        // the drafter, which then predicts the first generated token.
+        const size_t E = static_cast<const Model &>(runner_.network()).config().n_embd;
+        const int n = std::min(chunk_, static_cast<int>(history_.size()) - 1 - prefilled_);
+        ForwardBatch b = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), cache_.size(), {});
+        b.tap_layers = feature_layers_;
+        ForwardOutput out;
+        runner_.forward(b, cache_, out);
+        std::vector<float> features;
+        for (int i = 0; i < n; ++i) {
+            for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
+        }
+        drafter_.accept(Acceptance{prefilled_ + n, prefilled_, features});
+        prefilled_ += n;
+        stats_.prompt_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+        return nullptr;
+    }
+    if (stats_.n_generated == 0) t_decode_ = t0;
+    const int position = static_cast<int>(history_.size()) - 1;
+    const std::vector<int32_t> candidates = top_candidates(drafter_, history_);
+    last_ = decoder_.step(cache_, history_.back(), position, candidates, threshold_, feature_layers_);
+    drafter_.accept(Acceptance{position + 1, position, last_.features});
+    if (!candidates.empty()) ++exit_stats_.probed;
+    exit_stats_.add(last_.exit_layer, n_layer_, static_cast<int>(decoder_.probe_logits().size()));
+    history_.push_back(last_.token);
+    ++stats_.n_generated;
+    if (!sink(last_.token)) stopped_ = true;
+    if (options_.stop_at_end_of_generation && is_end_(last_.token)) stopped_ = true;
+    stats_.generation_seconds = std::chrono::duration<double>(clock::now() - t_decode_).count();
+    return &last_;
+}
+
+void prefill_for_drafter(ModelRunner & runner, KvCache & cache, Drafter & drafter, std::span<const int32_t> prompt) {
+    const size_t E = runner.network().shape().n_embd;
+    drafter.reset();
+    if (prompt.size() < 2) return;
+    ForwardBatch b = ForwardBatch::causal(prompt.first(prompt.size() - 1), 0, {});
+    b.tap_layers = drafter.feature_layers();
+    ForwardOutput out = runner.forward(b, cache);
+    std::vector<float> features;
+    for (int i = 0; i < b.n_tokens(); ++i) {
+        for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
+    }
+    drafter.accept(Acceptance{b.n_tokens(), 0, features});
+}
+
+TeacherForcedExits teacher_forced_exits(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                        std::span<const int32_t> prompt, std::span<const int32_t> reference, float threshold) {
+    const int L = static_cast<const Model &>(runner.network()).config().n_layer;
+    const std::vector<int> feature_layers = drafter.feature_layers();
+    prefill_for_drafter(runner, cache, drafter, prompt);
+    TeacherForcedExits r;
+    std::vector<int32_t> history(prompt.begin(), prompt.end());
+    for (int32_t want : reference) {
+        const int position = static_cast<int>(history.size()) - 1;
+        const std::vector<int32_t> candidates = top_candidates(drafter, history);
+        const ExitStep s = decoder.step(cache, history.back(), position, candidates, threshold, feature_layers);
+        drafter.accept(Acceptance{position + 1, position, s.features});
+        r.stats.add(s.exit_layer, L, static_cast<int>(decoder.probe_logits().size()));
+        if (s.exit_layer >= 0) {
+            ++r.exited;
+            r.agree += s.token == want;
+        }
+        history.push_back(want);
+    }
+    return r;
 }
 
 GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
                                     std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
                                     const std::function<bool(int32_t)> & is_end, const TokenSink & sink,
                                     EarlyExitStats & exit_stats, const std::function<void(const ExitStep &)> & on_token) {
-    if (!options.sampling.greedy()) throw Error("SpecEE's lossy mode decodes greedily: use temperature 0 (the lossless mode samples)");
-    if (prompt.empty()) throw Error("empty prompt");
-    if (static_cast<int>(prompt.size()) > cache.capacity()) {
-        throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " + std::to_string(cache.capacity()) + "-token context");
+    EarlyExitSequence sequence(decoder, runner, cache, drafter, prompt, options, threshold, is_end);
+    while (!sequence.done()) {
+        const ExitStep * step = sequence.step(sink);
+        if (step && on_token) on_token(*step);
     }
-    const Model & model = static_cast<const Model &>(runner.network());
-    const int L = model.config().n_layer;
-    const size_t E = model.config().n_embd;
-    const std::vector<int> feature_layers = drafter.feature_layers();
-    using clock = std::chrono::steady_clock;
-    GenerationStats stats;
-    stats.n_prompt = static_cast<int>(prompt.size());
-    drafter.reset();
-
-    // Prefill every prompt token but the last, which the first decode step takes: its features
-    // feed the drafter, which then predicts the first generated token.
-    auto t0 = clock::now();
-    constexpr size_t kChunk = 512;
-    std::vector<float> features;
-    ForwardOutput out;
-    for (size_t start = 0; start + 1 < prompt.size(); start += kChunk) {
-        const size_t n = std::min(kChunk, prompt.size() - 1 - start);
-        ForwardBatch b = ForwardBatch::causal(prompt.subspan(start, n), cache.size(), {});
-        b.tap_layers = feature_layers;
-        runner.forward(b, cache, out);
-        features.clear();
-        for (size_t i = 0; i < n; ++i) {
-            for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
-        }
-        drafter.accept(Acceptance{static_cast<int>(start + n), static_cast<int>(start), features});
-    }
-    stats.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-
-    t0 = clock::now();
-    std::vector<int32_t> history(prompt.begin(), prompt.end());
-    for (int i = 0; i < options.n_predict && cache.size() < cache.capacity(); ++i) {
-        const int position = static_cast<int>(history.size()) - 1;
-        const std::vector<int32_t> candidates = top_candidates(drafter, history);
-        ExitStep step = decoder.step(cache, history.back(), position, candidates, threshold, feature_layers);
-        drafter.accept(Acceptance{position + 1, position, step.features});
-        if (!candidates.empty()) ++exit_stats.probed;
-        exit_stats.add(step.exit_layer, L);
-        if (on_token) on_token(step);
-        history.push_back(step.token);
-        ++stats.n_generated;
-        if (!sink(step.token)) break;
-        if (options.stop_at_end_of_generation && is_end(step.token)) break;
-    }
-    stats.generation_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-    return stats;
+    exit_stats.merge(sequence.exit_stats());
+    return sequence.stats();
 }
 
 EarlyExitDrafter::EarlyExitDrafter(const Model & model, const ExitPredictor & predictor, float threshold,
@@ -253,8 +322,14 @@ void EarlyExitDrafter::reset() {
 }
 
 void EarlyExitDrafter::accept(const Acceptance & a) {
-    // Rows past the accepted tokens hold rejected drafts.
-    if (cache_->size() > a.n_valid) cache_->rollback(a.n_valid);
+    // Rows past the accepted tokens hold rejected drafts: dropped here, and the head is handed
+    // back the features of the last accepted position, which predict the next root's successor
+    // (else its next draft would find its features ahead of the sequence and propose nothing).
+    if (cache_->size() <= a.n_valid) return;
+    cache_->rollback(a.n_valid);
+    const int last = a.n_valid - 1;
+    if (last < draft_root_ || last - draft_root_ >= static_cast<int>(draft_features_.size())) return;
+    candidates_->accept(Acceptance{a.n_valid, last, draft_features_[last - draft_root_]});
 }
 
 void EarlyExitDrafter::start(const DraftRequest & req) {
@@ -277,13 +352,17 @@ void EarlyExitDrafter::start(const DraftRequest & req) {
     std::vector<int32_t> history(req.history.begin(), req.history.end());
     const int depth = std::min(req.budget.depth, cache_->capacity() - root - 1);
     int parent = TokenTree::kRoot;
+    draft_root_ = root;
+    draft_features_.clear();
     for (int d = 0; d < depth; ++d) {
         const int position = static_cast<int>(history.size()) - 1;
         const std::vector<int32_t> candidates = top_candidates(*candidates_, history);
         const ExitStep step = decoder_.step(*cache_, history.back(), position, candidates, threshold_, feature_layers_);
         candidates_->accept(Acceptance{position + 1, position, step.features});
-        stats_.add(step.exit_layer, model_.config().n_layer);
+        draft_features_.push_back(step.features);
+        stats_.add(step.exit_layer, model_.config().n_layer, static_cast<int>(decoder_.probe_logits().size()));
         parent = draft_.tree.add(parent, step.token, 0.0f);
+        draft_.exit_layer.push_back(step.exit_layer);
         history.push_back(step.token);
         if (step.exit_layer < 0) break;  // a full-depth token ends the chain: the verifier runs it anyway
     }

@@ -6,6 +6,7 @@
 // their K/V rows for the token are the exit state's projections (ForwardBatch::kv_only), so later
 // tokens attend to a complete cache. Without an exit, the last segment ends in the full LM head,
 // and the token's logits and cache rows are those of one full forward, bit for bit.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,17 +72,72 @@ struct EarlyExitStats {
     std::vector<int> exits_at;
     int full = 0;
     int probed = 0;  // tokens that had candidates to probe
-    void add(int exit_layer, int n_layer);
+    int probes = 0;  // predictor runs (scheduled layers probed), all tokens
+    void add(int exit_layer, int n_layer, int predictor_runs = 0);
+    void merge(const EarlyExitStats & other);
     int exited() const;
     // Mean layer at which tokens stopped (a full token counts as n_layer).
     double mean_exit_layer(int n_layer) const;
-    std::string summary(int n_layer) const;  // "exited 812/1024 (79%), mean exit layer 14.2 of 18; exits by layer: 9:40 12:300 ..."
+    // "exited 812/1024 (79%), mean exit layer 14.2 of 18; exits by layer: 9:40 12:300 ...; predictor runs per token 2.10"
+    std::string summary(int n_layer) const;
 };
 
 // SpecEE's lossy mode, greedy: each token is the best candidate at the first confident layer, or
 // the full model's argmax. Prefill gives no prediction; every decode step takes the drafter's
 // candidates (EAGLE-3: fed the target's token and the features each step computed, exit states
-// standing in for layers an exit skipped). `cache` must be empty.
+// standing in for layers an exit skipped). As steps, one prompt chunk or one token each, so that
+// a server's worker interleaves it with other sequences; generate_early_exit runs it to the end.
+class EarlyExitSequence {
+public:
+    // `cache` must be empty; the drafter is reset. Throws Error at T > 0, on an empty prompt or
+    // one longer than the cache.
+    EarlyExitSequence(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                      std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
+                      std::function<bool(int32_t)> is_end, int prefill_chunk = 512);
+    bool done() const;
+    bool prefilling() const { return prefilled_ + 1 < static_cast<int>(history_.size()) && n_generated() == 0; }
+    // The next prompt chunk (nullptr returned), or one decoded token, given to `sink` (false stops
+    // the sequence) and returned with where it exited.
+    const ExitStep * step(const TokenSink & sink);
+    const GenerationStats & stats() const { return stats_; }
+    const EarlyExitStats & exit_stats() const { return exit_stats_; }
+    int n_generated() const { return stats_.n_generated; }
+
+private:
+    EarlyExitDecoder & decoder_;
+    ModelRunner & runner_;
+    KvCache & cache_;
+    Drafter & drafter_;
+    GenerationOptions options_;
+    float threshold_;
+    std::function<bool(int32_t)> is_end_;
+    int chunk_;
+    int n_layer_;
+    std::vector<int> feature_layers_;
+    std::vector<int32_t> history_;
+    int prefilled_ = 0;
+    bool stopped_ = false;
+    ExitStep last_;
+    GenerationStats stats_;
+    EarlyExitStats exit_stats_;
+    std::chrono::steady_clock::time_point t_decode_{};
+};
+
+// Every prompt token but the last through the target at full depth into the empty `cache`, the
+// drafter (reset) given their features: where a SpecEE decode of the last prompt token starts.
+void prefill_for_drafter(ModelRunner & runner, KvCache & cache, Drafter & drafter, std::span<const int32_t> prompt);
+
+// Teacher-forced agreement: `reference` (plain greedy decoding's reply to `prompt`) fed back token
+// by token, each step exiting as the lossy mode would; an exited token is compared with the
+// reference's token there. `cache` must be empty.
+struct TeacherForcedExits {
+    EarlyExitStats stats;
+    int exited = 0;  // tokens that exited
+    int agree = 0;   // of them, equal to the reference
+};
+TeacherForcedExits teacher_forced_exits(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
+                                        std::span<const int32_t> prompt, std::span<const int32_t> reference, float threshold);
+
 GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & runner, KvCache & cache, Drafter & drafter,
                                     std::span<const int32_t> prompt, const GenerationOptions & options, float threshold,
                                     const std::function<bool(int32_t)> & is_end, const TokenSink & sink,
@@ -104,7 +160,13 @@ public:
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & acceptance) override;
     void reset() override;
+    // The head's layers, although this drafter catches up on features itself: a server's step
+    // is one forward with one tap list, shared with the EAGLE-3 sequences beside this one.
+    std::vector<int> feature_layers() const override { return feature_layers_; }
     const EarlyExitStats & exit_stats() const { return stats_; }
+    // A server's slot keeps its drafter from request to request, each with its own threshold and counters.
+    void set_threshold(float threshold) { threshold_ = threshold; }
+    void clear_exit_stats() { stats_ = {}; }
 
 private:
     const Model & model_;
@@ -116,6 +178,8 @@ private:
     std::vector<int> feature_layers_;
     EarlyExitStats stats_;
     Draft draft_;
+    int draft_root_ = 0;                            // position of the last draft's root
+    std::vector<std::vector<float>> draft_features_;  // the head's features of each position the last draft ran
 };
 
 }  // namespace specula

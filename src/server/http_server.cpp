@@ -38,6 +38,27 @@ void send_json(httplib::Response & res, int status, const json & j) {
     res.set_content(openai::wire(j), "application/json");
 }
 void send_error(httplib::Response & res, const openai::ApiError & e) { send_json(res, e.status, e.body()); }
+// The request's SpecEE mode and threshold: what it asked for, else the server's default (the
+// lossless mode with `serve --specee-lossless`, else off) at the predictors' threshold.
+EarlyExitRequest early_exit_request(const openai::Request & r, const ModelBundle & t) {
+    auto bad = [](const std::string & param, const std::string & message) {
+        return openai::ApiError{400, message, "invalid_request_error", param, ""};
+    };
+    EarlyExitRequest e;
+    if (r.specee.empty()) e.mode = t.options.specee_lossless ? EarlyExitMode::Lossless : EarlyExitMode::Off;
+    else e.mode = r.specee == "lossy" ? EarlyExitMode::Lossy : r.specee == "lossless" ? EarlyExitMode::Lossless : EarlyExitMode::Off;
+    if (!t.exit_predictor) {
+        if (e.mode != EarlyExitMode::Off) throw bad("specee", "'specee': this server has no exit predictors (serve --specee FILE)");
+        if (r.specee_threshold >= 0.0f) throw bad("specee_threshold", "'specee_threshold': this server has no exit predictors (serve --specee FILE)");
+        return e;
+    }
+    if (e.mode == EarlyExitMode::Lossy && !r.sampling.greedy()) {
+        throw bad("specee", "'specee': \"lossy\" decodes greedily: set 'temperature' to 0 (\"lossless\" samples)");
+    }
+    e.threshold = r.specee_threshold >= 0.0f ? r.specee_threshold : t.exit_threshold;
+    return e;
+}
+
 int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -274,6 +295,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     openai::Request r;
     std::vector<int32_t> prompt;
     GenerationOptions gen;
+    EarlyExitRequest early_exit;
     try {
         r = openai::parse_request(endpoint, req.body, model_id);
         try {
@@ -284,13 +306,14 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         }
         if (prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
         gen.n_predict = openai::tokens_to_generate(r, prompt.size(), s->context_size());
+        early_exit = early_exit_request(r, *t);
     } catch (const openai::ApiError & e) {
         return send_error(res, e);
     }
     gen.sampling = r.sampling;
     if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
     gen.stop_at_end_of_generation = !r.ignore_eos;
-    std::shared_ptr<Job> job = s->submit(std::move(prompt), gen);
+    std::shared_ptr<Job> job = s->submit(std::move(prompt), gen, early_exit);
     if (!job) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
 
     openai::Completion c;

@@ -147,6 +147,14 @@ Request parse_request(Endpoint endpoint, const std::string & text, const std::st
         if (!body.at("ignore_eos").is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
         r.ignore_eos = body.at("ignore_eos").get<bool>();
     }
+    if (has(body, "specee")) {
+        const json & v = body.at("specee");
+        if (!v.is_string() || (v != "off" && v != "lossy" && v != "lossless")) {
+            bad("specee", "'specee' must be \"off\", \"lossy\" or \"lossless\", got " + v.dump());
+        }
+        r.specee = v.get<std::string>();
+    }
+    if (has(body, "specee_threshold")) r.specee_threshold = static_cast<float>(number(body, "specee_threshold", 0.0, 1.0));
     if (has(body, "stream")) {
         if (!body.at("stream").is_boolean()) bad("stream", "'stream' must be a boolean");
         r.stream = body.at("stream").get<bool>();
@@ -182,12 +190,14 @@ json speculation(const GenerationStats & s) {
     const SpeculationStats & sp = s.speculation;
     json at = json::array();
     for (size_t d = 0; d < sp.reached_at.size(); ++d) at.push_back(sp.acceptance_at(d));
-    return json{{"rounds", sp.rounds},
-                {"drafted", sp.drafted},
-                {"accepted", sp.accepted},
-                {"acceptance_rate", sp.acceptance_rate()},
-                {"mean_accepted_length", sp.mean_accepted_length()},
-                {"acceptance_at", at}};
+    json j{{"rounds", sp.rounds},
+           {"drafted", sp.drafted},
+           {"accepted", sp.accepted},
+           {"acceptance_rate", sp.acceptance_rate()},
+           {"mean_accepted_length", sp.mean_accepted_length()},
+           {"acceptance_at", at}};
+    if (!s.early_exit.empty()) j["early_exit"] = s.early_exit;  // SpecEE requests: where tokens exited
+    return j;
 }
 
 json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats) {

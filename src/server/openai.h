@@ -34,6 +34,10 @@ struct Request {
     bool ignore_eos = false;   // extension: keep generating past end-of-generation tokens
     bool stream = false;
     bool include_usage = false;
+    // Extension (docs/specee.md): SpecEE per request. "" (unset: the server's default), "off",
+    // "lossy" or "lossless"; the threshold within 0..1, or < 0 when unset (the predictors' own).
+    std::string specee;
+    float specee_threshold = -1.0f;
 };
 
 // Parses and checks a body; throws ApiError naming the field. `model_id` is the one model served

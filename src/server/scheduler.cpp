@@ -7,6 +7,7 @@
 #include "specula/error.h"
 #include "engine/sequence.h"
 #include "engine/model_bundle.h"
+#include "engine/specee.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
@@ -54,7 +55,17 @@ struct Scheduler::Slot {
     std::unique_ptr<DraftLengthPolicy> policy;
     std::unique_ptr<TreeSizePolicy> tree_size;
     std::shared_ptr<Job> job;
+    // SpecEE, made on the slot's first request that asks for it and kept: the lossy mode's
+    // decoder and sequence (candidates from the slot's EAGLE-3 drafter), the lossless drafter
+    // (its own target cache and head) and its draft policy. Declared before the sequences that
+    // refer to them, so that they are destroyed after them.
+    std::unique_ptr<EarlyExitDecoder> exit_decoder;
+    std::unique_ptr<EarlyExitDrafter> exit_drafter;
+    std::unique_ptr<DraftLengthPolicy> exit_policy;
     std::unique_ptr<Sequence> sequence;
+    std::unique_ptr<EarlyExitSequence> exit_sequence;
+    const GenerationStats & stats() const { return exit_sequence ? exit_sequence->stats() : sequence->stats(); }
+    bool running() const { return sequence || exit_sequence; }
     bool ended_by_eog = false;
     std::vector<int32_t> round_tokens;  // this round's emitted tokens, pushed with their origin once the round's verification is known
     SpeculationStats seen;  // the sequence's counters already added to the metrics
@@ -126,13 +137,18 @@ Scheduler::~Scheduler() {
 
 int Scheduler::context_size() const { return target_.options.n_ctx; }
 
-std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options) {
+std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit) {
     if (prompt.empty()) throw Error("empty prompt");
+    if (early_exit.mode != EarlyExitMode::Off && !target_.exit_predictor) throw Error("SpecEE needs exit predictors (serve --specee FILE)");
+    if (early_exit.mode == EarlyExitMode::Lossy && !options.sampling.greedy()) {
+        throw Error("SpecEE's lossy mode decodes greedily: use temperature 0 (the lossless mode samples)");
+    }
+    if (!(early_exit.threshold >= 0.0f && early_exit.threshold <= 1.0f)) throw Error("the SpecEE threshold must be within 0..1");
     if (static_cast<int64_t>(prompt.size()) + std::max<int64_t>(options.n_predict, 0) > context_size()) {
         throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.n_predict) +
                     ") exceed the " + std::to_string(context_size()) + "-token context");
     }
-    auto job = std::make_shared<Job>(std::move(prompt), options);
+    auto job = std::make_shared<Job>(std::move(prompt), options, early_exit);
     {
         std::lock_guard lock(mutex_);
         int free_slots = 0;
@@ -154,9 +170,9 @@ SchedulerMetrics Scheduler::metrics() const {
         s.id = slot->id;
         s.busy = slot->job != nullptr;
         s.n_cached = slot->cache->size();
-        if (slot->sequence) {
-            s.n_prompt = slot->sequence->n_prompt();
-            s.n_generated = slot->sequence->stats().n_generated;
+        if (slot->running()) {
+            s.n_prompt = slot->stats().n_prompt;
+            s.n_generated = slot->stats().n_generated;
         }
         m.processing += s.busy;
         m.slot_states.push_back(s);
@@ -202,9 +218,30 @@ void Scheduler::admit() {
                 }
                 s->round_tokens.clear();
             };
-            slot->sequence = std::make_unique<Sequence>(
-                SequenceParts{*slot->cache, slot->drafter.get(), slot->policy.get(), target_.tree, on_round, nullptr, slot->tree_size.get()},
-                job->prompt_, job->options_, is_end, options_.prefill_chunk);
+            const EarlyExitRequest & exit = job->early_exit_;
+            if (exit.mode == EarlyExitMode::Lossy) {
+                if (!slot->exit_decoder) slot->exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get());
+                slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
+                                                                          job->prompt_, job->options_, exit.threshold, is_end, options_.prefill_chunk);
+            } else if (exit.mode == EarlyExitMode::Lossless) {
+                // Chains: the tokens up to the first that did not exit.
+                if (!slot->exit_drafter) {
+                    slot->exit_drafter = target_.make_exit_drafter(target_.options.n_ctx, exit.threshold);
+                    slot->exit_policy = target_.make_draft_policy();
+                }
+                slot->exit_drafter->set_threshold(exit.threshold);
+                slot->exit_drafter->clear_exit_stats();
+                slot->exit_policy->begin_sequence();
+                TreeBudget chain = target_.tree;
+                chain.shape = TreeShape::Chain;
+                slot->sequence = std::make_unique<Sequence>(
+                    SequenceParts{*slot->cache, slot->exit_drafter.get(), slot->exit_policy.get(), chain, on_round, nullptr, nullptr},
+                    job->prompt_, job->options_, is_end, options_.prefill_chunk);
+            } else {
+                slot->sequence = std::make_unique<Sequence>(
+                    SequenceParts{*slot->cache, slot->drafter.get(), slot->policy.get(), target_.tree, on_round, nullptr, slot->tree_size.get()},
+                    job->prompt_, job->options_, is_end, options_.prefill_chunk);
+            }
             s->round_tokens.clear();
             s->ended_by_eog = false;
             s->seen = {};
@@ -215,13 +252,14 @@ void Scheduler::admit() {
             r.error = e.what();
             job->finish(r);
             slot->sequence.reset();
+            slot->exit_sequence.reset();
         }
     }
 }
 
 void Scheduler::release(Slot & slot, bool finished_normally) {
-    if (slot.sequence) {
-        const GenerationStats & st = slot.sequence->stats();
+    if (slot.running()) {
+        const GenerationStats & st = slot.stats();
         metrics_.prompt_tokens += st.n_prompt;
         metrics_.generated_tokens += st.n_generated;
         metrics_.prompt_seconds += st.prompt_seconds;
@@ -229,6 +267,9 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         Job::Result r;
         r.stats = st;
         r.n_generated = st.n_generated;
+        const int n_layer = target_.model->config().n_layer;
+        if (slot.exit_sequence) r.stats.early_exit = slot.exit_sequence->exit_stats().summary(n_layer);
+        if (slot.sequence && slot.job->early_exit_.mode == EarlyExitMode::Lossless) r.stats.early_exit = slot.exit_drafter->exit_stats().summary(n_layer);
         r.finish_reason = slot.ended_by_eog ? "stop" : "length";
         if (finished_normally) {
             ++metrics_.requests_finished;
@@ -239,31 +280,39 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         slot.job->finish(r);
     }
     slot.sequence.reset();
+    slot.exit_sequence.reset();
     slot.job.reset();
     slot.cache->rollback(0);
 }
 
-void Scheduler::fail_step(const std::vector<Slot *> & active, const std::string & failure) {
-    for (Slot * s : active) {
+void Scheduler::fail_step(const std::vector<Slot *> & slots, const std::string & failure) {
+    for (Slot * s : slots) {
         ++metrics_.requests_failed;
         Job::Result r;
         r.error = failure;
         s->job->finish(r);
         s->sequence.reset();
+        s->exit_sequence.reset();
         s->job.reset();
         s->cache->rollback(0);
     }
 }
 
-void Scheduler::account_step(const std::vector<Slot *> & active, const StepResult & step, bool may_draft) {
+void Scheduler::account_step(const std::vector<Slot *> & active, const std::vector<Slot *> & lossy, int busy, const StepResult & step,
+                             int lossy_tokens, bool gated) {
     ++metrics_.steps;
-    metrics_.gated_steps += !may_draft;
-    metrics_.emitted_tokens += step.tokens;
+    metrics_.gated_steps += gated;
+    metrics_.emitted_tokens += step.tokens + lossy_tokens;
     metrics_.rows_sum += step.rows;
-    for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {
-        if (b == metrics_.rows_bounds.size() || step.rows <= metrics_.rows_bounds[b]) ++metrics_.rows_buckets[b];
+    if (!active.empty()) {
+        for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {
+            if (b == metrics_.rows_bounds.size() || step.rows <= metrics_.rows_bounds[b]) ++metrics_.rows_buckets[b];
+        }
     }
-    ++metrics_.busy_slots_steps[active.size() - 1];
+    ++metrics_.busy_slots_steps[busy - 1];
+    for (Slot * s : lossy) {
+        if (s->exit_sequence && s->exit_sequence->done()) release(*s, !s->job->cancelled());
+    }
     for (Slot * s : active) {
         const SpeculationStats & now = s->sequence->stats().speculation;
         metrics_.draft_tokens += now.drafted - s->seen.drafted;
@@ -282,8 +331,9 @@ void Scheduler::account_step(const std::vector<Slot *> & active, const StepResul
 
 void Scheduler::run() {
     std::unique_lock lock(mutex_);
-    std::vector<Slot *> active;
+    std::vector<Slot *> active;  // slots whose Sequence shares the step's target forward
     std::vector<Sequence *> sequences;
+    std::vector<Slot *> lossy;   // slots decoding SpecEE's lossy mode: their own forwards, one token per step
     StepResult last_step;
     for (;;) {
         cv_.wait(lock, [&] {
@@ -294,43 +344,75 @@ void Scheduler::run() {
         admit();
         active.clear();
         sequences.clear();
+        lossy.clear();
         for (auto & slot : slots_) {
             if (!slot->job) continue;
             if (slot->job->cancelled()) {
                 release(*slot, false);  // a client that went away frees its slot at once
                 continue;
             }
+            if (slot->exit_sequence) {
+                lossy.push_back(slot.get());
+                continue;
+            }
             active.push_back(slot.get());
             sequences.push_back(slot->sequence.get());
         }
-        if (active.empty()) continue;
+        if (active.empty() && lossy.empty()) continue;
 
         lock.unlock();
         StepResult step;
         std::string failure;
         const int decoding = static_cast<int>(std::count_if(sequences.begin(), sequences.end(), [](const Sequence * s) { return !s->prefilling(); }));
         const bool may_draft = !gate_ || decoding == 0 || gate_->allow(decoding);
-        const auto t_step = std::chrono::steady_clock::now();
-        try {
-            Tokenizer & tok = *target_.tokenizer;
-            step = step_sequences(*target_.runner, sequences, [&](size_t i, int32_t t) {
-                Slot & s = *active[i];
-                if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
-                s.round_tokens.push_back(t);
-                return !s.job->cancelled();
-            }, last_step, may_draft);
-            last_step = step;
-            if (gate_ && decoding > 0) {
-                gate_->observe(decoding, step.tokens, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_step).count(),
-                               decoding == static_cast<int>(sequences.size()));
+        Tokenizer & tok = *target_.tokenizer;
+        if (!sequences.empty()) {
+            const auto t_step = std::chrono::steady_clock::now();
+            try {
+                step = step_sequences(*target_.runner, sequences, [&](size_t i, int32_t t) {
+                    Slot & s = *active[i];
+                    if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
+                    s.round_tokens.push_back(t);
+                    return !s.job->cancelled();
+                }, last_step, may_draft);
+                last_step = step;
+                if (gate_ && decoding > 0) {
+                    gate_->observe(decoding, step.tokens, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_step).count(),
+                                   decoding == static_cast<int>(sequences.size()) && lossy.empty());
+                }
+            } catch (const std::exception & e) {
+                failure = e.what();
             }
-        } catch (const std::exception & e) {
-            failure = e.what();
+        }
+        std::vector<std::string> lossy_failure(lossy.size());
+        int lossy_tokens = 0;
+        for (size_t i = 0; i < lossy.size(); ++i) {
+            Slot & s = *lossy[i];
+            try {
+                const ExitStep * e = s.exit_sequence->step([&](int32_t t) {
+                    if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
+                    return !s.job->cancelled();
+                });
+                if (!e) continue;
+                ++lossy_tokens;
+                if (!(s.ended_by_eog && s.job->options_.stop_at_end_of_generation)) {
+                    s.job->push(tok.piece(e->token), e->exit_layer >= 0 ? "exit" : "bonus", std::max(e->exit_layer, 0));
+                }
+            } catch (const std::exception & e) {
+                lossy_failure[i] = e.what();
+            }
         }
         lock.lock();
 
-        if (failure.empty()) account_step(active, step, may_draft);
-        else fail_step(active, failure);
+        for (size_t i = 0; i < lossy.size(); ++i) {
+            if (!lossy_failure[i].empty()) fail_step({lossy[i]}, lossy_failure[i]);
+        }
+        const int busy = static_cast<int>(sequences.size() + lossy.size());
+        if (!failure.empty()) {
+            fail_step(active, failure);
+            active.clear();
+        }
+        account_step(active, lossy, busy, step, lossy_tokens, !sequences.empty() && !may_draft);
     }
 }
 

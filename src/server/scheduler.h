@@ -41,10 +41,19 @@ struct TokenOrigin {
     int depth = 0;       // 1-based position after the round's root
 };
 
+// SpecEE per request (docs/specee.md): off, the lossy early exit (greedy; may differ from plain
+// decoding) or the lossless mode (exited tokens as drafts the target verifies), at a threshold.
+enum class EarlyExitMode { Off, Lossy, Lossless };
+struct EarlyExitRequest {
+    EarlyExitMode mode = EarlyExitMode::Off;
+    float threshold = 1.0f;
+};
+
 // One request's life, shared by the HTTP handler (consumer) and the scheduler (producer).
 class Job {
 public:
-    Job(std::vector<int32_t> prompt, GenerationOptions options) : prompt_(std::move(prompt)), options_(std::move(options)) {}
+    Job(std::vector<int32_t> prompt, GenerationOptions options, EarlyExitRequest early_exit = {})
+        : prompt_(std::move(prompt)), options_(std::move(options)), early_exit_(early_exit) {}
 
     struct Result {
         std::string finish_reason;  // "stop" (end of generation) | "length"
@@ -71,6 +80,7 @@ private:
 
     const std::vector<int32_t> prompt_;
     const GenerationOptions options_;
+    const EarlyExitRequest early_exit_;
     std::atomic<bool> cancelled_{false};
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -117,8 +127,11 @@ public:
     Scheduler & operator=(const Scheduler &) = delete;
 
     // Queues a request; nullptr when the queue is full. The prompt must fit the context with
-    // options.n_predict (checked by the caller, which can name the sizes).
-    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options);
+    // options.n_predict (checked by the caller, which can name the sizes). A SpecEE mode other
+    // than Off needs the target's exit predictors, and the lossy mode greedy sampling (Error).
+    // Lossless sequences share the step's target forward like any drafter's; a lossy sequence
+    // runs its own layer segments on its cache stream after the shared forward, one token per step.
+    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {});
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
 
@@ -127,10 +140,12 @@ private:
     void run();
     void admit();                      // under mutex_: queued jobs into free slots
     void release(Slot & slot, bool finished_normally);
-    // Under mutex_, after a step over `active`: a step that threw ends each of their requests with
-    // its error; one that ran adds to the metrics and releases the slots whose sequence is done.
-    void fail_step(const std::vector<Slot *> & active, const std::string & failure);
-    void account_step(const std::vector<Slot *> & active, const StepResult & step, bool may_draft);
+    // Under mutex_, after a step. Ends the slots' requests with `failure` (a 5xx), freeing the slots.
+    void fail_step(const std::vector<Slot *> & slots, const std::string & failure);
+    // Under mutex_: counts a step in the metrics (busy: the slots that decoded in it; gated:
+    // drafting was off) and releases the slots whose generation ended.
+    void account_step(const std::vector<Slot *> & active, const std::vector<Slot *> & lossy, int busy, const StepResult & step,
+                      int lossy_tokens, bool gated);
 
     ModelBundle & target_;
     SchedulerOptions options_;

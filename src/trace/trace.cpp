@@ -41,6 +41,12 @@ void TraceWriter::round(const RoundReport & report) {
     nodes["q"] = q;
     nodes["path_prob"] = path_prob;
     nodes["text"] = text;
+    auto layer = [](int l) { return l < 0 ? nlohmann::json(nullptr) : nlohmann::json(l); };
+    if (!report.exit_layer.empty()) {
+        nlohmann::json exits = nlohmann::json::array();
+        for (int l : report.exit_layer) exits.push_back(layer(l));
+        nodes["exit_layer"] = exits;
+    }
     out_ << dump({
                 {"kind", "round"},
                 {"round", round},
@@ -78,8 +84,21 @@ void TraceWriter::round(const RoundReport & report) {
             {"draft_ms", draft_ms},
             {"verify_ms", verify_ms},
         };
+        if (e.node >= 0 && e.node < static_cast<int>(report.exit_layer.size())) j["exit_layer"] = layer(report.exit_layer[e.node]);
         out_ << dump(j) << '\n';
     }
+}
+
+void TraceWriter::exit(const ExitReport & t) {
+    out_ << dump({
+                {"kind", "exit"},
+                {"position", t.position},
+                {"token", t.token},
+                {"text", token_text_(t.token)},
+                {"exit_layer", t.exit_layer < 0 ? nlohmann::json(nullptr) : nlohmann::json(t.exit_layer)},
+                {"n_layer", t.n_layer},
+            })
+         << '\n';
 }
 
 std::string format_summary(const SpeculationStats & s) {

@@ -4,7 +4,9 @@
 // The trace file is one observer of RoundReports (specula/report.h). Per round, one line {"kind":"round", ...} with the verified tree (token, parent, depth, draft
 // probability q of each node, path probability), the accepted nodes, the policy's decision and
 // the round's timings; then one line {"kind":"token", ...} per verification event (accepted and
-// rejected drafts, the correction or bonus token). docs/report.md lists every field.
+// rejected drafts, the correction or bonus token). SpecEE's lossless drafts add each node's exit
+// layer to both; its lossy mode writes {"kind":"exit", ...} per token instead of rounds.
+// docs/report.md lists every field.
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -21,6 +23,8 @@ public:
     // token_text renders a token for the trace; the file is truncated.
     TraceWriter(const std::string & path, std::function<std::string(int32_t)> token_text);
     void round(const RoundReport & round);
+    // SpecEE's lossy mode: one line {"kind":"exit", ...} per token.
+    void exit(const ExitReport & token);
 
 private:
     std::ofstream out_;

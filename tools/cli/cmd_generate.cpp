@@ -36,7 +36,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_flag("--specee-lossless", args->engine.specee_lossless,
                   "SpecEE's lossless mode: exited tokens are drafts the full target verifies (output identical to plain)");
     sub->add_option("--specee-threshold", args->engine.specee_threshold, "exit above this predictor probability (default: the file's; 1 = never)");
-    sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds");
+    sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds (SpecEE: each token's exit layer)");
     sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
     sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;
@@ -49,6 +49,7 @@ void register_generate(CLI::App & app, Commands & commands) {
             if (!args->trace_path.empty()) {
                 trace = std::make_unique<TraceWriter>(args->trace_path, [&](int32_t t) { return engine->piece(t); });
                 args->gen.on_round = [&](const RoundReport & round) { trace->round(round); };
+                args->gen.on_exit = [&](const ExitReport & token) { trace->exit(token); };
             }
             // A completion continues the prompt, so the prompt is printed first; a chat's reply is
             // an answer to it, printed alone.

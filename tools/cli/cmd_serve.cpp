@@ -37,6 +37,11 @@ void register_serve(CLI::App & app, Commands & commands) {
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     add_engine_flags(sub, args->engine);
+    sub->add_option("--specee", args->engine.specee_path,
+                    "SpecEE exit predictors GGUF (models/*-specee.gguf): requests choose \"specee\": \"lossy\" | \"lossless\" | \"off\"");
+    sub->add_flag("--specee-lossless", args->engine.specee_lossless, "requests that name no SpecEE mode get the lossless one (default: off)");
+    sub->add_option("--specee-threshold", args->engine.specee_threshold,
+                    "exit threshold of requests that give no \"specee_threshold\" (default: the file's)");
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {
@@ -53,7 +58,9 @@ void register_serve(CLI::App & app, Commands & commands) {
             const std::string drafting = drafter.kind == DrafterKind::None    ? "no drafter"
                                          : drafter.kind == DrafterKind::Ngram ? "drafting by n-grams"
                                                                               : "drafting with " + drafter.path;
-            std::fprintf(stderr, "specula: ready: %d slots of %d tokens, %s\n", args->scheduler.parallel, args->engine.n_ctx, drafting.c_str());
+            const std::string specee = target->exit_predictor ? ", SpecEE predictors " + args->engine.specee_path : "";
+            std::fprintf(stderr, "specula: ready: %d slots of %d tokens, %s%s\n", args->scheduler.parallel, args->engine.n_ctx, drafting.c_str(),
+                         specee.c_str());
             server.wait();
             return 0;
         };

@@ -68,20 +68,6 @@ std::vector<std::string> read_prompts(const PromptSet & s) {
 }
 
 // Prefills all of `prompt` but its last token, handing the drafter the features of those rows.
-void prefill_for_drafter(ModelRunner & runner, KvCache & cache, Drafter & drafter, std::span<const int32_t> prompt) {
-    const size_t E = runner.network().shape().n_embd;
-    drafter.reset();
-    if (prompt.size() < 2) return;
-    ForwardBatch b = ForwardBatch::causal(prompt.first(prompt.size() - 1), 0, {});
-    b.tap_layers = drafter.feature_layers();
-    ForwardOutput out = runner.forward(b, cache);
-    std::vector<float> features;
-    for (int i = 0; i < b.n_tokens(); ++i) {
-        for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
-    }
-    drafter.accept(Acceptance{b.n_tokens(), 0, features});
-}
-
 // One full-depth step of `token` at the cache's end; taps at `taps` layers; returns the argmax.
 int32_t full_step(ModelRunner & runner, KvCache & cache, int32_t token, const std::vector<int> & taps, ForwardOutput & out) {
     ForwardBatch b = ForwardBatch::causal(std::vector<int32_t>{token}, cache.size(), {0});
@@ -189,7 +175,6 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
     const Model & model = *t->model;
     const int L = model.config().n_layer;
     auto drafter = t->make_drafter(options.n_ctx);
-    const std::vector<int> feature_layers = drafter->feature_layers();
     EarlyExitDecoder decoder(model, *t->runner, t->exit_predictor.get());
     GenerationOptions gen;
     gen.n_predict = n_predict;
@@ -213,21 +198,11 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
         plain_n += ps.n_generated;
         // Teacher-forced: the plain text fed back, each token's exit checked against it.
         KvCache c2(*t->backend, model.config(), options.n_ctx);
-        prefill_for_drafter(*t->runner, c2, *drafter, prompt);
-        std::vector<int32_t> history = prompt;
-        for (size_t i = 0; i < plain.size(); ++i) {
-            const int position = static_cast<int>(history.size()) - 1;
-            const std::vector<int32_t> candidates = top_candidates(*drafter, history);
-            ExitStep s = decoder.step(c2, history.back(), position, candidates, t->exit_threshold, feature_layers);
-            drafter->accept(Acceptance{position + 1, position, s.features});
-            forced_stats.add(s.exit_layer, L);
-            ++forced_tokens;
-            if (s.exit_layer >= 0) {
-                ++forced_exited;
-                forced_agree += s.token == plain[i];
-            }
-            history.push_back(plain[i]);
-        }
+        const TeacherForcedExits forced = teacher_forced_exits(decoder, *t->runner, c2, *drafter, prompt, plain, t->exit_threshold);
+        forced_stats.merge(forced.stats);
+        forced_tokens += static_cast<int>(plain.size());
+        forced_exited += forced.exited;
+        forced_agree += forced.agree;
         // Free-running lossy: timed; tokens until the first difference from plain.
         std::vector<int32_t> lossy;
         KvCache c3(*t->backend, model.config(), options.n_ctx);
