@@ -64,6 +64,7 @@ public:
     }
     ~RpcServer() {
         if (pid_ > 0) {
+            kill(pid_, SIGCONT);  // a test may have frozen it
             kill(pid_, SIGTERM);
             waitpid(pid_, nullptr, 0);
         }
@@ -77,6 +78,8 @@ public:
             pid_ = -1;
         }
     }
+    // Freezes the server as a hung host would: the connection stays open, nothing answers.
+    void freeze() { kill(pid_, SIGSTOP); }
     std::string device() const { return "RPC[127.0.0.1:" + std::to_string(port_) + "]"; }
 
 private:
@@ -248,6 +251,25 @@ TEST(RpcDeathTest, AServerKilledMidRunIsOneErrorLine) {
         testing::ExitedWithCode(1), "specula: error: an rpc-server stopped answering mid-generation");
 }
 
+// An rpc-server that stops answering without closing its connection (a frozen host) ends the run
+// with one error line after --rpc-timeout, not a hang: ggml's client waits on the socket forever.
+TEST(RpcDeathTest, AFrozenServerIsOneErrorLineAfterTheTimeout) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    auto generate_while_one_freezes = [&] {
+        Backend split(BackendOptions{a.device() + "," + b.device(), 1, Attention::Auto, Kernels::Auto, "1,1", 1.0});
+        auto model = Model::load(test::model_path("llama_q8_0"), split);
+        ModelRunner runner(*model);
+        KvCache cache(split, model->config(), 64);
+        const std::vector<int32_t> tokens = {1, 450, 4996};
+        runner.forward(ForwardBatch::causal(tokens, 0, {2}), cache);
+        b.freeze();
+        runner.forward(ForwardBatch::causal(std::span(tokens).first(1), 3, {0}), cache);
+        std::exit(0);
+    };
+    EXPECT_EXIT(generate_while_one_freezes(), testing::ExitedWithCode(1), "specula: error: an rpc-server did not answer within 1 s");
+}
+
 TEST(Rpc, DeviceListsAndSplitsThatDoNotFitAreClearErrors) {
     RpcServer a;
     ASSERT_TRUE(a.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
@@ -258,6 +280,7 @@ TEST(Rpc, DeviceListsAndSplitsThatDoNotFitAreClearErrors) {
     EXPECT_NE(message({a.device() + "," + a.device(), 1}).find("is listed twice"), std::string::npos);
     EXPECT_NE(message({"cpu,", 1}).find("an empty entry"), std::string::npos);
     EXPECT_NE(message({"cpu", 1, Attention::Auto, Kernels::Auto, "1"}).find("--split needs a list of devices"), std::string::npos);
+    EXPECT_NE(message({a.device(), 1, Attention::Auto, Kernels::Auto, "", 0.0}).find("timeout must be positive"), std::string::npos);
     const std::string port = std::to_string(free_port());
     EXPECT_NE(message({a.device() + ",RPC[127.0.0.1:" + port + "]", 1}).find("no rpc-server answers at 127.0.0.1:" + port), std::string::npos);
     // A split backend holds one model's layer map.

@@ -17,7 +17,7 @@
 namespace specula {
 
 BackendOptions backend_options(const EngineOptions & options) {
-    return BackendOptions{options.device, options.n_threads, options.attention, options.kernels, options.split};
+    return BackendOptions{options.device, options.n_threads, options.attention, options.kernels, options.split, options.rpc_timeout};
 }
 
 Target::~Target() = default;

@@ -32,6 +32,7 @@ struct KvStorage {
         ggml_backend_buffer * buffer = nullptr;
         std::vector<int> layers;
     };
+    const Backend * owner = nullptr;  // its remote waits are watched (Backend::RemoteWait)
     uint64_t id = 0;
     int n_embd_kv = 0;
     int slots = 0;
@@ -41,7 +42,7 @@ struct KvStorage {
 };
 
 KvStorage::KvStorage(Backend & backend, int n_layers, int n_embd_kv, int slots)
-    : n_embd_kv(n_embd_kv), slots(slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
+    : owner(&backend), n_embd_kv(n_embd_kv), slots(slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
     static std::atomic<uint64_t> next_id{1};
     id = next_id++;
     if (slots <= 0) throw Error("KV cache capacity must be positive");
@@ -187,7 +188,10 @@ void KvCache::move_slots_on_device(std::span<const std::pair<int, int>> moves, s
     };
     for (int il : layers) copy(k_[il], false);
     for (int il : layers) copy(v_[il], v_transposed_);
-    const ggml_status status = ggml_backend_graph_compute(device, gf);
+    const ggml_status status = [&] {
+        const Backend::RemoteWait remote_wait(*storage_->owner);
+        return ggml_backend_graph_compute(device, gf);
+    }();
     ggml_free(ctx);
     if (status != GGML_STATUS_SUCCESS) throw Error("KV compact: the device could not move the kept rows");
 }

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -204,6 +205,7 @@ Backend::Backend(const BackendOptions & opts) {
     if (!cpu_dev) throw Error("ggml has no CPU backend");
 
     auto free_all = [&] {
+        stop_watchdog();
         for (ggml_backend_t b : backends_) ggml_backend_free(b);
         backends_.clear();
     };
@@ -240,6 +242,9 @@ Backend::Backend(const BackendOptions & opts) {
             // A write to a closed socket must fail, not kill the process silently with SIGPIPE.
             std::signal(SIGPIPE, SIG_IGN);
             ggml_set_abort_callback(on_ggml_abort);
+            if (!(opts.remote_timeout_s > 0.0)) throw Error("the rpc-server timeout must be positive");
+            remote_timeout_s_ = opts.remote_timeout_s;
+            watchdog_ = std::thread([this] { watch_remote_waits(); });
             for (size_t i = 0; i < devices_.size(); ++i) {
                 if (devices_[i].cpu) io_device_ = static_cast<int>(i);
             }
@@ -273,8 +278,48 @@ Backend::Backend(const BackendOptions & opts) {
 }
 
 Backend::~Backend() {
+    stop_watchdog();
     for (ggml_backend_t b : backends_) ggml_backend_free(b);
     if (threadpool_) ggml_threadpool_free(threadpool_);
+}
+
+namespace {
+int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Backend::RemoteWait::RemoteWait(const Backend & backend) : backend_(backend) {
+    if (backend_.remote_timeout_s_ > 0) {
+        backend_.wait_deadline_ns_ = steady_ns() + static_cast<int64_t>(backend_.remote_timeout_s_ * 1e9);
+    }
+}
+
+Backend::RemoteWait::~RemoteWait() { backend_.wait_deadline_ns_ = 0; }
+
+void Backend::stop_watchdog() {
+    if (!watchdog_.joinable()) return;
+    {
+        std::lock_guard<std::mutex> lock(watch_mutex_);
+        watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    watchdog_.join();
+}
+
+// Checks a few times a second; the process cannot be unblocked from inside ggml's wait on the
+// socket, so a wait past its deadline ends it, as a dead server does (on_ggml_abort).
+void Backend::watch_remote_waits() {
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!watch_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watch_stop_; })) {
+        const int64_t deadline = wait_deadline_ns_;
+        if (deadline != 0 && steady_ns() > deadline) {
+            std::fprintf(stderr, "specula: error: an rpc-server did not answer within %g s (--rpc-timeout); the run cannot go on\n",
+                         remote_timeout_s_);
+            std::fflush(stderr);
+            _exit(1);
+        }
+    }
 }
 
 bool Backend::remote() const {

@@ -1,8 +1,12 @@
 #pragma once
 // The compute device(s) a model runs on. Algorithms above the runtime never see this:
 // choosing CUDA/Metal/Vulkan/RPC instead of the CPU is a ggml build switch plus `device`.
+#include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "specula/options.h"
@@ -24,6 +28,9 @@ struct BackendOptions {
     // With a device list: the share of the layers each device runs, comma-separated weights in
     // the list's order (e.g. "1,3"); empty = proportional to each device's free memory.
     std::string split = {};
+    // With an rpc-server in the list: a forward that has not come back after this many seconds
+    // ends the process with one error line (ggml's RPC client waits on its sockets without one).
+    double remote_timeout_s = 120.0;
 };
 
 // How attention runs: ggml's fused flash-attention kernel; ggml's KQ matmul, masked softmax and
@@ -84,7 +91,29 @@ public:
     bool flash_attention() const { return attention_ == AttentionKernel::Flash; }
     void set_n_threads(int n);
 
+    // Brackets the network waits of one forward (inputs, compute, outputs) on remote devices: the
+    // watchdog ends the process with one error line when one outlasts remote_timeout_s.
+    class RemoteWait {
+    public:
+        explicit RemoteWait(const Backend & backend);
+        ~RemoteWait();
+        RemoteWait(const RemoteWait &) = delete;
+        RemoteWait & operator=(const RemoteWait &) = delete;
+
+    private:
+        const Backend & backend_;
+    };
+
 private:
+    void watch_remote_waits();
+    void stop_watchdog();
+    double remote_timeout_s_ = 0;
+    mutable std::mutex watch_mutex_;
+    mutable std::condition_variable watch_cv_;
+    mutable std::atomic<int64_t> wait_deadline_ns_{0};  // steady-clock ns; 0: no wait in progress
+    bool watch_stop_ = false;
+    std::thread watchdog_;
+
     std::vector<ggml_backend *> backends_;
     std::vector<Device> devices_;
     std::vector<std::vector<std::pair<ggml_backend_device *, ggml_backend_buffer_type *>>> matmul_bufts_;  // per device

@@ -44,6 +44,8 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e) {
                     "list of them to split the layers across (docs/distributed.md)")
         ->capture_default_str();
     sub->add_option("--split", e.split, "with a device list: each device's share of the layers, e.g. 1,3 (default: by free memory)");
+    sub->add_option("--rpc-timeout", e.rpc_timeout, "seconds an rpc-server may take to answer a forward before the run ends with an error")
+        ->capture_default_str();
     add_choice(sub, "--kernels", e.kernels, parse_kernels, "matmul kernels: auto (default; specula's on the CPU) | specula | ggml");
     add_choice(sub, "--attention", e.attention, parse_attention,
                "attention kernel: auto (default; specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula");
