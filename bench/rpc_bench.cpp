@@ -4,7 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,8 +22,6 @@
 #include "link_proxy.h"
 #include "specula/error.h"
 #include "specula/specula.h"
-
-extern char ** environ;
 
 namespace specula::bench {
 
@@ -60,13 +58,16 @@ public:
     explicit LocalRpcServer(int threads) : port_(free_port()) {
         const std::string bin = peer_binary("ggml-rpc-server"), port = std::to_string(port_), t = std::to_string(threads);
         const char * argv[] = {bin.c_str(), "-H", "127.0.0.1", "-p", port.c_str(), "-t", t.c_str(), nullptr};
-        posix_spawn_file_actions_t quiet;
-        posix_spawn_file_actions_init(&quiet);
-        posix_spawn_file_actions_addopen(&quiet, 1, "/dev/null", O_WRONLY, 0);
-        posix_spawn_file_actions_addopen(&quiet, 2, "/dev/null", O_WRONLY, 0);
-        const int rc = posix_spawn(&pid_, bin.c_str(), &quiet, nullptr, const_cast<char **>(argv), environ);
-        posix_spawn_file_actions_destroy(&quiet);
-        if (rc != 0) throw Error("could not start " + bin);
+        pid_ = fork();
+        if (pid_ < 0) throw Error("could not start " + bin);
+        if (pid_ == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned server when the benchmark is interrupted
+            const int null = open("/dev/null", O_WRONLY);
+            dup2(null, 1);
+            dup2(null, 2);
+            execv(bin.c_str(), const_cast<char **>(argv));
+            _exit(127);
+        }
         for (int i = 0; i < 300 && !accepts(port_); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         if (!accepts(port_)) throw Error(bin + " did not start listening on 127.0.0.1:" + port);
     }
@@ -97,6 +98,9 @@ struct Mode {
     std::string name;
     DrafterSpec drafter;
     std::optional<TreeShape> tree;
+    int tree_nodes = 0;                                  // 0: sized from the measured verify cost
+    DraftPolicyKind policy = DraftPolicyKind::Cost;
+    int draft_max = 8;
 };
 
 struct Measured {
@@ -128,16 +132,23 @@ int run_rpc_bench(const RpcBenchOptions & o) {
     }
     std::vector<Mode> modes = {{"plain", {}, std::nullopt}};
     if (!o.eagle3.empty()) {
+        // The policies size drafts from the verify cost measured through the link; the fixed
+        // shapes show what a given draft size gains at each latency.
         modes.push_back({"eagle3 dynamic tree", {DrafterKind::Eagle3, o.eagle3}, TreeShape::Dynamic});
+        modes.push_back({"eagle3 tree, 16 nodes", {DrafterKind::Eagle3, o.eagle3}, TreeShape::Dynamic, 16});
         modes.push_back({"eagle3 chain", {DrafterKind::Eagle3, o.eagle3}, TreeShape::Chain});
+        modes.push_back({"eagle3 chain, k=4", {DrafterKind::Eagle3, o.eagle3}, TreeShape::Chain, 0, DraftPolicyKind::Fixed, 4});
     }
-    if (!o.draft.empty()) modes.push_back({"draft chain", {DrafterKind::DraftModel, o.draft}, TreeShape::Chain});
+    if (!o.draft.empty()) {
+        modes.push_back({"draft chain", {DrafterKind::DraftModel, o.draft}, TreeShape::Chain});
+        modes.push_back({"draft chain, k=4", {DrafterKind::DraftModel, o.draft}, TreeShape::Chain, 0, DraftPolicyKind::Fixed, 4});
+    }
 
     const MachineLoad load = measure_machine_load();
     print_machine(load);
     std::printf("target %s on %s%s; %zu prompts x %d tokens, %d reps\n", o.model.c_str(), device.c_str(),
                 servers.empty() ? "" : " (rpc-servers started here)", prompts.size(), o.n_gen, o.reps);
-    std::printf("%8s  %-20s %22s %9s %12s %9s\n", "delay", "mode", "tok/s med [min-max]", "speedup", "trips/token", "tok/fwd");
+    std::printf("%8s  %-22s %22s %9s %12s %9s\n", "delay", "mode", "tok/s med [min-max]", "speedup", "trips/token", "tok/fwd");
 
     json rows = json::array();
     for (double delay : o.delays_ms) {
@@ -172,6 +183,9 @@ int run_rpc_bench(const RpcBenchOptions & o) {
             e.n_ctx = 1024;
             e.drafter = mode.drafter;
             e.tree = mode.tree;
+            e.tree_nodes = mode.tree_nodes;
+            e.draft_policy = mode.policy;
+            e.draft_max = mode.draft_max;
             auto engine = Engine::open(e);
             GenerationOptions g;
             g.n_predict = o.n_gen;
@@ -204,7 +218,7 @@ int run_rpc_bench(const RpcBenchOptions & o) {
             const Summary s = summarize(m.tok_s);
             if (mode.name == "plain") plain_median = s.median;
             const double speedup = plain_median > 0 ? s.median / plain_median : 0.0;
-            std::printf("%5.1f ms  %-20s %8.1f [%5.1f-%5.1f] %8.2fx %12.1f %9s\n", delay, mode.name.c_str(), s.median, s.min, s.max,
+            std::printf("%5.1f ms  %-22s %8.1f [%5.1f-%5.1f] %8.2fx %12.1f %9s\n", delay, mode.name.c_str(), s.median, s.min, s.max,
                         speedup, m.round_trips_per_token,
                         mode.name == "plain" ? "-" : std::to_string(m.accepted_length).substr(0, 4).c_str());
             std::fflush(stdout);
