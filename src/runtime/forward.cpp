@@ -345,18 +345,6 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
     // Each part's rows straight from the graph's outputs into its ForwardOutput, whose buffers the
     // caller keeps between forwards: a verify block's logits are megabytes, and a fresh buffer
     // for them costs page faults on every forward.
-    // Reads are queued on the device that holds each output and waited for together: on an
-    // rpc-server, one round trip for all of a forward's outputs instead of one per output.
-    std::vector<ggml_backend_t> reading;
-    auto read = [&](ggml_tensor * t, void * dst, size_t offset, size_t bytes) {
-        ggml_backend_t device = ggml_backend_sched_get_tensor_backend(g.sched, t);
-        if (!device) {
-            ggml_backend_tensor_get(t, dst, offset, bytes);
-            return;
-        }
-        ggml_backend_tensor_get_async(device, t, dst, offset, bytes);
-        if (std::find(reading.begin(), reading.end(), device) == reading.end()) reading.push_back(device);
-    };
     const size_t E = c.n_embd, V = c.n_vocab;
     size_t logit_row = 0;
     for (size_t p = 0; p < parts.size(); ++p) {
@@ -367,17 +355,16 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
         const size_t rows = b.n_tokens(), first = row_begin[p];
         const size_t n_out = g.out.logits ? b.logit_rows.size() : 0;
         out.logits.resize(n_out * V);
-        if (n_out > 0) read(g.out.logits, out.logits.data(), sizeof(float) * logit_row * V, sizeof(float) * n_out * V);
+        if (n_out > 0) ggml_backend_tensor_get(g.out.logits, out.logits.data(), sizeof(float) * logit_row * V, sizeof(float) * n_out * V);
         logit_row += n_out;
         out.taps.resize(g.out.taps.size());
         for (size_t t = 0; t < g.out.taps.size(); ++t) {
             out.taps[t].resize(rows * E);
-            read(g.out.taps[t], out.taps[t].data(), sizeof(float) * first * E, sizeof(float) * rows * E);
+            ggml_backend_tensor_get(g.out.taps[t], out.taps[t].data(), sizeof(float) * first * E, sizeof(float) * rows * E);
         }
         out.hidden_out.resize(g.out.hidden_out ? rows * E : 0);
-        if (g.out.hidden_out) read(g.out.hidden_out, out.hidden_out.data(), sizeof(float) * first * E, sizeof(float) * rows * E);
+        if (g.out.hidden_out) ggml_backend_tensor_get(g.out.hidden_out, out.hidden_out.data(), sizeof(float) * first * E, sizeof(float) * rows * E);
     }
-    for (ggml_backend_t device : reading) ggml_backend_synchronize(device);
 }
 
 }  // namespace specula
