@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -283,19 +284,11 @@ Backend::~Backend() {
     if (threadpool_) ggml_threadpool_free(threadpool_);
 }
 
-namespace {
-int64_t steady_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
 Backend::RemoteWait::RemoteWait(const Backend & backend) : backend_(backend) {
-    if (backend_.remote_timeout_s_ > 0) {
-        backend_.wait_deadline_ns_ = steady_ns() + static_cast<int64_t>(backend_.remote_timeout_s_ * 1e9);
-    }
+    if (backend_.remote_timeout_s_ > 0) backend_.wait_in_progress_ = ++backend_.wait_serial_;
 }
 
-Backend::RemoteWait::~RemoteWait() { backend_.wait_deadline_ns_ = 0; }
+Backend::RemoteWait::~RemoteWait() { backend_.wait_in_progress_ = 0; }
 
 void Backend::stop_watchdog() {
     if (!watchdog_.joinable()) return;
@@ -308,12 +301,28 @@ void Backend::stop_watchdog() {
 }
 
 // Checks a few times a second; the process cannot be unblocked from inside ggml's wait on the
-// socket, so a wait past its deadline ends it, as a dead server does (on_ggml_abort).
+// socket, so a wait past the timeout ends it, as a dead server does (on_ggml_abort). The wait is
+// timed in the watchdog's own ticks, each counting at most a quarter second: a process suspended
+// (Ctrl-Z, a debugger) and resumed does not count the suspension as waiting.
 void Backend::watch_remote_waits() {
+    using Clock = std::chrono::steady_clock;
+    const auto tick_cap = std::chrono::milliseconds(250);
+    Clock::duration waited{};
+    uint64_t watched = 0;
+    Clock::time_point last = Clock::now();
     std::unique_lock<std::mutex> lock(watch_mutex_);
     while (!watch_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watch_stop_; })) {
-        const int64_t deadline = wait_deadline_ns_;
-        if (deadline != 0 && steady_ns() > deadline) {
+        const Clock::time_point now = Clock::now();
+        const Clock::duration tick = std::min<Clock::duration>(now - last, tick_cap);
+        last = now;
+        const uint64_t wait = wait_in_progress_;
+        if (wait == 0 || wait != watched) {
+            watched = wait;
+            waited = Clock::duration{};
+            continue;
+        }
+        waited += tick;
+        if (waited > std::chrono::duration<double>(remote_timeout_s_)) {
             std::fprintf(stderr, "specula: error: an rpc-server did not answer within %g s (--rpc-timeout); the run cannot go on\n",
                          remote_timeout_s_);
             std::fflush(stderr);

@@ -110,7 +110,8 @@ private:
     double remote_timeout_s_ = 0;
     mutable std::mutex watch_mutex_;
     mutable std::condition_variable watch_cv_;
-    mutable std::atomic<int64_t> wait_deadline_ns_{0};  // steady-clock ns; 0: no wait in progress
+    mutable std::atomic<uint64_t> wait_in_progress_{0};  // the wait's serial number; 0: none
+    mutable std::atomic<uint64_t> wait_serial_{0};
     bool watch_stop_ = false;
     std::thread watchdog_;
 
