@@ -61,11 +61,10 @@ public:
 
     // Backends in scheduling priority: the listed non-CPU devices first, the CPU last (fallback for ops).
     const std::vector<ggml_backend *> & backends() const { return backends_; }
-    const std::vector<Device> & devices() const { return devices_; }
     // Splits n_layer layers over the device list (BackendOptions::split), contiguous ranges in the
     // list's order. A split backend serves one model: placing a different layer count throws.
     void place_layers(int n_layer);
-    // Index into devices() of the device running `layer` (kIo: the embedding and output head).
+    // Index into the device list of the device running `layer` (kIo: the embedding and output head).
     int device_of(int layer) const;
     // Buffer types to try, in order, for a weight used by a matrix multiply (CPU repack first).
     const std::vector<std::pair<ggml_backend_device *, ggml_backend_buffer_type *>> & matmul_weight_bufts(int layer = kIo) const;
@@ -108,8 +107,8 @@ private:
     void watch_remote_waits();
     void stop_watchdog();
     double remote_timeout_s_ = 0;
-    mutable std::mutex watch_mutex_;
-    mutable std::condition_variable watch_cv_;
+    std::mutex watch_mutex_;
+    std::condition_variable watch_cv_;
     mutable std::atomic<uint64_t> wait_in_progress_{0};  // the wait's serial number; 0: none
     mutable std::atomic<uint64_t> wait_serial_{0};
     bool watch_stop_ = false;
