@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <thread>
 
 #include "specula/error.h"
+#include "specula/specula.h"
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -62,11 +64,22 @@ public:
     }
     ~RpcServer() {
         if (pid_ > 0) {
+            kill(pid_, SIGCONT);  // a test may have frozen it
             kill(pid_, SIGTERM);
             waitpid(pid_, nullptr, 0);
         }
     }
     bool up() const { return pid_ > 0 && listening(port_); }
+    // Kills the server as a crash or a power cut would (no goodbye on the socket).
+    void kill_now() {
+        if (pid_ > 0) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+            pid_ = -1;
+        }
+    }
+    // Freezes the server as a hung host would: the connection stays open, nothing answers.
+    void freeze() { kill(pid_, SIGSTOP); }
     std::string device() const { return "RPC[127.0.0.1:" + std::to_string(port_) + "]"; }
 
 private:
@@ -142,6 +155,138 @@ TEST(Rpc, NoServerOrAMalformedEndpointIsAClearError) {
     EXPECT_NE(msg.find("no rpc-server answers at 127.0.0.1:" + port), std::string::npos) << msg;
     msg = test::error_message([] { Backend b(BackendOptions{"RPC[localhost]", 1}); });
     EXPECT_NE(msg.find("expected RPC[host:port]"), std::string::npos) << msg;
+}
+
+// The layers of one model split over two rpc-servers (the embedding and output head stay on the
+// local CPU) compute what the model on one rpc-server computes, bit for bit: the same ggml
+// kernels run every op, only where the rows are differs. Also with the local CPU as one of the
+// devices against the local CPU alone (ggml's kernels). A layer whose K/V went to the wrong
+// device, or a block the scheduler copied wrongly between devices, fails this.
+TEST(Rpc, SplitTargetGivesTheSingleDeviceLogitsBitForBit) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    const std::vector<int32_t> tokens = {1, 450, 4996, 17354, 1701, 338, 310, 526, 2253, 825, 29889, 3186};
+    for (const char * name : {"llama_gqa_f32", "llama_q8_0"}) {
+        SCOPED_TRACE(name);
+        Backend one(BackendOptions{a.device(), 1});
+        Backend two(BackendOptions{a.device() + "," + b.device(), 1, Attention::Auto, Kernels::Auto, "1,1"});
+        const std::vector<float> single = logits(one, test::model_path(name), tokens);
+        const std::vector<float> split = logits(two, test::model_path(name), tokens);
+        EXPECT_NE(two.kernels_summary().find("on " + b.device()), std::string::npos) << two.kernels_summary();
+        EXPECT_EQ(test::max_abs_diff(single, split), 0.0) << "two rpc-servers vs one";
+
+        Backend cpu(BackendOptions{"cpu", 1, Attention::Flash, Kernels::Ggml});
+        Backend mixed(BackendOptions{"cpu," + b.device(), 1, Attention::Flash, Kernels::Ggml, "1,1"});
+        const std::vector<float> local = logits(cpu, test::model_path(name), tokens);
+        const std::vector<float> half = logits(mixed, test::model_path(name), tokens);
+        EXPECT_NE(mixed.kernels_summary().find("on cpu"), std::string::npos) << mixed.kernels_summary();
+        EXPECT_EQ(test::max_abs_diff(local, half), 0.0) << "local CPU + rpc-server vs local CPU";
+    }
+}
+
+// Tree compaction with the cache's layers on two devices moves the kept rows on each of them.
+TEST(Rpc, TreeCompactionWithASplitTargetKeepsTheAcceptedPath) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    for (Attention attention : {Attention::Flash, Attention::Matmul}) {
+        Backend split(BackendOptions{"cpu," + a.device() + "," + b.device(), 1, attention, Kernels::Auto, "1,1,1"});
+        const test::CompactionCheck c = test::check_tree_compaction(split, test::model_path("llama_q8_0"));
+        SCOPED_TRACE(c.v_transposed ? "transposed V" : "row-major V");
+        EXPECT_LT(c.max_kv_diff, 2e-3);
+        EXPECT_LT(c.max_logit_diff, 1e-2);
+    }
+}
+
+std::vector<int32_t> greedy_tokens(const std::string & device, DrafterSpec drafter, std::optional<TreeShape> tree = std::nullopt) {
+    EngineOptions o;
+    o.model_path = test::shipped_model("specula-target.gguf");
+    o.device = device;
+    o.split = "1,1";
+    o.n_threads = 1;
+    o.n_ctx = 256;
+    o.drafter = std::move(drafter);
+    o.tree = tree;
+    auto engine = Engine::open(o);
+    GenerationOptions g;
+    g.n_predict = 40;
+    g.stop_at_end_of_generation = false;
+    std::vector<int32_t> out;
+    engine->generate(engine->tokenize("Once upon a time"), g, [&](int32_t t) {
+        out.push_back(t);
+        return true;
+    });
+    return out;
+}
+
+// Greedy speculative decoding is lossless with the target split over two rpc-servers and the
+// drafter on the local CPU: a draft model's chains and an EAGLE-3 head's trees (rollback and
+// compaction of a cache on two devices) give plain decoding's tokens.
+TEST(Rpc, GreedySpeculativeOutputEqualsPlainWithTheTargetSplit) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    const std::string devices = a.device() + "," + b.device();
+    const std::vector<int32_t> plain = greedy_tokens(devices, {});
+    ASSERT_EQ(plain.size(), 40u);
+    EXPECT_EQ(greedy_tokens(devices, {DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf")}), plain);
+    EXPECT_EQ(greedy_tokens(devices, {DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf")}, TreeShape::Dynamic), plain);
+}
+
+// An rpc-server killed mid-generation ends the run with one error line, not a hang or ggml's
+// backtrace (its RPC client aborts from its own thread: nothing unwinds to the caller).
+TEST(RpcDeathTest, AServerKilledMidRunIsOneErrorLine) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    auto generate_while_one_dies = [&] {
+        Backend split(BackendOptions{a.device() + "," + b.device(), 1, Attention::Auto, Kernels::Auto, "1,1"});
+        auto model = Model::load(test::model_path("llama_q8_0"), split);
+        ModelRunner runner(*model);
+        KvCache cache(split, model->config(), 64);
+        const std::vector<int32_t> tokens = {1, 450, 4996};
+        runner.forward(ForwardBatch::causal(tokens, 0, {2}), cache);
+        b.kill_now();
+        for (int i = 0; i < 8; ++i) runner.forward(ForwardBatch::causal(std::span(tokens).first(1), 3 + i, {0}), cache);
+        std::exit(0);
+    };
+    EXPECT_EXIT(generate_while_one_dies(),
+        testing::ExitedWithCode(1), "specula: error: an rpc-server stopped answering mid-generation");
+}
+
+// An rpc-server that stops answering without closing its connection (a frozen host) ends the run
+// with one error line after --rpc-timeout, not a hang: ggml's client waits on the socket forever.
+TEST(RpcDeathTest, AFrozenServerIsOneErrorLineAfterTheTimeout) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    auto generate_while_one_freezes = [&] {
+        Backend split(BackendOptions{a.device() + "," + b.device(), 1, Attention::Auto, Kernels::Auto, "1,1", 1.0});
+        auto model = Model::load(test::model_path("llama_q8_0"), split);
+        ModelRunner runner(*model);
+        KvCache cache(split, model->config(), 64);
+        const std::vector<int32_t> tokens = {1, 450, 4996};
+        runner.forward(ForwardBatch::causal(tokens, 0, {2}), cache);
+        b.freeze();
+        runner.forward(ForwardBatch::causal(std::span(tokens).first(1), 3, {0}), cache);
+        std::exit(0);
+    };
+    EXPECT_EXIT(generate_while_one_freezes(), testing::ExitedWithCode(1), "specula: error: an rpc-server did not answer within 1 s");
+}
+
+TEST(Rpc, DeviceListsAndSplitsThatDoNotFitAreClearErrors) {
+    RpcServer a;
+    ASSERT_TRUE(a.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    auto message = [](BackendOptions o) { return test::error_message([&] { Backend b(o); }); };
+    EXPECT_NE(message({"cpu," + a.device(), 1, Attention::Auto, Kernels::Auto, "1,2,3"}).find("--split has 3 entries for 2 devices"), std::string::npos);
+    EXPECT_NE(message({"cpu," + a.device(), 1, Attention::Auto, Kernels::Auto, "1,x"}).find("'x' is not a non-negative number"), std::string::npos);
+    EXPECT_NE(message({"cpu," + a.device(), 1, Attention::Auto, Kernels::Auto, "0,0"}).find("every share is zero"), std::string::npos);
+    EXPECT_NE(message({a.device() + "," + a.device(), 1}).find("is listed twice"), std::string::npos);
+    EXPECT_NE(message({"cpu,", 1}).find("an empty entry"), std::string::npos);
+    EXPECT_NE(message({"cpu", 1, Attention::Auto, Kernels::Auto, "1"}).find("--split needs a list of devices"), std::string::npos);
+    EXPECT_NE(message({a.device(), 1, Attention::Auto, Kernels::Auto, "", 0.0}).find("timeout must be positive"), std::string::npos);
+    const std::string port = std::to_string(free_port());
+    EXPECT_NE(message({a.device() + ",RPC[127.0.0.1:" + port + "]", 1}).find("no rpc-server answers at 127.0.0.1:" + port), std::string::npos);
+    // A split backend holds one model's layer map.
+    Backend split(BackendOptions{"cpu," + a.device(), 1, Attention::Auto, Kernels::Auto, "1,1"});
+    auto model = Model::load(test::model_path("llama_q8_0"), split);
+    EXPECT_NE(test::error_message([&] { split.place_layers(model->config().n_layer + 1); }).find("serves one model"), std::string::npos);
 }
 
 }  // namespace

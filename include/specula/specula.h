@@ -27,7 +27,9 @@ struct EngineOptions {
     int tree_nodes = 0;          // nodes verified per round; 0 = chosen from the measured verify cost
     int n_ctx = 2048;            // tokens of context (prompt + generation)
     int n_threads = 0;           // 0 = physical cores
-    std::string device = "cpu";  // a ggml device name when built with a GPU backend
+    std::string device = "cpu";  // a ggml device name, or a list of them the layers are split across
+    std::string split;           // the layer share of each listed device ("1,3"); empty: by free memory
+    double rpc_timeout = 120.0;  // seconds an rpc-server may take to answer a forward before the run ends
     Kernels kernels = Kernels::Auto;
     Attention attention = Attention::Auto;
     // SpecEE early exit (docs/specee.md): the exit-predictor sidecar, with the EAGLE-3 head as

@@ -17,7 +17,7 @@
 namespace specula {
 
 BackendOptions backend_options(const EngineOptions & options) {
-    return BackendOptions{options.device, options.n_threads, options.attention, options.kernels};
+    return BackendOptions{options.device, options.n_threads, options.attention, options.kernels, options.split, options.rpc_timeout};
 }
 
 ModelBundle::~ModelBundle() = default;
@@ -48,7 +48,10 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
         t->policy = rules.policy;
         t->tree = rules.tree;
     }
-    t->drafter = DrafterSource::open(spec, *t->backend, *t->model, *t->tokenizer);
+    if (t->backend->remote() && spec.kind != DrafterKind::None) {
+        t->draft_backend = std::make_unique<Backend>(BackendOptions{"cpu", options.n_threads, options.attention, options.kernels});
+    }
+    t->drafter = DrafterSource::open(spec, t->draft_backend ? *t->draft_backend : *t->backend, *t->model, *t->tokenizer);
     if (t->speculative) progress.step("drafter");
     if (!options.specee_path.empty()) {
         if (spec.kind != DrafterKind::Eagle3) throw Error("--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");

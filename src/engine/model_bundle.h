@@ -36,6 +36,8 @@ struct ModelBundle {
 
     EngineOptions options;
     std::unique_ptr<Backend> backend;
+    // The drafter's when the target runs on remote devices: drafting stays on the local CPU.
+    std::unique_ptr<Backend> draft_backend;
     std::unique_ptr<Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
     DrafterSource drafter;

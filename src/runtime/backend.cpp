@@ -4,6 +4,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <string>
@@ -92,9 +98,79 @@ ggml_backend_dev_t rpc_device(const std::string & name) {
 
 }  // namespace
 
+namespace {
+
+std::vector<std::string> split_list(const std::string & s) {
+    std::vector<std::string> items;
+    size_t begin = 0;
+    while (true) {
+        const size_t comma = s.find(',', begin);
+        items.push_back(s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+        if (comma == std::string::npos) return items;
+        begin = comma + 1;
+    }
+}
+
+// The --split weights, one per device, or each device's free memory when none are given.
+std::vector<double> layer_shares(const std::string & split, const std::vector<Device> & devices) {
+    std::vector<double> shares;
+    if (split.empty()) {
+        for (const Device & d : devices) {
+            size_t free = 0, total = 0;
+            ggml_backend_dev_memory(d.dev, &free, &total);
+            shares.push_back(static_cast<double>(free > 0 ? free : 1));
+        }
+        return shares;
+    }
+    const std::vector<std::string> items = split_list(split);
+    if (items.size() != devices.size()) {
+        throw Error("--split has " + std::to_string(items.size()) + " entries for " + std::to_string(devices.size()) +
+                    " devices: give one share per --device entry");
+    }
+    double sum = 0.0;
+    for (const std::string & item : items) {
+        size_t used = 0;
+        double share = -1.0;
+        try {
+            share = std::stod(item, &used);
+        } catch (const std::exception &) {
+            used = 0;
+        }
+        if (used == 0 || used != item.size() || !std::isfinite(share) || share < 0.0) {
+            throw Error("--split '" + split + "': '" + item + "' is not a non-negative number");
+        }
+        shares.push_back(share);
+        sum += share;
+    }
+    if (!(sum > 0.0)) throw Error("--split '" + split + "': every share is zero");
+    return shares;
+}
+
+// ggml's RPC client aborts the process from its own thread when an rpc-server stops answering
+// mid-generation (a closed socket: the server died or the link broke): nothing can unwind to the
+// caller from there, so the process ends with one error line instead of ggml's backtrace.
+void on_ggml_abort(const char * message) {
+    const bool rpc = std::strstr(message, "RPC") != nullptr;
+    std::fprintf(stderr, "specula: error: %s\n",
+                 rpc ? "an rpc-server stopped answering mid-generation (it died or the link broke); the run cannot go on"
+                     : message);
+    std::fflush(stderr);
+    _exit(1);
+}
+
+}  // namespace
+
 Backend::Backend(const BackendOptions & opts) {
     // Options are checked before any ggml backend exists: a throwing constructor runs no destructor.
-    const bool on_cpu = opts.device == "cpu";
+    const std::vector<std::string> names = split_list(opts.device);
+    for (size_t i = 0; i < names.size(); ++i) {
+        if (names[i].empty()) throw Error("--device '" + opts.device + "': an empty entry in the device list");
+        for (size_t j = 0; j < i; ++j) {
+            if (names[j] == names[i]) throw Error("--device '" + opts.device + "': " + names[i] + " is listed twice");
+        }
+    }
+    if (!opts.split.empty() && names.size() == 1) throw Error("--split needs a list of devices (--device cpu,RPC[host:port],...)");
+    const bool on_cpu = names.size() == 1 && names[0] == "cpu";
     if (!on_cpu && (opts.kernels == Kernels::Specula || opts.attention == Attention::Specula)) {
         throw Error("specula's own kernels run on the CPU only; device '" + opts.device + "' takes --kernels ggml (or auto)");
     }
@@ -108,6 +184,7 @@ Backend::Backend(const BackendOptions & opts) {
         kernels_summary_ = std::string("specula's, ") + kernels::cpu_path_name(path) + " path";
         if (!simd) kernels_summary_ += " (portable C++: specula has no SIMD path for this CPU)";
     } else if (!on_cpu) {
+        // One kernel family for the whole model: a device list keeps ggml's on its CPU layers too.
         kernels_summary_ = "ggml's, on " + opts.device;
     } else if (opts.kernels == Kernels::Ggml) {
         kernels_summary_ = "ggml's (--kernels ggml)";
@@ -115,6 +192,7 @@ Backend::Backend(const BackendOptions & opts) {
         kernels_summary_ = "ggml's: specula has no SIMD path for this CPU (--kernels specula runs its portable one); "
                            "greedy speculative output can differ from plain decoding at near-ties";
     }
+    kernels_base_ = kernels_summary_;
     switch (opts.attention) {
         case Attention::Auto:
             attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul : AttentionKernel::Flash;
@@ -127,55 +205,187 @@ Backend::Backend(const BackendOptions & opts) {
     ggml_backend_dev_t cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!cpu_dev) throw Error("ggml has no CPU backend");
 
-    if (opts.device != "cpu") {
-        ggml_backend_dev_t dev = opts.device.rfind("RPC[", 0) == 0 ? rpc_device(opts.device) : ggml_backend_dev_by_name(opts.device.c_str());
-        if (!dev) {
-            std::string available;
-            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-                available += std::string(available.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
-            }
-            throw Error("device '" + opts.device + "' not found (this build has: " + available + ")");
-        }
-        ggml_backend_t b = ggml_backend_dev_init(dev, nullptr);
-        if (!b) throw Error("could not initialise device '" + opts.device + "'");
-        backends_.push_back(b);
-        matmul_bufts_.push_back({dev, ggml_backend_dev_buffer_type(dev)});
-    }
-
-    cpu_ = ggml_backend_dev_init(cpu_dev, nullptr);
-    if (!cpu_) {
+    auto free_all = [&] {
+        stop_watchdog();
         for (ggml_backend_t b : backends_) ggml_backend_free(b);
-        throw Error("could not initialise the CPU backend");
-    }
-    backends_.push_back(cpu_);
-
-    if (backends_.size() == 1) {
-        // Repacked layouts (e.g. Q4_0 -> 8x8 interleaved) are what make ggml's CPU matmuls fast.
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu_dev);
-        auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
-            ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
-        if (get_extra) {
-            for (ggml_backend_buffer_type_t * p = get_extra(cpu_dev); p && *p; ++p) {
-                matmul_bufts_.push_back({cpu_dev, *p});
+        backends_.clear();
+    };
+    try {
+        for (const std::string & name : names) {
+            if (name == "cpu") {
+                devices_.push_back({name, nullptr, cpu_dev, true});
+                continue;
+            }
+            ggml_backend_dev_t dev = name.rfind("RPC[", 0) == 0 ? rpc_device(name) : ggml_backend_dev_by_name(name.c_str());
+            if (!dev) {
+                std::string available;
+                for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+                    available += std::string(available.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+                }
+                throw Error("device '" + name + "' not found (this build has: " + available + ")");
+            }
+            for (const Device & d : devices_) {
+                if (d.dev == dev) throw Error("--device '" + opts.device + "': " + name + " is the same device as " + d.name);
+            }
+            ggml_backend_t b = ggml_backend_dev_init(dev, nullptr);
+            if (!b) throw Error("could not initialise device '" + name + "'");
+            backends_.push_back(b);
+            devices_.push_back({name, b, dev, false});
+        }
+        cpu_ = ggml_backend_dev_init(cpu_dev, nullptr);
+        if (!cpu_) throw Error("could not initialise the CPU backend");
+        backends_.push_back(cpu_);
+        for (Device & d : devices_) {
+            if (d.cpu) d.backend = cpu_;
+        }
+        split_ = layer_shares(opts.split, devices_);
+        if (remote()) {
+            // A write to a closed socket must fail, not kill the process silently with SIGPIPE.
+            std::signal(SIGPIPE, SIG_IGN);
+            ggml_set_abort_callback(on_ggml_abort);
+            if (!(opts.remote_timeout_s > 0.0)) throw Error("the rpc-server timeout must be positive");
+            remote_timeout_s_ = opts.remote_timeout_s;
+            watchdog_ = std::thread([this] { watch_remote_waits(); });
+            for (size_t i = 0; i < devices_.size(); ++i) {
+                if (devices_[i].cpu) io_device_ = static_cast<int>(i);
+            }
+            if (!devices_[io_device_].cpu) {  // no "cpu" entry: the embedding and head get one of their own
+                devices_.push_back({"cpu", cpu_, cpu_dev, true});
+                split_.push_back(0.0);
+                io_device_ = static_cast<int>(devices_.size()) - 1;
             }
         }
-    }
-    matmul_bufts_.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
-    try {
+
+        for (const Device & d : devices_) {
+            std::vector<std::pair<ggml_backend_dev_t, ggml_backend_buffer_type_t>> bufts;
+            if (!d.cpu) bufts.push_back({d.dev, ggml_backend_dev_buffer_type(d.dev)});
+            if (d.cpu && backends_.size() == 1) {
+                // Repacked layouts (e.g. Q4_0 -> 8x8 interleaved) are what make ggml's CPU matmuls fast.
+                ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu_dev);
+                auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+                    ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+                if (get_extra) {
+                    for (ggml_backend_buffer_type_t * p = get_extra(cpu_dev); p && *p; ++p) bufts.push_back({cpu_dev, *p});
+                }
+            }
+            bufts.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
+            matmul_bufts_.push_back(std::move(bufts));
+        }
         set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
     } catch (...) {
-        for (ggml_backend_t b : backends_) ggml_backend_free(b);
+        free_all();
         throw;
     }
 }
 
 Backend::~Backend() {
+    stop_watchdog();
     for (ggml_backend_t b : backends_) ggml_backend_free(b);
     if (threadpool_) ggml_threadpool_free(threadpool_);
 }
 
-ggml_backend_buffer_type * Backend::default_buft() const {
-    return ggml_backend_get_default_buffer_type(backends_.front());
+Backend::RemoteWait::RemoteWait(const Backend & backend) : backend_(backend) {
+    if (backend_.remote_timeout_s_ > 0) backend_.wait_in_progress_ = ++backend_.wait_serial_;
+}
+
+Backend::RemoteWait::~RemoteWait() { backend_.wait_in_progress_ = 0; }
+
+void Backend::stop_watchdog() {
+    if (!watchdog_.joinable()) return;
+    {
+        std::lock_guard<std::mutex> lock(watch_mutex_);
+        watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    watchdog_.join();
+}
+
+// Checks a few times a second; the process cannot be unblocked from inside ggml's wait on the
+// socket, so a wait past the timeout ends it, as a dead server does (on_ggml_abort). The wait is
+// timed in the watchdog's own ticks, each counting at most a quarter second: a process suspended
+// (Ctrl-Z, a debugger) and resumed does not count the suspension as waiting.
+void Backend::watch_remote_waits() {
+    using Clock = std::chrono::steady_clock;
+    const auto tick_cap = std::chrono::milliseconds(250);
+    Clock::duration waited{};
+    uint64_t watched = 0;
+    Clock::time_point last = Clock::now();
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!watch_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watch_stop_; })) {
+        const Clock::time_point now = Clock::now();
+        const Clock::duration tick = std::min<Clock::duration>(now - last, tick_cap);
+        last = now;
+        const uint64_t wait = wait_in_progress_;
+        if (wait == 0 || wait != watched) {
+            watched = wait;
+            waited = Clock::duration{};
+            continue;
+        }
+        waited += tick;
+        if (waited > std::chrono::duration<double>(remote_timeout_s_)) {
+            std::fprintf(stderr, "specula: error: an rpc-server did not answer within %g s (--rpc-timeout); the run cannot go on\n",
+                         remote_timeout_s_);
+            std::fflush(stderr);
+            _exit(1);
+        }
+    }
+}
+
+bool Backend::remote() const {
+    for (const Device & d : devices_) {
+        if (d.name.rfind("RPC[", 0) == 0) return true;
+    }
+    return false;
+}
+
+void Backend::place_layers(int n_layer) {
+    if (devices_.size() == 1) return;  // one device runs every layer of any model
+    if (!layer_device_.empty()) {
+        if (static_cast<int>(layer_device_.size()) != n_layer) {
+            throw Error("the device list's layer split serves one model (" + std::to_string(layer_device_.size()) +
+                        " layers), not a second one of " + std::to_string(n_layer));
+        }
+        return;
+    }
+    double total = 0.0;
+    for (double s : split_) total += s;
+    // Contiguous ranges: device d runs the layers whose index falls below its cumulative share.
+    layer_device_.assign(n_layer, 0);
+    double cumulative = 0.0;
+    int il = 0;
+    for (size_t d = 0; d < devices_.size(); ++d) {
+        cumulative += split_[d];
+        const int end = d + 1 == devices_.size() ? n_layer : static_cast<int>(std::lround(cumulative / total * n_layer));
+        for (; il < end; ++il) layer_device_[il] = static_cast<int>(d);
+    }
+    std::string placement;
+    int first = 0;
+    for (int l = 1; l <= n_layer; ++l) {
+        if (l == n_layer || layer_device_[l] != layer_device_[first]) {
+            placement += std::string(placement.empty() ? "" : ", ") + "layers " + std::to_string(first) + "-" + std::to_string(l - 1) +
+                         " on " + devices_[layer_device_[first]].name;
+            first = l;
+        }
+    }
+    kernels_summary_ = kernels_base_ + " (" + placement + "; embedding and output head on " + devices_[io_device_].name + ")";
+}
+
+int Backend::device_of(int layer) const {
+    if (layer == kIo) return io_device_;
+    if (devices_.size() == 1) return 0;  // also serves a drafter of another depth than the target
+    if (layer < 0 || layer >= static_cast<int>(layer_device_.size())) {
+        throw Error("layer " + std::to_string(layer) + " has no device: the device list's split places " +
+                    std::to_string(layer_device_.size()) + " layers");
+    }
+    return layer_device_[layer];
+}
+
+const std::vector<std::pair<ggml_backend_device *, ggml_backend_buffer_type *>> & Backend::matmul_weight_bufts(int layer) const {
+    return matmul_bufts_[device_of(layer)];
+}
+
+ggml_backend_buffer_type * Backend::default_buft(int layer) const {
+    return ggml_backend_get_default_buffer_type(backend_of(layer));
 }
 
 void Backend::set_n_threads(int n) {

@@ -359,6 +359,7 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
     const int n = merged.n_tokens();
     const int n_kv = std::min(pool.storage_slots(), (m.kv_len + kKvPad - 1) / kKvPad * kKvPad);
 
+    const Backend::RemoteWait remote_wait(net_.backend());
     Graph & g = graph_for(merged, *parts[0].cache, n_kv, want_logits, layer_end);
 
     // An input the graph never reads (e.g. the mask when no layer's attention output is needed)

@@ -1,5 +1,6 @@
 #include "runtime/kv_cache.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -12,41 +13,66 @@
 
 namespace specula {
 
-// The tensors every stream of a pool shares.
+// The tensors every stream of a pool shares. Each layer's K/V lives on the device that runs the
+// layer (Backend::device_of): one buffer per device.
 struct KvStorage {
     KvStorage(Backend & backend, int n_layers, int n_embd_kv, int slots);
-    ~KvStorage() {
-        if (buffer) ggml_backend_buffer_free(buffer);
-        if (ctx) ggml_free(ctx);
+    ~KvStorage() { release(); }
+    void release() {
+        for (Part & p : parts) {
+            if (p.buffer) ggml_backend_buffer_free(p.buffer);
+            if (p.ctx) ggml_free(p.ctx);
+        }
+        parts.clear();
     }
+    // The layers one device holds.
+    struct Part {
+        ggml_backend * device = nullptr;  // computes on the buffer (device-side compaction)
+        ggml_context * ctx = nullptr;
+        ggml_backend_buffer * buffer = nullptr;
+        std::vector<int> layers;
+    };
+    const Backend * owner = nullptr;  // its remote waits are watched (Backend::RemoteWait)
     uint64_t id = 0;
-    ggml_backend * device = nullptr;  // computes on the buffer (device-side compaction)
     int n_embd_kv = 0;
     int slots = 0;
     bool v_transposed = false;
-    ggml_context * ctx = nullptr;
-    ggml_backend_buffer * buffer = nullptr;
+    std::vector<Part> parts;
     std::vector<ggml_tensor *> k, v;
 };
 
 KvStorage::KvStorage(Backend & backend, int n_layers, int width, int n_slots)
-    : device(backend.primary()), n_embd_kv(width), slots(n_slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
+    : owner(&backend), n_embd_kv(width), slots(n_slots), v_transposed(backend.attention_kernel() == AttentionKernel::Matmul) {
     static std::atomic<uint64_t> next_id{1};
     id = next_id++;
     if (slots <= 0) throw Error("KV cache capacity must be positive");
-    ggml_init_params params{ggml_tensor_overhead() * (2 * n_layers + 1), nullptr, true};
-    ctx = ggml_init(params);
+    k.resize(n_layers);
+    v.resize(n_layers);
     for (int il = 0; il < n_layers; ++il) {
-        k.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_kv, slots));  // [n_embd_kv, slots]
-        v.push_back(v_transposed ? ggml_new_tensor_2d(ctx, GGML_TYPE_F16, slots, n_embd_kv)
-                                 : ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_embd_kv, slots));
-        ggml_format_name(k.back(), "cache_k_l%d", il);
-        ggml_format_name(v.back(), "cache_v_l%d", il);
+        ggml_backend * device = backend.backend_of(il);
+        auto part = std::find_if(parts.begin(), parts.end(), [&](const Part & p) { return p.device == device; });
+        if (part == parts.end()) {
+            ggml_init_params params{ggml_tensor_overhead() * (2 * n_layers + 1), nullptr, true};
+            parts.push_back({device, ggml_init(params), nullptr, {}});
+            part = parts.end() - 1;
+        }
+        part->layers.push_back(il);
+        k[il] = ggml_new_tensor_2d(part->ctx, GGML_TYPE_F16, n_embd_kv, slots);  // [n_embd_kv, slots]
+        v[il] = v_transposed ? ggml_new_tensor_2d(part->ctx, GGML_TYPE_F16, slots, n_embd_kv)
+                             : ggml_new_tensor_2d(part->ctx, GGML_TYPE_F16, n_embd_kv, slots);
+        ggml_format_name(k[il], "cache_k_l%d", il);
+        ggml_format_name(v[il], "cache_v_l%d", il);
     }
-    buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, backend.default_buft());
-    if (!buffer) throw Error("out of memory allocating a KV cache of " + std::to_string(slots) + " slots");
-    // Never-written slots are masked out, but must not hold NaN bit patterns a kernel could touch.
-    ggml_backend_buffer_clear(buffer, 0);
+    for (Part & p : parts) {
+        p.buffer = ggml_backend_alloc_ctx_tensors_from_buft(p.ctx, ggml_backend_get_default_buffer_type(p.device));
+        if (!p.buffer) {
+            const std::string device = ggml_backend_name(p.device);
+            release();  // a throwing constructor runs no destructor
+            throw Error("out of memory allocating a KV cache of " + std::to_string(slots) + " slots on " + device);
+        }
+        // Never-written slots are masked out, but must not hold NaN bit patterns a kernel could touch.
+        ggml_backend_buffer_clear(p.buffer, 0);
+    }
 }
 
 KvCache::KvCache(Backend & backend, const ModelConfig & config, int capacity)
@@ -104,24 +130,27 @@ void KvCache::compact(int base, std::span<const int> kept) {
         if (kept[i] != static_cast<int>(i)) moves.emplace_back(base + kept[i], base + static_cast<int>(i));
     }
     if (!moves.empty()) {
-        if (ggml_backend_buffer_is_host(storage_->buffer)) {
-            move_slots_on_host(moves);
-        } else {
-            move_slots_on_device(moves);
+        for (const KvStorage::Part & part : storage_->parts) {
+            if (ggml_backend_buffer_is_host(part.buffer)) {
+                move_slots_on_host(moves, part.layers);
+            } else {
+                move_slots_on_device(moves, part.layers, part.device);
+            }
         }
     }
     size_ = base + static_cast<int>(kept.size());
 }
 
 // A slot is a row of n_embd_kv F16 values in K and in a row-major V, and a column of a transposed V.
-void KvCache::move_slots_on_host(std::span<const std::pair<int, int>> moves) {
+void KvCache::move_slots_on_host(std::span<const std::pair<int, int>> moves, std::span<const int> layers) {
     const size_t row = ggml_row_size(GGML_TYPE_F16, n_embd_kv_);
     auto move_rows = [&](ggml_tensor * t) {
         auto * data = static_cast<char *>(t->data);
         for (auto [from, to] : moves) std::memcpy(data + row * (offset_ + to), data + row * (offset_ + from), row);
     };
-    for (ggml_tensor * t : k_) move_rows(t);
-    for (ggml_tensor * t : v_) {
+    for (int il : layers) move_rows(k_[il]);
+    for (int il : layers) {
+        ggml_tensor * t = v_[il];
         if (!v_transposed_) {
             move_rows(t);
             continue;
@@ -137,8 +166,8 @@ void KvCache::move_slots_on_host(std::span<const std::pair<int, int>> moves) {
 // One graph of copies between views of the cache's own tensors, run by the device that holds
 // them: the rows never cross to the host (a GPU or an RPC server keeps them where they are).
 // The copies run in order, and each reads a slot above every slot written before it.
-void KvCache::move_slots_on_device(std::span<const std::pair<int, int>> moves) {
-    const size_t n_copies = moves.size() * (k_.size() + v_.size());
+void KvCache::move_slots_on_device(std::span<const std::pair<int, int>> moves, std::span<const int> layers, ggml_backend * device) {
+    const size_t n_copies = moves.size() * 2 * layers.size();
     const size_t n_nodes = std::max<size_t>(GGML_DEFAULT_GRAPH_SIZE, n_copies);
     ggml_init_params params{ggml_tensor_overhead() * (3 * n_copies + 1) + ggml_graph_overhead_custom(n_nodes, false), nullptr, true};
     ggml_context * ctx = ggml_init(params);
@@ -157,9 +186,12 @@ void KvCache::move_slots_on_device(std::span<const std::pair<int, int>> moves) {
             ggml_build_forward_expand(gf, c);
         }
     };
-    for (ggml_tensor * t : k_) copy(t, false);
-    for (ggml_tensor * t : v_) copy(t, v_transposed_);
-    const ggml_status status = ggml_backend_graph_compute(storage_->device, gf);
+    for (int il : layers) copy(k_[il], false);
+    for (int il : layers) copy(v_[il], v_transposed_);
+    const ggml_status status = [&] {
+        const Backend::RemoteWait remote_wait(*storage_->owner);
+        return ggml_backend_graph_compute(device, gf);
+    }();
     ggml_free(ctx);
     if (status != GGML_STATUS_SUCCESS) throw Error("KV compact: the device could not move the kept rows");
 }

@@ -1,6 +1,6 @@
 #pragma once
 // specula's own KV cache: per layer one K tensor of [n_embd_kv, slots] F16 rows and one V
-// tensor, pre-allocated. V is stored transposed ([slots, n_embd_kv]) when the backend computes
+// tensor, pre-allocated on the device that runs the layer. V is stored transposed ([slots, n_embd_kv]) when the backend computes
 // attention with ggml's matmuls (AttentionKernel::Matmul), so that KQV reads it in place.
 // A KvCache is one sequence's stream of `capacity` slots inside that storage, starting at
 // storage slot offset(): stream slot i holds the token at sequence index i, so the stream holds
@@ -17,6 +17,7 @@
 struct ggml_context;
 struct ggml_tensor;
 struct ggml_backend_buffer;
+struct ggml_backend;
 
 namespace specula {
 
@@ -66,8 +67,9 @@ public:
 
 private:
     KvCache(std::shared_ptr<KvStorage> storage, int offset, int capacity);
-    void move_slots_on_host(std::span<const std::pair<int, int>> moves);
-    void move_slots_on_device(std::span<const std::pair<int, int>> moves);
+    // Moves the slots in the listed layers (those of one device).
+    void move_slots_on_host(std::span<const std::pair<int, int>> moves, std::span<const int> layers);
+    void move_slots_on_device(std::span<const std::pair<int, int>> moves, std::span<const int> layers, ggml_backend * device);
     std::shared_ptr<KvStorage> storage_;
     uint64_t id_ = 0;
     int n_embd_kv_ = 0;

@@ -86,8 +86,9 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
     ModelConfig & c = m->config_;
     c = read_config(file);
 
-    auto want = [&](const std::string & name, std::vector<int64_t> shape, bool matmul, bool required) {
-        return m->store_.want(file, backend, name, std::move(shape), matmul, required);
+    backend.place_layers(c.n_layer);
+    auto want = [&](const std::string & name, std::vector<int64_t> shape, bool matmul, bool required, int layer = Backend::kIo) {
+        return m->store_.want(file, backend, name, std::move(shape), matmul, required, layer);
     };
 
     const int64_t E = c.n_embd, Q = int64_t(c.n_head) * c.head_dim, KV = c.n_embd_kv(), F = c.n_ff, D = c.head_dim;
@@ -108,23 +109,23 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
     for (int il = 0; il < c.n_layer; ++il) {
         auto n = [&](const char * s) { return "blk." + std::to_string(il) + "." + s; };
         LayerWeights & L = w.layers[il];
-        L.attn_norm = want(n("attn_norm.weight"), {E}, false, true);
-        L.wq = want(n("attn_q.weight"), {E, Q}, true, true);
-        L.wk = want(n("attn_k.weight"), {E, KV}, true, true);
-        L.wv = want(n("attn_v.weight"), {E, KV}, true, true);
-        L.wo = want(n("attn_output.weight"), {Q, E}, true, true);
-        L.bq = want(n("attn_q.bias"), {Q}, false, c.has_qkv_bias);
-        L.bk = want(n("attn_k.bias"), {KV}, false, c.has_qkv_bias);
-        L.bv = want(n("attn_v.bias"), {KV}, false, c.has_qkv_bias);
-        L.q_norm = want(n("attn_q_norm.weight"), {D}, false, c.has_qk_norm);
-        L.k_norm = want(n("attn_k_norm.weight"), {D}, false, c.has_qk_norm);
-        L.ffn_norm = want(n("ffn_norm.weight"), {E}, false, true);
-        L.ffn_gate = want(n("ffn_gate.weight"), {E, F}, true, true);
-        L.ffn_up = want(n("ffn_up.weight"), {E, F}, true, true);
-        L.ffn_down = want(n("ffn_down.weight"), {F, E}, true, true);
+        L.attn_norm = want(n("attn_norm.weight"), {E}, false, true, il);
+        L.wq = want(n("attn_q.weight"), {E, Q}, true, true, il);
+        L.wk = want(n("attn_k.weight"), {E, KV}, true, true, il);
+        L.wv = want(n("attn_v.weight"), {E, KV}, true, true, il);
+        L.wo = want(n("attn_output.weight"), {Q, E}, true, true, il);
+        L.bq = want(n("attn_q.bias"), {Q}, false, c.has_qkv_bias, il);
+        L.bk = want(n("attn_k.bias"), {KV}, false, c.has_qkv_bias, il);
+        L.bv = want(n("attn_v.bias"), {KV}, false, c.has_qkv_bias, il);
+        L.q_norm = want(n("attn_q_norm.weight"), {D}, false, c.has_qk_norm, il);
+        L.k_norm = want(n("attn_k_norm.weight"), {D}, false, c.has_qk_norm, il);
+        L.ffn_norm = want(n("ffn_norm.weight"), {E}, false, true, il);
+        L.ffn_gate = want(n("ffn_gate.weight"), {E, F}, true, true, il);
+        L.ffn_up = want(n("ffn_up.weight"), {E, F}, true, true, il);
+        L.ffn_down = want(n("ffn_down.weight"), {F, E}, true, true, il);
         if (c.arch == Arch::Gemma3) {
-            L.attn_post_norm = want(n("post_attention_norm.weight"), {E}, false, true);
-            L.ffn_post_norm = want(n("post_ffw_norm.weight"), {E}, false, true);
+            L.attn_post_norm = want(n("post_attention_norm.weight"), {E}, false, true, il);
+            L.ffn_post_norm = want(n("post_ffw_norm.weight"), {E}, false, true, il);
         }
     }
 

@@ -45,7 +45,7 @@ WeightStore::~WeightStore() {
 }
 
 ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int64_t> shape,
-                                bool matmul, bool required) {
+                                bool matmul, bool required, int layer) {
     ggml_tensor * meta = file.tensor_meta(name);
     if (!meta) {
         if (required) throw Error(file.path() + ": missing tensor " + name);
@@ -74,7 +74,7 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
             staging_ctx_ = ggml_init(params);
         }
         ggml_tensor * staging = ggml_dup_tensor(staging_ctx_, meta);
-        ggml_tensor * packed = ggml_new_tensor_2d(context_for(backend.default_buft()), GGML_TYPE_I8,
+        ggml_tensor * packed = ggml_new_tensor_2d(context_for(backend.default_buft(layer)), GGML_TYPE_I8,
                                                   static_cast<int64_t>(m.group_bytes()), m.n_groups());
         packed->extra = &m;
         ggml_set_name(staging, name.c_str());
@@ -83,9 +83,9 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
         pending_.push_back({staging, packed});
         return packed;
     }
-    ggml_backend_buffer_type_t buft = backend.default_buft();
+    ggml_backend_buffer_type_t buft = backend.default_buft(layer);
     if (matmul) {
-        for (auto [dev, candidate] : backend.matmul_weight_bufts()) {
+        for (auto [dev, candidate] : backend.matmul_weight_bufts(layer)) {
             if (buft_supports_matmul(dev, candidate, meta)) {
                 buft = candidate;
                 break;
@@ -104,8 +104,13 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
 
 void WeightStore::load(const GgufFile & file) {
     for (auto & [buft, ctx] : ctx_by_buft_) {
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, static_cast<ggml_backend_buffer_type_t>(buft));
-        if (!buf) throw Error(file.path() + ": out of memory allocating weights");
+        auto type = static_cast<ggml_backend_buffer_type_t>(buft);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, type);
+        if (!buf) {
+            ggml_backend_dev_t dev = ggml_backend_buft_get_device(type);
+            throw Error(file.path() + ": out of memory allocating weights on " + (dev ? ggml_backend_dev_name(dev) : ggml_backend_buft_name(type)) +
+                        " (with a device list, give it fewer layers: --split)");
+        }
         ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         buffers_.push_back(buf);
         bytes_ += ggml_backend_buffer_get_size(buf);

@@ -28,11 +28,12 @@ public:
     WeightStore(const WeightStore &) = delete;
     WeightStore & operator=(const WeightStore &) = delete;
 
-    // Declares tensor `name` of the given shape; nullptr if absent and not required.
+    // Declares tensor `name` of the given shape, placed on the device that runs `layer`
+    // (Backend::kIo: the embedding and output head); nullptr if absent and not required.
     // Throws Error on a missing required tensor, a wrong shape or an unsupported type. A matmul
     // weight may come back packed (kernels::packed_matrix_of tells); use it through linear().
     ggml_tensor * want(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int64_t> shape,
-                       bool matmul, bool required);
+                       bool matmul, bool required, int layer = -1);
     // Whether want(..., matmul = true) would repack this tensor for specula's kernels.
     static bool packs(const Backend & backend, const ggml_tensor * meta);
     // Allocates the buffers and reads every declared tensor from `file`.

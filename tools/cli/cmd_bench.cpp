@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "decode_bench.h"
 #include "engine_flags.h"
+#include "rpc_bench.h"
 #include "serve_bench.h"
 #include "spec_bench.h"
 
@@ -67,6 +68,23 @@ void register_bench(CLI::App & app, Commands & commands) {
     serve->add_option("--startup-timeout", v->startup_timeout, "seconds for a server to come up")->capture_default_str();
     serve->add_option("--json", v->json_path, "write results as JSON");
     serve->callback([v, &commands] { commands.run = [v] { return bench::run_serve_bench(*v); }; });
+
+    auto r = std::make_shared<bench::RpcBenchOptions>();
+    CLI::App * rpc = bench->add_subcommand("rpc", "target split over rpc-servers behind links of added latency: plain vs speculative");
+    rpc->add_option("-m,--model", r->model, "target model GGUF")->required();
+    rpc->add_option("--eagle3", r->eagle3, "EAGLE-3 head GGUF: adds its dynamic-tree and chain modes");
+    rpc->add_option("--draft", r->draft, "draft model GGUF (same vocabulary): adds its chain mode");
+    rpc->add_option("--device", r->device, "device list with RPC[host:port] entries (default: two rpc-servers started on 127.0.0.1)");
+    rpc->add_option("--split", r->split, "layer shares of the listed devices (default: by free memory)");
+    rpc->add_option("--delays", r->delays_ms, "added latency each way on every link, ms")->delimiter(',')->capture_default_str();
+    rpc->add_option("-t,--threads", r->threads, "specula's CPU threads (0 = physical cores)")->capture_default_str();
+    rpc->add_option("--server-threads", r->server_threads, "threads of each rpc-server started here")->capture_default_str();
+    rpc->add_option("-r,--reps", r->reps, "repetitions of the prompt set")->capture_default_str();
+    rpc->add_option("-n,--n-gen", r->n_gen, "tokens per generation")->capture_default_str();
+    rpc->add_option("--n-prompts", r->n_prompts, "prompts: the first of each category, up to this many")->capture_default_str();
+    rpc->add_option("--prompts", r->prompts, "prompt set JSON (default: bench/prompts.json)");
+    rpc->add_option("--json", r->json_path, "write results as JSON");
+    rpc->callback([r, &commands] { commands.run = [r] { return bench::run_rpc_bench(*r); }; });
 }
 
 }  // namespace specula::cli

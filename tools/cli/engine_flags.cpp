@@ -39,7 +39,12 @@ void use_default_model(EngineOptions & engine) {
 
 void add_engine_flags(CLI::App * sub, EngineOptions & e) {
     sub->add_option("-t,--threads", e.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
-    sub->add_option("--device", e.device, "ggml device: cpu, CUDA0 / Metal / Vulkan0 in such a build, or RPC[host:port] (an rpc-server)")
+    sub->add_option("--device", e.device,
+                    "ggml device: cpu, CUDA0 / Metal / Vulkan0 in such a build, RPC[host:port] (an rpc-server), or a comma-separated "
+                    "list of them to split the layers across (docs/distributed.md)")
+        ->capture_default_str();
+    sub->add_option("--split", e.split, "with a device list: each device's share of the layers, e.g. 1,3 (default: by free memory)");
+    sub->add_option("--rpc-timeout", e.rpc_timeout, "seconds an rpc-server may take to answer a forward before the run ends with an error")
         ->capture_default_str();
     add_choice(sub, "--kernels", e.kernels, parse_kernels, "matmul kernels: auto (default; specula's on the CPU) | specula | ggml");
     add_choice(sub, "--attention", e.attention, parse_attention,
