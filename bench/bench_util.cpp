@@ -147,7 +147,8 @@ bool llama_cpp_runs_eagle3_on(const std::string & target_path) {
 
 std::string llama_eagle3_absent_note(const std::string & target_path) {
     return "llama.cpp's EAGLE-3 is left out: v0.5.0 taps the layer inputs an EAGLE-3 head reads only in some architectures' "
-           "graphs, not in " + target_architecture(target_path) + "'s (it aborts with \"layer input tensor is null\")";
+           "graphs, not in " +
+           target_architecture(target_path) + "'s (it aborts with \"layer input tensor is null\")";
 }
 
 }  // namespace specula::bench

@@ -15,7 +15,7 @@ Summary summarize(std::vector<double> samples);
 struct MachineLoad {
     double busy_fraction = 0;  // 0..1
     double loadavg_1m = 0;
-    std::string cpu;           // cpu_description(): every figure names the machine it was measured on
+    std::string cpu;  // cpu_description(): every figure names the machine it was measured on
     bool idle() const { return busy_fraction < 0.10; }
 };
 MachineLoad measure_machine_load(double seconds = 1.0);

@@ -11,7 +11,7 @@ struct DecodeBenchOptions {
     int threads = 0;
     int reps = 5;
     int n_gen = 64;
-    int depth = 128;  // context already in the cache when a batch is verified
+    int depth = 128;                        // context already in the cache when a batch is verified
     Attention attention = Attention::Auto;  // attention of the ggml-kernels engine; llama.cpp runs the same one (-fa on/off)
     std::vector<int> batch_sizes = {1, 2, 3, 4, 5, 8, 12, 16};
     std::string json_path;

@@ -72,9 +72,11 @@ void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path) {
 // Each type on each SIMD path (paths the CPU lacks are skipped): same bits, different speed.
 #define SPECULA_KERNEL_BENCH_PATH(type, path) \
     BENCHMARK_CAPTURE(packed_matmul, type##_##path, GGML_TYPE_##type, CpuPath::path)->Arg(1)->Arg(2)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)
-#define SPECULA_KERNEL_BENCH(type)                                                         \
-    SPECULA_KERNEL_BENCH_PATH(type, Avx2); SPECULA_KERNEL_BENCH_PATH(type, Avx512Vnni);     \
-    SPECULA_KERNEL_BENCH_PATH(type, NeonDotprod); SPECULA_KERNEL_BENCH_PATH(type, NeonI8mm)
+#define SPECULA_KERNEL_BENCH(type)                \
+    SPECULA_KERNEL_BENCH_PATH(type, Avx2);        \
+    SPECULA_KERNEL_BENCH_PATH(type, Avx512Vnni);  \
+    SPECULA_KERNEL_BENCH_PATH(type, NeonDotprod); \
+    SPECULA_KERNEL_BENCH_PATH(type, NeonI8mm)
 
 SPECULA_KERNEL_BENCH(Q8_0);
 SPECULA_KERNEL_BENCH(Q4_0);
@@ -130,8 +132,9 @@ __attribute__((target("avx2"))) void avx2_chains(int64_t iters) {
     for (int64_t it = 0; it < iters; ++it) {
         a0 = avx2_dot_step(a0, w, x0, one), a1 = avx2_dot_step(a1, w, x1, one), a2 = avx2_dot_step(a2, w, x2, one);
         a3 = avx2_dot_step(a3, w, x3, one), a4 = avx2_dot_step(a4, w, x4, one), a5 = avx2_dot_step(a5, w, x5, one);
-        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(x0), "+x"(x1), "+x"(x2), "+x"(x3),
-                         "+x"(x4), "+x"(x5));
+        __asm__ volatile(""
+                         : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(x0), "+x"(x1), "+x"(x2), "+x"(x3),
+                           "+x"(x4), "+x"(x5));
     }
     const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)), _mm256_add_epi32(a4, a5));
     benchmark::DoNotOptimize(_mm256_extract_epi32(sum, 0));
@@ -145,7 +148,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void avx512_vnni_chains(i
         a3 = _mm512_dpbusd_epi32(a3, w, x), a4 = _mm512_dpbusd_epi32(a4, w, x), a5 = _mm512_dpbusd_epi32(a5, w, x);
         a6 = _mm512_dpbusd_epi32(a6, w, x), a7 = _mm512_dpbusd_epi32(a7, w, x), a8 = _mm512_dpbusd_epi32(a8, w, x);
         a9 = _mm512_dpbusd_epi32(a9, w, x);
-        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(w), "+v"(x));
+        __asm__ volatile(""
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(w), "+v"(x));
     }
     const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
                                          _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)), _mm512_add_epi32(a8, a9)));

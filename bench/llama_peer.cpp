@@ -109,9 +109,9 @@ std::vector<float> llama_eagle3_logits(const std::string & target_path, const st
     init_llama_backend();
     const int n = static_cast<int>(tokens.size());
     std::unique_ptr<llama_model, decltype(&llama_model_free)> tgt(llama_model_load_from_file(target_path.c_str(), llama_model_default_params()),
-                                                                 &llama_model_free);
+                                                                  &llama_model_free);
     std::unique_ptr<llama_model, decltype(&llama_model_free)> dft(llama_model_load_from_file(head_path.c_str(), llama_model_default_params()),
-                                                                 &llama_model_free);
+                                                                  &llama_model_free);
     if (!tgt || !dft) throw Error("libllama could not load " + target_path + " or " + head_path);
     llama_context_params tp = llama_context_default_params();
     tp.n_ctx = 64, tp.n_threads = 1, tp.n_threads_batch = 1;

@@ -98,15 +98,15 @@ struct Mode {
     std::string name;
     DrafterSpec drafter;
     std::optional<TreeShape> tree;
-    int tree_nodes = 0;                                  // 0: sized from the measured verify cost
+    int tree_nodes = 0;  // 0: sized from the measured verify cost
     DraftPolicyKind policy = DraftPolicyKind::Cost;
     int draft_max = 8;
 };
 
 struct Measured {
-    std::vector<double> tok_s;     // per rep
+    std::vector<double> tok_s;  // per rep
     double round_trips_per_token = 0;
-    double accepted_length = 0;    // tokens per target forward (speculative modes)
+    double accepted_length = 0;  // tokens per target forward (speculative modes)
 };
 
 }  // namespace
@@ -222,14 +222,11 @@ int run_rpc_bench(const RpcBenchOptions & o) {
                         speedup, m.round_trips_per_token,
                         mode.name == "plain" ? "-" : std::to_string(m.accepted_length).substr(0, 4).c_str());
             std::fflush(stdout);
-            rows.push_back({{"delay_ms", delay}, {"mode", mode.name}, {"tok_s_median", s.median}, {"tok_s_min", s.min},
-                            {"tok_s_max", s.max}, {"speedup_vs_plain", speedup}, {"round_trips_per_token", m.round_trips_per_token},
-                            {"tokens_per_target_forward", m.accepted_length}});
+            rows.push_back({{"delay_ms", delay}, {"mode", mode.name}, {"tok_s_median", s.median}, {"tok_s_min", s.min}, {"tok_s_max", s.max}, {"speedup_vs_plain", speedup}, {"round_trips_per_token", m.round_trips_per_token}, {"tokens_per_target_forward", m.accepted_length}});
         }
     }
     if (!o.json_path.empty()) {
-        json out = {{"cpu", load.cpu}, {"machine_busy_fraction", load.busy_fraction}, {"model", o.model}, {"device", device},
-                    {"split", o.split}, {"n_gen", o.n_gen}, {"reps", o.reps}, {"prompts", prompts.size()}, {"rows", rows}};
+        json out = {{"cpu", load.cpu}, {"machine_busy_fraction", load.busy_fraction}, {"model", o.model}, {"device", device}, {"split", o.split}, {"n_gen", o.n_gen}, {"reps", o.reps}, {"prompts", prompts.size()}, {"rows", rows}};
         std::ofstream f(o.json_path);
         if (!(f << out.dump(2) << "\n")) throw Error("cannot write " + o.json_path);
     }

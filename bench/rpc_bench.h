@@ -5,19 +5,19 @@
 namespace specula::bench {
 
 struct RpcBenchOptions {
-    std::string model;        // target GGUF
-    std::string eagle3;       // EAGLE-3 head: adds its dynamic-tree and chain modes
-    std::string draft;        // draft model GGUF: adds its chain mode
-    std::string device;       // device list with RPC[host:port] entries; empty = two local rpc-servers started here
-    std::string split;        // layer shares of the listed devices (--split); empty = by free memory
+    std::string model;                                // target GGUF
+    std::string eagle3;                               // EAGLE-3 head: adds its dynamic-tree and chain modes
+    std::string draft;                                // draft model GGUF: adds its chain mode
+    std::string device;                               // device list with RPC[host:port] entries; empty = two local rpc-servers started here
+    std::string split;                                // layer shares of the listed devices (--split); empty = by free memory
     std::vector<double> delays_ms = {0.0, 1.0, 5.0};  // added latency each way on every link
-    int threads = 0;          // specula's CPU threads (0 = physical cores)
-    int server_threads = 1;   // threads of each rpc-server the benchmark starts
+    int threads = 0;                                  // specula's CPU threads (0 = physical cores)
+    int server_threads = 1;                           // threads of each rpc-server the benchmark starts
     int reps = 3;
-    int n_gen = 64;           // tokens per generation
-    int n_prompts = 4;        // the first prompt of each category, up to this many
-    std::string prompts;      // prompt set JSON; empty = bench/prompts.json
-    std::string json_path;    // write results as JSON
+    int n_gen = 64;         // tokens per generation
+    int n_prompts = 4;      // the first prompt of each category, up to this many
+    std::string prompts;    // prompt set JSON; empty = bench/prompts.json
+    std::string json_path;  // write results as JSON
 };
 
 // Plain vs speculative decoding with the target's layers on rpc-servers, each reached through a

@@ -271,8 +271,7 @@ std::vector<std::string> server_argv(const ServeBenchOptions & o, const Config &
 }
 
 json request_template(const ServeBenchOptions & o, const Config & c) {
-    json r = {{"max_tokens", o.n_gen}, {"temperature", 0}, {"seed", 42}, {"stream", true},
-              {"stream_options", {{"include_usage", true}}}, {"ignore_eos", true}};
+    json r = {{"max_tokens", o.n_gen}, {"temperature", 0}, {"seed", 42}, {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"ignore_eos", true}};
     // specula keeps no prompt cache across requests; neither may llama-server, or its repeated
     // prompts would skip prefill.
     if (c.server == "llama-server") r["cache_prompt"] = false;
@@ -392,9 +391,7 @@ void record_run(const ServeBenchOptions & o, const Config & c, const PromptSet &
         samples.drafted += r.drafted, samples.accepted += r.accepted;
         if (!c.speculative && !reference.count(r.prompt)) reference[r.prompt] = r.text;
         if (reference.count(r.prompt)) row.same += reference[r.prompt] == r.text, ++row.compared;
-        raw.push_back({{"server", c.server}, {"config", c.name}, {"clients", clients}, {"rep", rep},
-                       {"category", set.prompts[r.prompt].category}, {"prompt", set.prompts[r.prompt].name}, {"tokens", r.tokens},
-                       {"seconds", r.seconds}, {"ttft_s", r.ttft}, {"drafted", r.drafted}, {"accepted", r.accepted}});
+        raw.push_back({{"server", c.server}, {"config", c.name}, {"clients", clients}, {"rep", rep}, {"category", set.prompts[r.prompt].category}, {"prompt", set.prompts[r.prompt].name}, {"tokens", r.tokens}, {"seconds", r.seconds}, {"ttft_s", r.ttft}, {"drafted", r.drafted}, {"accepted", r.accepted}});
     }
     row.requests += static_cast<int>(run.requests.size());
     row.aggregate_reps.push_back(tokens / run.wall);
@@ -424,9 +421,10 @@ void summarize_rows(const std::vector<Config> & configs, const std::vector<Confi
 
 // The table, printed, and its rows as JSON.
 json print_results(const std::vector<Row> & rows) {
-    std::printf("\naggregate = all tokens / wall time; per-request = tokens / request time (median); TTFT = time to first token;\n"
-                "vs plain = aggregate / the same server's plain aggregate, rep by rep (the reps take turns), median [min..max];\n"
-                "accept = accepted / drafted tokens; same = responses identical to the server's plain text; vs = aggregate / best llama-server\n");
+    std::printf(
+        "\naggregate = all tokens / wall time; per-request = tokens / request time (median); TTFT = time to first token;\n"
+        "vs plain = aggregate / the same server's plain aggregate, rep by rep (the reps take turns), median [min..max];\n"
+        "accept = accepted / drafted tokens; same = responses identical to the server's plain text; vs = aggregate / best llama-server\n");
     std::printf("%-13s %-12s %7s %9s %-21s %-19s %9s %9s %9s %7s %11s %8s\n", "server", "config", "clients", "agg tok/s", " [min .. max]",
                 "vs plain [min..max]", "req tok/s", "TTFT ms", "TTFT p90", "accept", "same", "vs llama");
     json results = json::array();
@@ -437,13 +435,7 @@ json print_results(const std::vector<Row> & rows) {
         }
         print_row(r, best_llama);
         auto summary = [](const Summary & s) { return json{{"median", s.median}, {"min", s.min}, {"max", s.max}, {"n", s.n}}; };
-        results.push_back({{"server", r.config->server}, {"config", r.config->name}, {"speculative", r.config->speculative},
-                           {"clients", r.clients}, {"aggregate_tok_s", summary(r.aggregate)}, {"aggregate_tok_s_reps", r.aggregate_reps},
-                           {"per_request_tok_s", summary(r.per_request)}, {"ttft_ms", summary(r.ttft_ms)}, {"ttft_p90_ms", r.ttft_p90_ms},
-                           {"vs_plain_per_rep", r.vs_plain.n > 0 ? summary(r.vs_plain) : json(nullptr)},
-                           {"acceptance", r.acceptance < 0 ? json(nullptr) : json(r.acceptance)}, {"identical_to_plain", r.same},
-                           {"compared", r.compared}, {"requests", r.requests},
-                           {"vs_best_llama_server", best_llama > 0 ? json(r.aggregate.median / best_llama) : json(nullptr)}});
+        results.push_back({{"server", r.config->server}, {"config", r.config->name}, {"speculative", r.config->speculative}, {"clients", r.clients}, {"aggregate_tok_s", summary(r.aggregate)}, {"aggregate_tok_s_reps", r.aggregate_reps}, {"per_request_tok_s", summary(r.per_request)}, {"ttft_ms", summary(r.ttft_ms)}, {"ttft_p90_ms", r.ttft_p90_ms}, {"vs_plain_per_rep", r.vs_plain.n > 0 ? summary(r.vs_plain) : json(nullptr)}, {"acceptance", r.acceptance < 0 ? json(nullptr) : json(r.acceptance)}, {"identical_to_plain", r.same}, {"compared", r.compared}, {"requests", r.requests}, {"vs_best_llama_server", best_llama > 0 ? json(r.aggregate.median / best_llama) : json(nullptr)}});
     }
     return results;
 }
@@ -457,15 +449,16 @@ int run_serve_bench(const ServeBenchOptions & options) {
     const PromptSet set = read_prompt_set(prompts_path);
     const std::vector<PromptText> & prompts = set.prompts;
     const int threads = o.threads > 0 ? o.threads : default_thread_count();
-    const std::string drafter = !o.eagle3.empty() ? "EAGLE-3" : !o.draft.empty() ? "draft model" : "n-gram";
+    const std::string drafter = !o.eagle3.empty() ? "EAGLE-3" : !o.draft.empty() ? "draft model"
+                                                                                 : "n-gram";
     const MachineLoad load = measure_machine_load();
     print_machine(load);
     std::printf("%zu %s prompts, %d tokens each (ignore_eos, T = 0), %d threads, context %d per slot, draft max %d, %d reps\n",
                 prompts.size(), set.chat ? "chat" : "completion", o.n_gen, threads, o.n_ctx, o.draft_max, o.reps);
     const std::string note = !o.eagle3.empty()
-        ? "speculative configurations use the EAGLE-3 head " + o.eagle3 + " (specula --eagle3, llama-server -md --spec-type draft-eagle3)"
-        : !o.draft.empty() ? "speculative configurations use the draft model " + o.draft + " (specula --draft, llama-server -md)"
-                           : "no drafter given: the speculative configurations draft by n-gram (specula --ngram, llama-server --spec-type ngram-simple)";
+                                 ? "speculative configurations use the EAGLE-3 head " + o.eagle3 + " (specula --eagle3, llama-server -md --spec-type draft-eagle3)"
+                             : !o.draft.empty() ? "speculative configurations use the draft model " + o.draft + " (specula --draft, llama-server -md)"
+                                                : "no drafter given: the speculative configurations draft by n-gram (specula --ngram, llama-server --spec-type ngram-simple)";
     std::printf("%s\n", note.c_str());
 
     const bool llama_speculates = o.eagle3.empty() || llama_cpp_runs_eagle3_on(o.model);
@@ -511,11 +504,7 @@ int run_serve_bench(const ServeBenchOptions & options) {
     }
     const json results = print_results(rows);
     if (!o.json_path.empty()) {
-        const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"eagle3", o.eagle3}, {"prompts", prompts_path},
-                        {"chat", set.chat}, {"threads", threads},
-                        {"n_gen", o.n_gen}, {"n_ctx_per_slot", o.n_ctx}, {"draft_max", o.draft_max}, {"reps", o.reps},
-                        {"machine_busy_fraction", load.busy_fraction}, {"loadavg_1m", load.loadavg_1m}, {"machine_idle", load.idle()}, {"cpu", load.cpu},
-                        {"note", note}, {"results", results}, {"requests", raw}};
+        const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"eagle3", o.eagle3}, {"prompts", prompts_path}, {"chat", set.chat}, {"threads", threads}, {"n_gen", o.n_gen}, {"n_ctx_per_slot", o.n_ctx}, {"draft_max", o.draft_max}, {"reps", o.reps}, {"machine_busy_fraction", load.busy_fraction}, {"loadavg_1m", load.loadavg_1m}, {"machine_idle", load.idle()}, {"cpu", load.cpu}, {"note", note}, {"results", results}, {"requests", raw}};
         std::ofstream(o.json_path) << j.dump(2) << "\n";
         std::printf("wrote %s\n", o.json_path.c_str());
     }

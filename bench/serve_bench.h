@@ -5,21 +5,21 @@
 namespace specula::bench {
 
 struct ServeBenchOptions {
-    std::string model;            // target GGUF, served by both servers
-    std::string draft;            // draft GGUF (same vocabulary)
-    std::string eagle3;           // EAGLE-3 head GGUF (instead of a draft model); neither = n-gram drafting in both servers
-    std::string specula_bin;      // the `specula` binary to serve with (default: this one)
-    std::string llama_server_bin; // default: build/bin/llama-server (the pinned llama.cpp)
+    std::string model;             // target GGUF, served by both servers
+    std::string draft;             // draft GGUF (same vocabulary)
+    std::string eagle3;            // EAGLE-3 head GGUF (instead of a draft model); neither = n-gram drafting in both servers
+    std::string specula_bin;       // the `specula` binary to serve with (default: this one)
+    std::string llama_server_bin;  // default: build/bin/llama-server (the pinned llama.cpp)
     std::vector<int> clients = {1, 2, 4, 8, 16};
     std::vector<std::string> servers = {"specula", "llama-server"};
-    std::string prompts;          // prompt set (JSON); empty = bench/prompts.json of the source tree
-    std::string json_path;        // write results as JSON
-    int threads = 0;              // 0 = physical cores; both servers get the same count
+    std::string prompts;    // prompt set (JSON); empty = bench/prompts.json of the source tree
+    std::string json_path;  // write results as JSON
+    int threads = 0;        // 0 = physical cores; both servers get the same count
     int reps = 3;
-    int n_gen = 64;               // tokens per request (ignore_eos: exactly this many)
-    int draft_max = 4;            // longest draft per round, both servers
-    int n_ctx = 512;              // context per slot (llama-server gets parallel x this in total)
-    double startup_timeout = 180; // seconds for a server to answer /health
+    int n_gen = 64;                // tokens per request (ignore_eos: exactly this many)
+    int draft_max = 4;             // longest draft per round, both servers
+    int n_ctx = 512;               // context per slot (llama-server gets parallel x this in total)
+    double startup_timeout = 180;  // seconds for a server to answer /health
 };
 
 // The same concurrent streaming workload through HTTP on 127.0.0.1 against `specula serve` (plain

@@ -42,8 +42,17 @@ using json = nlohmann::json;
 // What is compared
 
 enum class Kind {
-    SpeculaPlain, SpeculaDraft, SpeculaNgram, SpeculaEagle1, SpeculaEagle3, SpeculaEagle3Lookup, SpeculaSpeceeLossy, SpeculaSpeceeLossless,
-    LlamaSpec, LlamaPlain, LlamaEagle3
+    SpeculaPlain,
+    SpeculaDraft,
+    SpeculaNgram,
+    SpeculaEagle1,
+    SpeculaEagle3,
+    SpeculaEagle3Lookup,
+    SpeculaSpeceeLossy,
+    SpeculaSpeceeLossless,
+    LlamaSpec,
+    LlamaPlain,
+    LlamaEagle3
 };
 
 struct Mode {
@@ -116,9 +125,9 @@ int mode_index(const char * name) {
 struct RoundTimes {
     int runs = 0;
     double first_draft_ms = 0;
-    double draft_ms = 0;     // rounds after the first
-    int drafted = 0;         // tokens drafted in those rounds
-    double verify_ms = 0;    // every round
+    double draft_ms = 0;   // rounds after the first
+    int drafted = 0;       // tokens drafted in those rounds
+    double verify_ms = 0;  // every round
     void add(const RoundTimes & t) {
         runs += t.runs, first_draft_ms += t.first_draft_ms, draft_ms += t.draft_ms, drafted += t.drafted, verify_ms += t.verify_ms;
     }
@@ -128,10 +137,10 @@ struct RoundTimes {
 struct Run {
     int tokens = 0;
     double seconds = 0.0;
-    SpeculationStats spec;           // llama.cpp: totals only, no per-position counts
-    std::vector<int> rounds_by_k;    // specula: rounds that drafted (chains) or verified (trees) k tokens, [k]
+    SpeculationStats spec;             // llama.cpp: totals only, no per-position counts
+    std::vector<int> rounds_by_k;      // specula: rounds that drafted (chains) or verified (trees) k tokens, [k]
     std::vector<int> rounds_by_depth;  // specula: rounds whose draft was d tokens deep, [d]
-    RoundTimes times;                // specula speculative runs
+    RoundTimes times;                  // specula speculative runs
     // SpecEE modes: where tokens exited; the lossy mode also its agreement with plain greedy
     // decoding (teacher-forced: exited tokens equal to plain's; free-running: tokens until the
     // first difference).
@@ -346,18 +355,14 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size
         Drafter & drafter = rig.drafter_for(mode.kind);
         auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms);
         run.rounds_by_k.assign(rig.cost.verify_ms.size(), 0);
-        TreeBudget tree;  // a chain: the policy sets its length each round
+        TreeBudget tree;                            // a chain: the policy sets its length each round
         std::unique_ptr<TreeSizePolicy> tree_size;  // per generation, as Engine::generate
         if (mode.tree != TreeShape::Chain) {
             tree = rig.tree;
             tree.shape = mode.tree;
             if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms);
         }
-        SequenceParts parts{.cache = rig.cache, .drafter = &drafter, .policy = policy.get(),
-                            .tree = tree,
-                            .on_round = [&](const RoundInfo & r) { record_round(run, r); },
-                            .verify = nullptr,
-                            .tree_size = tree_size.get()};
+        SequenceParts parts{.cache = rig.cache, .drafter = &drafter, .policy = policy.get(), .tree = tree, .on_round = [&](const RoundInfo & r) { record_round(run, r); }, .verify = nullptr, .tree_size = tree_size.get()};
         s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);
         if (mode.kind == Kind::SpeculaSpeceeLossless) run.exits = rig.exit_drafter->exit_stats();
     }
@@ -470,12 +475,12 @@ Run run_llama_plain(const SpecBenchOptions & o, const LlamaSetup & s, const Prom
 // Aggregation: per (temperature, category, mode), summed over the prompts of the category
 
 struct Cell {
-    std::vector<int> tokens;         // [rep]
-    std::vector<double> seconds;     // [rep]
-    SpeculationStats spec;           // over all prompts and reps
+    std::vector<int> tokens;      // [rep]
+    std::vector<double> seconds;  // [rep]
+    SpeculationStats spec;        // over all prompts and reps
     std::vector<int> rounds_by_k, rounds_by_depth;
-    RoundTimes times;                // over all prompts and reps
-    EarlyExitStats exits;            // SpecEE modes, over all prompts and reps
+    RoundTimes times;      // over all prompts and reps
+    EarlyExitStats exits;  // SpecEE modes, over all prompts and reps
     int forced_exited = 0, forced_agree = 0, same_prefix = 0, reference_tokens = 0, runs = 0;
 };
 using CellKey = std::tuple<int, std::string, int>;  // temperature index, category, mode index
@@ -795,12 +800,14 @@ json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
             }
         }
     }
-    std::printf("note: speedup = vs specula plain; tok/fwd = mean accepted length (tokens per target forward); "
-                "predicted = cost-model speedup from measured acceptance and the cost curve;\n"
-                "      ceiling = speedup if every draft were accepted, at this run's draft cost and the cost curve\n");
+    std::printf(
+        "note: speedup = vs specula plain; tok/fwd = mean accepted length (tokens per target forward); "
+        "predicted = cost-model speedup from measured acceptance and the cost curve;\n"
+        "      ceiling = speedup if every draft were accepted, at this run's draft cost and the cost curve\n");
     if (std::any_of(o.temps.begin(), o.temps.end(), [](float t) { return t > 0; })) {
-        std::printf("note: at T > 0 llama.cpp drafts greedily and keeps a draft token only if the target samples the same "
-                    "one; specula uses rejection sampling, so acceptances differ by design\n");
+        std::printf(
+            "note: at T > 0 llama.cpp drafts greedily and keeps a draft token only if the target samples the same "
+            "one; specula uses rejection sampling, so acceptances differ by design\n");
     }
     return rows;
 }
@@ -878,10 +885,11 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"seed", o.seed},
         {"machine_busy_fraction_before", load.busy_fraction},
         {"machine_loadavg_1m", load.loadavg_1m},
-        {"machine_idle", load.idle()}, {"cpu", load.cpu},
+        {"machine_idle", load.idle()},
+        {"cpu", load.cpu},
         {"headline_temperature", o.temps[0]},
         {"specula_spec_mode", !o.eagle3.empty() ? std::string(h.spec.mode->name) + " (specula's default EAGLE-3 mode)"
-                                                 : std::string(h.spec.mode->name) + " (default policy, k <= draft_max = llama.cpp's k)"},
+                                                : std::string(h.spec.mode->name) + " (default policy, k <= draft_max = llama.cpp's k)"},
         {"specula_fixed_k_tok_s", h.fixed.tok_s.median},
         {"specula_attention", attention_name(o.attention)},
         {"specula_kernels", kernels_name(o.kernels)},

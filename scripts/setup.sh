@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
 #   scripts/setup.sh          what building the `specula` command needs (scripts/demo.sh)
-#   scripts/setup.sh --tests  also the test suite's tools: GoogleTest, clang + libFuzzer, Chromium,
-#                             python3-venv (scripts/test.sh, scripts/build.sh)
+#   scripts/setup.sh --tests  also the test suite's tools: GoogleTest, clang + libFuzzer, clang-format,
+#                             Chromium, python3-venv (scripts/test.sh, scripts/build.sh)
 set -euo pipefail
 . "$(dirname "$0")/progress.sh"
 packages=(g++ cmake make git ca-certificates npm ccache libbenchmark-dev
@@ -13,6 +13,7 @@ case "${1:-}" in
     packages+=(libgtest-dev
                python3-venv                  # scripts/setup_server_tests.sh: the openai clients' venv
                clang-14 libclang-rt-14-dev   # clang + libFuzzer: scripts/fuzz.sh
+               clang-format-14               # scripts/check_format.sh: the sources follow .clang-format
                chromium)                     # headless browser: test_report renders the HTML report
     ;;
   *) echo "setup: error: unknown argument '$1' (expected nothing or --tests)" >&2; exit 1 ;;

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/progress.sh
-progress_start test 7 phases --lines
+progress_start test 8 phases --lines
 # phase N LABEL: the running phase ended (its wall time is printed and kept for the summary);
 # phase N, LABEL, starts.
 phase_label="" phase_t0=$(date +%s) phase_times=""
@@ -21,25 +21,27 @@ phase() {
 }
 phase 0 "build"
 scripts/build.sh
-phase 1 "fetch the real models"
+phase 1 "source format"
+scripts/check_format.sh
+phase 2 "fetch the real models"
 # The real pretrained models (SmolLM2-135M-Instruct, Gemma 3 270M) for the tests that run them.
 scripts/fetch_models.sh
-phase 2 "server test clients"
+phase 3 "server test clients"
 # The openai Python client and pytest, pinned, for the server's end-to-end tests.
 scripts/setup_server_tests.sh
-phase 3 "test suite"
+phase 4 "test suite"
 ctest --test-dir build --output-on-failure --timeout 900
 
 # Sanitized run: specula's own code instrumented, ggml/llama.cpp built normally beside it.
-phase 4 "ASan + UBSan build"
+phase 5 "ASan + UBSan build"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE=ON
 cmake --build build-asan -j"$(nproc)" 2>&1 | progress_cmake build-asan
-phase 5 "test suite under ASan + UBSan"
+phase 6 "test suite under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 1800
 
 # Fuzz smoke: 20 s per target on the seeds and every regression input (scripts/fuzz.sh).
-phase 6 "fuzz smoke"
+phase 7 "fuzz smoke"
 scripts/fuzz.sh 20
-phase 7 "all passed"
+phase 8 "all passed"
 printf 'test: wall time per phase\n%s' "$phase_times" >&2

@@ -12,7 +12,6 @@
 namespace specula {
 namespace {
 
-
 std::unique_ptr<Engine> open_engine(DrafterSpec drafter) {
     EngineOptions o;
     o.model_path = test::shipped_model("specula-target.gguf");
@@ -30,7 +29,9 @@ bool ends_on_character(const std::string & s) {
     while (i > 0 && (static_cast<uint8_t>(s[i - 1]) & 0xC0) == 0x80) --i;
     if (i == 0) return s.empty();
     const uint8_t lead = static_cast<uint8_t>(s[i - 1]);
-    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3
+                                       : lead >= 0xC0   ? 2
+                                                        : 1;
     return s.size() - (i - 1) == need;
 }
 

@@ -342,10 +342,12 @@ TEST(Batch, StepsThatMayNotDraftDraftNothingAndLaterDraftsStillHold) {
             accepted_before[k] = active[k]->stats().speculation.accepted;
             decoding[k] = !active[k]->prefilling();
         }
-        const StepResult step = step_sequences(*target->runner, active, [&](size_t k, int32_t t) {
-            gated[index[k]].push_back(t);
-            return true;
-        }, {}, may_draft);
+        const StepResult step = step_sequences(
+            *target->runner, active, [&](size_t k, int32_t t) {
+                gated[index[k]].push_back(t);
+                return true;
+            },
+            {}, may_draft);
         if (!may_draft) {
             EXPECT_EQ(step.drafting, 0) << "step " << step_no;
             for (size_t k = 0; k < active.size(); ++k) {

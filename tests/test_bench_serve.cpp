@@ -53,7 +53,8 @@ TEST(BenchServe, SpeculaPlainAndDraftModelAtOneAndTwoClients) {
     for (const auto & q : j.at("requests")) EXPECT_EQ(q.at("tokens"), 8);
     // Progress on stderr, one line per (clients, server, rep) when stderr is not a terminal.
     for (const char * step : {"bench serve: 1/4 1 clients, specula plain, rep 1/1", "bench serve: 4/4 2 clients, specula "}) {
-        EXPECT_NE(run.err.find(step), std::string::npos) << "no progress line '" << step << "' in:\n" << run.err;
+        EXPECT_NE(run.err.find(step), std::string::npos) << "no progress line '" << step << "' in:\n"
+                                                         << run.err;
     }
 }
 

@@ -105,7 +105,10 @@ void write_safetensors(const std::string & path, const std::map<std::string, StT
 std::string fresh_checkpoint_dir(const std::string & name) {
     struct ProcessDir {
         std::string path = test::scratch_file("convert");
-        ~ProcessDir() { std::error_code ec; fs::remove_all(path, ec); }
+        ~ProcessDir() {
+            std::error_code ec;
+            fs::remove_all(path, ec);
+        }
     };
     static const ProcessDir process_dir;
     const std::string dir = process_dir.path + "/" + name;
@@ -137,9 +140,7 @@ std::string write_checkpoint(const Checkpoint & c, const std::string & name, int
 }
 
 json base_config() {
-    return {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", E}, {"intermediate_size", FF}, {"num_attention_heads", NH},
-            {"num_key_value_heads", NKV}, {"num_hidden_layers", 1}, {"rms_norm_eps", EPS}, {"rope_theta", THETA},
-            {"max_position_embeddings", 2048}, {"vocab_size", V}, {"rope_scaling", nullptr}};
+    return {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", E}, {"intermediate_size", FF}, {"num_attention_heads", NH}, {"num_key_value_heads", NKV}, {"num_hidden_layers", 1}, {"rms_norm_eps", EPS}, {"rope_theta", THETA}, {"max_position_embeddings", 2048}, {"vocab_size", V}, {"rope_scaling", nullptr}};
 }
 
 // Absolute target ids of the compact vocabulary (a permutation: 7919 is coprime to 32000).
@@ -572,8 +573,7 @@ TEST(Convert, ShardedAndSpeculatorsStyleCheckpointsGiveTheSameFile) {
     // RedHat speculators: layers.0.* names and the layer's sizes nested in transformer_layer_config.
     Checkpoint s = eagle3_checkpoint("layers.0.");
     json inner = s.config;
-    s.config = {{"architectures", {"Eagle3Speculator"}}, {"draft_vocab_size", NDRAFT}, {"transformer_layer_config", inner},
-                {"eagle_aux_hidden_state_layer_ids", {0, 1, 2}}};
+    s.config = {{"architectures", {"Eagle3Speculator"}}, {"draft_vocab_size", NDRAFT}, {"transformer_layer_config", inner}, {"eagle_aux_hidden_state_layer_ids", {0, 1, 2}}};
     Gguf spec(convert("eagle3", write_checkpoint(s, "e3_speculators")));
     ASSERT_EQ(gguf_get_n_tensors(one.g), gguf_get_n_tensors(sharded.g));
     ASSERT_EQ(gguf_get_n_tensors(one.g), gguf_get_n_tensors(spec.g));
@@ -686,7 +686,8 @@ TEST(Convert, HostileSafetensorsHeadersAndConfigs) {
     const uint64_t top = ~uint64_t(0);
     std::string m = header_error("st_wrap", {{"dtype", "U8"}, {"shape", {7}}, {"data_offsets", {top - 7, top}}}, 8);
     EXPECT_NE(m.find("model.safetensors: tensor x: data_offsets end at byte 18446744073709551615 of the data, past the end of the file (8 data bytes)"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
     m = header_error("st_numel", {{"dtype", "F32"}, {"shape", {int64_t(1) << 62, 8}}, {"data_offsets", {0, 0}}}, 0);
     EXPECT_NE(m.find("tensor x: shape [4611686018427387904, 8] overflows"), std::string::npos) << m;
     m = header_error("st_bytes", {{"dtype", "F32"}, {"shape", {int64_t(1) << 62}}, {"data_offsets", {0, 0}}}, 0);

@@ -35,10 +35,10 @@ struct Fixture {
         GenerationOptions o;
         o.n_predict = n;
         o.stop_at_end_of_generation = false;
-        generate_plain(runner, cache, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        generate_plain(
+            runner, cache, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
             out.push_back(t);
-            return true;
-        });
+            return true; });
         return out;
     }
 
@@ -52,14 +52,13 @@ struct Fixture {
         o.n_predict = n;
         o.stop_at_end_of_generation = false;
         std::vector<int32_t> out;
-        generate_speculative(runner, parts, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        generate_speculative(
+            runner, parts, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
             out.push_back(t);
-            return true;
-        });
+            return true; });
         return out;
     }
 };
-
 
 TEST(Eagle, GreedyOutputEqualsPlainDecodingForEveryHeadAndShape) {
     Fixture f;
@@ -76,7 +75,6 @@ TEST(Eagle, GreedyOutputEqualsPlainDecodingForEveryHeadAndShape) {
         }
     }
 }
-
 
 // Python source of the kind the bundled family was trained on (not from its corpus).
 const char * kCodePrompt =
@@ -145,8 +143,8 @@ TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
             TreeSizePolicy tree_size(cost);
             int deepest_accepted = 0;
             SequenceParts parts{cache, &drafter, policy.get(), m.tree,
-                              [&](const RoundInfo & r) { deepest_accepted = std::max(deepest_accepted, int(r.result->accepted.size())); },
-                            nullptr, m.sized ? &tree_size : nullptr};
+                                [&](const RoundInfo & r) { deepest_accepted = std::max(deepest_accepted, int(r.result->accepted.size())); },
+                                nullptr, m.sized ? &tree_size : nullptr};
             std::vector<int32_t> got;
             const GenerationStats st = generate_speculative(runner, parts, prompt, o, never_end, [&](int32_t t) {
                 got.push_back(t);

@@ -23,7 +23,6 @@
 namespace specula {
 namespace {
 
-
 const std::vector<std::string> kTextPrompts = {
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
     "import os\nimport sys\n\n\ndef main(argv=None):\n    \"\"\"Run the command line interface.\"\"\"\n",
@@ -82,7 +81,8 @@ TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
     add("EAGLE-1, chain, heuristic policy", [&](EngineOptions & o) {
         o.drafter = {DrafterKind::Eagle, eagle1}, o.tree = TreeShape::Chain, o.draft_policy = DraftPolicyKind::Heuristic;
     });
-    add("EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle3, eagle3}; }, kTextPrompts.size());
+    add(
+        "EAGLE-3 (defaults: policy-sized dynamic tree)", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle3, eagle3}; }, kTextPrompts.size());
     add("EAGLE-3 + prompt lookup", [&](EngineOptions & o) { o.drafter = {DrafterKind::Eagle3, eagle3}, o.drafter.lookup = true; });
     add("draft model + prompt lookup (chain)", [&](EngineOptions & o) { o.drafter = {DrafterKind::DraftModel, draft}, o.drafter.lookup = true; });
     for (const Case & c : cases) {
@@ -175,7 +175,7 @@ TEST_P(KernelMatrix, GreedySpeculativeEqualsPlainDecoding) {
                     case_name(c).c_str(), drafter->name(), tree_shape_name(shape.shape), f.position, f.plain_token, f.plain_logit,
                     f.spec_token, f.spec_logit);
         EXPECT_LT(std::fabs(f.plain_logit - f.spec_logit), kTieLogits) << drafter->name() << " " << tree_shape_name(shape.shape)
-                                                                        << ": not a near-tie at generated position " << f.position;
+                                                                       << ": not a near-tie at generated position " << f.position;
     }
     EXPECT_GT(accepted, kGenerate) << "the twin's drafts must be accepted";
 }

@@ -16,7 +16,6 @@
 namespace specula {
 namespace {
 
-
 // A GGUF that declares `arch` and holds nothing a loader could use.
 std::string write_arch_only(const std::string & name, const std::string & arch) {
     const std::string path = test::scratch_file(name);

@@ -18,7 +18,6 @@
 namespace specula {
 namespace {
 
-
 const char * kHeldOut =
     "def _read_config(path, encoding='utf-8'):\n"
     "    \"\"\"Return the parsed configuration stored at *path*.\"\"\"\n"

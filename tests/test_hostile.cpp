@@ -95,12 +95,12 @@ std::string head_error(const std::string & head) {
     return test::error_message([&] { EagleHead::load(head, *t, b); });
 }
 
-#define EXPECT_ERROR(msg, path, text)                                                                          \
-    do {                                                                                                       \
-        const std::string m_ = (msg);                                                                          \
-        EXPECT_EQ(m_.rfind((path) + ": ", 0), 0u) << "does not name the file: " << m_;                        \
-        EXPECT_NE(m_.find(text), std::string::npos) << m_;                                                     \
-        EXPECT_EQ(m_.find('\n'), std::string::npos) << m_;                                                     \
+#define EXPECT_ERROR(msg, path, text)                                                  \
+    do {                                                                               \
+        const std::string m_ = (msg);                                                  \
+        EXPECT_EQ(m_.rfind((path) + ": ", 0), 0u) << "does not name the file: " << m_; \
+        EXPECT_NE(m_.find(text), std::string::npos) << m_;                             \
+        EXPECT_EQ(m_.find('\n'), std::string::npos) << m_;                             \
     } while (0)
 
 // ---------------------------------------------------------------- target and draft models: metadata

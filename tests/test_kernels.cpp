@@ -67,7 +67,7 @@ std::vector<float> run(CpuPath path, const Packed & p, const float * x, int n_to
 }
 
 const ggml_type kTypes[] = {GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
-                            GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16};
+                            GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_F16, GGML_TYPE_BF16};
 
 // The paths this CPU can run: the generic one always, then every SIMD one it has. Printed once,
 // since machines differ in which paths a comparison covers.
@@ -210,11 +210,15 @@ TEST(PackedMatmul, StackedWeightsGiveEachWeightsBitsInOneOp) {
 // body returns the generic body's bits.
 TEST(MaskedAttention, EverySimdPathGivesTheGenericPathsBits) {
     if (paths().size() == 1) GTEST_SKIP() << "this CPU runs the generic path only";
-    struct Shape { int head_dim, n_head, n_head_kv; };
+    struct Shape {
+        int head_dim, n_head, n_head_kv;
+    };
     // 77 slots in one block of 5 rows; 300 slots over several tiles in blocks of 8 and 3 rows.
-    struct Size { int n_rows, n_kv; };
+    struct Size {
+        int n_rows, n_kv;
+    };
     for (const auto & [shape, size] : {std::pair{Shape{64, 9, 3}, Size{5, 77}}, std::pair{Shape{256, 4, 1}, Size{5, 77}},
-                                     std::pair{Shape{16, 2, 2}, Size{5, 77}}, std::pair{Shape{64, 9, 3}, Size{11, 300}}}) {
+                                       std::pair{Shape{16, 2, 2}, Size{5, 77}}, std::pair{Shape{64, 9, 3}, Size{11, 300}}}) {
         const int n_rows = size.n_rows, n_kv = size.n_kv;
         std::mt19937 rng(7);
         std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -384,7 +388,8 @@ TEST(KernelsAuto, FallsBackToGgmlWhereSpeculaHasNoSimdPathAndSaysSo) {
                            ggml = test::run_command(run + " --kernels ggml"), portable = test::run_command(generic + run + " --kernels specula");
     for (const test::CommandRun * r : {&fastest, &fallback, &ggml, &portable}) ASSERT_EQ(r->exit_code, 0) << r->err;
     EXPECT_NE(fastest.err.find(std::string("[specula] kernels: specula's, ") + kernels::cpu_path_name(kernels::detected_cpu_path()) + " path\n"),
-              std::string::npos) << fastest.err;
+              std::string::npos)
+        << fastest.err;
     EXPECT_NE(fallback.err.find("[specula] kernels: ggml's: specula has no SIMD path for this CPU"), std::string::npos) << fallback.err;
     EXPECT_NE(ggml.err.find("[specula] kernels: ggml's (--kernels ggml)"), std::string::npos) << ggml.err;
     EXPECT_NE(portable.err.find("[specula] kernels: specula's, generic path (portable C++"), std::string::npos) << portable.err;

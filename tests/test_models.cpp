@@ -39,7 +39,8 @@ CommandRun run_command(const std::string & command) {
 void expect_cli_error(const std::string & cli, const std::string & args, const std::string & text) {
     const CommandRun r = run_command(cli + " " + args);
     EXPECT_EQ(r.signal, 0) << args;
-    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.err;
+    EXPECT_EQ(r.exit_code, 1) << args << "\n"
+                              << r.err;
     std::vector<std::string> lines;
     std::istringstream in(r.err);
     // Progress lines ("[specula] loading ...: 1/3 weights") may come before the failing step; the
@@ -166,7 +167,7 @@ std::string eagle_head_path(const std::string & kind, const std::string & target
         e.target.n_layer = v.n_layer;
         e.n_draft_vocab = n_draft_vocab;
         e.target_layers = target_layers;
-        e.seed = std::hash<std::string>{}(name) & 0xffff;
+        e.seed = std::hash<std::string>{}(name)&0xffff;
         const std::string tmp = path + ".tmp" + std::to_string(::getpid());
         write_random_eagle_head(e, tmp);
         std::filesystem::rename(tmp, path);

@@ -50,7 +50,7 @@ TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {
 // 0.21 ms per drafted token.
 const std::vector<double> kMeasuredTargetCurve = {0.824, 1.705, 1.857, 1.947, 2.261, 2.381, 2.811, 3.283, 3.284, 3.764, 3.561,
                                                   4.198, 3.916, 4.373, 4.581, 4.356, 4.952, 5.398, 5.403, 5.737, 5.948, 6.556,
-                                                  6.814, 7.078, 7.571, 7.072, 7.953, 7.783, 6.984, 7.292, 7.19,  8.009, 8.167};
+                                                  6.814, 7.078, 7.571, 7.072, 7.953, 7.783, 6.984, 7.292, 7.19, 8.009, 8.167};
 
 // Catches: a cost policy that prices its draft on its own rows' verify cost while 7 other busy
 // sequences share the forward (the marginal cost of rows grows with the step's total rows on a
@@ -150,7 +150,7 @@ TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
     TreeSizePolicy p(kMeasuredTargetCurve);
     EXPECT_EQ(p.plan_round(StepShare{7, 7.0}), Round::Draft);  // nothing seen yet: draft to learn
     for (int r = 0; r < 40; ++r) {
-        p.observe_draft(0.3, 4);                        // 0.3 ms of drafting per round
+        p.observe_draft(0.3, 4);                                    // 0.3 ms of drafting per round
         p.observe(3.0, r % 2 ? 3 : 2, 4, kMeasuredTargetCurve[4]);  // 4 nodes verified, 2.5 accepted
     }
     // Alone: 2.5 tokens for 0.3 + 2.26 - 0.82 ms beats 1 per 0.82 ms. Busy: 8 tokens per 3.28 ms

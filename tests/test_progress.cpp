@@ -61,7 +61,8 @@ TEST(Progress, ModelLoadingShowsItsStepsAndLeavesTheTextAlone) {
     const test::CommandRun loud = test::run_command(cli + args);
     ASSERT_EQ(loud.exit_code, 0) << loud.err;
     for (const std::string step : {"1/3 weights", "2/3 tokenizer", "3/3 drafter"}) {
-        EXPECT_NE(loud.err.find("[specula] loading " + target + ": " + step), std::string::npos) << step << "\n" << loud.err;
+        EXPECT_NE(loud.err.find("[specula] loading " + target + ": " + step), std::string::npos) << step << "\n"
+                                                                                                 << loud.err;
     }
     const test::CommandRun quiet = test::run_command(cli + " --quiet" + args);
     ASSERT_EQ(quiet.exit_code, 0) << quiet.err;

@@ -143,9 +143,11 @@ TEST_P(RealModelOracle, TeacherForcedLogitsMatchLibllama) {
         const auto next = std::span(tokens).subspan(1);
         const double nll_ours = mean_nll(std::span(ours_all).first(next.size() * V), V, next);
         const double nll_ref = mean_nll(std::span(ref_all).first(next.size() * V), V, next);
-        std::printf("[real-oracle] %-28s %-14s %d positions: top-1 mismatches %d, max |logit diff| = %.3g, "
-                    "mean NLL %.4f (libllama %.4f)\n", m.name.c_str(), kernel.c_str(), m.n_tokens, top1_mismatches, max_diff,
-                    nll_ours, nll_ref);
+        std::printf(
+            "[real-oracle] %-28s %-14s %d positions: top-1 mismatches %d, max |logit diff| = %.3g, "
+            "mean NLL %.4f (libllama %.4f)\n",
+            m.name.c_str(), kernel.c_str(), m.n_tokens, top1_mismatches, max_diff,
+            nll_ours, nll_ref);
         if (backend.own_kernels()) {
             EXPECT_LT(nll_ours, nll_ref + 0.01);
         } else {
@@ -202,7 +204,7 @@ TEST_P(RealModelOracle, GreedySpeculativeEqualsPlainDecoding) {
         auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, flat_cost);
         int accepted = 0;
         SequenceParts parts{cache, drafter, policy.get(), tree,
-                          [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); }};
+                            [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); }};
         std::vector<int32_t> got;
         generate_speculative(runner, parts, prompt, o, never_end, collect(got));
         ASSERT_EQ(got.size(), plain.size());
@@ -287,9 +289,9 @@ void expect_greedy_speculation_equals_plain(const char * tag, LoadedTarget & t, 
                 KvCache cache(backend, model.config(), kCapacity);
                 auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, flat_cost);
                 SequenceParts parts{cache, drafter.get(), policy.get(), tree, [&](const RoundInfo & r) {
-                                    ++rounds;
-                                    accepted += int(r.result->accepted.size());
-                                }};
+                                        ++rounds;
+                                        accepted += int(r.result->accepted.size());
+                                    }};
                 generate_speculative(runner, parts, prompts[i], o, never_end, [&](int32_t token) {
                     got.push_back(token);
                     return true;
@@ -381,21 +383,21 @@ void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, cons
         for (int r = 0; r < runs; ++r) {
             cache.rollback(0);
             SequenceParts parts{cache, &drafter, policy.get(), TreeBudget{}, [&](const RoundInfo & info) {
-                                if (info.round != 0) return;
-                                drafted += info.draft->tree.size() == 2;
-                                rejected += info.result->accepted.size() < 2;
-                            },
-                            verify};
+                                    if (info.round != 0) return;
+                                    drafted += info.draft->tree.size() == 2;
+                                    rejected += info.result->accepted.size() < 2;
+                                },
+                                verify};
             GenerationOptions o;
             o.n_predict = 3;  // the first round drafts min(k, n_predict - 1) = 2 tokens
             o.sampling = sp;
             o.sampling.seed = 1000 + r;
             o.stop_at_end_of_generation = false;
             std::vector<int32_t> pair;
-            generate_speculative(runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t tok) {
+            generate_speculative(
+                runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t tok) {
                 pair.push_back(tok);
-                return pair.size() < 2;
-            });
+                return pair.size() < 2; });
             if (pair.size() != 2 || !exact.count({pair[0], pair[1]})) {
                 ++outside;
                 continue;
@@ -410,9 +412,10 @@ void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, cons
     constexpr int kRuns = 320;
     int drafted = 0, rejected = 0;
     const auto [stat, dof] = chi2(eagle, nullptr, kRuns, drafted, rejected);
-    std::printf("[%s] eagle3 T=1 top-k 4, first two tokens: chi2 = %.2f, dof = %d, critical = %.2f; %d of %d first rounds drafted 2, "
-                "%d rejected a draft\n",
-                tag, stat, dof, test::chi2_critical(dof), drafted, kRuns, rejected);
+    std::printf(
+        "[%s] eagle3 T=1 top-k 4, first two tokens: chi2 = %.2f, dof = %d, critical = %.2f; %d of %d first rounds drafted 2, "
+        "%d rejected a draft\n",
+        tag, stat, dof, test::chi2_critical(dof), drafted, kRuns, rejected);
     EXPECT_EQ(drafted, kRuns) << "every first round must draft a 2-token chain";
     EXPECT_GT(rejected, 0) << "no draft was rejected: the residual was never sampled";
     EXPECT_LT(rejected, kRuns) << "no draft was accepted";

@@ -52,8 +52,10 @@ std::string chromium() {
 std::string render(const std::string & browser, const std::string & html, const std::string & screenshot) {
     // One profile per test process (ctest -j runs several browsers at once), removed afterwards.
     const std::string profile = artifacts_dir() + "/chromium-profile-" + std::to_string(::getpid());
-    const std::string flags = " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions --hide-scrollbars"
-                              " --user-data-dir=" + profile;
+    const std::string flags =
+        " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions --hide-scrollbars"
+        " --user-data-dir=" +
+        profile;
     const std::string url = "file://" + fs::absolute(html).string();
     const test::CommandRun dom = test::run_command("timeout 120 " + browser + flags + " --dump-dom " + url);
     EXPECT_EQ(dom.exit_code, 0) << dom.err;
@@ -505,9 +507,11 @@ TEST(Report, SpecEETracesAndTheReportShowEachTokensExitLayer) {
     ASSERT_EQ(made.exit_code, 0) << made.err;
 
     const std::string dir = artifacts_dir(), cli = SPECULA_CLI;
-    std::ofstream(dir + "/no-exit-layer.jsonl") << R"({"kind":"exit","position":3,"token":5,"text":"a","n_layer":3})" << "\n";
+    std::ofstream(dir + "/no-exit-layer.jsonl") << R"({"kind":"exit","position":3,"token":5,"text":"a","n_layer":3})"
+                                                << "\n";
     test::expect_cli_error(cli, "report " + dir + "/no-exit-layer.jsonl -o " + dir + "/x.html", "no-exit-layer.jsonl:1: no 'exit_layer' (a layer or null)");
-    std::ofstream(dir + "/deep-exit.jsonl") << R"({"kind":"exit","position":3,"token":5,"text":"a","exit_layer":4,"n_layer":3})" << "\n";
+    std::ofstream(dir + "/deep-exit.jsonl") << R"({"kind":"exit","position":3,"token":5,"text":"a","exit_layer":4,"n_layer":3})"
+                                            << "\n";
     test::expect_cli_error(cli, "report " + dir + "/deep-exit.jsonl -o " + dir + "/x.html", "deep-exit.jsonl:1: 'exit_layer' is past the model's 'n_layer'");
 
     const std::string browser = chromium();
@@ -539,7 +543,8 @@ TEST(Report, BadInputGivesOneErrorLine) {
     test::expect_cli_error(cli, "report " + dir + "/empty.jsonl -o " + dir + "/x.html", "no trace lines");
     std::ofstream(dir + "/cycle.jsonl")
         << R"({"kind":"round","round":0,"position":3,"asked":2,"verified_nodes":2,"draft_ms":1,"verify_ms":1,"accepted":[],)"
-        << R"("tree":{"token":[1,2],"parent":[1,0],"depth":[1,2],"q":[1,1],"path_prob":[1,1],"text":["a","b"]}})" << "\n";
+        << R"("tree":{"token":[1,2],"parent":[1,0],"depth":[1,2],"q":[1,1],"path_prob":[1,1],"text":["a","b"]}})"
+        << "\n";
     test::expect_cli_error(cli, "report " + dir + "/cycle.jsonl -o " + dir + "/x.html", "cycle.jsonl:1: tree node 0 has a parent that is not an earlier node");
     test::expect_cli_error(cli, "report --bench " + std::string(SPECULA_SOURCE_DIR) + "/models/eval.json -o " + dir + "/x.html", "not a `bench spec --json` result");
     test::expect_cli_error(cli, "report -o " + dir + "/x.html", "no trace files given");

@@ -97,7 +97,8 @@ std::vector<float> logits(Backend & backend, const std::string & model_path, con
     const size_t half = tokens.size() / 2;
     ForwardOutput a = runner.forward(ForwardBatch::causal(std::span(tokens).first(half), 0, {rows.begin(), rows.begin() + half}), cache);
     ForwardOutput b = runner.forward(ForwardBatch::causal(std::span(tokens).subspan(half), static_cast<int>(half),
-                                                          {rows.begin(), rows.begin() + (tokens.size() - half)}), cache);
+                                                          {rows.begin(), rows.begin() + (tokens.size() - half)}),
+                                     cache);
     std::vector<float> out = a.logits;
     out.insert(out.end(), b.logits.begin(), b.logits.end());
     return out;
@@ -248,7 +249,7 @@ TEST(RpcDeathTest, AServerKilledMidRunIsOneErrorLine) {
         std::exit(0);
     };
     EXPECT_EXIT(generate_while_one_dies(),
-        testing::ExitedWithCode(1), "specula: error: an rpc-server stopped answering mid-generation");
+                testing::ExitedWithCode(1), "specula: error: an rpc-server stopped answering mid-generation");
 }
 
 // An rpc-server that stops answering without closing its connection (a frozen host) ends the run

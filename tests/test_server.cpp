@@ -30,10 +30,16 @@
 namespace specula {
 namespace {
 
-
 const std::vector<std::string> kPrompts = {
-    "def fibonacci(n):", "The Python standard library", "import os\nimport sys\n", "class Parser:", "Return the number of",
-    "    for i in range(", "The following example shows", "# Copyright", "It is possible to",
+    "def fibonacci(n):",
+    "The Python standard library",
+    "import os\nimport sys\n",
+    "class Parser:",
+    "Return the number of",
+    "    for i in range(",
+    "The following example shows",
+    "# Copyright",
+    "It is possible to",
 };
 
 std::unique_ptr<ModelBundle> open_target(bool speculative) {
@@ -179,9 +185,10 @@ TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
     };
     int drafted = 0, accepted = 0;
     const auto [stat, dof] = chi2(1.0f, kRuns, drafted, accepted);
-    std::printf("[server distribution] T=1 top-k 4, first two tokens with neighbours: chi2 = %.1f, dof = %d, critical = %.1f; "
-                "%d drafted, %d accepted\n",
-                stat, dof, test::chi2_critical(dof), drafted, accepted);
+    std::printf(
+        "[server distribution] T=1 top-k 4, first two tokens with neighbours: chi2 = %.1f, dof = %d, critical = %.1f; "
+        "%d drafted, %d accepted\n",
+        stat, dof, test::chi2_critical(dof), drafted, accepted);
     ASSERT_GT(dof, 2);
     EXPECT_LT(stat, test::chi2_critical(dof));
     EXPECT_GE(drafted, 2 * kRuns) << "every request must have drafted";
@@ -236,7 +243,9 @@ TEST(Scheduler, StreamedTextNeverSplitsAUtf8Character) {
         while (i > 0 && (static_cast<uint8_t>(chunk[i - 1]) & 0xC0) == 0x80) --i;
         if (i > 0) {
             const uint8_t lead = static_cast<uint8_t>(chunk[i - 1]);
-            const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+            const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3
+                                               : lead >= 0xC0   ? 2
+                                                                : 1;
             EXPECT_EQ(chunk.size() - (i - 1), need) << chunk;
         }
         chunk.clear();

@@ -43,10 +43,10 @@ std::vector<int32_t> plain_greedy(const Model & model, ModelRunner & runner, std
     GenerationOptions o;
     o.n_predict = n;
     o.stop_at_end_of_generation = false;
-    generate_plain(runner, cache, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+    generate_plain(
+        runner, cache, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
         out.push_back(t);
-        return true;
-    });
+        return true; });
     return out;
 }
 
@@ -73,10 +73,10 @@ struct Spec {
         o.sampling = sp;
         o.stop_at_end_of_generation = false;
         std::vector<int32_t> out;
-        generate_speculative(runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        generate_speculative(
+            runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
             out.push_back(t);
-            return true;
-        });
+            return true; });
         return out;
     }
 };
@@ -164,9 +164,10 @@ TEST(Speculative, GreedyPolicySizedTreesEqualPlainDecoding) {
         for (const auto & prompt : kPrompts) {
             const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
             TreeSizePolicy policy(cost);
-            const auto got = s.run(self_draft, DraftPolicyKind::Fixed, 4, prompt, 40, {},
-                                   [&](const RoundInfo & r) { sizes.insert(r.draft->tree.size()); }, nullptr, nullptr,
-                                   TreeBudget{TreeShape::Dynamic, 6, 4, 0}, &policy);
+            const auto got = s.run(
+                self_draft, DraftPolicyKind::Fixed, 4, prompt, 40, {},
+                [&](const RoundInfo & r) { sizes.insert(r.draft->tree.size()); }, nullptr, nullptr,
+                TreeBudget{TreeShape::Dynamic, 6, 4, 0}, &policy);
             ASSERT_EQ(got, want) << "slope " << slope;
         }
     }
@@ -271,7 +272,7 @@ struct Tiny {
         std::vector<float> first;
         processed_probs(out.logits_row(0), sp, first);
         std::function<void(const std::vector<float> &, double, size_t, int)> extend = [&](const std::vector<float> & p, double mass,
-                                                                                           size_t index, int depth) {
+                                                                                          size_t index, int depth) {
             for (int32_t t = 0; t < V; ++t) {
                 const double m = mass * p[t];
                 const size_t i = index * V + t;
@@ -312,10 +313,10 @@ struct Tiny {
             o.sampling.seed = 1000 + r;
             o.stop_at_end_of_generation = false;
             size_t cell = 0;
-            generate_speculative(runner, parts, prefix, o, [](int32_t) { return false; }, [&](int32_t t) {
+            generate_speculative(
+                runner, parts, prefix, o, [](int32_t) { return false; }, [&](int32_t t) {
                 cell = cell * V + t;
-                return true;
-            });
+                return true; });
             counts[cell]++;
         }
         std::vector<test::Cell> cells;
@@ -460,10 +461,10 @@ TEST(Speculative, SampledChainsThreeDeepFollowTheTargetDistributionAndBrokenVeri
         EXPECT_GT(accepted_three, runs / 40) << "whole 3-token chains must be accepted sometimes";
         for (auto [broken_name, broken] :
              {std::pair<const char *, VerifyFn>{"residual at depth 1 only",
-                                                [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+                                                [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng) {
                                                     return residual_at_depth_one_only(tree, l, sp, rng);
                                                 }},
-              std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+              std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng) {
                                                     return accept_everything(tree, l, sp, rng);
                                                 }}}) {
             auto [bstat, bdof] = t.chi2(*drafter, prefix, sp, joint, runs, broken);
@@ -618,14 +619,15 @@ TEST(Speculative, TraceRecordsEachRoundsTreeAndPolicyDecision) {
         // millisecond under sanitizers or load): every node is free to verify, so the policy keeps
         // whole trees whatever the machine does (with a rising cost it often kept one node).
         TreeSizePolicy tree_size(std::vector<double>(10, 100.0));
-        s.run(drafter, DraftPolicyKind::Fixed, 3, kPrompts[1], 24, sp,
-              [&](const RoundInfo & r) {
-                  drafted.push_back(r.draft->tree);
-                  accepted.push_back(r.result->accepted);
-                  decisions.push_back(r.decision);
-                  w.round(round_report(r));
-              },
-              nullptr, nullptr, TreeBudget{TreeShape::Dynamic, 3, 3, 0}, &tree_size);
+        s.run(
+            drafter, DraftPolicyKind::Fixed, 3, kPrompts[1], 24, sp,
+            [&](const RoundInfo & r) {
+                drafted.push_back(r.draft->tree);
+                accepted.push_back(r.result->accepted);
+                decisions.push_back(r.decision);
+                w.round(round_report(r));
+            },
+            nullptr, nullptr, TreeBudget{TreeShape::Dynamic, 3, 3, 0}, &tree_size);
     }
     ASSERT_FALSE(drafted.empty());
     std::ifstream in(path);

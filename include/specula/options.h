@@ -7,13 +7,30 @@
 namespace specula {
 
 // How long each chain draft is (docs/policies.md).
-enum class DraftPolicyKind { Fixed, Heuristic, Cost };
+enum class DraftPolicyKind {
+    Fixed,
+    Heuristic,
+    Cost
+};
 // The shape of each round's draft: a chain, a fixed tree (EAGLE-1) or a dynamic one (EAGLE-2).
-enum class TreeShape { Chain, Static, Dynamic };
+enum class TreeShape {
+    Chain,
+    Static,
+    Dynamic
+};
 // Weight matmuls: specula's batch-invariant kernels on the CPU (Auto there), or ggml's.
-enum class Kernels { Auto, Specula, Ggml };
+enum class Kernels {
+    Auto,
+    Specula,
+    Ggml
+};
 // Attention: Auto = specula's with specula's kernels, else matmul on the CPU and flash on GPUs.
-enum class Attention { Auto, Flash, Matmul, Specula };
+enum class Attention {
+    Auto,
+    Flash,
+    Matmul,
+    Specula
+};
 
 DraftPolicyKind parse_draft_policy(std::string_view name);  // cost | heuristic | fixed
 TreeShape parse_tree_shape(std::string_view name);          // chain | static | dynamic

@@ -21,25 +21,30 @@ struct RoundDecision {
 
 // accepted / rejected: a drafted token the target keeps / refuses; correction: the target's token
 // where a draft was refused; bonus: the target's token after a fully accepted path.
-enum class Outcome { Accepted, Rejected, Correction, Bonus };
+enum class Outcome {
+    Accepted,
+    Rejected,
+    Correction,
+    Bonus
+};
 const char * outcome_name(Outcome o);
 
 // One verification event of a round, in the order the verifier decided them.
 struct VerifyEvent {
-    int node = -1;              // tree node; -1 for the correction/bonus token
-    int depth = 0;              // 1-based position after the root
+    int node = -1;  // tree node; -1 for the correction/bonus token
+    int depth = 0;  // 1-based position after the root
     int32_t token = 0;
-    float q = 1.0f;             // draft probability of the token (1 when deterministic)
-    float p = 0.0f;             // target's processed probability of the token
-    float accept_prob = 0.0f;   // min(1, p/q); 1/0 for greedy match/mismatch
-    double draw = -1.0;         // the uniform draw compared against accept_prob (-1 if none)
+    float q = 1.0f;            // draft probability of the token (1 when deterministic)
+    float p = 0.0f;            // target's processed probability of the token
+    float accept_prob = 0.0f;  // min(1, p/q); 1/0 for greedy match/mismatch
+    double draw = -1.0;        // the uniform draw compared against accept_prob (-1 if none)
     Outcome outcome = Outcome::Accepted;
 };
 
 // One node of a verified draft; nodes are listed parents first.
 struct DraftNode {
     int32_t token = 0;
-    int parent = -1;         // -1: a child of the round's root (the last token before the round)
+    int parent = -1;  // -1: a child of the round's root (the last token before the round)
     int depth = 1;
     float q = 1.0f;          // draft probability of the token given its parent (1 when deterministic)
     float path_prob = 1.0f;  // the draft's probability that verification reaches this node
@@ -48,9 +53,9 @@ struct DraftNode {
 // One speculative round, as the observer (and the trace file, one observer) sees it. The round
 // emits accepted.size() + 1 tokens: the accepted drafts, then next_token.
 struct RoundReport {
-    int round = 0;     // 0-based
-    int position = 0;  // the root's position: tokens in the target's cache before the round
-    double draft_ms = 0.0, verify_ms = 0.0;  // verify_ms: the target's forward and the verification
+    int round = 0;                             // 0-based
+    int position = 0;                          // the root's position: tokens in the target's cache before the round
+    double draft_ms = 0.0, verify_ms = 0.0;    // verify_ms: the target's forward and the verification
     double forward_ms = 0.0, commit_ms = 0.0;  // the target's forward alone; the whole commit after it
     RoundDecision decision;
     std::vector<DraftNode> tree;  // the verified draft
@@ -66,7 +71,7 @@ using RoundObserver = std::function<void(const RoundReport & round)>;
 
 // One token of SpecEE's lossy mode: where it left the target.
 struct ExitReport {
-    int position = 0;     // the token's position in the sequence
+    int position = 0;  // the token's position in the sequence
     int32_t token = 0;
     int exit_layer = -1;  // the layer whose entering state decided it (n_layer: after every layer); -1: the full LM head
     int n_layer = 0;

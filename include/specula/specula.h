@@ -18,10 +18,10 @@ namespace specula {
 
 struct EngineOptions {
     std::string model_path;
-    DrafterSpec drafter;                  // none = plain decoding
-    int draft_max = 8;                    // longest draft per round
+    DrafterSpec drafter;                                   // none = plain decoding
+    int draft_max = 8;                                     // longest draft per round
     DraftPolicyKind draft_policy = DraftPolicyKind::Cost;  // chains (docs/policies.md)
-    std::optional<TreeShape> tree;        // none: dynamic for EAGLE heads, else chain
+    std::optional<TreeShape> tree;                         // none: dynamic for EAGLE heads, else chain
     int tree_depth = 6;
     int tree_branching = 4;      // dynamic: children per node and nodes expanded per depth
     int tree_nodes = 0;          // nodes verified per round; 0 = chosen from the measured verify cost

@@ -11,7 +11,7 @@ namespace specula {
 // Without FMA contraction (-ffp-contract=off) it gives the same bits on every instruction set.
 inline float exp_nonpositive(float x) {
     const float xc = std::max(x, -87.0f);
-    const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+    const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;        // round(x / ln 2)
     const float r = (xc - k * 0.693145751953125f) - k * 1.428606765330187045e-06f;  // |r| <= ln2 / 2
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;

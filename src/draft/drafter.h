@@ -15,8 +15,8 @@ namespace specula {
 // What a request's spans point to (the sequence's history, its sampling parameters and Rng) must
 // stay put from start() until take().
 struct DraftRequest {
-    std::span<const int32_t> history;    // every token so far; the last is the root of the draft
-    TreeBudget budget;                   // shape and size of the draft (a chain of depth k, or a tree)
+    std::span<const int32_t> history;           // every token so far; the last is the root of the draft
+    TreeBudget budget;                          // shape and size of the draft (a chain of depth k, or a tree)
     const SamplingParams * sampling = nullptr;  // drafts follow the processed draft distribution
     Rng * rng = nullptr;
 };
@@ -32,7 +32,7 @@ struct Acceptance {
 
 struct Draft {
     TokenTree tree;
-    float mean_entropy = 0.0f;  // of the draft distributions used (nats); 0 for deterministic drafters
+    float mean_entropy = 0.0f;    // of the draft distributions used (nats); 0 for deterministic drafters
     std::vector<int> exit_layer;  // SpecEE drafts: per node, the layer that decided its token (-1: full depth); else empty
 };
 

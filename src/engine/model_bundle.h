@@ -45,7 +45,7 @@ struct ModelBundle {
     bool speculative = false;             // a drafter was chosen
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
     TreeBudget tree;
-    std::vector<double> verify_cost_ms;  // measured once: cost policy, default tree size
+    std::vector<double> verify_cost_ms;             // measured once: cost policy, default tree size
     std::unique_ptr<ExitPredictor> exit_predictor;  // SpecEE (options.specee_path)
     float exit_threshold = 0.5f;
 

@@ -14,7 +14,9 @@ Enum parse(std::string_view name, const std::array<std::pair<const char *, Enum>
     std::string expected;
     for (size_t i = 0; i < N; ++i) {
         if (name == names[i].first) return names[i].second;
-        expected += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + names[i].first;
+        expected += std::string(i == 0 ? "" : i + 1 == N ? " or "
+                                                         : ", ") +
+                    names[i].first;
     }
     throw Error("unknown " + std::string(what) + " '" + std::string(name) + "' (expected " + expected + ")");
 }

@@ -47,8 +47,7 @@ ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
 
 Sequence::Sequence(SequenceParts parts, std::span<const int32_t> prompt, const GenerationOptions & options,
                    std::function<bool(int32_t)> is_end, int prefill_chunk)
-    : p_(std::move(parts)), options_(options), is_end_(std::move(is_end)), chunk_(prefill_chunk), rng_(options.sampling.seed),
-      history_(prompt.begin(), prompt.end()) {
+    : p_(std::move(parts)), options_(options), is_end_(std::move(is_end)), chunk_(prefill_chunk), rng_(options.sampling.seed), history_(prompt.begin(), prompt.end()) {
     run_.speculative = true;
     run_.n_prompt = static_cast<int>(prompt.size());
     if (prompt.empty()) throw Error("empty prompt");
@@ -109,7 +108,8 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
         if (p_.tree_size) {
             const TreeSizePolicy::Round round = p_.tree_size->plan_round(step);
             skipped_draft_ = round == TreeSizePolicy::Round::Skip;
-            budget_.max_nodes = skipped_draft_ ? 0 : round == TreeSizePolicy::Round::Explore ? 1 : p_.tree_size->max_nodes();
+            budget_.max_nodes = skipped_draft_ ? 0 : round == TreeSizePolicy::Round::Explore ? 1
+                                                                                             : p_.tree_size->max_nodes();
             if (round == TreeSizePolicy::Round::Explore) budget_.depth = 1;
             budget_.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
         }
@@ -139,9 +139,12 @@ const ForwardBatch & Sequence::block(double draft_ms) {
     const bool observed = static_cast<bool>(p_.on_round);
     if (observed) {
         decision_ = RoundDecision{budget_.shape != TreeShape::Chain ? (p_.tree_size ? "tree-size" : "fixed-tree")
-                                  : p_.policy                      ? p_.policy->name()
-                                                                   : "none",
-                                  asked_, draft_.tree.size(), 0, {}};
+                                  : p_.policy                       ? p_.policy->name()
+                                                                    : "none",
+                                  asked_,
+                                  draft_.tree.size(),
+                                  0,
+                                  {}};
         if (budget_.shape == TreeShape::Chain && budget_.max_nodes < asked_) {
             decision_.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(budget_.max_nodes) + " (context or -n)";
         }
@@ -235,8 +238,7 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
 
 RoundReport round_report(const RoundInfo & r) {
     const TokenTree & tree = r.draft->tree;
-    RoundReport report{r.round,      r.base, r.draft_ms, r.verify_ms, r.forward_ms, r.commit_ms, r.decision, {}, r.result->accepted,
-                       r.result->next_token, r.result->bonus, r.result->events};
+    RoundReport report{r.round, r.base, r.draft_ms, r.verify_ms, r.forward_ms, r.commit_ms, r.decision, {}, r.result->accepted, r.result->next_token, r.result->bonus, r.result->events};
     for (int i = 0; i < tree.size(); ++i) {
         report.tree.push_back(DraftNode{tree.token[i], tree.parent[i], tree.depth[i], node_draft_prob(tree, i), std::exp(tree.logp[i])});
     }
@@ -282,7 +284,8 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     target.forward_parts(parts);
     step.forward_ms = ms_since(t0);
     for (size_t i = 0; i < sequences.size(); ++i) {
-        sequences[i]->commit(step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows, verify_only);
+        sequences[i]->commit(
+            step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows, verify_only);
         step.tokens += sequences[i]->last_tokens();
     }
     return step;

@@ -31,8 +31,8 @@ class KvCache;
 
 struct RoundInfo {
     int round = 0;
-    int base = 0;               // target cache size before the round (= position of the root)
-    int draft_length = 0;       // what the policy asked for
+    int base = 0;          // target cache size before the round (= position of the root)
+    int draft_length = 0;  // what the policy asked for
     double draft_ms = 0, verify_ms = 0;
     double forward_ms = 0, commit_ms = 0;
     const Draft * draft = nullptr;
@@ -47,13 +47,13 @@ RoundReport round_report(const RoundInfo & round);
 using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
 
 struct SequenceParts {
-    KvCache & cache;                                   // the target's cache stream of this sequence
-    Drafter * drafter = nullptr;                       // nullptr: no drafting (each round verifies the root alone)
-    DraftLengthPolicy * policy = nullptr;              // chain depth per round (chain shape only); nullptr: 0
-    TreeBudget tree;                                   // shape Chain: a chain of the policy's length
+    KvCache & cache;                                       // the target's cache stream of this sequence
+    Drafter * drafter = nullptr;                           // nullptr: no drafting (each round verifies the root alone)
+    DraftLengthPolicy * policy = nullptr;                  // chain depth per round (chain shape only); nullptr: 0
+    TreeBudget tree;                                       // shape Chain: a chain of the policy's length
     std::function<void(const RoundInfo &)> on_round = {};  // trace, tests; may be empty
-    VerifyFn verify = {};                                   // empty = the standard verifier for the sampling params
-    TreeSizePolicy * tree_size = nullptr;              // trees: nodes verified per round (else tree.max_nodes)
+    VerifyFn verify = {};                                  // empty = the standard verifier for the sampling params
+    TreeSizePolicy * tree_size = nullptr;                  // trees: nodes verified per round (else tree.max_nodes)
 };
 
 class Sequence {
@@ -134,9 +134,9 @@ private:
 // policies estimate what the others will carry in this one; may_draft false: no sequence drafts.
 struct StepResult {
     double forward_ms = 0.0;
-    int rows = 0;    // rows of the target forward
-    int verify_rows = 0;  // of them, the rows of sequences past their prompt
-    int tokens = 0;  // tokens the step emitted, all sequences
+    int rows = 0;            // rows of the target forward
+    int verify_rows = 0;     // of them, the rows of sequences past their prompt
+    int tokens = 0;          // tokens the step emitted, all sequences
     int drafting = 0;        // sequences whose drafters ran forwards
     int draft_forwards = 0;  // forwards those drafters' drafts took together (batched: one per tree level)
 };

@@ -33,7 +33,8 @@ ExitStep EarlyExitDecoder::step_forced(KvCache & cache, int32_t token, int posit
                                        int exit_layer, std::span<const int> feature_layers) {
     if (exit_layer < 1 || exit_layer > model_.config().n_layer) throw Error("early exit: forced exit layer out of range");
     const int schedule[] = {exit_layer};
-    return run(cache, token, position, candidates, schedule, [](size_t, std::span<const float>) { return true; }, feature_layers);
+    return run(
+        cache, token, position, candidates, schedule, [](size_t, std::span<const float>) { return true; }, feature_layers);
 }
 
 ExitStep EarlyExitDecoder::run(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates,

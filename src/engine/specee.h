@@ -178,7 +178,7 @@ private:
     std::vector<int> feature_layers_;
     EarlyExitStats stats_;
     Draft draft_;
-    int draft_root_ = 0;                            // position of the last draft's root
+    int draft_root_ = 0;                              // position of the last draft's root
     std::vector<std::vector<float>> draft_features_;  // the head's features of each position the last draft ran
 };
 

@@ -46,7 +46,6 @@ struct RoundObservation {
     int verify_tokens = 0;  // rows of the verify forward (the whole step's when shared)
 };
 
-
 class DraftLengthPolicy {
 public:
     virtual ~DraftLengthPolicy() = default;

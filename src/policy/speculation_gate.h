@@ -57,7 +57,7 @@ private:
     bool choose(Load & l);
 
     int window_steps_;
-    int left_ = 0;         // steps left in the current window
+    int left_ = 0;  // steps left in the current window
     int step_in_window_ = 0;
     bool drafting_ = true;
     std::vector<Load> loads_;

@@ -51,7 +51,11 @@ public:
     // a chain of n tokens for n drafter levels plus n more verify rows, at its best n, against the
     // step's plain rate. A busy step on a CPU is there (a row costs nearly what a token does), and
     // an exploring draft would only slow the step.
-    enum class Round { Skip, Explore, Draft };
+    enum class Round {
+        Skip,
+        Explore,
+        Draft
+    };
     Round plan_round(const StepShare & step = {});
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
     // A new sequence starts on this policy (a server slot's next request): the drafter's and the

@@ -189,13 +189,15 @@ Backend::Backend(const BackendOptions & opts) {
     } else if (opts.kernels == Kernels::Ggml) {
         kernels_summary_ = "ggml's (--kernels ggml)";
     } else {
-        kernels_summary_ = "ggml's: specula has no SIMD path for this CPU (--kernels specula runs its portable one); "
-                           "greedy speculative output can differ from plain decoding at near-ties";
+        kernels_summary_ =
+            "ggml's: specula has no SIMD path for this CPU (--kernels specula runs its portable one); "
+            "greedy speculative output can differ from plain decoding at near-ties";
     }
     kernels_base_ = kernels_summary_;
     switch (opts.attention) {
         case Attention::Auto:
-            attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul : AttentionKernel::Flash;
+            attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul
+                                                                          : AttentionKernel::Flash;
             break;
         case Attention::Flash: attention_ = AttentionKernel::Flash; break;
         case Attention::Matmul: attention_ = AttentionKernel::Matmul; break;

@@ -22,7 +22,7 @@ struct BackendOptions {
     // "cpu", a ggml device name such as "CUDA0" / "RPC[host:port]", or a comma-separated list of
     // them (e.g. "cpu,RPC[a:50052],RPC[b:50052]"): the model's layers are split across the list.
     std::string device = "cpu";
-    int n_threads = 0;           // CPU threads; 0 = number of physical cores
+    int n_threads = 0;                      // CPU threads; 0 = number of physical cores
     Attention attention = Attention::Auto;  // see Backend::attention_kernel
     Kernels kernels = Kernels::Auto;        // see Backend::own_kernels
     // With a device list: the share of the layers each device runs, comma-separated weights in
@@ -36,15 +36,19 @@ struct BackendOptions {
 // How attention runs: ggml's fused flash-attention kernel; ggml's KQ matmul, masked softmax and
 // KQV matmul over a transposed V cache (llama.cpp's -fa off); or specula's batch-invariant
 // CPU op (runtime/kernels/attention.h).
-enum class AttentionKernel { Flash, Matmul, Specula };
+enum class AttentionKernel {
+    Flash,
+    Matmul,
+    Specula
+};
 const char * attention_kernel_name(AttentionKernel k);
 
 // One entry of the device list.
 struct Device {
-    std::string name;                       // as listed: "cpu", "RPC[host:port]", ...
+    std::string name;  // as listed: "cpu", "RPC[host:port]", ...
     ggml_backend * backend = nullptr;
     ggml_backend_device * dev = nullptr;
-    bool cpu = false;                       // the local CPU (specula's own backend, not a remote one)
+    bool cpu = false;  // the local CPU (specula's own backend, not a remote one)
 };
 
 class Backend {
@@ -117,7 +121,7 @@ private:
     std::vector<ggml_backend *> backends_;
     std::vector<Device> devices_;
     std::vector<std::vector<std::pair<ggml_backend_device *, ggml_backend_buffer_type *>>> matmul_bufts_;  // per device
-    std::vector<double> split_;   // per device: its share of the layers
+    std::vector<double> split_;                                                                            // per device: its share of the layers
     std::vector<int> layer_device_;
     int io_device_ = 0;
     ggml_backend * cpu_ = nullptr;

@@ -136,7 +136,7 @@ GraphOutputs EagleHead::build_graph(ggml_context * ctx, ggml_cgraph * gf, KvCach
     const float eps = c.layer.rms_eps;
     GraphOutputs out;
     ggml_tensor * emb = ggml_get_rows(ctx, tok_embd_, in.tokens);  // [E, n]
-    ggml_tensor * x;                                                // residual stream
+    ggml_tensor * x;                                               // residual stream
     if (c.kind == EagleKind::Eagle3) {
         ggml_tensor * g = in.hidden_in;  // [feature_width or E, n]
         if (g->ne[0] == feature_width() && feature_width() != c.layer.n_embd) {

@@ -20,16 +20,19 @@
 
 namespace specula {
 
-enum class EagleKind { Eagle1, Eagle3 };
+enum class EagleKind {
+    Eagle1,
+    Eagle3
+};
 
 struct EagleHeadConfig {
     EagleKind kind = EagleKind::Eagle3;
-    ModelConfig layer;                 // attention/FFN sizes of the single decoder layer
-    std::vector<int> target_layers;    // features = target hidden states entering these layers
+    ModelConfig layer;               // attention/FFN sizes of the single decoder layer
+    std::vector<int> target_layers;  // features = target hidden states entering these layers
     int target_hidden = 0;
-    bool norm_before_residual = false; // eagle3: residual from attn_norm_2(g) instead of g
-    bool norm_before_fc = false;       // eagle3: RMSNorm on the fused features before fc
-    int n_draft_vocab = 0;             // logit width
+    bool norm_before_residual = false;  // eagle3: residual from attn_norm_2(g) instead of g
+    bool norm_before_fc = false;        // eagle3: RMSNorm on the fused features before fc
+    int n_draft_vocab = 0;              // logit width
 };
 
 class EagleHead : public Network {

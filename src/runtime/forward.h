@@ -7,7 +7,6 @@
 #include <span>
 #include <vector>
 
-
 namespace specula {
 
 class KvCache;
@@ -26,11 +25,11 @@ struct BlockMask {
 };
 
 struct ForwardBatch {
-    std::vector<int32_t> tokens;      // [n] token ids (models: when layer_begin == 0; heads: always)
-    std::vector<float> hidden_in;     // [n, width] models: residual stream entering layer_begin > 0;
-                                      // heads: target features or their own fed-back hidden state
-    std::vector<int32_t> positions;   // [n] RoPE positions
-    BlockMask mask;                   // attention among the n new rows
+    std::vector<int32_t> tokens;     // [n] token ids (models: when layer_begin == 0; heads: always)
+    std::vector<float> hidden_in;    // [n, width] models: residual stream entering layer_begin > 0;
+                                     // heads: target features or their own fed-back hidden state
+    std::vector<int32_t> positions;  // [n] RoPE positions
+    BlockMask mask;                  // attention among the n new rows
     // Cached slots every row sees: [0, visible_prefix); -1 = the whole cache (the usual case: the
     // cache holds only accepted tokens). A tree drafted over several forwards lists each row's
     // cached ancestors in cached_visible[i] (slots at or past visible_prefix).
@@ -41,8 +40,8 @@ struct ForwardBatch {
                                       // (0 = token embeddings, n_layer = final pre-norm state), as
                                       // llama.cpp's eagle3 extract_layers count them
     int layer_begin = 0;
-    int layer_end = -1;               // exclusive; -1 = n_layer. A continuation may run no layer at
-                                      // all (layer_begin == n_layer): the output of hidden_in alone
+    int layer_end = -1;  // exclusive; -1 = n_layer. A continuation may run no layer at
+                         // all (layer_begin == n_layer): the output of hidden_in alone
     // Layer segments: >= 0 makes this batch the continuation (layer_begin > 0) of rows an earlier
     // segment already put at stream slots [kv_slot_begin, kv_slot_begin + n), the cache's last n:
     // their K/V for these layers goes into those slots, so that after the last segment the cache
@@ -62,10 +61,10 @@ struct ForwardBatch {
 struct ForwardOutput {
     int n_vocab = 0;
     int n_embd = 0;
-    std::vector<float> logits;               // [logit_rows.size(), n_vocab]
-    std::vector<std::vector<float>> taps;    // per tap layer: [n, n_embd]
-    std::vector<float> hidden_out;           // [n, n_embd] after layer_end - 1 (when layer_end < n_layer),
-                                             // or a head's pre-norm output (every row)
+    std::vector<float> logits;             // [logit_rows.size(), n_vocab]
+    std::vector<std::vector<float>> taps;  // per tap layer: [n, n_embd]
+    std::vector<float> hidden_out;         // [n, n_embd] after layer_end - 1 (when layer_end < n_layer),
+                                           // or a head's pre-norm output (every row)
 
     std::span<const float> logits_row(size_t i) const {
         return {logits.data() + i * n_vocab, static_cast<size_t>(n_vocab)};

@@ -34,7 +34,7 @@ public:
     std::optional<std::string> find_str(const std::string & key) const;
     std::optional<bool> find_bool(const std::string & key) const;
     std::vector<int32_t> get_i32_array(const std::string & key) const;  // integer or bool (0/1) elements; outside int32 throws
-    size_t array_length(const std::string & key) const;  // 0 if absent
+    size_t array_length(const std::string & key) const;                 // 0 if absent
 
     // Tensor metadata (no data) as stored in the file; nullptr if absent.
     ggml_tensor * tensor_meta(const std::string & name) const;

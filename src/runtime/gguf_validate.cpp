@@ -31,9 +31,19 @@ std::string shape_str(const int64_t * ne, size_t n) {
 // Types ggml's CPU mul_mat and get_rows both take as a weight (tied embeddings are both).
 bool is_matrix_type(ggml_type t) {
     switch (t) {
-        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
-        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+        case GGML_TYPE_F32:
+        case GGML_TYPE_F16:
+        case GGML_TYPE_BF16:
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q2_K:
+        case GGML_TYPE_Q3_K:
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
+        case GGML_TYPE_Q6_K:
             return true;
         default:
             return false;
@@ -50,8 +60,18 @@ std::vector<int64_t> read_integers(const GgufFile & f, const std::string & name,
     for (size_t i = 0; i < n; ++i) {
         switch (meta.type) {
             case GGML_TYPE_I8: out[i] = reinterpret_cast<const int8_t *>(raw.data())[i]; break;
-            case GGML_TYPE_I16: { int16_t v; std::memcpy(&v, raw.data() + 2 * i, 2); out[i] = v; break; }
-            case GGML_TYPE_I32: { int32_t v; std::memcpy(&v, raw.data() + 4 * i, 4); out[i] = v; break; }
+            case GGML_TYPE_I16: {
+                int16_t v;
+                std::memcpy(&v, raw.data() + 2 * i, 2);
+                out[i] = v;
+                break;
+            }
+            case GGML_TYPE_I32: {
+                int32_t v;
+                std::memcpy(&v, raw.data() + 4 * i, 4);
+                out[i] = v;
+                break;
+            }
             case GGML_TYPE_I64: std::memcpy(&out[i], raw.data() + 8 * i, 8); break;
             default: throw Error(f.path() + ": tensor " + name + " is not an integer tensor");
         }

@@ -82,8 +82,7 @@ KvCache::KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity)
     : KvCache(std::make_shared<KvStorage>(backend, n_layers, n_embd_kv, capacity), 0, capacity) {}
 
 KvCache::KvCache(std::shared_ptr<KvStorage> storage, int offset, int capacity)
-    : storage_(std::move(storage)), id_(storage_->id), n_embd_kv_(storage_->n_embd_kv), offset_(offset), capacity_(capacity),
-      v_transposed_(storage_->v_transposed), k_(storage_->k), v_(storage_->v) {}
+    : storage_(std::move(storage)), id_(storage_->id), n_embd_kv_(storage_->n_embd_kv), offset_(offset), capacity_(capacity), v_transposed_(storage_->v_transposed), k_(storage_->k), v_(storage_->v) {}
 
 std::vector<std::unique_ptr<KvCache>> KvCache::pool(Backend & backend, const ModelConfig & config, int capacity, int n_streams) {
     return pool(backend, config.n_layer, config.n_embd_kv(), capacity, n_streams);

@@ -38,10 +38,10 @@ public:
     KvCache(const KvCache &) = delete;
     KvCache & operator=(const KvCache &) = delete;
 
-    int size() const { return size_; }          // slots holding committed tokens
+    int size() const { return size_; }  // slots holding committed tokens
     int capacity() const { return capacity_; }
-    int offset() const { return offset_; }       // first storage slot of this stream
-    int storage_slots() const;                   // slots of the whole storage (every stream)
+    int offset() const { return offset_; }  // first storage slot of this stream
+    int storage_slots() const;              // slots of the whole storage (every stream)
     int n_layers() const { return static_cast<int>(k_.size()); }
     int n_embd_kv() const { return n_embd_kv_; }
     bool v_transposed() const { return v_transposed_; }

@@ -20,7 +20,8 @@ void capture_library_log() {
             if (level != GGML_LOG_LEVEL_ERROR) return;
             std::lock_guard lock(g_mutex);
             g_errors += text;
-        }, nullptr);
+        },
+                      nullptr);
     });
 }
 

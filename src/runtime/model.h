@@ -27,12 +27,12 @@ struct LayerWeights {
     ggml_tensor * bq = nullptr;         // qwen2 biases
     ggml_tensor * bk = nullptr;
     ggml_tensor * bv = nullptr;
-    ggml_tensor * q_norm = nullptr;     // qwen3/gemma3 per-head norms [head_dim]
+    ggml_tensor * q_norm = nullptr;  // qwen3/gemma3 per-head norms [head_dim]
     ggml_tensor * k_norm = nullptr;
-    ggml_tensor * ffn_norm = nullptr;   // [n_embd]
-    ggml_tensor * ffn_gate = nullptr;   // [n_embd, n_ff]
-    ggml_tensor * ffn_up = nullptr;     // [n_embd, n_ff]
-    ggml_tensor * ffn_down = nullptr;   // [n_ff, n_embd]
+    ggml_tensor * ffn_norm = nullptr;        // [n_embd]
+    ggml_tensor * ffn_gate = nullptr;        // [n_embd, n_ff]
+    ggml_tensor * ffn_up = nullptr;          // [n_embd, n_ff]
+    ggml_tensor * ffn_down = nullptr;        // [n_ff, n_embd]
     ggml_tensor * attn_post_norm = nullptr;  // gemma3 sandwich norms [n_embd]: on the attention output
     ggml_tensor * ffn_post_norm = nullptr;   // and on the FFN output, before each joins the residual
 };

@@ -16,12 +16,12 @@ struct GraphInputs;
 struct GraphOutputs;
 
 struct NetworkShape {
-    int n_layer = 0;    // layers (layer ranges and taps count these)
-    int n_embd = 0;     // residual width (taps, hidden_out)
-    int n_embd_kv = 0;  // KV row width
-    int n_vocab = 0;    // logit width (a head's draft vocabulary)
-    int n_token_vocab = 0;  // valid token ids for inputs
-    int sliding_window = 0; // > 0: some layers attend only to keys fewer than this many positions back
+    int n_layer = 0;         // layers (layer ranges and taps count these)
+    int n_embd = 0;          // residual width (taps, hidden_out)
+    int n_embd_kv = 0;       // KV row width
+    int n_vocab = 0;         // logit width (a head's draft vocabulary)
+    int n_token_vocab = 0;   // valid token ids for inputs
+    int sliding_window = 0;  // > 0: some layers attend only to keys fewer than this many positions back
 };
 
 class Network {

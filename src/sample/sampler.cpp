@@ -139,15 +139,15 @@ namespace {
 }
 
 // Each path: the bodies compiled for one instruction set.
-#define SPECULA_SAMPLER_PATH(suffix, attribute)                                                                          \
-    attribute float max_value_##suffix(std::span<const float> v) { return max_value_body(v); }                         \
-    attribute int32_t argmax_##suffix(std::span<const float> v) { return argmax_body(v); }                             \
-    attribute SoftmaxStats softmax_stats_##suffix(std::span<const float> v, std::vector<float> & s) {                  \
-        return softmax_stats_body(v, s);                                                                                \
-    }                                                                                                                  \
+#define SPECULA_SAMPLER_PATH(suffix, attribute)                                                                           \
+    attribute float max_value_##suffix(std::span<const float> v) { return max_value_body(v); }                            \
+    attribute int32_t argmax_##suffix(std::span<const float> v) { return argmax_body(v); }                                \
+    attribute SoftmaxStats softmax_stats_##suffix(std::span<const float> v, std::vector<float> & s) {                     \
+        return softmax_stats_body(v, s);                                                                                  \
+    }                                                                                                                     \
     attribute void processed_probs_##suffix(std::span<const float> v, const SamplingParams & p, std::vector<float> & o) { \
-        processed_probs_body(v, p, o);                                                                                  \
-    }                                                                                                                  \
+        processed_probs_body(v, p, o);                                                                                    \
+    }                                                                                                                     \
     constexpr VocabularyLoops k_##suffix##_loops{max_value_##suffix, argmax_##suffix, softmax_stats_##suffix, processed_probs_##suffix};
 
 struct VocabularyLoops {

@@ -20,7 +20,7 @@ private:
     std::mt19937_64 gen_;
 };
 
-int32_t argmax(std::span<const float> logits);  // the first maximum
+int32_t argmax(std::span<const float> logits);   // the first maximum
 float max_value(std::span<const float> values);  // -inf if empty
 
 // Order, as llama.cpp's default chain: top-k on logits; top-p and min-p on softmax(logits);
@@ -47,7 +47,11 @@ std::vector<int32_t> sample_without_replacement(std::span<const float> probs, in
 // The instruction sets the vocabulary-wide loops (max_value, argmax, softmax_stats,
 // processed_probs) are built for; the functions above run the best one this CPU has. Every path
 // must give the portable path's bits: the *_on variants run one path, for the tests that compare.
-enum class SamplerPath { Portable, Avx2, Avx512 };
+enum class SamplerPath {
+    Portable,
+    Avx2,
+    Avx512
+};
 std::vector<SamplerPath> sampler_paths();  // the paths this CPU runs: portable first, the best last
 const char * sampler_path_name(SamplerPath path);
 int32_t argmax_on(SamplerPath path, std::span<const float> logits);

@@ -46,7 +46,8 @@ EarlyExitRequest early_exit_request(const openai::Request & r, const ModelBundle
     };
     EarlyExitRequest e;
     if (r.specee.empty()) e.mode = t.options.specee_lossless ? EarlyExitMode::Lossless : EarlyExitMode::Off;
-    else e.mode = r.specee == "lossy" ? EarlyExitMode::Lossy : r.specee == "lossless" ? EarlyExitMode::Lossless : EarlyExitMode::Off;
+    else e.mode = r.specee == "lossy" ? EarlyExitMode::Lossy : r.specee == "lossless" ? EarlyExitMode::Lossless
+                                                                                      : EarlyExitMode::Off;
     if (!t.exit_predictor) {
         if (e.mode != EarlyExitMode::Off) throw bad("specee", "'specee': this server has no exit predictors (serve --specee FILE)");
         if (r.specee_threshold >= 0.0f) throw bad("specee_threshold", "'specee_threshold': this server has no exit predictors (serve --specee FILE)");
@@ -130,7 +131,8 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
             return send_json(res, 200, openai::response(c, *text, result.finish_reason, result.stats));
         }
     }
-    res.set_chunked_content_provider("application/json", [job, c, text](size_t, httplib::DataSink & sink) {
+    res.set_chunked_content_provider(
+        "application/json", [job, c, text](size_t, httplib::DataSink & sink) {
         while (job->next(*text) != Job::Wait::Ended) {
             if (!sink.write(" ", 1)) {
                 job->cancel();  // the client went away: free the slot
@@ -142,14 +144,14 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
                                                                    : openai::ApiError{500, result.error, "server_error", "", ""}.body());
         sink.write(body.data(), body.size());
         sink.done();
-        return true;
-    }, [job](bool) { job->cancel(); });
+        return true; }, [job](bool) { job->cancel(); });
 }
 
 // A streamed answer: server-sent events, a chunk per piece of text.
 void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c, bool include_usage) {
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [job, c, include_usage](size_t, httplib::DataSink & sink) {
+    res.set_chunked_content_provider(
+        "text/event-stream", [job, c, include_usage](size_t, httplib::DataSink & sink) {
         auto write = [&](const std::string & event) {
             if (sink.write(event.data(), event.size())) return true;
             job->cancel();  // the client went away: free the slot
@@ -182,8 +184,7 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         }
         write("data: [DONE]\n\n");
         sink.done();
-        return true;
-    }, [job](bool) { job->cancel(); });
+        return true; }, [job](bool) { job->cancel(); });
 }
 
 }  // namespace
@@ -255,8 +256,7 @@ void HttpServer::Impl::routes() {
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         json slots = json::array();
         for (const auto & slot : s->metrics().slot_states) {
-            slots.push_back({{"id", slot.id}, {"state", slot.busy ? "processing" : "idle"}, {"n_prompt", slot.n_prompt},
-                             {"n_generated", slot.n_generated}, {"n_cached", slot.n_cached}, {"n_ctx", s->context_size()}});
+            slots.push_back({{"id", slot.id}, {"state", slot.busy ? "processing" : "idle"}, {"n_prompt", slot.n_prompt}, {"n_generated", slot.n_generated}, {"n_cached", slot.n_cached}, {"n_ctx", s->context_size()}});
         }
         send_json(res, 200, slots);
     });

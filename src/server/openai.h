@@ -22,7 +22,10 @@ struct ApiError {
     nlohmann::json body() const;
 };
 
-enum class Endpoint { Chat, Completions };
+enum class Endpoint {
+    Chat,
+    Completions
+};
 
 struct Request {
     Endpoint endpoint = Endpoint::Completions;
@@ -30,8 +33,8 @@ struct Request {
     std::string prompt;                                         // completions
     int max_tokens = -1;                                        // -1: until the context is full
     SamplingParams sampling;
-    bool seeded = false;       // the client gave a seed
-    bool ignore_eos = false;   // extension: keep generating past end-of-generation tokens
+    bool seeded = false;      // the client gave a seed
+    bool ignore_eos = false;  // extension: keep generating past end-of-generation tokens
     bool stream = false;
     bool include_usage = false;
     // Extension (docs/specee.md): SpecEE per request. "" (unset: the server's default), "off",

@@ -68,7 +68,7 @@ struct Scheduler::Slot {
     bool running() const { return sequence || exit_sequence; }
     bool ended_by_eog = false;
     std::vector<int32_t> round_tokens;  // this round's emitted tokens, pushed with their origin once the round's verification is known
-    SpeculationStats seen;  // the sequence's counters already added to the metrics
+    SpeculationStats seen;              // the sequence's counters already added to the metrics
 };
 
 Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(target), options_(options) {
@@ -213,7 +213,8 @@ void Scheduler::admit() {
                 for (size_t i = 0; i < s->round_tokens.size(); ++i) {
                     const int32_t t = s->round_tokens[i];
                     if (s->job->options_.stop_at_end_of_generation && tok.is_end_of_generation(t)) continue;
-                    const char * kind = i < n_accepted ? "accepted" : r.result->bonus ? "bonus" : "correction";
+                    const char * kind = i < n_accepted ? "accepted" : r.result->bonus ? "bonus"
+                                                                                      : "correction";
                     s->job->push(tok.piece(t), kind, static_cast<int>(i) + 1);
                 }
                 s->round_tokens.clear();
@@ -333,7 +334,7 @@ void Scheduler::run() {
     std::unique_lock lock(mutex_);
     std::vector<Slot *> active;  // slots whose Sequence shares the step's target forward
     std::vector<Sequence *> sequences;
-    std::vector<Slot *> lossy;   // slots decoding SpecEE's lossy mode: their own forwards, one token per step
+    std::vector<Slot *> lossy;  // slots decoding SpecEE's lossy mode: their own forwards, one token per step
     StepResult last_step;
     for (;;) {
         cv_.wait(lock, [&] {
@@ -369,12 +370,14 @@ void Scheduler::run() {
         if (!sequences.empty()) {
             const auto t_step = std::chrono::steady_clock::now();
             try {
-                step = step_sequences(*target_.runner, sequences, [&](size_t i, int32_t t) {
-                    Slot & s = *active[i];
-                    if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
-                    s.round_tokens.push_back(t);
-                    return !s.job->cancelled();
-                }, last_step, may_draft);
+                step = step_sequences(
+                    *target_.runner, sequences, [&](size_t i, int32_t t) {
+                        Slot & s = *active[i];
+                        if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
+                        s.round_tokens.push_back(t);
+                        return !s.job->cancelled();
+                    },
+                    last_step, may_draft);
                 last_step = step;
                 if (gate_ && decoding > 0) {
                     gate_->observe(decoding, step.tokens, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_step).count(),

@@ -24,9 +24,9 @@ struct ModelBundle;
 struct StepResult;
 
 struct SchedulerOptions {
-    int parallel = 1;        // slots: sequences generating at once
-    int max_queued = 64;     // requests waiting for a slot; more are refused
-    int prefill_chunk = 256; // prompt tokens a prefilling sequence adds per step
+    int parallel = 1;         // slots: sequences generating at once
+    int max_queued = 64;      // requests waiting for a slot; more are refused
+    int prefill_chunk = 256;  // prompt tokens a prefilling sequence adds per step
     // Measure, per load, steps that may draft against steps that may not and keep the faster
     // (policy/speculation_gate.h). Only where the drafts are sized by measured times (cost policy,
     // per-round tree size): fixed draft sizes stay what the user chose, and with them a seeded
@@ -36,14 +36,18 @@ struct SchedulerOptions {
 
 // Where an emitted token came from, for the live page's colours (the stream's "specula" field).
 struct TokenOrigin {
-    std::string text;    // whole UTF-8 characters: a token ending inside a character gives its bytes to the next one
-    const char * kind;   // "accepted" (a draft the target accepted) | "bonus" | "correction" (the target's own token)
-    int depth = 0;       // 1-based position after the round's root
+    std::string text;   // whole UTF-8 characters: a token ending inside a character gives its bytes to the next one
+    const char * kind;  // "accepted" (a draft the target accepted) | "bonus" | "correction" (the target's own token)
+    int depth = 0;      // 1-based position after the round's root
 };
 
 // SpecEE per request (docs/specee.md): off, the lossy early exit (greedy; may differ from plain
 // decoding) or the lossless mode (exited tokens as drafts the target verifies), at a threshold.
-enum class EarlyExitMode { Off, Lossy, Lossless };
+enum class EarlyExitMode {
+    Off,
+    Lossy,
+    Lossless
+};
 struct EarlyExitRequest {
     EarlyExitMode mode = EarlyExitMode::Off;
     float threshold = 1.0f;
@@ -64,7 +68,11 @@ public:
     // Waits up to `timeout` for new text or the end. Text: the new text (whole UTF-8 characters
     // only) was appended to `text`. Ended: the job has ended and all its text was taken; result()
     // is final. Idle: nothing happened (a chance to see whether the client is still there).
-    enum class Wait { Text, Ended, Idle };
+    enum class Wait {
+        Text,
+        Ended,
+        Idle
+    };
     // `origins` (may be null) gets the new text's tokens; their texts concatenate to the new text.
     Wait next(std::string & text, std::vector<TokenOrigin> * origins = nullptr,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
@@ -84,9 +92,9 @@ private:
     std::atomic<bool> cancelled_{false};
     std::mutex mutex_;
     std::condition_variable cv_;
-    std::string pending_;   // complete characters not yet taken
+    std::string pending_;  // complete characters not yet taken
     std::vector<TokenOrigin> pending_origins_;
-    Utf8Stream utf8_;       // holds the start of a UTF-8 character split across tokens
+    Utf8Stream utf8_;                             // holds the start of a UTF-8 character split across tokens
     TokenOrigin partial_origin_{"", "bonus", 0};  // the token whose bytes utf8_ holds back
     bool finished_ = false;
     Result result_;
@@ -101,14 +109,14 @@ struct SchedulerMetrics {
     uint64_t prompt_tokens = 0, generated_tokens = 0;
     double prompt_seconds = 0.0, generation_seconds = 0.0;
     uint64_t steps = 0;
-    uint64_t gated_steps = 0;                 // decoding steps in which the speculation gate allowed no drafts
-    std::vector<double> rows_bounds;          // histogram of target-forward rows per step
-    std::vector<uint64_t> rows_buckets;       // cumulative counts per bound, last = +Inf
+    uint64_t gated_steps = 0;            // decoding steps in which the speculation gate allowed no drafts
+    std::vector<double> rows_bounds;     // histogram of target-forward rows per step
+    std::vector<uint64_t> rows_buckets;  // cumulative counts per bound, last = +Inf
     double rows_sum = 0.0;
-    std::vector<uint64_t> busy_slots_steps;   // [k]: steps with k + 1 sequences in the forward
-    uint64_t emitted_tokens = 0;              // tokens the steps emitted, counted per step (live, unlike generated_tokens)
+    std::vector<uint64_t> busy_slots_steps;  // [k]: steps with k + 1 sequences in the forward
+    uint64_t emitted_tokens = 0;             // tokens the steps emitted, counted per step (live, unlike generated_tokens)
     uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
-    std::vector<uint64_t> accepted_at;        // [d]: drafts whose token at depth d + 1 was accepted
+    std::vector<uint64_t> accepted_at;  // [d]: drafts whose token at depth d + 1 was accepted
     struct Slot {
         int id = 0;
         bool busy = false;
@@ -138,7 +146,7 @@ public:
 private:
     struct Slot;
     void run();
-    void admit();                      // under mutex_: queued jobs into free slots
+    void admit();  // under mutex_: queued jobs into free slots
     void release(Slot & slot, bool finished_normally);
     // Under mutex_, after a step. Ends the slots' requests with `failure` (a 5xx), freeing the slots.
     void fail_step(const std::vector<Slot *> & slots, const std::string & failure);

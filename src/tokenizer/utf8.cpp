@@ -17,7 +17,9 @@ size_t complete_utf8_prefix(const std::string & s) {
     }
     if (i == 0) return back >= 4 ? s.size() : 0;
     const uint8_t lead = static_cast<uint8_t>(s[i - 1]);
-    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    const size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3
+                                       : lead >= 0xC0   ? 2
+                                                        : 1;
     return back + 1 >= need ? s.size() : i - 1;
 }
 

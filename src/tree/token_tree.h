@@ -11,12 +11,12 @@ namespace specula {
 struct TokenTree {
     static constexpr int kRoot = -1;
 
-    std::vector<int32_t> token;       // [n] drafted token of node i
-    std::vector<int> parent;          // [n] parent node, kRoot for depth-1 nodes
-    std::vector<int> depth;           // [n] 1 for children of the root
-    std::vector<float> logp;          // [n] draft's log-probability that verification reaches i (draft/propose.cpp)
-    std::vector<int> first_child;     // [n] -1 if none
-    std::vector<int> next_sibling;    // [n] -1 if none
+    std::vector<int32_t> token;     // [n] drafted token of node i
+    std::vector<int> parent;        // [n] parent node, kRoot for depth-1 nodes
+    std::vector<int> depth;         // [n] 1 for children of the root
+    std::vector<float> logp;        // [n] draft's log-probability that verification reaches i (draft/propose.cpp)
+    std::vector<int> first_child;   // [n] -1 if none
+    std::vector<int> next_sibling;  // [n] -1 if none
     int root_first_child = -1;
     // Draft distribution each node's children were proposed from, over the full vocabulary:
     // q[0] for the root's children, q[i + 1] for node i's. Empty when the drafter has none

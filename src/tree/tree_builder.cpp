@@ -13,16 +13,31 @@ namespace specula {
 const std::vector<std::vector<int>> & static_tree_paths() {
     // Wide near the root, a deep spine on the most likely branch: EAGLE-1's tree in miniature.
     static const std::vector<std::vector<int>> paths = {
-        {0}, {1}, {2}, {3},
-        {0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {2, 0},
-        {0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {1, 0, 0},
-        {0, 0, 0, 0}, {0, 0, 0, 1}, {0, 1, 0, 0},
-        {0, 0, 0, 0, 0}, {0, 0, 0, 0, 1},
-        {0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0},
+        {0},
+        {1},
+        {2},
+        {3},
+        {0, 0},
+        {0, 1},
+        {0, 2},
+        {1, 0},
+        {1, 1},
+        {2, 0},
+        {0, 0, 0},
+        {0, 0, 1},
+        {0, 1, 0},
+        {1, 0, 0},
+        {0, 0, 0, 0},
+        {0, 0, 0, 1},
+        {0, 1, 0, 0},
+        {0, 0, 0, 0, 0},
+        {0, 0, 0, 0, 1},
+        {0, 0, 0, 0, 0, 0},
+        {0, 0, 0, 0, 0, 0, 0},
+        {0, 0, 0, 0, 0, 0, 0, 0},
     };
     return paths;
 }
-
 
 std::vector<int> prune_order(const TokenTree & t) {
     std::vector<int> by_logp(t.size());
@@ -164,6 +179,5 @@ BuiltTree TreeGrower::finish() {
     out.tree = tree_.size() > budget_.max_nodes ? prune_tree(tree_, budget_.max_nodes) : std::move(tree_);
     return out;
 }
-
 
 }  // namespace specula

@@ -16,12 +16,11 @@
 
 namespace specula {
 
-
 struct TreeBudget {
     TreeShape shape = TreeShape::Chain;
-    int depth = 4;       // levels below the root
-    int branching = 4;   // children per expanded node (dynamic), frontier width per depth (dynamic)
-    int max_nodes = 4;   // nodes sent to verification
+    int depth = 4;               // levels below the root
+    int branching = 4;           // children per expanded node (dynamic), frontier width per depth (dynamic)
+    int max_nodes = 4;           // nodes sent to verification
     float min_path_prob = 0.0f;  // dynamic: nodes whose path is less likely than this are not expanded
 };
 

@@ -21,8 +21,8 @@
 namespace specula {
 
 struct VerifyResult {
-    std::vector<int> accepted;   // accepted nodes, root-exclusive, top-down
-    int32_t next_token = -1;     // correction or bonus
+    std::vector<int> accepted;  // accepted nodes, root-exclusive, top-down
+    int32_t next_token = -1;    // correction or bonus
     bool bonus = false;
     std::vector<VerifyEvent> events;
 };

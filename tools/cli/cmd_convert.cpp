@@ -11,8 +11,7 @@ namespace specula::cli {
 void register_convert(CLI::App & app, Commands & commands) {
     auto opts = std::make_shared<EagleConvertOptions>();
     CLI::App * sub = app.add_subcommand("convert-eagle", "convert a public EAGLE-1 / EAGLE-3 checkpoint (config.json + safetensors) to GGUF");
-    sub->add_option("--kind", opts->kind, "eagle3 (llama.cpp's eagle3 layout) | eagle1 (specula-eagle1 layout)")->required()
-        ->check(CLI::IsMember({"eagle3", "eagle1"}));
+    sub->add_option("--kind", opts->kind, "eagle3 (llama.cpp's eagle3 layout) | eagle1 (specula-eagle1 layout)")->required()->check(CLI::IsMember({"eagle3", "eagle1"}));
     sub->add_option("--checkpoint", opts->checkpoint_dir, "checkpoint directory: config.json + *.safetensors")->required();
     sub->add_option("--target", opts->target_gguf, "the target model's GGUF (sizes are checked, tokenizer copied)")->required();
     sub->add_option("-o,--output", opts->out_path, "output GGUF path")->required();

@@ -38,7 +38,8 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--specee-threshold", args->engine.specee_threshold, "exit above this predictor probability (default: the file's; 1 = never)");
     sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds (SpecEE: each token's exit layer)");
     sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
-    sub->add_flag("--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
+    sub->add_flag(
+        "--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {

@@ -78,8 +78,10 @@ int32_t full_step(ModelRunner & runner, KvCache & cache, int32_t token, const st
 
 void add_common(CLI::App * sub, EngineOptions & e, PromptSet & p, int & n_predict) {
     sub->add_option("-m,--model", e.model_path, "target model GGUF")->required();
-    sub->add_option_function<std::string>("--eagle3", [&e](const std::string & path) { e.drafter = {DrafterKind::Eagle3, path}; },
-                                          "EAGLE-3 head GGUF: the candidates")->required();
+    sub->add_option_function<std::string>(
+           "--eagle3", [&e](const std::string & path) { e.drafter = {DrafterKind::Eagle3, path}; },
+           "EAGLE-3 head GGUF: the candidates")
+        ->required();
     sub->add_option("--prompts", p.path, "prompt set JSON (tools/train/make_prompts.py)")->required();
     sub->add_option("--split", p.split, "prompts of this split")->capture_default_str();
     sub->add_option("--first", p.first, "only the first N prompts of the split (0 = all)")->capture_default_str();
@@ -206,8 +208,9 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
         // Free-running lossy: timed; tokens until the first difference from plain.
         std::vector<int32_t> lossy;
         KvCache c3(*t->backend, model.config(), options.n_ctx);
-        GenerationStats ls = generate_early_exit(decoder, *t->runner, c3, *drafter, prompt, gen, t->exit_threshold, is_end,
-                                                 [&](int32_t tok) { lossy.push_back(tok); return true; }, lossy_stats);
+        GenerationStats ls = generate_early_exit(
+            decoder, *t->runner, c3, *drafter, prompt, gen, t->exit_threshold, is_end,
+            [&](int32_t tok) { lossy.push_back(tok); return true; }, lossy_stats);
         lossy_s += ls.generation_seconds;
         lossy_n += ls.n_generated;
         size_t same = 0;
@@ -242,14 +245,7 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
     std::printf("lossless: %.1f tok/s, %.2fx plain (per-prompt median %.2fx), replies identical to plain %d/%zu; drafter %s\n", lossless_tok_s,
                 lossless_tok_s / plain_tok_s, lossless_median, lossless_identical, prompts.size(), lossless_drafter.exit_stats().summary(L).c_str());
     if (!json_path.empty()) {
-        nlohmann::json j = {{"prompts", prompts.size()}, {"split", set.split}, {"threshold", t->exit_threshold},
-                            {"plain_tok_s", plain_tok_s}, {"lossy_tok_s", lossy_tok_s}, {"ratio_median", median},
-                            {"ratio_min", ratios.empty() ? 0.0 : ratios.front()}, {"ratio_max", ratios.empty() ? 0.0 : ratios.back()},
-                            {"teacher_forced_exited", forced_exited}, {"teacher_forced_agree", forced_agree}, {"teacher_forced_tokens", forced_tokens},
-                            {"teacher_forced_exits_at", forced_stats.exits_at}, {"free_exits_at", lossy_stats.exits_at},
-                            {"free_mean_exit_layer", lossy_stats.mean_exit_layer(L)}, {"free_tokens_before_difference", free_same_total},
-                            {"free_identical_replies", free_identical}, {"lossless_tok_s", lossless_tok_s},
-                            {"lossless_ratio_median", lossless_median}, {"lossless_identical_replies", lossless_identical}};
+        nlohmann::json j = {{"prompts", prompts.size()}, {"split", set.split}, {"threshold", t->exit_threshold}, {"plain_tok_s", plain_tok_s}, {"lossy_tok_s", lossy_tok_s}, {"ratio_median", median}, {"ratio_min", ratios.empty() ? 0.0 : ratios.front()}, {"ratio_max", ratios.empty() ? 0.0 : ratios.back()}, {"teacher_forced_exited", forced_exited}, {"teacher_forced_agree", forced_agree}, {"teacher_forced_tokens", forced_tokens}, {"teacher_forced_exits_at", forced_stats.exits_at}, {"free_exits_at", lossy_stats.exits_at}, {"free_mean_exit_layer", lossy_stats.mean_exit_layer(L)}, {"free_tokens_before_difference", free_same_total}, {"free_identical_replies", free_identical}, {"lossless_tok_s", lossless_tok_s}, {"lossless_ratio_median", lossless_median}, {"lossless_identical_replies", lossless_identical}};
         std::ofstream(json_path) << j.dump(1) << "\n";
     }
     return 0;

@@ -1,7 +1,9 @@
 #pragma once
 #include <functional>
 
-namespace CLI { class App; }
+namespace CLI {
+class App;
+}
 
 namespace specula::cli {
 

@@ -50,20 +50,25 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e) {
     add_choice(sub, "--attention", e.attention, parse_attention,
                "attention kernel: auto (default; specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula");
     DrafterSpec & d = e.drafter;
-    sub->add_option_function<std::string>("--draft", [&d](const std::string & p) { choose_drafter(d, DrafterKind::DraftModel, p); },
-                                          "draft model GGUF (same vocabulary as the target)");
-    sub->add_option_function<std::string>("--eagle", [&d](const std::string & p) { choose_drafter(d, DrafterKind::Eagle, p); },
-                                          "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");
-    sub->add_option_function<std::string>("--eagle3", [&d](const std::string & p) { choose_drafter(d, DrafterKind::Eagle3, p); },
-                                          "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
-    sub->add_flag_callback("--ngram", [&d] { choose_drafter(d, DrafterKind::Ngram, ""); }, "draft by prompt lookup (n-gram matching)");
+    sub->add_option_function<std::string>(
+        "--draft", [&d](const std::string & p) { choose_drafter(d, DrafterKind::DraftModel, p); },
+        "draft model GGUF (same vocabulary as the target)");
+    sub->add_option_function<std::string>(
+        "--eagle", [&d](const std::string & p) { choose_drafter(d, DrafterKind::Eagle, p); },
+        "EAGLE-1/2 head GGUF for the target (default tree: dynamic)");
+    sub->add_option_function<std::string>(
+        "--eagle3", [&d](const std::string & p) { choose_drafter(d, DrafterKind::Eagle3, p); },
+        "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
+    sub->add_flag_callback(
+        "--ngram", [&d] { choose_drafter(d, DrafterKind::Ngram, ""); }, "draft by prompt lookup (n-gram matching)");
     sub->add_flag("--lookup", d.lookup, "with --draft, --eagle or --eagle3: also graft prompt-lookup continuations into each draft at T=0");
     sub->add_option("--ngram-min", d.ngram_min, "shortest n-gram to match")->capture_default_str();
     sub->add_option("--ngram-max", d.ngram_max, "longest n-gram to match")->capture_default_str();
     sub->add_option("--draft-max", e.draft_max, "longest draft per round")->capture_default_str();
     add_choice(sub, "--draft-policy", e.draft_policy, parse_draft_policy, "draft length policy: cost (default) | heuristic | fixed");
-    sub->add_option_function<std::string>("--tree", [&e](const std::string & s) { e.tree = parse_tree_shape(s); },
-                                          "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
+    sub->add_option_function<std::string>(
+        "--tree", [&e](const std::string & s) { e.tree = parse_tree_shape(s); },
+        "draft shape: chain | static | dynamic (default: dynamic for EAGLE heads, else chain)");
     sub->add_option("--tree-depth", e.tree_depth, "tree depth below the root")->capture_default_str();
     sub->add_option("--tree-branching", e.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
     sub->add_option("--tree-nodes", e.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();

@@ -14,7 +14,8 @@ namespace specula::cli {
 // A string flag parsed into an enum as it is read: a bad value is one `specula: error:` line.
 template <class Enum>
 void add_choice(CLI::App * sub, const std::string & name, Enum & out, Enum (*parse)(std::string_view), const std::string & help) {
-    sub->add_option_function<std::string>(name, [&out, parse](const std::string & value) { out = parse(value); }, help);
+    sub->add_option_function<std::string>(
+        name, [&out, parse](const std::string & value) { out = parse(value); }, help);
 }
 
 void add_engine_flags(CLI::App * sub, EngineOptions & engine);

@@ -425,10 +425,10 @@ std::string canonical(std::string n) {
 
 // The head's sizes, checked against the config's and the target's.
 struct HeadShape {
-    int vocab = 0;          // the target's vocabulary
-    int E = 0;              // the head's width
-    int target_hidden = 0;  // the target's width (EAGLE-3 reads 3 of its layers)
-    int n_draft = 0;        // the head's output vocabulary (EAGLE-3: a subset, mapped by d2t)
+    int vocab = 0;                   // the target's vocabulary
+    int E = 0;                       // the head's width
+    int target_hidden = 0;           // the target's width (EAGLE-3 reads 3 of its layers)
+    int n_draft = 0;                 // the head's output vocabulary (EAGLE-3: a subset, mapped by d2t)
     std::vector<int> target_layers;  // EAGLE-3: the target layers whose inputs the head reads
 };
 
@@ -568,7 +568,8 @@ void write_head_gguf(const EagleConvertOptions & o, const HeadConfig & c, const 
     gguf_set_val_str(out, "general.architecture", arch.c_str());
     const std::string name = fs::path(o.checkpoint_dir).lexically_normal().filename().string();
     gguf_set_val_str(out, "general.name", (name.empty() ? fs::path(o.checkpoint_dir).parent_path().filename().string() : name).c_str());
-    gguf_set_val_u32(out, "general.file_type", wtype == GGML_TYPE_F32 ? 0 : wtype == GGML_TYPE_F16 ? 1 : 7);
+    gguf_set_val_u32(out, "general.file_type", wtype == GGML_TYPE_F32 ? 0 : wtype == GGML_TYPE_F16 ? 1
+                                                                                                   : 7);
     gguf_set_val_u32(out, (a + "block_count").c_str(), 1);
     gguf_set_val_u32(out, (a + "context_length").c_str(), c.n_ctx.value_or(tgt.n_ctx));
     gguf_set_val_u32(out, (a + "embedding_length").c_str(), h.E);

@@ -13,11 +13,11 @@
 namespace specula {
 
 struct EagleConvertOptions {
-    std::string kind;             // eagle3 | eagle1
-    std::string checkpoint_dir;   // config.json + model.safetensors (or model.safetensors.index.json + shards)
-    std::string target_gguf;      // the target model the head drafts for
+    std::string kind;            // eagle3 | eagle1
+    std::string checkpoint_dir;  // config.json + model.safetensors (or model.safetensors.index.json + shards)
+    std::string target_gguf;     // the target model the head drafts for
     std::string out_path;
-    std::string type = "f16";     // matrices: f16 | f32 | q8_0 (norms, biases stay F32; d2t I64)
+    std::string type = "f16";  // matrices: f16 | f32 | q8_0 (norms, biases stay F32; d2t I64)
 };
 
 struct EagleConvertResult {

@@ -16,17 +16,17 @@ struct RandomModelSpec {
     int n_layer = 2;
     int n_head = 4;
     int n_head_kv = 4;
-    int head_dim = 0;            // 0 = n_embd / n_head
+    int head_dim = 0;  // 0 = n_embd / n_head
     int n_ff = 128;
     int n_ctx = 1024;
     bool tied_output = false;
     std::string weight_type = "f32";  // matmul weights: f32 f16 bf16 q8_0 q4_0 q4_k q6_k
     float rope_freq_base = 10000.0f;
     // gemma3 only
-    int sliding_window = 0;                   // > 0: sliding-window layers attend this far back
-    int sliding_period = 6;                   // the last layer of every period is global
+    int sliding_window = 0;  // > 0: sliding-window layers attend this far back
+    int sliding_period = 6;  // the last layer of every period is global
     float rope_freq_base_sliding = 10000.0f;
-    float final_logit_softcap = 0.0f;         // 0: none
+    float final_logit_softcap = 0.0f;  // 0: none
     uint64_t seed = 1;
 };
 
@@ -38,11 +38,11 @@ void write_random_model(const RandomModelSpec & spec, const std::string & out_pa
 // A random EAGLE head for a target written from `target` (same vocabulary file, or n_vocab tokens
 // and no tokenizer, and sizes).
 struct RandomEagleSpec {
-    std::string kind = "eagle3";          // eagle3 (llama.cpp layout) | eagle1 (specula layout)
+    std::string kind = "eagle3";  // eagle3 (llama.cpp layout) | eagle1 (specula layout)
     RandomModelSpec target;
-    std::vector<int> target_layers;       // eagle3: 3 layer ids; default {1, L/2, L}
+    std::vector<int> target_layers;  // eagle3: 3 layer ids; default {1, L/2, L}
     int n_head = 4, n_head_kv = 2, n_ff = 128;
-    int n_draft_vocab = 0;                // eagle3: > 0 writes a compact vocabulary with d2t
+    int n_draft_vocab = 0;  // eagle3: > 0 writes a compact vocabulary with d2t
     uint64_t seed = 7;
 };
 void write_random_eagle_head(const RandomEagleSpec & spec, const std::string & out_path);

@@ -206,7 +206,8 @@ void write_bench_twin_eagle3(const std::string & head_path, const std::string & 
         // Vectors stay F32; matrices keep their stored type where ggml can write it (a Q8_0 head
         // drafts at Q8_0 speed), else F16.
         const bool writable = ggml_get_type_traits(t->type)->from_float_ref != nullptr || t->type == GGML_TYPE_F16;
-        const ggml_type type = ne[1] == 1 ? GGML_TYPE_F32 : writable ? t->type : GGML_TYPE_F16;
+        const ggml_type type = ne[1] == 1 ? GGML_TYPE_F32 : writable ? t->type
+                                                                     : GGML_TYPE_F16;
         tensors.push_back({name, ne, type, std::move(data), {}});
     }
     ggml_tensor * embd = target.tensor_meta("token_embd.weight");

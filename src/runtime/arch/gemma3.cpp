@@ -70,8 +70,8 @@ GraphOutputs build_gemma3_graph(ggml_context * ctx, ggml_cgraph * gf, const Mode
     out.taps.assign(tap_layers.size(), nullptr);
 
     ggml_tensor * x = layer_begin == 0
-        ? ggml_scale(ctx, ggml_get_rows(ctx, w.tok_embd, in.tokens), std::sqrt(static_cast<float>(c.n_embd)))
-        : in.hidden_in;  // [n_embd, n]
+                          ? ggml_scale(ctx, ggml_get_rows(ctx, w.tok_embd, in.tokens), std::sqrt(static_cast<float>(c.n_embd)))
+                          : in.hidden_in;  // [n_embd, n]
     auto tap = [&](int il) {
         for (size_t t = 0; t < tap_layers.size(); ++t) {
             if (tap_layers[t] == il) out.taps[t] = x;

@@ -17,22 +17,22 @@ struct LayerWeights;
 struct ModelConfig;
 
 struct GraphInputs {
-    ggml_tensor * tokens = nullptr;     // I32 [n]            (layer_begin == 0)
-    ggml_tensor * hidden_in = nullptr;  // F32 [n_embd, n]    (layer_begin > 0)
-    ggml_tensor * positions = nullptr;  // I32 [n]
-    ggml_tensor * kq_mask = nullptr;    // F16 [n_kv, n]
+    ggml_tensor * tokens = nullptr;           // I32 [n]            (layer_begin == 0)
+    ggml_tensor * hidden_in = nullptr;        // F32 [n_embd, n]    (layer_begin > 0)
+    ggml_tensor * positions = nullptr;        // I32 [n]
+    ggml_tensor * kq_mask = nullptr;          // F16 [n_kv, n]
     ggml_tensor * kq_mask_sliding = nullptr;  // F16 [n_kv, n] kq_mask minus keys outside the window (sliding-window layers only)
-    ggml_tensor * kv_slots = nullptr;   // I64 [n] cache slots the block's K (and row-major V) rows are written to
-    ggml_tensor * v_elements = nullptr; // I64 [n_embd_kv * n] element indices of a transposed V cache
-    ggml_tensor * out_rows = nullptr;   // I32 [n_out] rows to compute logits for (nullptr: none)
-    int n_kv = 0;                       // cache slots visible to the attention (padded)
+    ggml_tensor * kv_slots = nullptr;         // I64 [n] cache slots the block's K (and row-major V) rows are written to
+    ggml_tensor * v_elements = nullptr;       // I64 [n_embd_kv * n] element indices of a transposed V cache
+    ggml_tensor * out_rows = nullptr;         // I32 [n_out] rows to compute logits for (nullptr: none)
+    int n_kv = 0;                             // cache slots visible to the attention (padded)
     AttentionKernel attention = AttentionKernel::Matmul;
 };
 
 struct GraphOutputs {
-    ggml_tensor * logits = nullptr;          // [n_vocab, n_out]
-    std::vector<ggml_tensor *> taps;         // [n_embd, n] per tap layer
-    ggml_tensor * hidden_out = nullptr;      // [n_embd, n] when the range stops before n_layer
+    ggml_tensor * logits = nullptr;      // [n_vocab, n_out]
+    std::vector<ggml_tensor *> taps;     // [n_embd, n] per tap layer
+    ggml_tensor * hidden_out = nullptr;  // [n_embd, n] when the range stops before n_layer
 };
 
 // Shared building blocks (arch/llama_family.cpp), also used by arch/gemma3.cpp.

@@ -129,9 +129,9 @@ ggml_tensor * attend_to_cache(ggml_context * ctx, ggml_cgraph * gf, const ModelC
         ggml_tensor * vp = ggml_permute(ctx, ggml_view_3d(ctx, cache_v, D, c.n_head_kv, in.n_kv, es * D, cache_v->nb[1], 0), 0, 2, 1, 3);
         o = ggml_flash_attn_ext(ctx, qp, kp, vp, kq_mask, kq_scale, 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
-        o = ggml_reshape_2d(ctx, o, D * c.n_head, n);  // [D*n_head, n]
-    } else {  // llama.cpp's -fa off path op for op: KQ, masked softmax, V^T KQ
-        const size_t row = cache_v->nb[1];  // one channel across all slots
+        o = ggml_reshape_2d(ctx, o, D * c.n_head, n);                                             // [D*n_head, n]
+    } else {                                                                                      // llama.cpp's -fa off path op for op: KQ, masked softmax, V^T KQ
+        const size_t row = cache_v->nb[1];                                                        // one channel across all slots
         ggml_tensor * vt = ggml_view_3d(ctx, cache_v, in.n_kv, D, c.n_head_kv, row, row * D, 0);  // [n_kv, D, n_head_kv]
         ggml_tensor * kq = ggml_mul_mat(ctx, kp, qp);                                             // [n_kv, n, n_head]
         ggml_prec_set_acc(kq, GGML_PREC_F32);

@@ -21,7 +21,7 @@ namespace specula::kernels::avx512 {
 namespace {
 
 constexpr uint16_t kF16NegInf = 0xfc00;
-constexpr int kHeadBlock = 8;   // query heads whose V sums share one pass over the slots
+constexpr int kHeadBlock = 8;  // query heads whose V sums share one pass over the slots
 
 // One level of sixteen halving trees at once: lane l of the result is a[lo[l]] + a[hi[l]], with
 // indices past 15 reading b. The pairs added are reduce16's pairs, so the bits are its bits.
@@ -40,7 +40,7 @@ inline __m512 reduce16x16(const __m512 * v) {
     const __m512i lo4 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i hi4 = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     __m512 s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; ++i) s8[i] = pair_level(v[2 * i], v[2 * i + 1], lo1, hi1);  // [v(2i) | v(2i+1)], 8 lanes each
+    for (int i = 0; i < 8; ++i) s8[i] = pair_level(v[2 * i], v[2 * i + 1], lo1, hi1);    // [v(2i) | v(2i+1)], 8 lanes each
     for (int i = 0; i < 4; ++i) s4[i] = pair_level(s8[2 * i], s8[2 * i + 1], lo2, hi2);  // four vectors, 4 lanes each
     for (int i = 0; i < 2; ++i) s2[i] = pair_level(s4[2 * i], s4[2 * i + 1], lo3, hi3);  // eight vectors, 2 lanes each
     return pair_level(s2[0], s2[1], lo4, hi4);

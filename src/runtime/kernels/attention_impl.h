@@ -7,9 +7,9 @@
 namespace specula::kernels {
 
 struct AttentionArgs {
-    const float * q = nullptr;      // row i, head h at q + i * q_row + h * D
+    const float * q = nullptr;  // row i, head h at q + i * q_row + h * D
     int64_t q_row = 0;
-    const uint16_t * k = nullptr;   // F16; slot s, KV head g at k + s * kv_row + g * D
+    const uint16_t * k = nullptr;  // F16; slot s, KV head g at k + s * kv_row + g * D
     const uint16_t * v = nullptr;
     int64_t kv_row = 0;
     const uint16_t * mask = nullptr;  // F16 [n_kv] per row
@@ -17,16 +17,24 @@ struct AttentionArgs {
     int n_kv = 0;
     int head_dim = 0, n_head = 0, n_head_kv = 0;
     float scale = 1.0f;
-    float * out = nullptr;          // row i, head h at out + i * out_row + h * D
+    float * out = nullptr;  // row i, head h at out + i * out_row + h * D
     int64_t out_row = 0;
 };
 
 // (row, KV head) pairs [pair_begin, pair_end) on the given path's body (one the CPU can run).
 void attend_on(CpuPath path, const AttentionArgs & a, int64_t pair_begin, int64_t pair_end);
 
-namespace generic { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
-namespace avx2 { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
-namespace avx512 { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
-namespace neon { void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end); }
+namespace generic {
+void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end);
+}
+namespace avx2 {
+void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end);
+}
+namespace avx512 {
+void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end);
+}
+namespace neon {
+void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end);
+}
 
 }  // namespace specula::kernels

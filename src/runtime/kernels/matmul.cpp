@@ -30,7 +30,9 @@ bool cpu_has_avx2_fma_f16c() {
     const bool fma = c & (1u << 12), osxsave = c & (1u << 27), f16c = c & (1u << 29), avx = c & (1u << 28);
     if (!(fma && osxsave && f16c && avx)) return false;
     unsigned lo = 0, hi = 0;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    __asm__("xgetbv"
+            : "=a"(lo), "=d"(hi)
+            : "c"(0));
     if ((lo & 0x6) != 0x6) return false;  // XMM and YMM state enabled by the OS
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     return b & (1u << 5);  // AVX2
@@ -43,7 +45,9 @@ bool cpu_has_avx512_vnni() {
     const bool f = b & (1u << 16), bw = b & (1u << 30), vnni = c & (1u << 11);
     if (!(f && bw && vnni)) return false;
     unsigned lo = 0, hi = 0;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    __asm__("xgetbv"
+            : "=a"(lo), "=d"(hi)
+            : "c"(0));
     return (lo & 0xe6) == 0xe6;  // XMM, YMM, opmask, ZMM 0-15 upper halves, ZMM 16-31
 }
 

@@ -29,7 +29,13 @@ namespace specula::kernels {
 // The instruction sets specula's kernels have bodies for. x86-64: AVX2 (+FMA, F16C), then
 // AVX-512 F/BW + VNNI. ARM64: NEON with the ARMv8.2 dot product (`sdot`), then with the int8
 // matrix multiply (`smmla`, i8mm) too. Generic is the portable C++ reference.
-enum class CpuPath { Generic, Avx2, Avx512Vnni, NeonDotprod, NeonI8mm };
+enum class CpuPath {
+    Generic,
+    Avx2,
+    Avx512Vnni,
+    NeonDotprod,
+    NeonI8mm
+};
 // The path the kernels run: the fastest this CPU has, or the one SPECULA_CPU_PATH names (a path
 // the CPU can run; check_cpu_path_override() reports any other value).
 CpuPath detected_cpu_path();

@@ -271,10 +271,10 @@ inline __m256 load8(const uint16_t * p) {
 
 // The 16 lanes of matmul.h as two ymm (lanes 0-7, 8-15), reduced by the same halving tree.
 inline float reduce16(__m256 lo, __m256 hi) {
-    const __m256 s8 = _mm256_add_ps(lo, hi);                                                   // l + (l + 8)
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));    // l + (l + 4)
-    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                   // l + (l + 2)
-    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                          // 0 + 1
+    const __m256 s8 = _mm256_add_ps(lo, hi);                                                 // l + (l + 8)
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // l + (l + 4)
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                 // l + (l + 2)
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                         // 0 + 1
 }
 
 template <bool kBf16, int NT>

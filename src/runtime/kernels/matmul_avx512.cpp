@@ -25,7 +25,9 @@ namespace {
 // broadcast folded into vpdpbusd's memory operand: a separate vpbroadcastd per token and slice
 // would cost an issue slot beside each vpdpbusd.
 inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t * p) {
-    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t *>(p)));
+    asm("vpdpbusd %2%{1to16%}, %1, %0"
+        : "+v"(acc)
+        : "v"(w), "m"(*reinterpret_cast<const int32_t *>(p)));
     return acc;
 }
 inline __m512 load_u8x16(const uint8_t * p) {

@@ -19,16 +19,22 @@ struct QuantizedActivations {
     float * ds = nullptr;
 };
 
-#define SPECULA_KERNEL_DECLS                                                                            \
-    void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);            \
-    void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, \
-                int64_t y_stride, int64_t g_begin, int64_t g_end);                                       \
+#define SPECULA_KERNEL_DECLS                                                                                           \
+    void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);                            \
+    void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y,             \
+                int64_t y_stride, int64_t g_begin, int64_t g_end);                                                     \
     void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, \
                       float * y, int64_t y_stride, int64_t g_begin, int64_t g_end);
 
-namespace generic { SPECULA_KERNEL_DECLS }
-namespace avx2 { SPECULA_KERNEL_DECLS }
-namespace neon_dotprod { SPECULA_KERNEL_DECLS }
+namespace generic {
+SPECULA_KERNEL_DECLS
+}
+namespace avx2 {
+SPECULA_KERNEL_DECLS
+}
+namespace neon_dotprod {
+SPECULA_KERNEL_DECLS
+}
 #undef SPECULA_KERNEL_DECLS
 
 // NEON with i8mm: the integer formats (the rest is neon_dotprod's).

@@ -43,8 +43,8 @@ inline float32x4_t load4(const uint16_t * p) {
 // matmul.h's 16 lanes as four vectors (lanes 0-3, 4-7, 8-11, 12-15), reduced by its halving tree.
 inline float reduce16(const float32x4_t (&v)[4]) {
     const float32x4_t s4 = vaddq_f32(vaddq_f32(v[0], v[2]), vaddq_f32(v[1], v[3]));  // (l + (l + 8)) + (l + 4 + (l + 12))
-    const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));             // l + (l + 2)
-    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);                               // 0 + 1
+    const float32x2_t s2 = vadd_f32(vget_low_f32(s4), vget_high_f32(s4));            // l + (l + 2)
+    return vget_lane_f32(s2, 0) + vget_lane_f32(s2, 1);                              // 0 + 1
 }
 
 template <bool kBf16, int NT>

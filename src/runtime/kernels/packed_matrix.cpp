@@ -7,12 +7,36 @@ namespace specula::kernels {
 namespace {
 
 // ggml's block layouts (ggml-common.h), restated: specula reads the file's bytes as stored.
-struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
-struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };            // qs[i]: low nibble col i, high nibble col i + 16
-struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };
-struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };  // bit c of qh: 5th bit of col c
-struct BlockQ4_K { uint16_t d; uint16_t dmin; uint8_t scales[12]; uint8_t qs[128]; };
-struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+struct BlockQ8_0 {
+    uint16_t d;
+    int8_t qs[32];
+};
+struct BlockQ4_0 {
+    uint16_t d;
+    uint8_t qs[16];
+};  // qs[i]: low nibble col i, high nibble col i + 16
+struct BlockQ4_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qs[16];
+};
+struct BlockQ5_0 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};  // bit c of qh: 5th bit of col c
+struct BlockQ4_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qs[128];
+};
+struct BlockQ6_K {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d;
+};
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210);
 

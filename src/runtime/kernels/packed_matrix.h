@@ -59,7 +59,8 @@ constexpr size_t packed_block_bytes(PackedFormat f) {
 
 // Bytes after a super-block's blocks: the k-quants' F16 super-block factors for 16 rows.
 constexpr size_t packed_super_tail_bytes(PackedFormat f) {
-    return f == PackedFormat::Q4_K ? 2 * 16 * 2 : f == PackedFormat::Q6_K ? 16 * 2 : 0;
+    return f == PackedFormat::Q4_K ? 2 * 16 * 2 : f == PackedFormat::Q6_K ? 16 * 2
+                                                                          : 0;
 }
 
 constexpr size_t packed_super_bytes(PackedFormat f) {

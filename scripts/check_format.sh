@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Checks that the C++ sources follow .clang-format (Debian's clang-format-14); with --fix, rewrites
+# them. Lists the files that differ and exits 1 when any does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v clang-format-14 >/dev/null || { echo "check_format: clang-format-14 is missing (scripts/setup.sh --tests installs it)" >&2; exit 1; }
+mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'src/*.inc' 'tools/*.cpp' 'tools/*.h' 'tests/*.cpp' 'tests/*.h' \
+                                 'bench/*.cpp' 'bench/*.h' 'include/*.h' 'fuzz/*.cpp')
+if [ "${1:-}" = "--fix" ]; then
+  clang-format-14 -i "${files[@]}"
+  exit 0
+fi
+bad=0
+for f in "${files[@]}"; do
+  if ! clang-format-14 "$f" | cmp -s "$f" -; then
+    echo "check_format: $f differs from .clang-format (scripts/check_format.sh --fix)" >&2
+    bad=1
+  fi
+done
+[ "$bad" = 0 ] && echo "check_format: ${#files[@]} files follow .clang-format"
+exit "$bad"
