@@ -9,7 +9,9 @@ Two targets, one training-time test:
   --feats F    a real target (SmolLM2-135M-Instruct, Gemma 3 270M) on its own replies: features and
                top-k distributions precomputed by target_features.py (repeatable), --model its GGUF
                (token embedding, output norm); a --minutes wall-clock budget, cosine over it; a
-               checkpoint every --save_every steps to --out, so a run cut short still yields a head.
+               checkpoint every --save_every steps to --out, so a run cut short still yields a head;
+               --resume OUT continues it (head, optimizer, draft vocabulary, data order, elapsed
+               time): a larger --minutes and more --feats files extend a run across days.
                EAGLE-3 drafts over a compact vocabulary (d2t): the --vocab most frequent target
                tokens of the replies (ties: lower id), in id order; its lm_head starts from those
                rows of the target's tied embedding and fc as "take the high tap".
@@ -23,7 +25,8 @@ Training-time test: --ttt_steps self-fed steps; step 0 reads the target's featur
 head's own previous output; step k at head index t reads token x[t+1+k] and is scored (weight
 0.8^k) on the target's next-token distribution at t+1+k. The token embedding is the target's.
   train_eagle.py --work DIR --kind eagle3 --steps 160 --log LOG [--bf16]
-  train_eagle.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --log LOG --minutes 35"""
+  train_eagle.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --log LOG --minutes 35
+  train_eagle.py --feats feats.pt --feats newer.pt --model GGUF --out head.pt --log LOG --minutes 80 --resume head.pt"""
 import argparse, json, os, sys, time
 import numpy as np
 import torch
@@ -58,7 +61,10 @@ def parse_args():
     ap.add_argument("--heads", type=int, default=0, help="--feats: query heads of the head's attention (0: the target's)")
     ap.add_argument("--kv_heads", type=int, default=0, help="--feats: its KV heads (0: the target's)")
     ap.add_argument("--ffn", type=int, default=0, help="--feats: its FFN width (0: the target's)")
-    ap.add_argument("--minutes", type=float, default=35.0, help="--feats: wall-clock budget; the cosine schedule spans it")
+    ap.add_argument("--minutes", type=float, default=35.0,
+                    help="--feats: the run's wall-clock budget, minutes already trained included (with --resume); the cosine spans it")
+    ap.add_argument("--resume", help="--feats: a checkpoint this trainer wrote (--out): its head, optimizer, draft vocabulary, "
+                                     "step and elapsed time; more --feats files and a larger --minutes extend the run")
     ap.add_argument("--max_steps", type=int, default=100000, help="--feats: at most this many steps")
     ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
     a = ap.parse_args()
@@ -68,6 +74,8 @@ def parse_args():
         ap.error("--work needs --steps")
     if a.feats and (not a.model or not a.out):
         ap.error("--feats needs --model and --out")
+    if a.resume and not a.feats:
+        ap.error("--resume continues a --feats run")
     a.name = a.name or (a.kind if a.work else os.path.splitext(os.path.basename(a.out))[0])
     return a
 
@@ -187,6 +195,24 @@ def train_on_family(a, log):
     print("done", time.time() - t0)
 
 
+def load_resume(a, layers):
+    """The checkpoint --resume names, checked against this run: same kind, same target layers, and
+    the optimizer state that continuing needs (checkpoints without it are for export only)."""
+    if not os.path.exists(a.resume):
+        sys.exit(f"train_eagle: error: --resume {a.resume}: no such file")
+    ck = torch.load(a.resume)
+    if not isinstance(ck, dict) or "state_dict" not in ck:
+        sys.exit(f"train_eagle: error: --resume {a.resume}: not a checkpoint of this trainer")
+    missing = [k for k in ("kind", "optimizer", "epoch", "elapsed_s", "generator", "config") if k not in ck]
+    if missing:
+        sys.exit(f"train_eagle: error: --resume {a.resume}: written without {', '.join(missing)} (a checkpoint for export only); start a new run")
+    if ck["kind"] != a.kind:
+        sys.exit(f"train_eagle: error: --resume {a.resume} is an {ck['kind']} head, not {a.kind}")
+    if a.kind == "eagle3" and list(ck["target_layers"]) != list(layers):
+        sys.exit(f"train_eagle: error: --resume {a.resume} reads target layers {ck['target_layers']}, the --feats files {layers}")
+    return ck
+
+
 def train_on_features(a, log):
     """A real target: its features and top-k distributions read from target_features.py's files."""
     parts = [torch.load(f) for f in a.feats]
@@ -201,8 +227,13 @@ def train_on_features(a, log):
         counts.index_add_(0, s["ids"][s["n_prompt"]:], torch.ones(len(s["ids"]) - s["n_prompt"], dtype=torch.long))
     if a.kind == "eagle1":
         a.vocab = n_vocab  # drafts over the target's own logits
-    order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
-    d2t = torch.tensor(sorted(order[:a.vocab]))
+    resumed = load_resume(a, layers) if a.resume else None
+    if resumed is not None and "d2t" in resumed:
+        d2t = resumed["d2t"]  # the head's output rows belong to this vocabulary, whatever the new data's counts
+        a.vocab = len(d2t)
+    else:
+        order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
+        d2t = torch.tensor(sorted(order[:a.vocab]))
     t2d = torch.full((len(counts),), -1, dtype=torch.long)
     t2d[d2t] = torch.arange(a.vocab)
     coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
@@ -238,6 +269,18 @@ def train_on_features(a, log):
     nparam = sum(p.numel() for p in head.parameters())
     print(f"{a.kind} head: {nparam / 1e6:.2f}M params", flush=True)
     opt = optimizer(a, head)
+    g = torch.Generator().manual_seed(a.seed)
+    step, epoch, elapsed0 = 0, 0, 0.0
+    if resumed is not None:
+        if resumed["config"] != c.__dict__:
+            sys.exit(f"train_eagle: error: {a.resume} is a head of another shape ({resumed['config']}), not {c.__dict__}")
+        head.load_state_dict(resumed["state_dict"])
+        opt.load_state_dict(resumed["optimizer"])
+        g.set_state(resumed["generator"])
+        step, epoch, elapsed0 = resumed["step"], resumed["epoch"], resumed["elapsed_s"]
+        print(f"resumed {a.resume}: step {step}, epoch {epoch}, {elapsed0 / 60:.1f} of {a.minutes:.1f} minutes trained", flush=True)
+        if elapsed0 >= a.minutes * 60:
+            sys.exit(f"train_eagle: error: {a.resume} has trained {elapsed0 / 60:.1f} minutes already: give a larger --minutes to extend it")
 
     def make_batch(seqs):
         T = max(len(s["ids"]) for s in seqs)
@@ -279,20 +322,21 @@ def train_on_features(a, log):
         return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score)
 
     def save(step):
-        ck = {"config": c.__dict__, "state_dict": head.state_dict(), "target_hidden_size": c.dim, "step": step, "args": vars(a)}
+        ck = {"config": c.__dict__, "state_dict": head.state_dict(), "target_hidden_size": c.dim, "step": step, "args": vars(a),
+              "kind": a.kind, "optimizer": opt.state_dict(), "epoch": epoch, "elapsed_s": elapsed0 + time.time() - t0,
+              "generator": g.get_state()}
         if a.kind == "eagle3":
             ck.update({"target_layers": layers, "d2t": d2t, "vocab_coverage": coverage})
         torch.save(ck, a.out + ".tmp")
         os.replace(a.out + ".tmp", a.out)
 
-    log.write(json.dumps({"event": "start", "model": a.name, "params": nparam, "args": vars(a), "coverage": coverage}) + "\n")
-    g = torch.Generator().manual_seed(a.seed)
+    log.write(json.dumps({"event": "resume" if resumed is not None else "start", "model": a.name, "params": nparam, "args": vars(a),
+                          "coverage": coverage, "step": step, "elapsed_s": elapsed0}) + "\n")
     t0 = time.time()
-    step, epoch = 0, 0
-    while step < a.max_steps and time.time() - t0 < a.minutes * 60:
+    while step < a.max_steps and elapsed0 + time.time() - t0 < a.minutes * 60:
         perm = torch.randperm(len(train), generator=g).tolist()
         for i in range(0, len(perm) - a.batch + 1, a.batch):
-            el = time.time() - t0
+            el = elapsed0 + time.time() - t0
             if el >= a.minutes * 60 or step >= a.max_steps:
                 break
             lr = wallclock_cosine_lr(a.lr, a.warmup, el / (a.minutes * 60), step)
@@ -303,7 +347,7 @@ def train_on_features(a, log):
             step += 1
             rec = {"model": a.name, "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
                    "top1_agree_by_step": [round(v, 4) for v in accs], "lr": lr, "grad_norm": round(gn.item(), 3),
-                   "elapsed_s": round(time.time() - t0, 1)}
+                   "elapsed_s": round(elapsed0 + time.time() - t0, 1)}
             log.write(json.dumps(rec) + "\n"); log.flush()
             if step % 5 == 0:
                 print(rec, flush=True)
@@ -311,8 +355,8 @@ def train_on_features(a, log):
                 save(step)
         epoch += 1
     save(step)
-    log.write(json.dumps({"event": "done", "model": a.name, "steps": step, "elapsed_s": time.time() - t0}) + "\n")
-    print("done", step, "steps", time.time() - t0)
+    log.write(json.dumps({"event": "done", "model": a.name, "steps": step, "elapsed_s": elapsed0 + time.time() - t0}) + "\n")
+    print("done", step, "steps", elapsed0 + time.time() - t0)
 
 
 def main():
