@@ -1,11 +1,8 @@
 #include "rpc_bench.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +16,7 @@
 #include <thread>
 
 #include "bench_util.h"
+#include "common/loopback.h"
 #include "link_proxy.h"
 #include "specula/error.h"
 #include "specula/specula.h"
@@ -29,33 +27,10 @@ namespace {
 
 using json = nlohmann::json;
 
-bool accepts(int port) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
-
-int free_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 // An rpc-server on 127.0.0.1 for the benchmark's life; its connection log goes to /dev/null.
 class LocalRpcServer {
 public:
-    explicit LocalRpcServer(int threads) : port_(free_port()) {
+    explicit LocalRpcServer(int threads) : port_(free_loopback_port()) {
         const std::string bin = peer_binary("ggml-rpc-server"), port = std::to_string(port_), t = std::to_string(threads);
         const char * argv[] = {bin.c_str(), "-H", "127.0.0.1", "-p", port.c_str(), "-t", t.c_str(), nullptr};
         pid_ = fork();
@@ -68,8 +43,8 @@ public:
             execv(bin.c_str(), const_cast<char **>(argv));
             _exit(127);
         }
-        for (int i = 0; i < 300 && !accepts(port_); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        if (!accepts(port_)) throw Error(bin + " did not start listening on 127.0.0.1:" + port);
+        for (int i = 0; i < 300 && !accepts_connections("127.0.0.1", port); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!accepts_connections("127.0.0.1", port)) throw Error(bin + " did not start listening on 127.0.0.1:" + port);
     }
     ~LocalRpcServer() {
         kill(pid_, SIGTERM);

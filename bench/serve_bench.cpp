@@ -1,12 +1,9 @@
 #include "serve_bench.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +19,7 @@
 #include <thread>
 
 #include "bench_util.h"
+#include "common/loopback.h"
 #include "common/progress.h"
 #include "specula/error.h"
 #include "runtime/backend.h"
@@ -33,21 +31,6 @@ using json = nlohmann::json;
 using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-// A port free on 127.0.0.1 now (the kernel's choice), for a server that cannot report its own.
-int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) throw Error("cannot open a socket to find a free port");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0 &&
-                    ::getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) == 0;
-    ::close(fd);
-    if (!ok) throw Error("cannot find a free port on 127.0.0.1");
-    return ntohs(addr.sin_port);
-}
 
 std::string log_tail(const std::string & path, size_t n = 600) {
     std::stringstream s;
@@ -341,7 +324,7 @@ RunningServers start_servers(const ServeBenchOptions & o, const std::vector<Conf
                              int threads, const std::filesystem::path & scratch, std::vector<Row> & rows) {
     RunningServers s;
     for (const Config & c : configs) {
-        const int port = free_port();
+        const int port = free_loopback_port();
         const std::string log = (scratch / (c.server + "-" + std::to_string(clients) + (c.speculative ? "-spec" : "") + ".log")).string();
         const std::vector<std::string> argv = server_argv(o, c, clients, threads, port);
         std::string command;

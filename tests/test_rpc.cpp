@@ -3,11 +3,8 @@
 // llama.cpp's rpc-server on 127.0.0.1 itself.
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +15,7 @@
 
 #include "specula/error.h"
 #include "specula/specula.h"
+#include "common/loopback.h"
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
@@ -30,37 +28,14 @@ extern char ** environ;
 namespace specula {
 namespace {
 
-int free_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-bool listening(int port) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
-
 // rpc-server on 127.0.0.1 with one thread, for the life of the test.
 class RpcServer {
 public:
-    RpcServer() : port_(free_port()) {
+    RpcServer() : port_(free_loopback_port()) {
         const std::string port = std::to_string(port_);
         const char * argv[] = {SPECULA_RPC_SERVER, "-H", "127.0.0.1", "-p", port.c_str(), "-t", "1", nullptr};
         if (posix_spawn(&pid_, SPECULA_RPC_SERVER, nullptr, nullptr, const_cast<char **>(argv), environ) != 0) pid_ = -1;
-        for (int i = 0; i < 300 && pid_ > 0 && !listening(port_); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        for (int i = 0; i < 300 && pid_ > 0 && !accepts_connections("127.0.0.1", std::to_string(port_)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     ~RpcServer() {
         if (pid_ > 0) {
@@ -69,7 +44,7 @@ public:
             waitpid(pid_, nullptr, 0);
         }
     }
-    bool up() const { return pid_ > 0 && listening(port_); }
+    bool up() const { return pid_ > 0 && accepts_connections("127.0.0.1", std::to_string(port_)); }
     // Kills the server as a crash or a power cut would (no goodbye on the socket).
     void kill_now() {
         if (pid_ > 0) {
@@ -151,7 +126,7 @@ TEST(Rpc, SpeculasOwnKernelsAreRefusedOnAnRpcDevice) {
 
 // ggml's RPC client aborts the process when nothing answers; specula must say so and go on living.
 TEST(Rpc, NoServerOrAMalformedEndpointIsAClearError) {
-    const std::string port = std::to_string(free_port());
+    const std::string port = std::to_string(free_loopback_port());
     std::string msg = test::error_message([&] { Backend b(BackendOptions{"RPC[127.0.0.1:" + port + "]", 1}); });
     EXPECT_NE(msg.find("no rpc-server answers at 127.0.0.1:" + port), std::string::npos) << msg;
     msg = test::error_message([] { Backend b(BackendOptions{"RPC[localhost]", 1}); });
@@ -282,7 +257,7 @@ TEST(Rpc, DeviceListsAndSplitsThatDoNotFitAreClearErrors) {
     EXPECT_NE(message({"cpu,", 1}).find("an empty entry"), std::string::npos);
     EXPECT_NE(message({"cpu", 1, Attention::Auto, Kernels::Auto, "1"}).find("--split needs a list of devices"), std::string::npos);
     EXPECT_NE(message({a.device(), 1, Attention::Auto, Kernels::Auto, "", 0.0}).find("timeout must be positive"), std::string::npos);
-    const std::string port = std::to_string(free_port());
+    const std::string port = std::to_string(free_loopback_port());
     EXPECT_NE(message({a.device() + ",RPC[127.0.0.1:" + port + "]", 1}).find("no rpc-server answers at 127.0.0.1:" + port), std::string::npos);
     // A split backend holds one model's layer map.
     Backend split(BackendOptions{"cpu," + a.device(), 1, Attention::Auto, Kernels::Auto, "1,1"});

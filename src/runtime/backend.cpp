@@ -1,7 +1,5 @@
 #include "runtime/backend.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +14,7 @@
 #include <thread>
 
 #include "specula/error.h"
+#include "common/loopback.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -53,25 +52,6 @@ const char * attention_kernel_name(AttentionKernel k) {
 
 namespace {
 
-// Whether something accepts TCP connections at host:port. ggml's RPC client aborts the process
-// when it cannot connect, so specula asks first and reports a clear error instead.
-bool accepts_connections(const std::string & host, const std::string & port) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo * found = nullptr;
-    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return false;
-    bool ok = false;
-    for (addrinfo * a = found; a && !ok; a = a->ai_next) {
-        const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-        if (fd < 0) continue;
-        ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-        close(fd);
-    }
-    freeaddrinfo(found);
-    return ok;
-}
-
 // "RPC[host:port]": the first device of an rpc-server (ggml's RPC backend, which is how a model
 // larger than one machine runs). Registered on first use, as llama.cpp's --rpc does.
 ggml_backend_dev_t rpc_device(const std::string & name) {
@@ -86,6 +66,7 @@ ggml_backend_dev_t rpc_device(const std::string & name) {
     using AddServer = ggml_backend_reg_t (*)(const char *);
     auto add_server = reinterpret_cast<AddServer>(ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server"));
     if (!add_server) throw Error("device '" + name + "': ggml's RPC backend has no ggml_backend_rpc_add_server");
+    // ggml's RPC client aborts the process when it cannot connect: ask first, then say so clearly.
     if (!accepts_connections(endpoint.substr(0, colon), endpoint.substr(colon + 1))) {
         throw Error("device '" + name + "': no rpc-server answers at " + endpoint);
     }
