@@ -11,31 +11,18 @@
 namespace specula {
 
 const std::vector<std::vector<int>> & static_tree_paths() {
-    // Wide near the root, a deep spine on the most likely branch: EAGLE-1's tree in miniature.
+    // Wide near the root, a deep spine on the most likely branch: EAGLE-1's tree in miniature,
+    // one line per depth.
+    // clang-format off
     static const std::vector<std::vector<int>> paths = {
-        {0},
-        {1},
-        {2},
-        {3},
-        {0, 0},
-        {0, 1},
-        {0, 2},
-        {1, 0},
-        {1, 1},
-        {2, 0},
-        {0, 0, 0},
-        {0, 0, 1},
-        {0, 1, 0},
-        {1, 0, 0},
-        {0, 0, 0, 0},
-        {0, 0, 0, 1},
-        {0, 1, 0, 0},
-        {0, 0, 0, 0, 0},
-        {0, 0, 0, 0, 1},
-        {0, 0, 0, 0, 0, 0},
-        {0, 0, 0, 0, 0, 0, 0},
-        {0, 0, 0, 0, 0, 0, 0, 0},
+        {0}, {1}, {2}, {3},
+        {0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {2, 0},
+        {0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {1, 0, 0},
+        {0, 0, 0, 0}, {0, 0, 0, 1}, {0, 1, 0, 0},
+        {0, 0, 0, 0, 0}, {0, 0, 0, 0, 1},
+        {0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0, 0, 0},
     };
+    // clang-format on
     return paths;
 }
 
