@@ -17,10 +17,7 @@ double ms_since(clock_type::time_point t0) { return std::chrono::duration<double
 // Target features of the given block rows, each row the drafter's feature layers concatenated.
 void gather_features(const ForwardOutput & out, std::span<const int> rows, std::vector<float> & dst) {
     dst.clear();
-    const size_t E = out.n_embd;
-    for (int r : rows) {
-        for (const auto & tap : out.taps) dst.insert(dst.end(), tap.begin() + r * E, tap.begin() + (r + 1) * E);
-    }
+    for (int r : rows) out.append_tap_rows(r, 1, dst);
 }
 
 // [root, nodes...] as one block: node i is row i + 1 at position base + depth(i).

@@ -226,16 +226,13 @@ const ExitStep * EarlyExitSequence::step(const TokenSink & sink) {
     if (prefilling()) {
         // Every prompt token but the last, which the first decode step takes: its features feed
         // the drafter, which then predicts the first generated token.
-        const size_t E = static_cast<const Model &>(runner_.network()).config().n_embd;
         const int n = std::min(chunk_, static_cast<int>(history_.size()) - 1 - prefilled_);
         ForwardBatch b = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), cache_.size(), {});
         b.tap_layers = feature_layers_;
         ForwardOutput out;
         runner_.forward(b, cache_, out);
         std::vector<float> features;
-        for (int i = 0; i < n; ++i) {
-            for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
-        }
+        out.append_tap_rows(0, n, features);
         drafter_.accept(Acceptance{prefilled_ + n, prefilled_, features});
         prefilled_ += n;
         stats_.prompt_seconds += std::chrono::duration<double>(clock::now() - t0).count();
@@ -257,16 +254,13 @@ const ExitStep * EarlyExitSequence::step(const TokenSink & sink) {
 }
 
 void prefill_for_drafter(ModelRunner & runner, KvCache & cache, Drafter & drafter, std::span<const int32_t> prompt) {
-    const size_t E = runner.network().shape().n_embd;
     drafter.reset();
     if (prompt.size() < 2) return;
     ForwardBatch b = ForwardBatch::causal(prompt.first(prompt.size() - 1), 0, {});
     b.tap_layers = drafter.feature_layers();
     ForwardOutput out = runner.forward(b, cache);
     std::vector<float> features;
-    for (int i = 0; i < b.n_tokens(); ++i) {
-        for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
-    }
+    out.append_tap_rows(0, b.n_tokens(), features);
     drafter.accept(Acceptance{b.n_tokens(), 0, features});
 }
 
@@ -336,7 +330,6 @@ void EarlyExitDrafter::accept(const Acceptance & a) {
 void EarlyExitDrafter::start(const DraftRequest & req) {
     draft_ = Draft{};
     const int root = static_cast<int>(req.history.size()) - 1;
-    const size_t E = model_.config().n_embd;
     // Catch up at full depth on the tokens the verifier settled that this cache never ran (the
     // prompt, a fully accepted chain's last token), handing their features to the candidates.
     if (cache_->size() < root) {
@@ -345,9 +338,7 @@ void EarlyExitDrafter::start(const DraftRequest & req) {
         b.tap_layers = feature_layers_;
         ForwardOutput out = runner_->forward(b, *cache_);
         std::vector<float> features;
-        for (int i = 0; i < b.n_tokens(); ++i) {
-            for (const auto & tap : out.taps) features.insert(features.end(), tap.begin() + i * E, tap.begin() + (i + 1) * E);
-        }
+        out.append_tap_rows(0, b.n_tokens(), features);
         candidates_->accept(Acceptance{root, first, features});
     }
     std::vector<int32_t> history(req.history.begin(), req.history.end());

@@ -69,6 +69,14 @@ struct ForwardOutput {
     std::span<const float> logits_row(size_t i) const {
         return {logits.data() + i * n_vocab, static_cast<size_t>(n_vocab)};
     }
+    // Appends rows [first, first + n) of the taps to dst, each row its tap layers concatenated:
+    // the features a drafter takes (Acceptance).
+    void append_tap_rows(size_t first, size_t n, std::vector<float> & dst) const {
+        const size_t E = static_cast<size_t>(n_embd);
+        for (size_t r = first; r < first + n; ++r) {
+            for (const auto & tap : taps) dst.insert(dst.end(), tap.begin() + r * E, tap.begin() + (r + 1) * E);
+        }
+    }
 };
 
 // One sequence's share of a forward over several sequences: its block, the cache stream it
