@@ -116,7 +116,7 @@ TEST(TreeSizePolicy, LearnsHowOptimisticTheDraftIs) {
     const int trusting = p.choose(probs, 0.5);
     EXPECT_DOUBLE_EQ(p.calibration(), 1.0);
     // The target accepted nothing of what the draft promised, round after round.
-    for (int r = 0; r < 50; ++r) p.observe(2.0, 0, 3, cost[3]);
+    for (int r = 0; r < 50; ++r) p.observe(2.0, 0, 3, 2, cost[3]);
     EXPECT_LT(p.calibration(), 0.01);
     EXPECT_LT(p.choose(probs, 0.5), trusting);
     // And the drafter's forwards now need very likely paths to be worth it.
@@ -139,33 +139,64 @@ TEST(TreeSizePolicy, NeedsLikelierPathsInABusyStep) {
     EXPECT_GT(busy, 2.0 * alone);
 }
 
-// Catches: a tree policy that drafts in every round of a busy step. Eight sequences stepping
-// together emit 8 tokens per forward of 8 rows without drafting; a round that drafts adds its
-// drafter time and its rows' verify cost to the whole step for the tokens rounds accept, which
-// pays alone but not there. Skipping must not last: a round explores to keep learning every 8th
-// skip alone, every 8 x 8th in a step of 8 sequences (exploring delays them all), and an
-// exploring round drafts one node at one level, not a whole tree.
+// Catches: a tree policy that drafts in every round of a busy step. Sixteen sequences stepping
+// together emit 16 tokens per forward of 16 rows without drafting; a round that drafts L levels
+// adds L drafter forwards and its rows' verify cost to the whole step for the tokens its depths
+// accept, which pays alone but not there. Skipping must not last: a round explores to keep
+// learning every 8th skip alone, every 8 x 16th in a step of 16 sequences (exploring delays them
+// all), and an exploring round drafts one node at one level, not a whole tree.
 TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
     using Round = TreeSizePolicy::Round;
     TreeSizePolicy p(kMeasuredTargetCurve);
-    EXPECT_EQ(p.plan_round(StepShare{7, 7.0}), Round::Draft);  // nothing seen yet: draft to learn
+    EXPECT_EQ(p.plan_round(StepShare{15, 15.0}), Round::Draft);  // nothing seen yet: draft to learn
     for (int r = 0; r < 40; ++r) {
-        p.observe_draft(0.3, 4);                                    // 0.3 ms of drafting per round
-        p.observe(3.0, r % 2 ? 3 : 2, 4, kMeasuredTargetCurve[4]);  // 4 nodes verified, 2.5 accepted
+        p.observe_draft(0.3, 4);                                       // 0.075 ms per drafter level
+        p.observe(3.0, r % 2 ? 3 : 2, 4, 4, kMeasuredTargetCurve[4]);  // a chain of 4 verified, 2.5 accepted
     }
-    // Alone: 2.5 tokens for 0.3 + 2.26 - 0.82 ms beats 1 per 0.82 ms. Busy: 8 tokens per 3.28 ms
-    // beat 2.5 for 0.3 + 4.06 - 3.28 ms (12 rows' 4.20 and 13 rows' 3.92 pooled to 4.06).
+    // Alone: two levels, 2.94 tokens for 0.15 + 1.857 ms, beat 1 per 0.824 ms. Busy: 16 tokens per
+    // 4.47 ms beat every depth's draft (at best 3.38 tokens per ms, one level).
     EXPECT_EQ(p.plan_round(StepShare{}), Round::Draft);
     int drafted = 0, explored = 0;
     for (int r = 0; r < 16; ++r) {
-        const Round round = p.plan_round(StepShare{7, 7.0});
+        const Round round = p.plan_round(StepShare{15, 15.0});
         drafted += round == Round::Draft, explored += round == Round::Explore;
     }
     EXPECT_EQ(drafted, 0) << "a whole draft in a busy step it does not pay in";
     EXPECT_EQ(explored, 2) << "busy, the others unknown: only every 8th round explores";
     explored = 0;
-    for (int r = 0; r < 128; ++r) explored += p.plan_round(StepShare{7, 7.0, 7}) == Round::Explore;
-    EXPECT_EQ(explored, 2) << "busy with 7 others: only every 64th round explores";
+    for (int r = 0; r < 256; ++r) explored += p.plan_round(StepShare{15, 15.0, 15}) == Round::Explore;
+    EXPECT_EQ(explored, 2) << "busy with 15 others: only every 128th round explores";
+}
+
+// The draft yield a policy expects comes from the acceptance at each depth. Catches a policy that
+// averages what whole rounds accepted: once it skips, the one-node rounds that explore can accept
+// at most one token, so a yield averaged over them stays below what a draft would pay for and the
+// policy never drafts again, while the first depth alone pays (SmolLM2's EAGLE-3 head on a chat
+// prompt: 0.45 accepted at depth 1 for a 0.3 ms drafter level against a 2.5 ms token).
+// Also catches timing a round that follows skipped ones: its drafter catches up on the skipped
+// tokens first (1.9 ms here), which would price drafting out again.
+TEST(TreeSizePolicy, ExploringRoundsThatAgreeBringDraftsBack) {
+    using Round = TreeSizePolicy::Round;
+    std::vector<double> curve;
+    for (int n = 1; n <= 33; ++n) curve.push_back(2.5 * (n <= 4 ? 1.0 + 0.08 * (n - 1) : 1.24 + 0.2 * (n - 4)));
+    TreeSizePolicy p(curve);
+    p.observe_draft(1.8, 6);  // 0.3 ms per level
+    p.observe_draft(1.8, 6);
+    for (int r = 0; r < 10; ++r) p.observe(0.5, 0, 3, 3, curve[3]);  // ten deep drafts rejected outright
+    int skipped = 0;
+    while (p.plan_round(StepShare{}) == Round::Skip) ++skipped;
+    EXPECT_GT(skipped, 0) << "drafts that all failed should pause drafting";
+    // From here the explorations agree about half the time; each follows skipped rounds, so its
+    // drafter time (a catch-up on the skipped tokens) is not the price of a level.
+    int drafted = 0;
+    for (int r = 0; r < 200; ++r) {
+        const Round round = p.plan_round(StepShare{});
+        if (round == Round::Skip) continue;
+        drafted += round == Round::Draft;
+        p.observe_draft(round == Round::Explore ? 1.9 : 0.3, 1);
+        p.observe(0.45, r % 2, 1, 1, curve[1]);
+    }
+    EXPECT_GT(drafted, 100) << "a first depth that pays alone should bring drafting back";
 }
 
 // The shape measured in `specula serve` with SmolLM2 at 8 clients on an AVX-512 VNNI CPU: a
@@ -180,7 +211,7 @@ TEST(TreeSizePolicy, NeverDraftsWhereEvenAWhollyAcceptedDraftLoses) {
     TreeSizePolicy p(curve);
     for (int r = 0; r < 40; ++r) {
         p.observe_draft(1.2, 4);  // 0.3 ms per level
-        p.observe(3.0, 3, 4, curve[4]);
+        p.observe(3.0, 3, 4, 4, curve[4]);
     }
     EXPECT_EQ(p.plan_round(StepShare{}), TreeSizePolicy::Round::Draft);
     int drafted = 0;
@@ -200,7 +231,7 @@ TEST(TreeSizePolicy, ANewSequenceKeepsTheMachinesTimes) {
     TreeSizePolicy p(curve);
     for (int r = 0; r < 40; ++r) {
         p.observe_draft(1.2, 4);  // 0.3 ms per level
-        p.observe(3.0, 3, 4, curve[4]);
+        p.observe(3.0, 3, 4, 4, curve[4]);
     }
     const double bar = p.min_path_prob();
     p.begin_sequence();

@@ -538,7 +538,9 @@ TEST(Speculative, GreedyEarlyExitDraftsEqualPlainDecoding) {
                 ASSERT_EQ(got, want) << target << " exit at " << exit_layer;
             }
             EXPECT_GT(drafter.exit_stats().exited(), 0) << target;
-            if (exit_layer == L) EXPECT_GT(accepted, 0) << target << ": the accept path must be exercised";
+            if (exit_layer == L) {
+                EXPECT_GT(accepted, 0) << target << ": the accept path must be exercised";
+            }
         }
     }
 }
@@ -701,7 +703,7 @@ public:
     explicit FixedTreeDrafter(TokenTree tree) : tree_(std::move(tree)) {}
     const char * name() const override { return "fixed"; }
     void start(const DraftRequest &) override {}
-    Draft take() override { return Draft{tree_, 0.0f}; }
+    Draft take() override { return Draft{tree_, 0.0f, {}}; }
     void accept(const Acceptance &) override {}
     void reset() override {}
 

@@ -214,7 +214,8 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
         if (p_.policy) p_.policy->observe_step(step_rows, forward_ms);
     }
     if (p_.tree_size && !draft_.tree.empty()) {
-        p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), verify_ms, step_rows);
+        p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), draft_.tree.max_depth(), verify_ms,
+                              step_rows);
     }
     run_.speculation.add_round(draft_.tree.size(), draft_.tree.max_depth(), static_cast<int>(result.accepted.size()));
     if (p_.policy) {
@@ -235,7 +236,7 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
 
 RoundReport round_report(const RoundInfo & r) {
     const TokenTree & tree = r.draft->tree;
-    RoundReport report{r.round, r.base, r.draft_ms, r.verify_ms, r.forward_ms, r.commit_ms, r.decision, {}, r.result->accepted, r.result->next_token, r.result->bonus, r.result->events};
+    RoundReport report{r.round, r.base, r.draft_ms, r.verify_ms, r.forward_ms, r.commit_ms, r.decision, {}, r.result->accepted, r.result->next_token, r.result->bonus, r.result->events, {}};
     for (int i = 0; i < tree.size(); ++i) {
         report.tree.push_back(DraftNode{tree.token[i], tree.parent[i], tree.depth[i], node_draft_prob(tree, i), std::exp(tree.logp[i])});
     }

@@ -33,7 +33,6 @@ void TreeSizePolicy::observe_draft(double draft_ms, int levels) {
     }
     const double per_level = draft_ms / levels;
     level_ms_ = level_ms_ == 0.0 ? per_level : 0.9 * level_ms_ + 0.1 * per_level;
-    round_draft_ms_ = round_draft_ms_ == 0.0 ? draft_ms : 0.9 * round_draft_ms_ + 0.1 * draft_ms;
 }
 
 double TreeSizePolicy::plain_rate(const StepShare & step) const {
@@ -46,22 +45,35 @@ bool TreeSizePolicy::can_pay(const StepShare & step) const {
 }
 
 TreeSizePolicy::Round TreeSizePolicy::plan_round(const StepShare & step) {
+    last_plan_ = decide_round(step);
+    if (last_plan_ == Round::Skip) {
+        ++skipped_;
+        time_next_draft_ = false;  // the next drafting round catches up on this one's tokens
+    } else {
+        skipped_ = 0;
+    }
+    return last_plan_;
+}
+
+TreeSizePolicy::Round TreeSizePolicy::decide_round(const StepShare & step) const {
     if (!can_pay(step)) return Round::Skip;
-    if (rounds_ == 0.0) return Round::Draft;
+    if (reached_[0] == 0.0) return Round::Draft;
     const int plain_rows = std::max(0, step.other_rows) + 1;
-    const int nodes = std::max(1, static_cast<int>(verified_ / rounds_ + 0.5));
-    const double extra_ms = round_draft_ms_ + verify_.extra_ms(plain_rows, nodes);
-    const double extra_tokens = accepted_ / rounds_;
+    const double other_tokens = std::max(0.0, step.other_tokens);
+    const double plain = plain_rate(step);
+    const double nodes_per_level = levels_ > 0.0 ? std::max(1.0, level_nodes_ / levels_) : 1.0;
+    double tokens = 1.0, reach = 1.0;
+    for (int depth = 1; depth <= kMaxDepth && reached_[depth - 1] > 0.0; ++depth) {
+        const int d = depth - 1;
+        reach *= (accepted_at_[d] + kPriorAcceptance * kPriorRounds) / (reached_[d] + kPriorRounds);
+        tokens += reach;
+        const int nodes = std::min(max_nodes(), std::max(depth, static_cast<int>(nodes_per_level * depth + 0.5)));
+        const double ms = depth * level_ms_ + verify_.ms(plain_rows) + verify_.extra_ms(plain_rows, nodes);
+        if ((tokens + other_tokens) / ms > plain) return Round::Draft;
+    }
     // Exploring costs the whole step, so a step of several sequences explores about as often as
     // one sequence alone: each sequence every kExploreEvery x (sequences in the step) skips.
-    if (extra_tokens > plain_rate(step) * extra_ms) {
-        skipped_ = 0;
-        return Round::Draft;
-    }
-    if (++skipped_ >= kExploreEvery * (1 + std::max(0, step.other_sequences))) {
-        skipped_ = 0;
-        return Round::Explore;
-    }
+    if (skipped_ + 1 >= kExploreEvery * (1 + std::max(0, step.other_sequences))) return Round::Explore;
     return Round::Skip;
 }
 
@@ -72,13 +84,18 @@ double TreeSizePolicy::min_path_prob(const StepShare & step) const {
 
 void TreeSizePolicy::observe_step(int rows, double forward_ms) { verify_.observe_step(rows, forward_ms); }
 
-void TreeSizePolicy::observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows) {
+void TreeSizePolicy::observe(double promised, int accepted, int n_verified, int depth, double verify_ms, int step_rows) {
     // Forget slowly: the text, and with it the draft's calibration, drifts during a generation.
     constexpr double kKeep = 0.95;
     promised_ = kKeep * promised_ + promised;
     accepted_ = kKeep * accepted_ + accepted;
-    rounds_ = kKeep * rounds_ + 1.0;
-    verified_ = kKeep * verified_ + n_verified;
+    for (int d = 0; d < kMaxDepth; ++d) reached_[d] *= kKeep, accepted_at_[d] *= kKeep;
+    for (int d = 0; d < std::min(depth, kMaxDepth); ++d) {
+        reached_[d] += 1.0;
+        if (d >= accepted) break;
+        accepted_at_[d] += 1.0;
+    }
+    if (last_plan_ == Round::Draft && depth > 0) levels_ = kKeep * levels_ + depth, level_nodes_ = kKeep * level_nodes_ + n_verified;
     verify_.observe(step_rows < 0 ? n_verified + 1 : step_rows, verify_ms);
 }
 

@@ -5,6 +5,7 @@
 // probabilities) tokens, for draft time + verify(n + 1) ms. The policy picks the n with the most
 // tokens per millisecond on the measured verify-cost curve, and learns gamma, the ratio of what
 // the target accepted to what the draft's probabilities promised, from the rounds so far.
+#include <array>
 #include <span>
 #include <vector>
 
@@ -26,9 +27,9 @@ public:
     // path_probs: cumulative draft probability of each node, in prune order. Returns n >= 1.
     // `step`: what the rest of a shared step carries (the step's tokens per second are weighed).
     int choose(std::span<const double> path_probs, double draft_ms, const StepShare & step = {});
-    // After verification of the n chosen nodes: the promised sum and what was accepted;
-    // step_rows: rows of the verify forward (n_verified + 1 alone).
-    void observe(double promised, int accepted, int n_verified, double verify_ms, int step_rows = -1);
+    // After verification of the n chosen nodes (a tree `depth` levels deep): the promised sum and
+    // what was accepted; step_rows: rows of the verify forward (n_verified + 1 alone).
+    void observe(double promised, int accepted, int n_verified, int depth, double verify_ms, int step_rows = -1);
     // Every decoding round's step, drafting or not, when all its rows were verify rows: its rows
     // and forward time (VerifyCost::observe_step).
     void observe_step(int rows, double forward_ms);
@@ -39,10 +40,14 @@ public:
     // In a shared step a drafter forward delays every sequence of the step, so it must beat the
     // step's plain rate: (1 + the others' tokens) per forward of (the others' rows + 1).
     double min_path_prob(const StepShare & step = {}) const;
-    // What this round drafts. A round's draft adds its drafter time and its rows' verify cost to
-    // the step and is expected to add the tokens rounds have accepted so far; that must beat the
-    // step's plain rate, (1 + the others' tokens) per forward of (the others' rows + 1), for a
-    // full draft (Draft). A busy step's plain rate is high, so drafting there must promise more.
+    // What this round drafts. A draft L levels deep adds L drafter forwards and its rows' verify
+    // cost to the step and is expected to add the tokens the acceptance seen at each depth
+    // promises; for a full draft (Draft) that must beat the step's plain rate, (1 + the others'
+    // tokens) per forward of (the others' rows + 1), at some L. A busy step's plain rate is high,
+    // so drafting there must promise more. Acceptance is kept per depth, so the one-node rounds
+    // that explore inform the first depth only, not a whole draft's yield; and a round that
+    // follows skipped ones is not timed: its first drafter forward catches up on the tokens the
+    // skipped rounds emitted (timed, it priced drafting out of the rounds it had just skipped).
     // Until rounds have been seen it drafts; every kExploreEvery-th round it would skip (x the
     // sequences in the step: an exploring draft delays them all) it explores: one drafter level,
     // one node, enough to notice a text that turns predictable (a whole tree's six levels and its
@@ -66,17 +71,24 @@ public:
 
 private:
     static constexpr int kExploreEvery = 8;
+    static constexpr int kMaxDepth = 16;  // depths whose acceptance is kept
+    // Untried depths start at this acceptance, with the weight of kPriorRounds rounds.
+    static constexpr double kPriorAcceptance = 0.8, kPriorRounds = 2.0;
     // Tokens per ms of the step without this sequence's draft: (1 + the others' tokens) per
     // forward of (the others' rows + 1); alone, one token per one-row forward.
     double plain_rate(const StepShare & step) const;
     bool can_pay(const StepShare & step) const;
+    Round decide_round(const StepShare & step) const;
     VerifyCost verify_;
     double promised_ = 0.0, accepted_ = 0.0;  // decayed sums
-    double rounds_ = 0.0, verified_ = 0.0;    // decayed count of drafting rounds, and of their verified nodes
-    double level_ms_ = 0.0;                   // drafter time per tree level, smoothed
-    double round_draft_ms_ = 0.0;             // drafter time per round, smoothed
-    int skipped_ = 0;                         // rounds skipped since the last one that drafted
-    bool time_next_draft_ = true;             // false for a sequence's first drafting round
+    // Decayed counts of drafting rounds whose tree reached depth d + 1, and of those that accepted
+    // a node there.
+    std::array<double, kMaxDepth> reached_{}, accepted_at_{};
+    double levels_ = 0.0, level_nodes_ = 0.0;  // decayed sums over full drafts: tree depth, verified nodes
+    double level_ms_ = 0.0;                    // drafter time per tree level, smoothed
+    int skipped_ = 0;                          // rounds skipped since the last one that drafted
+    Round last_plan_ = Round::Draft;
+    bool time_next_draft_ = true;  // false for a round whose drafter catches up (a sequence's first, one after skips)
 };
 
 }  // namespace specula
