@@ -38,6 +38,8 @@ bool ends_on_character(const std::string & s) {
 // Catches: an observer called more or less than once per round, or reports whose counts disagree
 // with the run's statistics (every round emits its accepted drafts plus one target token; a chain
 // is never drafted past n_predict, a tree's last round may be: its extra tokens are not generated).
+// A networked drafter's round reports one time per drafter level (a forward per tree level), which
+// add up to no more than the round's drafting time and, over the rounds, to the run's.
 TEST(Api, ObserverGetsOneConsistentReportPerRound) {
     for (const DrafterSpec & drafter : {DrafterSpec{DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf"), 1, 3},
                                         DrafterSpec{DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf"), 1, 3}}) {
@@ -51,12 +53,24 @@ TEST(Api, ObserverGetsOneConsistentReportPerRound) {
         const GenerationStats s = engine->generate("def main():\n    parser = argparse.", g, [](const std::string &) { return true; });
         ASSERT_EQ(static_cast<int>(reports.size()), s.speculation.rounds);
         int emitted = 0, drafted = 0;
-        double forward_ms = 0, draft_ms = 0, commit_ms = 0;
+        double forward_ms = 0, draft_ms = 0, commit_ms = 0, level_ms = 0;
+        int levels = 0;
         for (size_t i = 0; i < reports.size(); ++i) {
             const RoundReport & r = reports[i];
             forward_ms += r.forward_ms;
             draft_ms += r.draft_ms;
             commit_ms += r.commit_ms;
+            int depth = 0;
+            for (const DraftNode & n : r.tree) depth = std::max(depth, n.depth);
+            if (!r.tree.empty()) EXPECT_GE(static_cast<int>(r.draft_level_ms.size()), depth) << "round " << i;
+            double round_levels = 0;
+            for (double ms : r.draft_level_ms) {
+                EXPECT_GT(ms, 0.0);
+                round_levels += ms;
+            }
+            EXPECT_LE(round_levels, r.draft_ms + 1e-9) << "round " << i;
+            level_ms += round_levels;
+            levels += static_cast<int>(r.draft_level_ms.size());
             EXPECT_EQ(r.round, static_cast<int>(i));
             EXPECT_EQ(r.decision.verified_nodes, static_cast<int>(r.tree.size()));
             EXPECT_LE(r.accepted.size(), r.tree.size());
@@ -80,6 +94,9 @@ TEST(Api, ObserverGetsOneConsistentReportPerRound) {
         EXPECT_DOUBLE_EQ(s.speculation.forward_ms, forward_ms);
         EXPECT_DOUBLE_EQ(s.speculation.draft_ms, draft_ms);
         EXPECT_DOUBLE_EQ(s.speculation.commit_ms, commit_ms);
+        EXPECT_EQ(s.speculation.draft_forwards, levels);
+        EXPECT_NEAR(s.speculation.draft_level_ms, level_ms, 1e-9);
+        EXPECT_GT(levels, 0);
         EXPECT_GT(forward_ms, 0.0);
         EXPECT_LE(forward_ms + draft_ms + commit_ms, s.generation_seconds * 1000.0 + 1e-6);
     }

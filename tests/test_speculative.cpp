@@ -757,6 +757,11 @@ TEST(Speculative, TimeSplitAttributesEachRoundsTimeAndTheRest) {
     g.generation_seconds = 0.010;  // 10 ms: 0.5 ms spent outside the rounds
     EXPECT_EQ(format_time_split(g),
               "time per round 5.00 ms: target forward 4.00 ms (80%), drafting 0.50 ms (10%), commit 0.25 ms (5%), other 0.25 ms (5%)");
+    g.speculation.draft_forwards = 3;  // drafter levels, 0.8 of the 1 ms of drafting
+    g.speculation.draft_level_ms = 0.8;
+    EXPECT_EQ(format_time_split(g),
+              "time per round 5.00 ms: target forward 4.00 ms (80%), drafting 0.50 ms (10%; 1.50 drafter levels of 0.267 ms), "
+              "commit 0.25 ms (5%), other 0.25 ms (5%)");
     EXPECT_EQ(format_time_split(GenerationStats{}), "");
 }
 

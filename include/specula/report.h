@@ -66,6 +66,9 @@ struct RoundReport {
     // SpecEE's lossless drafts: per tree node, the layer whose state decided its token (-1: it
     // ran the full LM head); empty for other drafters.
     std::vector<int> exit_layer;
+    // Each drafter level of the round (ms): its forward and the proposing after it; a sequence
+    // batched with others in a server step gets its share. Empty for drafters without a network.
+    std::vector<double> draft_level_ms;
 };
 using RoundObserver = std::function<void(const RoundReport & round)>;
 
@@ -92,6 +95,8 @@ struct SpeculationStats {
     // drafter (policy, drafter forwards, pruning, building the block), and the commit
     // (verification, KV compaction, handing the accepted path to the drafter, emitting).
     double forward_ms = 0.0, draft_ms = 0.0, commit_ms = 0.0;
+    int draft_forwards = 0;       // drafter levels over all rounds (forwards of the drafter's network)
+    double draft_level_ms = 0.0;  // their time: draft_ms minus planning, pruning and building the block
 
     double acceptance_rate() const { return drafted ? double(accepted) / drafted : 0.0; }
     double mean_accepted_length() const { return rounds ? double(emitted) / rounds : 0.0; }

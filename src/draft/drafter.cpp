@@ -1,5 +1,6 @@
 #include "draft/drafter.h"
 
+#include <chrono>
 #include <tuple>
 
 #include "specula/error.h"
@@ -19,7 +20,7 @@ void PendingForward::done() {
     waiting_ = false;
 }
 
-int run_drafts(std::span<Drafter * const> drafters) {
+DraftLevels run_drafts(std::span<Drafter * const> drafters) {
     // Forwards can be merged when they go through one runner into one KV pool with the same kind
     // of input (an EAGLE head's catch-up rows carry target features, its tree rows its own state).
     using Key = std::tuple<ModelRunner *, uint64_t, size_t>;
@@ -29,13 +30,14 @@ int run_drafts(std::span<Drafter * const> drafters) {
     };
     std::vector<Drafter *> waiting, group_drafters;
     std::vector<BatchPart> group;
-    int forwards = 0;
+    DraftLevels levels;
     for (;;) {
         waiting.clear();
         for (Drafter * d : drafters) {
             if (d->pending()) waiting.push_back(d);
         }
-        if (waiting.empty()) return forwards;
+        if (waiting.empty()) return levels;
+        const auto t0 = std::chrono::steady_clock::now();
         // One group per distinct key, in the order drafters first name it.
         while (!waiting.empty()) {
             const Key key = key_of(*waiting.front()->pending());
@@ -49,8 +51,9 @@ int run_drafts(std::span<Drafter * const> drafters) {
             });
             std::get<0>(key)->forward_parts(group);
             for (Drafter * d : group_drafters) d->resume();
-            ++forwards;
+            ++levels.forwards;
         }
+        levels.level_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
 }
 

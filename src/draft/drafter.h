@@ -80,8 +80,15 @@ public:
     virtual void reset() = 0;
 };
 
+// What run_drafts did: how many forwards it ran, and each level's wall time (its forwards and
+// the drafters' resume() after them: proposing children, building the next level's batch).
+struct DraftLevels {
+    int forwards = 0;
+    std::vector<double> level_ms;
+};
+
 // Drafts of several drafters (each start()ed), their forwards run together level by level: one
-// forward_parts per runner and input kind per level. Returns how many forwards it ran.
-int run_drafts(std::span<Drafter * const> drafters);
+// forward_parts per runner and input kind per level.
+DraftLevels run_drafts(std::span<Drafter * const> drafters);
 
 }  // namespace specula

@@ -123,7 +123,7 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
 
 Drafter * Sequence::drafting() const { return drafting_ ? p_.drafter : nullptr; }
 
-const ForwardBatch & Sequence::block(double draft_ms) {
+const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> level_ms) {
     if (in_prefill_block_) return block_;
     const auto t0 = clock_type::now();
     if (drafting_) {
@@ -131,6 +131,7 @@ const ForwardBatch & Sequence::block(double draft_ms) {
         draft_ = p_.drafter->take();
     }
     draft_ms += plan_ms_;
+    draft_level_ms_.assign(level_ms.begin(), level_ms.end());
     promised_ = 0.0;
     // The decision is for observers only: not built (strings and all) when nobody observes.
     const bool observed = static_cast<bool>(p_.on_round);
@@ -225,10 +226,12 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
     const double commit_ms = ms_since(tv);
     run_.speculation.forward_ms += forward_ms;
     run_.speculation.draft_ms += draft_ms_;
+    run_.speculation.draft_forwards += static_cast<int>(draft_level_ms_.size());
+    for (double ms : draft_level_ms_) run_.speculation.draft_level_ms += ms;
     run_.speculation.commit_ms += commit_ms;
     if (p_.on_round) {
         p_.on_round(RoundInfo{run_.speculation.rounds - 1, base_, asked_, draft_ms_, verify_ms, forward_ms, commit_ms, &draft_, &result,
-                              history_, decision_});
+                              history_, decision_, draft_level_ms_});
     }
     run_.n_generated = emitted_;
     run_.generation_seconds = ms_since(t_gen_) / 1000.0;
@@ -236,7 +239,7 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
 
 RoundReport round_report(const RoundInfo & r) {
     const TokenTree & tree = r.draft->tree;
-    RoundReport report{r.round, r.base, r.draft_ms, r.verify_ms, r.forward_ms, r.commit_ms, r.decision, {}, r.result->accepted, r.result->next_token, r.result->bonus, r.result->events, {}};
+    RoundReport report{r.round, r.base, r.draft_ms, r.verify_ms, r.forward_ms, r.commit_ms, r.decision, {}, r.result->accepted, r.result->next_token, r.result->bonus, r.result->events, {}, {r.draft_level_ms.begin(), r.draft_level_ms.end()}};
     for (int i = 0; i < tree.size(); ++i) {
         report.tree.push_back(DraftNode{tree.token[i], tree.parent[i], tree.depth[i], node_draft_prob(tree, i), std::exp(tree.logp[i])});
     }
@@ -266,14 +269,17 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     // The drafters' forwards level by level, batched across sequences; each sequence whose drafter
     // ran forwards is charged an equal share of the time.
     const auto td = clock_type::now();
-    step.draft_forwards = run_drafts(drafters);
+    const DraftLevels levels = run_drafts(drafters);
+    step.draft_forwards = levels.forwards;
     step.drafting = static_cast<int>(drafters.size());
     const double draft_share = drafters.empty() ? 0.0 : ms_since(td) / static_cast<double>(drafters.size());
+    std::vector<double> level_share = levels.level_ms;
+    for (double & ms : level_share) ms /= static_cast<double>(std::max<size_t>(1, drafters.size()));
     std::vector<BatchPart> parts;
     bool verify_only = true;
     for (size_t i = 0; i < sequences.size(); ++i) {
         Sequence * s = sequences[i];
-        parts.push_back(BatchPart{&s->block(runs_forwards[i] ? draft_share : 0.0), &s->cache(), &s->output()});
+        parts.push_back(BatchPart{runs_forwards[i] ? &s->block(draft_share, level_share) : &s->block(0.0), &s->cache(), &s->output()});
         step.rows += parts.back().batch->n_tokens();
         if (!s->prefilling()) step.verify_rows += parts.back().batch->n_tokens();
         verify_only = verify_only && !s->prefilling();

@@ -37,8 +37,9 @@ struct RoundInfo {
     double forward_ms = 0, commit_ms = 0;
     const Draft * draft = nullptr;
     const VerifyResult * result = nullptr;
-    std::span<const int32_t> history;  // the sequence after this round's tokens
-    RoundDecision decision;            // what the policy chose and why (built only when observed)
+    std::span<const int32_t> history;        // the sequence after this round's tokens
+    RoundDecision decision;                  // what the policy chose and why (built only when observed)
+    std::span<const double> draft_level_ms;  // each drafter level's time (its forward and proposing)
 };
 
 // The public report of a round (specula/report.h), for observers.
@@ -70,11 +71,12 @@ public:
     // rest of the step is expected to carry (policies weigh the whole step). drafting(): the drafter
     // it started (nullptr: none), whose pending forwards the caller runs (run_drafts). block() takes
     // the draft and gives the block; draft_ms: this sequence's share of the time its drafter's
-    // forwards took. Then run the block through the target (writing into parts.cache) and commit().
+    // forwards took, level_ms: that share level by level (the round's trace shows it). Then run
+    // the block through the target (writing into parts.cache) and commit().
     // may_draft false: the step drafts nothing (the server's SpeculationGate), the policies are not asked.
     void plan(const StepShare & step = {}, bool may_draft = true);
     Drafter * drafting() const;
-    const ForwardBatch & block(double draft_ms);
+    const ForwardBatch & block(double draft_ms, std::span<const double> level_ms = {});
     // After the target's forward of block() into output(): forward_ms is how long it took,
     // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
     // stops the sequence.
@@ -119,8 +121,9 @@ private:
     Draft draft_;
     int asked_ = 0, base_ = 0;
     double draft_ms_ = 0.0, promised_ = 0.0;
-    bool skipped_draft_ = false;  // the tree policy chose not to draft this round
-    bool gated_ = false;          // the step allowed no drafts
+    std::vector<double> draft_level_ms_;  // this round's drafter levels (ms, this sequence's share)
+    bool skipped_draft_ = false;          // the tree policy chose not to draft this round
+    bool gated_ = false;                  // the step allowed no drafts
     RoundDecision decision_;
     bool in_prefill_block_ = false;
     int last_rows_ = 0, last_tokens_ = 0;

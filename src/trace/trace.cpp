@@ -57,6 +57,7 @@ void TraceWriter::round(const RoundReport & report) {
                 {"verified_nodes", decision.verified_nodes},
                 {"why", decision.why},
                 {"draft_ms", draft_ms},
+                {"draft_level_ms", report.draft_level_ms},
                 {"verify_ms", verify_ms},
                 {"forward_ms", report.forward_ms},
                 {"commit_ms", report.commit_ms},
@@ -125,12 +126,18 @@ std::string format_time_split(const GenerationStats & g) {
     const double total = g.generation_seconds * 1000.0;
     if (s.rounds == 0 || total <= 0.0) return {};
     const double other = std::max(0.0, total - s.forward_ms - s.draft_ms - s.commit_ms);
-    char buf[256];
+    char levels[96] = "";
+    if (s.draft_forwards > 0) {
+        std::snprintf(levels, sizeof(levels), "; %.2f drafter levels of %.3f ms", double(s.draft_forwards) / s.rounds,
+                      s.draft_level_ms / s.draft_forwards);
+    }
+    char buf[320];
     std::snprintf(buf, sizeof(buf),
-                  "time per round %.2f ms: target forward %.2f ms (%.0f%%), drafting %.2f ms (%.0f%%), commit %.2f ms (%.0f%%), "
+                  "time per round %.2f ms: target forward %.2f ms (%.0f%%), drafting %.2f ms (%.0f%%%s), commit %.2f ms (%.0f%%), "
                   "other %.2f ms (%.0f%%)",
                   total / s.rounds, s.forward_ms / s.rounds, 100.0 * s.forward_ms / total, s.draft_ms / s.rounds,
-                  100.0 * s.draft_ms / total, s.commit_ms / s.rounds, 100.0 * s.commit_ms / total, other / s.rounds, 100.0 * other / total);
+                  100.0 * s.draft_ms / total, levels, s.commit_ms / s.rounds, 100.0 * s.commit_ms / total, other / s.rounds,
+                  100.0 * other / total);
     return buf;
 }
 
