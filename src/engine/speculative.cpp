@@ -17,6 +17,19 @@ double ms_since(clock_type::time_point t0) { return std::chrono::duration<double
 
 }  // namespace
 
+void retime_stalled_sizes(std::span<const int> timed, std::vector<double> & ms, const std::function<double(int)> & time_size) {
+    for (int attempt = 0; attempt < 3 && !timed.empty(); ++attempt) {
+        bool retimed = false;
+        double cheapest_above = ms[timed.back() - 1];
+        for (size_t k = timed.size() - 1; k-- > 0;) {
+            const int b = timed[k];
+            if (ms[b - 1] > 2.0 * cheapest_above) ms[b - 1] = time_size(b), retimed = true;
+            cheapest_above = std::min(cheapest_above, ms[b - 1]);
+        }
+        if (!retimed) return;
+    }
+}
+
 std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps) {
     if (static_cast<int>(tokens.size()) < max_tokens) throw Error("measure_verify_cost: not enough tokens");
     const int base = cache.size();
@@ -47,8 +60,7 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
     // Size by size, with an untimed first run: more sizes than the runner keeps graphs for would
     // otherwise time a graph build with every forward. The median, not the best: the curve
     // predicts what forwards cost inside a generation loop, where they are not the best case.
-    for (size_t k = 0; k < timed.size(); ++k) {
-        const int b = timed[k];
+    auto time_size = [&](int b) {
         std::vector<int32_t> rows(b);
         for (int i = 0; i < b; ++i) rows[i] = i;
         const ForwardBatch batch = ForwardBatch::causal(tokens.first(b), base, rows);
@@ -59,11 +71,13 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
             if (r > 0) samples.push_back(ms_since(t0));
             cache.rollback(base);
         }
-        ms[b - 1] = median(std::move(samples));
-        if (k > 0) {
-            const int a = timed[k - 1];
-            for (int m = a + 1; m < b; ++m) ms[m - 1] = ms[a - 1] + (ms[b - 1] - ms[a - 1]) * (m - a) / (b - a);
-        }
+        return median(std::move(samples));
+    };
+    for (int b : timed) ms[b - 1] = time_size(b);
+    retime_stalled_sizes(timed, ms, time_size);
+    for (size_t k = 1; k < timed.size(); ++k) {
+        const int a = timed[k - 1], b = timed[k];
+        for (int m = a + 1; m < b; ++m) ms[m - 1] = ms[a - 1] + (ms[b - 1] - ms[a - 1]) * (m - a) / (b - a);
     }
     return ms;
 }

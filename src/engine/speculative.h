@@ -32,4 +32,10 @@ GenerationStats generate_speculative(ModelRunner & target, const SequenceParts &
 // cache's current depth; the cache is left as it was. Feeds the cost policy.
 std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 3);
 
+// The timed sizes of such a curve (ascending; ms[b - 1] each one's time) that were stalled, timed
+// again with time_size: a size above twice the cost of a larger one (the process descheduled, a
+// page-fault storm), as fewer tokens never cost that much more. Up to three passes; one stall
+// left in the curve would bend every policy decision of the run.
+void retime_stalled_sizes(std::span<const int> timed, std::vector<double> & ms, const std::function<double(int)> & time_size);
+
 }  // namespace specula
