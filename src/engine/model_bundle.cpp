@@ -69,7 +69,7 @@ std::unique_ptr<Drafter> ModelBundle::make_drafter(int n_ctx) const {
 
 std::unique_ptr<EarlyExitDrafter> ModelBundle::make_exit_drafter(int n_ctx, float threshold) const {
     if (!exit_predictor) throw Error("SpecEE needs exit predictors (--specee FILE)");
-    return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, threshold, drafter.make(n_ctx), n_ctx);
+    return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, threshold, drafter.make(n_ctx), n_ctx, options.specee_online);
 }
 
 std::vector<std::unique_ptr<Drafter>> ModelBundle::make_drafters(int n_ctx, int n) const { return drafter.make_group(n_ctx, n); }

@@ -16,6 +16,11 @@ the best candidate there is the full model's token.
   4. The default threshold: the smallest on a grid whose simulated exits (first scheduled layer
      above it) agree with the full model on at least --target-agreement of the exited tokens of
      the prompts held out from training (whole prompts).
+  5. With --online-from F, predictors also at every other layer from F on, for the online
+     scheduling level (runtime/exit_predictor.h: online_probe_layers); the schedule above is the
+     file's offline_layers. There the previous probed layer depends on the recent tokens' exits,
+     so each of these MLPs is trained with the change term taken from 1-4 layers below and as
+     zeros (first probe).
   train_specee.py --features F.jsonl --model TARGET.gguf --out models/X-specee.gguf
 Needs numpy and gguf (PyPI, or llama.cpp's gguf-py on PYTHONPATH)."""
 import argparse, json, sys
@@ -29,6 +34,8 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--layers", type=int, default=6, help="scheduled layers besides the last")
 ap.add_argument("--min-layer", type=int, default=1,
                 help="schedule no layer below this; above the drafter's deepest feature layer, an exit leaves the drafter exact features")
+ap.add_argument("--online-from", type=int, default=0,
+                help="also train predictors at every layer from this one on, for the online level (0: the offline schedule only)")
 ap.add_argument("--hidden", type=int, default=16)
 ap.add_argument("--epochs", type=int, default=400)
 ap.add_argument("--lr", type=float, default=0.01)
@@ -172,6 +179,33 @@ for i, l in enumerate(schedule):
     rec = pv[yv == 1].mean() if (yv == 1).any() else float("nan")
     print(f"  layer {l:2d}: best candidate right {100 * yv.mean():5.1f}%, predictor precision {100 * prec:5.1f}% recall {100 * rec:5.1f}%")
 
+# The online level's layers: the change term from each plausible previous probe, as extra rows.
+online = [l for l in range(max(a.online_from, 1), L + 1) if a.online_from > 0 and l not in schedule]
+trained = dict(zip(schedule, mlps))
+for l in online:
+    x = logits[:, l - 1, :]
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    views = []
+    for below in [0, 1, 2, 3, 4]:
+        change = np.zeros_like(p)
+        if below:
+            if l - below < 1:
+                continue
+            xb = logits[:, l - below - 1, :]
+            pb = np.exp(xb - xb.max(axis=1, keepdims=True))
+            change = p - pb / pb.sum(axis=1, keepdims=True)
+        views.append(np.concatenate([x, p, change], axis=1)[train])
+    X = np.concatenate(views)
+    Y = np.tile(label[train, l - 1], len(views))
+    trained[l] = train_mlp(X, Y)
+    prob = predict(trained[l], np.concatenate([x, p, np.zeros_like(p)], axis=1)[valid])
+    fire = prob > threshold
+    prec = label[valid, l - 1][fire].mean() if fire.any() else float("nan")
+    print(f"  online layer {l:2d}: best candidate right {100 * label[valid, l - 1].mean():5.1f}%, "
+          f"first-probe exits at the threshold {100 * fire.mean():5.1f}% precision {100 * prec:5.1f}%")
+layers = sorted(trained)
+
 w = gguf.GGUFWriter(a.out, "specula-specee")
 w.add_uint32("specula-specee.target_block_count", n_layer)
 w.add_uint32("specula-specee.target_embedding_length", n_embd)
@@ -179,8 +213,11 @@ w.add_uint32("specula-specee.candidates", K)
 w.add_uint32("specula-specee.features", F)
 w.add_uint32("specula-specee.hidden", a.hidden)
 w.add_float32("specula-specee.threshold", threshold)
-w.add_array("specula-specee.layers", [int(l) for l in schedule])
-for l, (w1, b1, w2, b2) in zip(schedule, mlps):
+w.add_array("specula-specee.layers", [int(l) for l in layers])
+if online:
+    w.add_array("specula-specee.offline_layers", [int(l) for l in schedule])
+for l in layers:
+    w1, b1, w2, b2 = trained[l]
     w.add_tensor(f"exit.{l}.fc1.weight", w1)
     w.add_tensor(f"exit.{l}.fc1.bias", b1)
     w.add_tensor(f"exit.{l}.fc2.weight", w2)
@@ -192,6 +229,6 @@ w.close()
 print("wrote", a.out)
 if a.json:
     json.dump({"tokens": int(N), "in_candidates": in_candidates, "settled_by_layer": counts.tolist(), "schedule": schedule,
-               "threshold": threshold, "valid_tokens": int(valid.sum()), "valid_exit_rate": float(rate),
+               "online_layers": online, "threshold": threshold, "valid_tokens": int(valid.sum()), "valid_exit_rate": float(rate),
                "valid_agreement": float(agreement), "valid_mean_exit_layer": float(mean_layer), "valid_exits_by_layer": profile},
               open(a.json, "w"), indent=1)
