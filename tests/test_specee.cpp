@@ -286,5 +286,35 @@ TEST(SpecEE, ExitFeaturesAreLogitsProbabilitiesAndTheirChange) {
     EXPECT_FLOAT_EQ(feat[9], 0.25f - (1.0f - p0) / 3.0f);
 }
 
+// Catches an offline layer whose predictor sees another change term with the online level on than
+// without it: its change is taken from the previous offline layer (zeros at the first) whatever
+// online layers were probed before or between; an online layer's from the probe just before it.
+TEST(SpecEE, OfflineLayersKeepTheirChangeTermBesideOnlineProbes) {
+    auto probs = [](const std::vector<float> & logits) {
+        std::vector<float> prev(kExitCandidates), feat(kExitFeatures);
+        exit_features(logits, prev, true, feat);
+        return std::vector<float>(feat.begin() + kExitCandidates, feat.begin() + 2 * kExitCandidates);
+    };
+    const std::vector<float> a = {2.0f, 0.0f, 0.0f, 0.0f}, b = {0.0f, 1.0f, 0.0f, 0.0f}, c = {0.0f, 0.0f, 3.0f, 0.0f}, d = {1.0f, 1.0f, 1.0f, 0.0f};
+    const std::vector<float> pa = probs(a), pb = probs(b), pc = probs(c), pd = probs(d);
+    ExitFeatureChain chain;
+    std::vector<float> feat(kExitFeatures);
+    auto change = [&] { return std::vector<float>(feat.begin() + 2 * kExitCandidates, feat.end()); };
+    auto diff = [](const std::vector<float> & x, const std::vector<float> & y) {
+        std::vector<float> r(x.size());
+        for (size_t i = 0; i < x.size(); ++i) r[i] = x[i] - y[i];
+        return r;
+    };
+    chain.next(a, false, feat);  // online, first probe
+    EXPECT_EQ(change(), std::vector<float>(kExitCandidates, 0.0f));
+    chain.next(b, true, feat);  // the first offline layer: zeros, not b - a
+    EXPECT_EQ(change(), std::vector<float>(kExitCandidates, 0.0f));
+    chain.next(c, false, feat);  // online: from the offline probe just before
+    EXPECT_EQ(change(), diff(pc, pb));
+    chain.next(d, true, feat);  // offline: from the previous offline layer, not from c
+    EXPECT_EQ(change(), diff(pd, pb));
+    EXPECT_EQ(std::vector<float>(feat.begin(), feat.begin() + kExitCandidates), d);
+}
+
 }  // namespace
 }  // namespace specula

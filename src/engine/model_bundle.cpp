@@ -40,6 +40,7 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
 
     t->speculative = spec.kind != DrafterKind::None;
     if (options.specee_lossless && options.specee_path.empty()) throw Error("--specee-lossless needs --specee FILE");
+    if (options.specee_online && options.specee_path.empty()) throw Error("--specee-online needs --specee FILE");
     if (t->speculative) {
         // SpecEE's lossless drafts are chains (the tokens up to the first that did not exit).
         EngineOptions drafting = options;

@@ -24,10 +24,16 @@ ExitStep EarlyExitDecoder::step(KvCache & cache, int32_t token, int position, st
         schedule = online_ ? online_probe_layers(predictor_->layers(), predictor_->offline_layers(), recent_stops_) : predictor_->offline_layers();
     }
     std::vector<size_t> mlp(schedule.size());
-    for (size_t i = 0; i < schedule.size(); ++i) mlp[i] = predictor_->index_of(schedule[i]);
-    std::vector<float> previous(kExitCandidates), features(kExitFeatures);
+    std::vector<bool> offline(schedule.size());
+    for (size_t i = 0; i < schedule.size(); ++i) {
+        mlp[i] = predictor_->index_of(schedule[i]);
+        const std::vector<int> & o = predictor_->offline_layers();
+        offline[i] = std::binary_search(o.begin(), o.end(), schedule[i]);
+    }
+    ExitFeatureChain chain;
+    std::vector<float> features(kExitFeatures);
     auto exits = [&](size_t i, std::span<const float> logits) {
-        exit_features(logits, previous, i == 0, features);
+        chain.next(logits, offline[i], features);
         return predictor_->exit_probability(mlp[i], features) > threshold;
     };
     ExitStep r = run(cache, token, position, candidates, schedule, exits, feature_layers);

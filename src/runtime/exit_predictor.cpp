@@ -27,6 +27,17 @@ void exit_features(std::span<const float> logits, std::span<float> previous_prob
     }
 }
 
+void ExitFeatureChain::next(std::span<const float> logits, bool offline, std::span<float> features) {
+    if (offline) {
+        exit_features(logits, previous_offline_, !any_offline_, features);
+        any_offline_ = true;
+        previous_ = previous_offline_;
+    } else {
+        exit_features(logits, previous_, !any_, features);
+    }
+    any_ = true;
+}
+
 std::vector<int> online_probe_layers(std::span<const int> layers, std::span<const int> offline, std::span<const int> recent_stops) {
     const bool warm = recent_stops.size() >= static_cast<size_t>(kOnlineWindow);
     const std::span<const int> window = warm ? recent_stops.last(kOnlineWindow) : std::span<const int>();

@@ -20,6 +20,19 @@ inline constexpr int kExitCandidates = 4;
 inline constexpr int kExitFeatures = 3 * kExitCandidates;
 void exit_features(std::span<const float> logits, std::span<float> previous_probs, bool first_layer, std::span<float> features);
 
+// The features of each layer one step probes, in order. An offline layer's change term is taken
+// from the previous offline layer (zeros at the first), as without the online level: its
+// predictor was trained on the offline schedule, which the online level always probes. An
+// online layer's is taken from the layer probed just before it (zeros at the first probe).
+class ExitFeatureChain {
+public:
+    void next(std::span<const float> logits, bool offline, std::span<float> features);
+
+private:
+    std::vector<float> previous_ = std::vector<float>(kExitCandidates), previous_offline_ = std::vector<float>(kExitCandidates);
+    bool any_ = false, any_offline_ = false;
+};
+
 // The paper's online scheduling level, as its authors' code: a token probes the offline layers
 // and, once kOnlineWindow tokens have stopped, the layers at kOnlineOffsets from where each of
 // the last kOnlineWindow stopped (n_layer for a token that ran the full LM head), wherever a

@@ -18,10 +18,10 @@ the best candidate there is the full model's token.
      the prompts held out from training (whole prompts).
   5. With --online-from F, predictors also at every other layer from F on, for the online
      scheduling level (runtime/exit_predictor.h: online_probe_layers); the schedule above is the
-     file's offline_layers. There the previous probed layer depends on the recent tokens' exits,
-     so every MLP of such a file (the offline layers' too) is trained with the change term taken
-     from 1-4 layers below and as zeros (first probe), and the threshold is chosen again for the
-     offline schedule with them.
+     file's offline_layers, its MLPs and threshold unchanged (at run time an offline layer's
+     change term is still taken from the previous offline layer). Before an online layer the
+     previous probe depends on the recent tokens' exits, so its MLP is trained with the change
+     term taken from 1-4 layers below and as zeros (first probe).
   train_specee.py --features F.jsonl --model TARGET.gguf --out models/X-specee.gguf
 Needs numpy and gguf (PyPI, or llama.cpp's gguf-py on PYTHONPATH)."""
 import argparse, json, sys
@@ -180,7 +180,7 @@ for i, l in enumerate(schedule):
     rec = pv[yv == 1].mean() if (yv == 1).any() else float("nan")
     print(f"  layer {l:2d}: best candidate right {100 * yv.mean():5.1f}%, predictor precision {100 * prec:5.1f}% recall {100 * rec:5.1f}%")
 
-# The online level: every layer's MLP sees the change term from each plausible previous probe.
+# The online level's layers: the change term from each plausible previous probe.
 online = [l for l in range(max(a.online_from, 1), L + 1) if a.online_from > 0 and l not in schedule]
 trained = dict(zip(schedule, mlps))
 
@@ -195,22 +195,13 @@ def train_any_previous(l):
              for below in range(5) if l - below >= 1]
     return train_mlp(np.concatenate(views), np.tile(label[train, l - 1], len(views)))
 
-if online:
-    for l in schedule + online:
-        trained[l] = train_any_previous(l)
-    X = features(schedule)
-    P = np.stack([predict(trained[l], X[:, i]) for i, l in enumerate(schedule)], axis=1)
-    threshold = next((thr for thr in grid if simulate(P, Y, schedule, thr, valid)[1] >= a.target_agreement), grid[-1])
-    rate, agreement, mean_layer, exit_at = simulate(P, Y, schedule, threshold, valid)
-    profile = {int(schedule[i]): int((exit_at == i).sum()) for i in range(len(schedule))}
-    print(f"retrained for the online level: threshold {threshold}: held-out exit rate {100 * rate:.1f}%, "
-          f"agreement {100 * agreement:.1f}%, mean exit layer {mean_layer:.1f}; exits by layer {profile}")
-    for l in online:
-        x, p = softmax_at(l)
-        fire = predict(trained[l], np.concatenate([x, p, np.zeros_like(p)], axis=1)[valid]) > threshold
-        prec = label[valid, l - 1][fire].mean() if fire.any() else float("nan")
-        print(f"  online layer {l:2d}: best candidate right {100 * label[valid, l - 1].mean():5.1f}%, "
-              f"first-probe exits at the threshold {100 * fire.mean():5.1f}% precision {100 * prec:5.1f}%")
+for l in online:
+    trained[l] = train_any_previous(l)
+    x, p = softmax_at(l)
+    fire = predict(trained[l], np.concatenate([x, p, np.zeros_like(p)], axis=1)[valid]) > threshold
+    prec = label[valid, l - 1][fire].mean() if fire.any() else float("nan")
+    print(f"  online layer {l:2d}: best candidate right {100 * label[valid, l - 1].mean():5.1f}%, "
+          f"first-probe exits at the threshold {100 * fire.mean():5.1f}% precision {100 * prec:5.1f}%")
 layers = sorted(trained)
 
 w = gguf.GGUFWriter(a.out, "specula-specee")
