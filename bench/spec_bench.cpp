@@ -252,8 +252,8 @@ struct SpeculaRig {
         if (!o.specee.empty()) {
             exit_predictor = ExitPredictor::load(o.specee, *target);
             exit_threshold = o.specee_threshold < 0.0f ? exit_predictor->default_threshold() : o.specee_threshold;
-            exit_decoder = std::make_unique<EarlyExitDecoder>(*target, runner, exit_predictor.get());
-            exit_drafter = std::make_unique<EarlyExitDrafter>(*target, *exit_predictor, exit_threshold, eagle3.make(n_ctx), n_ctx);
+            exit_decoder = std::make_unique<EarlyExitDecoder>(*target, runner, exit_predictor.get(), o.specee_online);
+            exit_drafter = std::make_unique<EarlyExitDrafter>(*target, *exit_predictor, exit_threshold, eagle3.make(n_ctx), n_ctx, o.specee_online);
         }
     }
 

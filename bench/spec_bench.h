@@ -14,6 +14,7 @@ struct SpecBenchOptions {
     std::string eagle3;                     // optional EAGLE-3 head: adds its modes and llama.cpp's EAGLE-3
     std::string specee;                     // optional SpecEE predictors (needs eagle3): adds specee-lossy (T = 0) and specee-lossless
     float specee_threshold = -1.0f;         // < 0: the predictors' own
+    bool specee_online = false;             // SpecEE's online scheduling level
     bool llamacpp = true;                   // false: specula's modes only (no peer tools needed)
     int tree_nodes = 0;                     // nodes per tree verify; 0 = from the measured verify cost
     std::string prompts;                    // prompt set (JSON); empty = bench/prompts.json of the source tree

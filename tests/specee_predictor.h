@@ -2,6 +2,7 @@
 // SpecEE predictor sidecars for tests: a valid file by default, any key or tensor spoiled on request.
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ struct PredictorSpec {
     std::map<std::string, int> ints;
     std::string arch = "specula-specee";
     std::vector<int32_t> layers;
+    std::optional<std::vector<int32_t>> offline_layers;  // specula-specee.offline_layers, when set
     int hidden = 3;
     float output_bias = 0.0f;  // > 0: always exits, < 0: never
     std::map<std::string, std::vector<int64_t>> shape_override;
@@ -37,6 +39,9 @@ inline std::string write_predictor(const PredictorSpec & s, const Model & target
     for (const auto & [k, v] : s.ints) ints[k] = v;
     for (const auto & [k, v] : ints) gguf_set_val_u32(g, k.c_str(), static_cast<uint32_t>(v));
     gguf_set_arr_data(g, "specula-specee.layers", GGUF_TYPE_INT32, s.layers.data(), s.layers.size());
+    if (s.offline_layers) {
+        gguf_set_arr_data(g, "specula-specee.offline_layers", GGUF_TYPE_INT32, s.offline_layers->data(), s.offline_layers->size());
+    }
     ggml_init_params params{ggml_tensor_overhead() * 64 + (1 << 16), nullptr, false};
     ggml_context * ctx = ggml_init(params);
     bool first = true;

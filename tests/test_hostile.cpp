@@ -302,6 +302,7 @@ TEST(HostileCli, SpecEEFlagsNameTheProblem) {
     expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + good + " --temp 0.5", "SpecEE's lossy mode decodes greedily");
     expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + good + " --specee-threshold 2", "--specee-threshold must be within 0..1");
     expect_cli_error(m + "--eagle3 " + eagle3() + " --specee-lossless", "--specee-lossless needs --specee FILE");
+    expect_cli_error(m + "--eagle3 " + eagle3() + " --specee-online", "--specee-online needs --specee FILE");
 }
 
 TEST(HostileCli, MissingAndNonGgufFiles) {

@@ -449,6 +449,8 @@ TEST(SmolLM2Drafters, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
         {"draft-lm", [&] { return std::make_unique<DraftModelDrafter>(*draft, 512); }, 0.5, 0.65},
         // SpecEE's lossless mode: the shipped predictor's exited tokens as drafts (measured 1.91 / 1.97).
         {"specee", [&] { return std::make_unique<EarlyExitDrafter>(*t.model, *specee, specee->default_threshold(), std::make_unique<EagleDrafter>(*eagle3, 512), 512); }, 0.75, 0.75},
+        // The same with the online scheduling level (the file's online layers 15-26).
+        {"specee-online", [&] { return std::make_unique<EarlyExitDrafter>(*t.model, *specee, specee->default_threshold(), std::make_unique<EagleDrafter>(*eagle3, 512), 512, true); }, 0.75, 0.75},
     };
     expect_greedy_speculation_equals_plain("smollm2-drafters", t, chat_prompts(path), cases);
 }
@@ -485,6 +487,8 @@ TEST(Gemma3Drafter, GreedySpeculativeEqualsPlainAndAcceptsDrafts) {
         {"eagle3", [&] { return std::make_unique<EagleDrafter>(*eagle3, 512); }, 0.45, 0.6},
         // SpecEE's lossless mode with the shipped predictor (measured 1.29 / 1.40).
         {"specee", [&] { return std::make_unique<EarlyExitDrafter>(*t.model, *specee, specee->default_threshold(), std::make_unique<EagleDrafter>(*eagle3, 512), 512); }, 0.5, 0.5},
+        // The same with the online scheduling level (the file's online layers 9-15).
+        {"specee-online", [&] { return std::make_unique<EarlyExitDrafter>(*t.model, *specee, specee->default_threshold(), std::make_unique<EagleDrafter>(*eagle3, 512), 512, true); }, 0.5, 0.5},
     };
     expect_greedy_speculation_equals_plain("gemma3-drafter", t, framed_prompts(path), cases);
 }

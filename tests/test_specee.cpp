@@ -97,6 +97,58 @@ TEST(SpecEE, NeverExitThresholdEqualsPlainBitwise) {
     }
 }
 
+// The same with the online level: predictors at every layer, the offline schedule the last one
+// alone. After kOnlineWindow full-depth tokens the step also probes 2 layers below the last
+// (the recent tokens' stopping layer), and still leaves plain decoding's tokens and cache.
+TEST(SpecEE, NeverExitThresholdWithTheOnlineLevelEqualsPlainBitwise) {
+    Fixture f("gemma3_swa_q8_0");
+    const int L = f.n_layer();
+    ASSERT_EQ(L, 3);
+    test::PredictorSpec spec;
+    spec.layers = {1, 2, 3};
+    spec.offline_layers = std::vector<int32_t>{3};
+    spec.output_bias = 100.0f;
+    auto predictor = ExitPredictor::load(test::write_predictor(spec, *f.model, "never_online"), *f.model);
+    auto plain_cache = f.prefilled(), cache = f.prefilled();
+    const std::vector<int32_t> want = plain_tokens(f, *plain_cache, kOnlineWindow + 3);
+    EarlyExitDecoder dec(*f.model, *f.runner, predictor.get(), true);
+    int32_t tok = kPrompt.back();
+    for (size_t i = 0; i < want.size(); ++i) {
+        ExitStep s = dec.step(*cache, tok, cache->size(), candidates_with(want[i], f.model->config().n_vocab), 1.0f, {});
+        ASSERT_EQ(s.exit_layer, -1);
+        ASSERT_EQ(s.token, want[i]) << "token " << i;
+        EXPECT_EQ(dec.probe_logits().size(), i < static_cast<size_t>(kOnlineWindow) ? 1u : 2u) << "token " << i;
+        tok = s.token;
+    }
+    expect_same_cache(*cache, *plain_cache, L, "online");
+    // Below threshold 1 the first probed layer, the online one, exits.
+    ExitStep s = dec.step(*cache, tok, cache->size(), candidates_with(0, f.model->config().n_vocab), 0.5f, {});
+    EXPECT_EQ(s.exit_layer, 1);
+    // A new sequence starts from the offline schedule again.
+    dec.begin_sequence();
+    s = dec.step(*cache, tok, cache->size(), candidates_with(0, f.model->config().n_vocab), 0.5f, {});
+    EXPECT_EQ(s.exit_layer, 3);
+}
+
+// The online level's choice of layers: the offline ones, plus those at kOnlineOffsets from the
+// stopping layers of the last kOnlineWindow tokens once there are that many, where a predictor
+// exists.
+TEST(SpecEE, OnlineScheduleProbesOfflineLayersAndThoseNearTheRecentStops) {
+    std::vector<int> layers;
+    for (int l = 8; l <= 18; ++l) layers.push_back(l);
+    const std::vector<int> offline = {16, 17, 18};
+    using V = std::vector<int>;
+    EXPECT_EQ(online_probe_layers(layers, offline, V{}), offline);
+    EXPECT_EQ(online_probe_layers(layers, offline, V{12, 12, 12, 12}), offline);  // fewer than the window
+    EXPECT_EQ(online_probe_layers(layers, offline, V{12, 12, 12, 12, 12}), (V{10, 12, 14, 16, 17, 18}));
+    EXPECT_EQ(online_probe_layers(layers, offline, V{18, 18, 18, 18, 18}), offline);
+    EXPECT_EQ(online_probe_layers(layers, offline, V{17, 18, 18, 18, 18}), (V{15, 16, 17, 18}));
+    // Only the last kOnlineWindow stops count; layers without a predictor (6, 7) are never probed.
+    EXPECT_EQ(online_probe_layers(layers, offline, V{11, 18, 18, 18, 18, 18}), offline);
+    EXPECT_EQ(online_probe_layers(layers, offline, V{9, 18, 18, 18, 18}), (V{9, 11, 16, 17, 18}));
+    EXPECT_EQ(online_probe_layers(layers, offline, V{13, 8, 18, 18, 18, 18}), (V{8, 10, 16, 17, 18}));
+}
+
 // Catches a last-layer exit that changes the text or the cache: with the full model's token among
 // the candidates, scoring them through the final norm and their own head rows must pick it, and
 // no layer was skipped, so the cache equals plain decoding's bit for bit.
@@ -199,6 +251,9 @@ TEST(SpecEE, HostilePredictorFilesAreRefusedWithOneLine) {
         {"missing", "tensors, expected", [](test::PredictorSpec & s) { s.drop_first_tensor = true; }},
         {"extra", "tensors, expected", [](test::PredictorSpec & s) { s.extra_tensor = true; }},
         {"nan", "non-finite", [](test::PredictorSpec & s) { s.nan_weight = true; }},
+        {"no_offline_layers", "offline_layers lists no layer", [](test::PredictorSpec & s) { s.offline_layers = std::vector<int32_t>{}; }},
+        {"offline_layer_untrained", "offline_layers must increase within", [&](test::PredictorSpec & s) { s.layers = {L}; s.offline_layers = std::vector<int32_t>{1}; }},
+        {"offline_layers_unordered", "offline_layers must increase within", [&](test::PredictorSpec & s) { s.offline_layers = std::vector<int32_t>{L, 1}; }},
     };
     for (const Case & c : cases) {
         test::PredictorSpec spec;
@@ -212,6 +267,7 @@ TEST(SpecEE, HostilePredictorFilesAreRefusedWithOneLine) {
     }
     test::PredictorSpec good;
     good.layers = {1, L};
+    good.offline_layers = std::vector<int32_t>{L};
     EXPECT_NO_THROW(ExitPredictor::load(test::write_predictor(good, *f.model, "good_predictor"), *f.model));
 }
 
@@ -228,6 +284,36 @@ TEST(SpecEE, ExitFeaturesAreLogitsProbabilitiesAndTheirChange) {
     EXPECT_FLOAT_EQ(feat[4], 0.25f);
     EXPECT_FLOAT_EQ(feat[8], 0.25f - p0);
     EXPECT_FLOAT_EQ(feat[9], 0.25f - (1.0f - p0) / 3.0f);
+}
+
+// Catches an offline layer whose predictor sees another change term with the online level on than
+// without it: its change is taken from the previous offline layer (zeros at the first) whatever
+// online layers were probed before or between; an online layer's from the probe just before it.
+TEST(SpecEE, OfflineLayersKeepTheirChangeTermBesideOnlineProbes) {
+    auto probs = [](const std::vector<float> & logits) {
+        std::vector<float> prev(kExitCandidates), feat(kExitFeatures);
+        exit_features(logits, prev, true, feat);
+        return std::vector<float>(feat.begin() + kExitCandidates, feat.begin() + 2 * kExitCandidates);
+    };
+    const std::vector<float> a = {2.0f, 0.0f, 0.0f, 0.0f}, b = {0.0f, 1.0f, 0.0f, 0.0f}, c = {0.0f, 0.0f, 3.0f, 0.0f}, d = {1.0f, 1.0f, 1.0f, 0.0f};
+    const std::vector<float> pa = probs(a), pb = probs(b), pc = probs(c), pd = probs(d);
+    ExitFeatureChain chain;
+    std::vector<float> feat(kExitFeatures);
+    auto change = [&] { return std::vector<float>(feat.begin() + 2 * kExitCandidates, feat.end()); };
+    auto diff = [](const std::vector<float> & x, const std::vector<float> & y) {
+        std::vector<float> r(x.size());
+        for (size_t i = 0; i < x.size(); ++i) r[i] = x[i] - y[i];
+        return r;
+    };
+    chain.next(a, false, feat);  // online, first probe
+    EXPECT_EQ(change(), std::vector<float>(kExitCandidates, 0.0f));
+    chain.next(b, true, feat);  // the first offline layer: zeros, not b - a
+    EXPECT_EQ(change(), std::vector<float>(kExitCandidates, 0.0f));
+    chain.next(c, false, feat);  // online: from the offline probe just before
+    EXPECT_EQ(change(), diff(pc, pb));
+    chain.next(d, true, feat);  // offline: from the previous offline layer, not from c
+    EXPECT_EQ(change(), diff(pd, pb));
+    EXPECT_EQ(std::vector<float>(feat.begin(), feat.begin() + kExitCandidates), d);
 }
 
 }  // namespace

@@ -545,6 +545,28 @@ TEST(Speculative, GreedyEarlyExitDraftsEqualPlainDecoding) {
     }
 }
 
+// The same with the online scheduling level: predictors at every layer of a 3-layer target, the
+// offline schedule the last layer alone; after kOnlineWindow exits there, the drafts exit at
+// layer 1 (far from the target) and the output must still be plain greedy decoding's.
+TEST(Speculative, GreedyEarlyExitDraftsWithTheOnlineLevelEqualPlainDecoding) {
+    const std::string target = "gemma3_swa_q8_0";
+    Spec s(target);
+    ASSERT_EQ(s.target->config().n_layer, 3);
+    auto head = EagleHead::load(test::eagle_head_path("eagle3", target), *s.target, s.backend);
+    test::PredictorSpec spec;
+    spec.layers = {1, 2, 3};
+    spec.offline_layers = std::vector<int32_t>{3};
+    spec.output_bias = 100.0f;
+    auto predictor = ExitPredictor::load(test::write_predictor(spec, *s.target, "always_online_" + target), *s.target);
+    EarlyExitDrafter drafter(*s.target, *predictor, 0.5f, std::make_unique<EagleDrafter>(*head, 256), 256, true);
+    for (const auto & prompt : kPrompts) {
+        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        ASSERT_EQ(s.run(drafter, DraftPolicyKind::Fixed, 4, prompt, 40), want) << target;
+    }
+    EXPECT_GT(drafter.exit_stats().exits_at.at(1), 0) << "the online level must probe below the offline schedule";
+    EXPECT_GT(drafter.exit_stats().exits_at.at(3), 0);
+}
+
 // The same drafts at T > 0: the output must follow the target's law, and a verifier that accepts
 // every draft must be caught.
 TEST(Speculative, SampledEarlyExitDraftsFollowTheTargetDistributionAndABrokenVerifierFails) {

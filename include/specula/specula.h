@@ -37,6 +37,7 @@ struct EngineOptions {
     std::string specee_path;
     float specee_threshold = -1.0f;  // exit above this predictor probability; < 0: the file's default
     bool specee_lossless = false;    // exited tokens are drafts the full target verifies: plain's output
+    bool specee_online = false;      // probe near the recent tokens' exit layers too (online_probe_layers)
 };
 
 struct GenerationOptions {

@@ -57,7 +57,7 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
         return stats;
     }
     if (t.exit_predictor && !t.options.specee_lossless) {
-        EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get());
+        EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get(), t.options.specee_online);
         EarlyExitStats exits;
         const int n_layer = t.model->config().n_layer;
         int position = static_cast<int>(tokens.size());

@@ -40,6 +40,7 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
 
     t->speculative = spec.kind != DrafterKind::None;
     if (options.specee_lossless && options.specee_path.empty()) throw Error("--specee-lossless needs --specee FILE");
+    if (options.specee_online && options.specee_path.empty()) throw Error("--specee-online needs --specee FILE");
     if (t->speculative) {
         // SpecEE's lossless drafts are chains (the tokens up to the first that did not exit).
         EngineOptions drafting = options;
@@ -69,7 +70,7 @@ std::unique_ptr<Drafter> ModelBundle::make_drafter(int n_ctx) const {
 
 std::unique_ptr<EarlyExitDrafter> ModelBundle::make_exit_drafter(int n_ctx, float threshold) const {
     if (!exit_predictor) throw Error("SpecEE needs exit predictors (--specee FILE)");
-    return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, threshold, drafter.make(n_ctx), n_ctx);
+    return std::make_unique<EarlyExitDrafter>(*model, *exit_predictor, threshold, drafter.make(n_ctx), n_ctx, options.specee_online);
 }
 
 std::vector<std::unique_ptr<Drafter>> ModelBundle::make_drafters(int n_ctx, int n) const { return drafter.make_group(n_ctx, n); }

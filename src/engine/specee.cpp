@@ -12,21 +12,36 @@
 
 namespace specula {
 
-EarlyExitDecoder::EarlyExitDecoder(const Model & model, ModelRunner & runner, const ExitPredictor * predictor)
-    : model_(model), runner_(runner), predictor_(predictor), probe_(model) {
+EarlyExitDecoder::EarlyExitDecoder(const Model & model, ModelRunner & runner, const ExitPredictor * predictor, bool online)
+    : model_(model), runner_(runner), predictor_(predictor), online_(online), probe_(model) {
     if (&runner.network() != &model) throw Error("early exit: the runner runs another network");
 }
 
 ExitStep EarlyExitDecoder::step(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates,
                                 float threshold, std::span<const int> feature_layers) {
-    std::span<const int> schedule;
-    if (predictor_ && !candidates.empty()) schedule = predictor_->layers();
-    std::vector<float> previous(kExitCandidates), features(kExitFeatures);
+    std::vector<int> schedule;
+    if (predictor_ && !candidates.empty()) {
+        schedule = online_ ? online_probe_layers(predictor_->layers(), predictor_->offline_layers(), recent_stops_) : predictor_->offline_layers();
+    }
+    std::vector<size_t> mlp(schedule.size());
+    std::vector<bool> offline(schedule.size());
+    for (size_t i = 0; i < schedule.size(); ++i) {
+        mlp[i] = predictor_->index_of(schedule[i]);
+        const std::vector<int> & o = predictor_->offline_layers();
+        offline[i] = std::binary_search(o.begin(), o.end(), schedule[i]);
+    }
+    ExitFeatureChain chain;
+    std::vector<float> features(kExitFeatures);
     auto exits = [&](size_t i, std::span<const float> logits) {
-        exit_features(logits, previous, i == 0, features);
-        return predictor_->exit_probability(i, features) > threshold;
+        chain.next(logits, offline[i], features);
+        return predictor_->exit_probability(mlp[i], features) > threshold;
     };
-    return run(cache, token, position, candidates, schedule, exits, feature_layers);
+    ExitStep r = run(cache, token, position, candidates, schedule, exits, feature_layers);
+    if (online_ && !schedule.empty()) {
+        recent_stops_.push_back(r.exit_layer < 0 ? model_.config().n_layer : r.exit_layer);
+        if (recent_stops_.size() > static_cast<size_t>(kOnlineWindow)) recent_stops_.erase(recent_stops_.begin());
+    }
+    return r;
 }
 
 ExitStep EarlyExitDecoder::step_forced(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates,
@@ -214,6 +229,7 @@ EarlyExitSequence::EarlyExitSequence(EarlyExitDecoder & decoder, ModelRunner & r
     if (chunk_ < 1) throw Error("the prefill chunk must be at least 1 token");
     stats_.n_prompt = static_cast<int>(prompt.size());
     drafter_.reset();
+    decoder_.begin_sequence();
 }
 
 bool EarlyExitSequence::done() const {
@@ -269,6 +285,7 @@ TeacherForcedExits teacher_forced_exits(EarlyExitDecoder & decoder, ModelRunner 
     const int L = static_cast<const Model &>(runner.network()).config().n_layer;
     const std::vector<int> feature_layers = drafter.feature_layers();
     prefill_for_drafter(runner, cache, drafter, prompt);
+    decoder.begin_sequence();
     TeacherForcedExits r;
     std::vector<int32_t> history(prompt.begin(), prompt.end());
     for (int32_t want : reference) {
@@ -300,12 +317,12 @@ GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & ru
 }
 
 EarlyExitDrafter::EarlyExitDrafter(const Model & model, const ExitPredictor & predictor, float threshold,
-                                   std::unique_ptr<Drafter> candidates, int n_ctx)
+                                   std::unique_ptr<Drafter> candidates, int n_ctx, bool online)
     : model_(model),
       runner_(std::make_unique<ModelRunner>(model)),
       cache_(std::make_unique<KvCache>(model.backend(), model.config(), n_ctx)),
       candidates_(std::move(candidates)),
-      decoder_(model, *runner_, &predictor),
+      decoder_(model, *runner_, &predictor, online),
       threshold_(threshold),
       feature_layers_(candidates_->feature_layers()) {}
 
@@ -314,6 +331,7 @@ EarlyExitDrafter::~EarlyExitDrafter() = default;
 void EarlyExitDrafter::reset() {
     cache_->rollback(0);
     candidates_->reset();
+    decoder_.begin_sequence();
 }
 
 void EarlyExitDrafter::accept(const Acceptance & a) {

@@ -35,9 +35,13 @@ struct ExitStep {
 
 class EarlyExitDecoder {
 public:
-    EarlyExitDecoder(const Model & model, ModelRunner & runner, const ExitPredictor * predictor);
+    // `online`: the paper's second scheduling level (online_probe_layers) over the predictor's
+    // layers; else the offline schedule alone.
+    EarlyExitDecoder(const Model & model, ModelRunner & runner, const ExitPredictor * predictor, bool online = false);
 
-    // Decodes `token` at `position` (appended to `cache`). Probes at the predictor's layers when
+    // A new sequence: the online level forgets the previous one's stopping layers.
+    void begin_sequence() { recent_stops_.clear(); }
+    // Decodes `token` at `position` (appended to `cache`). Probes at the scheduled layers when
     // there are candidates; exits where the probability exceeds `threshold` (1: never).
     ExitStep step(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates, float threshold,
                   std::span<const int> feature_layers);
@@ -46,7 +50,7 @@ public:
     ExitStep step_forced(KvCache & cache, int32_t token, int position, std::span<const int32_t> candidates, int exit_layer,
                          std::span<const int> feature_layers);
 
-    // Per scheduled layer of the last step that probed: the candidates' logits there ([layers][4]).
+    // Per layer the last step probed: the candidates' logits there ([layers][4]).
     const std::vector<std::vector<float>> & probe_logits() const { return probe_logits_; }
 
 private:
@@ -56,6 +60,8 @@ private:
     const Model & model_;
     ModelRunner & runner_;
     const ExitPredictor * predictor_;
+    bool online_;
+    std::vector<int> recent_stops_;  // the online level's window: the last probed tokens' stopping layers
     CandidateLogits probe_;
     ForwardOutput out_;
     std::vector<std::vector<float>> probe_logits_;
@@ -153,7 +159,7 @@ GenerationStats generate_early_exit(EarlyExitDecoder & decoder, ModelRunner & ru
 class EarlyExitDrafter : public Drafter {
 public:
     EarlyExitDrafter(const Model & model, const ExitPredictor & predictor, float threshold, std::unique_ptr<Drafter> candidates,
-                     int n_ctx);
+                     int n_ctx, bool online = false);
     ~EarlyExitDrafter() override;
     const char * name() const override { return "specee"; }
     void start(const DraftRequest & request) override;

@@ -27,6 +27,31 @@ void exit_features(std::span<const float> logits, std::span<float> previous_prob
     }
 }
 
+void ExitFeatureChain::next(std::span<const float> logits, bool offline, std::span<float> features) {
+    if (offline) {
+        exit_features(logits, previous_offline_, !any_offline_, features);
+        any_offline_ = true;
+        previous_ = previous_offline_;
+    } else {
+        exit_features(logits, previous_, !any_, features);
+    }
+    any_ = true;
+}
+
+std::vector<int> online_probe_layers(std::span<const int> layers, std::span<const int> offline, std::span<const int> recent_stops) {
+    const bool warm = recent_stops.size() >= static_cast<size_t>(kOnlineWindow);
+    const std::span<const int> window = warm ? recent_stops.last(kOnlineWindow) : std::span<const int>();
+    std::vector<int> probe;
+    for (int l : layers) {
+        bool near = std::find(offline.begin(), offline.end(), l) != offline.end();
+        for (int stop : window) {
+            for (int offset : kOnlineOffsets) near = near || l == stop + offset;
+        }
+        if (near) probe.push_back(l);
+    }
+    return probe;
+}
+
 std::unique_ptr<ExitPredictor> ExitPredictor::load(const std::string & path, const Model & target) {
     GgufFile file(path);
     if (file.architecture() != "specula-specee") {
@@ -50,6 +75,17 @@ std::unique_ptr<ExitPredictor> ExitPredictor::load(const std::string & path, con
         const int l = p->layers_[i];
         if (l < 1 || l > n_layer || (i > 0 && l <= p->layers_[i - 1])) {
             throw Error(path + ": specula-specee.layers must increase within 1.." + std::to_string(n_layer) + ", found " + std::to_string(l));
+        }
+    }
+    p->offline_layers_ = p->layers_;
+    if (file.has("specula-specee.offline_layers")) {
+        p->offline_layers_ = file.get_i32_array("specula-specee.offline_layers");
+        if (p->offline_layers_.empty()) throw Error(path + ": specula-specee.offline_layers lists no layer");
+        for (size_t i = 0; i < p->offline_layers_.size(); ++i) {
+            const int l = p->offline_layers_[i];
+            if (!std::binary_search(p->layers_.begin(), p->layers_.end(), l) || (i > 0 && l <= p->offline_layers_[i - 1])) {
+                throw Error(path + ": specula-specee.offline_layers must increase within specula-specee.layers, found " + std::to_string(l));
+            }
         }
     }
     const size_t expected_tensors = 4 * p->layers_.size();
@@ -84,6 +120,12 @@ std::unique_ptr<ExitPredictor> ExitPredictor::load(const std::string & path, con
         p->mlps_.push_back(std::move(m));
     }
     return p;
+}
+
+size_t ExitPredictor::index_of(int layer) const {
+    const auto it = std::lower_bound(layers_.begin(), layers_.end(), layer);
+    if (it == layers_.end() || *it != layer) throw Error("exit predictor: no predictor at layer " + std::to_string(layer));
+    return static_cast<size_t>(it - layers_.begin());
 }
 
 float ExitPredictor::exit_probability(size_t i, std::span<const float> features) const {

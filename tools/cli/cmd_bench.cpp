@@ -34,6 +34,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_option("--eagle3", s->eagle3, "EAGLE-3 head GGUF: adds EAGLE-3 modes and llama.cpp's EAGLE-3");
     spec->add_option("--specee", s->specee, "SpecEE predictors GGUF (with --eagle3): adds the specee-lossy (T = 0) and specee-lossless modes");
     spec->add_option("--specee-threshold", s->specee_threshold, "SpecEE exit threshold (default: the file's)");
+    spec->add_flag("--specee-online", s->specee_online, "SpecEE: probe near the recent tokens' exit layers too (docs/specee.md)");
     spec->add_flag("!--no-llamacpp", s->llamacpp, "specula's modes only: llama.cpp's peer tools are not run (nor needed)");
     spec->add_option("--tree-nodes", s->tree_nodes, "nodes per tree verify (0 = from the measured verify cost)")->capture_default_str();
     spec->add_option("-t,--threads", s->threads, "threads for every engine (0 = physical cores)")->capture_default_str();

@@ -36,6 +36,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_flag("--specee-lossless", args->engine.specee_lossless,
                   "SpecEE's lossless mode: exited tokens are drafts the full target verifies (output identical to plain)");
     sub->add_option("--specee-threshold", args->engine.specee_threshold, "exit above this predictor probability (default: the file's; 1 = never)");
+    sub->add_flag("--specee-online", args->engine.specee_online, "also probe near the recent tokens' exit layers (docs/specee.md)");
     sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds (SpecEE: each token's exit layer)");
     sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
     sub->add_flag(

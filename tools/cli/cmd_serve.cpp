@@ -42,6 +42,7 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_flag("--specee-lossless", args->engine.specee_lossless, "requests that name no SpecEE mode get the lossless one (default: off)");
     sub->add_option("--specee-threshold", args->engine.specee_threshold,
                     "exit threshold of requests that give no \"specee_threshold\" (default: the file's)");
+    sub->add_flag("--specee-online", args->engine.specee_online, "also probe near the recent tokens' exit layers (docs/specee.md)");
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {

@@ -131,11 +131,11 @@ int run_features(EngineOptions options, const PromptSet & set, int n_predict, co
             int32_t next = token;
             if (t->exit_predictor && !per_layer.empty()) {
                 std::vector<float> previous(kExitCandidates), exit_in(kExitFeatures);
-                const std::vector<int> & schedule = t->exit_predictor->layers();
+                const std::vector<int> & schedule = t->exit_predictor->offline_layers();
                 for (size_t k = 0; k < schedule.size() && exit_layer < 0; ++k) {
                     const std::vector<float> at = per_layer[schedule[k] - 1].get<std::vector<float>>();
                     exit_features(at, previous, k == 0, exit_in);
-                    if (t->exit_predictor->exit_probability(k, exit_in) > t->exit_threshold) {
+                    if (t->exit_predictor->exit_probability(t->exit_predictor->index_of(schedule[k]), exit_in) > t->exit_threshold) {
                         exit_layer = schedule[k];
                         next = candidates[std::max_element(at.begin(), at.end()) - at.begin()];
                     }
@@ -177,13 +177,14 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
     const Model & model = *t->model;
     const int L = model.config().n_layer;
     auto drafter = t->make_drafter(options.n_ctx);
-    EarlyExitDecoder decoder(model, *t->runner, t->exit_predictor.get());
+    EarlyExitDecoder decoder(model, *t->runner, t->exit_predictor.get(), options.specee_online);
     GenerationOptions gen;
     gen.n_predict = n_predict;
     auto is_end = [&](int32_t tok) { return t->tokenizer->is_end_of_generation(tok); };
 
     // The lossless mode: the same predictor's exited tokens as chains of up to 6 drafts.
-    EarlyExitDrafter lossless_drafter(model, *t->exit_predictor, t->exit_threshold, t->make_drafter(options.n_ctx), options.n_ctx);
+    EarlyExitDrafter lossless_drafter(model, *t->exit_predictor, t->exit_threshold, t->make_drafter(options.n_ctx), options.n_ctx,
+                                      options.specee_online);
     auto fixed = make_draft_policy(DraftPolicyKind::Fixed, 6, {});
     double plain_s = 0, lossy_s = 0, lossless_s = 0;
     int lossless_n = 0, lossless_identical = 0;
@@ -274,6 +275,7 @@ void register_specee(CLI::App & app, Commands & commands) {
     add_common(eval, ea->engine, ea->prompts, ea->n_predict);
     eval->add_option("--specee", ea->engine.specee_path, "exit predictors GGUF")->required();
     eval->add_option("--specee-threshold", ea->engine.specee_threshold, "exit above this probability (default: the file's)");
+    eval->add_flag("--specee-online", ea->engine.specee_online, "also probe near the recent tokens' exit layers (docs/specee.md)");
     eval->add_option("--json", ea->out, "also write the figures as JSON");
     eval->callback([ea, &commands] { commands.run = [ea] { return run_eval(ea->engine, ea->prompts, ea->n_predict, ea->out); }; });
 }

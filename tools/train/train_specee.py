@@ -16,6 +16,12 @@ the best candidate there is the full model's token.
   4. The default threshold: the smallest on a grid whose simulated exits (first scheduled layer
      above it) agree with the full model on at least --target-agreement of the exited tokens of
      the prompts held out from training (whole prompts).
+  5. With --online-from F, predictors also at every other layer from F on, for the online
+     scheduling level (runtime/exit_predictor.h: online_probe_layers); the schedule above is the
+     file's offline_layers, its MLPs and threshold unchanged (at run time an offline layer's
+     change term is still taken from the previous offline layer). Before an online layer the
+     previous probe depends on the recent tokens' exits, so its MLP is trained with the change
+     term taken from 1-4 layers below and as zeros (first probe).
   train_specee.py --features F.jsonl --model TARGET.gguf --out models/X-specee.gguf
 Needs numpy and gguf (PyPI, or llama.cpp's gguf-py on PYTHONPATH)."""
 import argparse, json, sys
@@ -29,6 +35,8 @@ ap.add_argument("--out", required=True)
 ap.add_argument("--layers", type=int, default=6, help="scheduled layers besides the last")
 ap.add_argument("--min-layer", type=int, default=1,
                 help="schedule no layer below this; above the drafter's deepest feature layer, an exit leaves the drafter exact features")
+ap.add_argument("--online-from", type=int, default=0,
+                help="also train predictors at every layer from this one on, for the online level (0: the offline schedule only)")
 ap.add_argument("--hidden", type=int, default=16)
 ap.add_argument("--epochs", type=int, default=400)
 ap.add_argument("--lr", type=float, default=0.01)
@@ -172,6 +180,30 @@ for i, l in enumerate(schedule):
     rec = pv[yv == 1].mean() if (yv == 1).any() else float("nan")
     print(f"  layer {l:2d}: best candidate right {100 * yv.mean():5.1f}%, predictor precision {100 * prec:5.1f}% recall {100 * rec:5.1f}%")
 
+# The online level's layers: the change term from each plausible previous probe.
+online = [l for l in range(max(a.online_from, 1), L + 1) if a.online_from > 0 and l not in schedule]
+trained = dict(zip(schedule, mlps))
+
+def softmax_at(l):
+    x = logits[:, l - 1, :]
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    return x, p / p.sum(axis=1, keepdims=True)
+
+def train_any_previous(l):
+    x, p = softmax_at(l)
+    views = [np.concatenate([x, p, p - softmax_at(l - below)[1] if below else np.zeros_like(p)], axis=1)[train]
+             for below in range(5) if l - below >= 1]
+    return train_mlp(np.concatenate(views), np.tile(label[train, l - 1], len(views)))
+
+for l in online:
+    trained[l] = train_any_previous(l)
+    x, p = softmax_at(l)
+    fire = predict(trained[l], np.concatenate([x, p, np.zeros_like(p)], axis=1)[valid]) > threshold
+    prec = label[valid, l - 1][fire].mean() if fire.any() else float("nan")
+    print(f"  online layer {l:2d}: best candidate right {100 * label[valid, l - 1].mean():5.1f}%, "
+          f"first-probe exits at the threshold {100 * fire.mean():5.1f}% precision {100 * prec:5.1f}%")
+layers = sorted(trained)
+
 w = gguf.GGUFWriter(a.out, "specula-specee")
 w.add_uint32("specula-specee.target_block_count", n_layer)
 w.add_uint32("specula-specee.target_embedding_length", n_embd)
@@ -179,8 +211,11 @@ w.add_uint32("specula-specee.candidates", K)
 w.add_uint32("specula-specee.features", F)
 w.add_uint32("specula-specee.hidden", a.hidden)
 w.add_float32("specula-specee.threshold", threshold)
-w.add_array("specula-specee.layers", [int(l) for l in schedule])
-for l, (w1, b1, w2, b2) in zip(schedule, mlps):
+w.add_array("specula-specee.layers", [int(l) for l in layers])
+if online:
+    w.add_array("specula-specee.offline_layers", [int(l) for l in schedule])
+for l in layers:
+    w1, b1, w2, b2 = trained[l]
     w.add_tensor(f"exit.{l}.fc1.weight", w1)
     w.add_tensor(f"exit.{l}.fc1.bias", b1)
     w.add_tensor(f"exit.{l}.fc2.weight", w2)
@@ -192,6 +227,6 @@ w.close()
 print("wrote", a.out)
 if a.json:
     json.dump({"tokens": int(N), "in_candidates": in_candidates, "settled_by_layer": counts.tolist(), "schedule": schedule,
-               "threshold": threshold, "valid_tokens": int(valid.sum()), "valid_exit_rate": float(rate),
+               "online_layers": online, "threshold": threshold, "valid_tokens": int(valid.sum()), "valid_exit_rate": float(rate),
                "valid_agreement": float(agreement), "valid_mean_exit_layer": float(mean_layer), "valid_exits_by_layer": profile},
               open(a.json, "w"), indent=1)
