@@ -62,7 +62,9 @@ TEST(Api, ObserverGetsOneConsistentReportPerRound) {
             commit_ms += r.commit_ms;
             int depth = 0;
             for (const DraftNode & n : r.tree) depth = std::max(depth, n.depth);
-            if (!r.tree.empty()) EXPECT_GE(static_cast<int>(r.draft_level_ms.size()), depth) << "round " << i;
+            if (!r.tree.empty()) {
+                EXPECT_GE(static_cast<int>(r.draft_level_ms.size()), depth) << "round " << i;
+            }
             double round_levels = 0;
             for (double ms : r.draft_level_ms) {
                 EXPECT_GT(ms, 0.0);

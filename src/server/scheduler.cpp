@@ -222,7 +222,7 @@ void Scheduler::admit() {
             const EarlyExitRequest & exit = job->early_exit_;
             if (exit.mode == EarlyExitMode::Lossy) {
                 if (!slot->exit_decoder) slot->exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get(),
-                                                                                                  target_.options.specee_online);
+                                                                                                 target_.options.specee_online);
                 slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
                                                                           job->prompt_, job->options_, exit.threshold, is_end, options_.prefill_chunk);
             } else if (exit.mode == EarlyExitMode::Lossless) {
