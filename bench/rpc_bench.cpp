@@ -155,6 +155,7 @@ int run_rpc_bench(const RpcBenchOptions & o) {
             e.device = linked;
             e.split = o.split;
             e.n_threads = o.threads;
+            e.kernels = o.kernels;
             e.n_ctx = 1024;
             e.drafter = mode.drafter;
             e.tree = mode.tree;
@@ -168,7 +169,8 @@ int run_rpc_bench(const RpcBenchOptions & o) {
             std::vector<std::vector<int32_t>> tokens;
             for (const PromptText & p : prompts) tokens.push_back(engine->tokenize(p.text, set.chat));
             auto sink = [](int32_t) { return true; };
-            engine->generate(tokens[0], g, sink);  // untimed: builds the graphs of every shape
+            const std::string kernels = engine->generate(tokens[0], g, sink).kernels;  // untimed: builds the graphs of every shape
+            if (delay == o.delays_ms.front() && mode.name == "plain") std::printf("kernels: %s\n", kernels.c_str());
 
             Measured m;
             long trips = 0, generated = 0;
@@ -201,7 +203,7 @@ int run_rpc_bench(const RpcBenchOptions & o) {
         }
     }
     if (!o.json_path.empty()) {
-        json out = {{"cpu", load.cpu}, {"machine_busy_fraction", load.busy_fraction}, {"model", o.model}, {"device", device}, {"split", o.split}, {"n_gen", o.n_gen}, {"reps", o.reps}, {"prompts", prompts.size()}, {"rows", rows}};
+        json out = {{"cpu", load.cpu}, {"machine_busy_fraction", load.busy_fraction}, {"model", o.model}, {"device", device}, {"split", o.split}, {"kernels", kernels_name(o.kernels)}, {"n_gen", o.n_gen}, {"reps", o.reps}, {"prompts", prompts.size()}, {"rows", rows}};
         std::ofstream f(o.json_path);
         if (!(f << out.dump(2) << "\n")) throw Error("cannot write " + o.json_path);
     }

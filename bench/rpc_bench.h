@@ -2,6 +2,8 @@
 #include <string>
 #include <vector>
 
+#include "specula/options.h"
+
 namespace specula::bench {
 
 struct RpcBenchOptions {
@@ -11,6 +13,7 @@ struct RpcBenchOptions {
     std::string device;                               // device list with RPC[host:port] entries; empty = two local rpc-servers started here
     std::string split;                                // layer shares of the listed devices (--split); empty = by free memory
     std::vector<double> delays_ms = {0.0, 1.0, 5.0};  // added latency each way on every link
+    Kernels kernels = Kernels::Auto;                  // matmul kernels of the local CPU's share (--kernels)
     int threads = 0;                                  // specula's CPU threads (0 = physical cores)
     int server_threads = 1;                           // threads of each rpc-server the benchmark starts
     int reps = 3;

@@ -19,6 +19,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
+#include "runtime/kernels/matmul.h"
 #include "runtime/model.h"
 #include "kv_compaction_check.h"
 #include "test_models.h"
@@ -155,9 +156,73 @@ TEST(Rpc, SplitTargetGivesTheSingleDeviceLogitsBitForBit) {
         Backend mixed(BackendOptions{"cpu," + b.device(), 1, Attention::Flash, Kernels::Ggml, "1,1"});
         const std::vector<float> local = logits(cpu, test::model_path(name), tokens);
         const std::vector<float> half = logits(mixed, test::model_path(name), tokens);
-        EXPECT_NE(mixed.kernels_summary().find("on cpu"), std::string::npos) << mixed.kernels_summary();
+        EXPECT_NE(mixed.kernels_summary().find("ggml's on the local CPU"), std::string::npos) << mixed.kernels_summary();
         EXPECT_EQ(test::max_abs_diff(local, half), 0.0) << "local CPU + rpc-server vs local CPU";
     }
+}
+
+// With the local CPU in the list, its layers and the output head run specula's packed kernels and
+// the rpc-server's layers ggml's, as the run summary says: the weights of the local layers (and
+// the LM head) are repacked, the remote ones are not. Their logits differ from the same split on
+// ggml's kernels only as the two kernel families round differently, and not at all without a
+// local share of the layers.
+TEST(Rpc, SplitRunsSpeculasKernelsOnTheLocalCpuAndGgmlsOnTheServer) {
+    if (kernels::detected_cpu_path() == kernels::CpuPath::Generic) GTEST_SKIP() << "no SIMD path: auto keeps ggml's kernels";
+    RpcServer a;
+    ASSERT_TRUE(a.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    const std::vector<int32_t> tokens = {1, 450, 4996, 17354, 1701, 338, 310, 526, 2253, 825, 29889, 3186};
+    // F16 weights (the tied LM head packed as a copy): ggml's F16 matmul rounds the activations to
+    // F16 where specula's keeps F32, a difference far below the int8 types' rounding noise.
+    const std::string path = test::model_path("llama_tied_f16");
+    Backend own(BackendOptions{"cpu," + a.device(), 1, Attention::Auto, Kernels::Auto, "1,1"});
+    auto model = Model::load(path, own);
+    ASSERT_EQ(model->config().n_layer, 2);
+    for (int il = 0; il < 2; ++il) {
+        const LayerWeights & L = model->weights().layers[il];
+        SCOPED_TRACE("layer " + std::to_string(il));
+        for (const ggml_tensor * w : {L.wq, L.wk, L.wv, L.wo, L.ffn_gate, L.ffn_up, L.ffn_down}) {
+            EXPECT_EQ(kernels::packed_matrix_of(w) != nullptr, il == 0) << w->name;
+        }
+    }
+    EXPECT_NE(kernels::packed_matrix_of(model->weights().output), nullptr) << "the LM head on the local CPU";
+    EXPECT_EQ(own.kernels_summary(), std::string("specula's, ") + kernels::cpu_path_name(kernels::detected_cpu_path()) +
+                                         " path on the local CPU (layer 0, output head); ggml's on " + a.device() +
+                                         " (layer 1); attention: ggml's flash on every layer");
+    model.reset();
+
+    Backend ggml(BackendOptions{"cpu," + a.device(), 1, Attention::Auto, Kernels::Ggml, "1,1"});
+    const std::vector<float> ours = logits(own, path, tokens);
+    const std::vector<float> theirs = logits(ggml, path, tokens);
+    EXPECT_EQ(ggml.kernels_summary().find("specula's"), std::string::npos) << ggml.kernels_summary();
+    ASSERT_EQ(ours.size(), theirs.size());
+    const double max_diff = test::max_abs_diff(ours, theirs);
+    std::printf("[rpc] cpu + rpc-server: max |logit diff| specula's vs ggml's kernels on the local layers = %.3g\n", max_diff);
+    EXPECT_GT(max_diff, 0.0) << "the local layers ran ggml's kernels";
+    EXPECT_LT(max_diff, 3e-2) << "rounding differs; a layer computed wrongly moves logits by whole units";
+
+    // The same list with no layers on the CPU: only the LM head is specula's.
+    Backend remote_layers(BackendOptions{"cpu," + a.device(), 1, Attention::Auto, Kernels::Auto, "0,1"});
+    auto head_only = Model::load(path, remote_layers);
+    EXPECT_EQ(kernels::packed_matrix_of(head_only->weights().layers[0].wq), nullptr);
+    EXPECT_NE(kernels::packed_matrix_of(head_only->weights().output), nullptr);
+    EXPECT_NE(remote_layers.kernels_summary().find("on the local CPU (output head)"), std::string::npos) << remote_layers.kernels_summary();
+}
+
+// --kernels specula takes a list with the local CPU in it (its share runs specula's kernels), not
+// one without; specula's attention stays a target on the local CPU alone (one V layout per cache).
+TEST(Rpc, SpeculasKernelsNeedTheLocalCpuInTheListAndItsAttentionTheCpuAlone) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    Backend with_cpu(BackendOptions{"cpu," + a.device(), 1, Attention::Auto, Kernels::Specula, "1,1"});
+    EXPECT_TRUE(with_cpu.own_kernels());
+    EXPECT_EQ(with_cpu.attention_kernel(), AttentionKernel::Flash);
+    EXPECT_NE(with_cpu.kernels_summary().find("specula's"), std::string::npos) << with_cpu.kernels_summary();
+    auto message = [](BackendOptions o) { return test::error_message([&] { Backend backend(o); }); };
+    EXPECT_NE(message({a.device() + "," + b.device(), 1, Attention::Auto, Kernels::Specula, "1,1"}).find("has no cpu entry: take --kernels ggml"),
+              std::string::npos);
+    EXPECT_NE(message({"cpu," + a.device(), 1, Attention::Specula, Kernels::Auto, "1,1"})
+                  .find("specula's attention runs for a target on the local CPU alone"),
+              std::string::npos);
 }
 
 // Tree compaction with the cache's layers on two devices moves the kept rows on each of them.
@@ -173,7 +238,8 @@ TEST(Rpc, TreeCompactionWithASplitTargetKeepsTheAcceptedPath) {
     }
 }
 
-std::vector<int32_t> greedy_tokens(const std::string & device, DrafterSpec drafter, std::optional<TreeShape> tree = std::nullopt) {
+std::vector<int32_t> greedy_tokens(const std::string & device, DrafterSpec drafter, std::optional<TreeShape> tree = std::nullopt,
+                                   std::string * kernels = nullptr) {
     EngineOptions o;
     o.model_path = test::shipped_model("specula-target.gguf");
     o.device = device;
@@ -187,10 +253,11 @@ std::vector<int32_t> greedy_tokens(const std::string & device, DrafterSpec draft
     g.n_predict = 40;
     g.stop_at_end_of_generation = false;
     std::vector<int32_t> out;
-    engine->generate(engine->tokenize("Once upon a time"), g, [&](int32_t t) {
+    const GenerationStats stats = engine->generate(engine->tokenize("Once upon a time"), g, [&](int32_t t) {
         out.push_back(t);
         return true;
     });
+    if (kernels) *kernels = stats.kernels;
     return out;
 }
 
@@ -203,6 +270,20 @@ TEST(Rpc, GreedySpeculativeOutputEqualsPlainWithTheTargetSplit) {
     const std::string devices = a.device() + "," + b.device();
     const std::vector<int32_t> plain = greedy_tokens(devices, {});
     ASSERT_EQ(plain.size(), 40u);
+    EXPECT_EQ(greedy_tokens(devices, {DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf")}), plain);
+    EXPECT_EQ(greedy_tokens(devices, {DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf")}, TreeShape::Dynamic), plain);
+}
+
+// The same with the local CPU's layers on specula's kernels and the rpc-server's on ggml's.
+TEST(Rpc, GreedySpeculativeOutputEqualsPlainWithTheLocalCpuOnSpeculasKernels) {
+    if (kernels::detected_cpu_path() == kernels::CpuPath::Generic) GTEST_SKIP() << "no SIMD path: auto keeps ggml's kernels";
+    RpcServer a;
+    ASSERT_TRUE(a.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    const std::string devices = "cpu," + a.device();
+    std::string summary;
+    const std::vector<int32_t> plain = greedy_tokens(devices, {}, std::nullopt, &summary);
+    ASSERT_EQ(plain.size(), 40u);
+    EXPECT_EQ(summary.rfind("specula's", 0), 0u) << summary;
     EXPECT_EQ(greedy_tokens(devices, {DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf")}), plain);
     EXPECT_EQ(greedy_tokens(devices, {DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf")}, TreeShape::Dynamic), plain);
 }

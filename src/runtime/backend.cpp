@@ -152,33 +152,40 @@ Backend::Backend(const BackendOptions & opts) {
     }
     if (!opts.split.empty() && names.size() == 1) throw Error("--split needs a list of devices (--device cpu,RPC[host:port],...)");
     const bool on_cpu = names.size() == 1 && names[0] == "cpu";
-    if (!on_cpu && (opts.kernels == Kernels::Specula || opts.attention == Attention::Specula)) {
-        throw Error("specula's own kernels run on the CPU only; device '" + opts.device + "' takes --kernels ggml (or auto)");
+    const bool lists_cpu = std::find(names.begin(), names.end(), "cpu") != names.end();
+    if (!lists_cpu && opts.kernels == Kernels::Specula) {
+        throw Error("specula's own kernels run on the local CPU only; device '" + opts.device +
+                    "' has no cpu entry: take --kernels ggml (or auto)");
+    }
+    // The KV cache's V layout follows the attention kernel, one for the whole cache.
+    if (!on_cpu && opts.attention == Attention::Specula) {
+        throw Error("specula's attention runs for a target on the local CPU alone; device '" + opts.device +
+                    "' takes --attention flash or matmul (or auto)");
     }
     kernels::check_cpu_path_override();
     // "auto" never runs slower than ggml: without a SIMD body for this CPU, specula's portable
     // loops would, so ggml's kernels (NEON, AVX, ...) take the matmuls and the attention.
     const kernels::CpuPath path = kernels::detected_cpu_path();
     const bool simd = path != kernels::CpuPath::Generic;
-    own_kernels_ = on_cpu && (opts.kernels == Kernels::Specula || (opts.kernels == Kernels::Auto && simd));
+    own_kernels_ = lists_cpu && (opts.kernels == Kernels::Specula || (opts.kernels == Kernels::Auto && simd));
     if (own_kernels_) {
-        kernels_summary_ = std::string("specula's, ") + kernels::cpu_path_name(path) + " path";
-        if (!simd) kernels_summary_ += " (portable C++: specula has no SIMD path for this CPU)";
-    } else if (!on_cpu) {
-        // One kernel family for the whole model: a device list keeps ggml's on its CPU layers too.
-        kernels_summary_ = "ggml's, on " + opts.device;
-    } else if (opts.kernels == Kernels::Ggml) {
+        own_kernels_name_ = std::string("specula's, ") + kernels::cpu_path_name(path) + " path";
+        if (!simd) own_kernels_name_ += " (portable C++: specula has no SIMD path for this CPU)";
+    }
+    // A device list's summary is per device (describe_placement).
+    if (on_cpu && own_kernels_) {
+        kernels_summary_ = own_kernels_name_;
+    } else if (on_cpu && opts.kernels == Kernels::Ggml) {
         kernels_summary_ = "ggml's (--kernels ggml)";
-    } else {
+    } else if (on_cpu) {
         kernels_summary_ =
             "ggml's: specula has no SIMD path for this CPU (--kernels specula runs its portable one); "
             "greedy speculative output can differ from plain decoding at near-ties";
     }
-    kernels_base_ = kernels_summary_;
     switch (opts.attention) {
         case Attention::Auto:
-            attention_ = own_kernels_ ? AttentionKernel::Specula : on_cpu ? AttentionKernel::Matmul
-                                                                          : AttentionKernel::Flash;
+            attention_ = !on_cpu ? AttentionKernel::Flash : own_kernels_ ? AttentionKernel::Specula
+                                                                         : AttentionKernel::Matmul;
             break;
         case Attention::Flash: attention_ = AttentionKernel::Flash; break;
         case Attention::Matmul: attention_ = AttentionKernel::Matmul; break;
@@ -255,6 +262,7 @@ Backend::Backend(const BackendOptions & opts) {
             matmul_bufts_.push_back(std::move(bufts));
         }
         set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
+        if (!on_cpu) describe_placement();
     } catch (...) {
         free_all();
         throw;
@@ -341,16 +349,27 @@ void Backend::place_layers(int n_layer) {
         const int end = d + 1 == devices_.size() ? n_layer : static_cast<int>(std::lround(cumulative / total * n_layer));
         for (; il < end; ++il) layer_device_[il] = static_cast<int>(d);
     }
-    std::string placement;
-    int first = 0;
-    for (int l = 1; l <= n_layer; ++l) {
-        if (l == n_layer || layer_device_[l] != layer_device_[first]) {
-            placement += std::string(placement.empty() ? "" : ", ") + "layers " + std::to_string(first) + "-" + std::to_string(l - 1) +
-                         " on " + devices_[layer_device_[first]].name;
-            first = l;
+    describe_placement();
+}
+
+void Backend::describe_placement() {
+    std::string summary;
+    for (size_t d = 0; d < devices_.size(); ++d) {
+        std::string runs;
+        const auto first = std::find(layer_device_.begin(), layer_device_.end(), static_cast<int>(d));
+        if (first != layer_device_.end()) {  // contiguous: the range ends at the last layer on d
+            const int begin = static_cast<int>(first - layer_device_.begin());
+            const int end = static_cast<int>(layer_device_.rend() - std::find(layer_device_.rbegin(), layer_device_.rend(), static_cast<int>(d)));
+            runs = end - begin == 1 ? "layer " + std::to_string(begin) : "layers " + std::to_string(begin) + "-" + std::to_string(end - 1);
         }
+        if (io_device_ == static_cast<int>(d) && devices_.size() > 1) runs += std::string(runs.empty() ? "" : ", ") + "output head";
+        if (runs.empty() && !layer_device_.empty()) runs = "no layers";
+        const Device & device = devices_[d];
+        summary += std::string(summary.empty() ? "" : "; ") + (own_kernels_ && device.cpu ? own_kernels_name_ : "ggml's") + " on " +
+                   (device.cpu ? "the local CPU" : device.name);
+        if (!runs.empty()) summary += " (" + runs + ")";
     }
-    kernels_summary_ = kernels_base_ + " (" + placement + "; embedding and output head on " + devices_[io_device_].name + ")";
+    kernels_summary_ = summary + "; attention: ggml's " + attention_kernel_name(attention_) + " on every layer";
 }
 
 int Backend::device_of(int layer) const {

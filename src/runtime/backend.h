@@ -78,17 +78,21 @@ public:
     // the local CPU, and the embedding and output head stay there).
     bool remote() const;
     int n_threads() const { return n_threads_; }
-    // Whether weight matmuls run specula's packed small-batch kernels (runtime/kernels/matmul.h)
-    // instead of ggml's mul_mat: "auto" = yes on the CPU device when specula has a SIMD path for
-    // the CPU (kernels::detected_cpu_path), where they make verifying a few tokens cost about what
-    // one costs, and keep every row batch-invariant; else ggml's, faster than specula's portable
-    // loops. Other devices keep ggml's kernels ("specula" there is an error).
-    bool own_kernels() const { return own_kernels_; }
-    // Which kernels run the matmuls and why, for the run summary.
+    // Whether the weight matmuls of `layer` (kIo: the output head) run specula's packed small-batch
+    // kernels (runtime/kernels/matmul.h) instead of ggml's mul_mat: "auto" = yes for what the local
+    // CPU runs when specula has a SIMD path for the CPU (kernels::detected_cpu_path), where they make
+    // verifying a few tokens cost about what one costs, and keep every row batch-invariant; else
+    // ggml's, faster than specula's portable loops. In a device list, the layers (and the output
+    // head) placed on its `cpu` entry; other devices keep ggml's kernels. "specula" with a list
+    // that has no `cpu` entry is an error.
+    bool own_kernels(int layer = kIo) const { return own_kernels_ && devices_[device_of(layer)].cpu; }
+    // Which kernels run the matmuls and why, for the run summary; with a device list, per device
+    // with the layers it runs, and the attention kernel.
     const std::string & kernels_summary() const { return kernels_summary_; }
     // "auto": specula's op with specula's kernels (the whole forward stays batch-invariant);
     // with ggml's kernels, matmul on the CPU (the fused kernel walks the keys one query row at a
-    // time, so a 4-8 row verify costs 1.5-3x the matmul form) and flash on GPUs.
+    // time, so a 4-8 row verify costs 1.5-3x the matmul form) and flash on GPUs. A device list
+    // runs one ggml kernel for every layer (flash by default), its local CPU layers too.
     // KV caches take their V layout from this (transposed for Matmul only).
     AttentionKernel attention_kernel() const { return attention_; }
     bool flash_attention() const { return attention_ == AttentionKernel::Flash; }
@@ -109,6 +113,7 @@ public:
 
 private:
     void watch_remote_waits();
+    void describe_placement();  // the run summary of a device list
     void stop_watchdog();
     double remote_timeout_s_ = 0;
     std::mutex watch_mutex_;
@@ -129,9 +134,9 @@ private:
     // which is a visible share of a small draft model's step.
     ggml_threadpool * threadpool_ = nullptr;
     int n_threads_ = 1;
-    bool own_kernels_ = false;
+    bool own_kernels_ = false;  // for the local CPU's share (own_kernels)
+    std::string own_kernels_name_;
     std::string kernels_summary_;
-    std::string kernels_base_;  // kernels_summary_ without the placement
     AttentionKernel attention_ = AttentionKernel::Matmul;
 };
 

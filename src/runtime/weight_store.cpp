@@ -33,9 +33,9 @@ bool buft_supports_matmul(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buf
 
 }  // namespace
 
-bool WeightStore::packs(const Backend & backend, const ggml_tensor * meta) {
+bool WeightStore::packs(const Backend & backend, const ggml_tensor * meta, int layer) {
     kernels::PackedFormat format;
-    return backend.own_kernels() && meta->ne[2] == 1 && meta->ne[3] == 1 && kernels::packable(meta->type, meta->ne[0], &format);
+    return backend.own_kernels(layer) && meta->ne[2] == 1 && meta->ne[3] == 1 && kernels::packable(meta->type, meta->ne[0], &format);
 }
 
 WeightStore::~WeightStore() {
@@ -62,7 +62,7 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
         return c;
     };
     kernels::PackedFormat format;
-    if (matmul && packs(backend, meta)) {
+    if (matmul && packs(backend, meta, layer)) {
         kernels::packable(meta->type, meta->ne[0], &format);
         kernels::PackedMatrix & m = packed_.emplace_back();
         m.format = format;

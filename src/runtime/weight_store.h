@@ -34,8 +34,8 @@ public:
     // weight may come back packed (kernels::packed_matrix_of tells); use it through linear().
     ggml_tensor * want(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int64_t> shape,
                        bool matmul, bool required, int layer = -1);
-    // Whether want(..., matmul = true) would repack this tensor for specula's kernels.
-    static bool packs(const Backend & backend, const ggml_tensor * meta);
+    // Whether want(..., matmul = true, layer) would repack this tensor for specula's kernels.
+    static bool packs(const Backend & backend, const ggml_tensor * meta, int layer = -1);
     // Allocates the buffers and reads every declared tensor from `file`.
     void load(const GgufFile & file);
     size_t bytes() const { return bytes_; }

@@ -77,6 +77,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     rpc->add_option("--draft", r->draft, "draft model GGUF (same vocabulary): adds its chain mode");
     rpc->add_option("--device", r->device, "device list with RPC[host:port] entries (default: two rpc-servers started on 127.0.0.1)");
     rpc->add_option("--split", r->split, "layer shares of the listed devices (default: by free memory)");
+    add_choice(rpc, "--kernels", r->kernels, parse_kernels, "matmul kernels of a cpu entry's layers and the LM head: auto (default) | specula | ggml");
     rpc->add_option("--delays", r->delays_ms, "added latency each way on every link, ms")->delimiter(',')->capture_default_str();
     rpc->add_option("-t,--threads", r->threads, "specula's CPU threads (0 = physical cores)")->capture_default_str();
     rpc->add_option("--server-threads", r->server_threads, "threads of each rpc-server started here")->capture_default_str();

@@ -46,9 +46,9 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e) {
     sub->add_option("--split", e.split, "with a device list: each device's share of the layers, e.g. 1,3 (default: by free memory)");
     sub->add_option("--rpc-timeout", e.rpc_timeout, "seconds an rpc-server may take to answer a forward before the run ends with an error")
         ->capture_default_str();
-    add_choice(sub, "--kernels", e.kernels, parse_kernels, "matmul kernels: auto (default; specula's on the CPU) | specula | ggml");
+    add_choice(sub, "--kernels", e.kernels, parse_kernels, "matmul kernels: auto (default; specula's on the local CPU, also for its share of a device list) | specula | ggml");
     add_choice(sub, "--attention", e.attention, parse_attention,
-               "attention kernel: auto (default; specula's with specula's kernels, else matmul on CPU, flash on GPU) | flash | matmul | specula");
+               "attention kernel: auto (default; specula's with specula's kernels on --device cpu, else matmul on CPU, flash on GPU and device lists) | flash | matmul | specula");
     DrafterSpec & d = e.drafter;
     sub->add_option_function<std::string>(
         "--draft", [&d](const std::string & p) { choose_drafter(d, DrafterKind::DraftModel, p); },
