@@ -16,11 +16,14 @@
 #include "specula/error.h"
 #include "specula/specula.h"
 #include "common/loopback.h"
+#include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/kernels/matmul.h"
 #include "runtime/model.h"
+#include "server/scheduler.h"
+#include "tokenizer/tokenizer.h"
 #include "kv_compaction_check.h"
 #include "test_models.h"
 
@@ -306,6 +309,44 @@ TEST(RpcDeathTest, AServerKilledMidRunIsOneErrorLine) {
     };
     EXPECT_EXIT(generate_while_one_dies(),
                 testing::ExitedWithCode(1), "specula: error: an rpc-server stopped answering mid-generation");
+}
+
+// In a server, an rpc-server killed mid-generation fails the requests, not the process: the
+// request in a slot ends with the error (a 5xx), a later one gets it at once, the health check
+// reports it, and the process goes on serving. Catches a failure that still ends the process (the
+// child dies with status 1 before the marker) or leaves a request waiting forever (a hang).
+TEST(RpcDeathTest, AServerKilledMidServeFailsItsRequestsAndTheServerStaysUp) {
+    RpcServer a, b;
+    ASSERT_TRUE(a.up() && b.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    auto serve_while_one_dies = [&] {
+        EngineOptions o;
+        o.model_path = test::shipped_model("specula-target.gguf");
+        o.device = a.device() + "," + b.device();
+        o.split = "1,1";
+        o.n_ctx = 192;
+        o.n_threads = 1;
+        auto target = ModelBundle::open(o);
+        Scheduler scheduler(*target, SchedulerOptions{2, 4, 16});
+        GenerationOptions g;
+        g.n_predict = 150;
+        g.stop_at_end_of_generation = false;
+        const std::vector<int32_t> prompt = target->tokenizer->tokenize("def main():\n    parser = argparse.");
+        auto first = scheduler.submit(prompt, g);
+        std::string text;
+        while (text.empty()) {
+            if (first->next(text) == Job::Wait::Ended) _Exit(2);  // ended before the kill
+        }
+        b.kill_now();
+        while (first->next(text) != Job::Wait::Ended) {}
+        if (first->result().error.find("rpc-server stopped answering") == std::string::npos) _Exit(3);
+        auto later = scheduler.submit(prompt, g);
+        while (later->next(text) != Job::Wait::Ended) {}
+        if (later->result().error.empty() || scheduler.metrics().failure.empty() || !scheduler.failed()) _Exit(4);
+        std::fprintf(stderr, "still serving\n");
+        std::fflush(stderr);
+        _Exit(0);  // as serve does: a target whose device failed is not torn down
+    };
+    EXPECT_EXIT(serve_while_one_dies(), testing::ExitedWithCode(0), "stopped answering mid-generation(.|\n)*still serving");
 }
 
 // An rpc-server that stops answering without closing its connection (a frozen host) ends the run

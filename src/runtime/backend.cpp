@@ -127,16 +127,35 @@ std::vector<double> layer_shares(const std::string & split, const std::vector<De
     return shares;
 }
 
-// ggml's RPC client aborts the process from its own thread when an rpc-server stops answering
-// mid-generation (a closed socket: the server died or the link broke): nothing can unwind to the
-// caller from there, so the process ends with one error line instead of ggml's backtrace.
+std::mutex remote_failure_mutex;
+Backend::RemoteFailureHandler remote_failure_handler;
+bool remote_failure_reported = false;
+
+// One error line; then the handler (once), or the end of the process without one.
+void report_remote_failure(const std::string & line) {
+    std::fprintf(stderr, "specula: error: %s\n", line.c_str());
+    std::fflush(stderr);
+    Backend::RemoteFailureHandler handler;
+    {
+        std::lock_guard lock(remote_failure_mutex);
+        if (remote_failure_reported) return;
+        remote_failure_reported = true;
+        handler = remote_failure_handler;
+    }
+    if (!handler) _exit(1);
+    handler(line);
+}
+
+// ggml's RPC client aborts the process when an rpc-server stops answering mid-generation (a
+// closed socket: the server died or the link broke): nothing can unwind to the caller from
+// there, so the process ends with one error line instead of ggml's backtrace; or, with a remote
+// failure handler, the handler runs and the aborting thread never returns into ggml.
 void on_ggml_abort(const char * message) {
     const bool rpc = std::strstr(message, "RPC") != nullptr;
-    std::fprintf(stderr, "specula: error: %s\n",
-                 rpc ? "an rpc-server stopped answering mid-generation (it died or the link broke); the run cannot go on"
-                     : message);
-    std::fflush(stderr);
-    _exit(1);
+    report_remote_failure(rpc ? "an rpc-server stopped answering mid-generation (it died or the link broke); the run cannot go on"
+                              : std::string(message));
+    if (!rpc) _exit(1);
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
 
 }  // namespace
@@ -314,12 +333,17 @@ void Backend::watch_remote_waits() {
         }
         waited += tick;
         if (waited > std::chrono::duration<double>(remote_timeout_s_)) {
-            std::fprintf(stderr, "specula: error: an rpc-server did not answer within %g s (--rpc-timeout); the run cannot go on\n",
-                         remote_timeout_s_);
-            std::fflush(stderr);
-            _exit(1);
+            char line[160];
+            std::snprintf(line, sizeof(line), "an rpc-server did not answer within %g s (--rpc-timeout); the run cannot go on", remote_timeout_s_);
+            report_remote_failure(line);
+            return;  // the forward stays blocked on its socket; the handler has failed its work
         }
     }
+}
+
+void Backend::set_remote_failure_handler(RemoteFailureHandler handler) {
+    std::lock_guard lock(remote_failure_mutex);
+    remote_failure_handler = std::move(handler);
 }
 
 bool Backend::remote() const {

@@ -3,6 +3,7 @@
 // choosing CUDA/Metal/Vulkan/RPC instead of the CPU is a ggml build switch plus `device`.
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -77,6 +78,13 @@ public:
     // Whether a device of the list is an rpc-server (the drafter then gets a backend of its own on
     // the local CPU, and the embedding and output head stay there).
     bool remote() const;
+    // What happens when an rpc-server fails mid-run (it dies, the link breaks, or a forward
+    // outlasts the timeout). Without a handler: the error line, then the process ends (status 1).
+    // With one: the error line, then the handler runs once (on the failing forward's thread or the
+    // watchdog's), and the forward that met the failure never returns (its thread stays parked in
+    // it): a server fails its requests and stays up. Process-wide, like ggml's abort callback.
+    using RemoteFailureHandler = std::function<void(const std::string & line)>;
+    static void set_remote_failure_handler(RemoteFailureHandler handler);
     int n_threads() const { return n_threads_; }
     // Whether the weight matmuls of `layer` (kIo: the output head) run specula's packed small-batch
     // kernels (runtime/kernels/matmul.h) instead of ggml's mul_mat: "auto" = yes for what the local

@@ -244,7 +244,10 @@ void HttpServer::wait() {
 
 void HttpServer::Impl::routes() {
     http.Get("/health", [this](const httplib::Request &, httplib::Response & res) {
-        if (!scheduler) return send_json(res, 503, json{{"status", "loading"}});
+        Scheduler * s = scheduler;
+        if (!s) return send_json(res, 503, json{{"status", "loading"}});
+        const std::string failure = s->metrics().failure;
+        if (!failure.empty()) return send_json(res, 503, json{{"status", "error"}, {"error", failure}});
         send_json(res, 200, json{{"status", "ok"}});
     });
     http.Get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {

@@ -8,6 +8,7 @@
 #include "engine/sequence.h"
 #include "engine/model_bundle.h"
 #include "engine/specee.h"
+#include "runtime/backend.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
@@ -118,14 +119,21 @@ Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(t
         worker_.join();
         throw;
     }
+    // From here an rpc-server's failure ends the requests, not the process.
+    if (target.backend->remote()) Backend::set_remote_failure_handler([this](const std::string & line) { fail_all(line); });
 }
 
 Scheduler::~Scheduler() {
+    if (target_.backend->remote()) Backend::set_remote_failure_handler(nullptr);
     {
         std::lock_guard lock(mutex_);
         stopping_ = true;
     }
     cv_.notify_all();
+    if (failed()) {
+        worker_.detach();  // parked for good in the forward that met the failure
+        return;            // its jobs have ended; its slots cannot be released
+    }
     worker_.join();
     Job::Result stopped;
     stopped.error = "the server is shutting down";
@@ -136,6 +144,24 @@ Scheduler::~Scheduler() {
 }
 
 int Scheduler::context_size() const { return target_.options.n_ctx; }
+
+bool Scheduler::failed() const {
+    std::lock_guard lock(mutex_);
+    return !failure_.empty();
+}
+
+void Scheduler::fail_all(const std::string & failure) {
+    std::lock_guard lock(mutex_);
+    failure_ = failure;
+    Job::Result r;
+    r.error = failure;
+    // The slots' sequences stay as they are: the parked forward still holds them.
+    for (auto & slot : slots_) {
+        if (slot->job) slot->job->finish(r), ++metrics_.requests_failed;
+    }
+    for (auto & job : queue_) job->finish(r), ++metrics_.requests_failed;
+    queue_.clear();
+}
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit) {
     if (prompt.empty()) throw Error("empty prompt");
@@ -151,6 +177,13 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
     auto job = std::make_shared<Job>(std::move(prompt), options, early_exit);
     {
         std::lock_guard lock(mutex_);
+        if (!failure_.empty()) {
+            Job::Result r;
+            r.error = failure_;
+            job->finish(r);
+            ++metrics_.requests_failed;
+            return job;
+        }
         int free_slots = 0;
         for (auto & slot : slots_) free_slots += !slot->job;
         if (static_cast<int>(queue_.size()) >= options_.max_queued + free_slots) return nullptr;
@@ -163,6 +196,7 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
 SchedulerMetrics Scheduler::metrics() const {
     std::lock_guard lock(mutex_);
     SchedulerMetrics m = metrics_;
+    m.failure = failure_;
     m.deferred = static_cast<int>(queue_.size());
     m.processing = 0;
     for (auto & slot : slots_) {
@@ -407,6 +441,7 @@ void Scheduler::run() {
             }
         }
         lock.lock();
+        if (!failure_.empty()) return;  // fail_all ended every request; a late step's results go nowhere
 
         for (size_t i = 0; i < lossy.size(); ++i) {
             if (!lossy_failure[i].empty()) fail_step({lossy[i]}, lossy_failure[i]);

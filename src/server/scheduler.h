@@ -116,6 +116,7 @@ struct SchedulerMetrics {
     std::vector<uint64_t> busy_slots_steps;  // [k]: steps with k + 1 sequences in the forward
     uint64_t emitted_tokens = 0;             // tokens the steps emitted, counted per step (live, unlike generated_tokens)
     uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
+    std::string failure;                // non-empty: the target's device failed; every request gets this error (5xx)
     std::vector<uint64_t> accepted_at;  // [d]: drafts whose token at depth d + 1 was accepted
     struct Slot {
         int id = 0;
@@ -142,12 +143,19 @@ public:
     std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {});
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
+    // The target's rpc-server failed mid-run (Backend::set_remote_failure_handler): the requests
+    // then in slots or queued, and every later one, end with the failure as their error, and the
+    // worker thread stays parked in the forward that met it (the process must end without
+    // tearing the target down: its devices cannot be released).
+    bool failed() const;
 
 private:
     struct Slot;
     void run();
     void admit();  // under mutex_: queued jobs into free slots
     void release(Slot & slot, bool finished_normally);
+    // From the failing thread: records the failure, ends every request in a slot or the queue.
+    void fail_all(const std::string & failure);
     // Under mutex_, after a step. Ends the slots' requests with `failure` (a 5xx), freeing the slots.
     void fail_step(const std::vector<Slot *> & slots, const std::string & failure);
     // Under mutex_: counts a step in the metrics (busy: the slots that decoded in it; gated:
@@ -162,6 +170,7 @@ private:
     std::condition_variable cv_;
     std::deque<std::shared_ptr<Job>> queue_;
     bool stopping_ = false;
+    std::string failure_;  // the target's device failed (failed())
     SchedulerMetrics metrics_;
     std::unique_ptr<SpeculationGate> gate_;  // null: every step may draft
     std::thread worker_;

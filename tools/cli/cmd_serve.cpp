@@ -63,6 +63,10 @@ void register_serve(CLI::App & app, Commands & commands) {
             std::fprintf(stderr, "specula: ready: %d slots of %d tokens, %s%s\n", args->scheduler.parallel, args->engine.n_ctx, drafting.c_str(),
                          specee.c_str());
             server.wait();
+            if (scheduler.failed()) {  // a target whose rpc-server failed cannot be torn down
+                std::fflush(nullptr);
+                std::_Exit(1);
+            }
             return 0;
         };
     });
