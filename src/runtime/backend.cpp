@@ -311,7 +311,7 @@ void Backend::stop_watchdog() {
 }
 
 // Checks a few times a second; the process cannot be unblocked from inside ggml's wait on the
-// socket, so a wait past the timeout ends it, as a dead server does (on_ggml_abort). The wait is
+// socket, so a wait past the timeout is reported as a dead server is (report_remote_failure). The wait is
 // timed in the watchdog's own ticks, each counting at most a quarter second: a process suspended
 // (Ctrl-Z, a debugger) and resumed does not count the suspension as waiting.
 void Backend::watch_remote_waits() {
