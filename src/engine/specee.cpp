@@ -23,18 +23,12 @@ ExitStep EarlyExitDecoder::step(KvCache & cache, int32_t token, int position, st
     if (predictor_ && !candidates.empty()) {
         schedule = online_ ? online_probe_layers(predictor_->layers(), predictor_->offline_layers(), recent_stops_) : predictor_->offline_layers();
     }
-    std::vector<size_t> mlp(schedule.size());
-    std::vector<bool> offline(schedule.size());
-    for (size_t i = 0; i < schedule.size(); ++i) {
-        mlp[i] = predictor_->index_of(schedule[i]);
-        const std::vector<int> & o = predictor_->offline_layers();
-        offline[i] = std::binary_search(o.begin(), o.end(), schedule[i]);
-    }
     ExitFeatureChain chain;
     std::vector<float> features(kExitFeatures);
     auto exits = [&](size_t i, std::span<const float> logits) {
-        chain.next(logits, offline[i], features);
-        return predictor_->exit_probability(mlp[i], features) > threshold;
+        const size_t mlp = predictor_->index_of(schedule[i]);
+        chain.next(logits, predictor_->offline(mlp), features);
+        return predictor_->exit_probability(mlp, features) > threshold;
     };
     ExitStep r = run(cache, token, position, candidates, schedule, exits, feature_layers);
     if (online_ && !schedule.empty()) {

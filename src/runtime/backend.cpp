@@ -151,10 +151,12 @@ void report_remote_failure(const std::string & line) {
 // there, so the process ends with one error line instead of ggml's backtrace; or, with a remote
 // failure handler, the handler runs and the aborting thread never returns into ggml.
 void on_ggml_abort(const char * message) {
-    const bool rpc = std::strstr(message, "RPC") != nullptr;
-    report_remote_failure(rpc ? "an rpc-server stopped answering mid-generation (it died or the link broke); the run cannot go on"
-                              : std::string(message));
-    if (!rpc) _exit(1);
+    if (std::strstr(message, "RPC") == nullptr) {  // not a remote failure: ggml's own assertion
+        std::fprintf(stderr, "specula: error: %s\n", message);
+        std::fflush(stderr);
+        _exit(1);
+    }
+    report_remote_failure("an rpc-server stopped answering mid-generation (it died or the link broke); the run cannot go on");
     for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
 }
 

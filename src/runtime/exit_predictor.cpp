@@ -88,6 +88,7 @@ std::unique_ptr<ExitPredictor> ExitPredictor::load(const std::string & path, con
             }
         }
     }
+    for (int l : p->layers_) p->offline_.push_back(std::binary_search(p->offline_layers_.begin(), p->offline_layers_.end(), l));
     const size_t expected_tensors = 4 * p->layers_.size();
     if (file.tensors().size() != expected_tensors) {
         throw Error(path + ": " + std::to_string(file.tensors().size()) + " tensors, expected " + std::to_string(expected_tensors) +

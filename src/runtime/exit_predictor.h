@@ -56,6 +56,8 @@ public:
     const std::vector<int> & offline_layers() const { return offline_layers_; }
     // Index into layers() of a layer that has a predictor.
     size_t index_of(int layer) const;
+    // Whether layers()[i] is in the offline schedule.
+    bool offline(size_t i) const { return offline_[i]; }
     float default_threshold() const { return threshold_; }
     // Exit probability at scheduled layer index i (into layers()).
     float exit_probability(size_t i, std::span<const float> features) const;
@@ -66,6 +68,7 @@ private:
         float b2 = 0.0f;
     };
     std::vector<int> layers_, offline_layers_;
+    std::vector<bool> offline_;  // per layers() entry
     std::vector<Mlp> mlps_;
     int hidden_ = 0;
     float threshold_ = 0.5f;
