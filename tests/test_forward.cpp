@@ -1,7 +1,10 @@
-// The runtime's forward: tree masks, hidden-state taps, layer ranges.
+// The runtime's forward: tree masks, hidden-state taps, layer ranges; the target features a
+// drafter trains on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "specula/error.h"
 #include "runtime/kv_cache.h"
@@ -9,6 +12,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "engine/target_features.h"
 #include "test_models.h"
 
 namespace specula {
@@ -180,6 +184,71 @@ TEST(Forward, MalformedBatchesAreRefused) {
     KvCache small(f.backend, f.model->config(), 4);
     EXPECT_THROW(f.runner->forward(ForwardBatch::causal(kPrefix, 0, {0}), small), Error);
     EXPECT_EQ(small.size(), 0);
+}
+
+// Catches features taken at the wrong positions (a chunk's start, the cache's size) or from the
+// wrong logits rows, and a wrong log-softmax or ranking: chunked features must equal, at every
+// position, what one-token forwards give, with the log-probabilities and ranking recomputed here.
+TEST(TargetFeatures, EqualOneTokenForwardsAtEveryPosition) {
+    Fixture f("llama_gqa_f32");
+    const int L = f.model->config().n_layer, E = f.model->config().n_embd, V = f.model->config().n_vocab;
+    std::vector<int32_t> seq;
+    for (int i = 0; i < 37; ++i) seq.push_back(static_cast<int32_t>((1 + 7919 * i) % V));
+    const std::vector<int> layers = {1, L};
+    const int K = 5;
+    auto cache = f.cache();
+    const TargetFeatures got = target_features(*f.runner, *cache, seq, layers, K, /*chunk=*/16);
+    ASSERT_EQ(got.n_tokens, 37);
+    ASSERT_EQ(got.width, 2 * E);
+    ASSERT_EQ(got.taps.size(), static_cast<size_t>(37 * 2 * E));
+    EXPECT_EQ(cache->size(), 37);
+
+    auto one = f.cache();
+    for (int i = 0; i < 37; ++i) {
+        ForwardBatch b = ForwardBatch::causal(std::vector<int32_t>{seq[i]}, i, {0});
+        b.tap_layers = layers;
+        const ForwardOutput o = f.runner->forward(b, *one);
+        for (int t = 0; t < 2; ++t) {
+            const std::vector<float> want(o.taps[t].begin(), o.taps[t].begin() + E);
+            const std::vector<float> row(got.taps.begin() + (i * 2 + t) * E, got.taps.begin() + (i * 2 + t + 1) * E);
+            float scale = 1.0f;  // the final state grows with depth: a relative bound
+            for (float v : want) scale = std::max(scale, std::fabs(v));
+            ASSERT_LT(max_abs_diff(row, want), 1e-4 * scale) << "position " << i << " tap " << layers[t];
+        }
+        const std::span<const float> logits = o.logits_row(0);
+        double z = 0.0;
+        const float top = *std::max_element(logits.begin(), logits.end());
+        for (float v : logits) z += std::exp(static_cast<double>(v) - top);
+        std::vector<int32_t> ids(V);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+        for (int k = 0; k < K; ++k) {
+            ASSERT_EQ(got.top_ids[i * K + k], ids[k]) << "position " << i << " rank " << k;
+            EXPECT_NEAR(got.top_logp[i * K + k], logits[ids[k]] - top - std::log(z), 1e-3) << "position " << i << " rank " << k;
+        }
+    }
+}
+
+TEST(TargetFeatures, MalformedRequestsAreRefused) {
+    Fixture f("llama_gqa_f32");
+    const int L = f.model->config().n_layer, V = f.model->config().n_vocab;
+    const std::vector<int32_t> seq = {1, 2, 3};
+    const std::vector<int> layers = {L};
+    auto refused = [&](std::span<const int32_t> tokens, std::vector<int> taps, int k, int capacity, const char * what) {
+        KvCache cache(f.backend, f.model->config(), capacity);
+        try {
+            target_features(*f.runner, cache, tokens, taps, k);
+            ADD_FAILURE() << "accepted: " << what;
+        } catch (const Error & e) {
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        }
+    };
+    refused({}, layers, 4, 16, "empty sequence");
+    refused(seq, layers, 0, 16, "top-k 0");
+    refused(seq, layers, V + 1, 16, "top-k");
+    refused(seq, {L + 1}, 4, 16, "tap layer");
+    refused(seq, {}, 4, 16, "no tap layer");
+    refused(seq, layers, 4, 2, "longer than the 2-token context");
 }
 
 }  // namespace

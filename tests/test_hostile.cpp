@@ -305,6 +305,26 @@ TEST(HostileCli, SpecEEFlagsNameTheProblem) {
     expect_cli_error(m + "--eagle3 " + eagle3() + " --specee-online", "--specee-online needs --specee FILE");
 }
 
+// Catches a token list target-features crashes on, reads past, or fails on without naming the line.
+TEST(HostileCli, TargetFeaturesNameTheBadLine) {
+    auto tokens = [](const std::string & name, const std::string & text) {
+        const std::string path = test::scratch_file("hostile-" + name + ".jsonl");
+        std::ofstream(path) << text;
+        return path;
+    };
+    const std::string base = "target-features -m " + target() + " -o " + test::scratch_file("hostile-features.bin");
+    const std::string m = base + " --layers 1,2 --tokens ";
+    expect_cli_error(m + tokens("ids-range", "{\"ids\": [1, 2]}\n{\"ids\": [1, 99999999]}\n"), "hostile-ids-range.jsonl:2: token id 99999999 outside the vocabulary");
+    expect_cli_error(m + tokens("ids-json", "{\"ids\": [1, 2\n"), "hostile-ids-json.jsonl:1: not JSON");
+    expect_cli_error(m + tokens("ids-missing", "{\"tokens\": [1]}\n"), "hostile-ids-missing.jsonl:1: no \"ids\" array");
+    expect_cli_error(m + tokens("ids-empty", "{\"ids\": []}\n"), "hostile-ids-empty.jsonl:1: target features: empty sequence");
+    expect_cli_error(m + tokens("ids-long", "{\"ids\": [1, 2, 3, 4, 5, 6]}\n") + " -c 4", "longer than the 4-token context");
+    const std::string ok = " --tokens " + tokens("ids-ok", "{\"ids\": [1, 2]}\n");
+    expect_cli_error(base + ok + " --layers 1,x", "--layers: 'x' is not a layer number");
+    expect_cli_error(base + ok + " --layers 1,99", "--layers: layer 99 outside 0..2");
+    expect_cli_error(base + ok, "a target of 2 layers: give the tap layers (--layers)");
+}
+
 TEST(HostileCli, MissingAndNonGgufFiles) {
     expect_cli_error("generate -m /nonexistent.gguf -p hi", "/nonexistent.gguf: no such file");
     expect_cli_error("generate -m " + std::string(SPECULA_SOURCE_DIR) + "/CMakeLists.txt -p hi", "not a GGUF file");

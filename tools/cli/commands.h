@@ -19,5 +19,6 @@ void register_convert(CLI::App & app, Commands & commands);
 void register_serve(CLI::App & app, Commands & commands);
 void register_report(CLI::App & app, Commands & commands);
 void register_specee(CLI::App & app, Commands & commands);
+void register_features(CLI::App & app, Commands & commands);
 
 }  // namespace specula::cli

@@ -21,6 +21,7 @@ int main(int argc, char ** argv) {
     specula::cli::register_serve(app, commands);
     specula::cli::register_report(app, commands);
     specula::cli::register_specee(app, commands);
+    specula::cli::register_features(app, commands);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Write the chat prompt set used to self-distill drafters for SmolLM2-135M-Instruct.
 Prompts are composed from hand-written templates x topics per category (deterministic),
-and every 8th prompt of each category goes to the held-out split.
+and every 8th prompt of each category goes to the held-out split. More topics, tasks and numbers
+(the *_MORE lists) add training prompts after those, all of the train split: the held-out prompts
+and every earlier prompt's index stay as they were.
   make_prompts.py OUT.json"""
 import json, random, sys
 
@@ -63,6 +65,44 @@ WRITE_EXTRA = ["Write an email to my manager asking for a day off next Friday.",
                "Write a motivational message for someone starting a new job.", "Write a review of a pizza restaurant.",
                "Write instructions for making a cup of tea.", "Write a letter to a pen pal introducing yourself."]
 
+TOPICS_QA_MORE = ["the solar system", "bacteria", "the Industrial Revolution", "rivers", "the ancient Egyptians", "nuclear power",
+                  "the human brain", "hurricanes", "chocolate", "the Silk Road", "wind turbines", "glaciers", "penguins",
+                  "the theory of evolution", "cryptography", "the Eiffel Tower", "batteries", "deserts", "the Cold War",
+                  "language learning", "meditation", "coral reefs", "airplanes", "democracy", "the periodic table",
+                  "rain forests", "yoga", "the Moon's phases", "video games", "the Amazon river", "3D printing",
+                  "wolves", "the Vikings", "nutrition", "satellites", "photography", "the ozone layer", "jazz music",
+                  "compound interest", "the Pyramids of Giza", "microplastics", "octopuses", "the Big Bang", "cheese making",
+                  "public libraries", "the metric system", "lightning", "the stock exchange", "elephants", "social media"]
+CODE_TASKS_MORE = ["capitalizes the first letter of every word", "checks whether a year is a leap year",
+                   "computes the sum of the digits of a number", "finds the smallest element in a list",
+                   "counts how many times a character appears in a string", "converts a decimal number to binary",
+                   "rotates a list by k positions", "returns the intersection of two lists", "checks whether a list is sorted",
+                   "computes the power of a number without using the built-in operator", "removes all spaces from a string",
+                   "returns the longest word in a sentence", "computes the median of a list", "transposes a matrix",
+                   "checks whether a number is a perfect square", "splits a list into chunks of size n"]
+NUMS_MORE = [(18, 4), (32, 8), (45, 9), (100, 20), (21, 7), (56, 8), (17, 5), (144, 12), (30, 6), (72, 9), (11, 13), (96, 4)]
+WRITE_TOPICS_MORE = ["a quiet library", "the northern lights", "a forgotten toy", "a summer festival", "a snowy forest",
+                     "an astronaut's first step", "a cup of coffee", "a train journey", "a kind stranger", "the desert at night",
+                     "a cat who wants to fly", "spring flowers", "a haunted house", "a river", "a street musician", "the last day of summer"]
+
+
+def build_more():
+    """Training prompts beyond the first set: new topics, tasks and numbers for the same templates."""
+    cats = {
+        "chat_qa": [q.format(t=t) for t in TOPICS_QA_MORE for q in QA],
+        "code": [c.format(t=t) for t in CODE_TASKS_MORE for c in CODE],
+        "math_reasoning": [m.format(a=a, b=b) for a, b in NUMS_MORE for m in MATH],
+        "writing": [w.format(t=t) for t in WRITE_TOPICS_MORE for w in WRITE],
+    }
+    rng = random.Random(20261126)
+    out = []
+    for cat, items in cats.items():
+        items = sorted(set(items))
+        rng.shuffle(items)
+        out += [{"category": cat, "split": "train", "prompt": p} for p in items]
+    return out
+
+
 def build():
     cats = {
         "chat_qa": CHAT + [q.format(t=t) for t in TOPICS_QA for q in QA],
@@ -85,6 +125,8 @@ def build():
 
 if __name__ == "__main__":
     ps = build()
+    seen = {p["prompt"] for p in ps}
+    ps += [p for p in build_more() if p["prompt"] not in seen]
     json.dump({"about": "chat prompts for self-distillation of SmolLM2-135M-Instruct drafters (tools/train/make_prompts.py)",
                "prompts": ps}, open(sys.argv[1], "w"), indent=1)
     from collections import Counter

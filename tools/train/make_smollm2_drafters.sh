@@ -10,11 +10,15 @@
 # their training logs models/smollm2_train_log.jsonl, smollm2_eagle1_train_log.jsonl and
 # smollm2_draft_train_log.jsonl.
 # The shipped files are what these steps produce; models/README.md says how long each took.
-# Steps: prompts (committed: models/smollm2_prompts.json) -> the target's chat replies, eight sets
-# (specula serve, 4 slots; greedy, and sampled at T = 0.6, 0.7, 0.8 (two seeds), 0.9, 1.0 (two seeds))
-# -> target features and top-16 distributions (torch, two processes) -> each drafter (wall-clock
-# budget, checkpoints as it goes; bf16 matmuls where the CPU has AMX or AVX-512 BF16)
-# -> GGUF with the target's tokenizer. Finished replies and features in WORK_DIR are reused.
+# Steps: prompts (committed: models/smollm2_prompts.json) -> the target's chat replies to every
+# train prompt, reply sets listed in SETS as temperature:seed (specula serve, 8 slots; default
+# greedy, and sampled at T = 0.6, 0.7, 0.8 (two seeds), 0.9, 1.0 (two seeds)), and greedy replies
+# to the held-out prompts -> target features and top-16 distributions (`specula target-features`:
+# the engine's own kernels) -> each drafter (wall-clock budget, checkpoints as it goes, held-out
+# agreement in the log; bf16 matmuls where the CPU has AMX or AVX-512 BF16) -> GGUF with the
+# target's tokenizer. Finished replies and features in WORK_DIR are reused.
+# INIT=models/smollm2-eagle3.gguf extends the shipped EAGLE-3 head (train_eagle.py --init: its
+# weights and draft vocabulary, a new optimizer and schedule; LR, default 2e-3, sets the peak).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -22,6 +26,9 @@ WORK="${1:-/tmp/smollm2_train}"
 MINUTES="${2:-30}"
 DRAFTERS="${3:-eagle3}"
 THREADS="${THREADS:-2}"
+SETS="${SETS:-0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000 0.7:6000 0.9:7000}"
+INIT="${INIT:-}"
+LR="${LR:-2e-3}"
 MODEL="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 BIN="$ROOT/build/bin"
 TOKENIZE="$BIN/llama-tokenize"  # llama.cpp's, from the pinned source scripts/build.sh fetched
@@ -30,45 +37,42 @@ for d in $DRAFTERS; do
 done
 cmake --build "$ROOT/build" --target llama-tokenize llama-server >/dev/null
 mkdir -p "$WORK"
-SETS="0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000 0.7:6000 0.9:7000"  # temperature:seed of each reply set (prompt i uses seed + i)
+# temperature:seed of each reply set (prompt i uses seed + i)
 for set in $SETS; do
   python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
-    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 4 --threads "$THREADS"
+    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 8 --ctx 512 --threads "$THREADS"
 done
+python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
+  --out "$WORK/heldout_0_1.jsonl" --n 192 --temp 0 --seed 1 --split heldout --parallel 8 --ctx 512 --threads "$THREADS"
 python3 "$HERE/chat_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_0_1.jsonl" --limit 10
-features() {  # two processes, every other set each (one after the other with THREADS=1), a thread each
-  for set in "$@"; do
-    [ -f "$WORK/feats_${set/:/_}.pt" ] && continue
-    python3 "$HERE/target_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_${set/:/_}.jsonl" --n 192 \
-      --out "$WORK/feats_${set/:/_}.pt.tmp" --threads 1 --split train
-    mv "$WORK/feats_${set/:/_}.pt.tmp" "$WORK/feats_${set/:/_}.pt"
-  done
+features() {  # $1: reply file stem, $2: split
+  [ -f "$WORK/feats_$1.pt" ] && return
+  python3 "$HERE/target_features.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/$1.jsonl" --n 192 \
+    --out "$WORK/feats_$1.pt.tmp" --threads "$THREADS" --split "$2" --specula "$BIN/specula"
+  mv "$WORK/feats_$1.pt.tmp" "$WORK/feats_$1.pt"
 }
-read -ra all <<<"$SETS"
-if [ "$THREADS" -ge 2 ]; then
-  even=() odd=()  # interleaved, so that a resumed run's remaining sets still split evenly
-  for i in "${!all[@]}"; do if ((i % 2)); then odd+=("${all[i]}"); else even+=("${all[i]}"); fi; done
-  features "${even[@]}" &
-  features "${odd[@]}"
-  wait
-else
-  features "${all[@]}"
-fi
+for set in $SETS; do features "gen_${set/:/_}" train; done
+features heldout_0_1 heldout
 feats=()
-for set in $SETS; do feats+=(--feats "$WORK/feats_${set/:/_}.pt"); done
+for set in $SETS; do feats+=(--feats "$WORK/feats_gen_${set/:/_}.pt"); done
+init=()
+if [ -n "$INIT" ]; then init=(--init "$INIT"); fi
 bf16=()
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
 for d in $DRAFTERS; do
   if [ "$d" = eagle3 ]; then
     python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name smollm2-eagle3 \
-      --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr 2e-3 --warmup 20 \
-      --save_every 50 "${bf16[@]}"
+      --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr "$LR" --warmup 20 \
+      --save_every 50 --heldout "$WORK/feats_heldout_0_1.pt" "${bf16[@]}" "${init[@]}"
     python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" \
       --name smollm2-eagle3 --type q8_0
-    # every 10th step's record and the start/done events: the whole log (a record a step) is ~1.7 MB of models/' 80 MB
+    # every 10th step's record and the events: the whole log (a record a step) is ~1.7 MB of models/' 80 MB;
+    # an extended head's log follows the log of the head it started from
     python3 -c 'import json, sys
 for line in open(sys.argv[1]):
-    if json.loads(line).get("step", 0) % 10 == 0: sys.stdout.write(line)' "$WORK/train_log.jsonl" >"$ROOT/models/smollm2_train_log.jsonl"
+    if json.loads(line).get("step", 0) % 10 == 0: sys.stdout.write(line)' "$WORK/train_log.jsonl" >"$WORK/train_log_every10.jsonl"
+    if [ -n "$INIT" ]; then cat "$WORK/train_log_every10.jsonl" >>"$ROOT/models/smollm2_train_log.jsonl"
+    else mv "$WORK/train_log_every10.jsonl" "$ROOT/models/smollm2_train_log.jsonl"; fi
   elif [ "$d" = eagle1 ]; then
     python3 "$HERE/train_eagle.py" --kind eagle1 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle1.pt" --name smollm2-eagle1 \
       --log "$WORK/eagle1_train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --batch 4 --lr 2e-3 --warmup 20 \

@@ -11,7 +11,9 @@ Two targets, one training-time test:
                (token embedding, output norm); a --minutes wall-clock budget, cosine over it; a
                checkpoint every --save_every steps to --out, so a run cut short still yields a head;
                --resume OUT continues it (head, optimizer, draft vocabulary, data order, elapsed
-               time): a larger --minutes and more --feats files extend a run across days.
+               time): a larger --minutes and more --feats files extend a run across days;
+               --init GGUF starts from a head export_gguf.py wrote (the shipped models/*.gguf: its
+               weights and draft vocabulary, a new optimizer and cosine) when its checkpoint is gone.
                EAGLE-3 drafts over a compact vocabulary (d2t): the --vocab most frequent target
                tokens of the replies (ties: lower id), in id order; its lm_head starts from those
                rows of the target's tied embedding and fc as "take the high tap".
@@ -26,7 +28,8 @@ head's own previous output; step k at head index t reads token x[t+1+k] and is s
 0.8^k) on the target's next-token distribution at t+1+k. The token embedding is the target's.
   train_eagle.py --work DIR --kind eagle3 --steps 160 --log LOG [--bf16]
   train_eagle.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --log LOG --minutes 35
-  train_eagle.py --feats feats.pt --feats newer.pt --model GGUF --out head.pt --log LOG --minutes 80 --resume head.pt"""
+  train_eagle.py --feats feats.pt --feats newer.pt --model GGUF --out head.pt --log LOG --minutes 80 --resume head.pt
+  train_eagle.py --feats feats.pt --model GGUF --out head.pt --log LOG --minutes 60 --init models/smollm2-eagle3.gguf"""
 import argparse, json, os, sys, time
 import numpy as np
 import torch
@@ -56,7 +59,9 @@ def parse_args():
     ap.add_argument("--steps", type=int, help="--work: optimizer steps")
     ap.add_argument("--seq", type=int, default=512, help="--work: tokens per training window")
     ap.add_argument("--target_layers", default="1,3,5", help="--work, EAGLE-3: the target layers whose inputs the head reads")
-    ap.add_argument("--eval_every", type=int, default=100, help="--work: steps between held-out evaluations")
+    ap.add_argument("--eval_every", type=int, default=100, help="steps between held-out evaluations (--work; --feats with --heldout)")
+    ap.add_argument("--heldout", help="--feats: target_features.py's output for held-out prompts (--split heldout): the head's "
+                                      "agreement on it at the start, every --eval_every steps and at the end, in the log")
     ap.add_argument("--vocab", type=int, default=8192, help="--feats, EAGLE-3: the draft vocabulary's size")
     ap.add_argument("--heads", type=int, default=0, help="--feats: query heads of the head's attention (0: the target's)")
     ap.add_argument("--kv_heads", type=int, default=0, help="--feats: its KV heads (0: the target's)")
@@ -65,6 +70,8 @@ def parse_args():
                     help="--feats: the run's wall-clock budget, minutes already trained included (with --resume); the cosine spans it")
     ap.add_argument("--resume", help="--feats: a checkpoint this trainer wrote (--out): its head, optimizer, draft vocabulary, "
                                      "step and elapsed time; more --feats files and a larger --minutes extend the run")
+    ap.add_argument("--init", help="--feats: start from this head GGUF (export_gguf.py's): its weights and draft vocabulary, "
+                                   "a new optimizer and schedule")
     ap.add_argument("--max_steps", type=int, default=100000, help="--feats: at most this many steps")
     ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
     a = ap.parse_args()
@@ -76,6 +83,8 @@ def parse_args():
         ap.error("--feats needs --model and --out")
     if a.resume and not a.feats:
         ap.error("--resume continues a --feats run")
+    if a.init and (not a.feats or a.resume):
+        ap.error("--init starts a --feats run (not with --resume)")
     a.name = a.name or (a.kind if a.work else os.path.splitext(os.path.basename(a.out))[0])
     return a
 
@@ -213,6 +222,36 @@ def load_resume(a, layers):
     return ck
 
 
+# export_gguf.py's tensor names -> the heads' parameter names
+GGUF_TO_HEAD = {"fc.weight": "fc.weight", "blk.0.attn_norm.weight": "attn_norm.weight", "blk.0.attn_norm_2.weight": "attn_norm_2.weight",
+                "blk.0.attn_q.weight": "attn.wq.weight", "blk.0.attn_k.weight": "attn.wk.weight", "blk.0.attn_v.weight": "attn.wv.weight",
+                "blk.0.attn_output.weight": "attn.wo.weight", "blk.0.ffn_norm.weight": "ffn_norm.weight",
+                "blk.0.ffn_gate.weight": "mlp.w_gate.weight", "blk.0.ffn_up.weight": "mlp.w_up.weight",
+                "blk.0.ffn_down.weight": "mlp.w_down.weight", "output_norm.weight": "norm.weight", "output.weight": "output.weight"}
+
+
+def load_init(a, layers):
+    """The head GGUF --init names (weights dequantized, as PyTorch's parameter names; d2t), checked
+    against this run: same kind and, for EAGLE-3, the same target layers."""
+    import gguf
+    from model import dequantized
+    if not os.path.exists(a.init):
+        sys.exit(f"train_eagle: error: --init {a.init}: no such file")
+    r = gguf.GGUFReader(a.init)
+    arch = r.fields["general.architecture"].contents()
+    want = {"eagle3": "eagle3", "eagle1": "specula-eagle1"}[a.kind]
+    if arch != want:
+        sys.exit(f"train_eagle: error: --init {a.init} is a {arch} file, not {want}")
+    if a.kind == "eagle3" and list(r.fields["eagle3.target_layers"].contents()) != list(layers):
+        sys.exit(f"train_eagle: error: --init {a.init} reads target layers {r.fields['eagle3.target_layers'].contents()}, "
+                 f"the --feats files {layers}")
+    tensors = {t.name: t for t in r.tensors}
+    init = {"state_dict": {GGUF_TO_HEAD[n]: dequantized(t) for n, t in tensors.items() if n in GGUF_TO_HEAD}}
+    if "d2t" in tensors:
+        init["d2t"] = torch.from_numpy(np.array(tensors["d2t"].data, dtype=np.int64))
+    return init
+
+
 def train_on_features(a, log):
     """A real target: its features and top-k distributions read from target_features.py's files."""
     parts = [torch.load(f) for f in a.feats]
@@ -228,7 +267,11 @@ def train_on_features(a, log):
     if a.kind == "eagle1":
         a.vocab = n_vocab  # drafts over the target's own logits
     resumed = load_resume(a, layers) if a.resume else None
-    if resumed is not None and "d2t" in resumed:
+    init = load_init(a, layers) if a.init else None
+    if init is not None and "d2t" in init:
+        d2t = init["d2t"]
+        a.vocab = len(d2t)
+    elif resumed is not None and "d2t" in resumed:
         d2t = resumed["d2t"]  # the head's output rows belong to this vocabulary, whatever the new data's counts
         a.vocab = len(d2t)
     else:
@@ -265,6 +308,12 @@ def train_on_features(a, log):
             head.fc.weight[:, c.dim:] += torch.eye(c.dim)
         target_norm = torch.nn.RMSNorm(c.dim, eps=c.norm_eps, elementwise_affine=True)
         target_norm.weight = torch.nn.Parameter(w["output_norm.weight"], requires_grad=False)
+    if init is not None:
+        try:
+            head.load_state_dict(init["state_dict"])
+        except RuntimeError as e:
+            sys.exit(f"train_eagle: error: --init {a.init} does not fit a head of {c.__dict__}: {e}")
+        print(f"initialized from {a.init}", flush=True)
     embd = torch.nn.Embedding.from_pretrained(w["token_embd.weight"])  # frozen: the engine feeds the target's
     nparam = sum(p.numel() for p in head.parameters())
     print(f"{a.kind} head: {nparam / 1e6:.2f}M params", flush=True)
@@ -301,7 +350,7 @@ def train_on_features(a, log):
             valid[b, :max(0, s["n_prompt"] - 2)] = False  # score the reply (and the turn's last prompt tokens) only
         return x, feat, hfin, top_ids, top_p, valid
 
-    def run(x, feat, hfin, top_ids, top_p, valid):
+    def run(x, feat, hfin, top_ids, top_p, valid, train_mode=True):
         def score(k, n, lq, out):
             ids = top_ids[:, 1 + k:1 + k + n]
             p = top_p[:, 1 + k:1 + k + n]
@@ -319,7 +368,29 @@ def train_on_features(a, log):
             agree = (d2t[lq.argmax(-1)] == ids[..., 0]) & m
             return loss, agree.sum().item() / max(1, m.sum().item())
 
-        return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score)
+        return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score, train_mode)
+
+    heldout = [] if not a.heldout else [s for s in torch.load(a.heldout)["seqs"] if s["split"] == "heldout"]
+    if a.heldout and not heldout:
+        sys.exit(f"train_eagle: error: --heldout {a.heldout} has no held-out sequence (target_features.py --split heldout)")
+
+    def evaluate(step):
+        """Loss and top-1 agreement by training-time-test step on the held-out sequences, weighted by tokens."""
+        if not heldout:
+            return
+        tot, loss_sum, acc_sum = 0, 0.0, None
+        with torch.no_grad():
+            for i in range(0, len(heldout), 16):
+                batch = make_batch(heldout[i:i + 16])
+                n = batch[-1].sum().item()
+                loss, accs = run(*batch, train_mode=False)
+                tot += n
+                loss_sum += loss.item() * n
+                acc_sum = [n * v for v in accs] if acc_sum is None else [x + n * v for x, v in zip(acc_sum, accs)]
+        rec = {"event": "heldout", "model": a.name, "step": step, "sequences": len(heldout), "loss": round(loss_sum / tot, 4),
+               "top1_agree_by_step": [round(v / tot, 4) for v in acc_sum]}
+        log.write(json.dumps(rec) + "\n"); log.flush()
+        print(rec, flush=True)
 
     def save(step):
         ck = {"config": c.__dict__, "state_dict": head.state_dict(), "target_hidden_size": c.dim, "step": step, "args": vars(a),
@@ -332,6 +403,7 @@ def train_on_features(a, log):
 
     log.write(json.dumps({"event": "resume" if resumed is not None else "start", "model": a.name, "params": nparam, "args": vars(a),
                           "coverage": coverage, "step": step, "elapsed_s": elapsed0}) + "\n")
+    evaluate(step)
     t0 = time.time()
     while step < a.max_steps and elapsed0 + time.time() - t0 < a.minutes * 60:
         perm = torch.randperm(len(train), generator=g).tolist()
@@ -353,8 +425,11 @@ def train_on_features(a, log):
                 print(rec, flush=True)
             if step % a.save_every == 0:
                 save(step)
+            if step % a.eval_every == 0:
+                evaluate(step)
         epoch += 1
     save(step)
+    evaluate(step)
     log.write(json.dumps({"event": "done", "model": a.name, "steps": step, "elapsed_s": elapsed0 + time.time() - t0}) + "\n")
     print("done", step, "steps", elapsed0 + time.time() - t0)
 
