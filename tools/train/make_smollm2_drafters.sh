@@ -17,6 +17,7 @@
 # the engine's own kernels) -> each drafter (wall-clock budget, checkpoints as it goes, held-out
 # agreement in the log; bf16 matmuls where the CPU has AMX or AVX-512 BF16) -> GGUF with the
 # target's tokenizer. Finished replies and features in WORK_DIR are reused.
+# FIRST=N takes only the first N prompts (the shipped EAGLE-3 head: FIRST=540).
 # INIT=models/smollm2-eagle3.gguf extends the shipped EAGLE-3 head (train_eagle.py --init: its
 # weights and draft vocabulary, a new optimizer and schedule; LR, default 2e-3, sets the peak).
 set -euo pipefail
@@ -28,6 +29,7 @@ DRAFTERS="${3:-eagle3}"
 THREADS="${THREADS:-2}"
 SETS="${SETS:-0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000 0.7:6000 0.9:7000}"
 INIT="${INIT:-}"
+FIRST="${FIRST:-}"  # only the first N prompts of the set (540: the prompts the shipped EAGLE-3 head was trained on)
 LR="${LR:-2e-3}"
 MODEL="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 BIN="$ROOT/build/bin"
@@ -40,7 +42,8 @@ mkdir -p "$WORK"
 # temperature:seed of each reply set (prompt i uses seed + i)
 for set in $SETS; do
   python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
-    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 8 --ctx 512 --threads "$THREADS"
+    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 8 --ctx 512 --threads "$THREADS" \
+    ${FIRST:+--first "$FIRST"}
 done
 python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
   --out "$WORK/heldout_0_1.jsonl" --n 192 --temp 0 --seed 1 --split heldout --parallel 8 --ctx 512 --threads "$THREADS"
