@@ -14,11 +14,11 @@ class ModelRunner;
 
 struct TargetFeatures {
     int n_tokens = 0;
-    int width = 0;                // tap layers x n_embd
+    int width = 0;  // tap layers x n_embd
     int top_k = 0;
-    std::vector<float> taps;      // [n_tokens, width]: each row its tap layers concatenated
+    std::vector<float> taps;       // [n_tokens, width]: each row its tap layers concatenated
     std::vector<int32_t> top_ids;  // [n_tokens, top_k], most probable first (ties by id)
-    std::vector<float> top_logp;  // [n_tokens, top_k]: log-softmax of the target's logits
+    std::vector<float> top_logp;   // [n_tokens, top_k]: log-softmax of the target's logits
 };
 
 // Runs `tokens` through the target in causal blocks of at most `chunk` rows from the start of the
