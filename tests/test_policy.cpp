@@ -318,6 +318,52 @@ TEST(TreeSizePolicy, MinPathProbStopsTheDynamicBuilder) {
     EXPECT_EQ(test::build_tree(b, expand).tree.max_depth(), 3);
 }
 
+// Catches: a dynamic tree drafted levels deeper than the policy then verifies. The bar of a
+// rank prices that rank's verify row at the rate of the last chosen tree.
+TEST(TreeSizePolicy, RankBarsPriceEachNodesVerifyRow) {
+    // Verify cost: flat up to 4 tokens, then +1 ms per token.
+    std::vector<double> cost = {1.0, 1.0, 1.0, 1.0};
+    for (int b = 5; b <= 17; ++b) cost.push_back(cost.back() + 1.0);
+    TreeSizePolicy p(cost);
+    EXPECT_TRUE(p.rank_bars().empty());  // no tree chosen yet: no rate to beat
+    const std::vector<double> probs = {0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1};
+    ASSERT_EQ(p.choose(probs, 0.0), 3);  // 1 + 2.4 tokens for 1 ms
+    const std::vector<float> bars = p.rank_bars();
+    ASSERT_EQ(bars.size(), 16u);
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(bars[k], 0.0f) << k;          // rows 2-4 cost nothing extra
+    for (int k = 3; k < 16; ++k) EXPECT_NEAR(bars[k], 3.4, 1e-5) << k;  // 1 ms at 3.4 tokens per ms
+    // A draft that promised twice what the target accepted needs twice the probability.
+    for (int r = 0; r < 200; ++r) p.observe(2.0, 1, 3, 2, cost[3]);
+    EXPECT_NEAR(p.rank_bars()[3], 3.4 / p.calibration(), 1e-4);
+}
+
+TEST(TreeSizePolicy, RankBarsStopTheDynamicBuilder) {
+    // Every child has probability 0.5 of its parent's path, slightly less for later siblings.
+    auto expand = [](const TokenTree &, std::span<const int> frontier, std::span<const int> n) {
+        std::vector<Expansion> out;
+        for (size_t i = 0; i < frontier.size(); ++i) {
+            Expansion e;
+            for (int c = 0; c < n[i]; ++c) e.tokens.push_back(c + 1), e.logp.push_back(std::log(0.5f) - 0.01f * c);
+            out.push_back(e);
+        }
+        return out;
+    };
+    TreeBudget b{TreeShape::Dynamic, 8, 2, 64};
+    EXPECT_EQ(test::build_tree(b, expand).tree.max_depth(), 8);
+    // Depth 1: 0.5 and 0.495. The first one's children would rank second (bar 0), the second
+    // one's third (bar 0.499): only the first is expanded. Its children (0.25) would rank fourth,
+    // behind the three likelier nodes, where the bar (0.3) is above them: the tree stops at depth 2.
+    b.rank_bar = {0.0f, 0.0f, 0.499f, 0.3f, 0.3f, 0.3f, 0.3f, 0.3f};
+    const TokenTree t = test::build_tree(b, expand).tree;
+    EXPECT_EQ(t.max_depth(), 2);
+    ASSERT_EQ(t.size(), 4);
+    EXPECT_EQ(t.parent[2], 0);
+    EXPECT_EQ(t.parent[3], 0);
+    // Past the bars' end nothing is held back.
+    b.rank_bar = {0.0f, 0.0f};
+    EXPECT_EQ(test::build_tree(b, expand).tree.max_depth(), 8);
+}
+
 TEST(CostPolicy, DraftsNothingWhenDraftingCannotPay) {
     // Verifying 2 tokens costs twice 1: a draft must be accepted always to break even.
     auto p = make_draft_policy(DraftPolicyKind::Cost, 4, {1.0, 2.0, 3.0, 4.0, 5.0});

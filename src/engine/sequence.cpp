@@ -109,6 +109,7 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
                                                                                              : p_.tree_size->max_nodes();
             if (round == TreeSizePolicy::Round::Explore) budget_.depth = 1;
             budget_.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
+            budget_.rank_bar = p_.tree_size->rank_bars(step);
         }
         budget_.max_nodes = std::min(budget_.max_nodes, room);
         budget_.depth = std::min(budget_.depth, room);

@@ -22,7 +22,20 @@ int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, 
         const double rate = (1.0 + gamma * promised + other_tokens) / (draft_ms + verify_.ms(others + 1) + verify_.extra_ms(others + 1, n));
         if (rate > best_rate) best_rate = rate, best = n;
     }
+    chosen_rate_ = best_rate;
     return best;
+}
+
+std::vector<float> TreeSizePolicy::rank_bars(const StepShare & step) const {
+    std::vector<float> bars;
+    if (chosen_rate_ <= 0.0) return bars;
+    const double gamma = std::clamp(calibration(), 0.05, 2.0);
+    const int rows = std::max(0, step.other_rows) + 1;
+    for (int k = 0; k < max_nodes(); ++k) {
+        const double row_ms = verify_.extra_ms(rows, k + 1) - verify_.extra_ms(rows, k);
+        bars.push_back(static_cast<float>(chosen_rate_ * std::max(0.0, row_ms) / gamma));
+    }
+    return bars;
 }
 
 void TreeSizePolicy::observe_draft(double draft_ms, int levels) {

@@ -40,6 +40,13 @@ public:
     // In a shared step a drafter forward delays every sequence of the step, so it must beat the
     // step's plain rate: (1 + the others' tokens) per forward of (the others' rows + 1).
     double min_path_prob(const StepShare & step = {}) const;
+    // bars[k] (k < max_nodes()): the least path probability a node needs to be verified when k
+    // nodes of the tree are likelier. Verifying it as the (k + 1)-th node adds gamma * P expected
+    // tokens for its verify row's extra time, which raises the round's tokens per ms only above
+    // the rate of the tree chosen last round. The dynamic builder does not expand a node below the
+    // bar of the rank its children would take (they are no likelier than it): those levels' drafter
+    // forwards would draft nodes that choose() then prunes. Empty before the first choose().
+    std::vector<float> rank_bars(const StepShare & step = {}) const;
     // What this round drafts. A draft L levels deep adds L drafter forwards and its rows' verify
     // cost to the step and is expected to add the tokens the acceptance seen at each depth
     // promises; for a full draft (Draft) that must beat the step's plain rate, (1 + the others'
@@ -86,6 +93,7 @@ private:
     std::array<double, kMaxDepth> reached_{}, accepted_at_{};
     double levels_ = 0.0, level_nodes_ = 0.0;  // decayed sums over full drafts: tree depth, verified nodes
     double level_ms_ = 0.0;                    // drafter time per tree level, smoothed
+    double chosen_rate_ = 0.0;                 // tokens per ms of the last chosen tree (choose())
     int skipped_ = 0;                          // rounds skipped since the last one that drafted
     Round last_plan_ = Round::Draft;
     bool time_next_draft_ = true;  // false for a round whose drafter catches up (a sequence's first, one after skips)

@@ -152,6 +152,14 @@ bool TreeGrower::plan_level(int d) {
             // Children are no likelier than their parent: below the bar they cannot pay for a forward.
             const float log_min = std::log(budget_.min_path_prob);
             std::erase_if(level, [&](int n) { return tree_.logp[n] < log_min; });
+            // Its children would rank behind it and every likelier node: below that rank's bar,
+            // verifying them would cost more than they promise.
+            if (!budget_.rank_bar.empty()) {
+                std::erase_if(level, [&](int n) {
+                    const size_t rank = 1 + std::count_if(tree_.logp.begin(), tree_.logp.end(), [&](float lp) { return lp > tree_.logp[n]; });
+                    return rank < budget_.rank_bar.size() && tree_.logp[n] < std::log(budget_.rank_bar[rank]);
+                });
+            }
             frontier_ = level;
             n_children_.assign(frontier_.size(), std::min(budget_.branching, budget_.max_nodes));
             break;

@@ -22,6 +22,10 @@ struct TreeBudget {
     int branching = 4;           // children per expanded node (dynamic), frontier width per depth (dynamic)
     int max_nodes = 4;           // nodes sent to verification
     float min_path_prob = 0.0f;  // dynamic: nodes whose path is less likely than this are not expanded
+    // dynamic: [k] the least path probability worth verifying with k likelier nodes in the tree
+    // (TreeSizePolicy::rank_bars); a node below the bar of its children's rank is not expanded.
+    // Empty, or past its end: no bar.
+    std::vector<float> rank_bar;
 };
 
 // Children proposed for one frontier node, in proposal order (the order the verifier tries them).
