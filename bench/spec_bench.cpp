@@ -290,14 +290,37 @@ std::vector<double> forward_cost(ModelRunner & runner, KvCache & cache, std::spa
     return ms;
 }
 
-CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & prompts, int n_gen, int k_max) {
+// The verify-cost curve of an earlier run's JSON (`cost_curve.target_verify_ms`), at least
+// max_tokens long; throws Error naming what is missing.
+std::vector<double> cost_curve_of(const std::string & path, size_t max_tokens) {
+    std::ifstream in(path);
+    if (!in) throw Error(path + ": cannot open the run to take the cost curve from");
+    const json j = json::parse(in, nullptr, false);
+    const json * curve = j.is_object() && j.contains("cost_curve") && j["cost_curve"].is_object() ? &j["cost_curve"] : nullptr;
+    if (!curve || !curve->contains("target_verify_ms") || !(*curve)["target_verify_ms"].is_array()) {
+        throw Error(path + ": not a bench spec JSON (no cost_curve.target_verify_ms)");
+    }
+    std::vector<double> ms;
+    for (const json & v : (*curve)["target_verify_ms"]) {
+        if (!v.is_number() || !(v.get<double>() > 0.0)) throw Error(path + ": cost_curve.target_verify_ms holds a value that is not a positive number");
+        ms.push_back(v.get<double>());
+    }
+    if (ms.size() < max_tokens) {
+        throw Error(path + ": its cost curve covers " + std::to_string(ms.size()) + " tokens, this run verifies up to " + std::to_string(max_tokens) +
+                    " (a smaller --draft-max, or a run with this one's)");
+    }
+    ms.resize(max_tokens);
+    return ms;
+}
+
+CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & prompts, int n_gen, int k_max, const std::string & curve_from) {
     CostCurve c;
     size_t prompt_tokens = 0;
     for (const auto & p : prompts) prompt_tokens += p.tokens.size();
     c.depth = static_cast<int>(prompt_tokens / prompts.size()) + n_gen / 2;
     const int max_tokens = std::max(k_max, kAutoTreeMaxNodes) + 1;
     const auto probe = probe_tokens(prompts, c.depth + max_tokens);
-    c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
+    c.verify_ms = curve_from.empty() ? forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens) : cost_curve_of(curve_from, max_tokens);
     if (!rig.draft.draft_model) return c;
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
     ModelRunner draft_runner(*rig.draft.draft_model);
@@ -728,6 +751,7 @@ void validate(const SpecBenchOptions & o) {
     if (o.n_gen < 1) throw Error("-n must be at least 1");
     if (o.draft_max < 1) throw Error("--draft-max must be at least 1");
     if (o.temps.empty()) throw Error("--temps needs at least one temperature");
+    if (!o.cost_curve_from.empty()) cost_curve_of(o.cost_curve_from, static_cast<size_t>(std::max(o.draft_max, kAutoTreeMaxNodes) + 1));
     // Before minutes of runs: a page that cannot be written fails now, not at the end.
     if (!o.html_path.empty() && !std::ofstream(o.html_path)) throw Error(o.html_path + ": cannot open the report for writing");
     for (float t : o.temps) {
@@ -906,7 +930,7 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"predicted_speedup", h.spec.predicted},
         {"measured_speedup", h.spec.speedup},
         {"speedup_ceiling", h.spec.ceiling},
-        {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}}},
+        {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}, {"from", o.cost_curve_from.empty() ? json(nullptr) : json(o.cost_curve_from)}}},
         {"results", std::move(rows)},
     };
 }
@@ -942,7 +966,8 @@ int run_spec_bench(const SpecBenchOptions & o) {
     llama.threads = rig.backend.n_threads();
     llama.n_ctx = n_ctx;
     llama.log_file = scratch.path / "llama.log";
-    rig.cost = measure_cost_curve(rig, prompts, o.n_gen, o.draft_max);
+    rig.cost = measure_cost_curve(rig, prompts, o.n_gen, o.draft_max, o.cost_curve_from);
+    if (!o.cost_curve_from.empty()) std::printf("verify cost curve from %s (not measured)\n", o.cost_curve_from.c_str());
     print_cost(rig.cost);
     rig.tree.max_nodes = o.tree_nodes;
     std::printf("tree modes: depth %d, branching %d, nodes per verify: ", rig.tree.depth, rig.tree.branching);

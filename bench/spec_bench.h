@@ -8,15 +8,19 @@
 namespace specula::bench {
 
 struct SpecBenchOptions {
-    std::string model;                      // target GGUF
-    std::string draft;                      // draft GGUF (same vocabulary)
-    std::string eagle;                      // optional EAGLE-1 head: adds its chain/static/dynamic modes
-    std::string eagle3;                     // optional EAGLE-3 head: adds its modes and llama.cpp's EAGLE-3
-    std::string specee;                     // optional SpecEE predictors (needs eagle3): adds specee-lossy (T = 0) and specee-lossless
-    float specee_threshold = -1.0f;         // < 0: the predictors' own
-    bool specee_online = false;             // SpecEE's online scheduling level
-    bool llamacpp = true;                   // false: specula's modes only (no peer tools needed)
-    int tree_nodes = 0;                     // nodes per tree verify; 0 = from the measured verify cost
+    std::string model;               // target GGUF
+    std::string draft;               // draft GGUF (same vocabulary)
+    std::string eagle;               // optional EAGLE-1 head: adds its chain/static/dynamic modes
+    std::string eagle3;              // optional EAGLE-3 head: adds its modes and llama.cpp's EAGLE-3
+    std::string specee;              // optional SpecEE predictors (needs eagle3): adds specee-lossy (T = 0) and specee-lossless
+    float specee_threshold = -1.0f;  // < 0: the predictors' own
+    bool specee_online = false;      // SpecEE's online scheduling level
+    bool llamacpp = true;            // false: specula's modes only (no peer tools needed)
+    int tree_nodes = 0;              // nodes per tree verify; 0 = from the measured verify cost
+    // An earlier run's JSON whose verify-cost curve this run uses instead of measuring its own:
+    // the policies then decide on the same curve in both arms of an A/B comparison, where a
+    // curve timed once at the start moves with the machine's load from run to run.
+    std::string cost_curve_from;
     std::string prompts;                    // prompt set (JSON); empty = bench/prompts.json of the source tree
     std::string json_path;                  // write results as JSON
     std::string html_path;                  // write results as an HTML page (tools/report/)

@@ -27,6 +27,42 @@ TEST(BenchSpec, ClearErrors) {
     test::expect_cli_error(cli, target + " --draft " + test::shipped_model("specula-draft.gguf") + " --prompts " + bad, bad + ": expected {\"chat\": false");
     test::expect_cli_error(cli, target + " --draft " + test::shipped_model("specula-draft.gguf") + " --specee x.gguf",
                            "--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");
+    // --cost-curve-from: a file that is not there, not a run, a curve too short for this run's
+    // largest verify (33 tokens), a value that is no time.
+    const std::string with_draft = target + " --draft " + test::shipped_model("specula-draft.gguf") + " --cost-curve-from ";
+    test::expect_cli_error(cli, with_draft + "no-such-run.json", "no-such-run.json: cannot open the run to take the cost curve from");
+    const std::string run = test::scratch_file("bench-spec-curve.json");
+    std::ofstream(run) << R"({"results": []})";
+    test::expect_cli_error(cli, with_draft + run, run + ": not a bench spec JSON (no cost_curve.target_verify_ms)");
+    std::ofstream(run) << R"({"cost_curve": {"target_verify_ms": [1.0, 1.1, 1.2]}})";
+    test::expect_cli_error(cli, with_draft + run, run + ": its cost curve covers 3 tokens, this run verifies up to 33");
+    std::ofstream(run) << R"({"cost_curve": {"target_verify_ms": [1.0, -1.1, 1.2]}})";
+    test::expect_cli_error(cli, with_draft + run, run + ": cost_curve.target_verify_ms holds a value that is not a positive number");
+}
+
+// Catches: --cost-curve-from ignored (the run measures its own curve, and an A/B comparison's
+// two arms decide on different curves), or the run not saying where its curve came from.
+TEST(BenchSpec, CostCurveFromAnEarlierRun) {
+    const std::string cli = SPECULA_CLI;
+    nlohmann::json earlier;
+    std::vector<double> curve;
+    for (int b = 1; b <= 40; ++b) curve.push_back(1.0 + 0.25 * b);
+    earlier["cost_curve"]["target_verify_ms"] = curve;
+    const std::string from = test::scratch_file("bench-spec-earlier.json");
+    std::ofstream(from) << earlier.dump();
+    const std::string prompts = test::scratch_file("bench-spec-curve-prompts.json");
+    std::ofstream(prompts) << R"({"chat": false, "prompts": [{"category": "code", "name": "a", "text": "def main():"}]})";
+    const std::string json_path = test::scratch_file("bench-spec-curve-out.json");
+    const test::CommandRun run = test::run_command(cli + " bench spec --no-llamacpp -m " + test::shipped_model("specula-target.gguf") + " --draft " +
+                                                   test::shipped_model("specula-draft.gguf") + " --prompts " + prompts +
+                                                   " -n 4 --reps 1 --temps 0 -t 1 --cost-curve-from " + from + " --json " + json_path);
+    ASSERT_EQ(run.exit_code, 0) << run.err << run.out;
+    EXPECT_NE(run.out.find("verify cost curve from " + from + " (not measured)"), std::string::npos) << run.out;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(json_path));
+    const std::vector<double> used = j["cost_curve"]["target_verify_ms"];
+    ASSERT_EQ(used.size(), 33u);  // max(--draft-max, 32 nodes) + the root
+    for (size_t b = 0; b < used.size(); ++b) EXPECT_EQ(used[b], curve[b]) << b;
+    EXPECT_EQ(j["cost_curve"]["from"], from);
 }
 
 // Catches: SpecEE rows missing from a `bench spec` run, or with exit figures, agreement or

@@ -37,6 +37,8 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_flag("--specee-online", s->specee_online, "SpecEE: probe near the recent tokens' exit layers too (docs/specee.md)");
     spec->add_flag("!--no-llamacpp", s->llamacpp, "specula's modes only: llama.cpp's peer tools are not run (nor needed)");
     spec->add_option("--tree-nodes", s->tree_nodes, "nodes per tree verify (0 = from the measured verify cost)")->capture_default_str();
+    spec->add_option("--cost-curve-from", s->cost_curve_from,
+                     "an earlier run's --json: use its verify-cost curve instead of measuring one (A/B runs decide on the same curve)");
     spec->add_option("-t,--threads", s->threads, "threads for every engine (0 = physical cores)")->capture_default_str();
     add_choice(spec, "--kernels", s->kernels, parse_kernels, "specula's kernels: auto (default; own on the CPU) | specula | ggml");
     add_choice(spec, "--attention", s->attention, parse_attention,
