@@ -286,6 +286,19 @@ TEST(HostileCli, BadChoicesNameTheValue) {
     expect_cli_error(m + "--ngram --draft " + target(), "choose one drafter: --draft, --eagle, --eagle3 or --ngram");
 }
 
+// Catches a malformed command line (an item of a list option that is no number, an unknown or
+// incomplete flag) failing otherwise than every other bad input: one `specula: error:` line
+// naming the option, exit 1.
+TEST(HostileCli, MalformedCommandLinesAreOneLine) {
+    const std::string m = "generate -m " + target() + " -p hi -n 2 ";
+    expect_cli_error(m + "--bogus", "--bogus");
+    expect_cli_error(m + "--temp warm", "--temp");
+    expect_cli_error("generate -m " + target() + " -n 2", "--prompt is required");
+    expect_cli_error("bench spec -m " + target() + " --temps 0,x", "--temps");
+    expect_cli_error("bench serve -m " + target() + " --clients 1,two", "--clients");
+    expect_cli_error("frobnicate", "unknown command 'frobnicate' (expected generate, ");
+}
+
 // Catches SpecEE flags that crash, are ignored, or fail without saying what is missing or wrong.
 TEST(HostileCli, SpecEEFlagsNameTheProblem) {
     Backend backend(BackendOptions{"cpu", 1});

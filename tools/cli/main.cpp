@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.h"
 #include "specula/error.h"
@@ -25,7 +26,23 @@ int main(int argc, char ** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {
-        return app.exit(e);
+        if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all
+        // CLI11's reason (the option and the value it could not take) as every other failure: one
+        // line, exit 1. A word where the command belongs is named with the commands there are.
+        std::string why = e.what();
+        if (app.get_subcommands().empty()) {
+            for (int i = 1; i < argc; ++i) {
+                if (argv[i][0] == '-') continue;
+                std::string names;
+                for (const CLI::App * sub : app.get_subcommands([](const CLI::App *) { return true; })) {
+                    names += (names.empty() ? "" : ", ") + sub->get_name();
+                }
+                why = "unknown command '" + std::string(argv[i]) + "' (expected " + names + ")";
+                break;
+            }
+        }
+        std::fprintf(stderr, "specula: error: %s (see --help)\n", why.c_str());
+        return 1;
     } catch (const std::exception & e) {  // a flag's value refused by specula's own parsing
         std::fprintf(stderr, "specula: error: %s\n", e.what());
         return 1;
