@@ -149,17 +149,17 @@ bool TreeGrower::plan_level(int d) {
                 const float bar = lp[budget_.max_nodes - 1];
                 std::erase_if(level, [&](int n) { return tree_.logp[n] <= bar; });
             }
-            // Children are no likelier than their parent: below the bar they cannot pay for a forward.
-            const float log_min = std::log(budget_.min_path_prob);
-            std::erase_if(level, [&](int n) { return tree_.logp[n] < log_min; });
-            // Its children would rank behind it and every likelier node: below that rank's bar,
-            // verifying them would cost more than they promise.
-            if (!budget_.rank_bar.empty()) {
-                std::erase_if(level, [&](int n) {
-                    const size_t rank = 1 + std::count_if(tree_.logp.begin(), tree_.logp.end(), [&](float lp) { return lp > tree_.logp[n]; });
-                    return rank < budget_.rank_bar.size() && tree_.logp[n] < std::log(budget_.rank_bar[rank]);
-                });
-            }
+            // Children are no likelier than their parent, and would rank behind it and every
+            // likelier node: a node below the bar its children need is not expanded. That bar is
+            // the least path probability that pays for a drafter forward, or for a verify row at
+            // the children's rank (rank_bar), whichever is higher.
+            auto children_bar = [&](int n) {
+                float bar = budget_.min_path_prob;
+                const size_t rank = 1 + std::count_if(tree_.logp.begin(), tree_.logp.end(), [&](float lp) { return lp > tree_.logp[n]; });
+                if (rank < budget_.rank_bar.size()) bar = std::max(bar, budget_.rank_bar[rank]);
+                return bar;
+            };
+            std::erase_if(level, [&](int n) { return tree_.logp[n] < std::log(children_bar(n)); });
             frontier_ = level;
             n_children_.assign(frontier_.size(), std::min(budget_.branching, budget_.max_nodes));
             break;

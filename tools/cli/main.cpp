@@ -1,5 +1,6 @@
 // specula command line: generate | serve | bench | make-model | convert | report. Every failure prints one line and exits 1.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -30,16 +31,11 @@ int main(int argc, char ** argv) {
         // CLI11's reason (the option and the value it could not take) as every other failure: one
         // line, exit 1. A word where the command belongs is named with the commands there are.
         std::string why = e.what();
-        if (app.get_subcommands().empty()) {
-            for (int i = 1; i < argc; ++i) {
-                if (argv[i][0] == '-') continue;
-                std::string names;
-                for (const CLI::App * sub : app.get_subcommands([](const CLI::App *) { return true; })) {
-                    names += (names.empty() ? "" : ", ") + sub->get_name();
-                }
-                why = "unknown command '" + std::string(argv[i]) + "' (expected " + names + ")";
-                break;
-            }
+        const auto word = std::find_if(argv + 1, argv + argc, [](const char * a) { return a[0] != '-'; });
+        if (app.get_subcommands().empty() && word != argv + argc) {
+            std::string names;
+            for (const CLI::App * sub : app.get_subcommands([](const CLI::App *) { return true; })) names += (names.empty() ? "" : ", ") + sub->get_name();
+            why = "unknown command '" + std::string(*word) + "' (expected " + names + ")";
         }
         std::fprintf(stderr, "specula: error: %s (see --help)\n", why.c_str());
         return 1;
