@@ -199,6 +199,32 @@ TEST(TreeSizePolicy, ExploringRoundsThatAgreeBringDraftsBack) {
     EXPECT_GT(drafted, 100) << "a first depth that pays alone should bring drafting back";
 }
 
+// A sequence's first drafting round reads the whole prompt into the drafter first (an EAGLE-3
+// head after a 1,774-token prompt: 142.8 ms in its first level, then 0.3-0.75 ms a level).
+// Catches: that round timed whole as the price of a drafter level (24 ms a level), after which
+// no draft could ever pay and the policy skipped every later round of the generation, and its
+// tree priced with the catch-up (a sunk 146 ms made a 24-node tree look cheap).
+TEST(TreeSizePolicy, AFirstRoundsPromptCatchUpIsNotTheDraftersPrice) {
+    std::vector<double> curve;  // SmolLM2-135M-Instruct's shape on a Zen 4 CPU: flat to 4 tokens
+    for (int n = 1; n <= 33; ++n) curve.push_back(n <= 4 ? 4.2 * (1.0 + 0.05 * (n - 1)) : 4.83 + 0.55 * (n - 4));
+    TreeSizePolicy p(curve);
+    const double priced = p.observe_draft(145.0, 6, 142.8);
+    EXPECT_NEAR(priced, 6 * (145.0 - 142.8) / 5, 1e-9) << "the round is priced at its ordinary levels' time";
+    EXPECT_NEAR(p.min_path_prob(), (145.0 - 142.8) / 5 / curve[0], 1e-9);
+    for (int r = 0; r < 20; ++r) {
+        ASSERT_EQ(p.plan_round(StepShare{}), TreeSizePolicy::Round::Draft) << "round " << r;
+        EXPECT_DOUBLE_EQ(p.observe_draft(1.2, 4, 0.35), 1.2) << "later rounds are timed and priced as they are";
+        p.observe(2.0, 2, 4, 3, curve[4]);
+    }
+    // A one-level round after skips catches up too: not timed, priced at the usual level time.
+    TreeSizePolicy q(curve);
+    q.observe_draft(0.8, 4);
+    EXPECT_NEAR(q.observe_draft(0.8, 4), 0.8, 1e-12);
+    q.begin_sequence();
+    EXPECT_NEAR(q.observe_draft(9.0, 1, 9.0), 0.2, 1e-12);
+    EXPECT_NEAR(q.min_path_prob(), 0.2 / curve[0], 1e-12);
+}
+
 // The shape measured in `specula serve` with SmolLM2 at 8 clients on an AVX-512 VNNI CPU: a
 // one-row step 3.46 ms, each further row ~0.74 ms (8 rows 6.8 ms, 16 rows 12.7 ms), and 0.3 ms per
 // drafter level. Alone a drafted token can pay; in a step of 8 sequences even a draft accepted

@@ -151,10 +151,10 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
         if (gated_) decision_.why = "no draft: the server measured plain steps faster at this load";
     }
     if (p_.tree_size && !draft_.tree.empty()) {
-        p_.tree_size->observe_draft(draft_ms, draft_.tree.max_depth());
+        const double priced_ms = p_.tree_size->observe_draft(draft_ms, draft_.tree.max_depth(), draft_level_ms_.empty() ? 0.0 : draft_level_ms_[0]);
         std::vector<double> path_probs;
         for (int node : prune_order(draft_.tree)) path_probs.push_back(std::exp(double(draft_.tree.logp[node])));
-        const int n = p_.tree_size->choose(path_probs, draft_ms, step_);
+        const int n = p_.tree_size->choose(path_probs, priced_ms, step_);
         if (n < draft_.tree.size()) draft_.tree = prune_tree(draft_.tree, n);
         for (int i = 0; i < n; ++i) promised_ += path_probs[i];
         if (observed) {

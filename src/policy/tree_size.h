@@ -33,8 +33,13 @@ public:
     // Every decoding round's step, drafting or not, when all its rows were verify rows: its rows
     // and forward time (VerifyCost::observe_step).
     void observe_step(int rows, double forward_ms);
-    // A drafting round's time and how many drafter forwards (tree levels) it took.
-    void observe_draft(double draft_ms, int levels);
+    // A drafting round's time, how many drafter forwards (tree levels) it took and the first
+    // level's share of it (0: unknown). Returns the drafting time to price this round's tree
+    // with. A round whose first level catches the drafter up on tokens (a sequence's first round,
+    // which reads the whole prompt, or one after skipped rounds) is timed by its later levels
+    // only, and priced at what its levels usually cost: timed whole, one long prompt's catch-up
+    // priced every later draft out, and the policy never drafted again.
+    double observe_draft(double draft_ms, int levels, double first_level_ms = 0.0);
     // Expanding a node of path probability P adds at most gamma * P expected tokens for one more
     // drafter forward; below this P that cannot beat plain decoding's rate, so it is not drafted.
     // In a shared step a drafter forward delays every sequence of the step, so it must beat the
@@ -96,7 +101,7 @@ private:
     double chosen_rate_ = 0.0;                 // tokens per ms of the last chosen tree (choose())
     int skipped_ = 0;                          // rounds skipped since the last one that drafted
     Round last_plan_ = Round::Draft;
-    bool time_next_draft_ = true;  // false for a round whose drafter catches up (a sequence's first, one after skips)
+    bool time_next_draft_ = false;  // false for a round whose drafter catches up (a sequence's first, one after skips)
 };
 
 }  // namespace specula

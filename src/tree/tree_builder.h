@@ -25,7 +25,7 @@ struct TreeBudget {
     // dynamic: [k] the least path probability worth verifying with k likelier nodes in the tree
     // (TreeSizePolicy::rank_bars); a node below the bar of its children's rank is not expanded.
     // Empty, or past its end: no bar.
-    std::vector<float> rank_bar;
+    std::vector<float> rank_bar = {};
 };
 
 // Children proposed for one frontier node, in proposal order (the order the verifier tries them).
