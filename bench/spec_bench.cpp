@@ -376,14 +376,14 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size
     } else {
         if (mode.kind == Kind::SpeculaSpeceeLossless) rig.exit_drafter->clear_exit_stats();
         Drafter & drafter = rig.drafter_for(mode.kind);
-        auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms);
+        auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms, rig.cost.depth);
         run.rounds_by_k.assign(rig.cost.verify_ms.size(), 0);
         TreeBudget tree;                            // a chain: the policy sets its length each round
         std::unique_ptr<TreeSizePolicy> tree_size;  // per generation, as Engine::generate
         if (mode.tree != TreeShape::Chain) {
             tree = rig.tree;
             tree.shape = mode.tree;
-            if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms);
+            if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms, rig.cost.depth);
         }
         SequenceParts parts{.cache = rig.cache, .drafter = &drafter, .policy = policy.get(), .tree = tree, .on_round = [&](const RoundInfo & r) { record_round(run, r); }, .verify = nullptr, .tree_size = tree_size.get()};
         s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);

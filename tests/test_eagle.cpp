@@ -161,42 +161,49 @@ TEST(Eagle, TrainedHeadsAcceptAndDecodeExactlyGreedilyWithEveryPolicyAndTree) {
 }
 
 // After every round the head's cache must equal one written from scratch from the target's
-// features of the accepted sequence: entry P = (token P+1, target features at P), for P < root.
+// features of the accepted sequence: entry P = (token P+1, target features at P), for P < root,
+// from the first position its prompt window keeps (the whole 13-token prompt, or with a window of
+// 5 positions 7.. in slots 0..). Catches self-fed drafts left in the cache, entries at the wrong
+// positions or slots, and a window that drops entries after the prompt.
 TEST(Eagle, HeadCacheHoldsTargetFeatureEntriesForTheAcceptedSequence) {
     Fixture f;
     for (const std::string kind : {"eagle1", "eagle3"}) {
-        auto head = EagleHead::load(test::eagle_head_path(kind, "llama_gqa_f32"), *f.target, f.backend);
-        EagleDrafter drafter(*head, 256);
-        ModelRunner head_runner(*head);
-        const auto layers = head->config().target_layers;
-        int checked = 0;
-        auto check = [&](const RoundInfo & r) {
-            const KvCache & hc = drafter.cache();
-            ASSERT_EQ(hc.size(), r.base) << "entries past the verified root: self-fed drafts leaked";
-            if (hc.size() < 2) return;
-            KvCache tc(f.backend, f.target->config(), 256);
-            ForwardBatch tb = ForwardBatch::causal(r.history.first(hc.size()), 0, {});
-            tb.tap_layers = layers;
-            ForwardOutput to = f.runner.forward(tb, tc);
-            ForwardBatch hb = ForwardBatch::causal(r.history.subspan(1, hc.size()), 0, {});
-            const int E = f.target->config().n_embd;
-            for (int p = 0; p < hc.size(); ++p) {
-                for (const auto & tap : to.taps) hb.hidden_in.insert(hb.hidden_in.end(), tap.begin() + p * E, tap.begin() + (p + 1) * E);
-            }
-            KvCache fresh(f.backend, 1, head->shape().n_embd_kv, 256);
-            head_runner.forward(hb, fresh);
-            double diff = 0.0;
-            for (int slot = 0; slot < hc.size(); ++slot) {
-                for (bool value : {false, true}) {
-                    auto a = hc.read_row(0, value, slot), b = fresh.read_row(0, value, slot);
-                    diff = std::max(diff, test::max_abs_diff(a, b));
+        for (const int window : {EagleDrafter::kPromptWindow, 5}) {
+            auto head = EagleHead::load(test::eagle_head_path(kind, "llama_gqa_f32"), *f.target, f.backend);
+            EagleDrafter drafter(*head, 256, window);
+            ModelRunner head_runner(*head);
+            const auto layers = head->config().target_layers;
+            const int first = std::max(0, static_cast<int>(kPrompt.size()) - 1 - window);
+            int checked = 0;
+            auto check = [&](const RoundInfo & r) {
+                const KvCache & hc = drafter.cache();
+                if (hc.size() == 0) return;
+                ASSERT_EQ(drafter.first_position(), first) << kind << " window " << window;
+                ASSERT_EQ(first + hc.size(), r.base) << "entries past the verified root: self-fed drafts leaked";
+                KvCache tc(f.backend, f.target->config(), 256);
+                ForwardBatch tb = ForwardBatch::causal(r.history.first(r.base), 0, {});
+                tb.tap_layers = layers;
+                ForwardOutput to = f.runner.forward(tb, tc);
+                ForwardBatch hb = ForwardBatch::causal(r.history.subspan(first + 1, hc.size()), first, {});
+                const int E = f.target->config().n_embd;
+                for (int p = first; p < r.base; ++p) {
+                    for (const auto & tap : to.taps) hb.hidden_in.insert(hb.hidden_in.end(), tap.begin() + p * E, tap.begin() + (p + 1) * E);
                 }
-            }
-            EXPECT_LT(diff, 5e-3) << kind << " round " << r.round;
-            ++checked;
-        };
-        f.speculative(drafter, TreeBudget{TreeShape::Dynamic, 4, 3, 12}, 30, check);
-        EXPECT_GT(checked, 3);
+                KvCache fresh(f.backend, 1, head->shape().n_embd_kv, 256);
+                head_runner.forward(hb, fresh);
+                double diff = 0.0;
+                for (int slot = 0; slot < hc.size(); ++slot) {
+                    for (bool value : {false, true}) {
+                        auto a = hc.read_row(0, value, slot), b = fresh.read_row(0, value, slot);
+                        diff = std::max(diff, test::max_abs_diff(a, b));
+                    }
+                }
+                EXPECT_LT(diff, 5e-3) << kind << " window " << window << " round " << r.round;
+                ++checked;
+            };
+            f.speculative(drafter, TreeBudget{TreeShape::Dynamic, 4, 3, 12}, 30, check);
+            EXPECT_GT(checked, 3);
+        }
     }
 }
 

@@ -30,6 +30,29 @@ TEST(VerifyCost, ScalesTheCurveByWhatRoundsReallyCost) {
     EXPECT_NEAR(v.ms(3), 8.0, 1e-2);
 }
 
+// Every verify row attends over the whole context: deep in a long one an extra row costs far more
+// than the curve measured near its start says, and more than the one-row forward's growth
+// suggests. Rounds at depth 2,000 of a curve measured at depth 100, costing (SmolLM2-135M's shape
+// on a Zen 4 CPU) 2.5 us per context token for the first row and 1 us for each further row.
+// Catches: a model with one scale for the whole curve (it prices 4 extra rows at depth 2,000 at
+// about a third of their cost), and one that moves the curve at the depth it was measured at.
+TEST(VerifyCost, ExtraRowsCostMoreDeeperInTheContext) {
+    const std::vector<double> curve = {4.0, 4.1, 4.3, 4.8, 5.3, 6.5, 6.7, 7.0};
+    auto truth = [&](int n, int depth) { return curve[n - 1] + (depth - 100) * (2.5e-3 + 1.0e-3 * (n - 1)); };
+    VerifyCost v(curve, 100);
+    for (int r = 0; r < 60; ++r) v.observe(1 + r % 5, curve[r % 5] * 1.1);  // at the measured depth: a scale only
+    for (int n = 1; n <= 8; ++n) EXPECT_NEAR(v.ms(n), 1.1 * curve[n - 1], 1e-3) << n;
+    v.at_depth(2000);
+    for (int r = 0; r < 60; ++r) {
+        const int n = 1 + 2 * (r % 3);  // plain, 3 and 5 rows, as rounds that skip, explore and draft
+        v.observe(n, truth(n, 2000));
+    }
+    EXPECT_NEAR(v.ms(1), truth(1, 2000), 0.15 * truth(1, 2000));
+    const double extra = truth(5, 2000) - truth(1, 2000);
+    EXPECT_NEAR(v.extra_ms(1, 4), extra, 0.15 * extra);
+    EXPECT_NEAR(v.extra_ms(1, 7), truth(8, 2000) - truth(1, 2000), 0.2 * (truth(8, 2000) - truth(1, 2000))) << "a size not observed";
+}
+
 // Catches: a policy that drafts as if alone inside a big shared step, where every draft token
 // makes all the other sequences wait (drafting should shrink as the batch grows).
 TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {

@@ -8,18 +8,21 @@
 
 namespace specula {
 
-EagleDrafter::EagleDrafter(const EagleHead & head, int n_ctx)
-    : EagleDrafter(head, std::make_shared<ModelRunner>(head), std::make_unique<KvCache>(head.backend(), 1, head.shape().n_embd_kv, n_ctx)) {}
+EagleDrafter::EagleDrafter(const EagleHead & head, int n_ctx, int prompt_window)
+    : EagleDrafter(head, std::make_shared<ModelRunner>(head), std::make_unique<KvCache>(head.backend(), 1, head.shape().n_embd_kv, n_ctx),
+                   prompt_window) {}
 
-EagleDrafter::EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream)
-    : head_(head), runner_(std::move(runner)), cache_(std::move(stream)) {
+EagleDrafter::EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream, int prompt_window)
+    : head_(head), runner_(std::move(runner)), cache_(std::move(stream)), prompt_window_(prompt_window) {
     if (&runner_->network() != &head) throw Error("EagleDrafter: the runner runs another network");
+    if (prompt_window_ < 1) throw Error("EagleDrafter: the prompt window must be at least 1");
 }
 
 const char * EagleDrafter::name() const { return head_.config().kind == EagleKind::Eagle3 ? "eagle3" : "eagle1"; }
 
 void EagleDrafter::reset() {
     cache_->rollback(0);
+    first_position_ = 0;
     pending_.clear();
     pending_first_ = 0;
 }
@@ -27,7 +30,7 @@ void EagleDrafter::reset() {
 void EagleDrafter::accept(const Acceptance & a) {
     const int width = head_.feature_width();
     // Entries at and after the first newly verified position were the head's own guesses.
-    cache_->rollback(std::min(cache_->size(), a.first_position));
+    cache_->rollback(std::clamp(a.first_position - first_position_, 0, cache_->size()));
     const size_t keep_rows = static_cast<size_t>(std::max(0, a.first_position - pending_first_));
     if (pending_.size() > keep_rows * width) pending_.resize(keep_rows * width);
     if (pending_.empty()) pending_first_ = a.first_position;
@@ -35,6 +38,14 @@ void EagleDrafter::accept(const Acceptance & a) {
         throw Error("EAGLE drafter: target features arrived with a gap before position " + std::to_string(a.first_position));
     }
     pending_.insert(pending_.end(), a.features.begin(), a.features.end());
+    if (cache_->size() == 0) {  // nothing written yet (a prompt): the entries start at the last prompt_window_ positions
+        const int rows = static_cast<int>(pending_.size() / width);
+        if (rows > prompt_window_) {
+            pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(rows - prompt_window_) * width);
+            pending_first_ += rows - prompt_window_;
+        }
+        first_position_ = pending_first_;
+    }
 }
 
 void EagleDrafter::start(const DraftRequest & req) {
@@ -43,13 +54,13 @@ void EagleDrafter::start(const DraftRequest & req) {
     const int root_pos = static_cast<int>(req.history.size()) - 1;
     const int pending_rows = static_cast<int>(pending_.size() / head_.feature_width());
     // Entries exist (or are pending) for positions < root_pos; the last one drafts the root's successor.
-    if (pending_rows == 0 || pending_first_ + pending_rows != root_pos || cache_->size() != pending_first_) return;
+    if (pending_rows == 0 || pending_first_ + pending_rows != root_pos || first_position_ + cache_->size() != pending_first_) return;
 
     slot_of_.clear();
     proposer_hidden_.clear();
     committed_ = root_pos;
     TreeBudget budget = req.budget;
-    budget.depth = std::min(budget.depth, std::max(1, (cache_->capacity() - root_pos) / std::max(1, budget.branching)));
+    budget.depth = std::min(budget.depth, std::max(1, (cache_->capacity() - (root_pos - first_position_)) / std::max(1, budget.branching)));
     grower_.emplace(budget);
     // The catch-up block: every pending target-feature entry; its last row drafts the root's children.
     ForwardBatch b;
@@ -89,7 +100,7 @@ void EagleDrafter::resume() {
     g.expand(ex);
     if (g.growing()) {
         const TokenTree & tree = g.tree();
-        ForwardBatch b = frontier_batch(tree, g.frontier(), committed_ - 1, committed_, slot_of_);
+        ForwardBatch b = frontier_batch(tree, g.frontier(), committed_ - 1, committed_ - first_position_, slot_of_);
         for (const int node : g.frontier()) {  // self-fed: the pre-norm output of the entry that proposed it
             const std::vector<float> & h = tree.parent[node] == TokenTree::kRoot ? root_hidden_ : proposer_hidden_[tree.parent[node]];
             b.hidden_in.insert(b.hidden_in.end(), h.begin(), h.end());
@@ -101,7 +112,7 @@ void EagleDrafter::resume() {
     grower_.reset();
     draft_.tree = std::move(built.tree);
     draft_.mean_entropy = built.mean_entropy;
-    cache_->rollback(committed_);  // drop every self-fed entry
+    cache_->rollback(committed_ - first_position_);  // drop every self-fed entry
 }
 
 }  // namespace specula

@@ -8,6 +8,11 @@
 // self-fed entries (token, the head's pre-norm output that proposed it) and finally drops those
 // again. Keeping self-fed entries would poison later drafts: the "1/n_draft ceiling" in
 // shared/seeds/002 was exactly that.
+//
+// A long prompt enters the head's cache as its last prompt_window positions only (the entries
+// then start at position first_position(), slot 0): the head, trained on short chats, drafts
+// from nearby context, and writing every entry of a long prompt cost its first round about as
+// much as a tenth of the prompt's own prefill.
 #include <memory>
 #include <optional>
 
@@ -20,10 +25,12 @@ namespace specula {
 
 class EagleDrafter : public Drafter {
 public:
+    static constexpr int kPromptWindow = 512;
     // Alone: its own runner and cache of n_ctx slots.
-    EagleDrafter(const EagleHead & head, int n_ctx);
+    EagleDrafter(const EagleHead & head, int n_ctx, int prompt_window = kPromptWindow);
     // One of a group (DrafterSource::make_group): a runner and KV pool shared with the group.
-    EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream);
+    EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream,
+                 int prompt_window = kPromptWindow);
     const char * name() const override;
     void start(const DraftRequest & request) override;
     const DraftForward * pending() const override { return pending_forward_.get(); }
@@ -34,11 +41,15 @@ public:
     std::vector<int> feature_layers() const override { return head_.config().target_layers; }
 
     const KvCache & cache() const { return *cache_; }
+    // The position of the entry in cache slot 0 (slot s holds position first_position() + s).
+    int first_position() const { return first_position_; }
 
 private:
     const EagleHead & head_;
     std::shared_ptr<ModelRunner> runner_;
     std::unique_ptr<KvCache> cache_;
+    int prompt_window_;
+    int first_position_ = 0;
     std::vector<float> pending_;  // target features not yet written, positions pending_first_..
     int pending_first_ = 0;
     ForwardOutput out_;
@@ -46,7 +57,7 @@ private:
     // The draft in progress, between start() and take().
     DraftRequest req_;
     std::optional<TreeGrower> grower_;
-    int committed_ = 0;  // cache slots holding target-feature entries (= the root's position)
+    int committed_ = 0;  // positions with target-feature entries (= the root's position)
     // Per tree node: its cache slot and the pre-norm output of its own entry; its children are
     // proposed from that entry and are fed that output as their hidden state.
     std::vector<int> slot_of_;

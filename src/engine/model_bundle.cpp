@@ -93,12 +93,13 @@ void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int3
     Progress progress("measuring the verify cost", 1);
     if (depth > 0) prefill(*runner, cache, std::span(probe).first(depth));
     verify_cost_ms = measure_verify_cost(*runner, cache, std::span(probe).subspan(depth), max_tokens);
+    verify_cost_depth = depth;
     progress.step("1.." + std::to_string(max_tokens) + " rows");
     cache.rollback(0);
 }
 
 std::unique_ptr<DraftLengthPolicy> ModelBundle::make_draft_policy() const {
-    return specula::make_draft_policy(policy, options.draft_max, verify_cost_ms);
+    return specula::make_draft_policy(policy, options.draft_max, verify_cost_ms, verify_cost_depth);
 }
 
 std::unique_ptr<TreeSizePolicy> ModelBundle::make_tree_size_policy() const {
@@ -106,7 +107,7 @@ std::unique_ptr<TreeSizePolicy> ModelBundle::make_tree_size_policy() const {
     // The policy verifies at most one less node than its curve has sizes: the sizes one sequence
     // verifies (the rest of the curve, measured for shared steps, it extrapolates).
     const size_t sizes = std::min(verify_cost_ms.size(), static_cast<size_t>(std::max(options.draft_max + 1, kAutoTreeMaxNodes + 1)));
-    return std::make_unique<TreeSizePolicy>(std::vector<double>(verify_cost_ms.begin(), verify_cost_ms.begin() + sizes));
+    return std::make_unique<TreeSizePolicy>(std::vector<double>(verify_cost_ms.begin(), verify_cost_ms.begin() + sizes), verify_cost_depth);
 }
 
 }  // namespace specula

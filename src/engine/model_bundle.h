@@ -46,6 +46,7 @@ struct ModelBundle {
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
     TreeBudget tree;
     std::vector<double> verify_cost_ms;             // measured once: cost policy, default tree size
+    int verify_cost_depth = 0;                      // the context it was measured at (tokens)
     std::unique_ptr<ExitPredictor> exit_predictor;  // SpecEE (options.specee_path)
     float exit_threshold = 0.5f;
 

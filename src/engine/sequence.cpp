@@ -90,6 +90,8 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
 
     step_ = step;
     base_ = p_.cache.size();
+    if (p_.policy) p_.policy->at_depth(base_);
+    if (p_.tree_size) p_.tree_size->at_depth(base_);
     const int room = p_.cache.capacity() - base_ - 1;
     budget_ = p_.tree;
     asked_ = budget_.max_nodes;
@@ -218,6 +220,8 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
     if (p_.tree_size && !draft_.tree.empty()) {
         p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), draft_.tree.max_depth(), verify_ms,
                               step_rows);
+    } else if (p_.tree_size) {
+        p_.tree_size->observe_plain(step_rows, verify_ms);
     }
     run_.speculation.add_round(draft_.tree.size(), draft_.tree.max_depth(), static_cast<int>(result.accepted.size()));
     if (p_.policy) {

@@ -58,6 +58,8 @@ public:
     // Every decoding round's step whose rows were all verify rows: its rows and forward time
     // (VerifyCost::observe_step; cost policy).
     virtual void observe_step(int rows, double forward_ms) {}
+    // The context the next round verifies at (tokens in the cache; cost policy).
+    virtual void at_depth(int tokens) {}
     // A new sequence starts on this policy (a server slot's next request). What a policy measured
     // of the machine (drafter and verify times) stays: a fresh one drafts blind until it has timed
     // its own rounds. A policy that measures no time starts over, so a seeded sequence's draws
@@ -65,8 +67,10 @@ public:
     virtual void begin_sequence() {}
 };
 
-// verify_cost_ms[b - 1]: measured cost of a target forward of b tokens (cost policy only).
-std::unique_ptr<DraftLengthPolicy> make_draft_policy(DraftPolicyKind kind, int k_max, std::vector<double> verify_cost_ms);
+// verify_cost_ms[b - 1]: measured cost of a target forward of b tokens at `measured_depth` tokens
+// of context (cost policy only).
+std::unique_ptr<DraftLengthPolicy> make_draft_policy(DraftPolicyKind kind, int k_max, std::vector<double> verify_cost_ms,
+                                                     int measured_depth = 0);
 
 // Expected tokens emitted by a round drafting k tokens, given P(accept position i | reached i).
 double expected_tokens(const std::vector<double> & accept_given_reached, int k);

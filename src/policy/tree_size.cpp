@@ -6,7 +6,7 @@
 
 namespace specula {
 
-TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms) : verify_(std::move(verify_cost_ms)) {
+TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_depth) : verify_(verify_cost_ms, measured_depth) {
     if (verify_.max_tokens() < 2) throw Error("tree size policy: verify cost curve too short");
 }
 

@@ -19,9 +19,11 @@ inline constexpr int kAutoTreeMaxNodes = 32;
 
 class TreeSizePolicy {
 public:
-    // verify_cost_ms[b - 1]: measured cost of a target forward of b tokens; trees are capped at
-    // its length - 1 nodes.
-    explicit TreeSizePolicy(std::vector<double> verify_cost_ms);
+    // verify_cost_ms[b - 1]: measured cost of a target forward of b tokens at `measured_depth`
+    // tokens of context; trees are capped at its length - 1 nodes.
+    explicit TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_depth = 0);
+    // The context this round verifies at (tokens in the cache): extra rows cost more deeper in it.
+    void at_depth(int tokens) { verify_.at_depth(tokens); }
 
     int max_nodes() const { return verify_.max_tokens() - 1; }
     // path_probs: cumulative draft probability of each node, in prune order. Returns n >= 1.
@@ -30,6 +32,9 @@ public:
     // After verification of the n chosen nodes (a tree `depth` levels deep): the promised sum and
     // what was accepted; step_rows: rows of the verify forward (n_verified + 1 alone).
     void observe(double promised, int accepted, int n_verified, int depth, double verify_ms, int step_rows = -1);
+    // A round that drafted nothing: its forward of step_rows rows (1 alone) took verify_ms. The
+    // plain forward's cost deep in a context is what drafting there must beat.
+    void observe_plain(int step_rows, double verify_ms) { verify_.observe(step_rows, verify_ms); }
     // Every decoding round's step, drafting or not, when all its rows were verify rows: its rows
     // and forward time (VerifyCost::observe_step).
     void observe_step(int rows, double forward_ms);

@@ -1,8 +1,18 @@
 #pragma once
 // The verify-cost curve as the policies use it: measured once, at one depth, for the target's
-// forward alone, then scaled by what verification (forward, acceptance, cache compaction) really
+// forward alone, then fitted to what verification (forward, acceptance, cache compaction) really
 // costs in the running loop, learned from every round. Past the measured sizes (a step that
 // carries several sequences' rows) the curve goes on linearly with the slope of its upper half.
+//
+// Depth: every row of a verify block attends over the whole context, so past the depth the curve
+// was measured at, each extra row costs more in proportion to the added depth, while the one-row
+// forward grows by less than that times its rows. One scale of the measured curve, learned from
+// the rounds, cannot follow both: deep in a long context it prices extra rows far below their
+// cost, and the policies verify trees that cost more than they return. So a round of n rows at
+// depth d is priced
+//     scale * curve(n) + row_depth_ms * (n - 1) * max(0, d - measured depth)
+// with scale and row_depth_ms fitted by decayed least squares over the rounds, from the priors
+// 1 and 0.
 #include <algorithm>
 #include <cstddef>
 #include <vector>
@@ -31,16 +41,31 @@ inline std::vector<double> non_decreasing(const std::vector<double> & curve) {
 
 class VerifyCost {
 public:
-    // curve_ms[b - 1]: measured cost of a target forward of b tokens (made non-decreasing).
-    explicit VerifyCost(const std::vector<double> & curve_ms) : curve_(non_decreasing(curve_ms)) {}
+    // curve_ms[b - 1]: measured cost of a target forward of b tokens (made non-decreasing) at
+    // `measured_depth` tokens of context.
+    explicit VerifyCost(const std::vector<double> & curve_ms, int measured_depth = 0)
+        : curve_(non_decreasing(curve_ms)), measured_depth_(std::max(0, measured_depth)), depth_(measured_depth_) {
+        if (!curve_.empty()) s11_ = s1y_ = curve_[0] * curve_[0];  // the prior scale 1 as one round, fading with the rest
+    }
 
     int max_tokens() const { return static_cast<int>(curve_.size()); }
+    // The context the next rounds verify at (tokens already in the cache).
+    void at_depth(int tokens) { depth_ = std::max(0, tokens); }
     // Expected cost of verifying n_tokens (>= 1) now.
-    double ms(int n_tokens) const { return scale_ * curve(n_tokens); }
-    // A round (or a step) verified n_tokens in `measured_ms`.
+    double ms(int n_tokens) const { return scale_ * curve(n_tokens) + row_depth_ms_ * (n_tokens - 1) * added_depth(); }
+    // A round (or a step) verified n_tokens in `measured_ms` at the current depth.
     void observe(int n_tokens, double measured_ms) {
         if (n_tokens < 1 || curve_.empty() || curve(n_tokens) <= 0) return;
-        scale_ = 0.9 * scale_ + 0.1 * (measured_ms / curve(n_tokens));
+        constexpr double kKeep = 0.9;
+        // row_depth_ms's prior 0 weighs as a round one row and this many tokens deeper than
+        // measured: it holds until rounds of several rows well past the measured depth arrive.
+        constexpr double kPriorDepth = 256.0;
+        const double x1 = curve(n_tokens), x2 = double(n_tokens - 1) * added_depth();
+        s11_ = kKeep * s11_ + x1 * x1, s12_ = kKeep * s12_ + x1 * x2, s22_ = kKeep * s22_ + x2 * x2;
+        s1y_ = kKeep * s1y_ + x1 * measured_ms, s2y_ = kKeep * s2y_ + x2 * measured_ms;
+        const double p22 = s22_ + kPriorDepth * kPriorDepth, det = s11_ * p22 - s12_ * s12_;
+        row_depth_ms_ = det > 0.0 ? std::max(0.0, (s11_ * s2y_ - s12_ * s1y_) / det) : 0.0;
+        scale_ = std::max(0.05, (s1y_ - s12_ * row_depth_ms_) / s11_);
     }
 
     // A shared step of `rows` verify rows (no prefill chunks) took `measured_ms`. Steps of many
@@ -82,10 +107,13 @@ private:
         const double slope = m > lo ? std::max(0.0, (curve_[m - 1] - curve_[lo - 1]) / (m - lo)) : 0.0;
         return curve_[m - 1] + slope * (n - m);
     }
+    double added_depth() const { return std::max(0, depth_ - measured_depth_); }
 
     std::vector<double> curve_;
-    double scale_ = 1.0;
-    double w_ = 0.0, sx_ = 0.0, sy_ = 0.0, sxx_ = 0.0, sxy_ = 0.0;  // decayed sums over observed steps
+    int measured_depth_ = 0, depth_ = 0;
+    double scale_ = 1.0, row_depth_ms_ = 0.0;
+    double s11_ = 0.0, s12_ = 0.0, s22_ = 0.0, s1y_ = 0.0, s2y_ = 0.0;  // decayed sums over observed rounds
+    double w_ = 0.0, sx_ = 0.0, sy_ = 0.0, sxx_ = 0.0, sxy_ = 0.0;      // decayed sums over observed steps
 };
 
 }  // namespace specula
