@@ -102,7 +102,7 @@ void masked_attention(benchmark::State & state, CpuPath path) {
     for (auto & h : v) h = ggml_fp32_to_fp16(normal(rng));
     AttentionArgs a;
     a.q = q.data(), a.q_row = n_head * D, a.k = k.data(), a.v = v.data(), a.kv_row = n_head_kv * D;
-    a.mask = mask.data(), a.mask_row = n_kv, a.n_kv = n_kv;
+    a.mask = mask.data(), a.mask_row = n_kv, a.n_kv = n_kv, a.n_rows = 1;
     a.head_dim = D, a.n_head = n_head, a.n_head_kv = n_head_kv, a.scale = 0.125f;
     a.out = out.data(), a.out_row = n_head * D;
     for (auto _ : state) {

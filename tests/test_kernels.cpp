@@ -237,7 +237,7 @@ TEST(MaskedAttention, EverySimdPathGivesTheGenericPathsBits) {
         auto run_path = [&](CpuPath path) {
             kernels::AttentionArgs a;
             a.q = q.data(), a.q_row = q_row, a.k = k.data(), a.v = v.data(), a.kv_row = kv_row;
-            a.mask = mask.data(), a.mask_row = n_kv, a.n_kv = n_kv;
+            a.mask = mask.data(), a.mask_row = n_kv, a.n_kv = n_kv, a.n_rows = n_rows;
             a.head_dim = shape.head_dim, a.n_head = shape.n_head, a.n_head_kv = shape.n_head_kv;
             a.scale = 0.125f;
             std::vector<float> out(static_cast<size_t>(n_rows * q_row), NAN);

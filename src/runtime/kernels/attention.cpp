@@ -37,6 +37,7 @@ void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
     a.out_row = static_cast<int64_t>(dst->nb[1] / sizeof(float));
     const CpuPath path = detected_cpu_path();
     const int64_t rows = q->ne[2];
+    a.n_rows = static_cast<int>(rows);
     const int64_t pairs = rows * a.n_head_kv;
     if (pairs >= 4 * nth) return attend_on(path, a, pairs * ith / nth, pairs * (ith + 1) / nth);
     // Few (row, KV head) pairs for the threads (one decoded token has n_head_kv of them): split by
@@ -55,7 +56,7 @@ void attention_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
         part.v = a.v + static_cast<int64_t>(h / G) * a.head_dim;
         part.n_head = run;
         part.n_head_kv = 1;
-        attend_on(path, part, i, i + 1);
+        attend_on(path, part, i, i + 1);  // with one KV head, pair i is row i
         u += run;
     }
 }

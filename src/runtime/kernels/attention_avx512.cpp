@@ -9,6 +9,7 @@
 // sixteen scores; each V chunk accumulates in registers over every visible slot.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -93,33 +94,68 @@ void find_visible(const uint16_t * mask, int n_kv, std::vector<int> & visible) {
     }
 }
 
-// NG query heads' outputs, one 16-dimension chunk at a time with the sums in registers:
-// out(g, d) = (sum over visible j of p(g, j) * v(j, d)) * inv_sum(g).
-template <int NG>
+// NG query heads' outputs, CB 16-dimension chunks at a time with the sums in registers:
+// out(g, d) = (sum over visible j of p(g, j) * v(j, d)) * inv_sum(g). One pass over the slots
+// reads each V row once for CB chunks (at depth the V rows come from beyond L2), and the NG x CB
+// sums are independent chains.
+template <int NG, int CB>
 void weighted_values(const float * p, size_t nv, const int * visible, const uint16_t * v, int64_t kv_row, int chunks,
                      const float * inv_sum, float * out, int D) {
-    for (int c = 0; c < chunks; ++c) {
-        __m512 acc[NG];
-        for (int g = 0; g < NG; ++g) acc[g] = _mm512_setzero_ps();
-        for (size_t j = 0; j < nv; ++j) {
-            const __m512 vc = load_f16x16(v + visible[j] * kv_row + 16 * c);
-            for (int g = 0; g < NG; ++g) acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(_mm512_set1_ps(p[g * nv + j]), vc));
+    for (int c0 = 0; c0 < chunks; c0 += CB) {
+        __m512 acc[NG][CB];
+        for (int g = 0; g < NG; ++g) {
+            for (int c = 0; c < CB; ++c) acc[g][c] = _mm512_setzero_ps();
         }
-        for (int g = 0; g < NG; ++g) _mm512_storeu_ps(out + g * D + 16 * c, _mm512_mul_ps(acc[g], _mm512_set1_ps(inv_sum[g])));
+        for (size_t j = 0; j < nv; ++j) {
+            const uint16_t * vj = v + visible[j] * kv_row + 16 * c0;
+            __m512 vc[CB];
+            for (int c = 0; c < CB; ++c) vc[c] = load_f16x16(vj + 16 * c);
+            for (int g = 0; g < NG; ++g) {
+                const __m512 pg = _mm512_set1_ps(p[g * nv + j]);
+                for (int c = 0; c < CB; ++c) acc[g][c] = _mm512_add_ps(acc[g][c], _mm512_mul_ps(pg, vc[c]));
+            }
+        }
+        for (int g = 0; g < NG; ++g) {
+            const __m512 inv = _mm512_set1_ps(inv_sum[g]);
+            for (int c = 0; c < CB; ++c) _mm512_storeu_ps(out + g * D + 16 * (c0 + c), _mm512_mul_ps(acc[g][c], inv));
+        }
     }
+}
+
+// weighted_values for NG heads with up to 16 sums in registers: 4 or 2 chunks per pass where the
+// head size allows, else one.
+template <int NG>
+void weighted_values_heads(const float * p, size_t nv, const int * visible, const uint16_t * v, int64_t kv_row, int chunks,
+                           const float * inv_sum, float * out, int D) {
+    constexpr int kChunks = 16 / NG >= 4 ? 4 : (16 / NG >= 2 ? 2 : 1);
+    if (chunks % kChunks == 0) return weighted_values<NG, kChunks>(p, nv, visible, v, kv_row, chunks, inv_sum, out, D);
+    weighted_values<NG, 1>(p, nv, visible, v, kv_row, chunks, inv_sum, out, D);
 }
 
 }  // namespace
 
 void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
     const int D = a.head_dim, G = a.n_head / a.n_head_kv, C = D / 16;
-    thread_local std::vector<int> visible;
+    // A verify block's rows each find their visible slots once for all their KV heads; a
+    // prefill chunk's (many rows, each list as long as the context) are found per pair.
+    constexpr int kListedRows = 64;
+    thread_local std::vector<std::vector<int>> visible_of;
+    thread_local std::vector<int> visible_now;
     thread_local std::vector<float> scores;
-    int64_t visible_row = -1;
+    const bool listed = a.n_rows <= kListedRows;
+    if (listed) {
+        if (static_cast<int>(visible_of.size()) < a.n_rows) visible_of.resize(a.n_rows);
+        const int64_t first = pair_begin % a.n_rows, count = std::min<int64_t>(a.n_rows, pair_end - pair_begin);
+        for (int64_t r = 0; r < count; ++r) {
+            const int64_t i = (first + r) % a.n_rows;
+            find_visible(a.mask + i * a.mask_row, a.n_kv, visible_of[i]);
+        }
+    }
     for (int64_t pair = pair_begin; pair < pair_end; ++pair) {
-        const int64_t i = pair / a.n_head_kv;
-        const int kvh = static_cast<int>(pair % a.n_head_kv);
-        if (i != visible_row) find_visible(a.mask + i * a.mask_row, a.n_kv, visible), visible_row = i;
+        const int64_t i = pair % a.n_rows;
+        const int kvh = static_cast<int>(pair / a.n_rows);
+        if (!listed) find_visible(a.mask + i * a.mask_row, a.n_kv, visible_now);
+        const std::vector<int> & visible = listed ? visible_of[i] : visible_now;
         const size_t nv = visible.size();
         float * o = a.out + i * a.out_row + static_cast<int64_t>(kvh) * G * D;
         if (nv == 0) {  // a row that sees nothing (never produced by the engine): zeros, not NaN
@@ -156,14 +192,14 @@ void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
             float * og = o + g0 * D;
             const uint16_t * v = a.v + static_cast<int64_t>(kvh) * D;
             switch (G - g0 < kHeadBlock ? G - g0 : kHeadBlock) {
-                case 1: weighted_values<1>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
-                case 2: weighted_values<2>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
-                case 3: weighted_values<3>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
-                case 4: weighted_values<4>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
-                case 5: weighted_values<5>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
-                case 6: weighted_values<6>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
-                case 7: weighted_values<7>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
-                default: weighted_values<8>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                case 1: weighted_values_heads<1>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                case 2: weighted_values_heads<2>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                case 3: weighted_values_heads<3>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                case 4: weighted_values_heads<4>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                case 5: weighted_values_heads<5>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                case 6: weighted_values_heads<6>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                case 7: weighted_values_heads<7>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
+                default: weighted_values_heads<8>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
             }
         }
     }
