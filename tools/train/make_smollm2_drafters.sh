@@ -67,8 +67,10 @@ for d in $DRAFTERS; do
     python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name smollm2-eagle3 \
       --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr "$LR" --warmup 20 \
       --save_every 50 --heldout "$WORK/feats_heldout_0_1.pt" "${bf16[@]}" "${init[@]}"
-    python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$ROOT/models/smollm2-eagle3.gguf" \
+    python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$WORK/smollm2-eagle3-q8_0.gguf" \
       --name smollm2-eagle3 --type q8_0
+    # the layers requantized from that Q8_0 export to Q4_0, output.weight kept (models/README.md: why)
+    python3 "$HERE/requantize_gguf.py" --input "$WORK/smollm2-eagle3-q8_0.gguf" --output "$ROOT/models/smollm2-eagle3.gguf"
     # every 10th step's record and the events: the whole log (a record a step) is ~1.7 MB of models/' 80 MB;
     # an extended head's log follows the log of the head it started from
     python3 -c 'import json, sys
