@@ -291,8 +291,10 @@ std::vector<double> forward_cost(ModelRunner & runner, KvCache & cache, std::spa
 }
 
 // The verify-cost curve of an earlier run's JSON (`cost_curve.target_verify_ms`), at least
-// max_tokens long; throws Error naming what is missing.
-std::vector<double> cost_curve_of(const std::string & path, size_t max_tokens) {
+// max_tokens long, and the depth it was measured at (`cost_curve.depth`, left as it is where the
+// file has none): the policies price extra rows by the depth past it. Throws Error naming what
+// is missing.
+std::vector<double> cost_curve_of(const std::string & path, size_t max_tokens, int & depth) {
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open the run to take the cost curve from");
     const json j = json::parse(in, nullptr, false);
@@ -310,6 +312,11 @@ std::vector<double> cost_curve_of(const std::string & path, size_t max_tokens) {
                     " (a smaller --draft-max, or a run with this one's)");
     }
     ms.resize(max_tokens);
+    if (curve->contains("depth")) {
+        const json & d = (*curve)["depth"];
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(path + ": cost_curve.depth is not a non-negative integer");
+        depth = d.get<int>();
+    }
     return ms;
 }
 
@@ -319,8 +326,9 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     for (const auto & p : prompts) prompt_tokens += p.tokens.size();
     c.depth = static_cast<int>(prompt_tokens / prompts.size()) + n_gen / 2;
     const int max_tokens = std::max(k_max, kAutoTreeMaxNodes) + 1;
+    if (!curve_from.empty()) c.verify_ms = cost_curve_of(curve_from, max_tokens, c.depth);
     const auto probe = probe_tokens(prompts, c.depth + max_tokens);
-    c.verify_ms = curve_from.empty() ? forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens) : cost_curve_of(curve_from, max_tokens);
+    if (curve_from.empty()) c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
     if (!rig.draft.draft_model) return c;
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
     ModelRunner draft_runner(*rig.draft.draft_model);
@@ -751,7 +759,8 @@ void validate(const SpecBenchOptions & o) {
     if (o.n_gen < 1) throw Error("-n must be at least 1");
     if (o.draft_max < 1) throw Error("--draft-max must be at least 1");
     if (o.temps.empty()) throw Error("--temps needs at least one temperature");
-    if (!o.cost_curve_from.empty()) cost_curve_of(o.cost_curve_from, static_cast<size_t>(std::max(o.draft_max, kAutoTreeMaxNodes) + 1));
+    int depth_from = 0;
+    if (!o.cost_curve_from.empty()) cost_curve_of(o.cost_curve_from, static_cast<size_t>(std::max(o.draft_max, kAutoTreeMaxNodes) + 1), depth_from);
     // Before minutes of runs: a page that cannot be written fails now, not at the end.
     if (!o.html_path.empty() && !std::ofstream(o.html_path)) throw Error(o.html_path + ": cannot open the report for writing");
     for (float t : o.temps) {

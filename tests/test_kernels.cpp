@@ -213,12 +213,15 @@ TEST(MaskedAttention, EverySimdPathGivesTheGenericPathsBits) {
     struct Shape {
         int head_dim, n_head, n_head_kv;
     };
-    // 77 slots in one block of 5 rows; 300 slots over several tiles in blocks of 8 and 3 rows.
+    // 77 slots in one block of 5 rows; 300 slots over several tiles in blocks of 8 and 3 rows; a
+    // prefill-sized block of 70 rows (the AVX-512 body finds its rows' visible slots per pair)
+    // with 8 query heads per KV head (V summed 2 chunks at a time).
     struct Size {
         int n_rows, n_kv;
     };
     for (const auto & [shape, size] : {std::pair{Shape{64, 9, 3}, Size{5, 77}}, std::pair{Shape{256, 4, 1}, Size{5, 77}},
-                                       std::pair{Shape{16, 2, 2}, Size{5, 77}}, std::pair{Shape{64, 9, 3}, Size{11, 300}}}) {
+                                       std::pair{Shape{16, 2, 2}, Size{5, 77}}, std::pair{Shape{64, 9, 3}, Size{11, 300}},
+                                       std::pair{Shape{32, 8, 1}, Size{70, 90}}}) {
         const int n_rows = size.n_rows, n_kv = size.n_kv;
         std::mt19937 rng(7);
         std::normal_distribution<float> normal(0.0f, 1.0f);
