@@ -80,8 +80,8 @@ const std::vector<Mode> kModes = {
     {"specula-eagle1-dynamic", Kind::SpeculaEagle1, DraftPolicyKind::Fixed, TreeShape::Dynamic},
     {"specula-eagle3-chain", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain},
     {"specula-eagle3-static", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Static},
-    {"specula-eagle3-dynamic", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Dynamic},
-    {"specula-eagle3-lookup", Kind::SpeculaEagle3Lookup, DraftPolicyKind::Fixed, TreeShape::Dynamic},
+    {"specula-eagle3-dynamic", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Dynamic},       // the head alone (--no-lookup)
+    {"specula-eagle3-lookup", Kind::SpeculaEagle3Lookup, DraftPolicyKind::Fixed, TreeShape::Dynamic},  // the default: + prompt lookup at T=0
     // SpecEE (docs/specee.md): the lossy early exit (greedy only) and its exits as chains of drafts.
     {"specula-specee-lossy", Kind::SpeculaSpeceeLossy},
     {"specula-specee-lossless", Kind::SpeculaSpeceeLossless, DraftPolicyKind::Fixed, TreeShape::Chain},
@@ -89,7 +89,7 @@ const std::vector<Mode> kModes = {
     {"llamacpp-eagle3-fa-off", Kind::LlamaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain, false},
 };
 // With --eagle3, the headline compares specula's default EAGLE-3 mode with llama.cpp's EAGLE-3.
-constexpr const char * kEagle3Headline = "specula-eagle3-dynamic";
+constexpr const char * kEagle3Headline = "specula-eagle3-lookup";
 constexpr int kPlainMode = 0;
 // The headline specula figure: the default policy (cost) with llama.cpp's draft length as its cap;
 // the fixed policy drafts exactly as many tokens as llama.cpp every round.

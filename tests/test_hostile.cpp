@@ -316,6 +316,8 @@ TEST(HostileCli, SpecEEFlagsNameTheProblem) {
     expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + good + " --specee-threshold 2", "--specee-threshold must be within 0..1");
     expect_cli_error(m + "--eagle3 " + eagle3() + " --specee-lossless", "--specee-lossless needs --specee FILE");
     expect_cli_error(m + "--eagle3 " + eagle3() + " --specee-online", "--specee-online needs --specee FILE");
+    expect_cli_error(m + "--eagle3 " + eagle3() + " --specee " + good + " --lookup", "SpecEE (--specee) takes the head's own candidates");
+    expect_cli_error(m + "--ngram --lookup", "prompt lookup (--lookup) grafts into a model drafter's trees");
 }
 
 // Catches a token list target-features crashes on, reads past, or fails on without naming the line.

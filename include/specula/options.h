@@ -1,6 +1,7 @@
 #pragma once
 // The engine's choices as enums. Strings become enums only at the edges (the CLI's flags, HTTP
 // fields) through parse_*, which throw Error naming the bad value and the accepted names.
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -55,8 +56,10 @@ struct DrafterSpec {
     std::string path = {};             // DraftModel, Eagle, Eagle3: the GGUF; empty otherwise
     int ngram_min = 1, ngram_max = 3;  // Ngram (and lookup): the n-gram lengths matched
     // DraftModel, Eagle, Eagle3: also graft the prompt-lookup continuation into each draft at
-    // temperature 0 (draft/lookup_graft.h).
-    bool lookup = false;
+    // temperature 0 (draft/lookup_graft.h). Unset: on for trees sized by the tree policy (the
+    // default for EAGLE heads), whose pricing keeps lookup's nodes only where they pay; off for
+    // chains and fixed-size trees.
+    std::optional<bool> lookup = std::nullopt;
 };
 
 }  // namespace specula

@@ -8,6 +8,17 @@
 
 namespace specula {
 
+void prune_draft(Draft & draft, int n) {
+    if (n >= draft.tree.size()) return;
+    if (draft.grafted_from >= 0) {
+        const std::vector<int> order = prune_order(draft.tree);
+        int model_kept = 0;
+        for (int i = 0; i < n; ++i) model_kept += order[i] < draft.grafted_from;
+        draft.grafted_from = model_kept == n ? -1 : model_kept;
+    }
+    draft.tree = n > 0 ? prune_tree(draft.tree, n) : TokenTree{};
+}
+
 void PendingForward::wait_for(ModelRunner & runner, KvCache & cache, ForwardOutput & out, ForwardBatch batch) {
     batch_ = std::move(batch);
     first_slot_ = cache.size();

@@ -34,7 +34,14 @@ struct Draft {
     TokenTree tree;
     float mean_entropy = 0.0f;    // of the draft distributions used (nats); 0 for deterministic drafters
     std::vector<int> exit_layer;  // SpecEE drafts: per node, the layer that decided its token (-1: full depth); else empty
+    // Nodes from this index on were grafted (prompt lookup), not drafted by the model; pruning
+    // keeps creation order, so they stay a suffix. The tree policy learns the model's acceptance
+    // from the model's nodes only: the graft learns its own.
+    int grafted_from = -1;  // -1: none
 };
+
+// Keeps the first n nodes of prune_order(draft.tree) (none: n = 0), grafted_from following them.
+void prune_draft(Draft & draft, int n);
 
 // A forward of a drafter's own network that the drafter waits for. The caller runs it alone or,
 // when several drafters wait on the same runner and KV pool (DrafterSource::make_group), as one
@@ -72,6 +79,9 @@ public:
     virtual const DraftForward * pending() const { return nullptr; }
     virtual void resume() {}
     virtual Draft take() = 0;
+    // A draft that needs no drafter forward (prompt lookup), for rounds where the policy finds a
+    // model draft would not pay: its rows may still. Empty when the drafter has none.
+    virtual Draft free_draft(const DraftRequest &) { return {}; }
     // After verification: anything the drafter cached past what is final must go.
     virtual void accept(const Acceptance & acceptance) = 0;
     // Target layers whose input hidden states the drafter needs (EAGLE); empty for none.

@@ -1,15 +1,79 @@
 #include "draft/lookup_graft.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "specula/error.h"
 
 namespace specula {
 
+namespace {
+
+// Lookup's chain is as deep as its chances are kept and the round verifies nodes; the tree policy
+// prunes it like any branch.
+int chain_depth(const TreeBudget & budget) { return std::min(LookupGraftDrafter::kMaxDepth, budget.max_nodes); }
+
+float root_logp(const TreeBudget & budget) { return -std::log(std::max(budget.calibration, 0.05f)); }
+
+}  // namespace
+
 LookupGraftDrafter::LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram_min, int ngram_max)
     : model_(std::move(model)), lookup_(ngram_min, ngram_max) {
     if (!model_) throw Error("prompt lookup grafts into a model drafter's trees: no model drafter given");
     name_ = std::string(model_->name()) + "+lookup";
+}
+
+void LookupGraftDrafter::reset() {
+    model_->reset();
+    unchecked_.clear();
+    reached_ = {};
+    held_ = {};
+}
+
+double LookupGraftDrafter::step_prob(int depth) const {
+    const int d = std::clamp(depth, 1, kMaxDepth) - 1;
+    return (held_[d] + kPriorStepProb * kPriorChains) / (reached_[d] + kPriorChains);
+}
+
+void LookupGraftDrafter::learn(std::span<const int32_t> history) {
+    for (auto it = unchecked_.begin(); it != unchecked_.end();) {
+        if (history.size() < it->root) {  // the text was rewound past this chain's root
+            it = unchecked_.erase(it);
+            continue;
+        }
+        const size_t seen = std::min(it->tokens.size(), history.size() - it->root);
+        size_t held = 0;
+        while (held < seen && history[it->root + held] == it->tokens[held]) ++held;
+        if (held == seen && seen < it->tokens.size()) {  // holds so far: wait for more text
+            ++it;
+            continue;
+        }
+        for (size_t d = 0; d <= held && d < it->tokens.size() && d < kMaxDepth; ++d) {
+            reached_[d] = kDecay * reached_[d] + 1.0;
+            held_[d] = kDecay * held_[d] + (d < held ? 1.0 : 0.0);
+        }
+        it = unchecked_.erase(it);
+    }
+}
+
+std::vector<int32_t> LookupGraftDrafter::lookup_chain(const DraftRequest & request, int depth) {
+    learn(request.history);
+    if (!(request.sampling == nullptr || request.sampling->greedy()) || depth < 1) return {};
+    DraftRequest chain_request = request;
+    chain_request.budget = TreeBudget{TreeShape::Chain, depth, 1, depth};
+    lookup_.start(chain_request);
+    std::vector<int32_t> chain = lookup_.take().tree.token;
+    if (!chain.empty()) {
+        if (unchecked_.size() >= kMaxUnchecked) unchecked_.pop_front();
+        unchecked_.push_back(ProposedChain{request.history.size(), chain});
+    }
+    return chain;
+}
+
+std::vector<float> LookupGraftDrafter::chain_logp(size_t length) const {
+    std::vector<float> logp;
+    for (size_t i = 0; i < length; ++i) logp.push_back(static_cast<float>(std::log(step_prob(static_cast<int>(i) + 1))));
+    return logp;
 }
 
 void LookupGraftDrafter::start(const DraftRequest & request) {
@@ -20,28 +84,40 @@ void LookupGraftDrafter::start(const DraftRequest & request) {
 
 Draft LookupGraftDrafter::take() {
     Draft draft = model_->take();
-    if (!graft_ || request_.budget.depth < 1) return draft;
-    DraftRequest chain_request = request_;
-    chain_request.budget = TreeBudget{TreeShape::Chain, request_.budget.depth, 1, request_.budget.depth};
-    lookup_.start(chain_request);
-    const Draft chain = lookup_.take();
-    graft_chain(draft.tree, chain.tree.token, std::log(kStepProb));
+    const std::vector<int32_t> chain = lookup_chain(request_, graft_ ? chain_depth(request_.budget) : 0);
+    const int model_nodes = draft.tree.size();
+    if (graft_chain(draft.tree, chain, chain_logp(chain.size()), root_logp(request_.budget)) > 0) draft.grafted_from = model_nodes;
     return draft;
 }
 
-int graft_chain(TokenTree & tree, std::span<const int32_t> chain, float step_logp) {
+Draft LookupGraftDrafter::free_draft(const DraftRequest & request) {
+    Draft draft;
+    const std::vector<int32_t> chain = lookup_chain(request, chain_depth(request.budget));
+    graft_chain(draft.tree, chain, chain_logp(chain.size()), root_logp(request.budget));
+    if (!draft.tree.empty()) draft.grafted_from = 0;
+    return draft;
+}
+
+int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp) {
+    if (step_logp.size() < chain.size()) throw Error("graft_chain: a step probability per chain token is needed");
     int node = TokenTree::kRoot, added = 0;
-    for (const int32_t token : chain) {
+    float chain_logp = root_logp;
+    for (size_t i = 0; i < chain.size(); ++i) {
+        chain_logp += step_logp[i];
         int next = -1;
         for (int c = tree.first_child_of(node); c >= 0; c = tree.next_sibling[c]) {
-            if (tree.token[c] == token) {
+            if (tree.token[c] == chain[i]) {
                 next = c;
                 break;
             }
         }
         if (next < 0) {
-            next = tree.add(node, token, (node == TokenTree::kRoot ? 0.0f : tree.logp[node]) + step_logp);
+            next = tree.add(node, chain[i], (node == TokenTree::kRoot ? root_logp : tree.logp[node]) + step_logp[i]);
             ++added;
+        } else {
+            // Two estimates of the same path: the likelier one prices it, and with it the lookup
+            // continuation below (a repeated text the model also proposes, but doubts).
+            tree.logp[next] = std::max(tree.logp[next], chain_logp);
         }
         node = next;
     }

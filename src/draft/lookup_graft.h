@@ -3,8 +3,10 @@
 // (code, quotes, names, summaries of the prompt) is proposed by lookup, the rest by the model,
 // and the tree-size policy prunes the union by path probability like any tree. Greedy
 // verification accepts any tree, so the graft happens at temperature 0 only; at T > 0 the model's
-// tree goes out as drafted, since lossless tree sampling needs every node drawn from the draft
-// distribution of its parent.
+// tree goes out as drafted, since lossless tree sampling needs every node drawn from its parent's
+// draft distribution.
+#include <array>
+#include <deque>
 #include <memory>
 
 #include "draft/ngram.h"
@@ -13,9 +15,18 @@ namespace specula {
 
 class LookupGraftDrafter : public Drafter {
 public:
-    // Path probability a grafted node adds per step below its parent: a prior for the pruning, which
-    // the tree-size policy's calibration (accepted / promised) then scales with the rest.
-    static constexpr float kStepProb = 0.5f;
+    // A grafted node's path probability is its parent's times the chance that lookup's token at its
+    // depth continues the text when the ones above it did. That chance is learned from how the
+    // text went on after each chain (at T = 0 the text is what greedy verification accepts),
+    // decayed per chain; untried depths start at kPriorStepProb with the weight of kPriorChains
+    // chains. On chat, lookup's continuations rarely hold and its nodes stop being verified; on a
+    // document being quoted they mostly hold and its chains are verified deep. These chances are
+    // lookup's own, so a chain that leaves the root is divided by the tree policy's calibration
+    // (TreeBudget::calibration), which learns how far the model's probabilities are off; below a
+    // model's node the graft takes that node's probability as it is.
+    static constexpr double kPriorStepProb = 0.5, kPriorChains = 2.0, kDecay = 0.95;
+    static constexpr int kMaxDepth = 16;
+    static constexpr size_t kMaxUnchecked = 64;  // chains waiting for the text to decide them
 
     LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram_min, int ngram_max);
     const char * name() const override { return name_.c_str(); }
@@ -23,20 +34,44 @@ public:
     const DraftForward * pending() const override { return model_->pending(); }
     void resume() override { model_->resume(); }
     Draft take() override;
+    // Lookup's chain alone, for rounds whose policy drafts no model tree: it needs no drafter forward.
+    Draft free_draft(const DraftRequest & request) override;
     void accept(const Acceptance & acceptance) override { model_->accept(acceptance); }
     std::vector<int> feature_layers() const override { return model_->feature_layers(); }
-    void reset() override { model_->reset(); }
+    void reset() override;
+
+    // The learned chance that lookup's token at `depth` (1: the first below the root) continues the text.
+    double step_prob(int depth) const;
 
 private:
+    // Lookup's chain for `request` (empty at T > 0), remembered to be checked against the text.
+    std::vector<int32_t> lookup_chain(const DraftRequest & request, int depth);
+    // Checks the chains proposed so far against the tokens that followed their roots in `history`:
+    // each once the text has either left it or gone its whole length. (Checked only as far as the
+    // next round's text, a chain's deeper tokens would be seen only after rounds that accepted them,
+    // and lookup's deep chances, never seen, would stay at the prior.)
+    void learn(std::span<const int32_t> history);
+    std::vector<float> chain_logp(size_t length) const;
+
     std::unique_ptr<Drafter> model_;
     NgramDrafter lookup_;
     std::string name_;
     DraftRequest request_;
     bool graft_ = false;
+    struct ProposedChain {
+        size_t root = 0;  // history size when it was proposed
+        std::vector<int32_t> tokens;
+    };
+    std::deque<ProposedChain> unchecked_;
+    // Decayed counts per depth: chains whose text reached the depth with every token above it
+    // matched, and those whose token there matched too.
+    std::array<double, kMaxDepth> reached_{}, held_{};
 };
 
-// Adds `chain` below the root of `tree`: follows children that already hold the chain's tokens and
-// adds the rest as new nodes, each kStepProb below its parent. Returns the nodes added.
-int graft_chain(TokenTree & tree, std::span<const int32_t> chain, float step_logp);
+// Adds `chain` below the root of `tree`: follows children that already hold the chain's tokens
+// (raising a followed node's log-probability to the chain's own, root_logp + step_logp[0..i], where
+// that is higher) and adds the rest as new nodes, node i step_logp[i] below its parent (a new child
+// of the root at root_logp + step_logp[0]). Returns the nodes added.
+int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp = 0.0f);
 
 }  // namespace specula

@@ -17,7 +17,7 @@ void check_drafter_spec(const DrafterSpec & spec) {
     const std::string kind = drafter_kind_name(spec.kind);
     if (takes_file && spec.path.empty()) throw Error("the " + kind + " drafter needs a GGUF path");
     if (!takes_file && !spec.path.empty()) throw Error("the " + kind + " drafter takes no file, but was given " + spec.path);
-    if (spec.lookup && !takes_file) {
+    if (spec.lookup.value_or(false) && !takes_file) {
         throw Error("prompt lookup (--lookup) grafts into a model drafter's trees: add --draft, --eagle or --eagle3" +
                     std::string(spec.kind == DrafterKind::Ngram ? " (--ngram drafts by lookup alone)" : ""));
     }
@@ -33,6 +33,8 @@ DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind) {
         throw Error("tree depth and branching must be at least 1, tree nodes at least 0");
     }
     if (r.tree.shape != TreeShape::Chain && kind == DrafterKind::Ngram) throw Error("the n-gram drafter drafts chains only (--tree chain)");
+    const bool model_drafter = kind == DrafterKind::DraftModel || eagle;
+    r.lookup = options.drafter.lookup.value_or(model_drafter && r.tree.shape != TreeShape::Chain && r.tree.max_nodes == 0);
     if (options.draft_max < 1) throw Error("--draft-max must be at least 1");
     if (options.draft_max + 2 > options.n_ctx) {
         throw Error("draft length " + std::to_string(options.draft_max) + " does not fit the " + std::to_string(options.n_ctx) +
@@ -99,7 +101,7 @@ std::vector<std::unique_ptr<Drafter>> DrafterSource::make_group(int n_ctx, int n
             for (int i = 0; i < n; ++i) group.push_back(std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max));
             break;
     }
-    if (spec.lookup) {
+    if (spec.lookup.value_or(false)) {
         for (auto & d : group) d = std::make_unique<LookupGraftDrafter>(std::move(d), spec.ngram_min, spec.ngram_max);
     }
     return group;

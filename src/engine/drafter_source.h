@@ -30,6 +30,7 @@ void check_drafter_spec(const DrafterSpec & spec);
 struct DraftingRules {
     DraftPolicyKind policy = DraftPolicyKind::Cost;
     TreeBudget tree;
+    bool lookup = false;  // graft prompt lookup into the model's drafts (DrafterSpec::lookup, resolved)
 };
 DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind);
 

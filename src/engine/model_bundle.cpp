@@ -39,8 +39,12 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
     t->runner = std::make_unique<ModelRunner>(*t->model);
 
     t->speculative = spec.kind != DrafterKind::None;
+    DrafterSpec drafter_spec = spec;
     if (options.specee_lossless && options.specee_path.empty()) throw Error("--specee-lossless needs --specee FILE");
     if (options.specee_online && options.specee_path.empty()) throw Error("--specee-online needs --specee FILE");
+    if (!options.specee_path.empty() && spec.lookup.value_or(false)) {
+        throw Error("--lookup grafts prompt lookup into the head's trees, but SpecEE (--specee) takes the head's own candidates: use one of them");
+    }
     if (t->speculative) {
         // SpecEE's lossless drafts are chains (the tokens up to the first that did not exit).
         EngineOptions drafting = options;
@@ -48,11 +52,13 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
         const DraftingRules rules = drafting_rules(drafting, spec.kind);
         t->policy = rules.policy;
         t->tree = rules.tree;
+        // SpecEE takes the head's own top candidates each step: a graft would add lookup's among them.
+        drafter_spec.lookup = rules.lookup && options.specee_path.empty();
     }
     if (t->backend->remote() && spec.kind != DrafterKind::None) {
         t->draft_backend = std::make_unique<Backend>(BackendOptions{"cpu", options.n_threads, options.attention, options.kernels});
     }
-    t->drafter = DrafterSource::open(spec, t->draft_backend ? *t->draft_backend : *t->backend, *t->model, *t->tokenizer);
+    t->drafter = DrafterSource::open(drafter_spec, t->draft_backend ? *t->draft_backend : *t->backend, *t->model, *t->tokenizer);
     if (t->speculative) progress.step("drafter");
     if (!options.specee_path.empty()) {
         if (spec.kind != DrafterKind::Eagle3) throw Error("--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");

@@ -112,14 +112,24 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
             if (round == TreeSizePolicy::Round::Explore) budget_.depth = 1;
             budget_.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
             budget_.rank_bar = p_.tree_size->rank_bars(step);
+            budget_.calibration = static_cast<float>(p_.tree_size->gamma());
         }
         budget_.max_nodes = std::min(budget_.max_nodes, room);
         budget_.depth = std::min(budget_.depth, room);
     }
     draft_ = Draft{};
+    free_draft_ = false;
     if (p_.drafter && budget_.max_nodes > 0 && budget_.depth > 0) {
         p_.drafter->start(DraftRequest{history_, budget_, &options_.sampling, &rng_});
         drafting_ = true;
+    } else if (p_.drafter && skipped_draft_ && !gated_) {
+        // No model draft pays this round; one that costs no drafter forward may still pay its rows.
+        TreeBudget free_budget = budget_;
+        free_budget.depth = free_budget.max_nodes = std::min(p_.tree_size->max_nodes(), room);
+        if (free_budget.depth > 0) {
+            draft_ = p_.drafter->free_draft(DraftRequest{history_, free_budget, &options_.sampling, &rng_});
+            free_draft_ = !draft_.tree.empty();
+        }
     }
     plan_ms_ = ms_since(t0);
 }
@@ -133,6 +143,9 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
         if (p_.drafter->pending()) throw Error("block: the draft is still waiting for a forward");
         draft_ = p_.drafter->take();
     }
+    // Grafted drafts can outgrow the budget the model drafted to; the cache holds `room` more rows.
+    const int room = p_.cache.capacity() - base_ - 1;
+    prune_draft(draft_, room);
     draft_ms += plan_ms_;
     draft_level_ms_.assign(level_ms.begin(), level_ms.end());
     promised_ = 0.0;
@@ -153,16 +166,28 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
         if (gated_) decision_.why = "no draft: the server measured plain steps faster at this load";
     }
     if (p_.tree_size && !draft_.tree.empty()) {
-        const double priced_ms = p_.tree_size->observe_draft(draft_ms, draft_.tree.max_depth(), draft_level_ms_.empty() ? 0.0 : draft_level_ms_[0]);
+        // A free draft costs no drafter level to time, and verifying none of it is a choice. A
+        // model draft took a drafter level per depth of the model's own nodes (a graft goes deeper).
+        int model_depth = 0;
+        for (int i = 0; i < (draft_.grafted_from < 0 ? draft_.tree.size() : draft_.grafted_from); ++i) {
+            model_depth = std::max(model_depth, draft_.tree.depth[i]);
+        }
+        const double priced_ms =
+            free_draft_ ? draft_ms : p_.tree_size->observe_draft(draft_ms, model_depth, draft_level_ms_.empty() ? 0.0 : draft_level_ms_[0]);
         std::vector<double> path_probs;
         for (int node : prune_order(draft_.tree)) path_probs.push_back(std::exp(double(draft_.tree.logp[node])));
-        const int n = p_.tree_size->choose(path_probs, priced_ms, step_);
-        if (n < draft_.tree.size()) draft_.tree = prune_tree(draft_.tree, n);
+        const int n = p_.tree_size->choose(path_probs, priced_ms, step_, free_draft_ ? 0 : 1);
+        prune_draft(draft_, n);
         for (int i = 0; i < n; ++i) promised_ += path_probs[i];
         if (observed) {
             char why[160];
-            std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
-                          p_.tree_size->calibration(), budget_.min_path_prob, n, promised_);
+            if (free_draft_) {
+                std::snprintf(why, sizeof(why), "no model draft: not expected to beat the step's plain rate; %d lookup nodes promise %.2f tokens", n,
+                              promised_);
+            } else {
+                std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
+                              p_.tree_size->calibration(), budget_.min_path_prob, n, promised_);
+            }
             decision_.why = why;
         }
     }
@@ -217,9 +242,14 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
         if (p_.tree_size) p_.tree_size->observe_step(step_rows, forward_ms);
         if (p_.policy) p_.policy->observe_step(step_rows, forward_ms);
     }
-    if (p_.tree_size && !draft_.tree.empty()) {
-        p_.tree_size->observe(promised_, static_cast<int>(result.accepted.size()), draft_.tree.size(), draft_.tree.max_depth(), verify_ms,
-                              step_rows);
+    // The tree policy learns the model's drafts: a graft's nodes (and a free draft) are the graft's to learn.
+    const int model_nodes = draft_.grafted_from < 0 ? draft_.tree.size() : draft_.grafted_from;
+    if (p_.tree_size && model_nodes > 0) {
+        double promised = 0.0;
+        int depth = 0, accepted = 0;
+        for (int i = 0; i < model_nodes; ++i) promised += std::exp(double(draft_.tree.logp[i])), depth = std::max(depth, draft_.tree.depth[i]);
+        while (accepted < static_cast<int>(result.accepted.size()) && result.accepted[accepted] < model_nodes) ++accepted;
+        p_.tree_size->observe(promised, accepted, model_nodes, depth, verify_ms, step_rows);
     } else if (p_.tree_size) {
         p_.tree_size->observe_plain(step_rows, verify_ms);
     }

@@ -123,6 +123,7 @@ private:
     double draft_ms_ = 0.0, promised_ = 0.0;
     std::vector<double> draft_level_ms_;  // this round's drafter levels (ms, this sequence's share)
     bool skipped_draft_ = false;          // the tree policy chose not to draft this round
+    bool free_draft_ = false;             // this round's draft needed no drafter forward (Drafter::free_draft)
     bool gated_ = false;                  // the step allowed no drafts
     RoundDecision decision_;
     bool in_prefill_block_ = false;

@@ -10,15 +10,16 @@ TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_
     if (verify_.max_tokens() < 2) throw Error("tree size policy: verify cost curve too short");
 }
 
-int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, const StepShare & step) {
-    const double gamma = std::clamp(calibration(), 0.05, 2.0);
+int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, const StepShare & step, int min_nodes) {
+    const double gamma = this->gamma();
     const int others = std::max(0, step.other_rows);
     const double other_tokens = std::max(0.0, step.other_tokens);
-    int best = 1;
+    int best = min_nodes;
     double best_rate = 0.0, promised = 0.0;
     const int n_max = std::min<int>(static_cast<int>(path_probs.size()), max_nodes());
-    for (int n = 1; n <= n_max; ++n) {
-        promised += path_probs[n - 1];
+    for (int n = 0; n <= n_max; ++n) {
+        if (n > 0) promised += path_probs[n - 1];
+        if (n < min_nodes) continue;
         const double rate = (1.0 + gamma * promised + other_tokens) / (draft_ms + verify_.ms(others + 1) + verify_.extra_ms(others + 1, n));
         if (rate > best_rate) best_rate = rate, best = n;
     }
@@ -29,7 +30,7 @@ int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, 
 std::vector<float> TreeSizePolicy::rank_bars(const StepShare & step) const {
     std::vector<float> bars;
     if (chosen_rate_ <= 0.0) return bars;
-    const double gamma = std::clamp(calibration(), 0.05, 2.0);
+    const double gamma = this->gamma();
     const int rows = std::max(0, step.other_rows) + 1;
     for (int k = 0; k < max_nodes(); ++k) {
         const double row_ms = verify_.extra_ms(rows, k + 1) - verify_.extra_ms(rows, k);
@@ -96,7 +97,7 @@ TreeSizePolicy::Round TreeSizePolicy::decide_round(const StepShare & step) const
 }
 
 double TreeSizePolicy::min_path_prob(const StepShare & step) const {
-    const double gamma = std::clamp(calibration(), 0.05, 2.0);
+    const double gamma = this->gamma();
     return level_ms_ * plain_rate(step) / gamma;
 }
 

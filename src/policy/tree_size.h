@@ -5,6 +5,7 @@
 // probabilities) tokens, for draft time + verify(n + 1) ms. The policy picks the n with the most
 // tokens per millisecond on the measured verify-cost curve, and learns gamma, the ratio of what
 // the target accepted to what the draft's probabilities promised, from the rounds so far.
+#include <algorithm>
 #include <array>
 #include <span>
 #include <vector>
@@ -26,9 +27,10 @@ public:
     void at_depth(int tokens) { verify_.at_depth(tokens); }
 
     int max_nodes() const { return verify_.max_tokens() - 1; }
-    // path_probs: cumulative draft probability of each node, in prune order. Returns n >= 1.
+    // path_probs: cumulative draft probability of each node, in prune order. Returns n >= min_nodes
+    // (0: verifying none of them, a plain step, is among the choices).
     // `step`: what the rest of a shared step carries (the step's tokens per second are weighed).
-    int choose(std::span<const double> path_probs, double draft_ms, const StepShare & step = {});
+    int choose(std::span<const double> path_probs, double draft_ms, const StepShare & step = {}, int min_nodes = 1);
     // After verification of the n chosen nodes (a tree `depth` levels deep): the promised sum and
     // what was accepted; step_rows: rows of the verify forward (n_verified + 1 alone).
     void observe(double promised, int accepted, int n_verified, int depth, double verify_ms, int step_rows = -1);
@@ -80,6 +82,8 @@ public:
     };
     Round plan_round(const StepShare & step = {});
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
+    // The calibration as applied to a path probability (bounded).
+    double gamma() const { return std::clamp(calibration(), 0.05, 2.0); }
     // A new sequence starts on this policy (a server slot's next request): the drafter's and the
     // verifier's times measured so far are the machine's and stay, and so does the calibration, as
     // the new text's prior; the first drafting round, which catches the drafter up on the prompt,

@@ -26,6 +26,9 @@ struct TreeBudget {
     // (TreeSizePolicy::rank_bars); a node below the bar of its children's rank is not expanded.
     // Empty, or past its end: no bar.
     std::vector<float> rank_bar = {};
+    // What the tree policy will scale every path probability by (its learned accepted / promised):
+    // a drafter whose probabilities are calibrated on their own divides theirs by it.
+    float calibration = 1.0f;
 };
 
 // Children proposed for one frontier node, in proposal order (the order the verifier tries them).
