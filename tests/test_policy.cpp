@@ -222,6 +222,31 @@ TEST(TreeSizePolicy, ExploringRoundsThatAgreeBringDraftsBack) {
     EXPECT_GT(drafted, 100) << "a first depth that pays alone should bring drafting back";
 }
 
+// A free draft (prompt lookup: no drafter forward) is what a round gives without the model's
+// draft. Catches: the model drafting (its levels, its catch-up) in rounds where the lookup chain
+// alone is expected to give more tokens per ms, or best_prefix disagreeing with choose().
+TEST(TreeSizePolicy, AModelDraftMustBeatTheFreeDraftToo) {
+    using Round = TreeSizePolicy::Round;
+    std::vector<double> curve;
+    for (int n = 1; n <= 33; ++n) curve.push_back(4.0 * (1.0 + 0.1 * (n - 1)));
+    TreeSizePolicy p(curve);
+    p.observe_draft(1.8, 6);  // 0.3 ms a level
+    p.observe_draft(1.8, 6);
+    for (int r = 0; r < 20; ++r) p.observe(1.5, 1, 4, 3, curve[4]);  // the model's drafts: about one token a round
+    ASSERT_EQ(p.plan_round(StepShare{}), Round::Draft);
+    const std::vector<double> weak = {0.3, 0.1};
+    const std::vector<double> strong = {0.95, 0.9, 0.85, 0.8, 0.76, 0.72, 0.68, 0.65};
+    const TreeSizePolicy::Choice w = p.best_prefix(weak, 0.0, {}, 0), s = p.best_prefix(strong, 0.0, {}, 0);
+    EXPECT_EQ(p.plan_round(StepShare{}, w.rate), Round::Draft) << "a weak chain does not stop the model";
+    EXPECT_EQ(p.plan_round(StepShare{}, s.rate), Round::Skip) << "a chain that holds beats the model's draft";
+    EXPECT_GT(s.nodes, 4);
+    TreeSizePolicy q = p;
+    EXPECT_EQ(q.choose(strong, 0.0, {}, 0), s.nodes);
+    // Verifying none of a free draft is a choice: a chain unlikely to hold is not worth its rows.
+    EXPECT_EQ(p.best_prefix(std::vector<double>{0.02}, 0.0, {}, 0).nodes, 0);
+    EXPECT_EQ(p.best_prefix(std::vector<double>{0.02}, 0.0, {}, 1).nodes, 1);
+}
+
 // A sequence's first drafting round reads the whole prompt into the drafter first (an EAGLE-3
 // head after a 1,774-token prompt: 142.8 ms in its first level, then 0.3-0.75 ms a level).
 // Catches: that round timed whole as the price of a drafter level (24 ms a level), after which

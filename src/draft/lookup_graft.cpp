@@ -63,7 +63,8 @@ std::vector<int32_t> LookupGraftDrafter::lookup_chain(const DraftRequest & reque
     chain_request.budget = TreeBudget{TreeShape::Chain, depth, 1, depth};
     lookup_.start(chain_request);
     std::vector<int32_t> chain = lookup_.take().tree.token;
-    if (!chain.empty()) {
+    // A round may ask twice (a free draft weighed, then the model's draft grafted): one chain to check.
+    if (!chain.empty() && (unchecked_.empty() || unchecked_.back().root != request.history.size())) {
         if (unchecked_.size() >= kMaxUnchecked) unchecked_.pop_front();
         unchecked_.push_back(ProposedChain{request.history.size(), chain});
     }

@@ -20,6 +20,13 @@ void gather_features(const ForwardOutput & out, std::span<const int> rows, std::
     for (int r : rows) out.append_tap_rows(r, 1, dst);
 }
 
+// Each node's path probability, in prune order (what TreeSizePolicy prices).
+std::vector<double> path_probs(const TokenTree & tree) {
+    std::vector<double> probs;
+    for (int node : prune_order(tree)) probs.push_back(std::exp(double(tree.logp[node])));
+    return probs;
+}
+
 // [root, nodes...] as one block: node i is row i + 1 at position base + depth(i).
 ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
     ForwardBatch b;
@@ -94,6 +101,7 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
     if (p_.tree_size) p_.tree_size->at_depth(base_);
     const int room = p_.cache.capacity() - base_ - 1;
     budget_ = p_.tree;
+    free_ = Draft{};
     asked_ = budget_.max_nodes;
     gated_ = !may_draft;
     if (gated_) {
@@ -105,14 +113,20 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
         budget_.branching = 1;
     } else {
         if (p_.tree_size) {
-            const TreeSizePolicy::Round round = p_.tree_size->plan_round(step);
+            budget_.calibration = static_cast<float>(p_.tree_size->gamma());
+            // A draft that costs no drafter forward (prompt lookup) sets the bar a model draft must beat.
+            TreeBudget free_budget = budget_;
+            free_budget.depth = free_budget.max_nodes = std::min(p_.tree_size->max_nodes(), room);
+            free_ = p_.drafter && free_budget.depth > 0 ? p_.drafter->free_draft(DraftRequest{history_, free_budget, &options_.sampling, &rng_})
+                                                        : Draft{};
+            const double free_rate = free_.tree.empty() ? 0.0 : p_.tree_size->best_prefix(path_probs(free_.tree), 0.0, step, 0).rate;
+            const TreeSizePolicy::Round round = p_.tree_size->plan_round(step, free_rate);
             skipped_draft_ = round == TreeSizePolicy::Round::Skip;
             budget_.max_nodes = skipped_draft_ ? 0 : round == TreeSizePolicy::Round::Explore ? 1
                                                                                              : p_.tree_size->max_nodes();
             if (round == TreeSizePolicy::Round::Explore) budget_.depth = 1;
             budget_.min_path_prob = static_cast<float>(p_.tree_size->min_path_prob(step));
             budget_.rank_bar = p_.tree_size->rank_bars(step);
-            budget_.calibration = static_cast<float>(p_.tree_size->gamma());
         }
         budget_.max_nodes = std::min(budget_.max_nodes, room);
         budget_.depth = std::min(budget_.depth, room);
@@ -122,14 +136,10 @@ void Sequence::plan(const StepShare & step, bool may_draft) {
     if (p_.drafter && budget_.max_nodes > 0 && budget_.depth > 0) {
         p_.drafter->start(DraftRequest{history_, budget_, &options_.sampling, &rng_});
         drafting_ = true;
-    } else if (p_.drafter && skipped_draft_ && !gated_) {
-        // No model draft pays this round; one that costs no drafter forward may still pay its rows.
-        TreeBudget free_budget = budget_;
-        free_budget.depth = free_budget.max_nodes = std::min(p_.tree_size->max_nodes(), room);
-        if (free_budget.depth > 0) {
-            draft_ = p_.drafter->free_draft(DraftRequest{history_, free_budget, &options_.sampling, &rng_});
-            free_draft_ = !draft_.tree.empty();
-        }
+    } else if (skipped_draft_ && !gated_ && !free_.tree.empty()) {
+        // No model draft beats the free one (or plain decoding): the free draft's rows may still pay.
+        draft_ = std::move(free_);
+        free_draft_ = true;
     }
     plan_ms_ = ms_since(t0);
 }
@@ -174,11 +184,10 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
         }
         const double priced_ms =
             free_draft_ ? draft_ms : p_.tree_size->observe_draft(draft_ms, model_depth, draft_level_ms_.empty() ? 0.0 : draft_level_ms_[0]);
-        std::vector<double> path_probs;
-        for (int node : prune_order(draft_.tree)) path_probs.push_back(std::exp(double(draft_.tree.logp[node])));
-        const int n = p_.tree_size->choose(path_probs, priced_ms, step_, free_draft_ ? 0 : 1);
+        const std::vector<double> probs = path_probs(draft_.tree);
+        const int n = p_.tree_size->choose(probs, priced_ms, step_, free_draft_ ? 0 : 1);
         prune_draft(draft_, n);
-        for (int i = 0; i < n; ++i) promised_ += path_probs[i];
+        for (int i = 0; i < n; ++i) promised_ += probs[i];
         if (observed) {
             char why[160];
             if (free_draft_) {

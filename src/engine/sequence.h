@@ -124,6 +124,7 @@ private:
     std::vector<double> draft_level_ms_;  // this round's drafter levels (ms, this sequence's share)
     bool skipped_draft_ = false;          // the tree policy chose not to draft this round
     bool free_draft_ = false;             // this round's draft needed no drafter forward (Drafter::free_draft)
+    Draft free_;                          // the drafter's free draft offered this round, until used
     bool gated_ = false;                  // the step allowed no drafts
     RoundDecision decision_;
     bool in_prefill_block_ = false;

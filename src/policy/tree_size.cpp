@@ -11,19 +11,25 @@ TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_
 }
 
 int TreeSizePolicy::choose(std::span<const double> path_probs, double draft_ms, const StepShare & step, int min_nodes) {
+    const Choice c = best_prefix(path_probs, draft_ms, step, min_nodes);
+    chosen_rate_ = c.rate;
+    return c.nodes;
+}
+
+TreeSizePolicy::Choice TreeSizePolicy::best_prefix(std::span<const double> path_probs, double draft_ms, const StepShare & step,
+                                                   int min_nodes) const {
     const double gamma = this->gamma();
     const int others = std::max(0, step.other_rows);
     const double other_tokens = std::max(0.0, step.other_tokens);
-    int best = min_nodes;
-    double best_rate = 0.0, promised = 0.0;
+    Choice best{min_nodes, 0.0};
+    double promised = 0.0;
     const int n_max = std::min<int>(static_cast<int>(path_probs.size()), max_nodes());
     for (int n = 0; n <= n_max; ++n) {
         if (n > 0) promised += path_probs[n - 1];
         if (n < min_nodes) continue;
         const double rate = (1.0 + gamma * promised + other_tokens) / (draft_ms + verify_.ms(others + 1) + verify_.extra_ms(others + 1, n));
-        if (rate > best_rate) best_rate = rate, best = n;
+        if (rate > best.rate) best = Choice{n, rate};
     }
-    chosen_rate_ = best_rate;
     return best;
 }
 
@@ -63,8 +69,8 @@ bool TreeSizePolicy::can_pay(const StepShare & step) const {
     return verify_.some_chain_pays(std::max(0, step.other_rows) + 1, plain_rate(step), level_ms_, max_nodes());
 }
 
-TreeSizePolicy::Round TreeSizePolicy::plan_round(const StepShare & step) {
-    last_plan_ = decide_round(step);
+TreeSizePolicy::Round TreeSizePolicy::plan_round(const StepShare & step, double free_rate) {
+    last_plan_ = decide_round(step, free_rate);
     if (last_plan_ == Round::Skip) {
         ++skipped_;
         time_next_draft_ = false;  // the next drafting round catches up on this one's tokens
@@ -74,12 +80,12 @@ TreeSizePolicy::Round TreeSizePolicy::plan_round(const StepShare & step) {
     return last_plan_;
 }
 
-TreeSizePolicy::Round TreeSizePolicy::decide_round(const StepShare & step) const {
+TreeSizePolicy::Round TreeSizePolicy::decide_round(const StepShare & step, double free_rate) const {
     if (!can_pay(step)) return Round::Skip;
     if (reached_[0] == 0.0) return Round::Draft;
     const int plain_rows = std::max(0, step.other_rows) + 1;
     const double other_tokens = std::max(0.0, step.other_tokens);
-    const double plain = plain_rate(step);
+    const double bar = std::max(plain_rate(step), free_rate);  // what the round gives without a model draft
     const double nodes_per_level = levels_ > 0.0 ? std::max(1.0, level_nodes_ / levels_) : 1.0;
     double tokens = 1.0, reach = 1.0;
     for (int depth = 1; depth <= kMaxDepth && reached_[depth - 1] > 0.0; ++depth) {
@@ -88,7 +94,7 @@ TreeSizePolicy::Round TreeSizePolicy::decide_round(const StepShare & step) const
         tokens += reach;
         const int nodes = std::min(max_nodes(), std::max(depth, static_cast<int>(nodes_per_level * depth + 0.5)));
         const double ms = depth * level_ms_ + verify_.ms(plain_rows) + verify_.extra_ms(plain_rows, nodes);
-        if ((tokens + other_tokens) / ms > plain) return Round::Draft;
+        if ((tokens + other_tokens) / ms > bar) return Round::Draft;
     }
     // Exploring costs the whole step, so a step of several sequences explores about as often as
     // one sequence alone: each sequence every kExploreEvery x (sequences in the step) skips.

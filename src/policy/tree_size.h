@@ -31,6 +31,12 @@ public:
     // (0: verifying none of them, a plain step, is among the choices).
     // `step`: what the rest of a shared step carries (the step's tokens per second are weighed).
     int choose(std::span<const double> path_probs, double draft_ms, const StepShare & step = {}, int min_nodes = 1);
+    // What choose() would pick, and the tokens per ms it expects of it, without recording it.
+    struct Choice {
+        int nodes = 0;
+        double rate = 0.0;
+    };
+    Choice best_prefix(std::span<const double> path_probs, double draft_ms, const StepShare & step = {}, int min_nodes = 1) const;
     // After verification of the n chosen nodes (a tree `depth` levels deep): the promised sum and
     // what was accepted; step_rows: rows of the verify forward (n_verified + 1 alone).
     void observe(double promised, int accepted, int n_verified, int depth, double verify_ms, int step_rows = -1);
@@ -80,7 +86,9 @@ public:
         Explore,
         Draft
     };
-    Round plan_round(const StepShare & step = {});
+    // free_rate: tokens per ms that a free draft (Drafter::free_draft, no drafter forward) is
+    // expected to give this round: a model draft must beat it too, not only the plain rate.
+    Round plan_round(const StepShare & step = {}, double free_rate = 0.0);
     double calibration() const { return promised_ > 0 ? accepted_ / promised_ : 1.0; }
     // The calibration as applied to a path probability (bounded).
     double gamma() const { return std::clamp(calibration(), 0.05, 2.0); }
@@ -99,7 +107,7 @@ private:
     // forward of (the others' rows + 1); alone, one token per one-row forward.
     double plain_rate(const StepShare & step) const;
     bool can_pay(const StepShare & step) const;
-    Round decide_round(const StepShare & step) const;
+    Round decide_round(const StepShare & step, double free_rate) const;
     VerifyCost verify_;
     double promised_ = 0.0, accepted_ = 0.0;  // decayed sums
     // Decayed counts of drafting rounds whose tree reached depth d + 1, and of those that accepted
