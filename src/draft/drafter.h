@@ -79,8 +79,9 @@ public:
     virtual const DraftForward * pending() const { return nullptr; }
     virtual void resume() {}
     virtual Draft take() = 0;
-    // A draft that needs no drafter forward (prompt lookup), for rounds where the policy finds a
-    // model draft would not pay: its rows may still. Empty when the drafter has none.
+    // A draft that needs no drafter forward (prompt lookup): the tree policy weighs it each round,
+    // drafts with the model only where that is expected to pay more, and otherwise verifies it
+    // alone (or none of it). Empty when the drafter has none.
     virtual Draft free_draft(const DraftRequest &) { return {}; }
     // After verification: anything the drafter cached past what is final must go.
     virtual void accept(const Acceptance & acceptance) = 0;
