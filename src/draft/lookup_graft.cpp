@@ -26,6 +26,7 @@ LookupGraftDrafter::LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram
 void LookupGraftDrafter::reset() {
     model_->reset();
     unchecked_.clear();
+    searched_ = ProposedChain{};
     reached_ = {};
     held_ = {};
 }
@@ -57,18 +58,22 @@ void LookupGraftDrafter::learn(std::span<const int32_t> history) {
 }
 
 std::vector<int32_t> LookupGraftDrafter::lookup_chain(const DraftRequest & request, int depth) {
-    learn(request.history);
     if (!(request.sampling == nullptr || request.sampling->greedy()) || depth < 1) return {};
-    DraftRequest chain_request = request;
-    chain_request.budget = TreeBudget{TreeShape::Chain, depth, 1, depth};
-    lookup_.start(chain_request);
-    std::vector<int32_t> chain = lookup_.take().tree.token;
-    // A round may ask twice (a free draft weighed, then the model's draft grafted): one chain to check.
-    if (!chain.empty() && (unchecked_.empty() || unchecked_.back().root != request.history.size())) {
-        if (unchecked_.size() >= kMaxUnchecked) unchecked_.pop_front();
-        unchecked_.push_back(ProposedChain{request.history.size(), chain});
+    // A round may ask twice (its free draft weighed, then the model's draft grafted): one search,
+    // one chain to check, as deep as lookup's chances are kept.
+    if (searched_.root != request.history.size()) {
+        learn(request.history);
+        DraftRequest chain_request = request;
+        chain_request.budget = TreeBudget{TreeShape::Chain, kMaxDepth, 1, kMaxDepth};
+        lookup_.start(chain_request);
+        searched_ = ProposedChain{request.history.size(), lookup_.take().tree.token};
+        if (!searched_.tokens.empty()) {
+            if (unchecked_.size() >= kMaxUnchecked) unchecked_.pop_front();
+            unchecked_.push_back(searched_);
+        }
     }
-    return chain;
+    const auto & chain = searched_.tokens;
+    return {chain.begin(), chain.begin() + std::min<size_t>(chain.size(), static_cast<size_t>(depth))};
 }
 
 std::vector<float> LookupGraftDrafter::chain_logp(size_t length) const {

@@ -6,6 +6,7 @@
 // tree goes out as drafted, since lossless tree sampling needs every node drawn from its parent's
 // draft distribution.
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <memory>
 
@@ -44,7 +45,8 @@ public:
     double step_prob(int depth) const;
 
 private:
-    // Lookup's chain for `request` (empty at T > 0), remembered to be checked against the text.
+    // Lookup's chain for `request`, up to `depth` tokens (empty at T > 0), remembered to be checked
+    // against the text.
     std::vector<int32_t> lookup_chain(const DraftRequest & request, int depth);
     // Checks the chains proposed so far against the tokens that followed their roots in `history`:
     // each once the text has either left it or gone its whole length. (Checked only as far as the
@@ -59,10 +61,11 @@ private:
     DraftRequest request_;
     bool graft_ = false;
     struct ProposedChain {
-        size_t root = 0;  // history size when it was proposed
+        size_t root = SIZE_MAX;  // history size when it was proposed
         std::vector<int32_t> tokens;
     };
     std::deque<ProposedChain> unchecked_;
+    ProposedChain searched_;  // lookup's continuation at the current root
     // Decayed counts per depth: chains whose text reached the depth with every token above it
     // matched, and those whose token there matched too.
     std::array<double, kMaxDepth> reached_{}, held_{};
