@@ -1,5 +1,6 @@
 #include "llama_peer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <map>
@@ -45,6 +46,7 @@ LlamaPeer::LlamaPeer(const std::string & gguf_path, int n_ctx, int n_threads, bo
     }
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
+    n_batch_ = n_batch;
     cp.n_batch = n_batch;
     cp.n_ubatch = n_batch;
     cp.n_seq_max = 1;
@@ -76,24 +78,33 @@ const std::vector<float> & LlamaPeer::captured(int layer) const {
 
 std::vector<float> LlamaPeer::decode(std::span<const int32_t> tokens, bool all_logits) {
     const int n = static_cast<int>(tokens.size());
-    llama_batch batch = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; ++i) {
-        batch.token[i] = tokens[i];
-        batch.pos[i] = n_past_ + i;
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = 0;
-        batch.logits[i] = all_logits || i == n - 1;
+    if (n > n_batch_ && !capture_->layers.empty()) {
+        throw Error("LlamaPeer: a captured decode takes at most " + std::to_string(n_batch_) + " tokens, not " + std::to_string(n));
     }
-    batch.n_tokens = n;
-    const int rc = llama_decode(ctx_, batch);
-    llama_batch_free(batch);
-    if (rc != 0) throw Error("llama_decode failed (" + std::to_string(rc) + ")");
-    n_past_ += n;
     const int rows = all_logits ? n : 1;
     std::vector<float> out(static_cast<size_t>(rows) * n_vocab_);
-    for (int r = 0; r < rows; ++r) {
-        const float * l = llama_get_logits_ith(ctx_, all_logits ? r : n - 1);
-        std::memcpy(out.data() + static_cast<size_t>(r) * n_vocab_, l, sizeof(float) * n_vocab_);
+    // libllama takes at most n_batch tokens a call: a longer input (a deep prompt) goes in chunks.
+    for (int begin = 0; begin < n; begin += n_batch_) {
+        const int m = std::min(n_batch_, n - begin);
+        const bool last_chunk = begin + m == n;
+        llama_batch batch = llama_batch_init(m, 0, 1);
+        for (int i = 0; i < m; ++i) {
+            batch.token[i] = tokens[begin + i];
+            batch.pos[i] = n_past_ + i;
+            batch.n_seq_id[i] = 1;
+            batch.seq_id[i][0] = 0;
+            batch.logits[i] = all_logits || (last_chunk && i == m - 1);
+        }
+        batch.n_tokens = m;
+        const int rc = llama_decode(ctx_, batch);
+        llama_batch_free(batch);
+        if (rc != 0) throw Error("llama_decode failed (" + std::to_string(rc) + ")");
+        n_past_ += m;
+        for (int i = 0; i < m; ++i) {
+            if (!all_logits && !(last_chunk && i == m - 1)) continue;
+            const int row = all_logits ? begin + i : 0;
+            std::memcpy(out.data() + static_cast<size_t>(row) * n_vocab_, llama_get_logits_ith(ctx_, i), sizeof(float) * n_vocab_);
+        }
     }
     return out;
 }

@@ -22,12 +22,13 @@ public:
     LlamaPeer(const LlamaPeer &) = delete;
     LlamaPeer & operator=(const LlamaPeer &) = delete;
 
-    // Decodes tokens at positions size().., returns logits of every row ([n, n_vocab]) or of the last.
+    // Decodes tokens at positions size().. (in chunks of n_batch), returns logits of every row
+    // ([n, n_vocab]) or of the last.
     std::vector<float> decode(std::span<const int32_t> tokens, bool all_logits);
-    void rollback(int n);
+    void rollback(int n);  // drop cached positions >= n
     // Captures llama.cpp's residual stream ("l_out-<layer>") during the next decodes.
     void capture_layers(std::vector<int> layers);
-    const std::vector<float> & captured(int layer) const;  // [n, n_embd] of the last decode  // drop cached positions >= n
+    const std::vector<float> & captured(int layer) const;  // [n, n_embd] of the last decode
     int size() const { return n_past_; }
     int n_vocab() const { return n_vocab_; }
 
@@ -35,6 +36,7 @@ private:
     llama_model * model_ = nullptr;
     llama_context * ctx_ = nullptr;
     int n_past_ = 0;
+    int n_batch_ = 0;
     int n_vocab_ = 0;
     struct Capture;
     Capture * capture_ = nullptr;
