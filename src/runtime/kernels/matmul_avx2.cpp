@@ -29,18 +29,19 @@ void quantize_activations(const float * x, int64_t x_stride, QuantizedActivation
             for (float l : lanes) amax = amax > l ? amax : l;  // max is exact in any order
             const float d = amax / 127.0f;
             const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-            int32_t q[32];
-            for (int i = 0; i < 4; ++i) {
-                // cvtps rounds to nearest-even under the default MXCSR, as nearbyint does in the generic body.
-                _mm256_storeu_si256(reinterpret_cast<__m256i *>(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
-            }
-            int32_t sum = 0;
-            for (int c = 0; c < 32; ++c) {
-                a.q[t * a.k + b * kBlock + c] = static_cast<int8_t>(q[c]);
-                sum += q[c];
-            }
+            __m256i q[4];
+            // cvtps rounds to nearest-even under the default MXCSR, as nearbyint does in the generic body.
+            for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+            // |q| <= 127, so the saturating packs are plain narrowing; they interleave 128-bit
+            // lanes, which the final permutation undoes.
+            const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(a.q + t * a.k + b * kBlock),
+                                _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            a.s[t * nb + b] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1)));
             a.d[t * nb + b] = d;
-            a.s[t * nb + b] = sum;
         }
     }
 }
