@@ -199,6 +199,7 @@ struct CostCurve {
     int depth = 0;                  // cached tokens when measured (a typical mid-generation depth)
     std::vector<double> verify_ms;  // [b - 1]: target forward of b tokens, b = 1..max(k_max, kAutoTreeMaxNodes) + 1
     double draft_ms_per_token = 0;  // one draft-model forward of 1 token
+    double row_depth_ms = 0;        // a verify row past the first: ms more per token deeper (measure_row_depth_ms)
 };
 
 // The engine's options for the benchmark's target: its backend settings and the drafting defaults.
@@ -294,7 +295,7 @@ std::vector<double> forward_cost(ModelRunner & runner, KvCache & cache, std::spa
 // max_tokens long, and the depth it was measured at (`cost_curve.depth`, left as it is where the
 // file has none): the policies price extra rows by the depth past it. Throws Error naming what
 // is missing.
-std::vector<double> cost_curve_of(const std::string & path, size_t max_tokens, int & depth) {
+std::vector<double> cost_curve_of(const std::string & path, size_t max_tokens, int & depth, double & row_depth_ms) {
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open the run to take the cost curve from");
     const json j = json::parse(in, nullptr, false);
@@ -317,6 +318,11 @@ std::vector<double> cost_curve_of(const std::string & path, size_t max_tokens, i
         if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(path + ": cost_curve.depth is not a non-negative integer");
         depth = d.get<int>();
     }
+    if (curve->contains("row_depth_ms")) {
+        const json & r = (*curve)["row_depth_ms"];
+        if (!r.is_number() || r.get<double>() < 0.0) throw Error(path + ": cost_curve.row_depth_ms is not a non-negative number");
+        row_depth_ms = r.get<double>();
+    }
     return ms;
 }
 
@@ -326,9 +332,19 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     for (const auto & p : prompts) prompt_tokens += p.tokens.size();
     c.depth = static_cast<int>(prompt_tokens / prompts.size()) + n_gen / 2;
     const int max_tokens = std::max(k_max, kAutoTreeMaxNodes) + 1;
-    if (!curve_from.empty()) c.verify_ms = cost_curve_of(curve_from, max_tokens, c.depth);
-    const auto probe = probe_tokens(prompts, c.depth + max_tokens);
-    if (curve_from.empty()) c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
+    constexpr int kDepthProbe = 512;  // as ModelBundle::measure_verify_cost_once
+    if (!curve_from.empty()) c.verify_ms = cost_curve_of(curve_from, max_tokens, c.depth, c.row_depth_ms);
+    const auto probe = probe_tokens(prompts, c.depth + kDepthProbe + max_tokens);
+    if (curve_from.empty()) {
+        c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
+        const int deeper = std::min(kDepthProbe, rig.cache.capacity() - max_tokens - c.depth);
+        if (deeper >= kDepthProbe / 2) {
+            rig.cache.rollback(0);
+            prefill(rig.runner, rig.cache, std::span(probe).first(c.depth));
+            c.row_depth_ms = measure_row_depth_ms(rig.runner, rig.cache, std::span(probe).subspan(c.depth), c.verify_ms, 8, deeper, 15);
+            rig.cache.rollback(0);
+        }
+    }
     if (!rig.draft.draft_model) return c;
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
     ModelRunner draft_runner(*rig.draft.draft_model);
@@ -384,14 +400,14 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size
     } else {
         if (mode.kind == Kind::SpeculaSpeceeLossless) rig.exit_drafter->clear_exit_stats();
         Drafter & drafter = rig.drafter_for(mode.kind);
-        auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms, rig.cost.depth);
+        auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms, rig.cost.depth, rig.cost.row_depth_ms);
         run.rounds_by_k.assign(rig.cost.verify_ms.size(), 0);
         TreeBudget tree;                            // a chain: the policy sets its length each round
         std::unique_ptr<TreeSizePolicy> tree_size;  // per generation, as Engine::generate
         if (mode.tree != TreeShape::Chain) {
             tree = rig.tree;
             tree.shape = mode.tree;
-            if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms, rig.cost.depth);
+            if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms, rig.cost.depth, rig.cost.row_depth_ms);
         }
         SequenceParts parts{.cache = rig.cache, .drafter = &drafter, .policy = policy.get(), .tree = tree, .on_round = [&](const RoundInfo & r) { record_round(run, r); }, .verify = nullptr, .tree_size = tree_size.get()};
         s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);
@@ -743,6 +759,7 @@ json row_json(const Row & r, float temp, int n_layer) {
 void print_cost(const CostCurve & c) {
     std::printf("cost curve at depth %d: ", c.depth);
     if (c.draft_ms_per_token > 0) std::printf("draft %.3f ms/token; ", c.draft_ms_per_token);
+    std::printf("a row past the first %.5f ms more per token deeper; ", c.row_depth_ms);
     std::printf("target verify ms for 1..%zu tokens:", c.verify_ms.size());
     for (double v : c.verify_ms) std::printf(" %.3f", v);
     std::printf("\n");
@@ -760,7 +777,10 @@ void validate(const SpecBenchOptions & o) {
     if (o.draft_max < 1) throw Error("--draft-max must be at least 1");
     if (o.temps.empty()) throw Error("--temps needs at least one temperature");
     int depth_from = 0;
-    if (!o.cost_curve_from.empty()) cost_curve_of(o.cost_curve_from, static_cast<size_t>(std::max(o.draft_max, kAutoTreeMaxNodes) + 1), depth_from);
+    double row_depth_from = 0.0;
+    if (!o.cost_curve_from.empty()) {
+        cost_curve_of(o.cost_curve_from, static_cast<size_t>(std::max(o.draft_max, kAutoTreeMaxNodes) + 1), depth_from, row_depth_from);
+    }
     // Before minutes of runs: a page that cannot be written fails now, not at the end.
     if (!o.html_path.empty() && !std::ofstream(o.html_path)) throw Error(o.html_path + ": cannot open the report for writing");
     for (float t : o.temps) {
@@ -939,7 +959,7 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"predicted_speedup", h.spec.predicted},
         {"measured_speedup", h.spec.speedup},
         {"speedup_ceiling", h.spec.ceiling},
-        {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}, {"from", o.cost_curve_from.empty() ? json(nullptr) : json(o.cost_curve_from)}}},
+        {"cost_curve", {{"depth", cost.depth}, {"target_verify_ms", cost.verify_ms}, {"draft_ms_per_token", cost.draft_ms_per_token}, {"row_depth_ms", cost.row_depth_ms}, {"from", o.cost_curve_from.empty() ? json(nullptr) : json(o.cost_curve_from)}}},
         {"results", std::move(rows)},
     };
 }

@@ -53,6 +53,29 @@ TEST(VerifyCost, ExtraRowsCostMoreDeeperInTheContext) {
     EXPECT_NEAR(v.extra_ms(1, 7), truth(8, 2000) - truth(1, 2000), 0.2 * (truth(8, 2000) - truth(1, 2000))) << "a size not observed";
 }
 
+// Deep in a long document every round verifies the same rows (one drafted node: 2 rows), and
+// their time fits any split between the curve's scale and the depth term. The prior for the depth
+// term, timed at startup (measure_row_depth_ms), decides that split: an extra row keeps its cost.
+// Catches: a prior of 0 there (every round's time went to the scale, an extra row at depth 1,878
+// was priced at 0.4 ms instead of 4.4, and the policies drafted every round at a loss).
+TEST(VerifyCost, RoundsOfOneSizeKeepTheMeasuredDepthGrowthOfARow) {
+    const std::vector<double> curve = {3.5, 3.6, 3.8, 4.1};
+    const double row_depth_ms = 2.5e-3;  // what the startup probe measured
+    auto truth = [&](int n, int depth) { return 2.7 * curve[n - 1] + row_depth_ms * (n - 1) * (depth - 128); };
+    for (const double prior : {row_depth_ms, 0.0}) {
+        VerifyCost v(curve, 128, prior);
+        v.at_depth(1878);
+        for (int r = 0; r < 60; ++r) v.observe(2, truth(2, 1878));
+        EXPECT_NEAR(v.ms(2), truth(2, 1878), 0.01 * truth(2, 1878)) << "the rounds seen are priced as they cost";
+        const double extra = truth(2, 1878) - truth(1, 1878);
+        if (prior > 0.0) {
+            EXPECT_NEAR(v.extra_ms(1, 1), extra, 0.25 * extra);
+        } else {
+            EXPECT_LT(v.extra_ms(1, 1), 0.25 * extra) << "without the prior (the control): the extra row looks nearly free";
+        }
+    }
+}
+
 // Catches: a policy that drafts as if alone inside a big shared step, where every draft token
 // makes all the other sequences wait (drafting should shrink as the batch grows).
 TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {

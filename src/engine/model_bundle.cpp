@@ -100,12 +100,20 @@ void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int3
     if (depth > 0) prefill(*runner, cache, std::span(probe).first(depth));
     verify_cost_ms = measure_verify_cost(*runner, cache, std::span(probe).subspan(depth), max_tokens);
     verify_cost_depth = depth;
+    // The policies' prior for how much more a row costs deeper in a context (VerifyCost).
+    constexpr int kDepthProbe = 512;
+    const int deeper = std::min(kDepthProbe, cache.capacity() - max_tokens - depth);
+    if (deeper >= kDepthProbe / 2) {
+        const int rows = std::min(8, max_tokens);
+        while (static_cast<int>(probe.size()) < depth + deeper + rows) probe.insert(probe.end(), tokens.begin(), tokens.end());
+        verify_cost_row_depth_ms = measure_row_depth_ms(*runner, cache, std::span(probe).subspan(depth), verify_cost_ms, rows, deeper);
+    }
     progress.step("1.." + std::to_string(max_tokens) + " rows");
     cache.rollback(0);
 }
 
 std::unique_ptr<DraftLengthPolicy> ModelBundle::make_draft_policy() const {
-    return specula::make_draft_policy(policy, options.draft_max, verify_cost_ms, verify_cost_depth);
+    return specula::make_draft_policy(policy, options.draft_max, verify_cost_ms, verify_cost_depth, verify_cost_row_depth_ms);
 }
 
 std::unique_ptr<TreeSizePolicy> ModelBundle::make_tree_size_policy() const {
@@ -113,7 +121,8 @@ std::unique_ptr<TreeSizePolicy> ModelBundle::make_tree_size_policy() const {
     // The policy verifies at most one less node than its curve has sizes: the sizes one sequence
     // verifies (the rest of the curve, measured for shared steps, it extrapolates).
     const size_t sizes = std::min(verify_cost_ms.size(), static_cast<size_t>(std::max(options.draft_max + 1, kAutoTreeMaxNodes + 1)));
-    return std::make_unique<TreeSizePolicy>(std::vector<double>(verify_cost_ms.begin(), verify_cost_ms.begin() + sizes), verify_cost_depth);
+    return std::make_unique<TreeSizePolicy>(std::vector<double>(verify_cost_ms.begin(), verify_cost_ms.begin() + sizes), verify_cost_depth,
+                                            verify_cost_row_depth_ms);
 }
 
 }  // namespace specula

@@ -47,13 +47,15 @@ struct ModelBundle {
     TreeBudget tree;
     std::vector<double> verify_cost_ms;             // measured once: cost policy, default tree size
     int verify_cost_depth = 0;                      // the context it was measured at (tokens)
+    double verify_cost_row_depth_ms = 0.0;          // a row past the first: ms more per token deeper
     std::unique_ptr<ExitPredictor> exit_predictor;  // SpecEE (options.specee_path)
     float exit_threshold = 0.5f;
 
     bool needs_verify_cost() const;
     // Measures verify_cost_ms once, on `tokens` tiled, in the empty `cache` (left empty), for
     // forwards of 1 up to the largest a sequence verifies, or `at_least_rows` (a server's steps
-    // carry several sequences' rows).
+    // carry several sequences' rows); then verify_cost_row_depth_ms from the same rows timed
+    // deeper, where the cache has room for that.
     void measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows = 0);
     // Per sequence: a drafter with its own caches of n_ctx slots (nullptr without speculation)
     // and its policies (the tree-size policy is nullptr unless the tree size is chosen per round).

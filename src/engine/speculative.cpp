@@ -1,11 +1,13 @@
 #include "engine/speculative.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
 
 #include "specula/error.h"
 #include "common/stats.h"
+#include "engine/generate.h"
 #include "runtime/kv_cache.h"
 #include "runtime/forward.h"
 
@@ -28,6 +30,27 @@ void retime_stalled_sizes(std::span<const int> timed, std::vector<double> & ms, 
         }
         if (!retimed) return;
     }
+}
+
+double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int rows, int reps) {
+    if (rows < 1 || static_cast<int>(tokens.size()) < rows) throw Error("time_forward: not enough tokens");
+    const int base = cache.size();
+    if (base + rows > cache.capacity()) throw Error("time_forward: context too small");
+    // An untimed first run: more sizes than the runner keeps graphs for would otherwise time a
+    // graph build with every forward. The median, not the best: the curve predicts what forwards
+    // cost inside a generation loop, where they are not the best case.
+    std::vector<int32_t> logit_rows(rows);
+    for (int i = 0; i < rows; ++i) logit_rows[i] = i;
+    const ForwardBatch batch = ForwardBatch::causal(tokens.first(rows), base, logit_rows);
+    ForwardOutput out;
+    std::vector<double> samples;
+    for (int r = 0; r <= std::max(1, reps); ++r) {
+        const auto t0 = clock_type::now();
+        target.forward(batch, cache, out);
+        if (r > 0) samples.push_back(ms_since(t0));
+        cache.rollback(base);
+    }
+    return median(std::move(samples));
 }
 
 std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps) {
@@ -57,22 +80,7 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
         if (timed.back() > 8 && max_tokens - timed.back() < timed.back() / 4) timed.pop_back();  // 63 and 64: one will do
         timed.push_back(max_tokens);
     }
-    // Size by size, with an untimed first run: more sizes than the runner keeps graphs for would
-    // otherwise time a graph build with every forward. The median, not the best: the curve
-    // predicts what forwards cost inside a generation loop, where they are not the best case.
-    auto time_size = [&](int b) {
-        std::vector<int32_t> rows(b);
-        for (int i = 0; i < b; ++i) rows[i] = i;
-        const ForwardBatch batch = ForwardBatch::causal(tokens.first(b), base, rows);
-        std::vector<double> samples;
-        for (int r = 0; r <= reps; ++r) {
-            const auto t0 = clock_type::now();
-            target.forward(batch, cache, out);
-            if (r > 0) samples.push_back(ms_since(t0));
-            cache.rollback(base);
-        }
-        return median(std::move(samples));
-    };
+    auto time_size = [&](int b) { return time_forward(target, cache, tokens, b, reps); };
     for (int b : timed) ms[b - 1] = time_size(b);
     retime_stalled_sizes(timed, ms, time_size);
     for (size_t k = 1; k < timed.size(); ++k) {
@@ -80,6 +88,18 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
         for (int m = a + 1; m < b; ++m) ms[m - 1] = ms[a - 1] + (ms[b - 1] - ms[a - 1]) * (m - a) / (b - a);
     }
     return ms;
+}
+
+double measure_row_depth_ms(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, std::span<const double> curve, int rows,
+                            int deeper, int reps) {
+    if (rows < 2 || static_cast<int>(curve.size()) < rows) throw Error("measure_row_depth_ms: the curve must cover the rows, at least 2");
+    if (deeper < 1 || static_cast<int>(tokens.size()) < deeper + rows) throw Error("measure_row_depth_ms: not enough tokens");
+    const int base = cache.size();
+    prefill(target, cache, tokens.first(deeper));
+    const std::span<const int32_t> next = tokens.subspan(deeper);
+    const double grown = (time_forward(target, cache, next, rows, reps) - time_forward(target, cache, next, 1, reps)) - (curve[rows - 1] - curve[0]);
+    cache.rollback(base);
+    return std::max(0.0, grown / ((rows - 1) * static_cast<double>(deeper)));
 }
 
 GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,

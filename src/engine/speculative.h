@@ -28,9 +28,21 @@ class ModelRunner;
 GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,
                                      const GenerationOptions & options, const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
 
+// Milliseconds of a target forward of the first `rows` tokens at the cache's current depth, all
+// rows with logits (median of `reps` after an untimed run); the cache is left as it was.
+double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int rows, int reps);
+
 // Measured cost (ms, median of `reps`) of a target forward of b = 1..max_tokens tokens at the
 // cache's current depth; the cache is left as it was. Feeds the cost policy.
 std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 3);
+
+// How much more a verify row past the first costs per token of context: `rows` rows and one
+// timed `deeper` tokens past the cache's depth (tokens: those, then the rows), against `curve`
+// timed at that depth; the cache is left as it was. Every row attends over the whole context, so
+// deep in a long one an extra row costs far more than the curve says; rounds alone cannot show
+// it when they all verify the same rows (VerifyCost takes this as its prior).
+double measure_row_depth_ms(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, std::span<const double> curve, int rows,
+                            int deeper, int reps = 3);
 
 // The timed sizes of such a curve (ascending; ms[b - 1] each one's time) that were stalled, timed
 // again with time_size: a size above twice the cost of a larger one (the process descheduled, a

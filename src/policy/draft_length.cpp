@@ -52,8 +52,8 @@ private:
 
 class CostPolicy : public DraftLengthPolicy {
 public:
-    CostPolicy(int k_max, std::vector<double> verify_ms, int measured_depth)
-        : k_max_(k_max), verify_(verify_ms, measured_depth), reached_(k_max, 0.0), accepted_(k_max, 0.0) {
+    CostPolicy(int k_max, std::vector<double> verify_ms, int measured_depth, double row_depth_ms)
+        : k_max_(k_max), verify_(verify_ms, measured_depth, row_depth_ms), reached_(k_max, 0.0), accepted_(k_max, 0.0) {
         if (verify_.max_tokens() < k_max + 1) throw Error("cost policy: verify cost curve too short");
     }
     const char * name() const override { return "cost"; }
@@ -128,12 +128,12 @@ private:
 }  // namespace
 
 std::unique_ptr<DraftLengthPolicy> make_draft_policy(DraftPolicyKind kind, int k_max, std::vector<double> verify_cost_ms,
-                                                     int measured_depth) {
+                                                     int measured_depth, double row_depth_ms) {
     if (k_max < 1) throw Error("--draft-max must be at least 1");
     switch (kind) {
         case DraftPolicyKind::Fixed: return std::make_unique<FixedPolicy>(k_max);
         case DraftPolicyKind::Heuristic: return std::make_unique<HeuristicPolicy>(k_max);
-        case DraftPolicyKind::Cost: return std::make_unique<CostPolicy>(k_max, std::move(verify_cost_ms), measured_depth);
+        case DraftPolicyKind::Cost: return std::make_unique<CostPolicy>(k_max, std::move(verify_cost_ms), measured_depth, row_depth_ms);
     }
     throw Error("unknown draft policy");
 }

@@ -68,9 +68,9 @@ public:
 };
 
 // verify_cost_ms[b - 1]: measured cost of a target forward of b tokens at `measured_depth` tokens
-// of context (cost policy only).
+// of context, row_depth_ms its growth per extra row and token deeper (cost policy only; VerifyCost).
 std::unique_ptr<DraftLengthPolicy> make_draft_policy(DraftPolicyKind kind, int k_max, std::vector<double> verify_cost_ms,
-                                                     int measured_depth = 0);
+                                                     int measured_depth = 0, double row_depth_ms = 0.0);
 
 // Expected tokens emitted by a round drafting k tokens, given P(accept position i | reached i).
 double expected_tokens(const std::vector<double> & accept_given_reached, int k);

@@ -6,7 +6,8 @@
 
 namespace specula {
 
-TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_depth) : verify_(verify_cost_ms, measured_depth) {
+TreeSizePolicy::TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_depth, double row_depth_ms)
+    : verify_(verify_cost_ms, measured_depth, row_depth_ms) {
     if (verify_.max_tokens() < 2) throw Error("tree size policy: verify cost curve too short");
 }
 

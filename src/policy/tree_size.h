@@ -21,8 +21,9 @@ inline constexpr int kAutoTreeMaxNodes = 32;
 class TreeSizePolicy {
 public:
     // verify_cost_ms[b - 1]: measured cost of a target forward of b tokens at `measured_depth`
-    // tokens of context; trees are capped at its length - 1 nodes.
-    explicit TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_depth = 0);
+    // tokens of context; trees are capped at its length - 1 nodes. row_depth_ms: what a row past
+    // the first costs more per token of context past that depth (VerifyCost's prior).
+    explicit TreeSizePolicy(std::vector<double> verify_cost_ms, int measured_depth = 0, double row_depth_ms = 0.0);
     // The context this round verifies at (tokens in the cache): extra rows cost more deeper in it.
     void at_depth(int tokens) { verify_.at_depth(tokens); }
 

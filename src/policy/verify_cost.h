@@ -11,8 +11,13 @@
 // cost, and the policies verify trees that cost more than they return. So a round of n rows at
 // depth d is priced
 //     scale * curve(n) + row_depth_ms * (n - 1) * max(0, d - measured depth)
-// with scale and row_depth_ms fitted by decayed least squares over the rounds, from the priors
-// 1 and 0.
+// with scale and row_depth_ms fitted by decayed least squares over the rounds, from the prior
+// scale 1 and a prior row_depth_ms: the growth measured by timing the same rows deeper
+// (ModelBundle::measure_verify_cost_once), else 0. The prior matters where the rounds cannot tell
+// the two terms apart: a run of rounds that all verify the same rows at one depth fits any split
+// of their time between the scale and the depth term, and with a prior of 0 deep in a long
+// document every round's time went to the scale, so an extra row looked as cheap as at the
+// measured depth and the policies drafted every round at a loss.
 #include <algorithm>
 #include <cstddef>
 #include <vector>
@@ -43,8 +48,13 @@ class VerifyCost {
 public:
     // curve_ms[b - 1]: measured cost of a target forward of b tokens (made non-decreasing) at
     // `measured_depth` tokens of context.
-    explicit VerifyCost(const std::vector<double> & curve_ms, int measured_depth = 0)
-        : curve_(non_decreasing(curve_ms)), measured_depth_(std::max(0, measured_depth)), depth_(measured_depth_) {
+    // row_depth_ms: the prior cost of a row past the first per token of context past that depth.
+    explicit VerifyCost(const std::vector<double> & curve_ms, int measured_depth = 0, double row_depth_ms = 0.0)
+        : curve_(non_decreasing(curve_ms)),
+          measured_depth_(std::max(0, measured_depth)),
+          depth_(measured_depth_),
+          row_depth_ms_(std::max(0.0, row_depth_ms)),
+          row_depth_prior_ms_(row_depth_ms_) {
         if (!curve_.empty()) s11_ = s1y_ = curve_[0] * curve_[0];  // the prior scale 1 as one round, fading with the rest
     }
 
@@ -57,14 +67,15 @@ public:
     void observe(int n_tokens, double measured_ms) {
         if (n_tokens < 1 || curve_.empty() || curve(n_tokens) <= 0) return;
         constexpr double kKeep = 0.9;
-        // row_depth_ms's prior 0 weighs as a round one row and this many tokens deeper than
-        // measured: it holds until rounds of several rows well past the measured depth arrive.
+        // row_depth_ms's prior weighs as a round one row and this many tokens deeper than
+        // measured: it holds until rounds of several sizes well past the measured depth arrive.
         constexpr double kPriorDepth = 256.0;
         const double x1 = curve(n_tokens), x2 = double(n_tokens - 1) * added_depth();
         s11_ = kKeep * s11_ + x1 * x1, s12_ = kKeep * s12_ + x1 * x2, s22_ = kKeep * s22_ + x2 * x2;
         s1y_ = kKeep * s1y_ + x1 * measured_ms, s2y_ = kKeep * s2y_ + x2 * measured_ms;
-        const double p22 = s22_ + kPriorDepth * kPriorDepth, det = s11_ * p22 - s12_ * s12_;
-        row_depth_ms_ = det > 0.0 ? std::max(0.0, (s11_ * s2y_ - s12_ * s1y_) / det) : 0.0;
+        const double p22 = s22_ + kPriorDepth * kPriorDepth, p2y = s2y_ + kPriorDepth * kPriorDepth * row_depth_prior_ms_;
+        const double det = s11_ * p22 - s12_ * s12_;
+        row_depth_ms_ = det > 0.0 ? std::max(0.0, (s11_ * p2y - s12_ * s1y_) / det) : row_depth_prior_ms_;
         scale_ = std::max(0.05, (s1y_ - s12_ * row_depth_ms_) / s11_);
     }
 
@@ -111,7 +122,7 @@ private:
 
     std::vector<double> curve_;
     int measured_depth_ = 0, depth_ = 0;
-    double scale_ = 1.0, row_depth_ms_ = 0.0;
+    double scale_ = 1.0, row_depth_ms_ = 0.0, row_depth_prior_ms_ = 0.0;
     double s11_ = 0.0, s12_ = 0.0, s22_ = 0.0, s1y_ = 0.0, s2y_ = 0.0;  // decayed sums over observed rounds
     double w_ = 0.0, sx_ = 0.0, sy_ = 0.0, sxx_ = 0.0, sxy_ = 0.0;      // decayed sums over observed steps
 };
