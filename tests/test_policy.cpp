@@ -208,10 +208,11 @@ TEST(TreeSizePolicy, SkipsDraftingWhereTheStepsPlainRateIsHigher) {
         drafted += round == Round::Draft, explored += round == Round::Explore;
     }
     EXPECT_EQ(drafted, 0) << "a whole draft in a busy step it does not pay in";
-    EXPECT_EQ(explored, 2) << "busy, the others unknown: only every 8th round explores";
+    // (A busy step's extra row costs more of its time: rarer than every 8th where that passes 1%.)
+    EXPECT_TRUE(explored == 1 || explored == 2) << "busy, the others unknown: every 8th round explores, or rarer";
     explored = 0;
     for (int r = 0; r < 256; ++r) explored += p.plan_round(StepShare{15, 15.0, 15}) == Round::Explore;
-    EXPECT_EQ(explored, 2) << "busy with 15 others: only every 128th round explores";
+    EXPECT_TRUE(explored == 1 || explored == 2) << "busy with 15 others: every 128th round explores, or rarer";
 }
 
 // The draft yield a policy expects comes from the acceptance at each depth. Catches a policy that
@@ -243,6 +244,36 @@ TEST(TreeSizePolicy, ExploringRoundsThatAgreeBringDraftsBack) {
         p.observe(0.45, r % 2, 1, 1, curve[1]);
     }
     EXPECT_GT(drafted, 100) << "a first depth that pays alone should bring drafting back";
+}
+
+// Exploring while skipping costs a drafter level and a verify row. On a flat curve (a chat's
+// depth) that is a few percent of a forward and the policy explores every 8th skipped round; deep
+// in a long document a row costs 45% of an 11.5 ms forward and the drafter level 1 ms, and
+// exploring that often cost about 7% of the time. Catches: exploration at a fixed rate.
+TEST(TreeSizePolicy, ExploresLessOftenWhereAnExplorationCostsMore) {
+    using Round = TreeSizePolicy::Round;
+    auto explorations = [](double one_ms, double row_share, double level_ms) {
+        std::vector<double> curve;
+        for (int n = 1; n <= 33; ++n) curve.push_back(one_ms * (1.0 + row_share * (n - 1)));
+        TreeSizePolicy p(curve);
+        p.observe_draft(6 * level_ms, 6);
+        p.observe_draft(6 * level_ms, 6);
+        for (int r = 0; r < 40; ++r) p.observe(0.5, 0, 3, 3, curve[3]);  // deep drafts rejected outright
+        int explored = 0;
+        for (int r = 0; r < 400; ++r) {
+            const Round round = p.plan_round(StepShare{});
+            EXPECT_NE(round, Round::Draft);
+            if (round == Round::Skip) continue;
+            ++explored;
+            p.observe_draft(level_ms, 1);
+            p.observe(0.5, 0, 1, 1, curve[1]);
+        }
+        return explored;
+    };
+    EXPECT_EQ(explorations(3.2, 0.02, 0.3), 400 / 8) << "a chat's depth: every 8th skipped round";
+    const int deep = explorations(11.5, 0.45, 1.0);
+    EXPECT_GT(deep, 0) << "deep in a document it still explores";
+    EXPECT_LE(deep, 400 / 25) << "at most 2% of the skipped rounds' time";
 }
 
 // A free draft (prompt lookup: no drafter forward) is what a round gives without the model's

@@ -97,9 +97,14 @@ TreeSizePolicy::Round TreeSizePolicy::decide_round(const StepShare & step, doubl
         const double ms = depth * level_ms_ + verify_.ms(plain_rows) + verify_.extra_ms(plain_rows, nodes);
         if ((tokens + other_tokens) / ms > bar) return Round::Draft;
     }
-    // Exploring costs the whole step, so a step of several sequences explores about as often as
-    // one sequence alone: each sequence every kExploreEvery x (sequences in the step) skips.
-    if (skipped_ + 1 >= kExploreEvery * (1 + std::max(0, step.other_sequences))) return Round::Explore;
+    // Exploring costs a drafter level and a verify row, and the whole step pays for them, so a
+    // step of several sequences explores about as often as one sequence alone: each sequence
+    // every kExploreEvery x (sequences in the step) skips, or less often where one exploration
+    // would cost more than kExploreShare of the plain rounds before it (deep in a long context a
+    // verify row costs up to half a forward).
+    const double explore_ms = level_ms_ + verify_.extra_ms(plain_rows, 1);
+    const double every = std::max<double>(kExploreEvery, explore_ms / (kExploreShare * verify_.ms(plain_rows)));
+    if (skipped_ + 1 >= every * (1 + std::max(0, step.other_sequences))) return Round::Explore;
     return Round::Skip;
 }
 

@@ -75,7 +75,8 @@ public:
     // follows skipped ones is not timed: its first drafter forward catches up on the tokens the
     // skipped rounds emitted (timed, it priced drafting out of the rounds it had just skipped).
     // Until rounds have been seen it drafts; every kExploreEvery-th round it would skip (x the
-    // sequences in the step: an exploring draft delays them all) it explores: one drafter level,
+    // sequences in the step: an exploring draft delays them all; less often where a drafter level
+    // and a verify row cost more than 2% of the skipped rounds' time) it explores: one drafter level,
     // one node, enough to notice a text that turns predictable (a whole tree's six levels and its
     // rows would cost a busy step most of its time, for a draft the policy expects not to pay).
     // Never, not even to explore, while a draft could not pay if every token of it were accepted:
@@ -101,6 +102,7 @@ public:
 
 private:
     static constexpr int kExploreEvery = 8;
+    static constexpr double kExploreShare = 0.02;  // of the plain rounds' time an exploration may cost
     static constexpr int kMaxDepth = 16;  // depths whose acceptance is kept
     // Untried depths start at this acceptance, with the weight of kPriorRounds rounds.
     static constexpr double kPriorAcceptance = 0.8, kPriorRounds = 2.0;
