@@ -103,7 +103,7 @@ public:
 private:
     static constexpr int kExploreEvery = 8;
     static constexpr double kExploreShare = 0.02;  // of the plain rounds' time an exploration may cost
-    static constexpr int kMaxDepth = 16;  // depths whose acceptance is kept
+    static constexpr int kMaxDepth = 16;           // depths whose acceptance is kept
     // Untried depths start at this acceptance, with the weight of kPriorRounds rounds.
     static constexpr double kPriorAcceptance = 0.8, kPriorRounds = 2.0;
     // Tokens per ms of the step without this sequence's draft: (1 + the others' tokens) per
