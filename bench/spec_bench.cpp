@@ -332,18 +332,15 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     for (const auto & p : prompts) prompt_tokens += p.tokens.size();
     c.depth = static_cast<int>(prompt_tokens / prompts.size()) + n_gen / 2;
     const int max_tokens = std::max(k_max, kAutoTreeMaxNodes) + 1;
-    constexpr int kDepthProbe = 512;  // as ModelBundle::measure_verify_cost_once
     if (!curve_from.empty()) c.verify_ms = cost_curve_of(curve_from, max_tokens, c.depth, c.row_depth_ms);
-    const auto probe = probe_tokens(prompts, c.depth + kDepthProbe + max_tokens);
+    const auto probe = probe_tokens(prompts, c.depth + kDepthProbeTokens + max_tokens);
     if (curve_from.empty()) {
         c.verify_ms = forward_cost(rig.runner, rig.cache, probe, c.depth, max_tokens);
-        const int deeper = std::min(kDepthProbe, rig.cache.capacity() - max_tokens - c.depth);
-        if (deeper >= kDepthProbe / 2) {
-            rig.cache.rollback(0);
-            prefill(rig.runner, rig.cache, std::span(probe).first(c.depth));
-            c.row_depth_ms = measure_row_depth_ms(rig.runner, rig.cache, std::span(probe).subspan(c.depth), c.verify_ms, 8, deeper, 15);
-            rig.cache.rollback(0);
-        }
+        // The rig's context has room for the probe (run_spec_bench), as the engine's has.
+        rig.cache.rollback(0);
+        prefill(rig.runner, rig.cache, std::span(probe).first(c.depth));
+        c.row_depth_ms = measure_row_depth_ms(rig.runner, rig.cache, std::span(probe).subspan(c.depth), c.verify_ms, 8, kDepthProbeTokens, 15);
+        rig.cache.rollback(0);
     }
     if (!rig.draft.draft_model) return c;
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
@@ -988,7 +985,8 @@ int run_spec_bench(const SpecBenchOptions & o) {
     const int n_ctx = static_cast<int>(longest) + o.n_gen + std::max(o.draft_max, 64) + 8;
 
     if (o.llamacpp && !o.eagle3.empty() && !llama_cpp_runs_eagle3_on(o.model)) std::printf("note: %s\n", llama_eagle3_absent_note(o.model).c_str());
-    SpeculaRig rig(o, n_ctx);
+    // The specula rig's context also holds the cost curve's depth probe (measure_cost_curve).
+    SpeculaRig rig(o, std::max(n_ctx, static_cast<int>(longest) + o.n_gen / 2 + kDepthProbeTokens + std::max(o.draft_max, kAutoTreeMaxNodes) + 1));
     if (const int trained = rig.target->config().n_ctx_train; trained > 0 && n_ctx > trained) {
         std::printf("warning: %d-token context exceeds the target's trained %d: shorten -n or the prompts\n", n_ctx, trained);
     }

@@ -41,8 +41,8 @@ TEST(BenchSpec, ClearErrors) {
 }
 
 // Catches: --cost-curve-from ignored (the run measures its own curve, and an A/B comparison's
-// two arms decide on different curves), its curve taken without the depth it was measured at,
-// or the run not saying where its curve came from.
+// two arms decide on different curves), its curve taken without the depth it was measured at or
+// the growth of a row's cost with depth, or the run not saying where its curve came from.
 TEST(BenchSpec, CostCurveFromAnEarlierRun) {
     const std::string cli = SPECULA_CLI;
     nlohmann::json earlier;
@@ -50,6 +50,7 @@ TEST(BenchSpec, CostCurveFromAnEarlierRun) {
     for (int b = 1; b <= 40; ++b) curve.push_back(1.0 + 0.25 * b);
     earlier["cost_curve"]["target_verify_ms"] = curve;
     earlier["cost_curve"]["depth"] = 77;
+    earlier["cost_curve"]["row_depth_ms"] = 0.004;
     const std::string from = test::scratch_file("bench-spec-earlier.json");
     std::ofstream(from) << earlier.dump();
     const std::string prompts = test::scratch_file("bench-spec-curve-prompts.json");
@@ -66,6 +67,7 @@ TEST(BenchSpec, CostCurveFromAnEarlierRun) {
     for (size_t b = 0; b < used.size(); ++b) EXPECT_EQ(used[b], curve[b]) << b;
     EXPECT_EQ(j["cost_curve"]["from"], from);
     EXPECT_EQ(j["cost_curve"]["depth"], 77) << "the policies price rows past the depth the curve was measured at";
+    EXPECT_EQ(j["cost_curve"]["row_depth_ms"], 0.004) << "and by how much more deeper";
 }
 
 // Catches: SpecEE rows missing from a `bench spec` run, or with exit figures, agreement or

@@ -101,9 +101,8 @@ void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int3
     verify_cost_ms = measure_verify_cost(*runner, cache, std::span(probe).subspan(depth), max_tokens);
     verify_cost_depth = depth;
     // The policies' prior for how much more a row costs deeper in a context (VerifyCost).
-    constexpr int kDepthProbe = 512;
-    const int deeper = std::min(kDepthProbe, cache.capacity() - max_tokens - depth);
-    if (deeper >= kDepthProbe / 2) {
+    const int deeper = std::min(kDepthProbeTokens, cache.capacity() - max_tokens - depth);
+    if (deeper >= kDepthProbeTokens / 2) {
         const int rows = std::min(8, max_tokens);
         while (static_cast<int>(probe.size()) < depth + deeper + rows) probe.insert(probe.end(), tokens.begin(), tokens.end());
         verify_cost_row_depth_ms = measure_row_depth_ms(*runner, cache, std::span(probe).subspan(depth), verify_cost_ms, rows, deeper);

@@ -43,6 +43,8 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
 // it when they all verify the same rows (VerifyCost takes this as its prior).
 double measure_row_depth_ms(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, std::span<const double> curve, int rows,
                             int deeper, int reps = 3);
+// How much deeper than its curve an engine times that growth (with room in the cache for it).
+inline constexpr int kDepthProbeTokens = 512;
 
 // The timed sizes of such a curve (ascending; ms[b - 1] each one's time) that were stalled, timed
 // again with time_size: a size above twice the cost of a larger one (the process descheduled, a
