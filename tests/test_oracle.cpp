@@ -133,6 +133,28 @@ TEST_P(Oracle, GreedyGenerationMatchesLibllama) {
     }
 }
 
+// The peer takes at most n_batch tokens a libllama call; `bench decode --depth 1800` handed it
+// a 1,800-token prefill and libllama aborted the process. Longer inputs go in n_batch chunks.
+// Catches: one call for the whole input (the abort), or chunks whose logits rows or positions
+// are off (the rows then differ from one batch's).
+TEST(LlamaPeer, DecodesAnInputLongerThanItsBatchInChunks) {
+    const std::string path = test::model_path(test::oracle_variants().front().name);
+    const int n = 100;
+    LlamaPeer whole(path, 256, 1, false, 128), chunked(path, 256, 1, false, 32);
+    const int V = whole.n_vocab();
+    const auto tokens = sequence(n, V, 5);
+    const std::vector<float> a = whole.decode(tokens, true), b = chunked.decode(tokens, true);
+    ASSERT_EQ(a.size(), static_cast<size_t>(n) * V);
+    ASSERT_EQ(b.size(), a.size());
+    EXPECT_EQ(chunked.size(), n);
+    for (int i = 0; i < n; ++i) {
+        for (int t = 0; t < V; ++t) ASSERT_NEAR(a[size_t(i) * V + t], b[size_t(i) * V + t], 1e-3f) << "row " << i << " token " << t;
+    }
+    const std::vector<float> last = LlamaPeer(path, 256, 1, false, 32).decode(tokens, false);
+    ASSERT_EQ(last.size(), static_cast<size_t>(V));
+    for (int t = 0; t < V; ++t) EXPECT_NEAR(last[t], a[size_t(n - 1) * V + t], 1e-3f) << "the last row alone, token " << t;
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Oracle, ::testing::ValuesIn(test::oracle_variants()),
                          [](const auto & param_info) { return param_info.param.name; });
 
