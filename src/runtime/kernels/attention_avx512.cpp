@@ -136,32 +136,9 @@ void weighted_values_heads(const float * p, size_t nv, const int * visible, cons
 
 void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
     const int D = a.head_dim, G = a.n_head / a.n_head_kv, C = D / 16;
-    // A verify block's rows each find their visible slots once for all their KV heads; a
-    // prefill chunk's (many rows, each list as long as the context) are found per pair.
-    constexpr int kListedRows = 64;
-    thread_local std::vector<std::vector<int>> visible_of;
-    thread_local std::vector<int> visible_now;
     thread_local std::vector<float> scores;
-    const bool listed = a.n_rows <= kListedRows;
-    if (listed) {
-        if (static_cast<int>(visible_of.size()) < a.n_rows) visible_of.resize(a.n_rows);
-        const int64_t first = pair_begin % a.n_rows, count = std::min<int64_t>(a.n_rows, pair_end - pair_begin);
-        for (int64_t r = 0; r < count; ++r) {
-            const int64_t i = (first + r) % a.n_rows;
-            find_visible(a.mask + i * a.mask_row, a.n_kv, visible_of[i]);
-        }
-    }
-    for (int64_t pair = pair_begin; pair < pair_end; ++pair) {
-        const int64_t i = pair % a.n_rows;
-        const int kvh = static_cast<int>(pair / a.n_rows);
-        if (!listed) find_visible(a.mask + i * a.mask_row, a.n_kv, visible_now);
-        const std::vector<int> & visible = listed ? visible_of[i] : visible_now;
+    for_each_pair(a, pair_begin, pair_end, find_visible, [&](int64_t i, int kvh, const std::vector<int> & visible, float * o) {
         const size_t nv = visible.size();
-        float * o = a.out + i * a.out_row + static_cast<int64_t>(kvh) * G * D;
-        if (nv == 0) {  // a row that sees nothing (never produced by the engine): zeros, not NaN
-            std::memset(o, 0, sizeof(float) * G * D);
-            continue;
-        }
         const float * q = a.q + i * a.q_row + static_cast<int64_t>(kvh) * G * D;
         scores.resize(static_cast<size_t>(G) * nv);
         const uint16_t * k = a.k + static_cast<int64_t>(kvh) * D;
@@ -202,7 +179,7 @@ void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
                 default: weighted_values_heads<8>(p, nv, visible.data(), v, a.kv_row, C, inv_sum + g0, og, D); break;
             }
         }
-    }
+    });
 }
 
 }  // namespace specula::kernels::avx512
