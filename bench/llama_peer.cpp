@@ -86,14 +86,14 @@ std::vector<float> LlamaPeer::decode(std::span<const int32_t> tokens, bool all_l
     // libllama takes at most n_batch tokens a call: a longer input (a deep prompt) goes in chunks.
     for (int begin = 0; begin < n; begin += n_batch_) {
         const int m = std::min(n_batch_, n - begin);
-        const bool last_chunk = begin + m == n;
+        auto wanted = [&](int i) { return all_logits || begin + i == n - 1; };  // rows whose logits are returned
         llama_batch batch = llama_batch_init(m, 0, 1);
         for (int i = 0; i < m; ++i) {
             batch.token[i] = tokens[begin + i];
             batch.pos[i] = n_past_ + i;
             batch.n_seq_id[i] = 1;
             batch.seq_id[i][0] = 0;
-            batch.logits[i] = all_logits || (last_chunk && i == m - 1);
+            batch.logits[i] = wanted(i);
         }
         batch.n_tokens = m;
         const int rc = llama_decode(ctx_, batch);
@@ -101,7 +101,7 @@ std::vector<float> LlamaPeer::decode(std::span<const int32_t> tokens, bool all_l
         if (rc != 0) throw Error("llama_decode failed (" + std::to_string(rc) + ")");
         n_past_ += m;
         for (int i = 0; i < m; ++i) {
-            if (!all_logits && !(last_chunk && i == m - 1)) continue;
+            if (!wanted(i)) continue;
             const int row = all_logits ? begin + i : 0;
             std::memcpy(out.data() + static_cast<size_t>(row) * n_vocab_, llama_get_logits_ith(ctx_, i), sizeof(float) * n_vocab_);
         }

@@ -94,19 +94,19 @@ void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int3
     const int max_tokens =
         std::min(std::max({options.draft_max + 1, auto_tree ? kAutoTreeMaxNodes + 1 : 0, at_least_rows}), cache.capacity());
     const int depth = std::min(128, cache.capacity() - max_tokens);
+    // Then 1 and `rows` rows again `deeper` tokens on: the policies' prior for how much more a row
+    // costs deeper in a context (VerifyCost), where the cache has room for it.
+    const int deeper = std::min(kDepthProbeTokens, cache.capacity() - max_tokens - depth), rows = std::min(8, max_tokens);
+    const bool probe_depth = deeper >= kDepthProbeTokens / 2 && rows >= 2;
     std::vector<int32_t> probe;
-    while (static_cast<int>(probe.size()) < depth + max_tokens) probe.insert(probe.end(), tokens.begin(), tokens.end());
+    while (static_cast<int>(probe.size()) < depth + std::max(max_tokens, probe_depth ? deeper + rows : 0)) {
+        probe.insert(probe.end(), tokens.begin(), tokens.end());
+    }
     Progress progress("measuring the verify cost", 1);
     if (depth > 0) prefill(*runner, cache, std::span(probe).first(depth));
     verify_cost_ms = measure_verify_cost(*runner, cache, std::span(probe).subspan(depth), max_tokens);
     verify_cost_depth = depth;
-    // The policies' prior for how much more a row costs deeper in a context (VerifyCost).
-    const int deeper = std::min(kDepthProbeTokens, cache.capacity() - max_tokens - depth);
-    if (deeper >= kDepthProbeTokens / 2) {
-        const int rows = std::min(8, max_tokens);
-        while (static_cast<int>(probe.size()) < depth + deeper + rows) probe.insert(probe.end(), tokens.begin(), tokens.end());
-        verify_cost_row_depth_ms = measure_row_depth_ms(*runner, cache, std::span(probe).subspan(depth), verify_cost_ms, rows, deeper);
-    }
+    if (probe_depth) verify_cost_row_depth_ms = measure_row_depth_ms(*runner, cache, std::span(probe).subspan(depth), verify_cost_ms, rows, deeper);
     progress.step("1.." + std::to_string(max_tokens) + " rows");
     cache.rollback(0);
 }
