@@ -4,7 +4,7 @@
 //   memory's. Counter "GMAC/s" = weight x token multiply-adds per second;
 // - masked attention (runtime/kernels/attention.h), one query row of SmolLM2-135M's shape (9 heads
 //   of 64 over 3 KV heads) against n_kv visible F16 slots: the time is one row, all heads of one layer;
-// - the machine's int8 peak per core for each x86 path's instruction mix (int8_peak): what the
+// - the machine's int8 peak per core for each x86 path's instruction mixes (int8_peak): what the
 //   packed matmul's GMAC/s is a fraction of;
 // - the sampling transforms over a vocabulary row (sample/sampler.h) at SmolLM2's 49152 tokens:
 //   what every sampled token, drafted node and verified node at T > 0 pays.
@@ -118,8 +118,9 @@ BENCHMARK_CAPTURE(masked_attention, Neon, CpuPath::NeonDotprod)->Arg(128)->Arg(5
 
 #if defined(__x86_64__)
 // The int8 multiply-add rate of one core with nothing but the dot-product instructions in flight,
-// in independent chains: AVX2's vpmaddubsw + vpmaddwd + vpaddd (32 MACs per ymm), AVX-512 VNNI's
-// vpdpbusd (64 MACs per zmm). The asm barriers make every operand new each iteration, so the
+// in independent chains: AVX2's vpmaddubsw + vpmaddwd + vpaddd (32 MACs per ymm; the Q8_0 and Q6_K
+// bodies' mix), AVX2's vpmaddubsw + vpaddw (the 4-bit bodies' mix: their products sum in 16 bits
+// for a whole block before one vpmaddwd), AVX-512 VNNI's vpdpbusd (64 MACs per zmm). The asm barriers make every operand new each iteration, so the
 // compiler can neither hoist a product out of the loop nor share it between chains.
 __attribute__((target("avx2"))) inline __m256i avx2_dot_step(__m256i acc, __m256i w, __m256i x, __m256i one) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), one));
@@ -140,6 +141,22 @@ __attribute__((target("avx2"))) void avx2_chains(int64_t iters) {
     benchmark::DoNotOptimize(_mm256_extract_epi32(sum, 0));
 }
 
+__attribute__((target("avx2"))) void avx2_s16_chains(int64_t iters) {
+    __m256i a0 = _mm256_set1_epi16(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m256i x0 = _mm256_set1_epi8(5), x1 = x0, x2 = x0, x3 = x0, x4 = x0, x5 = x0;
+    const __m256i w = _mm256_set1_epi8(3);
+    for (int64_t it = 0; it < iters; ++it) {
+        a0 = _mm256_add_epi16(a0, _mm256_maddubs_epi16(w, x0)), a1 = _mm256_add_epi16(a1, _mm256_maddubs_epi16(w, x1));
+        a2 = _mm256_add_epi16(a2, _mm256_maddubs_epi16(w, x2)), a3 = _mm256_add_epi16(a3, _mm256_maddubs_epi16(w, x3));
+        a4 = _mm256_add_epi16(a4, _mm256_maddubs_epi16(w, x4)), a5 = _mm256_add_epi16(a5, _mm256_maddubs_epi16(w, x5));
+        __asm__ volatile(""
+                         : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(x0), "+x"(x1), "+x"(x2), "+x"(x3),
+                           "+x"(x4), "+x"(x5));
+    }
+    const __m256i sum = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(a0, a1), _mm256_add_epi16(a2, a3)), _mm256_add_epi16(a4, a5));
+    benchmark::DoNotOptimize(_mm256_extract_epi16(sum, 0));
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void avx512_vnni_chains(int64_t iters) {
     __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0;
     __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
@@ -156,7 +173,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void avx512_vnni_chains(i
     benchmark::DoNotOptimize(_mm512_reduce_add_epi32(sum));
 }
 
-void int8_peak(benchmark::State & state, CpuPath path) {
+// s16: AVX2's 16-bit accumulating mix (ignored for AVX-512 VNNI).
+void int8_peak(benchmark::State & state, CpuPath path, bool s16) {
     if (!cpu_can_run(path)) {
         state.SkipWithError("this CPU cannot run the path");
         return;
@@ -165,14 +183,16 @@ void int8_peak(benchmark::State & state, CpuPath path) {
     const double macs = path == CpuPath::Avx512Vnni ? 10.0 * 64 : 6.0 * 32;
     for (auto _ : state) {
         if (path == CpuPath::Avx512Vnni) avx512_vnni_chains(kIters);
+        else if (s16) avx2_s16_chains(kIters);
         else avx2_chains(kIters);
     }
     state.counters["GMAC/s"] = benchmark::Counter(macs * kIters * state.iterations() / 1e9, benchmark::Counter::kIsRate);
     state.SetLabel(cpu_path_name(path));
 }
 
-BENCHMARK_CAPTURE(int8_peak, Avx2, CpuPath::Avx2);
-BENCHMARK_CAPTURE(int8_peak, Avx512Vnni, CpuPath::Avx512Vnni);
+BENCHMARK_CAPTURE(int8_peak, Avx2, CpuPath::Avx2, false);
+BENCHMARK_CAPTURE(int8_peak, Avx2_s16, CpuPath::Avx2, true);
+BENCHMARK_CAPTURE(int8_peak, Avx512Vnni, CpuPath::Avx512Vnni, false);
 #endif
 
 std::vector<float> vocabulary_logits() {

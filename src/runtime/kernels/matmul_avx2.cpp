@@ -48,6 +48,12 @@ void quantize_activations(const float * x, int64_t x_stride, QuantizedActivation
 
 namespace {
 
+// GCC 12 reassociates the integer sums below into trees that need all of a block's products at
+// once, which spills them to the stack (a third of the Q4 kernel's time): an empty asm on each
+// running sum keeps it a chain that accumulates as the products come.
+inline void keep_in_register(__m256i & v) { __asm__(""
+                                                    : "+x"(v)); }
+
 inline __m256i broadcast4(const int8_t * p) {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -90,6 +96,7 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m2
                 const __m256i x = broadcast4(q[t] + 4 * j);
                 isum[t][0] = _mm256_add_epi32(isum[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
                 isum[t][1] = _mm256_add_epi32(isum[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
+                keep_in_register(isum[t][0]), keep_in_register(isum[t][1]);
             }
         }
     } else if constexpr (F == PackedFormat::Q6_K) {
@@ -115,6 +122,7 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m2
                     const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
                     p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)));
                     p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)));
+                    keep_in_register(p16[t][0]), keep_in_register(p16[t][1]);
                 }
             }
             for (int t = 0; t < NT; ++t) {
@@ -124,8 +132,9 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m2
             }
         }
     } else {
-        // Q4_0/Q4_1/Q4_K: 8 slices x pairs of 15 * 127 stay below 2^15, exact in s16. Q5_0's
-        // 31 * 127 allows 4 slices: its low and high halves widen separately.
+        // Q4_0/Q4_1/Q4_K: 8 slices x pairs of 15 * 127 stay below 2^15, exact in s16, so the sum
+        // may take them in any order: each slice's bytes are loaded once for both nibbles. Q5_0's
+        // 31 * 127 allows 4 slices: its low and high nibbles' sums widen separately.
         constexpr bool kQ5 = F == PackedFormat::Q5_0;
         __m256i planes[2];
         if constexpr (kQ5) planes[0] = load(256), planes[1] = load(288);
@@ -134,26 +143,38 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m2
         if constexpr (kQ5) {
             for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
         }
-        for (int part = 0; part < 2; ++part) {
-            for (int j = 0; j < 4; ++j) {
-                __m256i v0 = load(64 * j), v1 = load(64 * j + 32);
-                if (part == 1) v0 = _mm256_srli_epi16(v0, 4), v1 = _mm256_srli_epi16(v1, 4);
-                v0 = _mm256_and_si256(v0, nibble), v1 = _mm256_and_si256(v1, nibble);
-                if constexpr (kQ5) {
-                    v0 = _mm256_or_si256(v0, q5_high_bit(planes[0], 4 * part + j));
-                    v1 = _mm256_or_si256(v1, q5_high_bit(planes[1], 4 * part + j));
+        if constexpr (kQ5) {
+            for (int part = 0; part < 2; ++part) {
+                for (int j = 0; j < 4; ++j) {
+                    __m256i v0 = load(64 * j), v1 = load(64 * j + 32);
+                    if (part == 1) v0 = _mm256_srli_epi16(v0, 4), v1 = _mm256_srli_epi16(v1, 4);
+                    v0 = _mm256_or_si256(_mm256_and_si256(v0, nibble), q5_high_bit(planes[0], 4 * part + j));
+                    v1 = _mm256_or_si256(_mm256_and_si256(v1, nibble), q5_high_bit(planes[1], 4 * part + j));
+                    for (int t = 0; t < NT; ++t) {
+                        const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
+                        p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(v0, x));
+                        p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(v1, x));
+                        keep_in_register(p16[t][0]), keep_in_register(p16[t][1]);
+                    }
                 }
-                for (int t = 0; t < NT; ++t) {
-                    const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
-                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(v0, x));
-                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(v1, x));
-                }
-            }
-            if constexpr (kQ5) {
                 for (int t = 0; t < NT; ++t) {
                     for (int h = 0; h < 2; ++h) {
                         isum[t][h] = _mm256_add_epi32(isum[t][h], _mm256_madd_epi16(p16[t][h], ones));
                         p16[t][h] = _mm256_setzero_si256();
+                    }
+                }
+            }
+        } else {
+            for (int j = 0; j < 4; ++j) {
+                const __m256i r0 = load(64 * j), r1 = load(64 * j + 32);
+                for (int part = 0; part < 2; ++part) {
+                    const __m256i v0 = _mm256_and_si256(part == 0 ? r0 : _mm256_srli_epi16(r0, 4), nibble);
+                    const __m256i v1 = _mm256_and_si256(part == 0 ? r1 : _mm256_srli_epi16(r1, 4), nibble);
+                    for (int t = 0; t < NT; ++t) {
+                        const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
+                        p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(v0, x));
+                        p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(v1, x));
+                        keep_in_register(p16[t][0]), keep_in_register(p16[t][1]);
                     }
                 }
             }
@@ -215,7 +236,7 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
                 if constexpr (F == PackedFormat::Q5_0) i32 = _mm256_sub_epi32(i32, _mm256_set1_epi32(16 * s[t][b]));
                 __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d[t][b])), _mm256_load_ps(acc[t] + 8 * h));
                 if constexpr (F == PackedFormat::Q4_1 || F == PackedFormat::Q4_K) {
-                    r = _mm256_fmadd_ps(mw, _mm256_set1_ps(d[t][b] * static_cast<float>(s[t][b])), r);
+                    r = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(a.ds + (t0 + t) * nbk + b), r);
                 }
                 _mm256_store_ps(acc[t] + 8 * h, r);
             }
