@@ -4,8 +4,10 @@
 //   score(j, g) = (16 lane sums of q * k over the dimensions, then the halving tree) * scale
 //   softmax: max, exp_nonpositive(score - max), their sum (16 lane sums, the halving tree), one reciprocal
 //   out(g, d) = sum over j in order of p(j, g) * v(j, d), times the reciprocal
-// The 16 lanes live in two ymm (lanes 0-7, 8-15); four slots' halving trees run as one shuffle
-// tree whose lanes are the four scores; V sums accumulate in registers over every visible slot.
+// The 16 lanes live in two ymm (lanes 0-7, 8-15); the scores of a few slots against up to three
+// query heads of a KV head accumulate side by side, each key chunk converted once for the heads;
+// four of their halving trees run as one shuffle tree whose lanes are the four scores; V sums
+// accumulate in registers over every visible slot.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -19,7 +21,6 @@ namespace specula::kernels::avx2 {
 namespace {
 
 constexpr uint16_t kF16NegInf = 0xfc00;
-constexpr int kSlots = 4;      // slots whose scores one pass computes (their sums fill 8 of 16 ymm)
 constexpr int kHeadBlock = 4;  // query heads whose V sums share one pass over the slots
 
 inline __m256 load_f16x8(const uint16_t * p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
@@ -61,28 +62,54 @@ inline __m256 exp_nonpositive8(__m256 x) {
     return _mm256_and_ps(_mm256_mul_ps(p, scale), _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_NLT_UQ));
 }
 
-// Scores of four visible slots (fewer at the end: n) against one query head, times scale. Past n
-// the last slot is read again and its scores are not stored.
-inline void block_scores(const float * q, const uint16_t * k, const int * slots, int n, int64_t kv_row, int chunks, float scale,
-                         float * out) {
-    const uint16_t * kt[kSlots];
-    for (int t = 0; t < kSlots; ++t) kt[t] = k + slots[t < n ? t : n - 1] * kv_row;
-    __m256 lo[kSlots], hi[kSlots];
-    for (int t = 0; t < kSlots; ++t) lo[t] = hi[t] = _mm256_setzero_ps();
+// Scores of NS visible slots (fewer at the end: n) against NG query heads of one KV head, times
+// scale, into scores[g * nv + t]. Each key chunk is converted from F16 once for the NG heads
+// (vcvtph2ps issues at half the rate of the multiplies and adds it feeds); NS * NG <= 6 keeps the
+// 12 lane sums, a key chunk and the query chunk in the 16 ymm. Past n the last slot is read again
+// and its scores are not stored.
+template <int NS, int NG>
+inline void block_scores(const float * q, int D, const uint16_t * k, const int * slots, int n, int64_t kv_row, int chunks,
+                         float scale, float * scores, size_t nv) {
+    constexpr int kSums = NS * NG;  // sum s: slot s / NG, head s % NG
+    const uint16_t * kt[NS];
+    for (int t = 0; t < NS; ++t) kt[t] = k + slots[t < n ? t : n - 1] * kv_row;
+    __m256 lo[kSums], hi[kSums];
+    for (int s = 0; s < kSums; ++s) lo[s] = hi[s] = _mm256_setzero_ps();
     for (int c = 0; c < chunks; ++c) {
-        const __m256 q0 = _mm256_loadu_ps(q + 16 * c), q1 = _mm256_loadu_ps(q + 16 * c + 8);
-        for (int t = 0; t < kSlots; ++t) {
-            lo[t] = _mm256_add_ps(lo[t], _mm256_mul_ps(q0, load_f16x8(kt[t] + 16 * c)));
-            hi[t] = _mm256_add_ps(hi[t], _mm256_mul_ps(q1, load_f16x8(kt[t] + 16 * c + 8)));
+        for (int t = 0; t < NS; ++t) {
+            const __m256 k0 = load_f16x8(kt[t] + 16 * c), k1 = load_f16x8(kt[t] + 16 * c + 8);
+            for (int g = 0; g < NG; ++g) {
+                const float * qg = q + g * D + 16 * c;
+                lo[t * NG + g] = _mm256_add_ps(lo[t * NG + g], _mm256_mul_ps(_mm256_loadu_ps(qg), k0));
+                hi[t * NG + g] = _mm256_add_ps(hi[t * NG + g], _mm256_mul_ps(_mm256_loadu_ps(qg + 8), k1));
+            }
         }
     }
-    const __m128 s = _mm_mul_ps(reduce16x4(lo, hi), _mm_set1_ps(scale));
-    if (n >= kSlots) {
-        _mm_storeu_ps(out, s);
-    } else {
-        float tmp[4];
-        _mm_storeu_ps(tmp, s);
-        std::memcpy(out, tmp, sizeof(float) * n);
+    for (int s0 = 0; s0 < kSums; s0 += 4) {
+        // reduce16x4 over sums s0..s0+3 (past kSums the last sum again, not stored)
+        __m256 l4[4], h4[4];
+        for (int u = 0; u < 4; ++u) {
+            const int s = s0 + u < kSums ? s0 + u : kSums - 1;
+            l4[u] = lo[s], h4[u] = hi[s];
+        }
+        float out[4];
+        _mm_storeu_ps(out, _mm_mul_ps(reduce16x4(l4, h4), _mm_set1_ps(scale)));
+        for (int u = 0; u < 4 && s0 + u < kSums; ++u) {
+            const int t = (s0 + u) / NG, g = (s0 + u) % NG;
+            if (t < n) scores[g * nv + t] = out[u];
+        }
+    }
+}
+
+// block_scores over all visible slots for NG heads from g0, the slot count per pass fitted to NG.
+template <int NG>
+void head_block_scores(const float * q, int D, const uint16_t * k, const std::vector<int> & visible, int64_t kv_row, int chunks,
+                       float scale, float * scores) {
+    constexpr int NS = NG == 1 ? 4 : 6 / NG;
+    const size_t nv = visible.size();
+    for (size_t j = 0; j < nv; j += NS) {
+        const int n = static_cast<int>(nv - j < NS ? nv - j : NS);
+        block_scores<NS, NG>(q, D, k, visible.data() + j, n, kv_row, chunks, scale, scores + j, nv);
     }
 }
 
@@ -149,9 +176,14 @@ void attend(const AttentionArgs & a, int64_t pair_begin, int64_t pair_end) {
         const float * q = a.q + i * a.q_row + static_cast<int64_t>(kvh) * G * D;
         scores.resize(static_cast<size_t>(G) * nv);
         const uint16_t * k = a.k + static_cast<int64_t>(kvh) * D;
-        for (size_t j = 0; j < nv; j += kSlots) {
-            const int n = static_cast<int>(nv - j < kSlots ? nv - j : kSlots);
-            for (int g = 0; g < G; ++g) block_scores(q + g * D, k, visible.data() + j, n, a.kv_row, C, a.scale, scores.data() + g * nv + j);
+        for (int g0 = 0; g0 < G; g0 += 3) {
+            const float * qg = q + g0 * D;
+            float * sg = scores.data() + g0 * nv;
+            switch (G - g0 < 3 ? G - g0 : 3) {
+                case 1: head_block_scores<1>(qg, D, k, visible, a.kv_row, C, a.scale, sg); break;
+                case 2: head_block_scores<2>(qg, D, k, visible, a.kv_row, C, a.scale, sg); break;
+                default: head_block_scores<3>(qg, D, k, visible, a.kv_row, C, a.scale, sg); break;
+            }
         }
         float inv_sum[64];
         for (int g = 0; g < G; ++g) {
