@@ -251,16 +251,21 @@ template <PackedFormat F>
 void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
             int64_t g_begin, int64_t g_end) {
     // Up to 4 tokens per pass; more tokens make further passes over the group while its weights
-    // are in L1/L2.
+    // are in L1/L2, as even as can be (5 tokens as 3 + 2, not 4 + 1: a one-token pass unpacks
+    // each weight block for a single token).
     constexpr int kTile = 4;
+    const int passes = (a.n_tokens + kTile - 1) / kTile;
     for (int64_t g = g_begin; g < g_end; ++g) {
         const uint8_t * wg = packed + g * m.group_bytes();
-        for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
-            switch (a.n_tokens - t0 < kTile ? a.n_tokens - t0 : kTile) {
-                case 1: tile<F, 1>(m, wg, a, t0, y, y_stride, g); break;
-                case 2: tile<F, 2>(m, wg, a, t0, y, y_stride, g); break;
-                case 3: tile<F, 3>(m, wg, a, t0, y, y_stride, g); break;
-                default: tile<F, 4>(m, wg, a, t0, y, y_stride, g); break;
+        for (int p = 0, t0 = 0; p < passes; ++p) {
+            const int n = a.n_tokens / passes + (p < a.n_tokens % passes ? 1 : 0);
+            const int first = t0;
+            t0 += n;
+            switch (n) {
+                case 1: tile<F, 1>(m, wg, a, first, y, y_stride, g); break;
+                case 2: tile<F, 2>(m, wg, a, first, y, y_stride, g); break;
+                case 3: tile<F, 3>(m, wg, a, first, y, y_stride, g); break;
+                default: tile<F, 4>(m, wg, a, first, y, y_stride, g); break;
             }
         }
     }
