@@ -101,7 +101,8 @@ inline void block_scores(const float * q, int D, const uint16_t * k, const int *
     }
 }
 
-// block_scores over all visible slots for NG heads from g0, the slot count per pass fitted to NG.
+// block_scores over all visible slots for NG consecutive query heads (q: the first one's), the
+// slot count per pass fitted to NG.
 template <int NG>
 void head_block_scores(const float * q, int D, const uint16_t * k, const std::vector<int> & visible, int64_t kv_row, int chunks,
                        float scale, float * scores) {

@@ -49,8 +49,8 @@ void quantize_activations(const float * x, int64_t x_stride, QuantizedActivation
 namespace {
 
 // GCC 12 reassociates the integer sums below into trees that need all of a block's products at
-// once, which spills them to the stack (a third of the Q4 kernel's time): an empty asm on each
-// running sum keeps it a chain that accumulates as the products come.
+// once, which spills them to the stack: an empty asm on each running sum keeps it a chain that
+// accumulates as the products come.
 inline void keep_in_register(__m256i & v) { __asm__(""
                                                     : "+x"(v)); }
 
