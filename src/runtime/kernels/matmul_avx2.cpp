@@ -140,22 +140,23 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m2
         if constexpr (kQ5) planes[0] = load(256), planes[1] = load(288);
         __m256i p16[NT][2];
         for (int t = 0; t < NT; ++t) p16[t][0] = p16[t][1] = _mm256_setzero_si256();
+        // Slice (v0: rows 0-7, v1: rows 8-15) against each token's 4 activations from column col.
+        auto add_slice = [&](__m256i v0, __m256i v1, int col) __attribute__((always_inline)) {
+            for (int t = 0; t < NT; ++t) {
+                const __m256i x = broadcast4(q[t] + col);
+                p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(v0, x));
+                p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(v1, x));
+                keep_in_register(p16[t][0]), keep_in_register(p16[t][1]);
+            }
+        };
         if constexpr (kQ5) {
             for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
-        }
-        if constexpr (kQ5) {
             for (int part = 0; part < 2; ++part) {
                 for (int j = 0; j < 4; ++j) {
                     __m256i v0 = load(64 * j), v1 = load(64 * j + 32);
                     if (part == 1) v0 = _mm256_srli_epi16(v0, 4), v1 = _mm256_srli_epi16(v1, 4);
-                    v0 = _mm256_or_si256(_mm256_and_si256(v0, nibble), q5_high_bit(planes[0], 4 * part + j));
-                    v1 = _mm256_or_si256(_mm256_and_si256(v1, nibble), q5_high_bit(planes[1], 4 * part + j));
-                    for (int t = 0; t < NT; ++t) {
-                        const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
-                        p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(v0, x));
-                        p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(v1, x));
-                        keep_in_register(p16[t][0]), keep_in_register(p16[t][1]);
-                    }
+                    add_slice(_mm256_or_si256(_mm256_and_si256(v0, nibble), q5_high_bit(planes[0], 4 * part + j)),
+                              _mm256_or_si256(_mm256_and_si256(v1, nibble), q5_high_bit(planes[1], 4 * part + j)), 16 * part + 4 * j);
                 }
                 for (int t = 0; t < NT; ++t) {
                     for (int h = 0; h < 2; ++h) {
@@ -167,16 +168,8 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m2
         } else {
             for (int j = 0; j < 4; ++j) {
                 const __m256i r0 = load(64 * j), r1 = load(64 * j + 32);
-                for (int part = 0; part < 2; ++part) {
-                    const __m256i v0 = _mm256_and_si256(part == 0 ? r0 : _mm256_srli_epi16(r0, 4), nibble);
-                    const __m256i v1 = _mm256_and_si256(part == 0 ? r1 : _mm256_srli_epi16(r1, 4), nibble);
-                    for (int t = 0; t < NT; ++t) {
-                        const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
-                        p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(v0, x));
-                        p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(v1, x));
-                        keep_in_register(p16[t][0]), keep_in_register(p16[t][1]);
-                    }
-                }
+                add_slice(_mm256_and_si256(r0, nibble), _mm256_and_si256(r1, nibble), 4 * j);
+                add_slice(_mm256_and_si256(_mm256_srli_epi16(r0, 4), nibble), _mm256_and_si256(_mm256_srli_epi16(r1, 4), nibble), 16 + 4 * j);
             }
         }
         if constexpr (!kQ5) {
@@ -202,9 +195,11 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
     alignas(32) float acc[NT][16] = {};
     const float * d[NT];
     const int32_t * s[NT];
+    const float * ds[NT];
     for (int t = 0; t < NT; ++t) {
         d[t] = a.d + (t0 + t) * nbk;
         s[t] = a.s + (t0 + t) * nbk;
+        ds[t] = a.ds + (t0 + t) * nbk;
     }
 
     for (int64_t b = 0; b < nb; ++b) {
@@ -236,7 +231,7 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
                 if constexpr (F == PackedFormat::Q5_0) i32 = _mm256_sub_epi32(i32, _mm256_set1_epi32(16 * s[t][b]));
                 __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d[t][b])), _mm256_load_ps(acc[t] + 8 * h));
                 if constexpr (F == PackedFormat::Q4_1 || F == PackedFormat::Q4_K) {
-                    r = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(a.ds + (t0 + t) * nbk + b), r);
+                    r = _mm256_fmadd_ps(mw, _mm256_broadcast_ss(ds[t] + b), r);
                 }
                 _mm256_store_ps(acc[t] + 8 * h, r);
             }
