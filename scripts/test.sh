@@ -30,7 +30,8 @@ phase 3 "server test clients"
 # The openai Python client and pytest, pinned, for the server's end-to-end tests.
 scripts/setup_server_tests.sh
 phase 4 "test suite"
-ctest --test-dir build --output-on-failure --timeout 900
+# As many tests at once as there are CPUs; a test on two threads claims two (tests/CMakeLists.txt).
+ctest --test-dir build --output-on-failure --timeout 900 -j"$(nproc)"
 
 # Sanitized run: specula's own code instrumented, ggml/llama.cpp built normally beside it.
 phase 5 "ASan + UBSan build"
@@ -38,7 +39,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE=ON
 cmake --build build-asan -j"$(nproc)" 2>&1 | progress_cmake build-asan
 phase 6 "test suite under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure --timeout 1800
+  ctest --test-dir build-asan --output-on-failure --timeout 1800 -j"$(nproc)"
 
 # Fuzz smoke: 20 s per target on the seeds and every regression input (scripts/fuzz.sh).
 phase 7 "fuzz smoke"

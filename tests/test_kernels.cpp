@@ -1,6 +1,8 @@
 // specula's CPU kernels (runtime/kernels/): accuracy against a double-precision reference, and
 // batch invariance to the bit, for the packed matmul alone and for the whole forward.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "runtime/forward.h"
 #include "runtime/kernels/attention_impl.h"
 #include "runtime/kernels/matmul.h"
+#include "runtime/kernels/matmul_impl.h"
 #include "runtime/model.h"
 #include "test_models.h"
 
@@ -158,6 +161,63 @@ TEST(PackedMatmul, EverySimdPathGivesTheGenericPathsBits) {
         for (CpuPath path : paths()) {
             const std::vector<float> y = run(path, p, x.data(), 13);
             EXPECT_EQ(0, std::memcmp(ref.data(), y.data(), sizeof(float) * ref.size())) << ggml_type_name(type) << " " << kernels::cpu_path_name(path);
+        }
+    }
+}
+
+// `size` bytes beside a page that faults on any access: ending where it begins (at_end) or
+// beginning where one ends. A body that reads or writes past its buffer's end or before its start
+// dies on the spot, sanitized or not.
+class GuardedBytes {
+public:
+    GuardedBytes(size_t size, bool at_end) : page_(static_cast<size_t>(::sysconf(_SC_PAGESIZE))) {
+        const size_t span = (size + page_ - 1) / page_ * page_;
+        total_ = span + 2 * page_;
+        base_ = static_cast<uint8_t *>(::mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        if (base_ == MAP_FAILED) throw std::runtime_error("mmap failed");
+        ::mprotect(base_, page_, PROT_NONE);
+        ::mprotect(base_ + page_ + span, page_, PROT_NONE);
+        data_ = at_end ? base_ + page_ + span - size : base_ + page_;
+    }
+    ~GuardedBytes() { ::munmap(base_, total_); }
+    GuardedBytes(const GuardedBytes &) = delete;
+    GuardedBytes & operator=(const GuardedBytes &) = delete;
+    template <class T>
+    T * as() const { return reinterpret_cast<T *>(data_); }
+
+private:
+    size_t page_, total_ = 0;
+    uint8_t * base_ = nullptr;
+    uint8_t * data_ = nullptr;
+};
+
+// The SIMD bodies run uninstrumented in the sanitized build (src/CMakeLists.txt), so their memory
+// accesses are checked here: weights, activations, their quantized blocks and the outputs each
+// sit against a faulting page, at the end and then at the start, for every format and token
+// count of a tile or a pass. The results must also be the generic path's bits.
+TEST(PackedMatmul, EverySimdPathStaysInsideItsBuffers) {
+    ggml_cpu_init();
+    const int64_t n_rows = 40, k = 512;  // 3 groups, the last one partial
+    for (ggml_type type : kTypes) {
+        const Packed p = make_packed(type, n_rows, k, 7);
+        for (int n_tokens : {1, 2, 3, 4, 5, 8, 16}) {
+            const std::vector<float> x = random_activations(n_tokens, k, 8);
+            const std::vector<float> ref = run(CpuPath::Generic, p, x.data(), n_tokens);
+            const size_t blocks = static_cast<size_t>(n_tokens) * (k / kernels::kBlock);
+            for (bool at_end : {true, false}) {
+                for (CpuPath path : paths()) {
+                    GuardedBytes w(p.bytes.size(), at_end), xs(x.size() * sizeof(float), at_end);
+                    GuardedBytes q(x.size(), at_end), d(blocks * sizeof(float), at_end), sums(blocks * sizeof(int32_t), at_end),
+                        ds(blocks * sizeof(float), at_end), y(ref.size() * sizeof(float), at_end);
+                    std::memcpy(w.as<uint8_t>(), p.bytes.data(), p.bytes.size());
+                    std::memcpy(xs.as<float>(), x.data(), x.size() * sizeof(float));
+                    kernels::QuantizedActivations a{n_tokens, k, q.as<int8_t>(), d.as<float>(), sums.as<int32_t>(), ds.as<float>()};
+                    if (!p.m.is_float()) kernels::quantize_activations_on(path, xs.as<float>(), k, a, kernels::has_min_term(p.m.format));
+                    kernels::matmul_on(path, p.m, w.as<uint8_t>(), xs.as<float>(), k, a, y.as<float>(), n_rows, 0, p.m.n_groups());
+                    EXPECT_EQ(0, std::memcmp(ref.data(), y.as<float>(), ref.size() * sizeof(float)))
+                        << ggml_type_name(type) << " " << kernels::cpu_path_name(path) << " " << n_tokens << " tokens";
+                }
+            }
         }
     }
 }

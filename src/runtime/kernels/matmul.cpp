@@ -156,51 +156,6 @@ struct Scratch {
     }
 };
 
-void quantize_blocks(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
-#if defined(SPECULA_X86_KERNELS)
-    if (path == CpuPath::Avx512Vnni) return avx512::quantize_activations(x, x_stride, a);
-    if (path == CpuPath::Avx2) return avx2::quantize_activations(x, x_stride, a);
-#endif
-#if defined(SPECULA_ARM64_KERNELS)
-    if (path == CpuPath::NeonI8mm || path == CpuPath::NeonDotprod) return neon_dotprod::quantize_activations(x, x_stride, a);
-#endif
-    generic::quantize_activations(x, x_stride, a);
-}
-
-// with_min_factor: some weight is Q4_1 or Q4_K, whose bodies read ds.
-void quantize(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a, bool with_min_factor) {
-    quantize_blocks(path, x, x_stride, a);
-    if (!with_min_factor) return;
-    const int64_t n = a.n_tokens * (a.k / kBlock);
-    for (int64_t i = 0; i < n; ++i) a.ds[i] = a.d[i] * static_cast<float>(a.s[i]);
-}
-
-// Row groups [g_begin, g_end) of one matrix; integer formats read `a`, float formats x itself.
-void run(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
-         const QuantizedActivations & a, float * y, int64_t y_stride, int64_t g_begin, int64_t g_end) {
-    if (m.is_float()) {
-#if defined(SPECULA_X86_KERNELS)
-        if (path == CpuPath::Avx512Vnni) return avx512::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
-        if (path == CpuPath::Avx2) return avx2::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
-#endif
-#if defined(SPECULA_ARM64_KERNELS)
-        if (path == CpuPath::NeonI8mm || path == CpuPath::NeonDotprod) {
-            return neon_dotprod::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
-        }
-#endif
-        return generic::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
-    }
-#if defined(SPECULA_X86_KERNELS)
-    if (path == CpuPath::Avx512Vnni && avx512::has_body(m.format)) return avx512::matmul(m, packed, a, y, y_stride, g_begin, g_end);
-    if (path == CpuPath::Avx2 || path == CpuPath::Avx512Vnni) return avx2::matmul(m, packed, a, y, y_stride, g_begin, g_end);
-#endif
-#if defined(SPECULA_ARM64_KERNELS)
-    if (path == CpuPath::NeonI8mm) return neon_i8mm::matmul(m, packed, a, y, y_stride, g_begin, g_end);
-    if (path == CpuPath::NeonDotprod) return neon_dotprod::matmul(m, packed, a, y, y_stride, g_begin, g_end);
-#endif
-    generic::matmul(m, packed, a, y, y_stride, g_begin, g_end);
-}
-
 // dst = the weights' outputs stacked row-wise (src[0..n_w) the weights, src[n_w] the activations).
 // Threads take contiguous runs of the stacked row groups and never split K: the split changes
 // nothing in any output element. Each thread quantizes the (few) activation rows itself, once for
@@ -226,7 +181,7 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int n_tokens = static_cast<int>(ggml_nrows(x));
     thread_local Scratch scratch;
     QuantizedActivations a = scratch.view(n_tokens, x->ne[0]);
-    if (any_integer) quantize(path, xd, x_stride, a, with_min_factor);
+    if (any_integer) quantize_activations_on(path, xd, x_stride, a, with_min_factor);
 
     auto * y = static_cast<float *>(dst->data);
     const int64_t y_stride = dst->ne[0];
@@ -234,20 +189,63 @@ void matmul_op(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     for (int i = 0; i < n_w && g0 < end; ++i) {
         const PackedMatrix & m = *packed_matrix_of(dst->src[i]);
         const int64_t lo = std::max(begin, g0) - g0, hi = std::min(end, g0 + m.n_groups()) - g0;
-        if (lo < hi) run(path, m, static_cast<const uint8_t *>(dst->src[i]->data), xd, x_stride, a, y + row0, y_stride, lo, hi);
+        if (lo < hi) matmul_on(path, m, static_cast<const uint8_t *>(dst->src[i]->data), xd, x_stride, a, y + row0, y_stride, lo, hi);
         g0 += m.n_groups();
         row0 += m.n_rows;
     }
 }
 
+void quantize_blocks(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a) {
+#if defined(SPECULA_X86_KERNELS)
+    if (path == CpuPath::Avx512Vnni) return avx512::quantize_activations(x, x_stride, a);
+    if (path == CpuPath::Avx2) return avx2::quantize_activations(x, x_stride, a);
+#endif
+#if defined(SPECULA_ARM64_KERNELS)
+    if (path == CpuPath::NeonI8mm || path == CpuPath::NeonDotprod) return neon_dotprod::quantize_activations(x, x_stride, a);
+#endif
+    generic::quantize_activations(x, x_stride, a);
+}
+
 }  // namespace
+
+void quantize_activations_on(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a, bool with_min_factor) {
+    quantize_blocks(path, x, x_stride, a);
+    if (!with_min_factor) return;
+    const int64_t n = a.n_tokens * (a.k / kBlock);
+    for (int64_t i = 0; i < n; ++i) a.ds[i] = a.d[i] * static_cast<float>(a.s[i]);
+}
+
+void matmul_on(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
+               const QuantizedActivations & a, float * y, int64_t y_stride, int64_t g_begin, int64_t g_end) {
+    if (m.is_float()) {
+#if defined(SPECULA_X86_KERNELS)
+        if (path == CpuPath::Avx512Vnni) return avx512::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+        if (path == CpuPath::Avx2) return avx2::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+#endif
+#if defined(SPECULA_ARM64_KERNELS)
+        if (path == CpuPath::NeonI8mm || path == CpuPath::NeonDotprod) {
+            return neon_dotprod::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+        }
+#endif
+        return generic::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
+    }
+#if defined(SPECULA_X86_KERNELS)
+    if (path == CpuPath::Avx512Vnni && avx512::has_body(m.format)) return avx512::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+    if (path == CpuPath::Avx2 || path == CpuPath::Avx512Vnni) return avx2::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+#endif
+#if defined(SPECULA_ARM64_KERNELS)
+    if (path == CpuPath::NeonI8mm) return neon_i8mm::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+    if (path == CpuPath::NeonDotprod) return neon_dotprod::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+#endif
+    generic::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+}
 
 void matmul_groups(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
                    int n_tokens, float * y, int64_t g_begin, int64_t g_end) {
     thread_local Scratch scratch;
     QuantizedActivations a = scratch.view(n_tokens, m.k);
-    if (!m.is_float()) quantize(path, x, x_stride, a, has_min_term(m.format));
-    run(path, m, packed, x, x_stride, a, y, m.n_rows, g_begin, g_end);
+    if (!m.is_float()) quantize_activations_on(path, x, x_stride, a, has_min_term(m.format));
+    matmul_on(path, m, packed, x, x_stride, a, y, m.n_rows, g_begin, g_end);
 }
 
 ggml_tensor * packed_matmul(ggml_context * ctx, std::span<ggml_tensor * const> ws, ggml_tensor * x) {

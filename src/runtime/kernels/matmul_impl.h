@@ -2,6 +2,7 @@
 // Per-instruction-set bodies of kernels/matmul.h; internal to the kernels.
 #include <cstdint>
 
+#include "runtime/kernels/matmul.h"
 #include "runtime/kernels/packed_matrix.h"
 
 namespace specula::kernels {
@@ -18,6 +19,13 @@ struct QuantizedActivations {
     int32_t * s = nullptr;
     float * ds = nullptr;
 };
+
+// The given path's bodies (one the CPU can run), as the op runs them. with_min_factor: some
+// weight is Q4_1 or Q4_K, whose bodies read ds. matmul_on: row groups [g_begin, g_end) of one
+// matrix; integer formats read `a`, float formats x itself.
+void quantize_activations_on(CpuPath path, const float * x, int64_t x_stride, QuantizedActivations & a, bool with_min_factor);
+void matmul_on(CpuPath path, const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride,
+               const QuantizedActivations & a, float * y, int64_t y_stride, int64_t g_begin, int64_t g_end);
 
 #define SPECULA_KERNEL_DECLS                                                                                           \
     void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);                            \
