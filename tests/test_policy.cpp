@@ -310,12 +310,12 @@ TEST(TreeSizePolicy, AFirstRoundsPromptCatchUpIsNotTheDraftersPrice) {
     std::vector<double> curve;  // SmolLM2-135M-Instruct's shape on a Zen 4 CPU: flat to 4 tokens
     for (int n = 1; n <= 33; ++n) curve.push_back(n <= 4 ? 4.2 * (1.0 + 0.05 * (n - 1)) : 4.83 + 0.55 * (n - 4));
     TreeSizePolicy p(curve);
-    const double priced = p.observe_draft(145.0, 6, 142.8);
+    const double priced = p.observe_draft(145.0, 6, std::vector<double>{142.8, 0.44, 0.44, 0.44, 0.44, 0.44});
     EXPECT_NEAR(priced, 6 * (145.0 - 142.8) / 5, 1e-9) << "the round is priced at its ordinary levels' time";
     EXPECT_NEAR(p.min_path_prob(), (145.0 - 142.8) / 5 / curve[0], 1e-9);
     for (int r = 0; r < 20; ++r) {
         ASSERT_EQ(p.plan_round(StepShare{}), TreeSizePolicy::Round::Draft) << "round " << r;
-        EXPECT_DOUBLE_EQ(p.observe_draft(1.2, 4, 0.35), 1.2) << "later rounds are timed and priced as they are";
+        EXPECT_DOUBLE_EQ(p.observe_draft(1.2, 4, std::vector<double>{0.35, 0.28, 0.28, 0.29}), 1.2) << "later rounds are timed and priced as they are";
         p.observe(2.0, 2, 4, 3, curve[4]);
     }
     // A one-level round after skips catches up too: not timed, priced at the usual level time.
@@ -323,8 +323,36 @@ TEST(TreeSizePolicy, AFirstRoundsPromptCatchUpIsNotTheDraftersPrice) {
     q.observe_draft(0.8, 4);
     EXPECT_NEAR(q.observe_draft(0.8, 4), 0.8, 1e-12);
     q.begin_sequence();
-    EXPECT_NEAR(q.observe_draft(9.0, 1, 9.0), 0.2, 1e-12);
+    EXPECT_NEAR(q.observe_draft(9.0, 1, std::vector<double>{9.0}), 0.2, 1e-12);
     EXPECT_NEAR(q.min_path_prob(), 0.2 / curve[0], 1e-12);
+}
+
+// A sequence's first drafting round also builds the drafter's graph for each new frontier size,
+// so its later levels are slow too (SmolLM2's EAGLE-3 head on an AVX2 CPU, `specula generate` at
+// T = 1: 2.37, 2.02, 1.02, 0.95, 1.01, 3.85 ms, against 0.2-0.3 ms once warm). Catches: their
+// mean (1.8 ms) taken as the level time, after which a first round that drafted 2 nodes and had
+// both rejected made every later round skip (one exploration in 33 rounds, never timed), and
+// speculation ran slower than plain decoding; and a level time that warm rounds bring down only
+// by a tenth a round.
+TEST(TreeSizePolicy, AFirstRoundsColdLevelsDoNotPriceDraftingOut) {
+    std::vector<double> curve;  // SmolLM2-135M-Instruct on an AVX2 Zen 4: one token 3.7 ms, 2 tokens 1.16x
+    for (int n = 1; n <= 33; ++n) curve.push_back(3.7 * (n == 1 ? 1.0 : 1.16 + 0.3 * (n - 2)));
+    TreeSizePolicy p(curve);
+    ASSERT_EQ(p.plan_round(StepShare{}), TreeSizePolicy::Round::Draft);
+    const std::vector<double> cold{2.37, 2.02, 1.02, 0.95, 1.01, 3.85};
+    double total = 0.0;
+    for (double ms : cold) total += ms;
+    EXPECT_NEAR(p.observe_draft(total, 6, cold), 6 * 0.95, 1e-9) << "priced at its fastest ordinary level";
+    p.observe(0.6, 0, 2, 2, curve[2]);  // 2 nodes, both rejected
+    ASSERT_EQ(p.plan_round(StepShare{}), TreeSizePolicy::Round::Draft) << "a one-node draft still pays at 0.95 ms a level";
+    // Warm rounds bring the level time down at once: three rounds of 0.25 ms a level.
+    for (int r = 0; r < 3; ++r) {
+        p.observe_draft(0.5, 2, std::vector<double>{0.25, 0.25});
+        p.observe(0.9, 1, 2, 2, curve[2]);
+        ASSERT_EQ(p.plan_round(StepShare{}), TreeSizePolicy::Round::Draft) << "round " << r;
+    }
+    p.begin_sequence();
+    EXPECT_LT(p.observe_draft(5.0, 1, std::vector<double>{5.0}), 0.35) << "a catch-up round is priced at the warm level time";
 }
 
 // The shape measured in `specula serve` with SmolLM2 at 8 clients on an AVX-512 VNNI CPU: a

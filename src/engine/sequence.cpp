@@ -183,7 +183,7 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
             model_depth = std::max(model_depth, draft_.tree.depth[i]);
         }
         const double priced_ms =
-            free_draft_ ? draft_ms : p_.tree_size->observe_draft(draft_ms, model_depth, draft_level_ms_.empty() ? 0.0 : draft_level_ms_[0]);
+            free_draft_ ? draft_ms : p_.tree_size->observe_draft(draft_ms, model_depth, draft_level_ms_);
         const std::vector<double> probs = path_probs(draft_.tree);
         const int n = p_.tree_size->choose(probs, priced_ms, step_, free_draft_ ? 0 : 1);
         prune_draft(draft_, n);

@@ -46,18 +46,19 @@ std::vector<float> TreeSizePolicy::rank_bars(const StepShare & step) const {
     return bars;
 }
 
-double TreeSizePolicy::observe_draft(double draft_ms, int levels, double first_level_ms) {
+double TreeSizePolicy::observe_draft(double draft_ms, int levels, std::span<const double> level_ms) {
     if (levels <= 0) return draft_ms;
     if (!time_next_draft_) {
         time_next_draft_ = true;
-        if (level_ms_ == 0.0) {  // with nothing timed yet, the catch-up round's ordinary levels give the first figure
-            if (first_level_ms <= 0.0) level_ms_ = draft_ms / levels;
-            else if (levels >= 2) level_ms_ = std::max(0.0, draft_ms - first_level_ms) / (levels - 1);
+        if (level_ms_ == 0.0) {  // with nothing timed yet, the catch-up round's fastest ordinary level gives the first figure
+            if (level_ms.empty()) level_ms_ = draft_ms / levels;
+            else if (level_ms.size() >= 2) level_ms_ = *std::min_element(level_ms.begin() + 1, level_ms.end());
         }
         return level_ms_ > 0.0 ? level_ms_ * levels : draft_ms;
     }
     const double per_level = draft_ms / levels;
-    level_ms_ = level_ms_ == 0.0 ? per_level : 0.9 * level_ms_ + 0.1 * per_level;
+    const double weight = per_level < level_ms_ ? 0.5 : 0.1;
+    level_ms_ = level_ms_ == 0.0 ? per_level : (1.0 - weight) * level_ms_ + weight * per_level;
     return draft_ms;
 }
 

@@ -47,13 +47,18 @@ public:
     // Every decoding round's step, drafting or not, when all its rows were verify rows: its rows
     // and forward time (VerifyCost::observe_step).
     void observe_step(int rows, double forward_ms);
-    // A drafting round's time, how many drafter forwards (tree levels) it took and the first
-    // level's share of it (0: unknown). Returns the drafting time to price this round's tree
-    // with. A round whose first level catches the drafter up on tokens (a sequence's first round,
-    // which reads the whole prompt, or one after skipped rounds) is timed by its later levels
-    // only, and priced at what its levels usually cost: timed whole, one long prompt's catch-up
-    // priced every later draft out, and the policy never drafted again.
-    double observe_draft(double draft_ms, int levels, double first_level_ms = 0.0);
+    // A drafting round's time, how many drafter forwards (tree levels) it took and each level's
+    // share of it (empty: unknown). Returns the drafting time to price this round's tree with. A
+    // round whose first level catches the drafter up on tokens (a sequence's first round, which
+    // reads the whole prompt, or one after skipped rounds) is timed by its later levels only, and
+    // priced at what its levels usually cost: timed whole, one long prompt's catch-up priced every
+    // later draft out, and the policy never drafted again. A level only ever costs more than
+    // usual (building the graph of a frontier size not seen before, first touching its buffers,
+    // the process descheduled), so the level time follows faster observations quickly and slower
+    // ones slowly, and a first round gives its fastest later level: its later levels' mean (1.8 ms
+    // against 0.25 once warm, for SmolLM2's EAGLE-3 head) priced drafting out of every later round
+    // at T = 1.
+    double observe_draft(double draft_ms, int levels, std::span<const double> level_ms = {});
     // Expanding a node of path probability P adds at most gamma * P expected tokens for one more
     // drafter forward; below this P that cannot beat plain decoding's rate, so it is not drafted.
     // In a shared step a drafter forward delays every sequence of the step, so it must beat the
