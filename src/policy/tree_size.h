@@ -55,9 +55,8 @@ public:
     // later draft out, and the policy never drafted again. A level only ever costs more than
     // usual (building the graph of a frontier size not seen before, first touching its buffers,
     // the process descheduled), so the level time follows faster observations quickly and slower
-    // ones slowly, and a first round gives its fastest later level: its later levels' mean (1.8 ms
-    // against 0.25 once warm, for SmolLM2's EAGLE-3 head) priced drafting out of every later round
-    // at T = 1.
+    // ones slowly, and a first round gives its fastest later level: priced at their mean, a first
+    // round's graph builds priced drafting out of whole generations (docs/policies.md).
     double observe_draft(double draft_ms, int levels, std::span<const double> level_ms = {});
     // Expanding a node of path probability P adds at most gamma * P expected tokens for one more
     // drafter forward; below this P that cannot beat plain decoding's rate, so it is not drafted.
