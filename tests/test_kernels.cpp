@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <random>
 
@@ -174,9 +175,10 @@ public:
         const size_t span = (size + page_ - 1) / page_ * page_;
         total_ = span + 2 * page_;
         base_ = static_cast<uint8_t *>(::mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-        if (base_ == MAP_FAILED) throw std::runtime_error("mmap failed");
-        ::mprotect(base_, page_, PROT_NONE);
-        ::mprotect(base_ + page_ + span, page_, PROT_NONE);
+        if (base_ == MAP_FAILED) throw std::runtime_error("GuardedBytes: mmap failed");
+        if (::mprotect(base_, page_, PROT_NONE) != 0 || ::mprotect(base_ + page_ + span, page_, PROT_NONE) != 0) {
+            throw std::runtime_error("GuardedBytes: mprotect failed");  // no guard, no check
+        }
         data_ = at_end ? base_ + page_ + span - size : base_ + page_;
     }
     ~GuardedBytes() { ::munmap(base_, total_); }
