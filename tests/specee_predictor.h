@@ -1,9 +1,6 @@
 #pragma once
 // SpecEE predictor sidecars for tests: a valid file by default, any key or tensor spoiled on request.
-#include <unistd.h>
-
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -66,12 +63,9 @@ inline std::string write_predictor(const PredictorSpec & s, const Model & target
         add(n + "fc2.bias", {1}, s.output_bias);
     }
     if (s.extra_tensor) add("exit.extra", {1}, 0.0f);
-    // Tests run in parallel processes: the file appears whole or not at all.
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-    gguf_write_to_file(g, tmp.c_str(), false);
+    write_whole(path, [&](const std::string & tmp) { gguf_write_to_file(g, tmp.c_str(), false); });
     gguf_free(g);
     ggml_free(ctx);
-    std::filesystem::rename(tmp, path);
     return path;
 }
 

@@ -64,6 +64,12 @@ std::string error_message(const std::function<void()> & f) {
 
 std::string shipped_model(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
+void write_whole(const std::string & path, const std::function<void(const std::string &)> & write) {
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    write(tmp);
+    std::filesystem::rename(tmp, path);
+}
+
 std::string scratch_dir() {
     const std::string dir = std::string(SPECULA_TEST_DIR) + "/test-models";
     std::filesystem::create_directories(dir);
@@ -126,9 +132,7 @@ std::string write_variant(const Variant & v, const std::string & file_name, cons
         if (v.arch == "gemma3") {  // a window far shorter than the oracle's sequences, so that it masks
             s.sliding_window = 8, s.sliding_period = 3, s.final_logit_softcap = 30.0f;
         }
-        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-        write_random_model(s, tmp);
-        std::filesystem::rename(tmp, path);
+        write_whole(path, [&](const std::string & tmp) { write_random_model(s, tmp); });
     }
     return path;
 }
@@ -168,9 +172,7 @@ std::string eagle_head_path(const std::string & kind, const std::string & target
         e.n_draft_vocab = n_draft_vocab;
         e.target_layers = target_layers;
         e.seed = std::hash<std::string>{}(name)&0xffff;
-        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-        write_random_eagle_head(e, tmp);
-        std::filesystem::rename(tmp, path);
+        write_whole(path, [&](const std::string & tmp) { write_random_eagle_head(e, tmp); });
     }
     return path;
 }
@@ -187,9 +189,7 @@ RandomModelSpec tiny_vocab_spec(int n_vocab, uint64_t seed) {
 std::string tiny_vocab_model(const std::string & name, int n_vocab, uint64_t seed) {
     const std::string path = scratch_dir() + "/" + name + ".gguf";
     if (!std::filesystem::exists(path)) {
-        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-        write_random_model(tiny_vocab_spec(n_vocab, seed), tmp);
-        std::filesystem::rename(tmp, path);
+        write_whole(path, [&](const std::string & tmp) { write_random_model(tiny_vocab_spec(n_vocab, seed), tmp); });
     }
     return path;
 }
@@ -202,9 +202,7 @@ std::string tiny_vocab_eagle_head(const std::string & kind, int n_vocab, uint64_
         e.target = tiny_vocab_spec(n_vocab, seed);
         e.n_head = 2, e.n_head_kv = 1, e.n_ff = 64;  // head size 16, as specula's attention op needs
         e.seed = seed;
-        const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-        write_random_eagle_head(e, tmp);
-        std::filesystem::rename(tmp, path);
+        write_whole(path, [&](const std::string & tmp) { write_random_eagle_head(e, tmp); });
     }
     return path;
 }

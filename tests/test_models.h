@@ -48,6 +48,9 @@ std::string vocab_dir();
 // The message of the specula::Error that `f` throws, or "<no error>".
 std::string error_message(const std::function<void()> & f);
 std::string scratch_dir();
+// Writes `path` through write(temporary path), then renames it into place: tests run in parallel
+// processes (ctest -j) see a shared fixture whole or not at all.
+void write_whole(const std::string & path, const std::function<void(const std::string &)> & write);
 // A file under scratch_dir() for the running test only: named by its suite, its name and the
 // process, so that tests run at once (ctest -j) never share one.
 std::string scratch_file(const std::string & name);
