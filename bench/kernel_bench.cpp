@@ -222,6 +222,19 @@ void sampling_sample_from(benchmark::State & state) {
 }
 BENCHMARK(sampling_sample_from);
 
+// A tree's children at T > 0: four siblings drawn from a compact draft vocabulary's distribution.
+void sampling_draw_siblings(benchmark::State & state) {
+    std::vector<float> logits = vocabulary_logits();
+    logits.resize(4096);
+    specula::SamplingParams params;
+    params.temperature = 1.0f;
+    std::vector<float> probs;
+    specula::processed_probs(logits, params, probs);
+    specula::Rng rng(1);
+    for (auto _ : state) benchmark::DoNotOptimize(specula::sample_without_replacement(probs, 4, rng));
+}
+BENCHMARK(sampling_draw_siblings);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -178,6 +178,63 @@ TEST(Sampler, TopKIdsAgreeWithAFullSortTiesByIdFirst) {
     }
 }
 
+// The reference the draws must reproduce: one running double sum in index order over the entries
+// not yet drawn, the first to pass u x their sum taken.
+std::vector<int32_t> sequential_draws(const std::vector<float> & p, int k, Rng & rng) {
+    std::vector<int32_t> drawn;
+    for (int j = 0; j < k; ++j) {
+        double left = 0.0;
+        for (size_t i = 0; i < p.size(); ++i) {
+            if (std::find(drawn.begin(), drawn.end(), static_cast<int32_t>(i)) == drawn.end()) left += p[i];
+        }
+        const double r = rng.uniform() * left;
+        double acc = 0.0;
+        int32_t pick = -1;
+        for (size_t i = 0; i < p.size(); ++i) {
+            if (p[i] <= 0.0f || std::find(drawn.begin(), drawn.end(), static_cast<int32_t>(i)) != drawn.end()) continue;
+            acc += p[i];
+            pick = static_cast<int32_t>(i);
+            if (r < acc) break;
+        }
+        if (pick < 0) break;
+        drawn.push_back(pick);
+    }
+    return drawn;
+}
+
+TEST(Sampler, DrawsEqualASequentialRunningSumAtEverySizeAndChunkBoundary) {
+    // Sizes around the 256-entry chunks the draws sum at once, zeros in runs (whole chunks among
+    // them) and the mass piled at either end; the draws may differ from the reference only where
+    // rounding puts the uniform within a hair of a boundary, which these seeds never do.
+    int compared = 0;
+    for (size_t n : {1u, 2u, 15u, 16u, 17u, 255u, 256u, 257u, 511u, 1000u, 4096u, 49152u}) {
+        for (int shape = 0; shape < 4; ++shape) {
+            std::vector<float> p(n);
+            Rng fill(static_cast<uint64_t>(n * 4 + shape));
+            for (size_t i = 0; i < n; ++i) {
+                float v = static_cast<float>(fill.uniform());
+                if (shape == 1 && (i / 300) % 2 == 1) v = 0.0f;  // zero runs longer than a chunk
+                if (shape == 2) v *= i + 1 == n ? 1e4f : 1.0f;   // mass at the end
+                if (shape == 3) v = i < 3 ? 1.0f : v * 1e-6f;    // mass at the start
+                p[i] = v;
+            }
+            if (shape == 1) p[0] = 0.5f;  // at least one drawable entry
+            const double total = std::accumulate(p.begin(), p.end(), 0.0);
+            for (float & x : p) x = static_cast<float>(x / total);
+            for (int k : {1, 4}) {
+                Rng a(77 + n + shape), b(77 + n + shape);
+                for (int rep = 0; rep < 50; ++rep) {
+                    const auto got = k == 1 ? std::vector<int32_t>{sample_from(p, a)} : sample_without_replacement(p, k, a);
+                    const auto want = sequential_draws(p, k, b);
+                    ASSERT_EQ(got, want) << "n " << n << " shape " << shape << " k " << k << " draw " << rep;
+                    ++compared;
+                }
+            }
+        }
+    }
+    EXPECT_EQ(compared, 12 * 4 * 2 * 50);
+}
+
 TEST(Sampler, DrawsWithoutReplacementAreDistinctAndFollowTheDistribution) {
     const std::vector<float> p = {0.5f, 0.0f, 0.3f, 0.2f};
     Rng rng(9);

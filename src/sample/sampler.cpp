@@ -78,17 +78,18 @@ namespace {
 
 [[gnu::always_inline]] inline void processed_probs_body(std::span<const float> logits, const SamplingParams & p, std::vector<float> & probs) {
     const size_t n = logits.size();
-    probs.assign(n, 0.0f);
-    if (p.greedy()) {
-        probs[argmax_body(logits)] = 1.0f;
-        return;
-    }
-    if (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0.0f) {  // plain temperature: no sort needed
+    if (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0.0f && !p.greedy()) {  // plain temperature: no sort needed
+        probs.resize(n);
         const float inv_t = 1.0f / p.temperature;
         const float max_logit = max_value_body(logits);
         for (size_t i = 0; i < n; ++i) probs[i] = exp_nonpositive((logits[i] - max_logit) * inv_t);
         const float inv = static_cast<float>(1.0 / sum(probs));
         for (float & x : probs) x *= inv;
+        return;
+    }
+    probs.assign(n, 0.0f);
+    if (p.greedy()) {
+        probs[argmax_body(logits)] = 1.0f;
         return;
     }
     // Candidates sorted by logit, descending (ties by id, so results are deterministic).
@@ -238,40 +239,88 @@ std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {
     return ids;
 }
 
-std::vector<int32_t> sample_without_replacement(std::span<const float> probs, int k, Rng & rng) {
-    // k successive draws, each from what is left renormalised: one uniform and one pass per draw.
-    std::vector<int32_t> drawn;
-    double left = sum(probs);
-    for (int j = 0; j < k; ++j) {
-        const double r = rng.uniform() * left;
-        double acc = 0.0;
-        int32_t pick = -1;
-        for (size_t i = 0; i < probs.size(); ++i) {
-            if (probs[i] <= 0.0f || std::find(drawn.begin(), drawn.end(), static_cast<int32_t>(i)) != drawn.end()) continue;
-            acc += probs[i];
-            pick = static_cast<int32_t>(i);  // the last candidate absorbs rounding in `left`
-            if (r < acc) break;
+namespace {
+
+bool skipped(std::span<const int32_t> skip, size_t i) { return std::find(skip.begin(), skip.end(), static_cast<int32_t>(i)) != skip.end(); }
+
+constexpr size_t kDrawChunk = 256;
+
+// The sum of probs[begin, begin + len) without the entries in `skip`, in double: in eight
+// vectorisable lanes where none falls in it, entry by entry where one does (a difference would lose
+// the small entries beside a large skipped one). Double lanes keep a draw where one running sum
+// would put it but at a boundary closer than 1e-15 of the total.
+double chunk_sum(std::span<const float> probs, size_t begin, size_t len, std::span<const int32_t> skip) {
+    bool any = false;
+    for (int32_t s : skip) any = any || (static_cast<size_t>(s) >= begin && static_cast<size_t>(s) < begin + len);
+    if (!any) {
+        double lane[8] = {};
+        size_t j = begin;
+        for (; j + 8 <= begin + len; j += 8) {
+            for (size_t l = 0; l < 8; ++l) lane[l] += probs[j + l];
         }
+        double total = 0.0;
+        for (double l : lane) total += l;
+        for (; j < begin + len; ++j) total += probs[j];
+        return total;
+    }
+    double total = 0.0;
+    for (size_t j = begin; j < begin + len; ++j) total += skipped(skip, j) ? 0.0 : probs[j];
+    return total;
+}
+
+// One draw from `probs` (entries >= 0) without the entries in `skip`, u uniform in [0, 1): the
+// first entry at which the running sum passes u x their total. The running sum goes a chunk at a
+// time, and only the chunk where it passes is walked entry by entry; should rounding leave that
+// walk short, it goes on into the next chunk, and past the end the last drawable entry absorbs it.
+// -1 if no entry is drawable.
+int32_t draw_index(std::span<const float> probs, double u, std::span<const int32_t> skip) {
+    const size_t n = probs.size();
+    std::vector<double> chunks((n + kDrawChunk - 1) / kDrawChunk);
+    double total = 0.0;
+    for (size_t c = 0; c < chunks.size(); ++c) total += chunks[c] = chunk_sum(probs, c * kDrawChunk, std::min(kDrawChunk, n - c * kDrawChunk), skip);
+    const double r = u * total;
+    double acc = 0.0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+        if (acc + chunks[c] <= r) {
+            acc += chunks[c];
+            continue;
+        }
+        for (size_t j = c * kDrawChunk; j < std::min(n, (c + 1) * kDrawChunk); ++j) {
+            if (!(probs[j] > 0.0f) || skipped(skip, j)) continue;
+            acc += probs[j];
+            if (r < acc) return static_cast<int32_t>(j);
+        }
+    }
+    for (size_t j = n; j-- > 0;) {
+        if (probs[j] > 0.0f && !skipped(skip, j)) return static_cast<int32_t>(j);
+    }
+    return -1;
+}
+
+}  // namespace
+
+double probability_sum(std::span<const float> probs) { return sum(probs); }
+
+double subtract_clamped(std::span<float> p, std::span<const float> q) {
+    const size_t n = std::min(p.size(), q.size());
+    for (size_t i = 0; i < n; ++i) p[i] = p[i] > q[i] ? p[i] - q[i] : 0.0f;
+    return sum(p);
+}
+
+std::vector<int32_t> sample_without_replacement(std::span<const float> probs, int k, Rng & rng) {
+    // k successive draws, each from what the earlier ones left: one uniform per draw.
+    std::vector<int32_t> drawn;
+    for (int j = 0; j < k; ++j) {
+        const int32_t pick = draw_index(probs, rng.uniform(), drawn);
         if (pick < 0) break;  // support exhausted
         drawn.push_back(pick);
-        left -= probs[pick];
     }
     return drawn;
 }
 
 int32_t sample_from(std::span<const float> probs, Rng & rng) {
-    double total = 0.0;
-    for (float q : probs) total += q;
-    const double r = rng.uniform() * total;
-    double acc = 0.0;
-    int32_t last_nonzero = 0;
-    for (size_t i = 0; i < probs.size(); ++i) {
-        if (probs[i] <= 0.0f) continue;
-        acc += probs[i];
-        last_nonzero = static_cast<int32_t>(i);
-        if (r < acc) return last_nonzero;
-    }
-    return last_nonzero;
+    const int32_t pick = draw_index(probs, rng.uniform(), {});
+    return pick < 0 ? 0 : pick;
 }
 
 }  // namespace specula

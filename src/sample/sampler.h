@@ -41,7 +41,8 @@ SoftmaxStats softmax_stats(std::span<const float> logits, std::vector<float> & s
 // The k highest-scoring ids, best first (ties by id).
 std::vector<int32_t> top_k_ids(std::span<const float> scores, int k);
 
-// k distinct ids drawn from `probs` without replacement, in draw order (Gumbel-top-k).
+// k distinct ids drawn from `probs` without replacement, in draw order (each draw from what the
+// earlier ones left, renormalised).
 std::vector<int32_t> sample_without_replacement(std::span<const float> probs, int k, Rng & rng);
 
 // The instruction sets the vocabulary-wide loops (max_value, argmax, softmax_stats,
@@ -60,5 +61,10 @@ void processed_probs_on(SamplerPath path, std::span<const float> logits, const S
 
 // Draws from a distribution that sums to ~1 (tolerates rounding).
 int32_t sample_from(std::span<const float> probs, Rng & rng);
+
+// The sum of a distribution's entries, in one fixed order whatever the CPU.
+double probability_sum(std::span<const float> probs);
+// p <- max(p - q, 0) entry by entry (rejection sampling's residual, unnormalised); returns its sum.
+double subtract_clamped(std::span<float> p, std::span<const float> q);
 
 }  // namespace specula

@@ -43,13 +43,14 @@ VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits) 
 
 VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng) {
     VerifyResult r;
-    std::vector<float> p, q;
+    std::vector<float> p, q_left;
     int cur = TokenTree::kRoot;
     while (true) {
         processed_probs(logits.row_of(cur), params, p);
-        const std::span<const float> q_draft = tree.q_of(cur);
-        const bool deterministic = q_draft.empty();
-        if (!deterministic) q.assign(q_draft.begin(), q_draft.end());
+        // The distribution the current child was proposed from: the drafter's until a sibling is
+        // rejected, then q_left, the drafter's without the rejected tokens.
+        std::span<const float> q = tree.q_of(cur);
+        const bool deterministic = q.empty();
         int next = -1;
         for (int c = tree.first_child_of(cur); c >= 0; c = tree.next_sibling[c]) {
             const int32_t t = tree.token[c];
@@ -67,21 +68,24 @@ VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits,
             double sum = 0.0;
             if (deterministic) {
                 p[t] = 0.0f;
-                for (float x : p) sum += x;
+                sum = probability_sum(p);
             } else {
-                for (size_t i = 0; i < p.size(); ++i) sum += (p[i] = std::max(0.0f, p[i] - q[i]));
+                sum = subtract_clamped(p, q);
             }
             if (sum > 0.0) {
-                for (float & x : p) x = static_cast<float>(x / sum);
+                const float inv = static_cast<float>(1.0 / sum);
+                for (float & x : p) x *= inv;
             } else {  // p <= q everywhere: only reachable through rounding, where p == q
                 processed_probs(logits.row_of(cur), params, p);
             }
-            if (!deterministic) {  // the next sibling was proposed from q without t
-                const float qt = q[t];
-                q[t] = 0.0f;
+            if (!deterministic && tree.next_sibling[c] >= 0) {  // the next sibling was proposed from q without t
+                if (q.data() != q_left.data()) q_left.assign(q.begin(), q.end());
+                const float qt = q_left[t];
+                q_left[t] = 0.0f;
                 if (qt < 1.0f) {
-                    for (float & x : q) x /= (1.0f - qt);
+                    for (float & x : q_left) x /= (1.0f - qt);
                 }
+                q = q_left;
             }
         }
         if (next < 0) {
