@@ -247,8 +247,8 @@ constexpr size_t kDrawChunk = 256;
 
 // The sum of probs[begin, begin + len) without the entries in `skip`, in double: in eight
 // vectorisable lanes where none falls in it, entry by entry where one does (a difference would lose
-// the small entries beside a large skipped one). Double lanes keep a draw where one running sum
-// would put it but at a boundary closer than 1e-15 of the total.
+// the small entries beside a large skipped one). In double, the draws are those of one running
+// sum in index order unless the uniform falls within about 1e-15 of the total of a boundary.
 double chunk_sum(std::span<const float> probs, size_t begin, size_t len, std::span<const int32_t> skip) {
     bool any = false;
     for (int32_t s : skip) any = any || (static_cast<size_t>(s) >= begin && static_cast<size_t>(s) < begin + len);
