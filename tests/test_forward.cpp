@@ -12,6 +12,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "engine/speculative.h"
 #include "engine/target_features.h"
 #include "test_models.h"
 
@@ -95,6 +96,32 @@ TEST(Forward, TapsEqualTheResidualStreamOfALayerRangeRun) {
 // the wrong cached prefix, or loses bits of the hidden state between segments: [0, a) then
 // [a, L) into the same slots must leave the same logits and the same cache, bit for bit, as one
 // full-depth forward, and a later full-depth token must then see a normal cache.
+TEST(Forward, ACostProbeWithTheDraftersTapsBuildsTheGraphsOfTheVerifyBlocks) {
+    // The engine times its verify-cost curve with the drafter's taps, so that the first verify
+    // blocks of the generation find their graphs built (a build costs a forward or more).
+    Fixture f("llama_gqa_f32");
+    const std::vector<int> taps = {1, f.model->config().n_layer};
+    auto cache = f.cache();
+    measure_verify_cost(*f.runner, *cache, kPrefix, 4, 1, taps);
+    ASSERT_EQ(cache->size(), 0);
+    const size_t built = f.runner->graphs_built();
+    EXPECT_GE(built, 4u);  // one a size
+
+    // A verify block as a generation sends it: the root and three drafted nodes, every row's logits.
+    ForwardBatch tree;
+    tree.tokens = {310, 526, 2253, 825};
+    tree.positions = {0, 1, 2, 1};
+    tree.mask = BlockMask::from_parents(std::vector<int>{-1, 0, 1, 0});
+    tree.logit_rows = {0, 1, 2, 3};
+    tree.tap_layers = taps;
+    f.runner->forward(tree, *cache);
+    EXPECT_EQ(f.runner->graphs_built(), built);
+    cache->rollback(0);
+    tree.tap_layers.clear();  // what an untapped probe would have left to build
+    f.runner->forward(tree, *cache);
+    EXPECT_EQ(f.runner->graphs_built(), built + 1);
+}
+
 TEST(Forward, LayerSegmentsEqualOneFullForwardBitwise) {
     const std::vector<int32_t> block = {310, 526, 2253};
     const std::vector<int32_t> next = {825};

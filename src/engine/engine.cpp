@@ -72,7 +72,7 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
         return stats;
     }
 
-    t.measure_verify_cost_once(cache, tokens);
+    t.measure_verify_cost_once(cache, tokens, 0, impl_->drafter->feature_layers());
     std::unique_ptr<TreeSizePolicy> tree_size = t.make_tree_size_policy();
     auto policy = t.make_draft_policy();
     SequenceParts parts{cache, impl_->drafter.get(), policy.get(), t.tree, nullptr, nullptr, tree_size.get()};

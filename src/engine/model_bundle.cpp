@@ -86,7 +86,7 @@ bool ModelBundle::needs_verify_cost() const {
     return speculative && (policy == DraftPolicyKind::Cost || auto_tree);
 }
 
-void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows) {
+void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows, std::span<const int> tap_layers) {
     if (!needs_verify_cost() || !verify_cost_ms.empty()) return;
     if (tokens.empty()) throw Error("measure_verify_cost_once: no tokens");
     // At a typical depth (attention grows with it), on the given token ids.
@@ -104,7 +104,7 @@ void ModelBundle::measure_verify_cost_once(KvCache & cache, std::span<const int3
     }
     Progress progress("measuring the verify cost", 1);
     if (depth > 0) prefill(*runner, cache, std::span(probe).first(depth));
-    verify_cost_ms = measure_verify_cost(*runner, cache, std::span(probe).subspan(depth), max_tokens);
+    verify_cost_ms = measure_verify_cost(*runner, cache, std::span(probe).subspan(depth), max_tokens, 3, tap_layers);
     verify_cost_depth = depth;
     if (probe_depth) verify_cost_row_depth_ms = measure_row_depth_ms(*runner, cache, std::span(probe).subspan(depth), verify_cost_ms, rows, deeper);
     progress.step("1.." + std::to_string(max_tokens) + " rows");

@@ -55,8 +55,10 @@ struct ModelBundle {
     // Measures verify_cost_ms once, on `tokens` tiled, in the empty `cache` (left empty), for
     // forwards of 1 up to the largest a sequence verifies, or `at_least_rows` (a server's steps
     // carry several sequences' rows); then verify_cost_row_depth_ms from the same rows timed
-    // deeper, where the cache has room for that.
-    void measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows = 0);
+    // deeper, where the cache has room for that. The forwards tap `tap_layers` as the generation's
+    // verify blocks will (its drafter's feature layers), so they build the graphs those reuse.
+    void measure_verify_cost_once(KvCache & cache, std::span<const int32_t> tokens, int at_least_rows = 0,
+                                  std::span<const int> tap_layers = {});
     // Per sequence: a drafter with its own caches of n_ctx slots (nullptr without speculation)
     // and its policies (the tree-size policy is nullptr unless the tree size is chosen per round).
     std::unique_ptr<Drafter> make_drafter(int n_ctx) const;

@@ -32,7 +32,7 @@ void retime_stalled_sizes(std::span<const int> timed, std::vector<double> & ms, 
     }
 }
 
-double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int rows, int reps) {
+double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int rows, int reps, std::span<const int> tap_layers) {
     if (rows < 1 || static_cast<int>(tokens.size()) < rows) throw Error("time_forward: not enough tokens");
     const int base = cache.size();
     if (base + rows > cache.capacity()) throw Error("time_forward: context too small");
@@ -41,7 +41,8 @@ double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32
     // cost inside a generation loop, where they are not the best case.
     std::vector<int32_t> logit_rows(rows);
     for (int i = 0; i < rows; ++i) logit_rows[i] = i;
-    const ForwardBatch batch = ForwardBatch::causal(tokens.first(rows), base, logit_rows);
+    ForwardBatch batch = ForwardBatch::causal(tokens.first(rows), base, logit_rows);
+    batch.tap_layers.assign(tap_layers.begin(), tap_layers.end());
     ForwardOutput out;
     std::vector<double> samples;
     for (int r = 0; r <= std::max(1, reps); ++r) {
@@ -53,7 +54,8 @@ double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32
     return median(std::move(samples));
 }
 
-std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps) {
+std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps,
+                                        std::span<const int> tap_layers) {
     if (static_cast<int>(tokens.size()) < max_tokens) throw Error("measure_verify_cost: not enough tokens");
     const int base = cache.size();
     if (base + max_tokens > cache.capacity()) throw Error("measure_verify_cost: context too small");
@@ -64,7 +66,8 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
     // not yet in the caches), and timed then they would make the small sizes, which come first,
     // look dear and so verification and drafting look cheap (docs/policies.md).
     {
-        const ForwardBatch one = ForwardBatch::causal(tokens.first(1), base, {0});
+        ForwardBatch one = ForwardBatch::causal(tokens.first(1), base, {0});
+        one.tap_layers.assign(tap_layers.begin(), tap_layers.end());
         const auto t0 = clock_type::now();
         for (int i = 0; i < 8 || ms_since(t0) < 250.0; ++i) {
             target.forward(one, cache, out);
@@ -80,7 +83,7 @@ std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, s
         if (timed.back() > 8 && max_tokens - timed.back() < timed.back() / 4) timed.pop_back();  // 63 and 64: one will do
         timed.push_back(max_tokens);
     }
-    auto time_size = [&](int b) { return time_forward(target, cache, tokens, b, reps); };
+    auto time_size = [&](int b) { return time_forward(target, cache, tokens, b, reps, tap_layers); };
     for (int b : timed) ms[b - 1] = time_size(b);
     retime_stalled_sizes(timed, ms, time_size);
     for (size_t k = 1; k < timed.size(); ++k) {

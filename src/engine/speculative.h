@@ -29,12 +29,16 @@ GenerationStats generate_speculative(ModelRunner & target, const SequenceParts &
                                      const GenerationOptions & options, const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
 
 // Milliseconds of a target forward of the first `rows` tokens at the cache's current depth, all
-// rows with logits (median of `reps` after an untimed run); the cache is left as it was.
-double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int rows, int reps);
+// rows with logits and the residual stream entering each of `tap_layers` (a drafter's features,
+// as a generation asks for them: the graphs built here then serve its verify blocks; median of
+// `reps` after an untimed run); the cache is left as it was.
+double time_forward(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int rows, int reps,
+                    std::span<const int> tap_layers = {});
 
 // Measured cost (ms, median of `reps`) of a target forward of b = 1..max_tokens tokens at the
-// cache's current depth; the cache is left as it was. Feeds the cost policy.
-std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 3);
+// cache's current depth (time_forward's, with its taps); the cache is left as it was. Feeds the cost policy.
+std::vector<double> measure_verify_cost(ModelRunner & target, KvCache & cache, std::span<const int32_t> tokens, int max_tokens, int reps = 3,
+                                        std::span<const int> tap_layers = {});
 
 // How much more a verify row past the first costs per token of context: `rows` rows and one
 // timed `deeper` tokens past the cache's depth (tokens: those, then the rows), against `curve`

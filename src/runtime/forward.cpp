@@ -233,6 +233,7 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     }
     if (!ggml_backend_sched_alloc_graph(g->sched, g->gf)) throw Error("forward: could not allocate the compute graph");
     graphs_.push_back(std::move(g));
+    ++graphs_built_;
     return *graphs_.back();
 }
 

@@ -109,6 +109,8 @@ public:
     void forward_parts(std::span<const BatchPart> parts);
 
     const Network & network() const { return net_; }
+    // Graphs built so far: a forward of a shape the runner keeps builds none.
+    size_t graphs_built() const { return graphs_built_; }
 
 private:
     struct Graph;
@@ -118,6 +120,7 @@ private:
     size_t graph_size_ = 0;
     Graph & graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end);
     std::vector<std::unique_ptr<Graph>> graphs_;  // most recently used last
+    size_t graphs_built_ = 0;
     // Enough for a tree run's verify sizes plus its draft shapes; each holds its compute buffers.
     static constexpr size_t kMaxGraphs = 32;
 };
