@@ -52,7 +52,10 @@ Fixture make(ggml_type type, int64_t n_rows, int64_t k, int n_tokens) {
     return f;
 }
 
-void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path) {
+// One thread's packed matmul of a 1536 x 768 matrix. copies > 1 streams the weights from memory,
+// as a forward reads them: that many copies of the matrix taken in turn (64: 47 MB of Q4_1), so no
+// call finds its weights in cache; 1 keeps them in L2.
+void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path, int copies) {
     ggml_cpu_init();
     const int n_tokens = static_cast<int>(state.range(0));
     const int64_t n_rows = 1536, k = 768;  // k a multiple of 256 for the k-quants
@@ -61,44 +64,25 @@ void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path) {
         return;
     }
     Fixture f = make(type, n_rows, k, n_tokens);
+    std::vector<uint8_t> weights(f.packed.size() * copies);
+    for (int c = 0; c < copies; ++c) std::copy(f.packed.begin(), f.packed.end(), weights.begin() + c * f.packed.size());
+    int c = 0;
     for (auto _ : state) {
-        matmul_groups(path, f.m, f.packed.data(), f.x.data(), k, n_tokens, f.y.data(), 0, f.m.n_groups());
+        matmul_groups(path, f.m, weights.data() + c * f.packed.size(), f.x.data(), k, n_tokens, f.y.data(), 0, f.m.n_groups());
         benchmark::DoNotOptimize(f.y.data());
+        c = (c + 1) % copies;
     }
     state.counters["GMAC/s"] = benchmark::Counter(double(n_rows) * k * n_tokens * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+    if (copies > 1) state.counters["GB/s"] = benchmark::Counter(double(f.packed.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
     state.SetLabel(cpu_path_name(path));
 }
 
-// The same product with the weights streamed from memory, as a forward reads them: 64 copies of
-// the matrix (47 MB of Q4_1) taken in turn, so no call finds its weights in cache.
-void packed_matmul_streamed(benchmark::State & state, ggml_type type, CpuPath path) {
-    ggml_cpu_init();
-    const int n_tokens = static_cast<int>(state.range(0));
-    const int64_t n_rows = 1536, k = 768;
-    constexpr int kCopies = 64;
-    if (!cpu_can_run(path)) {
-        state.SkipWithError("this CPU cannot run the path");
-        return;
-    }
-    Fixture f = make(type, n_rows, k, n_tokens);
-    std::vector<uint8_t> copies(f.packed.size() * kCopies);
-    for (int c = 0; c < kCopies; ++c) std::copy(f.packed.begin(), f.packed.end(), copies.begin() + c * f.packed.size());
-    int c = 0;
-    for (auto _ : state) {
-        matmul_groups(path, f.m, copies.data() + c * f.packed.size(), f.x.data(), k, n_tokens, f.y.data(), 0, f.m.n_groups());
-        benchmark::DoNotOptimize(f.y.data());
-        c = (c + 1) % kCopies;
-    }
-    state.counters["GMAC/s"] = benchmark::Counter(double(n_rows) * k * n_tokens * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-    state.counters["GB/s"] = benchmark::Counter(double(f.packed.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
-    state.SetLabel(cpu_path_name(path));
-}
-BENCHMARK_CAPTURE(packed_matmul_streamed, Q4_1_Avx2, GGML_TYPE_Q4_1, CpuPath::Avx2)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(8);
-BENCHMARK_CAPTURE(packed_matmul_streamed, Q4_1_Avx512Vnni, GGML_TYPE_Q4_1, CpuPath::Avx512Vnni)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(8);
+BENCHMARK_CAPTURE(packed_matmul, streamed_Q4_1_Avx2, GGML_TYPE_Q4_1, CpuPath::Avx2, 64)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(8);
+BENCHMARK_CAPTURE(packed_matmul, streamed_Q4_1_Avx512Vnni, GGML_TYPE_Q4_1, CpuPath::Avx512Vnni, 64)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(8);
 
 // Each type on each SIMD path (paths the CPU lacks are skipped): same bits, different speed.
 #define SPECULA_KERNEL_BENCH_PATH(type, path) \
-    BENCHMARK_CAPTURE(packed_matmul, type##_##path, GGML_TYPE_##type, CpuPath::path)->Arg(1)->Arg(2)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)
+    BENCHMARK_CAPTURE(packed_matmul, type##_##path, GGML_TYPE_##type, CpuPath::path, 1)->Arg(1)->Arg(2)->Arg(4)->Arg(5)->Arg(8)->Arg(16)->Arg(32)
 #define SPECULA_KERNEL_BENCH(type)                \
     SPECULA_KERNEL_BENCH_PATH(type, Avx2);        \
     SPECULA_KERNEL_BENCH_PATH(type, Avx512Vnni);  \
