@@ -1,0 +1,48 @@
+"""Starting `specula serve` for the end-to-end tests: one helper for every test module."""
+import contextlib
+import os
+import re
+import subprocess
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLI = os.environ.get("SPECULA_CLI", os.path.join(ROOT, "build", "bin", "specula"))
+TARGET = os.path.join(ROOT, "models", "specula-target.gguf")
+DRAFT = os.path.join(ROOT, "models", "specula-draft.gguf")
+SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expanduser("~/.cache/specula/models"),
+                       "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@contextlib.contextmanager
+def serve(*args, model=TARGET, ready=True, env=None):
+    """`specula serve -m MODEL --port 0 -t 1 ARGS...` for the length of a `with`; yields (process, base URL).
+    With ready=True it returns once /health answers 200, else once the port is printed."""
+    proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", "-t", "1", *args], stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        port = None
+        deadline = time.time() + 120
+        for line in proc.stderr:
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            port = int(m.group(1)) if m else port
+            if (port and not ready) or "ready" in line or time.time() > deadline:
+                break
+        assert port, "the server did not print its port"
+        base = f"http://127.0.0.1:{port}"
+        while ready and time.time() < deadline:
+            try:
+                with urllib.request.urlopen(base + "/health") as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
