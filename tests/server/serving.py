@@ -3,6 +3,7 @@ import contextlib
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -17,7 +18,8 @@ SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expandus
 @contextlib.contextmanager
 def serve(*args, model=TARGET, ready=True, env=None):
     """`specula serve -m MODEL --port 0 -t 1 ARGS...` for the length of a `with`; yields (process, base URL).
-    With ready=True it returns once /health answers 200, else once the port is printed."""
+    With ready=True it returns once /health answers 200, else once the port is printed. The server's
+    later stderr lines are kept in `proc.log` (a list, filled by a thread so that the pipe never fills)."""
     proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", "-t", "1", *args], stderr=subprocess.PIPE, text=True,
                             env=env)
     try:
@@ -29,6 +31,8 @@ def serve(*args, model=TARGET, ready=True, env=None):
             if (port and not ready) or "ready" in line or time.time() > deadline:
                 break
         assert port, "the server did not print its port"
+        proc.log = []
+        threading.Thread(target=lambda: proc.log.extend(proc.stderr), daemon=True).start()
         base = f"http://127.0.0.1:{port}"
         while ready and time.time() < deadline:
             try:
