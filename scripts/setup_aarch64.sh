@@ -8,7 +8,7 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   $SUDO dpkg --add-architecture arm64
 fi
-packages=(g++-aarch64-linux-gnu qemu-user libstdc++6:arm64 libgomp1:arm64 libgtest-dev:arm64 libbenchmark-dev:arm64 libcpp-httplib-dev:arm64)
+packages=(g++-aarch64-linux-gnu qemu-user libstdc++6:arm64 libgomp1:arm64 libgtest-dev:arm64 libbenchmark-dev:arm64)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,14 +1,15 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
 #include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 
 #include "specula/error.h"
 #include "engine/model_bundle.h"
+#include "server/gated_server.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
 #include "tokenizer/tokenizer.h"
@@ -18,17 +19,31 @@ namespace specula {
 using nlohmann::json;
 
 struct HttpServer::Impl {
-    httplib::Server http;
+    Impl(int max_connections, size_t max_request_bytes, RequestDeadlines deadlines);
+
+    GatedServer http;
+    const size_t max_request_bytes;
     std::thread listener;
+    std::mutex listener_mutex;  // joins the listener once
+    std::atomic<bool> listener_failed{false};
+    std::mutex shutdown_mutex;
+    std::condition_variable shutdown_done;
+    bool shutting_down = false, shut_down = false;  // under shutdown_mutex
+    std::atomic<bool> ending{false};                // past the shutdown's grace: requests end now
     std::atomic<ModelBundle *> target{nullptr};
     std::atomic<Scheduler *> scheduler{nullptr};
     std::string model_id;
     std::string index_page;  // served at "/"; empty: 404
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
-    int listen_socket = -1;
+    std::map<std::string, std::string> methods;  // path -> the methods it has routes for, for 405
 
     void routes();
+    void on_get(const std::string & path, httplib::Server::Handler handler);
+    void on_post(const std::string & path, httplib::Server::Handler handler);
+    // The OpenAI error object of an error cpp-httplib answers itself (unknown route, bad framing, ...).
+    openai::ApiError http_error(const httplib::Request & req, int status, httplib::Response & res) const;
+    void join_listener();
     void completion(openai::Endpoint endpoint, const httplib::Request & req, httplib::Response & res);
 };
 
@@ -115,43 +130,35 @@ json metrics_json(const SchedulerMetrics & m) {
                 {"mean_accepted_length", m.drafts ? double(m.accepted_tokens + m.drafts) / m.drafts : 0.0}};
 }
 
-// A non-streamed answer: one JSON object, sent whole. A request done within a second gets its
-// status as usual; a longer one starts a chunked 200 response whose body opens with a space every
-// 200 ms (JSON allows leading whitespace): writing is the only way to learn that the client went
-// away (cpp-httplib 0.11 shows a handler no socket), and a client that went away must free its
-// slot rather than hold it for the whole generation. Such a request's late server error comes as
-// a 200 with the error object as its body.
-void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c) {
-    auto text = std::make_shared<std::string>();
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (std::chrono::steady_clock::now() < until) {
-        if (job->next(*text) == Job::Wait::Ended) {
-            const Job::Result & result = job->result();
-            if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
-            return send_json(res, 200, openai::response(c, *text, result.finish_reason, result.stats));
+openai::ApiError shutting_down() { return openai::ApiError{503, "the server is shutting down", "unavailable_error", "", ""}; }
+
+// A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
+// status. While it waits the handler watches the connection, so that a client that went away
+// frees its slot at once rather than hold it for the whole generation.
+void respond_whole(const httplib::Request & req, httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c,
+                   const std::atomic<bool> & ending) {
+    std::string text;
+    while (job->next(text) != Job::Wait::Ended) {
+        if (ending) {
+            job->cancel();
+            return send_error(res, shutting_down());
+        }
+        if (req.is_connection_closed()) {
+            job->cancel();  // nobody reads the answer
+            return;
         }
     }
-    res.set_chunked_content_provider(
-        "application/json", [job, c, text](size_t, httplib::DataSink & sink) {
-        while (job->next(*text) != Job::Wait::Ended) {
-            if (!sink.write(" ", 1)) {
-                job->cancel();  // the client went away: free the slot
-                return false;
-            }
-        }
-        const Job::Result & result = job->result();
-        const std::string body = openai::wire(result.error.empty() ? openai::response(c, *text, result.finish_reason, result.stats)
-                                                                   : openai::ApiError{500, result.error, "server_error", "", ""}.body());
-        sink.write(body.data(), body.size());
-        sink.done();
-        return true; }, [job](bool) { job->cancel(); });
+    const Job::Result & result = job->result();
+    if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
+    send_json(res, 200, openai::response(c, text, result.finish_reason, result.stats));
 }
 
 // A streamed answer: server-sent events, a chunk per piece of text.
-void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c, bool include_usage) {
+void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c, bool include_usage,
+                    const std::atomic<bool> & ending) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [job, c, include_usage](size_t, httplib::DataSink & sink) {
+        "text/event-stream", [job, c, include_usage, &ending](size_t, httplib::DataSink & sink) {
         auto write = [&](const std::string & event) {
             if (sink.write(event.data(), event.size())) return true;
             job->cancel();  // the client went away: free the slot
@@ -159,6 +166,13 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         };
         if (!write(openai::sse(openai::chunk_start(c)))) return false;
         for (;;) {
+            if (ending) {
+                job->cancel();
+                write(openai::sse(shutting_down().body()));
+                write("data: [DONE]\n\n");
+                sink.done();
+                return true;
+            }
             std::string text;
             std::vector<TokenOrigin> origins;
             const Job::Wait w = job->next(text, &origins);
@@ -189,22 +203,23 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
 
 }  // namespace
 
-HttpServer::HttpServer(int max_connections, size_t max_request_bytes) : impl_(std::make_unique<Impl>()) {
+HttpServer::Impl::Impl(int max_connections, size_t max_body_bytes, RequestDeadlines deadlines)
+    : http(max_connections, deadlines, [](int status, const std::string & message) {
+          const char * type = status == 503 ? "unavailable_error" : "invalid_request_error";
+          return openai::wire(openai::ApiError{status, message, type, "", ""}.body());
+      }),
+      max_request_bytes(max_body_bytes) {}
+
+HttpServer::HttpServer(int max_connections, size_t max_request_bytes, RequestDeadlines deadlines)
+    : impl_(std::make_unique<Impl>(max_connections, max_request_bytes, deadlines)) {
     impl_->started = unix_now();
     impl_->http.set_payload_max_length(max_request_bytes);
-    // cpp-httplib answers an oversized body with a bare 413: give it OpenAI's error object.
-    impl_->http.set_error_handler(httplib::Server::HandlerWithResponse([max_request_bytes](const httplib::Request &, httplib::Response & res) {
-        if (res.status != 413 || !res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        send_error(res, openai::ApiError{413, "the request body is larger than the server's limit of " + std::to_string(max_request_bytes) + " bytes",
-                                         "invalid_request_error", "", "request_too_large"});
+    // The errors cpp-httplib answers itself come with no body: give them OpenAI's error object.
+    impl_->http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request & req, httplib::Response & res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        send_error(res, impl_->http_error(req, res.status, res));
         return httplib::Server::HandlerResponse::Handled;
     }));
-    const size_t threads = static_cast<size_t>(std::max(8, max_connections));
-    impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    impl_->http.set_socket_options([this](socket_t sock) {
-        httplib::default_socket_options(sock);
-        impl_->listen_socket = static_cast<int>(sock);
-    });
     impl_->routes();
 }
 
@@ -213,14 +228,11 @@ HttpServer::~HttpServer() { stop(); }
 int HttpServer::start(const std::string & host, int port) {
     const int bound = port == 0 ? impl_->http.bind_to_any_port(host) : (impl_->http.bind_to_port(host, port) ? port : -1);
     if (bound < 0) throw Error("cannot listen on " + host + ":" + std::to_string(port));
-    // Debian's cpp-httplib is a shared library built with a listen backlog of 5: a burst of more
-    // connections (16 clients starting at once) overflowed it, and the kernel dropped their SYNs,
-    // which clients resend after a second: a 1 s time to first token for some and half the
-    // throughput. Listening again on the bound socket raises the backlog.
-    if (impl_->listen_socket < 0 || ::listen(impl_->listen_socket, SOMAXCONN) != 0) {
-        throw Error("cannot listen on " + host + ":" + std::to_string(port) + " with a backlog of " + std::to_string(SOMAXCONN));
-    }
-    impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
+    impl_->listener = std::thread([this] {
+        if (impl_->http.serve()) return;
+        std::lock_guard lock(impl_->shutdown_mutex);
+        impl_->listener_failed = !impl_->shutting_down;  // a shutdown() racing the start is no failure
+    });
     return bound;
 }
 
@@ -232,29 +244,85 @@ void HttpServer::ready(ModelBundle & target, Scheduler & scheduler, const std::s
 
 void HttpServer::set_index_page(std::string html) { impl_->index_page = std::move(html); }
 
+void HttpServer::shutdown(std::chrono::milliseconds grace) {
+    {
+        std::unique_lock lock(impl_->shutdown_mutex);
+        if (impl_->shutting_down) {
+            impl_->shutdown_done.wait(lock, [this] { return impl_->shut_down; });
+            return;
+        }
+        impl_->shutting_down = true;
+    }
+    impl_->http.stop_accepting();
+    if (!impl_->http.wait_idle(std::chrono::steady_clock::now() + grace)) impl_->ending = true;
+    impl_->http.join_workers();  // the requests still in flight end within a step (`ending`)
+    impl_->join_listener();
+    {
+        std::lock_guard lock(impl_->shutdown_mutex);
+        impl_->shut_down = true;
+    }
+    impl_->shutdown_done.notify_all();
+}
+
 void HttpServer::stop() {
-    impl_->http.stop();
-    if (impl_->listener.joinable()) impl_->listener.join();
+    shutdown(std::chrono::milliseconds(0));
     impl_->scheduler = nullptr;
 }
 
-void HttpServer::wait() {
-    if (impl_->listener.joinable()) impl_->listener.join();
+bool HttpServer::wait() {
+    impl_->join_listener();
+    std::unique_lock lock(impl_->shutdown_mutex);
+    impl_->shutdown_done.wait(lock, [this] { return !impl_->shutting_down || impl_->shut_down; });
+    return !impl_->listener_failed;
+}
+
+void HttpServer::Impl::join_listener() {
+    std::lock_guard lock(listener_mutex);
+    if (listener.joinable()) listener.join();
+}
+
+void HttpServer::Impl::on_get(const std::string & path, httplib::Server::Handler handler) {
+    methods[path] += methods[path].empty() ? "GET" : ", GET";
+    http.Get(path, std::move(handler));
+}
+
+void HttpServer::Impl::on_post(const std::string & path, httplib::Server::Handler handler) {
+    methods[path] += methods[path].empty() ? "POST" : ", POST";
+    http.Post(path, std::move(handler));
+}
+
+openai::ApiError HttpServer::Impl::http_error(const httplib::Request & req, int status, httplib::Response & res) const {
+    auto invalid = [&](int code, const std::string & message) { return openai::ApiError{code, message, "invalid_request_error", "", ""}; };
+    if (status == 404) {
+        const auto route = methods.find(req.path);
+        if (route == methods.end()) return openai::ApiError{404, "no route " + req.method + " " + req.path + ": see /v1/models", "not_found_error", "", ""};
+        res.set_header("Allow", route->second);
+        return invalid(405, req.path + " answers " + route->second + ", not " + req.method);
+    }
+    if (GatedServer::request_timed_out()) return invalid(408, "the request did not arrive whole within " + http.deadline_text());
+    if (status == 413) {
+        return openai::ApiError{413, "the request body is larger than the server's limit of " + std::to_string(max_request_bytes) + " bytes",
+                                "invalid_request_error", "", "request_too_large"};
+    }
+    if (status == 400) return invalid(400, "malformed HTTP request (request line, headers or body framing)");
+    const std::string name = httplib::status_message(status);
+    return openai::ApiError{status, name.empty() ? "HTTP error " + std::to_string(status) : name, status >= 500 ? "server_error" : "invalid_request_error",
+                            "", ""};
 }
 
 void HttpServer::Impl::routes() {
-    http.Get("/health", [this](const httplib::Request &, httplib::Response & res) {
+    on_get("/health", [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_json(res, 503, json{{"status", "loading"}});
         const std::string failure = s->metrics().failure;
         if (!failure.empty()) return send_json(res, 503, json{{"status", "error"}, {"error", failure}});
         send_json(res, 200, json{{"status", "ok"}});
     });
-    http.Get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
+    on_get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
         if (!scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         send_json(res, 200, json{{"object", "list"}, {"data", json::array({{{"id", model_id}, {"object", "model"}, {"created", started}, {"owned_by", "specula"}}})}});
     });
-    http.Get("/slots", [this](const httplib::Request &, httplib::Response & res) {
+    on_get("/slots", [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         json slots = json::array();
@@ -263,22 +331,22 @@ void HttpServer::Impl::routes() {
         }
         send_json(res, 200, slots);
     });
-    http.Get("/", [this](const httplib::Request &, httplib::Response & res) {
+    on_get("/", [this](const httplib::Request &, httplib::Response & res) {
         if (index_page.empty()) return send_error(res, openai::ApiError{404, "no page here: see /v1/models", "not_found_error", "", ""});
         res.set_content(index_page, "text/html; charset=utf-8");
     });
-    http.Get("/metrics.json", [this](const httplib::Request &, httplib::Response & res) {
+    on_get("/metrics.json", [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         send_json(res, 200, metrics_json(s->metrics()));
     });
-    http.Get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
+    on_get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         res.set_content(prometheus(s->metrics()), "text/plain; version=0.0.4");
     });
-    http.Post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
-    http.Post("/v1/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Completions, req, res); });
+    on_post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
+    on_post("/v1/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Completions, req, res); });
     http.set_exception_handler([](const httplib::Request &, httplib::Response & res, std::exception_ptr ep) {
         std::string what = "internal error";
         try {
@@ -325,8 +393,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.created = unix_now();
     c.model = model_id;
 
-    if (r.stream) respond_stream(res, job, c, r.include_usage);
-    else respond_whole(res, job, c);
+    if (r.stream) respond_stream(res, job, c, r.include_usage, ending);
+    else respond_whole(req, res, job, c, ending);
 }
 
 }  // namespace specula

@@ -1,8 +1,10 @@
 #pragma once
 // `specula serve`'s HTTP side (cpp-httplib): OpenAI routes over a Scheduler, plus /health,
 // /metrics (Prometheus text), /metrics.json (its twin for the live page), /slots and the page at /. Listens before the model is loaded, answering 503 on
-// /health and the API routes until ready() is called.
+// /health and the API routes until ready() is called. Connections go through GatedServer
+// (server/gated_server.h): slow clients wait for their request head without holding a thread.
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -13,10 +15,19 @@ namespace specula {
 class Scheduler;
 struct ModelBundle;
 
+// How long a client may take to send its request, counted from the connection's accept: past a
+// deadline it gets 408 and the connection closes.
+struct RequestDeadlines {
+    std::chrono::milliseconds head{10000};     // the request line and headers
+    std::chrono::milliseconds request{30000};  // the whole request, body included
+};
+
 class HttpServer {
 public:
-    // Request bodies longer than max_request_bytes are refused with 413 before they are read whole.
-    HttpServer(int max_connections, size_t max_request_bytes);
+    // Request bodies longer than max_request_bytes are refused with 413 (whatever their framing:
+    // Content-Length, chunked or none) before they are read whole; connections beyond
+    // max_connections open at once get 503.
+    HttpServer(int max_connections, size_t max_request_bytes, RequestDeadlines deadlines = {});
     ~HttpServer();
     HttpServer(const HttpServer &) = delete;
     HttpServer & operator=(const HttpServer &) = delete;
@@ -29,8 +40,14 @@ public:
     void ready(ModelBundle & target, Scheduler & scheduler, const std::string & model_id);
     // The HTML served at "/" (the live page, tools/report/live.html); none: "/" answers 404.
     void set_index_page(std::string html);
-    void stop();
-    void wait();  // until stop() (or the listener fails)
+    // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
+    // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
+    // returns once every connection has closed.
+    void shutdown(std::chrono::milliseconds grace);
+    void stop();  // shutdown() with no grace
+    // Until the listener stops, and a shutdown() under way has ended. False when the listener
+    // failed on its own (accept() failed other than for a lack of descriptors or memory).
+    bool wait();
 
 private:
     struct Impl;

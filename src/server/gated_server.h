@@ -1,0 +1,71 @@
+#pragma once
+// The HTTP server under `specula serve`: a cpp-httplib Server whose connections reach its worker
+// threads only once their request head has arrived whole. A new connection waits in one poll()
+// thread (the waiting room) until its head ends ("\r\n\r\n"), so a client that trickles its head
+// a byte at a time holds a socket, never a thread; a head still incomplete past its deadline gets
+// 408, one longer than the head limit 431. The head and body must have arrived by the request
+// deadline (408 after it), open connections are capped (more get 503), and shutdown() lets the
+// requests in flight finish before it closes their connections.
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/http_server.h"
+
+namespace specula {
+
+class GatedServer final : public httplib::Server {
+public:
+    // Request heads longer than this get 431 (cpp-httplib's own limits: 8 KiB a header line, 100 lines).
+    static constexpr size_t kMaxHeadBytes = 16 << 10;
+
+    // `error_body(status, message)`: the body (JSON) of the responses the gate itself sends.
+    GatedServer(int max_connections, RequestDeadlines deadlines, std::function<std::string(int status, const std::string & message)> error_body);
+    ~GatedServer() override;
+
+    // Serves until stop_accepting() (true) or until the listener fails (false). Call after binding.
+    bool serve();
+    // Closes the listening socket and the connections still in the waiting room; the requests
+    // being served go on.
+    void stop_accepting();
+    // Waits until no request is being served or until `deadline`; true when none is left.
+    bool wait_idle(std::chrono::steady_clock::time_point deadline);
+    // Joins the worker threads once stop_accepting() and the requests have ended.
+    void join_workers();
+    // The request on this thread timed out reading its head or body (for the error handler).
+    static bool request_timed_out();
+    // The request deadline as error messages give it ("30 s").
+    std::string deadline_text() const;
+
+private:
+    struct Waiting;
+    bool process_and_close_socket(socket_t sock) override;
+    void waiting_room();
+    void wake_waiting_room();
+    void admit(std::unique_ptr<Waiting> connection);  // to a worker thread
+    void refuse(socket_t sock, int status, const std::string & message);
+    void closed();  // a connection ended
+
+    const int max_connections_;
+    const RequestDeadlines deadlines_;
+    const std::function<std::string(int, const std::string &)> error_body_;
+    std::atomic<int> open_{0};  // connections accepted and not yet closed
+    std::mutex mutex_;
+    std::condition_variable idle_;
+    int serving_ = 0;                                // connections on worker threads (under mutex_)
+    std::vector<std::unique_ptr<Waiting>> arrived_;  // accepted, not yet in the waiting room (under mutex_)
+    bool accepting_ = true;                          // under mutex_
+    int wake_pipe_[2] = {-1, -1};
+    std::thread waiting_room_;
+    std::unique_ptr<httplib::ThreadPool> workers_;
+};
+
+}  // namespace specula
