@@ -6,8 +6,9 @@
       target (fp32, weights dequantized from the GGUF): prints how often its argmax is the
       reply's next token (not 1.0 exactly: the reply text is re-tokenized, and specula's
       kernels quantize activations to int8).
-Chat format = what `specula generate --chat` feeds the target (llama.cpp's template for it, no
-system message; the tokenizer adds BOS where the model asks for it):
+Chat format = what `specula serve` feeds the target for the same messages (llama.cpp's template,
+no system message; the tokenizer adds BOS where the model asks for it); earlier turns of a
+prompt's "context" come first, each in the same form:
   llama (SmolLM2, chatml): <|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n
   gemma3: <start_of_turn>user\\n{prompt}<end_of_turn>\\n<start_of_turn>model\\n"""
 import argparse, json, os, subprocess, sys, urllib.request
@@ -15,32 +16,42 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import load_gguf_target
 
-# architecture -> (chat text of a one-turn prompt, the token that ends the model's turn)
+# architecture -> (one turn's chat text, the opening of the model's turn, the model's role name, the
+# token that ends a turn)
 CHAT_FORMATS = {
-    "llama": ("<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"),
-    "gemma3": ("<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n", "<end_of_turn>"),
+    "llama": ("<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n", "assistant", "<|im_end|>"),
+    "gemma3": ("<start_of_turn>{role}\n{content}<end_of_turn>\n", "<start_of_turn>model\n", "model", "<end_of_turn>"),
 }
 
 
 class ChatFormat:
-    """The target's one-turn chat text and the id of its end-of-turn token, read from its GGUF.
+    """The target's chat text and the id of its end-of-turn token, read from its GGUF.
     With a frame (a pretrained model, prompted for completions: e.g. "Question: {}\\nAnswer:"),
     the framed prompt as plain text and the model's EOS."""
 
     def __init__(self, model, frame=None):
         import gguf
         r = gguf.GGUFReader(model)
+        self.frame = frame
         if frame:
-            self.template, self.end_id = frame, int(r.fields["tokenizer.ggml.eos_token_id"].contents())
+            self.end_id = int(r.fields["tokenizer.ggml.eos_token_id"].contents())
             return
         arch = r.fields["general.architecture"].contents()
         if arch not in CHAT_FORMATS:
             raise ValueError(f"{model}: no chat format for architecture {arch}")
-        self.template, end = CHAT_FORMATS[arch]
+        self.turn, self.reply, self.model_role, end = CHAT_FORMATS[arch]
         self.end_id = r.fields["tokenizer.ggml.tokens"].contents().index(end)
 
-    def text(self, prompt):
-        return self.template.format(prompt)
+    def text(self, prompt, context=()):
+        """The chat up to the opening of the model's reply to `prompt`, after the earlier turns in
+        `context` (chat messages: role "user" or "assistant", and content)."""
+        if self.frame:
+            if context:
+                raise ValueError("a completion frame takes one prompt, not a conversation")
+            return self.frame.format(prompt)
+        role = lambda r: self.model_role if r == "assistant" else r
+        turns = [self.turn.format(role=role(m["role"]), content=m["content"]) for m in context]
+        return "".join(turns) + self.turn.format(role="user", content=prompt) + self.reply
 
 
 _servers = {}
@@ -97,8 +108,8 @@ def main():
     recs = [json.loads(l) for l in open(a.gen)][: a.limit or None]
     agree = total = 0
     for r in recs:
-        ids = tokenize(a.tokenize, a.model, chat.text(r["prompt"]) + r["response"])
-        P = len(tokenize(a.tokenize, a.model, chat.text(r["prompt"])))
+        ids = tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ())) + r["response"])
+        P = len(tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ()))))
         with torch.no_grad():
             lg, _, _ = m(torch.tensor([ids]))
         pred = lg[0, P - 1:-1].argmax(-1)

@@ -71,7 +71,7 @@ def reply(i):
     if a.frame:
         body["prompt"] = a.frame.format(prompts[i]["prompt"])
     else:
-        body["messages"] = [{"role": "user", "content": prompts[i]["prompt"]}]
+        body["messages"] = prompts[i].get("context", []) + [{"role": "user", "content": prompts[i]["prompt"]}]
     route = "/v1/completions" if a.frame else "/v1/chat/completions"
     req = urllib.request.Request(url + route, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:

@@ -17,6 +17,9 @@
 # the engine's own kernels) -> each drafter (wall-clock budget, checkpoints as it goes, held-out
 # agreement in the log; bf16 matmuls where the CPU has AMX or AVX-512 BF16) -> GGUF with the
 # target's tokenizer. Finished replies and features in WORK_DIR are reused.
+# PROMPTS=FILE takes another prompt set, e.g. ShareGPT's real conversations
+# (tools/train/sharegpt_prompts.py --out FILE; later turns carry their earlier turns as context;
+# CTX=1024 then, as its prompts run to 1,200 characters).
 # FIRST=N takes only the first N prompts (the shipped EAGLE-3 head: FIRST=540).
 # INIT=models/smollm2-eagle3.gguf extends the shipped EAGLE-3 head (train_eagle.py --init: its
 # weights and draft vocabulary, a new optimizer and schedule; LR, default 2e-3, sets the peak).
@@ -30,6 +33,8 @@ THREADS="${THREADS:-2}"
 SETS="${SETS:-0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000 0.7:6000 0.9:7000}"
 INIT="${INIT:-}"
 FIRST="${FIRST:-}"
+PROMPTS="${PROMPTS:-$ROOT/models/smollm2_prompts.json}"
+CTX="${CTX:-512}"
 LR="${LR:-2e-3}"
 MODEL="${SPECULA_MODEL_CACHE:-$HOME/.cache/specula/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 BIN="$ROOT/build/bin"
@@ -41,12 +46,12 @@ cmake --build "$ROOT/build" --target llama-tokenize llama-server >/dev/null
 mkdir -p "$WORK"
 # temperature:seed of each reply set (prompt i uses seed + i)
 for set in $SETS; do
-  python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
-    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 8 --ctx 512 --threads "$THREADS" \
+  python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$PROMPTS" \
+    --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 8 --ctx "$CTX" --threads "$THREADS" \
     ${FIRST:+--first "$FIRST"}
 done
-python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$ROOT/models/smollm2_prompts.json" \
-  --out "$WORK/heldout_0_1.jsonl" --n 192 --temp 0 --seed 1 --split heldout --parallel 8 --ctx 512 --threads "$THREADS"
+python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$PROMPTS" \
+  --out "$WORK/heldout_0_1.jsonl" --n 192 --temp 0 --seed 1 --split heldout --parallel 8 --ctx "$CTX" --threads "$THREADS"
 python3 "$HERE/chat_data.py" --model "$MODEL" --tokenize "$TOKENIZE" --gen "$WORK/gen_0_1.jsonl" --limit 10
 features() {  # $1: reply file stem, $2: split
   [ -f "$WORK/feats_$1.pt" ] && return

@@ -42,8 +42,8 @@ for line in open(a.gen):
     if taken[r["category"]] >= a.per_category:
         continue
     taken[r["category"]] += 1
-    prompt = tokenize(a.tokenize, a.model, chat.text(r["prompt"]))
-    reply = tokenize(a.tokenize, a.model, chat.text(r["prompt"]) + r["response"])[len(prompt):]
+    prompt = tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ())))
+    reply = tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ())) + r["response"])[len(prompt):]
     ids = torch.tensor(prompt + reply)
     with torch.no_grad():
         logits, _, caps = m(ids[None], capture_layers=set(range(1, L)))

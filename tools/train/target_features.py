@@ -69,8 +69,8 @@ for path in a.gen:
         r = json.loads(line)
         if a.split and r["split"] != a.split:
             continue
-        prompt = tokenize(a.tokenize, a.model, chat.text(r["prompt"]))
-        reply = tokenize(a.tokenize, a.model, chat.text(r["prompt"]) + r["response"])[len(prompt):]
+        prompt = tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ())))
+        reply = tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ())) + r["response"])[len(prompt):]
         if len(reply) < a.n - 4:  # the reply ended at the end-of-turn token, which the text does not show
             reply.append(chat.end_id)
         records.append((r, prompt, reply))
