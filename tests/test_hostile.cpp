@@ -23,6 +23,7 @@
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/gguf_file.h"
+#include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "specee_predictor.h"
 #include "test_models.h"
@@ -170,6 +171,81 @@ TEST(Hostile, FloatMetadataMustBeFinitePositive) {
         gguf_set_val_f32(g, "llama.rope.scaling.factor", 0.0f);
     });
     EXPECT_ERROR(model_error(factor), factor, "llama.rope.scaling.factor is 0, expected a finite value in (0, 1e+06]");
+}
+
+// Gemma 3's own keys: u32 values were cast to int (a window or period of 2^31 turned negative, the
+// period's `period - 1` overflowed), the RoPE base of the sliding layers and the logit softcap
+// were not checked at all.
+TEST(Hostile, Gemma3HyperparametersAreRangeChecked) {
+    const std::string gemma = test::model_path("gemma3_swa");
+    auto edit = [&](const std::string & name, const std::function<void(gguf_context *)> & kv) { return edited(gemma, name, kv); };
+    const std::string period = edit("g3-period-2^31", [](gguf_context * g) { gguf_set_val_u32(g, "gemma3.attention.sliding_window_pattern", 0x80000000u); });
+    EXPECT_ERROR(model_error(period), period, "metadata key gemma3.attention.sliding_window_pattern is 2147483648, expected 0..2147483647");
+    const std::string window = edit("g3-window-2^31", [](gguf_context * g) { gguf_set_val_u32(g, "gemma3.attention.sliding_window", 0x80000000u); });
+    EXPECT_ERROR(model_error(window), window, "metadata key gemma3.attention.sliding_window is 2147483648, expected 0..2147483647");
+    const std::string flags = edit("g3-flags", [](gguf_context * g) {
+        const int32_t per_layer[3] = {1, 256, 0};  // 256 would be held as the byte 0
+        gguf_set_arr_data(g, "gemma3.attention.sliding_window_pattern", GGUF_TYPE_INT32, per_layer, 3);
+    });
+    EXPECT_ERROR(model_error(flags), flags, "metadata key gemma3.attention.sliding_window_pattern[1] is 256, expected 0 (global) or 1 (sliding)");
+    const std::string base = edit("g3-swa-base-inf", [](gguf_context * g) { gguf_set_val_f32(g, "gemma3.rope.freq_base_swa", INFINITY); });
+    EXPECT_ERROR(model_error(base), base, "metadata key gemma3.rope.freq_base_swa is inf, expected a finite value");
+    const std::string cap = edit("g3-softcap-negative", [](gguf_context * g) { gguf_set_val_f32(g, "gemma3.final_logit_softcapping", -30.0f); });
+    EXPECT_ERROR(model_error(cap), cap, "metadata key gemma3.final_logit_softcapping is -30, expected a finite value");
+    const std::string nan_cap = edit("g3-softcap-nan", [](gguf_context * g) { gguf_set_val_f32(g, "gemma3.final_logit_softcapping", NAN); });
+    EXPECT_ERROR(model_error(nan_cap), nan_cap, "metadata key gemma3.final_logit_softcapping is nan, expected a finite value");
+    const std::string no_cap = edit("g3-softcap-0", [](gguf_context * g) { gguf_set_val_f32(g, "gemma3.final_logit_softcapping", 0.0f); });
+    EXPECT_EQ(model_error(no_cap), "<no error>");
+}
+
+// The target's tensors for width E, feed-forward width F and one attention head of size A: F16
+// matrices keep a file with a huge A small.
+std::map<std::string, std::optional<TensorEdit>> resized_target_tensors(int64_t E, int64_t F, int64_t A) {
+    std::map<std::string, std::optional<TensorEdit>> out;
+    const GgufFile in(target());
+    for (ggml_tensor * t : in.tensors()) {
+        const std::string n = ggml_get_name(t);
+        auto ends = [&](const char * suffix) { return n.ends_with(suffix); };
+        std::vector<int64_t> ne = {E};  // norms
+        if (n == "token_embd.weight" || n == "output.weight") ne = {E, t->ne[1]};
+        else if (ends("attn_q.weight") || ends("attn_k.weight") || ends("attn_v.weight")) ne = {E, A};
+        else if (ends("attn_output.weight")) ne = {A, E};
+        else if (ends("ffn_gate.weight") || ends("ffn_up.weight")) ne = {E, F};
+        else if (ends("ffn_down.weight")) ne = {F, E};
+        out[n] = TensorEdit{ne.size() == 1 ? GGML_TYPE_F32 : GGML_TYPE_F16, ne, {}};
+    }
+    return out;
+}
+
+// A head size of 2^18 on a width of 2: each token's K and V rows take 2 MiB in an 8 MB file, so
+// the default 2048-token context asked for 4 GiB, which was allocated and cleared (with 2^20 and
+// more layers, until the process was killed) instead of refused.
+std::string huge_key_length_model() {
+    constexpr int64_t kHead = 1 << 18;
+    return edited(
+        target(), "key-length-2^18",
+        [](gguf_context * g) {
+            gguf_set_val_u32(g, "llama.embedding_length", 2);
+            gguf_set_val_u32(g, "llama.feed_forward_length", 2);
+            gguf_set_val_u32(g, "llama.attention.head_count", 1);
+            gguf_set_val_u32(g, "llama.attention.head_count_kv", 1);
+            for (const char * key : {"llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"}) {
+                gguf_set_val_u32(g, key, kHead);
+            }
+        },
+        resized_target_tensors(2, 2, kHead));
+}
+
+TEST(Hostile, KvCacheFarLargerThanTheFileIsRefused) {
+    const std::string p = huge_key_length_model();
+    Backend b(BackendOptions{"cpu", 1});
+    const auto model = Model::load(p, b);
+    EXPECT_ERROR(test::error_message([&] { KvCache cache(b, model->config(), 2048); }), p,
+                 "a KV cache of 2048 tokens would need 4294967296 bytes (2 layers x K and V x llama.attention.head_count_kv 1 x "
+                 "llama.attention.key_length 262144 x 2 bytes), more than 64 times the ");
+    EXPECT_ERROR(test::error_message([&] { KvCache::pool(b, model->config(), 1024, 2); }), p, "a KV cache of 2048 tokens would need");
+    KvCache small(b, model->config(), 16);  // 32 MiB: within the bound
+    EXPECT_EQ(small.capacity(), 16);
 }
 
 TEST(Hostile, VocabularySizeMustMatchTheEmbeddingRows) {
@@ -355,6 +431,11 @@ TEST(HostileCli, CorruptHeader) {  // ggml's parser logs its reason: it belongs 
 TEST(HostileCli, HugeBlockCount) {
     const std::string p = edited(target(), "block-count-huge", [](gguf_context * g) { gguf_set_val_u32(g, "llama.block_count", 0x7fffffff); });
     expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": metadata key llama.block_count is 2147483647");
+}
+
+TEST(HostileCli, HugeKeyLength) {
+    const std::string p = huge_key_length_model();
+    expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": a KV cache of 2048 tokens would need 4294967296 bytes");
 }
 
 TEST(HostileCli, EagleHeadWithZeroHeads) {

@@ -9,7 +9,7 @@
 namespace specula {
 
 EagleDrafter::EagleDrafter(const EagleHead & head, int n_ctx, int prompt_window)
-    : EagleDrafter(head, std::make_shared<ModelRunner>(head), std::make_unique<KvCache>(head.backend(), 1, head.shape().n_embd_kv, n_ctx),
+    : EagleDrafter(head, std::make_shared<ModelRunner>(head), std::make_unique<KvCache>(head.backend(), head.config().layer, n_ctx),
                    prompt_window) {}
 
 EagleDrafter::EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream, int prompt_window)

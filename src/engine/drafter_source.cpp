@@ -92,7 +92,7 @@ std::vector<std::unique_ptr<Drafter>> DrafterSource::make_group(int n_ctx, int n
         case DrafterKind::Eagle:
         case DrafterKind::Eagle3: {
             auto runner = std::make_shared<ModelRunner>(*head);
-            auto streams = KvCache::pool(head->backend(), 1, head->shape().n_embd_kv, n_ctx, n);
+            auto streams = KvCache::pool(head->backend(), head->config().layer, n_ctx, n);
             for (auto & s : streams) group.push_back(std::make_unique<EagleDrafter>(*head, runner, std::move(s)));
             break;
         }

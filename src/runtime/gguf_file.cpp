@@ -48,10 +48,11 @@ GgufFile::GgufFile(const std::string & path) : path_(path) {
 
 // ggml's parser reads only the header when not loading data: a file cut short passes it. Every
 // tensor's data must lie inside the file before any reader sizes a buffer by its metadata.
-void GgufFile::check_data_extents() const {
+void GgufFile::check_data_extents() {
     std::error_code ec;
     const uint64_t file_size = std::filesystem::file_size(path_, ec);
     if (ec) throw Error(path_ + ": cannot read the file size (" + ec.message() + ")");
+    file_bytes_ = file_size;
     const uint64_t data_offset = gguf_get_data_offset(gguf_);
     for (int64_t id = 0; id < gguf_get_n_tensors(gguf_); ++id) {
         const uint64_t begin = data_offset + gguf_get_tensor_offset(gguf_, id);

@@ -21,6 +21,7 @@ public:
     GgufFile & operator=(const GgufFile &) = delete;
 
     const std::string & path() const { return path_; }
+    uint64_t file_bytes() const { return file_bytes_; }
     std::string architecture() const;
 
     bool has(const std::string & key) const;
@@ -45,10 +46,11 @@ public:
 
 private:
     std::string path_;
+    uint64_t file_bytes_ = 0;
     gguf_context * gguf_ = nullptr;
     ggml_context * meta_ = nullptr;
     int64_t key_id(const std::string & key) const;
-    void check_data_extents() const;
+    void check_data_extents();  // and records file_bytes_
 };
 
 }  // namespace specula

@@ -117,6 +117,9 @@ float get_float_in(const GgufFile & f, const std::string & key, float lo, float 
 
 void read_layer_sizes(const GgufFile & f, const std::string & a, ModelConfig & c) {
     const std::string & path = f.path();
+    c.key_prefix = a;
+    c.path = path;
+    c.file_bytes = f.file_bytes();
     c.n_embd = get_int_in(f, a + "embedding_length", 1, kMaxModelDim);
     c.n_ff = get_int_in(f, a + "feed_forward_length", 1, kMaxModelDim);
     c.n_head = get_int_in(f, a + "attention.head_count", 1, kMaxModelDim);

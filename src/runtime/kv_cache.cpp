@@ -75,8 +75,33 @@ KvStorage::KvStorage(Backend & backend, int n_layers, int width, int n_slots)
     }
 }
 
+namespace {
+
+// A real model's KV cache stays within a few times its file even at a long context and with
+// several streams (an MHA 7B model in Q2_K at 32k tokens: 6x): a cache far larger comes from
+// sizes a hostile file asks for (a huge key_length on a tiny width), which would be allocated and
+// cleared until the process is killed. Below the floor nothing is refused.
+constexpr uint64_t kKvBytesPerFileByte = 64;
+constexpr uint64_t kKvFloorBytes = uint64_t(1) << 30;
+
+// `slots` K and V rows of F16 per layer; throws Error naming the file and its size keys past the bound.
+int checked_slots(const ModelConfig & c, int64_t slots) {
+    const uint64_t bytes = uint64_t(c.n_layer) * 2 * uint64_t(c.n_embd_kv()) * 2 * uint64_t(std::max<int64_t>(slots, 0));
+    const uint64_t bound = std::max(kKvFloorBytes, kKvBytesPerFileByte * c.file_bytes);
+    if (c.file_bytes > 0 && bytes > bound) {
+        const std::string & a = c.key_prefix;
+        throw Error(c.path + ": a KV cache of " + std::to_string(slots) + " tokens would need " + std::to_string(bytes) + " bytes (" +
+                    std::to_string(c.n_layer) + " layers x K and V x " + a + "attention.head_count_kv " + std::to_string(c.n_head_kv) +
+                    " x " + a + "attention.key_length " + std::to_string(c.head_dim) + " x 2 bytes), more than " +
+                    std::to_string(kKvBytesPerFileByte) + " times the " + std::to_string(c.file_bytes) + "-byte file");
+    }
+    return static_cast<int>(slots);
+}
+
+}  // namespace
+
 KvCache::KvCache(Backend & backend, const ModelConfig & config, int capacity)
-    : KvCache(backend, config.n_layer, config.n_embd_kv(), capacity) {}
+    : KvCache(backend, config.n_layer, config.n_embd_kv(), checked_slots(config, capacity)) {}
 
 KvCache::KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity)
     : KvCache(std::make_shared<KvStorage>(backend, n_layers, n_embd_kv, capacity), 0, capacity) {}
@@ -85,6 +110,7 @@ KvCache::KvCache(std::shared_ptr<KvStorage> storage, int offset, int capacity)
     : storage_(std::move(storage)), id_(storage_->id), n_embd_kv_(storage_->n_embd_kv), offset_(offset), capacity_(capacity), v_transposed_(storage_->v_transposed), k_(storage_->k), v_(storage_->v) {}
 
 std::vector<std::unique_ptr<KvCache>> KvCache::pool(Backend & backend, const ModelConfig & config, int capacity, int n_streams) {
+    checked_slots(config, int64_t(capacity) * n_streams);
     return pool(backend, config.n_layer, config.n_embd_kv(), capacity, n_streams);
 }
 

@@ -30,6 +30,9 @@ class KvCache {
 public:
     // n_layers: how many layers the cache holds (a model's n_layer, or 1 for a draft head).
     KvCache(Backend & backend, int n_layers, int n_embd_kv, int capacity);
+    // For a model loaded from a file (config.file_bytes set): throws Error naming the file and its
+    // size keys when the cache would be far larger than the file (kv_cache.cpp), rather than
+    // allocate what a hostile file asks for.
     KvCache(Backend & backend, const ModelConfig & config, int capacity);
     // n_streams caches of `capacity` slots each over one storage.
     static std::vector<std::unique_ptr<KvCache>> pool(Backend & backend, const ModelConfig & config, int capacity, int n_streams);

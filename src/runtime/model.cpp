@@ -27,27 +27,40 @@ const char * arch_display_name(Arch arch) {
 
 namespace {
 
-// The keys llama.cpp's gemma3 loader reads, with its defaults for the absent ones.
+// The keys llama.cpp's gemma3 loader reads, with its defaults for the absent ones, each
+// range-checked before it is held as an int or a float the graph scales by.
 void read_gemma3_config(const GgufFile & f, ModelConfig & c) {
     const std::string a = c.arch_name + ".";
-    c.sliding_window = static_cast<int>(f.find_u32(a + "attention.sliding_window").value_or(0));
+    c.sliding_window = find_int_in(f, a + "attention.sliding_window", 0, INT32_MAX).value_or(0);
     if (c.sliding_window > 0) {
         const std::string pattern_key = a + "attention.sliding_window_pattern";
         if (f.array_length(pattern_key) > 0) {  // one flag per layer
             const std::vector<int32_t> flags = f.get_i32_array(pattern_key);
             if (static_cast<int>(flags.size()) != c.n_layer) throw Error(f.path() + ": " + pattern_key + " does not have one entry per layer");
+            for (size_t il = 0; il < flags.size(); ++il) {
+                if (flags[il] != 0 && flags[il] != 1) {
+                    throw Error(f.path() + ": metadata key " + pattern_key + "[" + std::to_string(il) + "] is " + std::to_string(flags[il]) +
+                                ", expected 0 (global) or 1 (sliding)");
+                }
+            }
             c.sliding_layers.assign(flags.begin(), flags.end());
         } else {  // a period: the last layer of every period is global (Gemma 3: 5 sliding, 1 global)
-            const int period = static_cast<int>(f.find_u32(pattern_key).value_or(6));
+            const int period = find_int_in(f, pattern_key, 0, INT32_MAX).value_or(6);
             c.sliding_layers.resize(c.n_layer);
             for (int il = 0; il < c.n_layer; ++il) c.sliding_layers[il] = period == 0 || il % period < period - 1;
         }
-        c.rope_freq_base_sliding = f.find_f32(a + "rope.freq_base_swa").value_or(10000.0f);
+        c.rope_freq_base_sliding = find_float_in(f, a + "rope.freq_base_swa", 0.0f, 1e30f).value_or(10000.0f);
     }
-    c.final_logit_softcap = f.find_f32(a + "final_logit_softcapping").value_or(0.0f);
+    // 0 (or absent): no softcapping; Gemma 3 stores none, Gemma 2 stored 30.
+    const std::string softcap_key = a + "final_logit_softcapping";
+    if (f.find_f32(softcap_key) != 0.0f) c.final_logit_softcap = find_float_in(f, softcap_key, 0.0f, 1e30f).value_or(0.0f);
     // Gemma 3 scales queries by 1/sqrt(query_pre_attn_scalar), which is the head size except in
     // the 27B model (62 layers), where it is n_embd / n_head; llama.cpp tells them apart the same way.
     const int pre_attn_scalar = c.n_layer == 62 ? c.n_embd / c.n_head : c.head_dim;
+    if (pre_attn_scalar < 1) {
+        throw Error(f.path() + ": " + a + "embedding_length " + std::to_string(c.n_embd) + " is less than " + a + "attention.head_count " +
+                    std::to_string(c.n_head) + ": a 62-layer Gemma 3 scales queries by their ratio");
+    }
     c.query_scale = 1.0f / std::sqrt(static_cast<float>(pre_attn_scalar));
 }
 

@@ -20,7 +20,10 @@ enum class RopeStyle {
 
 struct ModelConfig {
     Arch arch = Arch::Llama;
-    std::string arch_name;  // general.architecture as stored
+    std::string arch_name;    // general.architecture as stored
+    std::string key_prefix;   // of its size keys: "llama.", "eagle3.", ... (errors name the keys)
+    std::string path;         // the GGUF file it was read from
+    uint64_t file_bytes = 0;  // that file's size: bounds the KV cache its sizes ask for (KvCache)
     int n_vocab = 0;
     int n_embd = 0;  // residual width
     int n_layer = 0;
