@@ -44,6 +44,56 @@ TEST(Sampler, ArgmaxIsTheFirstMaximumAtEveryPositionAndLength) {
     EXPECT_EQ(max_value(std::vector<float>(20, -INFINITY)), -INFINITY);
 }
 
+// A model whose weights hold NaN (or whose activations overflow) gives NaN logits. Compared
+// directly they broke the sorts' strict weak order (undefined behaviour), took the argmax when at
+// index 0 and turned whole distributions into NaN; now a NaN logit weighs as -inf, on every path.
+TEST(Sampler, NanLogitsWeighNothing) {
+    std::vector<float> logits(40);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(static_cast<float>(i));
+    for (size_t i : {0u, 5u, 16u, 17u, 39u}) logits[i] = NAN;
+    const int32_t best = 33;  // sin(33) = 0.9999
+    SamplingParams plain, top_k, nucleus, greedy;
+    plain.temperature = top_k.temperature = nucleus.temperature = 0.8f;
+    top_k.top_k = 30;
+    nucleus.top_p = 0.9f, nucleus.min_p = 0.01f;
+    for (SamplerPath path : sampler_paths()) {
+        SCOPED_TRACE(sampler_path_name(path));
+        EXPECT_EQ(argmax_on(path, logits), best);
+        for (const SamplingParams & params : {plain, top_k, nucleus, greedy}) {
+            std::vector<float> p;
+            processed_probs_on(path, logits, params, p);
+            for (size_t i = 0; i < p.size(); ++i) {
+                EXPECT_TRUE(std::isfinite(p[i])) << i;
+                if (std::isnan(logits[i])) {
+                    EXPECT_EQ(p[i], 0.0f) << i;
+                }
+            }
+            EXPECT_NEAR(sum(p), 1.0, 1e-5);
+            EXPECT_GT(p[best], 0.0f);
+        }
+        std::vector<float> scratch;
+        const SoftmaxStats st = softmax_stats_on(path, logits, scratch);
+        EXPECT_TRUE(std::isfinite(st.log_z) && std::isfinite(st.entropy)) << st.log_z << " " << st.entropy;
+        EXPECT_EQ(st.log_prob(logits[0]), -INFINITY);
+    }
+    for (int k : {3, 38}) {  // the one-pass path and the sort
+        const std::vector<int32_t> ids = top_k_ids(logits, k);
+        EXPECT_EQ(ids.front(), best);
+        const size_t finite = std::count_if(logits.begin(), logits.end(), [](float l) { return !std::isnan(l); });
+        for (size_t r = 0; r < ids.size(); ++r) EXPECT_EQ(std::isnan(logits[ids[r]]), r >= finite) << k << " " << r;
+    }
+    // Nothing but NaN: nothing to draw; token 0, as for an all -inf row, and no NaN anywhere.
+    const std::vector<float> all_nan(20, NAN);
+    EXPECT_EQ(argmax(all_nan), 0);
+    for (const SamplingParams & params : {plain, top_k, nucleus}) {
+        std::vector<float> p;
+        processed_probs(all_nan, params, p);
+        EXPECT_EQ(sum(p), 0.0);
+        Rng rng(1);
+        EXPECT_EQ(sample_from(p, rng), 0);
+    }
+}
+
 TEST(Sampler, TemperatureOneIsSoftmax) {
     std::vector<float> p;
     SamplingParams s;

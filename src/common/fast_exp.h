@@ -9,8 +9,10 @@ namespace specula {
 // which the compiler vectorises where it cannot vectorise calls to std::exp: drafting and
 // verification exponentiate a whole vocabulary per token, and attention every visible score.
 // Without FMA contraction (-ffp-contract=off) it gives the same bits on every instruction set.
+// NaN gives 0, as -inf: the comparisons below send it to the clamp, never to the int conversion
+// (undefined for NaN).
 inline float exp_nonpositive(float x) {
-    const float xc = std::max(x, -87.0f);
+    const float xc = x >= -87.0f ? x : -87.0f;
     const float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;        // round(x / ln 2)
     const float r = (xc - k * 0.693145751953125f) - k * 1.428606765330187045e-06f;  // |r| <= ln2 / 2
     float p = 1.0f / 720.0f;
@@ -24,7 +26,7 @@ inline float exp_nonpositive(float x) {
     // Computed before the select: a product evaluated only on one side is a branch the
     // vectoriser must keep (it may raise a floating-point exception), and the loop stays scalar.
     const float e = p * scale;
-    return x < -87.0f ? 0.0f : e;
+    return x >= -87.0f ? e : 0.0f;
 }
 
 }  // namespace specula

@@ -35,11 +35,12 @@ namespace {
 }
 
 // Sixteen lane maxima, then theirs: a maximum is exact in any order, and lanes vectorise where
-// std::max_element's index bookkeeping kept the loop scalar.
+// std::max_element's index bookkeeping kept the loop scalar. A NaN never wins a comparison, so
+// NaN logits (a model whose weights or activations overflowed) count as -inf: lanes start there,
+// not at v[0], which may be NaN.
 [[gnu::always_inline]] inline float max_value_body(std::span<const float> v) {
-    if (v.empty()) return -INFINITY;
     float lane[16];
-    for (float & l : lane) l = v[0];
+    for (float & l : lane) l = -INFINITY;
     size_t i = 0;
     for (; i + 16 <= v.size(); i += 16) {
         for (size_t j = 0; j < 16; ++j) lane[j] = v[i + j] > lane[j] ? v[i + j] : lane[j];
@@ -60,7 +61,7 @@ namespace {
     for (size_t i = 0; i < n; ++i) {
         const float d = logits[i] - st.max_logit;
         e[i] = exp_nonpositive(d);
-        ed[i] = e[i] * std::max(d, -87.0f);
+        ed[i] = e[i] * std::max(-87.0f, d);  // this order gives -87 for a NaN d, whose e[i] is 0
     }
     const double z = sum({e, n});
     st.log_z = static_cast<float>(std::log(z));
@@ -73,7 +74,15 @@ namespace {
     for (size_t i = 0; i < logits.size(); ++i) {
         if (logits[i] == m) return static_cast<int32_t>(i);  // the first maximum, as std::max_element
     }
-    return 0;  // only for an empty row or NaNs
+    return 0;  // only for an empty row or one without a number above -inf
+}
+
+// Ranks candidates: descending logit, ties by id, NaN as -inf. Comparing NaN directly would break
+// the strict weak order std::sort and std::partial_sort require (undefined behaviour).
+[[gnu::always_inline]] inline float rank_key(float logit) { return std::isnan(logit) ? -INFINITY : logit; }
+[[gnu::always_inline]] inline bool ranks_before(std::span<const float> logits, int32_t a, int32_t b) {
+    const float la = rank_key(logits[a]), lb = rank_key(logits[b]);
+    return la > lb || (la == lb && a < b);
 }
 
 [[gnu::always_inline]] inline void processed_probs_body(std::span<const float> logits, const SamplingParams & p, std::vector<float> & probs) {
@@ -83,7 +92,8 @@ namespace {
         const float inv_t = 1.0f / p.temperature;
         const float max_logit = max_value_body(logits);
         for (size_t i = 0; i < n; ++i) probs[i] = exp_nonpositive((logits[i] - max_logit) * inv_t);
-        const float inv = static_cast<float>(1.0 / sum(probs));
+        const double total = sum(probs);
+        const float inv = total > 0.0 ? static_cast<float>(1.0 / total) : 0.0f;  // 0: no logit above -inf, nothing to draw
         for (float & x : probs) x *= inv;
         return;
     }
@@ -98,15 +108,13 @@ namespace {
     size_t keep = n;
     if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
         keep = static_cast<size_t>(p.top_k);
-        std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
-            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-        });
+        std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) { return ranks_before(logits, a, b); });
     } else {
-        std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
-            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-        });
+        std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return ranks_before(logits, a, b); });
     }
     ids.resize(keep);
+    while (!ids.empty() && std::isnan(logits[ids.back()])) ids.pop_back();  // ranked last, drawn never
+    if (ids.empty()) return;
 
     if (p.top_p < 1.0f || p.min_p > 0.0f) {
         const float max_logit = logits[ids[0]];
@@ -221,9 +229,10 @@ std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {
         std::vector<int32_t> best;
         best.reserve(k + 1);
         for (size_t i = 0; i < scores.size(); ++i) {
-            if (static_cast<int>(best.size()) == k && !(scores[i] > scores[best.back()])) continue;
+            const float score = rank_key(scores[i]);
+            if (static_cast<int>(best.size()) == k && !(score > rank_key(scores[best.back()]))) continue;
             auto pos = best.end();
-            while (pos != best.begin() && scores[i] > scores[*(pos - 1)]) --pos;
+            while (pos != best.begin() && score > rank_key(scores[*(pos - 1)])) --pos;
             best.insert(pos, static_cast<int32_t>(i));
             if (static_cast<int>(best.size()) > k) best.pop_back();
         }
@@ -232,9 +241,7 @@ std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {
     std::vector<int32_t> ids(scores.size());
     std::iota(ids.begin(), ids.end(), 0);
     k = std::min<int>(k, static_cast<int>(ids.size()));
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-    });
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) { return ranks_before(scores, a, b); });
     ids.resize(k);
     return ids;
 }

@@ -2,6 +2,7 @@
 // Sampling transforms. `processed_probs` turns raw logits into the distribution a token is drawn
 // from; speculative verification applies the very same function to draft and target logits, which
 // is what makes rejection sampling reproduce the target's processed distribution exactly.
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -29,12 +30,17 @@ float max_value(std::span<const float> values);  // -inf if empty
 void processed_probs(std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs);
 
 // Of softmax(logits) at temperature 1: the log normaliser relative to the max logit, and the
-// entropy in nats. -inf logits (tokens a compact draft vocabulary cannot propose) weigh nothing.
+// entropy in nats. -inf logits (tokens a compact draft vocabulary cannot propose) weigh nothing,
+// as NaN ones do everywhere in this file (a broken model's: never undefined behaviour).
 struct SoftmaxStats {
     float max_logit = 0.0f;
     float log_z = 0.0f;  // log sum exp(logit - max_logit)
     float entropy = 0.0f;
-    float log_prob(float logit) const { return logit - max_logit - log_z; }
+    // -inf for a NaN logit (or a row with none above -inf): trees rank and sort nodes by it.
+    float log_prob(float logit) const {
+        const float lp = logit - max_logit - log_z;
+        return std::isnan(lp) ? -INFINITY : lp;
+    }
 };
 SoftmaxStats softmax_stats(std::span<const float> logits, std::vector<float> & scratch);
 
