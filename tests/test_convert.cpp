@@ -675,6 +675,46 @@ TEST(Convert, MalformedCheckpointsFailWithOneClearLine) {
     }
 }
 
+// An index.json whose weight_map names a file outside the checkpoint folder: read (a well-formed
+// safetensors file there was converted into the head) and echoed in errors before.
+TEST(Convert, ShardNamesStayInsideTheCheckpointFolder) {
+    auto refused = [](const std::string & shard, const std::string & name, bool link_out = false) {
+        const std::string dir = write_checkpoint(eagle3_checkpoint(), name, 2);
+        write_safetensors(fs::path(dir).parent_path().string() + "/x.safetensors", eagle3_checkpoint().tensors);
+        if (link_out) fs::create_symlink("../x.safetensors", dir + "/link.safetensors");
+        std::ifstream in(dir + "/model.safetensors.index.json");
+        json index = json::parse(in);
+        index["weight_map"]["fc.weight"] = shard;
+        std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+        return test::error_message([&] { SafetensorsCheckpoint ck(dir); });
+    };
+    auto one_line = [](const std::string & msg, const std::string & want) {
+        return msg.find("model.safetensors.index.json: weight_map") != std::string::npos && msg.find(want) != std::string::npos &&
+               msg.find('\n') == std::string::npos;
+    };
+    std::string m = refused("../x.safetensors", "shard_climbs");
+    EXPECT_TRUE(one_line(m, "names shard \"../x.safetensors\", expected a file name inside the checkpoint folder")) << m;
+    m = refused("sub/../../x.safetensors", "shard_climbs_later");
+    EXPECT_TRUE(one_line(m, "expected a file name inside the checkpoint folder")) << m;
+    m = refused("/etc/passwd", "shard_absolute");
+    EXPECT_TRUE(one_line(m, "names shard \"/etc/passwd\", expected a file name inside the checkpoint folder")) << m;
+    m = refused("link.safetensors", "shard_symlink", true);
+    EXPECT_TRUE(one_line(m, "shard \"link.safetensors\" leads outside the checkpoint folder")) << m;
+    // A link that stays inside, and a huggingface_hub snapshot's links into the repository's blobs/, are followed.
+    const std::string inside = write_checkpoint(eagle3_checkpoint(), "shard_symlink_inside", 2);
+    fs::rename(inside + "/model-00001-of-00002.safetensors", inside + "/real.safetensors");
+    fs::create_symlink("real.safetensors", inside + "/model-00001-of-00002.safetensors");
+    EXPECT_NO_THROW(SafetensorsCheckpoint{inside});
+    const std::string repo = fresh_checkpoint_dir("models--hub");
+    const std::string snapshot = repo + "/snapshots/0123abc";
+    fs::create_directories(repo + "/blobs");
+    fs::create_directories(repo + "/snapshots");
+    fs::copy(write_checkpoint(eagle3_checkpoint(), "hub_files", 2), snapshot, fs::copy_options::recursive);
+    fs::rename(snapshot + "/model-00002-of-00002.safetensors", repo + "/blobs/f00d");
+    fs::create_symlink("../../blobs/f00d", snapshot + "/model-00002-of-00002.safetensors");
+    EXPECT_NO_THROW(SafetensorsCheckpoint{snapshot});
+}
+
 // Headers whose numbers overflow when added or multiplied, and config.json sizes beyond 32 bits:
 // each an error naming the file and tensor or key, never a read outside the file or a truncation.
 TEST(Convert, HostileSafetensorsHeadersAndConfigs) {

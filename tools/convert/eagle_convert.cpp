@@ -54,6 +54,27 @@ std::vector<uint64_t> header_counts(const json & v, const char * what) {
     return r;
 }
 
+// A shard the index names, as a path inside the checkpoint folder `dir`: a relative name without
+// "..", whose file (symbolic links followed) lies inside the folder. Anything else would have the
+// converter read, and name in its errors, whatever file the index points at. A huggingface_hub
+// snapshot folder (.../snapshots/<revision>) holds links into the repository's blobs/ two levels
+// up: there the repository folder is the bound.
+fs::path shard_path(const fs::path & index, const fs::path & dir, const std::string & name) {
+    const fs::path rel(name);
+    const bool climbs = std::any_of(rel.begin(), rel.end(), [](const fs::path & part) { return part == ".."; });
+    if (name.empty() || rel.has_root_path() || climbs) {
+        throw Error(index.string() + ": weight_map names shard \"" + name + "\", expected a file name inside the checkpoint folder");
+    }
+    std::error_code ec;
+    const fs::path real_dir = fs::canonical(dir, ec);
+    const fs::path bound = real_dir.parent_path().filename() == "snapshots" ? real_dir.parent_path().parent_path() : real_dir;
+    const fs::path real = fs::weakly_canonical(dir / rel, ec);
+    if (ec || std::mismatch(bound.begin(), bound.end(), real.begin(), real.end()).first != bound.end()) {
+        throw Error(index.string() + ": weight_map shard \"" + name + "\" leads outside the checkpoint folder (to " + real.string() + ")");
+    }
+    return dir / rel;
+}
+
 }  // namespace
 
 int64_t SafeTensor::numel() const {
@@ -82,7 +103,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string & dir) {
             if (!file.is_string()) throw Error(index.string() + ": weight_map entry " + name + " is not a file name");
             shards.insert(file.get<std::string>());
         }
-        for (const auto & s : shards) files.push_back((fs::path(dir) / s).string());
+        for (const auto & s : shards) files.push_back(shard_path(index, dir, s).string());
     } else {
         for (const auto & e : fs::directory_iterator(dir)) {
             if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
