@@ -1,7 +1,11 @@
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "commands.h"
 #include "engine_flags.h"
@@ -9,6 +13,7 @@
 #include "report.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
+#include "specula/error.h"
 
 namespace specula::cli {
 
@@ -19,6 +24,8 @@ void register_serve(CLI::App & app, Commands & commands) {
         std::string host = "127.0.0.1";
         int port = 8080;
         size_t max_request_bytes = 4 << 20;
+        int max_connections = 256;
+        double head_timeout = 10, request_timeout = 30, shutdown_timeout = 10;  // seconds
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
@@ -36,6 +43,20 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_option("--max-request-bytes", args->max_request_bytes, "longest request body accepted (longer ones get 413)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
+    sub->add_option("--max-connections", args->max_connections, "connections open at once, waiting or served (more get 503)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--head-timeout", args->head_timeout, "seconds a client has, from connecting, to send its request line and headers (else 408)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--request-timeout", args->request_timeout,
+                    "seconds a client has, from connecting, to send its whole request, body included (else 408)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    sub->add_option("--shutdown-timeout", args->shutdown_timeout,
+                    "on SIGTERM or SIGINT, seconds the requests in flight have to finish before they are ended (503)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     add_engine_flags(sub, args->engine);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): requests choose \"specee\": \"lossy\" | \"lossless\" | \"off\"");
@@ -47,7 +68,32 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->callback([args, &commands] {
         commands.run = [args] {
             if (args->engine.model_path.empty()) use_default_model(args->engine);
-            HttpServer server(args->scheduler.parallel + args->scheduler.max_queued + 8, args->max_request_bytes);
+            if (args->request_timeout < args->head_timeout) {
+                throw Error("--request-timeout (" + std::to_string(args->request_timeout) + " s) is shorter than --head-timeout (" +
+                            std::to_string(args->head_timeout) + " s)");
+            }
+            auto ms = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };
+            // SIGTERM and SIGINT end the server gracefully. They are blocked here, before any thread
+            // starts (threads inherit the mask), and taken by one thread with sigwait().
+            sigset_t stop_signals;
+            sigemptyset(&stop_signals);
+            sigaddset(&stop_signals, SIGTERM);
+            sigaddset(&stop_signals, SIGINT);
+            pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+            auto server_ptr = std::make_shared<HttpServer>(args->max_connections, args->max_request_bytes,
+                                                           RequestDeadlines{ms(args->head_timeout), ms(args->request_timeout)});
+            HttpServer & server = *server_ptr;
+            auto loaded = std::make_shared<std::atomic<bool>>(false);
+            std::thread([server_ptr, loaded, stop_signals, grace = ms(args->shutdown_timeout)] {
+                int signal = 0;
+                sigwait(&stop_signals, &signal);
+                std::fprintf(stderr, "specula: %s: shutting down\n", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+                if (!*loaded) {  // nothing is in flight while the model loads
+                    std::fflush(nullptr);
+                    std::_Exit(0);
+                }
+                server_ptr->shutdown(grace);
+            }).detach();
             server.set_index_page(report::live_page());
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
@@ -55,6 +101,7 @@ void register_serve(CLI::App & app, Commands & commands) {
             std::unique_ptr<ModelBundle> target = ModelBundle::open(args->engine);
             Scheduler scheduler(*target, args->scheduler);
             server.ready(*target, scheduler, std::filesystem::path(args->engine.model_path).stem().string());
+            *loaded = true;
             const DrafterSpec & drafter = target->drafter.spec;
             const std::string drafting = drafter.kind == DrafterKind::None    ? "no drafter"
                                          : drafter.kind == DrafterKind::Ngram ? "drafting by n-grams"
@@ -62,7 +109,11 @@ void register_serve(CLI::App & app, Commands & commands) {
             const std::string specee = target->exit_predictor ? ", SpecEE predictors " + args->engine.specee_path : "";
             std::fprintf(stderr, "specula: ready: %d slots of %d tokens, %s%s\n", args->scheduler.parallel, args->engine.n_ctx, drafting.c_str(),
                          specee.c_str());
-            server.wait();
+            if (!server.wait()) {
+                std::fprintf(stderr, "specula: the listening socket failed (accept); exiting\n");
+                server.stop();
+                return 1;
+            }
             if (scheduler.failed()) {  // a target whose rpc-server failed cannot be torn down
                 std::fflush(nullptr);
                 std::_Exit(1);

@@ -1,0 +1,253 @@
+"""`specula serve` against hostile or careless HTTP clients, through real sockets on 127.0.0.1: bodies
+over the limit whatever their framing, clients that trickle their request, oversized heads, more
+connections than the cap, unknown routes, and SIGTERM during a stream. After each attack the server
+must still answer /health and give a fixed greedy request the text it gave before. Each test
+states the breakage it catches; none asserts a time (the timeouts below only bound a failing run)."""
+import json
+import select
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from serving import serve
+
+GREEDY = {"prompt": "def f(x):", "max_tokens": 16, "temperature": 0}
+
+
+def post(base, path, body, timeout=30):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def greedy_text(base):
+    status, body = post(base, "/v1/completions", GREEDY)
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+def health(base, timeout=10):
+    with urllib.request.urlopen(base + "/health", timeout=timeout) as r:
+        return r.status
+
+
+def port_of(base):
+    return int(base.rsplit(":", 1)[1])
+
+
+def read_status(sock, timeout=20):
+    """The status code of the response on `sock`, or None when the server closed it without one."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return int(data.split(b" ")[1]) if data.startswith(b"HTTP/1.1 ") else None
+
+
+def read_response(sock, timeout=20):
+    """(status, body as JSON) of a Content-Length response on `sock`."""
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection inside the body"
+        body += chunk
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def test_a_body_over_the_limit_gets_413_whatever_its_framing():
+    # Catches: the body limit checked against Content-Length only, so that a 10 MiB chunked body
+    # (or one with no length at all) is read whole and answered 400.
+    with serve("--max-request-bytes", "1048576") as (_, base):
+        before = greedy_text(base)
+        for framing in ("Transfer-Encoding: chunked", "Connection: close"):
+            sock = socket.create_connection(("127.0.0.1", port_of(base)))
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{framing}\r\n\r\n".encode())
+            piece = b" " * 65536
+            chunk = (b"%x\r\n" % len(piece) + piece + b"\r\n") if "chunked" in framing else piece
+
+            def send_body():
+                try:
+                    for _ in range(160):  # 10 MiB
+                        sock.sendall(chunk)
+                except OSError:
+                    pass  # the server answered and closed: the rest of the body is not wanted
+
+            sender = threading.Thread(target=send_body)
+            sender.start()
+            status, body = read_response(sock)
+            sender.join()
+            sock.close()
+            assert status == 413, (framing, body)
+            assert body["error"]["code"] == "request_too_large", body
+            assert health(base) == 200
+        assert greedy_text(base) == before
+
+
+def test_clients_trickling_their_head_hold_no_thread_and_get_408():
+    # Catches: a fixed pool of threads, each held by a client that sends a header line a second
+    # (with no deadline for the head), so that 40 such clients keep /health from answering.
+    with serve("--parallel", "2", "--queue", "4", "--head-timeout", "4", "--request-timeout", "6") as (_, base):
+        before = greedy_text(base)
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + b"X-Slow: 1\r\n" * 100
+        socks = [socket.create_connection(("127.0.0.1", port_of(base))) for _ in range(40)]
+        replies = {}  # socket index -> what the server sent before it closed
+        stop = threading.Event()
+
+        def trickle():
+            for i in range(len(head)):
+                if stop.is_set():
+                    return
+                for k, s in enumerate(socks):
+                    if k in replies:
+                        continue
+                    try:
+                        s.send(head[i:i + 1])
+                    except OSError:
+                        replies[k] = b""
+                readable, _, _ = select.select([s for k, s in enumerate(socks) if k not in replies], [], [], 1.0)
+                for s in readable:
+                    try:
+                        replies[socks.index(s)] = s.recv(4096)
+                    except OSError:
+                        replies[socks.index(s)] = b""
+                if len(replies) == len(socks):
+                    return
+
+        trickler = threading.Thread(target=trickle)
+        trickler.start()
+        try:
+            for _ in range(3):  # while the tricklers hold their sockets
+                assert health(base, timeout=3) == 200
+                time.sleep(0.5)
+            trickler.join(timeout=20)
+            assert len(replies) == len(socks), f"only {len(replies)} of {len(socks)} trickling clients were closed"
+            assert all(r.startswith(b"HTTP/1.1 408") for r in replies.values() if r), replies
+        finally:
+            stop.set()
+            trickler.join()
+            for s in socks:
+                s.close()
+        assert greedy_text(base) == before
+
+
+def test_a_body_past_the_request_deadline_gets_408():
+    # Catches: no deadline for the body, so that a client sending its body a byte at a time holds
+    # a thread for as long as it likes.
+    with serve("--head-timeout", "2", "--request-timeout", "3") as (_, base):
+        before = greedy_text(base)
+        sock = socket.create_connection(("127.0.0.1", port_of(base)))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        status = None
+        for _ in range(20):
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if readable:
+                status = read_status(sock)
+                break
+            sock.send(b" ")
+        sock.close()
+        assert status == 408
+        assert greedy_text(base) == before
+
+
+def test_an_oversized_head_is_refused_and_the_server_lives_on():
+    # Catches: a head of any size read whole, or a crash on one.
+    with serve() as (_, base):
+        before = greedy_text(base)
+        for head in (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n",
+                     b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n"):
+            sock = socket.create_connection(("127.0.0.1", port_of(base)))
+            try:
+                sock.sendall(head)
+            except OSError:
+                pass
+            status = read_status(sock)
+            sock.close()
+            assert status in (400, 431), status
+            assert health(base) == 200
+        assert greedy_text(base) == before
+
+
+def test_connections_over_the_cap_get_503():
+    # Catches: no cap on open connections, so that idle sockets pile up without bound.
+    with serve("--max-connections", "4") as (_, base):
+        before = greedy_text(base)
+        idle = [socket.create_connection(("127.0.0.1", port_of(base))) for _ in range(4)]
+        try:
+            extra = socket.create_connection(("127.0.0.1", port_of(base)))
+            status = read_status(extra)
+            extra.close()
+            assert status == 503
+        finally:
+            for s in idle:
+                s.close()
+        for _ in range(100):  # the server sees the idle sockets close
+            try:
+                if health(base) == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        assert greedy_text(base) == before
+
+
+def test_unknown_routes_and_methods_get_an_openai_error():
+    # Catches: cpp-httplib's bare 404 (no JSON body) for an unknown route or a known one asked with
+    # the wrong method.
+    with serve() as (_, base):
+        try:
+            urllib.request.urlopen(base + "/v1/nothing-here")
+            raise AssertionError("no 404")
+        except urllib.error.HTTPError as e:
+            assert e.code == 404 and json.loads(e.read())["error"]["type"] == "not_found_error"
+        try:
+            urllib.request.urlopen(base + "/v1/chat/completions")
+            raise AssertionError("no 405")
+        except urllib.error.HTTPError as e:
+            assert e.code == 405 and e.headers["Allow"] == "POST"
+            assert "message" in json.loads(e.read())["error"]
+
+
+def test_sigterm_ends_streams_cleanly_and_exits_0():
+    # Catches: SIGTERM killing the process (streams reset mid-answer, a non-zero exit), or a
+    # shutdown that never ends.
+    with serve("--shutdown-timeout", "1", "-c", "2048") as (proc, base):
+        sock = socket.create_connection(("127.0.0.1", port_of(base)))
+        body = json.dumps({"prompt": "import", "max_tokens": 2000, "ignore_eos": True, "temperature": 0, "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                     + body)
+        sock.settimeout(30)
+        received = b""
+        while b"data: " not in received:
+            chunk = sock.recv(65536)
+            assert chunk, received
+            received += chunk
+        proc.send_signal(signal.SIGTERM)
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        sock.close()
+        events = [line[len("data: "):] for line in received.decode(errors="replace").split("\n") if line.startswith("data: ")]
+        assert events[-1] == "[DONE]", events[-3:]
+        last = json.loads(events[-2])
+        assert "error" in last or last["choices"][0]["finish_reason"] == "length", last
+        assert proc.wait(timeout=20) == 0
