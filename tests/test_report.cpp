@@ -325,14 +325,15 @@ private:
     std::vector<std::string> errors_;
 };
 
-// `specula serve` on the bundled models in the background, stopped when this goes out of scope.
+// `specula serve` on the bundled models in the background with `flags`, stopped when this goes
+// out of scope.
 struct Server {
     std::string dir = artifacts_dir(), pid;
     int port = 0;
-    Server() {
+    explicit Server(const std::string & flags = "") {
         const std::string models = test::shipped_model("");
         const std::string cmd = std::string(SPECULA_CLI) + " serve -m " + models + "specula-target.gguf --draft " + models +
-                                "specula-draft.gguf --draft-policy fixed --draft-max 4 -c 256 -t 1 --port 0";
+                                "specula-draft.gguf --draft-policy fixed --draft-max 4 -c 256 -t 1 --port 0 " + flags;
         // A previous run's serve.err names its port: the background shell may truncate the file
         // only after the loop below first reads it, so it must not exist beforehand.
         std::filesystem::remove(dir + "/serve.err");
@@ -418,6 +419,45 @@ TEST(Report, LivePageOnTheServerStreamsColouredTokens) {
     for (const char * number : {"fig-acceptance", "fig-mean-accepted", "fig-reply-tok-s"}) {
         EXPECT_TRUE(std::regex_match(figure(number), std::regex("[0-9]+\\.[0-9]+"))) << number << ": " << figure(number);
     }
+}
+
+// Catches a live page that stops working on a server started with --api-key: its data requests get
+// 401, so it must ask for the key, send it as a bearer token (the server checks it: without it no
+// figure and no reply) and ask again when the server refuses the key.
+TEST(Report, LivePageAsksForTheApiKeyAndSendsItAsABearerToken) {
+    const Server server("--api-key sk-live-page");
+    ASSERT_GT(server.port, 0) << slurp(server.dir + "/serve.err");
+    const std::string browser = chromium();
+    if (browser.empty()) GTEST_SKIP() << "chromium is not installed (scripts/setup.sh --tests installs it)";
+    Devtools chrome(browser);
+    chrome.open(server.url("/?prompt=Write%20a%20Python%20function"));
+    // Until `condition` holds on the page (false while the page is still loading: its elements are absent).
+    const auto wait_for = [&](const std::string & condition) {
+        const std::string guarded = "(() => { try { return !!(" + condition + "); } catch (e) { return false; } })()";
+        for (int i = 0; i < 1200 && !chrome.evaluate(guarded).get<bool>(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        return chrome.evaluate(guarded).get<bool>();
+    };
+    const auto enter_key = [&](const std::string & key) {
+        chrome.evaluate("document.getElementById('api-key').value = '" + key + "'; document.getElementById('key-form').requestSubmit(); true");
+    };
+    ASSERT_TRUE(wait_for("!document.getElementById('key-form').hidden")) << "the page did not ask for the key";
+    EXPECT_EQ(chrome.evaluate("document.getElementById('fig-slots').textContent").get<std::string>(), "-");
+    EXPECT_EQ(chrome.evaluate("document.querySelectorAll('.reply .tok').length").get<int>(), 0);
+    enter_key("sk-wrong");
+    ASSERT_TRUE(wait_for("!document.getElementById('key-form').hidden && document.getElementById('key-note').textContent.includes('refused')"))
+        << "a refused key was not asked again";
+    enter_key("sk-live-page");
+    ASSERT_TRUE(wait_for("document.querySelector('.reply[data-done]') !== null"));
+    const std::string dom = chrome.evaluate("document.documentElement.outerHTML");
+    std::ofstream(artifacts_dir() + "/live-key.dom.html") << dom;
+    chrome.screenshot(artifacts_dir() + "/live-key.png");
+    EXPECT_TRUE(chrome.errors().empty()) << chrome.errors().front();
+    EXPECT_EQ(dom.find("id=\"js-error\""), std::string::npos) << dom.substr(dom.find("js-error"), 300);
+    EXPECT_GT(chrome.evaluate("document.querySelectorAll('.reply .tok').length").get<int>(), 0);
+    EXPECT_NE(chrome.evaluate("document.querySelector('.reply').getAttribute('data-finish')").get<std::string>(), "") << "the stream did not finish";
+    EXPECT_TRUE(chrome.evaluate("document.getElementById('key-form').hidden").get<bool>());
+    EXPECT_TRUE(std::regex_match(chrome.evaluate("document.getElementById('fig-slots').textContent").get<std::string>(), std::regex("[01] / 1")));
+    EXPECT_EQ(chrome.evaluate("sessionStorage.getItem('specula-api-key')").get<std::string>(), "sk-live-page");
 }
 
 // Catches a report command that crashes or writes a page from input that is not a trace.

@@ -9,6 +9,7 @@
 
 #include "specula/error.h"
 #include "engine/model_bundle.h"
+#include "server/access.h"
 #include "server/gated_server.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
@@ -34,6 +35,7 @@ struct HttpServer::Impl {
     std::atomic<Scheduler *> scheduler{nullptr};
     std::string model_id;
     std::string index_page;  // served at "/"; empty: 404
+    AccessPolicy access;
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
     std::map<std::string, std::string> methods;  // path -> the methods it has routes for, for 405
@@ -244,6 +246,8 @@ void HttpServer::ready(ModelBundle & target, Scheduler & scheduler, const std::s
 
 void HttpServer::set_index_page(std::string html) { impl_->index_page = std::move(html); }
 
+void HttpServer::set_access_policy(const AccessPolicy & policy) { impl_->access = policy; }
+
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
     {
         std::unique_lock lock(impl_->shutdown_mutex);
@@ -311,6 +315,14 @@ openai::ApiError HttpServer::Impl::http_error(const httplib::Request & req, int 
 }
 
 void HttpServer::Impl::routes() {
+    // Keys, origins, Host names and media types, before a route is chosen or a body read.
+    http.set_pre_routing_handler([this](const httplib::Request & req, httplib::Response & res) {
+        const AccessDecision d = check_access(access, req.method, req.path, [&req](const char * name) { return req.get_header_value(name); });
+        for (const auto & [name, value] : d.headers) res.set_header(name, value);
+        if (d.refusal) send_error(res, *d.refusal);
+        else if (d.preflight) res.status = 204;
+        return d.refusal || d.preflight ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
+    });
     on_get("/health", [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_json(res, 503, json{{"status", "loading"}});

@@ -14,6 +14,7 @@ namespace specula {
 
 class Scheduler;
 struct ModelBundle;
+struct AccessPolicy;
 
 // How long a client may take to send its request, counted from the connection's accept: past a
 // deadline it gets 408 and the connection closes.
@@ -40,6 +41,9 @@ public:
     void ready(ModelBundle & target, Scheduler & scheduler, const std::string & model_id);
     // The HTML served at "/" (the live page, tools/report/live.html); none: "/" answers 404.
     void set_index_page(std::string html);
+    // Who may use the server: API keys, CORS origins, Host names (server/access.h); before start().
+    // Without one: no key, no CORS, no Host check, foreign origins and non-JSON POSTs refused.
+    void set_access_policy(const AccessPolicy & policy);
     // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
     // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
     // returns once every connection has closed.

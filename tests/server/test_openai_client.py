@@ -154,7 +154,8 @@ def test_bad_requests_get_400_with_an_openai_error(client, kwargs, param):
 
 def test_malformed_json_gets_400(server):
     # Catches: a parse error that crashes the handler or answers 500.
-    req = urllib.request.Request(server + "/v1/chat/completions", data=b"{\"messages\": [", method="POST")
+    req = urllib.request.Request(server + "/v1/chat/completions", data=b"{\"messages\": [", method="POST",
+                                 headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req)
     assert e.value.code == 400

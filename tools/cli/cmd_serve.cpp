@@ -11,6 +11,7 @@
 #include "engine_flags.h"
 #include "engine/model_bundle.h"
 #include "report.h"
+#include "server/access.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "specula/error.h"
@@ -26,6 +27,8 @@ void register_serve(CLI::App & app, Commands & commands) {
         size_t max_request_bytes = 4 << 20;
         int max_connections = 256;
         double head_timeout = 10, request_timeout = 30, shutdown_timeout = 10;  // seconds
+        std::vector<std::string> api_keys, cors_origins, allowed_hosts;
+        std::string api_key_file;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
@@ -57,6 +60,14 @@ void register_serve(CLI::App & app, Commands & commands) {
                     "on SIGTERM or SIGINT, seconds the requests in flight have to finish before they are ended (503)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    sub->add_option("--api-key", args->api_keys,
+                    "key that requests must send as 'Authorization: Bearer KEY' (repeatable; also $SPECULA_API_KEY); /health and the page at / stay open")
+        ->envname("SPECULA_API_KEY");
+    sub->add_option("--api-key-file", args->api_key_file, "file of API keys, one a line ('#' starts a comment line); kept out of the process list");
+    sub->add_option("--cors-origin", args->cors_origins,
+                    "origin whose web pages may call the server, e.g. http://localhost:3000 (repeatable; * allows any); default none");
+    sub->add_option("--allowed-host", args->allowed_hosts,
+                    "Host name answered besides localhost, 127.x.x.x and [::1] when bound to a loopback address (repeatable)");
     add_engine_flags(sub, args->engine);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): requests choose \"specee\": \"lossy\" | \"lossless\" | \"off\"");
@@ -68,6 +79,10 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->callback([args, &commands] {
         commands.run = [args] {
             if (args->engine.model_path.empty()) use_default_model(args->engine);
+            std::vector<std::string> keys = args->api_keys;
+            if (!args->api_key_file.empty()) {
+                for (std::string & key : read_api_keys(args->api_key_file)) keys.push_back(std::move(key));
+            }
             if (args->request_timeout < args->head_timeout) {
                 throw Error("--request-timeout (" + std::to_string(args->request_timeout) + " s) is shorter than --head-timeout (" +
                             std::to_string(args->head_timeout) + " s)");
@@ -94,6 +109,12 @@ void register_serve(CLI::App & app, Commands & commands) {
                 }
                 server_ptr->shutdown(grace);
             }).detach();
+            const AccessPolicy access = make_access_policy(args->host, std::move(keys), args->cors_origins, args->allowed_hosts);
+            if (!access.loopback_hosts_only && access.api_keys.empty()) {
+                std::fprintf(stderr, "specula: note: %s is not a loopback address and no --api-key is set: whoever reaches it can use the server\n",
+                             args->host.c_str());
+            }
+            server.set_access_policy(access);
             server.set_index_page(report::live_page());
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
