@@ -10,7 +10,6 @@
 #include "draft/draft_model.h"
 #include "draft/ngram.h"
 #include "engine/sequence.h"
-#include "engine/speculative.h"
 #include "engine/model_bundle.h"
 #include "tokenizer/tokenizer.h"
 #include "runtime/kv_cache.h"

@@ -10,7 +10,7 @@
 #include "draft/eagle.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
-#include "engine/speculative.h"
+#include "engine/sequence.h"
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"

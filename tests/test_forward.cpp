@@ -12,7 +12,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
-#include "engine/speculative.h"
+#include "engine/verify_cost_probe.h"
 #include "engine/target_features.h"
 #include "test_models.h"
 

@@ -24,7 +24,7 @@
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/specee.h"
-#include "engine/speculative.h"
+#include "engine/sequence.h"
 #include "runtime/kv_cache.h"
 #include "distribution.h"
 #include "greedy_agreement.h"

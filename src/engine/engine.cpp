@@ -2,7 +2,7 @@
 
 #include "engine/generate.h"
 #include "engine/specee.h"
-#include "engine/speculative.h"
+#include "engine/sequence.h"
 #include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"
 #include "runtime/backend.h"

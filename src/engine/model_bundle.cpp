@@ -5,7 +5,7 @@
 #include "specula/error.h"
 #include "common/progress.h"
 #include "engine/generate.h"
-#include "engine/speculative.h"
+#include "engine/verify_cost_probe.h"
 #include "engine/specee.h"
 #include "runtime/exit_predictor.h"
 #include "runtime/kv_cache.h"

@@ -1,13 +1,19 @@
 #pragma once
-// One sequence's speculative state and its round as step methods, so that one-sequence
-// generation (generate_speculative) and a many-sequence scheduler (src/server) drive the same code:
-//   plan()        the draft budget, and the drafter started (or the next prompt chunk while prefilling);
-//   (the caller runs the drafter's forwards, batched with other sequences' drafters: run_drafts)
-//   block()       the draft taken and sized: root + draft as the target's block;
-//   (the caller runs one target forward over this block, alone or beside other sequences' blocks)
-//   commit()      verify, keep the accepted path in the cache, tell the drafter, emit, update policies.
-// The sequence owns its Rng and sampling parameters, so its output does not depend on what else
-// shares the forward. It references its cache stream, drafter and policies, owned by the caller.
+// One sequence's speculative decoding, a round at a time. A round is
+//   draft    the round policy (policy/round_policy.h) sets the budget and the drafter starts;
+//            the caller runs the drafter's forwards, batched with other sequences' (run_drafts),
+//            then block() takes the draft, sized by the policy, as [root, draft nodes];
+//   forward  the caller runs one target forward over that block with the tree mask, alone or
+//            beside other sequences' blocks (step_sequences);
+//   verify   greedy or rejection sampling against the target's logits (verify/verify.h);
+//   commit   the accepted path kept in the target's cache (compact; a chain prefix is O(1)), the
+//            drafter told what stands, the tokens emitted, the round policy told what it cost.
+// Invariant between rounds: the target's cache holds the sequence minus its last token (the
+// next root), the drafter's holds at most that, and both hold nothing that was rejected.
+// One-sequence generation (generate_speculative) and a many-sequence scheduler (src/server)
+// drive the same code. The sequence owns its Rng and sampling parameters, so its output does not
+// depend on what else shares the forward. It references its cache stream, drafter and policies,
+// owned by the caller.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -17,6 +23,7 @@
 #include "draft/drafter.h"
 #include "engine/generate.h"
 #include "policy/draft_length.h"
+#include "policy/round_policy.h"
 #include "policy/tree_size.h"
 #include "runtime/forward.h"
 #include "sample/sampler.h"
@@ -66,23 +73,26 @@ public:
 
     bool done() const;
     bool prefilling() const { return prefilled_ < run_.n_prompt - 1; }
-    // This step's block for the target, a prompt chunk or the root and the draft, in two calls
-    // around drafting. plan() chooses the draft budget and starts the drafter; `step`: what the
-    // rest of the step is expected to carry (policies weigh the whole step). drafting(): the drafter
-    // it started (nullptr: none), whose pending forwards the caller runs (run_drafts). block() takes
-    // the draft and gives the block; draft_ms: this sequence's share of the time its drafter's
-    // forwards took, level_ms: that share level by level (the round's trace shows it). Then run
-    // the block through the target (writing into parts.cache) and commit().
-    // may_draft false: the step drafts nothing (the server's SpeculationGate), the policies are not asked.
-    void plan(const StepShare & step = {}, bool may_draft = true);
-    Drafter * drafting() const;
+
+    // A step is draft(), the drafter's forwards (the caller's, run_drafts), block(), the target's
+    // forward of block() into output() (the caller's), commit(). While prefilling, the block is
+    // the next prompt chunk and nothing is drafted.
+    //
+    // Draft: the round policy plans the round and the drafter starts. `step`: what the rest of the
+    // step is expected to carry (policies weigh the whole step); may_draft false: the step drafts
+    // nothing (the server's SpeculationGate). Returns the drafter whose pending forwards the
+    // caller runs, nullptr when none.
+    Drafter * draft(const StepShare & step = {}, bool may_draft = true);
+    // The draft taken and sized, as the target's block: [root, draft nodes]. draft_ms: this
+    // sequence's share of the time its drafter's forwards took, level_ms: that share level by
+    // level (the round's trace shows it).
     const ForwardBatch & block(double draft_ms, std::span<const double> level_ms = {});
-    // After the target's forward of block() into output(): forward_ms is how long it took,
-    // step_rows its rows (-1: this block's alone). Calls sink with each emitted token; false
-    // stops the sequence.
-    // step_rows: rows of the whole shared step (default: this block's); verify_only_step: none of
-    // them were prefill chunks (the step then prices rows for the policies).
+    // Verify and commit, after the target's forward of block() into output(): forward_ms is how
+    // long it took, step_rows its rows (-1: this block's alone), verify_only_step: none of them
+    // were prefill chunks (the step then prices rows for the policies). Calls sink with each
+    // emitted token; false stops the sequence.
     void commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows = -1, bool verify_only_step = true);
+
     // Rows of the last block if it was a verify block (0 after a prompt chunk), and tokens its
     // commit emitted.
     int last_rows() const { return last_rows_; }
@@ -98,12 +108,20 @@ public:
     ForwardOutput & output() { return out_; }
 
 private:
+    void commit_prompt_chunk();
+    // The round's stages after the target's forward.
+    VerifyResult verify();
+    std::vector<int> keep_accepted(const VerifyResult & result);
+    void emit(const VerifyResult & result, const std::function<bool(int32_t)> & sink);
+    void account(const VerifyResult & result, double forward_ms, double verify_ms, double commit_ms);
+
     SequenceParts p_;
     GenerationOptions options_;
     std::function<bool(int32_t)> is_end_;
     int chunk_;
     Rng rng_;
     VerifyFn verify_;
+    RoundPolicy policy_;
     std::vector<int32_t> history_;
     std::vector<int> feature_layers_;
     std::vector<float> features_;
@@ -111,21 +129,17 @@ private:
     int emitted_ = 0;
     bool stopped_ = false;
     GenerationStats run_;
-    // The current round, from plan() to commit().
-    StepShare step_;
-    TreeBudget budget_;
+    // The current round, from draft() to commit().
+    RoundPlan plan_;
     bool drafting_ = false;
     double plan_ms_ = 0.0;
     ForwardBatch block_;
     ForwardOutput out_;
     Draft draft_;
-    int asked_ = 0, base_ = 0;
-    double draft_ms_ = 0.0, promised_ = 0.0;
+    Draft free_;  // the drafter's free draft offered this round (RoundState::free_draft), until used
+    int base_ = 0;
+    double draft_ms_ = 0.0;
     std::vector<double> draft_level_ms_;  // this round's drafter levels (ms, this sequence's share)
-    bool skipped_draft_ = false;          // the tree policy chose not to draft this round
-    bool free_draft_ = false;             // this round's draft needed no drafter forward (Drafter::free_draft)
-    Draft free_;                          // the drafter's free draft offered this round, until used
-    bool gated_ = false;                  // the step allowed no drafts
     RoundDecision decision_;
     bool in_prefill_block_ = false;
     int last_rows_ = 0, last_tokens_ = 0;
@@ -148,5 +162,9 @@ struct StepResult {
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
                           const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous = {},
                           bool may_draft = true);
+
+// One sequence from prompt to end on `target`: its steps, alone.
+GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,
+                                     const GenerationOptions & options, const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
 
 }  // namespace specula

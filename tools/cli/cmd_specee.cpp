@@ -15,7 +15,7 @@
 #include "commands.h"
 #include "engine/generate.h"
 #include "engine/specee.h"
-#include "engine/speculative.h"
+#include "engine/sequence.h"
 #include "policy/draft_length.h"
 #include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"

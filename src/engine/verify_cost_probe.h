@@ -1,32 +1,17 @@
 #pragma once
-// The speculative round loop for one sequence (the steps live in engine/sequence.h):
-//   draft (drafter) -> one target forward over [root, draft nodes] with the tree mask
-//   -> verify (greedy or rejection sampling) -> keep the accepted path in the target's cache
-//   (compact; a chain prefix is O(1)) -> tell the drafter what stands -> emit -> policy update.
-// Invariant between rounds: the target's cache holds the sequence minus its last token (the
-// next root), the drafter's holds at most that, and both hold nothing that was rejected.
+// The verify-cost probe: target forwards of 1..n rows timed at the cache's depth, and how much a
+// row costs more deeper in a context. It measures the curve the policies price drafts with
+// (policy/verify_cost.h, ModelBundle::measure_verify_cost_once); the forwards it times run
+// through the target's runner, so it lives beside the engine, not in policy/.
 #include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
 
-#include "draft/drafter.h"
-#include "engine/generate.h"
-#include "engine/sequence.h"
-#include "policy/draft_length.h"
-#include "policy/tree_size.h"
-#include "tree/tree_builder.h"
-#include "trace/trace.h"
-#include "verify/verify.h"
-
 namespace specula {
 
 class KvCache;
 class ModelRunner;
-
-// One sequence from prompt to end on `target` (Sequence stepped alone).
-GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,
-                                     const GenerationOptions & options, const std::function<bool(int32_t)> & is_end, const TokenSink & sink);
 
 // Milliseconds of a target forward of the first `rows` tokens at the cache's current depth, all
 // rows with logits and the residual stream entering each of `tap_layers` (a drafter's features,

@@ -1,22 +1,19 @@
-#include "engine/speculative.h"
+#include "engine/verify_cost_probe.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <string>
 
 #include "specula/error.h"
 #include "common/stats.h"
 #include "engine/generate.h"
-#include "runtime/kv_cache.h"
 #include "runtime/forward.h"
+#include "runtime/kv_cache.h"
 
 namespace specula {
 
 namespace {
 using clock_type = std::chrono::steady_clock;
 double ms_since(clock_type::time_point t0) { return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(); }
-
 }  // namespace
 
 void retime_stalled_sizes(std::span<const int> timed, std::vector<double> & ms, const std::function<double(int)> & time_size) {
@@ -103,14 +100,6 @@ double measure_row_depth_ms(ModelRunner & target, KvCache & cache, std::span<con
     const double grown = (time_forward(target, cache, next, rows, reps) - time_forward(target, cache, next, 1, reps)) - (curve[rows - 1] - curve[0]);
     cache.rollback(base);
     return std::max(0.0, grown / ((rows - 1) * static_cast<double>(deeper)));
-}
-
-GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,
-                                     const GenerationOptions & options, const std::function<bool(int32_t)> & is_end, const TokenSink & sink) {
-    Sequence seq(parts, prompt, options, is_end);
-    Sequence * const one[1] = {&seq};
-    while (!seq.done()) step_sequences(target, one, [&](size_t, int32_t t) { return sink(t); });
-    return seq.stats();
 }
 
 }  // namespace specula

@@ -1,0 +1,138 @@
+#include "policy/round_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace specula {
+
+namespace {
+// Each node's path probability, in prune order (what TreeSizePolicy prices).
+std::vector<double> path_probs(const TokenTree & tree) {
+    std::vector<double> probs;
+    for (int node : prune_order(tree)) probs.push_back(std::exp(double(tree.logp[node])));
+    return probs;
+}
+}  // namespace
+
+RoundPlan RoundPolicy::plan(const RoundState & state) {
+    step_ = state.step;
+    if (length_) length_->at_depth(state.depth);
+    if (tree_size_) tree_size_->at_depth(state.depth);
+    gated_ = !state.may_draft;
+    skipped_ = sized_ = false;
+    sized_nodes_ = 0;
+    promised_ = 0.0;
+    TreeBudget budget = shape_;
+    asked_ = budget.max_nodes;
+    if (gated_) {
+        asked_ = budget.depth = budget.max_nodes = 0;
+        plan_ = RoundPlan{budget};
+    } else if (budget.shape == TreeShape::Chain) {
+        // The draft-length policy's length, as far as the cache and -n leave room.
+        asked_ = length_ ? length_->next_length_in(state.step) : 0;
+        const int k = std::max(0, std::min({asked_, state.room, state.tokens_left}));
+        budget.depth = budget.max_nodes = k;
+        budget.branching = 1;
+        plan_ = RoundPlan{budget};
+    } else {
+        plan_ = plan_tree(state, budget);
+    }
+    return plan_;
+}
+
+RoundPlan RoundPolicy::plan_tree(const RoundState & state, TreeBudget budget) {
+    RoundPlan plan;
+    if (tree_size_) {
+        budget.calibration = static_cast<float>(tree_size_->gamma());
+        // A draft that costs no drafter forward (prompt lookup) sets the bar a model draft must beat.
+        TreeBudget free_budget = budget;
+        free_budget.depth = free_budget.max_nodes = std::min(tree_size_->max_nodes(), state.room);
+        const TokenTree * free = state.free_draft && free_budget.depth > 0 ? state.free_draft(free_budget) : nullptr;
+        const bool has_free = free && !free->empty();
+        const double free_rate = has_free ? tree_size_->best_prefix(path_probs(*free), 0.0, state.step, 0).rate : 0.0;
+        const TreeSizePolicy::Round round = tree_size_->plan_round(state.step, free_rate);
+        skipped_ = round == TreeSizePolicy::Round::Skip;
+        budget.max_nodes = skipped_ ? 0 : round == TreeSizePolicy::Round::Explore ? 1
+                                                                                  : tree_size_->max_nodes();
+        if (round == TreeSizePolicy::Round::Explore) budget.depth = 1;
+        budget.min_path_prob = static_cast<float>(tree_size_->min_path_prob(state.step));
+        budget.rank_bar = tree_size_->rank_bars(state.step);
+        // No model draft beats the free one (or plain decoding): the free draft's rows may still pay.
+        plan.use_free_draft = skipped_ && has_free;
+    }
+    budget.max_nodes = std::min(budget.max_nodes, state.room);
+    budget.depth = std::min(budget.depth, state.room);
+    plan.budget = budget;
+    return plan;
+}
+
+int RoundPolicy::size_draft(const TokenTree & tree, int model_nodes, double draft_ms, std::span<const double> level_ms) {
+    if (!tree_size_ || tree.empty()) return tree.size();
+    // A free draft costs no drafter level to time, and verifying none of it is a choice. A model
+    // draft took a drafter level per depth of the model's own nodes (a graft goes deeper).
+    const bool free = plan_.use_free_draft;
+    int model_depth = 0;
+    for (int i = 0; i < model_nodes; ++i) model_depth = std::max(model_depth, tree.depth[i]);
+    const double priced_ms = free ? draft_ms : tree_size_->observe_draft(draft_ms, model_depth, level_ms);
+    const std::vector<double> probs = path_probs(tree);
+    const int n = tree_size_->choose(probs, priced_ms, step_, free ? 0 : 1);
+    sized_ = true;
+    sized_nodes_ = n;
+    for (int i = 0; i < n; ++i) promised_ += probs[i];
+    return n;
+}
+
+void RoundPolicy::observe(const RoundOutcome & round) {
+    if (round.verify_only_step) {
+        if (tree_size_) tree_size_->observe_step(round.step_rows, round.forward_ms);
+        if (length_) length_->observe_step(round.step_rows, round.forward_ms);
+    }
+    // The tree policy learns the model's drafts: a graft's nodes (and a free draft) are the graft's to learn.
+    if (tree_size_ && round.model_nodes > 0) {
+        double promised = 0.0;
+        int depth = 0, accepted = 0;
+        for (int i = 0; i < round.model_nodes; ++i) {
+            promised += std::exp(double(round.tree.logp[i]));
+            depth = std::max(depth, round.tree.depth[i]);
+        }
+        while (accepted < static_cast<int>(round.accepted.size()) && round.accepted[accepted] < round.model_nodes) ++accepted;
+        tree_size_->observe(promised, accepted, round.model_nodes, depth, round.verify_ms, round.step_rows);
+    } else if (tree_size_) {
+        tree_size_->observe_plain(round.step_rows, round.verify_ms);
+    }
+    if (length_) {
+        length_->observe({round.tree.size(), static_cast<int>(round.accepted.size()), round.mean_entropy, round.draft_ms / 1000.0,
+                          round.verify_ms / 1000.0, round.step_rows});
+    }
+}
+
+RoundDecision RoundPolicy::decision(int drafted_nodes, int verified_nodes) const {
+    const bool chain = shape_.shape == TreeShape::Chain;
+    RoundDecision d{.policy = chain ? (length_ ? length_->name() : "none") : (tree_size_ ? "tree-size" : "fixed-tree"),
+                    .asked = asked_,
+                    .drafted_nodes = drafted_nodes,
+                    .verified_nodes = verified_nodes,
+                    .why = {}};
+    if (chain && plan_.budget.max_nodes < asked_) {
+        d.why = "asked " + std::to_string(asked_) + ", room for " + std::to_string(plan_.budget.max_nodes) + " (context or -n)";
+    }
+    if (!chain && skipped_) d.why = "no draft: not expected to beat the step's plain rate";
+    if (gated_) d.why = "no draft: the server measured plain steps faster at this load";
+    if (sized_) {
+        char why[160];
+        if (plan_.use_free_draft) {
+            std::snprintf(why, sizeof(why), "no model draft: not expected to beat the step's plain rate; %d lookup nodes promise %.2f tokens",
+                          sized_nodes_, promised_);
+        } else {
+            std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
+                          tree_size_->calibration(), plan_.budget.min_path_prob, sized_nodes_, promised_);
+        }
+        d.why = why;
+    }
+    return d;
+}
+
+}  // namespace specula

@@ -1,0 +1,90 @@
+#pragma once
+// Every policy decision of a speculative round, so that the round itself (engine/sequence.cpp)
+// reads draft -> forward -> verify -> commit and decides nothing:
+//   plan()        before drafting: the drafter's budget (a chain's length, a tree's depth, nodes
+//                 and the path-probability bars its builder expands above), or no model draft and
+//                 the free draft (prompt lookup) instead, or nothing at all;
+//   size_draft()  once drafted: how many of the draft's nodes to verify, priced against the
+//                 verify-cost curve (EAGLE-2's path probabilities, TreeSizePolicy::choose);
+//   observe()     after verification: what the target accepted and what the round cost.
+// Behind it sit the draft-length policy (chains, DraftLengthPolicy) and the tree-size policy
+// (trees sized per round, TreeSizePolicy), both owned by the caller so that what they measured
+// of the machine outlives one sequence (a server slot's next request). Without the one its
+// shape needs, the shape's fixed budget stands.
+#include <functional>
+#include <span>
+
+#include "policy/draft_length.h"
+#include "policy/tree_size.h"
+#include "specula/report.h"
+#include "tree/token_tree.h"
+#include "tree/tree_builder.h"
+
+namespace specula {
+
+// Where the sequence stands as a round begins.
+struct RoundState {
+    int depth = 0;          // tokens in the target's cache: the position of the round's root
+    int room = 0;           // draft nodes the cache can still take past the root
+    int tokens_left = 0;    // tokens the sequence may still emit past the root's own (-n)
+    StepShare step;         // what the rest of a shared step carries
+    bool may_draft = true;  // false: the server measured plain steps faster at this load
+    // A draft within the budget that costs no drafter forward (prompt lookup); its tree, or
+    // nullptr / an empty tree for none. Empty function: the sequence has no drafter.
+    std::function<const TokenTree *(const TreeBudget &)> free_draft = {};
+};
+
+struct RoundPlan {
+    TreeBudget budget;            // the drafter's; no depth or no nodes: the drafter is not started
+    bool use_free_draft = false;  // no model draft: verify the free draft offered in plan()
+    bool drafts() const { return budget.depth > 0 && budget.max_nodes > 0; }
+};
+
+// What a verified round gives the policies to learn from.
+struct RoundOutcome {
+    const TokenTree & tree;         // the verified draft (after size_draft)
+    int model_nodes = 0;            // its first nodes the drafter drafted (the rest grafted from lookup)
+    std::span<const int> accepted;  // accepted nodes, top-down
+    float mean_entropy = 0.0f;      // of the draft distributions used
+    double draft_ms = 0.0, verify_ms = 0.0, forward_ms = 0.0;
+    int step_rows = 0;             // rows of the step's target forward
+    bool verify_only_step = true;  // no prompt chunks in that forward: it prices verify rows
+};
+
+class RoundPolicy {
+public:
+    // shape: the drafting rules' budget (its shape, and its size where no policy sets one).
+    RoundPolicy(const TreeBudget & shape, DraftLengthPolicy * length, TreeSizePolicy * tree_size)
+        : shape_(shape), length_(length), tree_size_(tree_size) {}
+
+    RoundPlan plan(const RoundState & state);
+    // The number of the draft's nodes (in prune order) to verify; its whole size unless the
+    // tree-size policy prices it. model_nodes: its first nodes the drafter drafted (the rest
+    // grafted); draft_ms: the drafting time, level_ms each drafter level's share of it.
+    int size_draft(const TokenTree & tree, int model_nodes, double draft_ms, std::span<const double> level_ms);
+    void observe(const RoundOutcome & outcome);
+
+    // The length or node budget the policy asked for this round, before the cache's room and -n.
+    int asked() const { return asked_; }
+    // What this round's policy chose and why, for observers (strings built only when asked):
+    // after size_draft, before observe.
+    RoundDecision decision(int drafted_nodes, int verified_nodes) const;
+
+private:
+    RoundPlan plan_tree(const RoundState & state, TreeBudget budget);
+
+    TreeBudget shape_;
+    DraftLengthPolicy * length_;
+    TreeSizePolicy * tree_size_;
+    // This round's, from plan() to observe().
+    RoundPlan plan_;
+    StepShare step_;
+    int asked_ = 0;
+    bool gated_ = false;    // the step allowed no drafts
+    bool skipped_ = false;  // the tree-size policy expected no model draft to pay
+    bool sized_ = false;    // size_draft priced the draft
+    int sized_nodes_ = 0;
+    double promised_ = 0.0;  // the verified nodes' summed path probabilities
+};
+
+}  // namespace specula
