@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <limits>
@@ -64,11 +65,33 @@ GenerationOptions options(int n, float temperature = 0.0f, uint64_t seed = 1) {
     return g;
 }
 
-std::string drain(Job & job) {
-    std::string text;
-    while (job.next(text) != Job::Wait::Ended) {
+// Waits for the job's next text (appended to `text`) or its end. A job that gives neither for
+// kStalled fails the test, is cancelled and gives Idle: a lost job or a stuck scheduler then names
+// itself instead of hanging the binary until ctest kills it without a word. Not a speed bound:
+// these models give a token in milliseconds, even under ThreadSanitizer.
+constexpr std::chrono::seconds kStalled{120};
+Job::Wait next_text(Job & job, std::string & text, std::vector<TokenOrigin> * origins = nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + kStalled;
+    for (;;) {
+        const Job::Wait w = job.next(text, origins);
+        if (w != Job::Wait::Idle) return w;
+        if (std::chrono::steady_clock::now() > deadline) {
+            ADD_FAILURE() << "the job gave no text and did not end for " << kStalled.count() << " s; its text so far: \"" << text << '"';
+            job.cancel();
+            return Job::Wait::Idle;
+        }
     }
-    EXPECT_EQ(job.result().error, "");
+}
+
+// A job's whole text (and its tokens' origins, when `origins` is given); it must end without error.
+std::string drain(Job & job, std::vector<TokenOrigin> * origins = nullptr) {
+    std::string text;
+    Job::Wait w;
+    while ((w = next_text(job, text, origins)) == Job::Wait::Text) {
+    }
+    if (w == Job::Wait::Ended) {
+        EXPECT_EQ(job.result().error, "");
+    }
     return text;
 }
 
@@ -152,11 +175,8 @@ TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
         auto finish_oldest = [&] {
             auto [job, measured] = in_flight.front();
             in_flight.pop_front();
-            std::string text;
             std::vector<TokenOrigin> origins;
-            while (job->next(text, &origins) != Job::Wait::Ended) {
-            }
-            EXPECT_EQ(job->result().error, "");
+            drain(*job, &origins);
             if (!measured) return;
             drafted += job->result().stats.speculation.drafted;
             accepted += job->result().stats.speculation.accepted;
@@ -210,9 +230,9 @@ TEST(Scheduler, FullQueueRefusesAndACancelledRequestFreesItsSlot) {
     EXPECT_EQ(scheduler.submit(prompt, options(3)), nullptr);
 
     std::string text;
-    while (text.empty()) ASSERT_NE(first->next(text), Job::Wait::Ended);
+    ASSERT_EQ(next_text(*first, text), Job::Wait::Text);
     first->cancel();
-    while (first->next(text) != Job::Wait::Ended) {
+    while (next_text(*first, text) == Job::Wait::Text) {
     }
     EXPECT_EQ(first->result().error, "cancelled");
     EXPECT_LT(first->result().n_generated, 150);
@@ -225,6 +245,47 @@ TEST(Scheduler, FullQueueRefusesAndACancelledRequestFreesItsSlot) {
     EXPECT_NE(test::error_message([&] { scheduler.submit(prompt, options(190)); }).find("exceed the 192-token context"), std::string::npos);
 }
 
+// Catches metrics() reading what the worker changes during a step (a slot's cache and sequence):
+// /metrics and /slots call it from HTTP threads at any moment. Under ThreadSanitizer (scripts/test.sh)
+// such a read is a reported race; everywhere, every snapshot must be coherent.
+TEST(Scheduler, MetricsReadWhileSlotsGenerateAreCoherentSnapshots) {
+    auto target = open_target(true);
+    Scheduler scheduler(*target, SchedulerOptions{2, 8, 7});
+    constexpr int kRequests = 6, kTokens = 24;
+    std::atomic<bool> drained{false};
+    int snapshots = 0;
+    std::thread reader([&] {
+        uint64_t finished = 0;
+        bool last = false;
+        while (!last) {
+            last = drained;  // one more snapshot after the last request ended
+            const SchedulerMetrics m = scheduler.metrics();
+            ++snapshots;
+            EXPECT_GE(m.requests_finished, finished);
+            finished = m.requests_finished;
+            int busy = 0;
+            for (const SchedulerMetrics::Slot & slot : m.slot_states) {
+                busy += slot.busy;
+                EXPECT_LE(slot.n_generated, kTokens);
+                EXPECT_LE(slot.n_cached, slot.n_prompt + slot.n_generated);
+                if (!slot.busy) {
+                    EXPECT_EQ(slot.n_cached, 0) << "an idle slot keeps its cache";
+                }
+            }
+            EXPECT_EQ(m.processing, busy);
+            EXPECT_LE(m.processing + m.deferred + static_cast<int>(m.requests_finished), kRequests);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        EXPECT_EQ(finished, uint64_t(kRequests));
+    });
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (int i = 0; i < kRequests; ++i) jobs.push_back(scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), options(kTokens, i % 2 ? 0.9f : 0.0f, i)));
+    for (auto & job : jobs) EXPECT_FALSE(drain(*job).empty());
+    drained = true;
+    reader.join();
+    EXPECT_GT(snapshots, 1);
+}
+
 // Catches: text split inside a UTF-8 character between stream chunks.
 TEST(Scheduler, StreamedTextNeverSplitsAUtf8Character) {
     auto target = open_target(false);
@@ -232,7 +293,7 @@ TEST(Scheduler, StreamedTextNeverSplitsAUtf8Character) {
     auto job = scheduler.submit(target->tokenizer->tokenize("\xc3\xa9t\xc3\xa9 \xe2\x82\xac"), options(60, 1.5f, 7));
     std::string chunk;
     std::vector<TokenOrigin> origins;
-    while (job->next(chunk, &origins) != Job::Wait::Ended) {
+    while (next_text(*job, chunk, &origins) == Job::Wait::Text) {
         // The chunk's token origins spell it (a split character goes with the token completing it).
         std::string spelled;
         for (const TokenOrigin & o : origins) spelled += o.text;
@@ -259,10 +320,9 @@ TEST(Scheduler, TokenOriginsSpellTheTextAndTellDraftsFromTargetTokens) {
     auto target = open_target(true);
     Scheduler scheduler(*target, SchedulerOptions{1, 1, 256});
     auto job = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), options(48));
-    std::string text, spelled;
     std::vector<TokenOrigin> origins;
-    while (job->next(text, &origins) != Job::Wait::Ended) {
-    }
+    const std::string text = drain(*job, &origins);
+    std::string spelled;
     int accepted = 0, target_tokens = 0, expected_depth = 1;
     for (const TokenOrigin & o : origins) {
         spelled += o.text;

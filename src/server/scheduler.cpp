@@ -70,6 +70,7 @@ struct Scheduler::Slot {
     bool ended_by_eog = false;
     std::vector<int32_t> round_tokens;  // this round's emitted tokens, pushed with their origin once the round's verification is known
     SpeculationStats seen;              // the sequence's counters already added to the metrics
+    SchedulerMetrics::Slot published;   // what metrics() reports (publish_slots)
 };
 
 Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(target), options_(options) {
@@ -82,6 +83,7 @@ Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(t
     for (int i = 0; i < options.parallel; ++i) {
         auto slot = std::make_unique<Slot>();
         slot->id = i;
+        slot->published.id = i;
         slot->cache = std::move(caches[i]);
         slot->drafter = std::move(drafters[i]);
         slots_.push_back(std::move(slot));
@@ -200,18 +202,20 @@ SchedulerMetrics Scheduler::metrics() const {
     m.deferred = static_cast<int>(queue_.size());
     m.processing = 0;
     for (auto & slot : slots_) {
-        SchedulerMetrics::Slot s;
-        s.id = slot->id;
-        s.busy = slot->job != nullptr;
-        s.n_cached = slot->cache->size();
-        if (slot->running()) {
-            s.n_prompt = slot->stats().n_prompt;
-            s.n_generated = slot->stats().n_generated;
-        }
-        m.processing += s.busy;
-        m.slot_states.push_back(s);
+        m.processing += slot->published.busy;
+        m.slot_states.push_back(slot->published);
     }
     return m;
+}
+
+void Scheduler::publish_slots() {
+    for (auto & slot : slots_) {
+        SchedulerMetrics::Slot & p = slot->published;
+        p.busy = slot->job != nullptr;
+        p.n_cached = slot->cache->size();
+        p.n_prompt = slot->running() ? slot->stats().n_prompt : 0;
+        p.n_generated = slot->running() ? slot->stats().n_generated : 0;
+    }
 }
 
 void Scheduler::admit() {
@@ -394,6 +398,7 @@ void Scheduler::run() {
             active.push_back(slot.get());
             sequences.push_back(slot->sequence.get());
         }
+        publish_slots();
         if (active.empty() && lossy.empty()) continue;
 
         lock.unlock();
@@ -452,6 +457,7 @@ void Scheduler::run() {
             active.clear();
         }
         account_step(active, lossy, busy, step, lossy_tokens, !sequences.empty() && !may_draft);
+        publish_slots();
     }
 }
 

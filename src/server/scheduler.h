@@ -154,6 +154,9 @@ private:
     void run();
     void admit();  // under mutex_: queued jobs into free slots
     void release(Slot & slot, bool finished_normally);
+    // Under mutex_, on the worker: copies each slot's counters to what metrics() reads, since its
+    // cache and sequence change outside the mutex while a step runs.
+    void publish_slots();
     // From the failing thread: records the failure, ends every request in a slot or the queue.
     void fail_all(const std::string & failure);
     // Under mutex_, after a step. Ends the slots' requests with `failure` (a 5xx), freeing the slots.
