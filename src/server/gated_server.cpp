@@ -73,19 +73,20 @@ void address_of(const sockaddr_storage & a, std::string & ip, int & port) {
 }
 
 // A served connection: first the bytes the waiting room received (the whole head, perhaps the
-// start of the body), then the socket, whose reads end at the request deadline.
+// start of the body), then the socket, whose reads end at the request deadline or once `cut`.
 class ConnectionStream final : public httplib::Stream {
 public:
-    ConnectionStream(socket_t sock, std::string received, Clock::time_point read_deadline, std::chrono::milliseconds write_timeout)
-        : sock_(sock), received_(std::move(received)), read_deadline_(read_deadline), write_timeout_(write_timeout), start_(Clock::now()) {}
+    ConnectionStream(socket_t sock, std::string received, Clock::time_point read_deadline, const std::atomic<bool> & cut,
+                     std::chrono::milliseconds write_timeout)
+        : sock_(sock), received_(std::move(received)), read_deadline_(read_deadline), cut_(cut), write_timeout_(write_timeout), start_(Clock::now()) {}
 
     bool is_readable() const override { return offset_ < received_.size(); }
     bool wait_readable() const override {
         if (is_readable()) return true;
-        while (Clock::now() < read_deadline_) {
-            if (wait_for(sock_, POLLIN, remaining_ms(read_deadline_))) return true;
+        while (Clock::now() < read_deadline_ && !cut_) {  // in slices, to see `cut`
+            if (wait_for(sock_, POLLIN, std::min(remaining_ms(read_deadline_), 200))) return true;
         }
-        timed_out_on_this_thread = true;
+        timed_out_on_this_thread = !cut_;
         return false;
     }
     bool wait_writable() const override { return wait_for(sock_, POLLOUT, static_cast<int>(write_timeout_.count())); }
@@ -134,6 +135,7 @@ private:
     const std::string received_;
     size_t offset_ = 0;
     const Clock::time_point read_deadline_;
+    const std::atomic<bool> & cut_;
     const std::chrono::milliseconds write_timeout_;
     const Clock::time_point start_;
 };
@@ -297,7 +299,7 @@ void GatedServer::admit(std::unique_ptr<Waiting> connection) {
     std::shared_ptr<Waiting> c(std::move(connection));
     const bool queued = workers_->enqueue([this, c] {
         timed_out_on_this_thread = false;
-        ConnectionStream stream(c->sock, std::move(c->head), c->accepted + deadlines_.request,
+        ConnectionStream stream(c->sock, std::move(c->head), c->accepted + deadlines_.request, reads_cut_,
                                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_)));
         std::string remote_ip, local_ip;
         int remote_port = 0, local_port = 0;

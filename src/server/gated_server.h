@@ -38,6 +38,9 @@ public:
     void stop_accepting();
     // Waits until no request is being served or until `deadline`; true when none is left.
     bool wait_idle(std::chrono::steady_clock::time_point deadline);
+    // Ends the reads of the requests still sending their head or body (they answer 408): the
+    // shutdown's end, which waits for no client.
+    void cut_reads() { reads_cut_ = true; }
     // Joins the worker threads once stop_accepting() and the requests have ended.
     void join_workers();
     // The request on this thread timed out reading its head or body (for the error handler).
@@ -58,6 +61,7 @@ private:
     const RequestDeadlines deadlines_;
     const std::function<std::string(int, const std::string &)> error_body_;
     std::atomic<int> open_{0};  // connections accepted and not yet closed
+    std::atomic<bool> reads_cut_{false};
     std::mutex mutex_;
     std::condition_variable idle_;
     int serving_ = 0;                                // connections on worker threads (under mutex_)

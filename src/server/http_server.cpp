@@ -132,7 +132,7 @@ json metrics_json(const SchedulerMetrics & m) {
                 {"mean_accepted_length", m.drafts ? double(m.accepted_tokens + m.drafts) / m.drafts : 0.0}};
 }
 
-openai::ApiError shutting_down() { return openai::ApiError{503, "the server is shutting down", "unavailable_error", "", ""}; }
+openai::ApiError shutting_down_error() { return openai::ApiError{503, "the server is shutting down", "unavailable_error", "", ""}; }
 
 // A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
 // status. While it waits the handler watches the connection, so that a client that went away
@@ -143,7 +143,7 @@ void respond_whole(const httplib::Request & req, httplib::Response & res, const 
     while (job->next(text) != Job::Wait::Ended) {
         if (ending) {
             job->cancel();
-            return send_error(res, shutting_down());
+            return send_error(res, shutting_down_error());
         }
         if (req.is_connection_closed()) {
             job->cancel();  // nobody reads the answer
@@ -170,7 +170,7 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         for (;;) {
             if (ending) {
                 job->cancel();
-                write(openai::sse(shutting_down().body()));
+                write(openai::sse(shutting_down_error().body()));
                 write("data: [DONE]\n\n");
                 sink.done();
                 return true;
@@ -258,7 +258,10 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
         impl_->shutting_down = true;
     }
     impl_->http.stop_accepting();
-    if (!impl_->http.wait_idle(std::chrono::steady_clock::now() + grace)) impl_->ending = true;
+    if (!impl_->http.wait_idle(std::chrono::steady_clock::now() + grace)) {
+        impl_->ending = true;
+        impl_->http.cut_reads();
+    }
     impl_->http.join_workers();  // the requests still in flight end within a step (`ending`)
     impl_->join_listener();
     {
@@ -303,6 +306,7 @@ openai::ApiError HttpServer::Impl::http_error(const httplib::Request & req, int 
         res.set_header("Allow", route->second);
         return invalid(405, req.path + " answers " + route->second + ", not " + req.method);
     }
+    if (ending && status == 400) return shutting_down_error();  // its read was cut short (GatedServer::cut_reads)
     if (GatedServer::request_timed_out()) return invalid(408, "the request did not arrive whole within " + http.deadline_text());
     if (status == 413) {
         return openai::ApiError{413, "the request body is larger than the server's limit of " + std::to_string(max_request_bytes) + " bytes",
