@@ -743,5 +743,33 @@ TEST(Convert, HostileSafetensorsHeadersAndConfigs) {
     EXPECT_NE(m.find("config.json: rms_norm_eps is -1e-05, expected a positive finite number"), std::string::npos) << m;
 }
 
+// JSON nested 10^6 arrays deep in a checkpoint's files: dumping such a value for an error message
+// recursed once per level and overflowed the stack. Catches: a file deeper than the nesting limit
+// read (or walked) rather than refused with one line naming it.
+TEST(Convert, DeeplyNestedJsonFilesAreRefusedWithOneLine) {
+    const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+    auto one_line = [](const std::string & msg, const std::string & want) {
+        return msg.find(want) != std::string::npos && msg.find("nested more than 64 levels deep") != std::string::npos &&
+               msg.find('\n') == std::string::npos && msg.size() < 400;
+    };
+    std::string dir = write_checkpoint(eagle3_checkpoint(), "deep_config");
+    const std::string config = eagle3_checkpoint().config.dump();
+    std::ofstream(dir + "/config.json") << config.substr(0, config.size() - 1) + R"(, "eagle_aux_hidden_state_layer_ids": )" + deep + "}";
+    std::string m = test::error_message([&] { convert("eagle3", dir); });
+    EXPECT_TRUE(one_line(m, "config.json: invalid JSON")) << m.substr(0, 400);
+
+    dir = write_checkpoint(eagle3_checkpoint(), "deep_index", 2);
+    std::ifstream in(dir + "/model.safetensors.index.json");
+    json index = json::parse(in);
+    std::ofstream(dir + "/model.safetensors.index.json") << R"({"metadata": )" + deep + R"(, "weight_map": )" + index["weight_map"].dump() + "}";
+    m = test::error_message([&] { convert("eagle3", dir); });
+    EXPECT_TRUE(one_line(m, "model.safetensors.index.json: invalid JSON")) << m.substr(0, 400);
+
+    dir = fresh_checkpoint_dir("deep_header");
+    write_safetensors_file(dir + "/model.safetensors", R"({"x": {"dtype": "U8", "shape": )" + deep + R"(, "data_offsets": [0, 0]}})", {});
+    m = test::error_message([&] { SafetensorsCheckpoint ck(dir); });
+    EXPECT_TRUE(one_line(m, "model.safetensors: invalid safetensors header JSON")) << m.substr(0, 400);
+}
+
 }  // namespace
 }  // namespace specula

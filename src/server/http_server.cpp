@@ -36,6 +36,7 @@ struct HttpServer::Impl {
     std::string model_id;
     std::string index_page;  // served at "/"; empty: 404
     AccessPolicy access;
+    SpecialTokens prompt_specials = SpecialTokens::Text;  // in completions prompts and chat contents
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
     std::map<std::string, std::string> methods;  // path -> the methods it has routes for, for 405
@@ -248,6 +249,8 @@ void HttpServer::set_index_page(std::string html) { impl_->index_page = std::mov
 
 void HttpServer::set_access_policy(const AccessPolicy & policy) { impl_->access = policy; }
 
+void HttpServer::set_special_tokens_in_prompt(bool parse) { impl_->prompt_specials = parse ? SpecialTokens::Parse : SpecialTokens::Text; }
+
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
     {
         std::unique_lock lock(impl_->shutdown_mutex);
@@ -386,7 +389,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     try {
         r = openai::parse_request(endpoint, req.body, model_id);
         try {
-            prompt = endpoint == openai::Endpoint::Chat ? t->tokenizer->tokenize_chat(r.messages) : t->tokenizer->tokenize(r.prompt);
+            prompt = endpoint == openai::Endpoint::Chat ? t->tokenizer->tokenize_chat(r.messages, prompt_specials)
+                                                        : t->tokenizer->tokenize(r.prompt, true, prompt_specials);
         } catch (const std::exception & e) {
             throw openai::ApiError{400, std::string("cannot tokenize the prompt: ") + e.what(), "invalid_request_error",
                                    endpoint == openai::Endpoint::Chat ? "messages" : "prompt", ""};

@@ -44,6 +44,10 @@ public:
     // Who may use the server: API keys, CORS origins, Host names (server/access.h); before start().
     // Without one: no key, no CORS, no Host check, foreign origins and non-JSON POSTs refused.
     void set_access_policy(const AccessPolicy & policy);
+    // Whether text spelling a special token in a completions prompt or a chat message's content
+    // becomes that token (serve --special-tokens-in-prompt); by default it is text, and only the
+    // chat template's markup is control tokens.
+    void set_special_tokens_in_prompt(bool parse);
     // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
     // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
     // returns once every connection has closed.

@@ -1,7 +1,10 @@
 #include "server/openai.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "common/json_limits.h"
 
 namespace specula::openai {
 
@@ -21,28 +24,33 @@ namespace {
     throw ApiError{400, message, "invalid_request_error", param, ""};
 }
 
+// A field of the wrong type or value: "'param' must be WHAT, got KIND" (the client's value by its
+// type, or a short scalar; never dumped whole).
+[[noreturn]] void must_be(const std::string & param, const std::string & what, const json & got) {
+    bad(param, "'" + param + "' must be " + what + ", got " + json_kind(got));
+}
+
 double number(const json & body, const char * key, double lo, double hi) {
     const json & v = body.at(key);
-    if (!v.is_number()) bad(key, std::string("'") + key + "' must be a number");
+    if (!v.is_number()) must_be(key, "a number", v);
     const double x = v.get<double>();
-    if (!std::isfinite(x) || x < lo || x > hi) {
-        bad(key, std::string("'") + key + "' must be between " + json(lo).dump() + " and " + json(hi).dump() + ", got " + v.dump());
-    }
+    if (!std::isfinite(x) || x < lo || x > hi) must_be(key, "between " + json(lo).dump() + " and " + json(hi).dump(), v);
     return x;
 }
 
 int64_t integer(const json & body, const char * key, int64_t lo, int64_t hi) {
     const json & v = body.at(key);
-    if (!v.is_number_integer()) bad(key, std::string("'") + key + "' must be an integer");
+    if (!v.is_number_integer()) must_be(key, "an integer", v);
     const bool negative = v.is_number_unsigned() ? false : v.get<int64_t>() < 0;
-    if (!negative && v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) {
-        bad(key, std::string("'") + key + "' must be at most " + std::to_string(hi) + ", got " + v.dump());
-    }
+    if (!negative && v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) must_be(key, "at most " + std::to_string(hi), v);
     const int64_t x = v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>();
-    if (x < lo || x > hi) {
-        bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + v.dump());
-    }
+    if (x < lo || x > hi) must_be(key, "between " + std::to_string(lo) + " and " + std::to_string(hi), v);
     return x;
+}
+
+bool boolean(const json & v, const std::string & param) {
+    if (!v.is_boolean()) must_be(param, "a boolean", v);
+    return v.get<bool>();
 }
 
 bool has(const json & body, const char * key) { return body.contains(key) && !body.at(key).is_null(); }
@@ -50,66 +58,63 @@ bool has(const json & body, const char * key) { return body.contains(key) && !bo
 std::string message_content(const json & content, size_t i) {
     const std::string param = "messages[" + std::to_string(i) + "].content";
     if (content.is_string()) return content.get<std::string>();
-    if (!content.is_array()) bad(param, "'" + param + "' must be a string or an array of text parts");
+    if (!content.is_array()) must_be(param, "a string or an array of text parts", content);
     std::string text;
-    for (const json & part : content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part.at("text").is_string()) {
-            bad(param, "'" + param + "': only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
+    for (size_t j = 0; j < content.size(); ++j) {
+        const json & part = content[j];
+        const std::string part_param = param + "[" + std::to_string(j) + "]";
+        if (!part.is_object()) must_be(part_param, "a text part ({\"type\": \"text\", \"text\": ...})", part);
+        if (!part.contains("type") || !part.at("type").is_string() || part.at("type") != "text") {
+            must_be(part_param + ".type", "\"text\" (only text parts are supported)", part.value("type", json()));
         }
+        if (!part.contains("text") || !part.at("text").is_string()) must_be(part_param + ".text", "a string", part.value("text", json()));
         text += part.at("text").get<std::string>();
     }
     return text;
 }
 
-}  // namespace
-
-int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx) {
-    const int64_t room = static_cast<int64_t>(n_ctx) - static_cast<int64_t>(n_prompt);
-    const bool unset = r.max_tokens < 0;
-    if (unset ? room <= 0 : r.max_tokens > room) {
-        throw ApiError{400,
-                       "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) + " tokens" +
-                           (unset ? "" : " and max_tokens is " + std::to_string(r.max_tokens)),
-                       "invalid_request_error", unset ? (r.endpoint == Endpoint::Chat ? "messages" : "prompt") : "max_tokens",
-                       "context_length_exceeded"};
-    }
-    return unset ? static_cast<int>(room) : r.max_tokens;
+// A parser's message quotes what it last read, which can be most of the body.
+std::string cut(const std::string & message) {
+    constexpr size_t kShown = 200;
+    return message.size() > kShown ? message.substr(0, kShown) + "..." : message;
 }
 
-Request parse_request(Endpoint endpoint, const std::string & text, const std::string & model_id) {
+Request parse_body(Endpoint endpoint, const std::string & text, const std::string & model_id) {
     json body;
     try {
-        body = json::parse(text);
-    } catch (const json::exception & e) {  // parse_error, and out_of_range for numbers such as 1E999 (fuzz_openai_request)
+        body = parse_json(text);
+    } catch (const Error & e) {  // nested deeper than the limit
         bad("", std::string("malformed JSON in the request body: ") + e.what());
+    } catch (const json::exception & e) {  // parse_error, and out_of_range for numbers such as 1E999 (fuzz_openai_request)
+        bad("", "malformed JSON in the request body: " + cut(e.what()));
     }
-    if (!body.is_object()) bad("", "the request body must be a JSON object");
+    if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
     Request r;
     r.endpoint = endpoint;
     r.sampling.temperature = 1.0f;  // OpenAI's default
     if (has(body, "model")) {
-        if (!body.at("model").is_string()) bad("model", "'model' must be a string");
-        if (body.at("model").get<std::string>() != model_id) {
-            throw ApiError{400, "unknown model '" + body.at("model").get<std::string>() + "': this server serves '" + model_id + "'",
+        const json & model = body.at("model");
+        if (!model.is_string()) must_be("model", "a string", model);
+        if (model.get<std::string>() != model_id) {  // OpenAI's and vLLM's answer
+            throw ApiError{404, "the model " + json_quoted(model.get<std::string>()) + " does not exist: this server serves " + json_quoted(model_id),
                            "invalid_request_error", "model", "model_not_found"};
         }
     }
     if (endpoint == Endpoint::Chat) {
-        if (!body.contains("messages") || !body.at("messages").is_array() || body.at("messages").empty()) {
-            bad("messages", "'messages' must be a non-empty array");
-        }
+        if (!body.contains("messages")) bad("messages", "'messages' is required");
         const json & messages = body.at("messages");
+        if (!messages.is_array() || messages.empty()) must_be("messages", "a non-empty array", messages);
         for (size_t i = 0; i < messages.size(); ++i) {
             const json & m = messages[i];
-            if (!m.is_object() || !m.contains("role") || !m.at("role").is_string()) {
-                bad("messages[" + std::to_string(i) + "].role", "each message needs a string 'role'");
+            const std::string param = "messages[" + std::to_string(i) + "]";
+            if (!m.is_object()) must_be(param, "an object with 'role' and 'content'", m);
+            if (!m.contains("role")) bad(param + ".role", "'" + param + ".role' is required");
+            const json & role = m.at("role");
+            if (!role.is_string() || (role != "system" && role != "user" && role != "assistant" && role != "developer")) {
+                must_be(param + ".role", "\"system\", \"user\", \"assistant\" or \"developer\"", role);
             }
-            const std::string role = m.at("role").get<std::string>();
-            if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
-                bad("messages[" + std::to_string(i) + "].role", "unsupported role '" + role + "'");
-            }
-            if (!m.contains("content")) bad("messages[" + std::to_string(i) + "].content", "each message needs 'content'");
-            r.messages.emplace_back(role == "developer" ? "system" : role, message_content(m.at("content"), i));
+            if (!m.contains("content")) bad(param + ".content", "'" + param + ".content' is required");
+            r.messages.emplace_back(role == "developer" ? "system" : role.get<std::string>(), message_content(m.at("content"), i));
         }
     } else {
         if (!body.contains("prompt")) bad("prompt", "'prompt' is required");
@@ -119,7 +124,7 @@ Request parse_request(Endpoint endpoint, const std::string & text, const std::st
         } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
             r.prompt = p[0].get<std::string>();
         } else {
-            bad("prompt", "'prompt' must be a string (one prompt per request)");
+            must_be("prompt", "a string (one prompt per request)", p);
         }
     }
     const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
@@ -138,37 +143,49 @@ Request parse_request(Endpoint endpoint, const std::string & text, const std::st
     }
     if (has(body, "stop")) {
         const json & s = body.at("stop");
+        const bool sequences = s.is_string() || (s.is_array() && std::all_of(s.begin(), s.end(), [](const json & x) { return x.is_string(); }));
+        if (!sequences) must_be("stop", "a string or an array of strings", s);
         if (!(s.is_array() && s.empty())) bad("stop", "'stop' sequences are not supported");
     }
-    if (has(body, "logprobs") && !(body.at("logprobs").is_boolean() && !body.at("logprobs").get<bool>())) {
-        bad("logprobs", "'logprobs' is not supported");
-    }
-    if (has(body, "ignore_eos")) {
-        if (!body.at("ignore_eos").is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
-        r.ignore_eos = body.at("ignore_eos").get<bool>();
-    }
+    if (has(body, "logprobs") && boolean(body.at("logprobs"), "logprobs")) bad("logprobs", "'logprobs' is not supported");
+    if (has(body, "ignore_eos")) r.ignore_eos = boolean(body.at("ignore_eos"), "ignore_eos");
     if (has(body, "specee")) {
         const json & v = body.at("specee");
-        if (!v.is_string() || (v != "off" && v != "lossy" && v != "lossless")) {
-            bad("specee", "'specee' must be \"off\", \"lossy\" or \"lossless\", got " + v.dump());
-        }
+        if (!v.is_string() || (v != "off" && v != "lossy" && v != "lossless")) must_be("specee", "\"off\", \"lossy\" or \"lossless\"", v);
         r.specee = v.get<std::string>();
     }
     if (has(body, "specee_threshold")) r.specee_threshold = static_cast<float>(number(body, "specee_threshold", 0.0, 1.0));
-    if (has(body, "stream")) {
-        if (!body.at("stream").is_boolean()) bad("stream", "'stream' must be a boolean");
-        r.stream = body.at("stream").get<bool>();
-    }
+    if (has(body, "stream")) r.stream = boolean(body.at("stream"), "stream");
     if (has(body, "stream_options")) {
         const json & so = body.at("stream_options");
-        if (!so.is_object()) bad("stream_options", "'stream_options' must be an object");
+        if (!so.is_object()) must_be("stream_options", "an object", so);
         if (!r.stream) bad("stream_options", "'stream_options' is only allowed with 'stream': true");
-        if (so.contains("include_usage")) {
-            if (!so.at("include_usage").is_boolean()) bad("stream_options.include_usage", "'include_usage' must be a boolean");
-            r.include_usage = so.at("include_usage").get<bool>();
-        }
+        if (so.contains("include_usage")) r.include_usage = boolean(so.at("include_usage"), "stream_options.include_usage");
     }
     return r;
+}
+
+}  // namespace
+
+Request parse_request(Endpoint endpoint, const std::string & text, const std::string & model_id) {
+    try {
+        return parse_body(endpoint, text, model_id);
+    } catch (const json::exception & e) {  // a type error the checks above missed: still the client's, never a 500
+        bad("", "the request body could not be read: " + cut(e.what()));
+    }
+}
+
+int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx) {
+    const int64_t room = static_cast<int64_t>(n_ctx) - static_cast<int64_t>(n_prompt);
+    const bool unset = r.max_tokens < 0;
+    if (unset ? room <= 0 : r.max_tokens > room) {
+        throw ApiError{400,
+                       "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) + " tokens" +
+                           (unset ? "" : " and max_tokens is " + std::to_string(r.max_tokens)),
+                       "invalid_request_error", unset ? (r.endpoint == Endpoint::Chat ? "messages" : "prompt") : "max_tokens",
+                       "context_length_exceeded"};
+    }
+    return unset ? static_cast<int>(room) : r.max_tokens;
 }
 
 namespace {

@@ -43,8 +43,9 @@ struct Request {
     float specee_threshold = -1.0f;
 };
 
-// Parses and checks a body; throws ApiError naming the field. `model_id` is the one model served
-// (a request may name it or omit it).
+// Parses and checks a body; throws ApiError naming the field: 400 for malformed JSON (nested more
+// than kJsonMaxDepth levels too, refused before it is built) and fields of the wrong type or value,
+// 404 model_not_found for another model than `model_id`, the one served (a request may omit it).
 Request parse_request(Endpoint endpoint, const std::string & body, const std::string & model_id);
 
 // The tokens the request may generate with a prompt of n_prompt tokens in a context of n_ctx:

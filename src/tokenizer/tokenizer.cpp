@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -48,20 +49,28 @@ Tokenizer::Tokenizer(const std::string & gguf_path) {
                         "_token_id names no token of the " + std::to_string(llama_vocab_n_tokens(vocab_)) + "-token vocabulary");
         }
     }
+    for (llama_token t = 0; t < llama_vocab_n_tokens(vocab_); ++t) {
+        // What llama_tokenize matches only with parse_special (user-defined tokens it always matches).
+        if (llama_vocab_get_attr(vocab_, t) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_UNKNOWN)) {
+            const char * text = llama_vocab_get_text(vocab_, t);
+            if (text && *text) control_texts_.emplace_back(text);
+        }
+    }
 }
 
 Tokenizer::~Tokenizer() {
     if (model_) llama_model_free(model_);
 }
 
-std::vector<int32_t> Tokenizer::tokenize(const std::string & text, bool add_bos) const {
+std::vector<int32_t> Tokenizer::tokenize(const std::string & text, bool add_bos, SpecialTokens specials) const {
+    const bool parse_special = specials == SpecialTokens::Parse;
     std::vector<llama_token> out(text.size() + 8);
     int32_t n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                               static_cast<int32_t>(out.size()), add_bos, /*parse_special=*/true);
+                               static_cast<int32_t>(out.size()), add_bos, parse_special);
     if (n < 0) {
         out.resize(-n);
         n = llama_tokenize(vocab_, text.data(), static_cast<int32_t>(text.size()), out.data(),
-                           static_cast<int32_t>(out.size()), add_bos, true);
+                           static_cast<int32_t>(out.size()), add_bos, parse_special);
     }
     if (n < 0) throw Error("tokenization failed");
     out.resize(n);
@@ -142,8 +151,75 @@ std::string Tokenizer::apply_chat_template(const std::vector<std::pair<std::stri
     return apply_template(chat_template(), messages, add_assistant);
 }
 
-std::vector<int32_t> Tokenizer::tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const {
-    std::vector<int32_t> tokens = tokenize(apply_template(chat_template(), messages, true), true);
+namespace {
+// Stands in for message i's content when the template is rendered again to find its own markup:
+// the unit separator is no template's text.
+std::string content_marker(size_t i) { return "\x1f" + std::to_string(i) + "\x1f"; }
+
+std::string trim_whitespace(const std::string & s) {
+    const size_t begin = s.find_first_not_of(" \t\n\r\f\v");
+    if (begin == std::string::npos) return "";
+    return s.substr(begin, s.find_last_not_of(" \t\n\r\f\v") - begin + 1);
+}
+}  // namespace
+
+// The rendering as markup and contents: the template rendered again with markers for the contents
+// gives the markup between them; walking `rendered` checks that markup and contents make it up
+// exactly, so only the template's own text is tokenized with specials parsed.
+std::vector<int32_t> Tokenizer::tokenize_markup_and_contents(const std::vector<std::pair<std::string, std::string>> & messages,
+                                                             const std::string & rendered) const {
+    std::vector<std::pair<std::string, std::string>> marked = messages;
+    for (size_t i = 0; i < marked.size(); ++i) marked[i].second = content_marker(i);
+    const std::string skeleton = apply_template(chat_template(), marked, true);
+    size_t message = 0;  // the message whose content the walk reached last
+    const auto not_verbatim = [&] {
+        return Error("messages[" + std::to_string(message) +
+                     "]: its content holds control-token text, and the chat template does not render it "
+                     "verbatim, so it cannot be kept apart from the template's markup");
+    };
+    std::vector<int32_t> tokens;
+    if (llama_vocab_get_add_bos(vocab_)) tokens.push_back(llama_vocab_bos(vocab_));
+    const auto append = [&](const std::string & text, SpecialTokens specials) {
+        const std::vector<int32_t> t = tokenize(text, false, specials);
+        tokens.insert(tokens.end(), t.begin(), t.end());
+    };
+    size_t at = 0;  // in `rendered`
+    for (size_t from = 0;;) {
+        const size_t marker = skeleton.find('\x1f', from);
+        const std::string markup = skeleton.substr(from, marker == std::string::npos ? std::string::npos : marker - from);
+        if (rendered.compare(at, markup.size(), markup) != 0) throw not_verbatim();
+        append(markup, SpecialTokens::Parse);
+        at += markup.size();
+        if (marker == std::string::npos) break;
+        const size_t end = skeleton.find('\x1f', marker + 1);
+        const std::string index = skeleton.substr(marker + 1, end == std::string::npos ? 0 : end - marker - 1);
+        if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos || index.size() > 9 ||
+            std::stoul(index) >= messages.size()) {
+            throw Error("the chat template's rendering cannot be split into its markup and the messages' contents");
+        }
+        message = std::stoul(index);
+        const std::string & content = messages[message].second;
+        const std::string shown = rendered.compare(at, content.size(), content) == 0 ? content : trim_whitespace(content);
+        if (rendered.compare(at, shown.size(), shown) != 0) throw not_verbatim();
+        append(shown, SpecialTokens::Text);
+        at += shown.size();
+        from = end + 1;
+    }
+    if (at != rendered.size()) throw not_verbatim();
+    if (llama_vocab_get_add_eos(vocab_)) tokens.push_back(llama_vocab_eos(vocab_));
+    return tokens;
+}
+
+std::vector<int32_t> Tokenizer::tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages,
+                                              SpecialTokens contents) const {
+    const std::string rendered = apply_template(chat_template(), messages, true);
+    const bool spells_control = contents == SpecialTokens::Text && std::any_of(messages.begin(), messages.end(), [&](const auto & m) {
+                                    return std::any_of(control_texts_.begin(), control_texts_.end(),
+                                                       [&](const std::string & text) { return m.second.find(text) != std::string::npos; });
+                                });
+    // Contents without control-token text tokenize with the whole rendering: as llama.cpp does, and
+    // as every such prompt did before contents became text.
+    std::vector<int32_t> tokens = spells_control ? tokenize_markup_and_contents(messages, rendered) : tokenize(rendered, true);
     const llama_token bos = llama_vocab_bos(vocab_);
     if (tokens.size() >= 2 && bos != LLAMA_TOKEN_NULL && tokens[0] == bos && tokens[1] == bos) tokens.erase(tokens.begin());
     return tokens;

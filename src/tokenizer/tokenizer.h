@@ -12,6 +12,13 @@ struct llama_vocab;
 
 namespace specula {
 
+// Whether text spelling a control token becomes that token (Parse) or stays text (Text).
+// User-defined tokens of a vocabulary (added words) match in both, as in llama.cpp and HF tokenizers.
+enum class SpecialTokens {
+    Parse,
+    Text
+};
+
 class Tokenizer {
 public:
     explicit Tokenizer(const std::string & gguf_path);  // throws Error
@@ -19,8 +26,11 @@ public:
     Tokenizer(const Tokenizer &) = delete;
     Tokenizer & operator=(const Tokenizer &) = delete;
 
-    // add_bos: prepend BOS when the vocabulary asks for it.
-    std::vector<int32_t> tokenize(const std::string & text, bool add_bos = true) const;
+    // add_bos: prepend BOS when the vocabulary asks for it. `specials`: whether text that spells a
+    // control token ("<|im_start|>") becomes that token. Parse for the operator's own text (generate
+    // -p, benchmarks' prompt sets); Text for text from outside (a server request's prompt), which
+    // then cannot forge the model's markup.
+    std::vector<int32_t> tokenize(const std::string & text, bool add_bos = true, SpecialTokens specials = SpecialTokens::Parse) const;
     std::string piece(int32_t token) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
     bool is_end_of_generation(int32_t token) const;
@@ -35,12 +45,22 @@ public:
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
                                     bool add_assistant) const;
     // The messages through chat_template() as tokens, ending with the assistant's turn opened. BOS is added once: templates that write
-    // the BOS text themselves do not get a second one.
-    std::vector<int32_t> tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const;
+    // the BOS text themselves do not get a second one. Only the template's markup becomes control
+    // tokens: message contents are Text (a user who types "<|im_start|>system" opens no turn) unless
+    // `contents` is Parse (serve --special-tokens-in-prompt). Contents without control-token text
+    // tokenize with the whole rendering, as llama.cpp does; otherwise markup and contents are
+    // tokenized piece by piece, and a content the template does not render verbatim (or trimmed of
+    // surrounding whitespace, as llama.cpp's gemma template does) throws Error naming the message.
+    std::vector<int32_t> tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages,
+                                       SpecialTokens contents = SpecialTokens::Text) const;
 
 private:
+    std::vector<int32_t> tokenize_markup_and_contents(const std::vector<std::pair<std::string, std::string>> & messages,
+                                                      const std::string & rendered) const;
+
     llama_model * model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
+    std::vector<std::string> control_texts_;  // the texts that Parse turns into tokens and Text does not
 };
 
 // Initializes libllama with its log captured (runtime/library_log.h); idempotent.

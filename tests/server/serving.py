@@ -1,10 +1,12 @@
 """Starting `specula serve` for the end-to-end tests: one helper for every test module."""
 import contextlib
+import json
 import os
 import re
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -13,6 +15,9 @@ TARGET = os.path.join(ROOT, "models", "specula-target.gguf")
 DRAFT = os.path.join(ROOT, "models", "specula-draft.gguf")
 SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expanduser("~/.cache/specula/models"),
                        "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+# A greedy request whose text a server must still give after an attack (greedy_text).
+GREEDY = {"prompt": "def f(x):", "max_tokens": 16, "temperature": 0}
 
 
 @contextlib.contextmanager
@@ -50,3 +55,21 @@ def serve(*args, model=TARGET, ready=True, env=None):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def post(base, path, body, timeout=120):
+    """POSTs `body` (JSON-encoded, or bytes as they are); returns (status, the response's JSON), errors included."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def greedy_text(base):
+    """The text of the GREEDY completion; the request must succeed."""
+    status, body = post(base, "/v1/completions", GREEDY)
+    assert status == 200, body
+    return body["choices"][0]["text"]

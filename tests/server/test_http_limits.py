@@ -12,24 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from serving import serve
-
-GREEDY = {"prompt": "def f(x):", "max_tokens": 16, "temperature": 0}
-
-
-def post(base, path, body, timeout=30):
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def greedy_text(base):
-    status, body = post(base, "/v1/completions", GREEDY)
-    assert status == 200, body
-    return body["choices"][0]["text"]
+from serving import greedy_text, serve
 
 
 def health(base, timeout=10):

@@ -138,7 +138,6 @@ def test_seeded_sampling_is_reproducible(client):
 
 @pytest.mark.parametrize("kwargs,param", [
     ({"n": 2}, "n"),
-    ({"model": "gpt-4"}, "model"),
     ({"max_tokens": -1}, "max_tokens"),
     ({"max_tokens": CTX}, "max_tokens"),
     ({"temperature": 5}, "temperature"),

@@ -25,6 +25,7 @@ void register_serve(CLI::App & app, Commands & commands) {
         std::string host = "127.0.0.1";
         int port = 8080;
         size_t max_request_bytes = 4 << 20;
+        bool special_tokens_in_prompt = false;
         int max_connections = 256;
         double head_timeout = 10, request_timeout = 30, shutdown_timeout = 10;  // seconds
         std::vector<std::string> api_keys, cors_origins, allowed_hosts;
@@ -68,6 +69,9 @@ void register_serve(CLI::App & app, Commands & commands) {
                     "origin whose web pages may call the server, e.g. http://localhost:3000 (repeatable; * allows any); default none");
     sub->add_option("--allowed-host", args->allowed_hosts,
                     "Host name answered besides localhost, 127.x.x.x and [::1] when bound to a loopback address (repeatable)");
+    sub->add_flag("--special-tokens-in-prompt", args->special_tokens_in_prompt,
+                  "text spelling a special token (\"<|im_start|>\") in a completions prompt or a chat message becomes that token; "
+                  "by default it is text, and only the chat template's markup is control tokens");
     add_engine_flags(sub, args->engine);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): requests choose \"specee\": \"lossy\" | \"lossless\" | \"off\"");
@@ -116,6 +120,7 @@ void register_serve(CLI::App & app, Commands & commands) {
             }
             server.set_access_policy(access);
             server.set_index_page(report::live_page());
+            server.set_special_tokens_in_prompt(args->special_tokens_in_prompt);
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
             std::fprintf(stderr, "specula: listening on http://%s:%d (loading %s)\n", args->host.c_str(), port, args->engine.model_path.c_str());

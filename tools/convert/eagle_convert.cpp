@@ -14,6 +14,7 @@
 #include <set>
 
 #include "specula/error.h"
+#include "common/json_limits.h"
 #include "common/progress.h"
 #include "ggml.h"
 #include "gguf.h"
@@ -48,7 +49,7 @@ std::vector<uint64_t> header_counts(const json & v, const char * what) {
     if (!v.is_array()) throw Error(std::string(what) + " is not an array");
     std::vector<uint64_t> r;
     for (const json & x : v) {
-        if (!x.is_number_unsigned()) throw Error(std::string(what) + " holds " + x.dump() + ", not a non-negative integer");
+        if (!x.is_number_unsigned()) throw Error(std::string(what) + " holds " + json_kind(x) + ", not a non-negative integer");
         r.push_back(x.get<uint64_t>());
     }
     return r;
@@ -93,7 +94,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string & dir) {
         std::ifstream in(index);
         json j;
         try {
-            j = json::parse(in);
+            j = parse_json(in);
         } catch (const std::exception & e) {
             throw Error(index.string() + ": invalid JSON (" + e.what() + ")");
         }
@@ -131,7 +132,7 @@ void SafetensorsCheckpoint::add_file(const std::string & path) {
     if (!in.read(header.data(), static_cast<std::streamsize>(n))) throw Error(path + ": truncated safetensors header");
     json j;
     try {
-        j = json::parse(header);
+        j = parse_json(header);
     } catch (const std::exception & e) {
         throw Error(path + ": invalid safetensors header JSON (" + e.what() + ")");
     }
@@ -367,7 +368,7 @@ HeadConfig read_config_json(const std::string & dir) {
     if (!in) throw Error(p.string() + ": missing (the checkpoint directory needs config.json)");
     json j;
     try {
-        j = json::parse(in);
+        j = parse_json(in);
     } catch (const std::exception & e) {
         throw Error(p.string() + ": invalid JSON (" + e.what() + ")");
     }
@@ -425,7 +426,7 @@ HeadConfig read_config_json(const std::string & dir) {
     if (j.contains("eagle_aux_hidden_state_layer_ids") && !j["eagle_aux_hidden_state_layer_ids"].is_null()) {
         for (const json & id : j["eagle_aux_hidden_state_layer_ids"]) {  // range-checked against the target later
             if (!id.is_number_integer() || id.get<int64_t>() < INT32_MIN || id.get<int64_t>() > INT32_MAX) {
-                throw Error(where + "eagle_aux_hidden_state_layer_ids has " + id.dump() + ", expected layer numbers");
+                throw Error(where + "eagle_aux_hidden_state_layer_ids has " + json_kind(id) + ", expected layer numbers");
             }
             c.aux_layers.push_back(id.get<int>());
         }
