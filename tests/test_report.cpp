@@ -248,7 +248,10 @@ public:
         close(in_);
         kill(pid_, SIGTERM);
         waitpid(pid_, nullptr, 0);
-        fs::remove_all(profile_dir_);
+        // The browser's helper processes may still be deleting files of the profile: what they
+        // remove first is no error.
+        std::error_code gone;
+        fs::remove_all(profile_dir_, gone);
     }
     // A command's result (events read meanwhile are kept in errors() when they report an error).
     nlohmann::json call(const std::string & method, const nlohmann::json & params = nlohmann::json::object()) {
@@ -302,7 +305,9 @@ public:
     const std::vector<std::string> & errors() const { return errors_; }
 
 private:
-    const std::string profile_dir_ = artifacts_dir() + "/chromium-profile-devtools-" + std::to_string(::getpid());
+    // One profile per browser: a test's browser may still be exiting when the next one starts.
+    inline static int browsers_ = 0;
+    const std::string profile_dir_ = artifacts_dir() + "/chromium-profile-devtools-" + std::to_string(::getpid()) + "-" + std::to_string(browsers_++);
     nlohmann::json read_message() {
         for (;;) {
             const size_t end = buffer_.find('\0');
@@ -441,6 +446,7 @@ TEST(Report, LivePageAsksForTheApiKeyAndSendsItAsABearerToken) {
         chrome.evaluate("document.getElementById('api-key').value = '" + key + "'; document.getElementById('key-form').requestSubmit(); true");
     };
     ASSERT_TRUE(wait_for("!document.getElementById('key-form').hidden")) << "the page did not ask for the key";
+    chrome.screenshot(artifacts_dir() + "/live-key-asked.png");
     EXPECT_EQ(chrome.evaluate("document.getElementById('fig-slots').textContent").get<std::string>(), "-");
     EXPECT_EQ(chrome.evaluate("document.querySelectorAll('.reply .tok').length").get<int>(), 0);
     enter_key("sk-wrong");
