@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# README command 2: set up, build, run the whole test suite; then again under ASan + UBSan; then a
-# short fuzzing pass over the loaders (seed corpus + fuzz/regressions, ASan + UBSan).
+# README command 2: set up, build, run the whole test suite; then again under ASan + UBSan; then the
+# scheduler and the server under ThreadSanitizer; then a short fuzzing pass over the loaders (seed
+# corpus + fuzz/regressions, ASan + UBSan).
 # Each phase is a step of scripts/progress.sh (SPECULA_QUIET=1 silences the step lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/progress.sh
-progress_start test 8 phases --lines
+progress_start test 10 phases --lines
 # phase N LABEL: the running phase ended (its wall time is printed and kept for the summary);
 # phase N, LABEL, starts.
 phase_label="" phase_t0=$(date +%s) phase_times=""
@@ -41,8 +42,35 @@ phase 6 "test suite under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure --timeout 1800 -j"$(nproc)"
 
+# ThreadSanitizer run of the code whose threads share state: the scheduler's worker, the HTTP
+# handlers, the tests' clients. Only test_server (the scheduler and the in-process HTTP server) and
+# the CLI for the end-to-end tests are built. ggml stays uninstrumented and computes on one thread
+# (OMP_THREAD_LIMIT=1), so that every report is about specula's own threads (SPECULA_SANITIZE_THREAD
+# in CMakeLists.txt). A report fails the run: test_server exits non-zero at the first one; a served
+# process writes its reports to build-tsan/tsan-reports/, which must stay empty.
+phase 7 "TSan build"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE_THREAD=ON
+cmake --build build-tsan -j"$(nproc)" --target test_server specula 2>&1 | progress_cmake build-tsan
+phase 8 "scheduler and server under TSan"
+tsan_options=halt_on_error=1:second_deadlock_stack=1
+OMP_THREAD_LIMIT=1 TSAN_OPTIONS=$tsan_options build-tsan/tests/test_server
+rm -rf build-tsan/tsan-reports && mkdir build-tsan/tsan-reports
+# Not under TSan: 2000 SmolLM2 tokens (3 minutes there; a client going away is also covered by
+# test_a_killed_client_frees_its_slot_and_others_finish) and the SmolLM2 chat template (one thread).
+pytest_status=0
+OMP_THREAD_LIMIT=1 TSAN_OPTIONS=$tsan_options:log_path=$PWD/build-tsan/tsan-reports/report \
+  SPECULA_CLI="$PWD/build-tsan/bin/specula" .venv-server/bin/python -m pytest -q -p no:cacheprovider tests/server \
+  -k "not test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot and not test_real_chat_template_smollm2" ||
+  pytest_status=$?
+if [ -n "$(ls -A build-tsan/tsan-reports)" ]; then
+  cat build-tsan/tsan-reports/* >&2
+  echo "test: ThreadSanitizer reported on specula serve (above)" >&2
+  exit 1
+fi
+[ "$pytest_status" = 0 ] || exit "$pytest_status"
+
 # Fuzz smoke: 20 s per target on the seeds and every regression input (scripts/fuzz.sh).
-phase 7 "fuzz smoke"
+phase 9 "fuzz smoke"
 scripts/fuzz.sh 20
-phase 8 "all passed"
+phase 10 "all passed"
 printf 'test: wall time per phase\n%s' "$phase_times" >&2
