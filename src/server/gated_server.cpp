@@ -166,9 +166,10 @@ GatedServer::GatedServer(int max_connections, RequestDeadlines deadlines, std::f
     if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw Error(std::string("cannot make the waiting room's pipe: ") + std::strerror(errno));
     new_task_queue = [] { return new HandOver; };
     // Every admitted connection gets a thread at once (no queue behind a long generation): at most
-    // one per open connection, and the idle ones end after a few seconds.
+    // one per open connection. The threads a burst added stay a minute once idle (cpp-httplib's
+    // default ends them after 3 s), so that the next burst reuses them rather than start new ones.
     const size_t max_threads = static_cast<size_t>(max_connections_);
-    workers_ = std::make_unique<httplib::ThreadPool>(std::min<size_t>(8, max_threads), max_threads);
+    workers_ = std::make_unique<httplib::ThreadPool>(std::min<size_t>(8, max_threads), max_threads, 0, 60);
     waiting_room_ = std::thread([this] { waiting_room(); });
 }
 
