@@ -6,7 +6,7 @@
 set -euo pipefail
 . "$(dirname "$0")/progress.sh"
 packages=(g++ cmake make git ca-certificates npm ccache libbenchmark-dev
-          pkg-config nlohmann-json3-dev libcli11-dev python3-pip unzip)
+          nlohmann-json3-dev libcli11-dev python3-pip unzip)
 case "${1:-}" in
   "") ;;
   --tests)
