@@ -6,6 +6,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <sstream>
 
 #include "specula/error.h"
+#include "specula/specula.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "gguf_edit.h"
@@ -217,7 +219,7 @@ std::map<std::string, std::optional<TensorEdit>> resized_target_tensors(int64_t 
     return out;
 }
 
-// A head size of 2^18 on a width of 2: each token's K and V rows take 2 MiB in an 8 MB file, so
+// A head size of 2^18 on a width of 2: each token's K and V rows take 2 MiB in a 9 MB file, so
 // the default 2048-token context asked for 4 GiB, which was allocated and cleared (with 2^20 and
 // more layers, until the process was killed) instead of refused.
 std::string huge_key_length_model() {
@@ -246,6 +248,41 @@ TEST(Hostile, KvCacheFarLargerThanTheFileIsRefused) {
     EXPECT_ERROR(test::error_message([&] { KvCache::pool(b, model->config(), 1024, 2); }), p, "a KV cache of 2048 tokens would need");
     KvCache small(b, model->config(), 16);  // 32 MiB: within the bound
     EXPECT_EQ(small.capacity(), 16);
+}
+
+// A copy of `model` whose LM head rows for tokens 0..n-1 are NaN: their logits are NaN at every step.
+std::string with_nan_logits(const std::string & model, const std::string & name, int64_t n) {
+    const GgufFile in(model);
+    const ggml_tensor * head = in.tensor_meta("output.weight");
+    std::vector<uint8_t> bytes = in.read_tensor_bytes("output.weight");
+    std::fill_n(reinterpret_cast<float *>(bytes.data()), head->ne[0] * n, NAN);
+    return edited(model, name, nullptr, {{"output.weight", TensorEdit{GGML_TYPE_F32, {head->ne[0], head->ne[1]}, bytes}}});
+}
+
+// NaN weights load (docs/validation.md); their NaN logits weigh as -inf in the target's sampling and
+// verification and in the drafter's tree. Before, token 0's NaN logit was the argmax at every step.
+TEST(Hostile, NanLogitsAreNeverDrawn) {
+    EngineOptions o;
+    o.model_path = with_nan_logits(target(), "nan-logits-target", 100);
+    o.drafter = DrafterSpec{DrafterKind::DraftModel, with_nan_logits(test::model_path("llama_draft_small"), "nan-logits-draft", 100)};
+    o.tree = TreeShape::Dynamic;
+    o.n_threads = 1;
+    const auto engine = Engine::open(o);
+    SamplingParams greedy, plain, top_k;
+    plain.temperature = 0.8f, plain.seed = 3;
+    top_k.temperature = 0.8f, top_k.top_k = 120, top_k.top_p = 0.95f, top_k.seed = 4;
+    for (const SamplingParams & sampling : {greedy, plain, top_k}) {
+        GenerationOptions g;
+        g.n_predict = 24;
+        g.sampling = sampling;
+        std::vector<int32_t> out;
+        engine->generate(engine->tokenize("Once upon a time"), g, [&](int32_t t) {
+            out.push_back(t);
+            return true;
+        });
+        EXPECT_EQ(out.size(), 24u);
+        for (int32_t t : out) EXPECT_GE(t, 100) << "temperature " << sampling.temperature;
+    }
 }
 
 TEST(Hostile, VocabularySizeMustMatchTheEmbeddingRows) {
@@ -348,6 +385,24 @@ TEST(Hostile, AddedSpecialTokenOutsideTheVocabulary) {
                  "tokenizer.ggml.add_eos_token is set but tokenizer.ggml.eos_token_id names no token of the 2-token vocabulary");
 }
 
+// libllama asserts (SIGABRT) when two tokens have the same text; an empty text reads as "[EMPTY_<id>]".
+std::string duplicate_token_model() {
+    return edited(target(), "tokens-duplicate", [](gguf_context * g) {
+        const GgufFile in(target());
+        std::vector<std::string> tokens = *in.find_str_array("tokenizer.ggml.tokens");
+        tokens[7] = "";
+        tokens[8] = "[EMPTY_7]";
+        std::vector<const char *> texts;
+        for (const std::string & t : tokens) texts.push_back(t.c_str());
+        gguf_set_arr_str(g, "tokenizer.ggml.tokens", texts.data(), texts.size());
+    });
+}
+
+TEST(Hostile, DuplicateTokenTextsAreAnErrorNotAnAbort) {
+    const std::string p = duplicate_token_model();
+    EXPECT_ERROR(model_error(p), p, "metadata key tokenizer.ggml.tokens[8] is \"[EMPTY_7]\", as token 7 is (libllama needs distinct token texts)");
+}
+
 // ---------------------------------------------------------------- the CLI
 
 void expect_cli_error(const std::string & args, const std::string & text) { test::expect_cli_error(SPECULA_CLI, args, text); }
@@ -436,6 +491,11 @@ TEST(HostileCli, HugeBlockCount) {
 TEST(HostileCli, HugeKeyLength) {
     const std::string p = huge_key_length_model();
     expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": a KV cache of 2048 tokens would need 4294967296 bytes");
+}
+
+TEST(HostileCli, DuplicateTokenTexts) {
+    const std::string p = duplicate_token_model();
+    expect_cli_error("generate -m " + p + " -p hi -n 4", p + ": metadata key tokenizer.ggml.tokens[8] is \"[EMPTY_7]\"");
 }
 
 TEST(HostileCli, EagleHeadWithZeroHeads) {

@@ -176,6 +176,14 @@ std::vector<int32_t> GgufFile::get_i32_array(const std::string & key) const {
     return out;
 }
 
+std::optional<std::vector<std::string>> GgufFile::find_str_array(const std::string & key) const {
+    const int64_t id = key_id(key);
+    if (id < 0 || gguf_get_kv_type(gguf_, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(gguf_, id) != GGUF_TYPE_STRING) return std::nullopt;
+    std::vector<std::string> out(gguf_get_arr_n(gguf_, id));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = gguf_get_arr_str(gguf_, id, i);
+    return out;
+}
+
 ggml_tensor * GgufFile::tensor_meta(const std::string & name) const { return ggml_get_tensor(meta_, name.c_str()); }
 
 std::vector<ggml_tensor *> GgufFile::tensors() const {

@@ -34,8 +34,9 @@ public:
     std::optional<float> find_f32(const std::string & key) const;
     std::optional<std::string> find_str(const std::string & key) const;
     std::optional<bool> find_bool(const std::string & key) const;
-    std::vector<int32_t> get_i32_array(const std::string & key) const;  // integer or bool (0/1) elements; outside int32 throws
-    size_t array_length(const std::string & key) const;                 // 0 if absent
+    std::vector<int32_t> get_i32_array(const std::string & key) const;                      // integer or bool (0/1) elements; outside int32 throws
+    std::optional<std::vector<std::string>> find_str_array(const std::string & key) const;  // none: absent or not a string array
+    size_t array_length(const std::string & key) const;                                     // 0 if absent
 
     // Tensor metadata (no data) as stored in the file; nullptr if absent.
     ggml_tensor * tensor_meta(const std::string & name) const;

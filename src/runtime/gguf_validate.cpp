@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
+#include <unordered_map>
 #include <sstream>
 
 #include "specula/error.h"
@@ -26,6 +28,18 @@ std::string shape_str(const int64_t * ne, size_t n) {
     std::string s = "[";
     for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
     return s + "]";
+}
+
+// A token text for an error line: quoted, bytes outside printable ASCII as \xNN, at most 40 of them.
+std::string printable(const std::string & text) {
+    std::string s = "\"";
+    for (size_t i = 0; i < std::min<size_t>(text.size(), 40); ++i) {
+        const auto c = static_cast<unsigned char>(text[i]);
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02x", c);
+        s += c >= 0x20 && c < 0x7f && c != '"' && c != '\\' ? std::string(1, static_cast<char>(c)) : std::string(hex);
+    }
+    return s + (text.size() > 40 ? "...\"" : "\"");
 }
 
 // Types ggml's CPU mul_mat and get_rows both take as a weight (tied embeddings are both).
@@ -171,6 +185,21 @@ void check_block_count(const GgufFile & f, const std::string & key, int n_layer)
     if (max_block + 1 != n_layer) {
         throw Error(f.path() + ": metadata key " + key + " is " + std::to_string(n_layer) + " but the file has tensors for " +
                     std::to_string(max_block + 1) + " layers (blk.0 .. blk." + std::to_string(max_block) + ")");
+    }
+}
+
+void check_token_texts(const GgufFile & f) {
+    const std::string key = "tokenizer.ggml.tokens";
+    const std::optional<std::vector<std::string>> texts = f.find_str_array(key);
+    if (!texts) return;  // libllama names a missing or mistyped array itself
+    std::unordered_map<std::string, size_t> first_with;
+    for (size_t id = 0; id < texts->size(); ++id) {
+        const std::string text = (*texts)[id].empty() ? "[EMPTY_" + std::to_string(id) + "]" : (*texts)[id];
+        const auto [it, inserted] = first_with.emplace(text, id);
+        if (!inserted) {
+            throw Error(f.path() + ": metadata key " + key + "[" + std::to_string(id) + "] is " + printable(text) + ", as token " +
+                        std::to_string(it->second) + " is (libllama needs distinct token texts)");
+        }
     }
 }
 

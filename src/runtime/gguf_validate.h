@@ -43,6 +43,12 @@ void read_layer_sizes(const GgufFile & f, const std::string & prefix, ModelConfi
 // tensors present is caught before anything is sized by it.
 void check_block_count(const GgufFile & f, const std::string & key, int n_layer);
 
+// The vocabulary's token texts (tokenizer.ggml.tokens, when stored as strings) are distinct, as
+// libllama's vocabulary loader asserts (an abort, not an error) after reading them; it reads an
+// empty text as "[EMPTY_<id>]", which may then repeat another. Checked before any Tokenizer loads
+// the file.
+void check_token_texts(const GgufFile & f);
+
 // Rows of token_embd.weight (the vocabulary size), checked against `vocab_key` when stored.
 int embedding_rows(const GgufFile & f, const std::string & vocab_key);
 
