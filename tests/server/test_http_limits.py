@@ -90,7 +90,7 @@ def test_a_body_over_the_limit_gets_413_whatever_its_framing():
 
 def test_clients_trickling_their_head_hold_no_thread_and_get_408():
     # Catches: a fixed pool of threads, each held by a client that sends a header line a second
-    # (with no deadline for the head), so that 40 such clients keep /health from answering.
+    # (with no deadline for the head), so that 40 such clients keep /health and /metrics from answering.
     with serve("--parallel", "2", "--queue", "4", "--head-timeout", "4", "--request-timeout", "6") as (_, base):
         before = greedy_text(base)
         head = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + b"X-Slow: 1\r\n" * 100
@@ -123,6 +123,8 @@ def test_clients_trickling_their_head_hold_no_thread_and_get_408():
         try:
             for _ in range(3):  # while the tricklers hold their sockets
                 assert health(base, timeout=3) == 200
+                with urllib.request.urlopen(base + "/metrics", timeout=3) as r:
+                    assert b"specula:requests_processing" in r.read()
                 time.sleep(0.5)
             trickler.join(timeout=20)
             assert len(replies) == len(socks), f"only {len(replies)} of {len(socks)} trickling clients were closed"
