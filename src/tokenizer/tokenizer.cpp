@@ -165,7 +165,9 @@ std::string trim_whitespace(const std::string & s) {
 
 // The rendering as markup and contents: the template rendered again with markers for the contents
 // gives the markup between them; walking `rendered` checks that markup and contents make it up
-// exactly, so only the template's own text is tokenized with specials parsed.
+// exactly, so only the template's own text is tokenized with specials parsed. Each piece is
+// tokenized as a text of its own (a SentencePiece vocabulary with add_space_prefix gives each a
+// leading space), which only such prompts do: others keep the whole rendering's tokens.
 std::vector<int32_t> Tokenizer::tokenize_markup_and_contents(const std::vector<std::pair<std::string, std::string>> & messages,
                                                              const std::string & rendered) const {
     std::vector<std::pair<std::string, std::string>> marked = messages;
