@@ -62,7 +62,7 @@ void register_serve(CLI::App & app, Commands & commands) {
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
     sub->add_option("--api-key", args->api_keys,
-                    "key that requests must send as 'Authorization: Bearer KEY' (repeatable; also $SPECULA_API_KEY); /health and the page at / stay open")
+                    "key that requests must send as 'Authorization: Bearer KEY' (repeatable; without it $SPECULA_API_KEY); /health and the page at / stay open")
         ->envname("SPECULA_API_KEY");
     sub->add_option("--api-key-file", args->api_key_file, "file of API keys, one a line ('#' starts a comment line); kept out of the process list");
     sub->add_option("--cors-origin", args->cors_origins,
