@@ -4,8 +4,8 @@
 // thread (the waiting room) until its head ends ("\r\n\r\n"), so a client that trickles its head
 // a byte at a time holds a socket, never a thread; a head still incomplete past its deadline gets
 // 408, one longer than the head limit 431. The head and body must have arrived by the request
-// deadline (408 after it), open connections are capped (more get 503), and shutdown() lets the
-// requests in flight finish before it closes their connections.
+// deadline (408 after it), and open connections are capped (more get 503). For a graceful end:
+// stop_accepting(), wait_idle() for the requests in flight, cut_reads(), join_workers().
 #include <httplib.h>
 
 #include <atomic>
