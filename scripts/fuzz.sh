@@ -11,7 +11,8 @@ seconds="${1:-600}"
 shift || true
 scripts/setup.sh --tests
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DSPECULA_FUZZ=ON -DSPECULA_BUILD_TESTS=OFF "$@" >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_model_loading fuzz_safetensors fuzz_openai_request fuzz_seeds
+targets=(model_loading safetensors openai_request tokenizer exit_predictor)
+cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}" fuzz_seeds
 
 out=build-fuzz/fuzz-run
 rm -rf "$out"
@@ -24,10 +25,11 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 status=0
-for target in model_loading safetensors openai_request; do
+for target in "${targets[@]}"; do
   corpus="$out/corpus-$target"
   mkdir -p "$corpus" "fuzz/regressions/$target"
-  # Seeds: written by fuzz_seeds (model files), or kept in fuzz/regressions/<target>/ (request bodies).
+  # Seeds: written by fuzz_seeds (model, vocabulary and predictor files), or kept in
+  # fuzz/regressions/<target>/ (request bodies).
   if [ -d "$out/seeds/$target" ]; then cp "$out/seeds/$target"/* "$corpus/"; fi
   log="$out/$target.log"
   # -malloc_limit_mb: inputs are at most -max_len bytes, so no single allocation may approach this.

@@ -403,6 +403,20 @@ TEST(Hostile, DuplicateTokenTextsAreAnErrorNotAnAbort) {
     EXPECT_ERROR(model_error(p), p, "metadata key tokenizer.ggml.tokens[8] is \"[EMPTY_7]\", as token 7 is (libllama needs distinct token texts)");
 }
 
+// A missing byte token made tokenizing text without a token of its own throw std::out_of_range
+// (`unordered_map::at`) out of libllama.
+TEST(Hostile, SentencePieceVocabularyHasEveryByteToken) {
+    const std::string p = edited(target(), "tokens-no-byte-0x41", [](gguf_context * g) {
+        const GgufFile in(target());
+        std::vector<std::string> tokens = *in.find_str_array("tokenizer.ggml.tokens");
+        std::replace(tokens.begin(), tokens.end(), std::string("<0x41>"), std::string("<0x41>?"));
+        std::vector<const char *> texts;
+        for (const std::string & t : tokens) texts.push_back(t.c_str());
+        gguf_set_arr_str(g, "tokenizer.ggml.tokens", texts.data(), texts.size());
+    });
+    EXPECT_ERROR(model_error(p), p, "the SentencePiece vocabulary (tokenizer.ggml.model llama) has no byte token <0x41>");
+}
+
 // ---------------------------------------------------------------- the CLI
 
 void expect_cli_error(const std::string & args, const std::string & text) { test::expect_cli_error(SPECULA_CLI, args, text); }

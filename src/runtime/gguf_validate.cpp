@@ -201,6 +201,15 @@ void check_token_texts(const GgufFile & f) {
                         std::to_string(it->second) + " is (libllama needs distinct token texts)");
         }
     }
+    if (f.find_str("tokenizer.ggml.model") != "llama") return;
+    for (int byte = 0; byte < 256; ++byte) {
+        char text[8];
+        std::snprintf(text, sizeof text, "<0x%02X>", byte);
+        if (!first_with.count(text)) {
+            throw Error(f.path() + ": the SentencePiece vocabulary (tokenizer.ggml.model llama) has no byte token " + text +
+                        " (libllama spells text it has no token for in byte tokens)");
+        }
+    }
 }
 
 int embedding_rows(const GgufFile & f, const std::string & vocab_key) {

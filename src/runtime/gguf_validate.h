@@ -45,8 +45,10 @@ void check_block_count(const GgufFile & f, const std::string & key, int n_layer)
 
 // The vocabulary's token texts (tokenizer.ggml.tokens, when stored as strings) are distinct, as
 // libllama's vocabulary loader asserts (an abort, not an error) after reading them; it reads an
-// empty text as "[EMPTY_<id>]", which may then repeat another. Checked before any Tokenizer loads
-// the file.
+// empty text as "[EMPTY_<id>]", which may then repeat another. A SentencePiece vocabulary has the
+// 256 byte tokens <0x00>..<0xFF>: libllama's tokenizer looks them up by text for text it has no
+// token for, and throws std::out_of_range out of tokenizing when one is missing. Checked before any
+// Tokenizer loads the file.
 void check_token_texts(const GgufFile & f);
 
 // Rows of token_embd.weight (the vocabulary size), checked against `vocab_key` when stored.
