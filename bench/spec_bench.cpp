@@ -21,6 +21,7 @@
 #include "common/progress.h"
 #include "engine/generate.h"
 #include "engine/model_bundle.h"
+#include "engine/generation_mode.h"
 #include "engine/sequence.h"
 #include "engine/verify_cost_probe.h"
 #include "engine/specee.h"
@@ -63,6 +64,16 @@ struct Mode {
     TreeShape tree = TreeShape::Chain;
     bool llama_flash_attn = true;  // llama.cpp modes: -fa on (its CPU default) or -fa off
 };
+
+// The generation mode a specula mode runs (llama.cpp's modes run none of them).
+GenerationMode generation_mode_of(Kind kind) {
+    switch (kind) {
+        case Kind::SpeculaPlain: return GenerationMode::Plain;
+        case Kind::SpeculaSpeceeLossy: return GenerationMode::SpeceeLossy;
+        case Kind::SpeculaSpeceeLossless: return GenerationMode::SpeceeLossless;
+        default: return GenerationMode::Speculative;
+    }
+}
 
 // Modes of one prompt run back to back, so that load drift on a shared machine hits all alike.
 const std::vector<Mode> kModes = {
@@ -378,10 +389,11 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size
     };
     Run run;
     GenerationStats s;
-    if (mode.kind == Kind::SpeculaPlain) {
+    const GenerationMode generation = generation_mode_of(mode.kind);
+    if (generation == GenerationMode::Plain) {
         s = generate_plain(rig.runner, rig.cache, prompt.tokens, g, never_end, keep_going);
         if (g.sampling.greedy()) rig.plain_tokens[prompt_index] = tokens;
-    } else if (mode.kind == Kind::SpeculaSpeceeLossy) {
+    } else if (generation == GenerationMode::SpeceeLossy) {
         s = generate_early_exit(*rig.exit_decoder, rig.runner, rig.cache, *rig.eagle3_drafter, prompt.tokens, g, rig.exit_threshold, never_end,
                                 keep_going, run.exits);
         const std::vector<int32_t> & plain = rig.plain_tokens.at(prompt_index);
@@ -396,20 +408,21 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size
         run.forced_exited = forced.exited;
         run.forced_agree = forced.agree;
     } else {
-        if (mode.kind == Kind::SpeculaSpeceeLossless) rig.exit_drafter->clear_exit_stats();
+        if (generation == GenerationMode::SpeceeLossless) rig.exit_drafter->clear_exit_stats();
         Drafter & drafter = rig.drafter_for(mode.kind);
-        auto policy = make_draft_policy(mode.policy, k_max, rig.cost.verify_ms, rig.cost.depth, rig.cost.row_depth_ms);
         run.rounds_by_k.assign(rig.cost.verify_ms.size(), 0);
-        TreeBudget tree;                            // a chain: the policy sets its length each round
-        std::unique_ptr<TreeSizePolicy> tree_size;  // per generation, as Engine::generate
+        TreeBudget tree;  // a chain: the policy sets its length each round
         if (mode.tree != TreeShape::Chain) {
             tree = rig.tree;
             tree.shape = mode.tree;
-            if (tree.max_nodes == 0) tree_size = std::make_unique<TreeSizePolicy>(rig.cost.verify_ms, rig.cost.depth, rig.cost.row_depth_ms);
         }
-        SequenceParts parts{.cache = rig.cache, .drafter = &drafter, .policy = policy.get(), .tree = tree, .on_round = [&](const RoundInfo & r) { record_round(run, r); }, .verify = nullptr, .tree_size = tree_size.get()};
+        // Per generation, as Engine::generate.
+        const RoundPolicies policies =
+            make_round_policies(generation, mode.policy, k_max, tree, VerifyCostCurve{rig.cost.verify_ms, rig.cost.depth, rig.cost.row_depth_ms});
+        const SequenceParts parts = sequence_parts(generation, rig.cache, &drafter, tree, policies.length.get(), policies.tree_size.get(),
+                                                   [&](const RoundInfo & r) { record_round(run, r); });
         s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);
-        if (mode.kind == Kind::SpeculaSpeceeLossless) run.exits = rig.exit_drafter->exit_stats();
+        if (generation == GenerationMode::SpeceeLossless) run.exits = rig.exit_drafter->exit_stats();
     }
     run.tokens = s.n_generated;
     run.seconds = s.generation_seconds;

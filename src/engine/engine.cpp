@@ -51,12 +51,13 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     }
     KvCache cache(*t.backend, t.model->config(), t.options.n_ctx);
     auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
-    if (!impl_->drafter) {
+    const GenerationMode mode = t.generation_mode();
+    if (mode == GenerationMode::Plain) {
         GenerationStats stats = generate_plain(*t.runner, cache, tokens, options, is_end, sink);
         stats.kernels = t.backend->kernels_summary();
         return stats;
     }
-    if (t.exit_predictor && !t.options.specee_lossless) {
+    if (mode == GenerationMode::SpeceeLossy) {
         EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get(), t.options.specee_online);
         EarlyExitStats exits;
         const int n_layer = t.model->config().n_layer;
@@ -73,9 +74,8 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     }
 
     t.measure_verify_cost_once(cache, tokens, 0, impl_->drafter->feature_layers());
-    std::unique_ptr<TreeSizePolicy> tree_size = t.make_tree_size_policy();
-    auto policy = t.make_draft_policy();
-    SequenceParts parts{cache, impl_->drafter.get(), policy.get(), t.tree, nullptr, nullptr, tree_size.get()};
+    const RoundPolicies policies = t.make_round_policies(mode);
+    SequenceParts parts = t.sequence_parts(mode, cache, impl_->drafter.get(), policies.length.get(), policies.tree_size.get());
     if (options.on_round) parts.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
     GenerationStats stats = generate_speculative(*t.runner, parts, tokens, options, is_end, sink);
     stats.verify_cost_ms = t.verify_cost_ms;

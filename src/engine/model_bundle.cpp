@@ -116,12 +116,22 @@ std::unique_ptr<DraftLengthPolicy> ModelBundle::make_draft_policy() const {
 }
 
 std::unique_ptr<TreeSizePolicy> ModelBundle::make_tree_size_policy() const {
-    if (tree.shape == TreeShape::Chain || tree.max_nodes != 0) return nullptr;
-    // The policy verifies at most one less node than its curve has sizes: the sizes one sequence
-    // verifies (the rest of the curve, measured for shared steps, it extrapolates).
-    const size_t sizes = std::min(verify_cost_ms.size(), static_cast<size_t>(std::max(options.draft_max + 1, kAutoTreeMaxNodes + 1)));
-    return std::make_unique<TreeSizePolicy>(std::vector<double>(verify_cost_ms.begin(), verify_cost_ms.begin() + sizes), verify_cost_depth,
-                                            verify_cost_row_depth_ms);
+    return specula::make_tree_size_policy(tree, options.draft_max, verify_cost());
+}
+
+GenerationMode ModelBundle::generation_mode() const {
+    if (!speculative) return GenerationMode::Plain;
+    if (exit_predictor) return options.specee_lossless ? GenerationMode::SpeceeLossless : GenerationMode::SpeceeLossy;
+    return GenerationMode::Speculative;
+}
+
+RoundPolicies ModelBundle::make_round_policies(GenerationMode mode) const {
+    return specula::make_round_policies(mode, policy, options.draft_max, tree, verify_cost());
+}
+
+SequenceParts ModelBundle::sequence_parts(GenerationMode mode, KvCache & cache, Drafter * sequence_drafter, DraftLengthPolicy * length,
+                                          TreeSizePolicy * tree_size, std::function<void(const RoundInfo &)> on_round) const {
+    return specula::sequence_parts(mode, cache, sequence_drafter, tree, length, tree_size, std::move(on_round));
 }
 
 }  // namespace specula

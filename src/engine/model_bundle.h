@@ -11,6 +11,7 @@
 
 #include "draft/drafter.h"
 #include "engine/drafter_source.h"
+#include "engine/generation_mode.h"
 #include "policy/draft_length.h"
 #include "policy/tree_size.h"
 #include "specula/specula.h"
@@ -69,6 +70,16 @@ struct ModelBundle {
     std::vector<std::unique_ptr<Drafter>> make_drafters(int n_ctx, int n) const;
     std::unique_ptr<DraftLengthPolicy> make_draft_policy() const;
     std::unique_ptr<TreeSizePolicy> make_tree_size_policy() const;
+
+    // The mode the options choose (Engine, `specula generate`): Plain without a drafter, a SpecEE
+    // mode with exit predictors, else Speculative. A server picks SpecEE modes per request.
+    GenerationMode generation_mode() const;
+    VerifyCostCurve verify_cost() const { return {verify_cost_ms, verify_cost_depth, verify_cost_row_depth_ms}; }
+    // The mode's round policies and a sequence's parts under this bundle's drafting rules
+    // (engine/generation_mode.h).
+    RoundPolicies make_round_policies(GenerationMode mode) const;
+    SequenceParts sequence_parts(GenerationMode mode, KvCache & cache, Drafter * sequence_drafter, DraftLengthPolicy * length, TreeSizePolicy * tree_size,
+                                 std::function<void(const RoundInfo &)> on_round = {}) const;
 };
 
 }  // namespace specula

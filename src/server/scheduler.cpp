@@ -264,7 +264,7 @@ void Scheduler::admit() {
                 slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
                                                                           job->prompt_, job->options_, exit.threshold, is_end, options_.prefill_chunk);
             } else if (exit.mode == EarlyExitMode::Lossless) {
-                // Chains: the tokens up to the first that did not exit.
+                // Chains (engine/generation_mode.h): the tokens up to the first that did not exit.
                 if (!slot->exit_drafter) {
                     slot->exit_drafter = target_.make_exit_drafter(target_.options.n_ctx, exit.threshold);
                     slot->exit_policy = target_.make_draft_policy();
@@ -272,15 +272,14 @@ void Scheduler::admit() {
                 slot->exit_drafter->set_threshold(exit.threshold);
                 slot->exit_drafter->clear_exit_stats();
                 slot->exit_policy->begin_sequence();
-                TreeBudget chain = target_.tree;
-                chain.shape = TreeShape::Chain;
-                slot->sequence = std::make_unique<Sequence>(
-                    SequenceParts{*slot->cache, slot->exit_drafter.get(), slot->exit_policy.get(), chain, on_round, nullptr, nullptr},
-                    job->prompt_, job->options_, is_end, options_.prefill_chunk);
+                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot->cache, slot->exit_drafter.get(),
+                                                                                   slot->exit_policy.get(), nullptr, on_round),
+                                                            job->prompt_, job->options_, is_end, options_.prefill_chunk);
             } else {
-                slot->sequence = std::make_unique<Sequence>(
-                    SequenceParts{*slot->cache, slot->drafter.get(), slot->policy.get(), target_.tree, on_round, nullptr, slot->tree_size.get()},
-                    job->prompt_, job->options_, is_end, options_.prefill_chunk);
+                // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
+                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot->cache, slot->drafter.get(),
+                                                                                   slot->policy.get(), slot->tree_size.get(), on_round),
+                                                            job->prompt_, job->options_, is_end, options_.prefill_chunk);
             }
             s->round_tokens.clear();
             s->ended_by_eog = false;

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "engine/generate.h"
 #include "engine/specee.h"
+#include "engine/generation_mode.h"
 #include "engine/sequence.h"
 #include "policy/draft_length.h"
 #include "engine/model_bundle.h"
@@ -221,7 +222,8 @@ int run_eval(EngineOptions options, const PromptSet & set, int n_predict, const 
         if (ps.generation_seconds > 0 && ls.generation_seconds > 0) ratios.push_back(ls.generation_tok_s() / ps.generation_tok_s());
         std::vector<int32_t> verified;
         KvCache c4(*t->backend, model.config(), options.n_ctx);
-        SequenceParts parts{c4, &lossless_drafter, fixed.get(), TreeBudget{TreeShape::Chain, 6, 1, 6}};
+        const SequenceParts parts =
+            sequence_parts(GenerationMode::SpeceeLossless, c4, &lossless_drafter, TreeBudget{TreeShape::Chain, 6, 1, 6}, fixed.get(), nullptr);
         GenerationStats vs = generate_speculative(*t->runner, parts, prompt, gen, is_end, [&](int32_t tok) { verified.push_back(tok); return true; });
         lossless_s += vs.generation_seconds;
         lossless_n += vs.n_generated;
