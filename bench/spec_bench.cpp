@@ -17,7 +17,7 @@
 #include "bench_util.h"
 #include "report.h"
 #include "specula/error.h"
-#include "engine/drafter_source.h"
+#include "engine/drafter_factory.h"
 #include "common/progress.h"
 #include "engine/generate.h"
 #include "engine/model_bundle.h"
@@ -224,14 +224,14 @@ EngineOptions engine_options(const SpecBenchOptions & o) {
     return e;
 }
 
-// Every drafter the modes use, assembled as the engine assembles them (engine/drafter_source.h).
+// Every drafter the modes use, assembled as the engine assembles them (engine/drafter_factory.h).
 struct SpeculaRig {
     Backend backend;
     std::unique_ptr<Model> target;
     Tokenizer vocab;
     ModelRunner runner;
     KvCache cache;
-    DrafterSource draft, ngram, eagle1, eagle3, eagle3_lookup;
+    DrafterFactory draft, ngram, eagle1, eagle3, eagle3_lookup;
     std::unique_ptr<Drafter> draft_drafter, ngram_drafter, eagle1_drafter, eagle3_drafter, eagle3_lookup_drafter;
     std::unique_ptr<ExitPredictor> exit_predictor;  // SpecEE: the lossy mode's decoder, the lossless mode's drafter
     float exit_threshold = 1.0f;
@@ -252,9 +252,9 @@ struct SpeculaRig {
         e.tree = TreeShape::Dynamic;
         e.tree_nodes = o.tree_nodes;
         tree = drafting_rules(e, DrafterKind::DraftModel).tree;
-        auto assemble = [&](DrafterSource & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path,
+        auto assemble = [&](DrafterFactory & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path,
                             bool lookup = false) {
-            source = DrafterSource::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max, lookup}, backend, *target, vocab);
+            source = DrafterFactory::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max, lookup}, backend, *target, vocab);
             drafter = source.make(n_ctx);
         };
         if (!o.draft.empty()) assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);

@@ -15,7 +15,7 @@
 #include "draft/eagle.h"
 #include "draft/lookup_graft.h"
 #include "draft/ngram.h"
-#include "engine/drafter_source.h"
+#include "engine/drafter_factory.h"
 #include "engine/generate.h"
 #include "engine/specee.h"
 #include "engine/sequence.h"

@@ -15,7 +15,7 @@ class DraftModelDrafter : public Drafter {
 public:
     // Alone: its own runner and cache of n_ctx slots.
     DraftModelDrafter(const Model & model, int n_ctx);
-    // One of a group (DrafterSource::make_group): a runner and KV pool shared with the group, so
+    // One of a group (DrafterFactory::make_group): a runner and KV pool shared with the group, so
     // that the group's forwards can run as one.
     DraftModelDrafter(const Model & model, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream);
     const char * name() const override { return "draft-model"; }

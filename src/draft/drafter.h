@@ -44,7 +44,7 @@ struct Draft {
 void prune_draft(Draft & draft, int n);
 
 // A forward of a drafter's own network that the drafter waits for. The caller runs it alone or,
-// when several drafters wait on the same runner and KV pool (DrafterSource::make_group), as one
+// when several drafters wait on the same runner and KV pool (DrafterFactory::make_group), as one
 // forward_parts over all of them: batched drafting across the sequences of a step.
 struct DraftForward {
     ModelRunner * runner = nullptr;

@@ -28,7 +28,7 @@ public:
     static constexpr int kPromptWindow = 512;
     // Alone: its own runner and cache of n_ctx slots.
     EagleDrafter(const EagleHead & head, int n_ctx, int prompt_window = kPromptWindow);
-    // One of a group (DrafterSource::make_group): a runner and KV pool shared with the group.
+    // One of a group (DrafterFactory::make_group): a runner and KV pool shared with the group.
     EagleDrafter(const EagleHead & head, std::shared_ptr<ModelRunner> runner, std::unique_ptr<KvCache> stream,
                  int prompt_window = kPromptWindow);
     const char * name() const override;

@@ -58,7 +58,7 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
     if (t->backend->remote() && spec.kind != DrafterKind::None) {
         t->draft_backend = std::make_unique<Backend>(BackendOptions{"cpu", options.n_threads, options.attention, options.kernels});
     }
-    t->drafter = DrafterSource::open(drafter_spec, t->draft_backend ? *t->draft_backend : *t->backend, *t->model, *t->tokenizer);
+    t->drafter = DrafterFactory::open(drafter_spec, t->draft_backend ? *t->draft_backend : *t->backend, *t->model, *t->tokenizer);
     if (t->speculative) progress.step("drafter");
     if (!options.specee_path.empty()) {
         if (spec.kind != DrafterKind::Eagle3) throw Error("--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");

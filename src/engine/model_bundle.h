@@ -2,7 +2,7 @@
 // The shared model bundle: what every sequence of an engine shares: the target model, its tokenizer, the drafter's model or
 // head, the drafting defaults and the measured verify-cost curve, and the runner whose graph cache
 // all sequences' target forwards use. The CLI, the engine and the server open it; drafters are
-// assembled in engine/drafter_source.h (which the benchmarks use too).
+// assembled in engine/drafter_factory.h (which the benchmarks use too).
 // Per-sequence state (cache stream, drafter instance, policies, Rng) is made from it per sequence.
 #include <cstdint>
 #include <memory>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "draft/drafter.h"
-#include "engine/drafter_source.h"
+#include "engine/drafter_factory.h"
 #include "engine/generation_mode.h"
 #include "policy/draft_length.h"
 #include "policy/tree_size.h"
@@ -41,7 +41,7 @@ struct ModelBundle {
     std::unique_ptr<Backend> draft_backend;
     std::unique_ptr<Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
-    DrafterSource drafter;
+    DrafterFactory drafter;
     std::unique_ptr<ModelRunner> runner;  // the target's forwards, every sequence's
     bool speculative = false;             // a drafter was chosen
     DraftPolicyKind policy = DraftPolicyKind::Fixed;
@@ -66,7 +66,7 @@ struct ModelBundle {
     // SpecEE's lossless drafter for one sequence (its own target cache and EAGLE-3 head); throws
     // without exit predictors.
     std::unique_ptr<EarlyExitDrafter> make_exit_drafter(int n_ctx, float threshold) const;
-    // Drafters for n sequences stepped together, their forwards batched (DrafterSource::make_group).
+    // Drafters for n sequences stepped together, their forwards batched (DrafterFactory::make_group).
     std::vector<std::unique_ptr<Drafter>> make_drafters(int n_ctx, int n) const;
     std::unique_ptr<DraftLengthPolicy> make_draft_policy() const;
     std::unique_ptr<TreeSizePolicy> make_tree_size_policy() const;

@@ -1,4 +1,4 @@
-#include "engine/drafter_source.h"
+#include "engine/drafter_factory.h"
 
 #include "specula/error.h"
 #include "draft/draft_model.h"
@@ -43,14 +43,14 @@ DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind) {
     return r;
 }
 
-DrafterSource::DrafterSource() = default;
-DrafterSource::DrafterSource(DrafterSource &&) noexcept = default;
-DrafterSource & DrafterSource::operator=(DrafterSource &&) noexcept = default;
-DrafterSource::~DrafterSource() = default;
+DrafterFactory::DrafterFactory() = default;
+DrafterFactory::DrafterFactory(DrafterFactory &&) noexcept = default;
+DrafterFactory & DrafterFactory::operator=(DrafterFactory &&) noexcept = default;
+DrafterFactory::~DrafterFactory() = default;
 
-DrafterSource DrafterSource::open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab) {
+DrafterFactory DrafterFactory::open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab) {
     check_drafter_spec(spec);
-    DrafterSource s;
+    DrafterFactory s;
     s.spec = spec;
     switch (spec.kind) {
         case DrafterKind::None:
@@ -77,9 +77,9 @@ DrafterSource DrafterSource::open(const DrafterSpec & spec, Backend & backend, c
     return s;
 }
 
-std::unique_ptr<Drafter> DrafterSource::make(int n_ctx) const { return std::move(make_group(n_ctx, 1).front()); }
+std::unique_ptr<Drafter> DrafterFactory::make(int n_ctx) const { return std::move(make_group(n_ctx, 1).front()); }
 
-std::vector<std::unique_ptr<Drafter>> DrafterSource::make_group(int n_ctx, int n) const {
+std::vector<std::unique_ptr<Drafter>> DrafterFactory::make_group(int n_ctx, int n) const {
     if (n < 1) throw Error("a drafter group needs at least one drafter");
     std::vector<std::unique_ptr<Drafter>> group;
     switch (spec.kind) {

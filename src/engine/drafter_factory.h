@@ -38,12 +38,12 @@ DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind);
 // target (the spec checked first). make() gives one sequence's drafter (nullptr for None);
 // make_group() drafters for n sequences that share one runner and KV pool, so that run_drafts
 // batches their forwards (a server's slots).
-struct DrafterSource {
-    static DrafterSource open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab);
-    DrafterSource();
-    DrafterSource(DrafterSource &&) noexcept;
-    DrafterSource & operator=(DrafterSource &&) noexcept;
-    ~DrafterSource();
+struct DrafterFactory {
+    static DrafterFactory open(const DrafterSpec & spec, Backend & backend, const Model & target, const Tokenizer & target_vocab);
+    DrafterFactory();
+    DrafterFactory(DrafterFactory &&) noexcept;
+    DrafterFactory & operator=(DrafterFactory &&) noexcept;
+    ~DrafterFactory();
 
     std::unique_ptr<Drafter> make(int n_ctx) const;
     std::vector<std::unique_ptr<Drafter>> make_group(int n_ctx, int n) const;
