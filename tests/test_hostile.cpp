@@ -385,16 +385,22 @@ TEST(Hostile, AddedSpecialTokenOutsideTheVocabulary) {
                  "tokenizer.ggml.add_eos_token is set but tokenizer.ggml.eos_token_id names no token of the 2-token vocabulary");
 }
 
-// libllama asserts (SIGABRT) when two tokens have the same text; an empty text reads as "[EMPTY_<id>]".
-std::string duplicate_token_model() {
-    return edited(target(), "tokens-duplicate", [](gguf_context * g) {
-        const GgufFile in(target());
-        std::vector<std::string> tokens = *in.find_str_array("tokenizer.ggml.tokens");
-        tokens[7] = "";
-        tokens[8] = "[EMPTY_7]";
+// A copy of the target whose token texts `edit_texts` changes.
+std::string with_token_texts(const std::string & name, const std::function<void(std::vector<std::string> &)> & edit_texts) {
+    return edited(target(), name, [&](gguf_context * g) {
+        std::vector<std::string> tokens = *GgufFile(target()).find_str_array("tokenizer.ggml.tokens");
+        edit_texts(tokens);
         std::vector<const char *> texts;
         for (const std::string & t : tokens) texts.push_back(t.c_str());
         gguf_set_arr_str(g, "tokenizer.ggml.tokens", texts.data(), texts.size());
+    });
+}
+
+// libllama asserts (SIGABRT) when two tokens have the same text; an empty text reads as "[EMPTY_<id>]".
+std::string duplicate_token_model() {
+    return with_token_texts("tokens-duplicate", [](std::vector<std::string> & tokens) {
+        tokens[7] = "";
+        tokens[8] = "[EMPTY_7]";
     });
 }
 
@@ -406,13 +412,8 @@ TEST(Hostile, DuplicateTokenTextsAreAnErrorNotAnAbort) {
 // A missing byte token made tokenizing text without a token of its own throw std::out_of_range
 // (`unordered_map::at`) out of libllama.
 TEST(Hostile, SentencePieceVocabularyHasEveryByteToken) {
-    const std::string p = edited(target(), "tokens-no-byte-0x41", [](gguf_context * g) {
-        const GgufFile in(target());
-        std::vector<std::string> tokens = *in.find_str_array("tokenizer.ggml.tokens");
+    const std::string p = with_token_texts("tokens-no-byte-0x41", [](std::vector<std::string> & tokens) {
         std::replace(tokens.begin(), tokens.end(), std::string("<0x41>"), std::string("<0x41>?"));
-        std::vector<const char *> texts;
-        for (const std::string & t : tokens) texts.push_back(t.c_str());
-        gguf_set_arr_str(g, "tokenizer.ggml.tokens", texts.data(), texts.size());
     });
     EXPECT_ERROR(model_error(p), p, "the SentencePiece vocabulary (tokenizer.ggml.model llama) has no byte token <0x41>");
 }
