@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/generation_mode.h"
 #include "policy/draft_length.h"
+#include "policy/round_policy.h"
 #include "policy/speculation_gate.h"
 #include "specula/error.h"
 #include "policy/tree_size.h"
@@ -622,6 +624,61 @@ TEST(SpeculationGate, LearnsEachLoadApartAndIgnoresTheSwitchsFirstSteps) {
     EXPECT_GT(run_gate(gate, 2, window * 40, 4, 2), window * 36);
     EXPECT_LT(run_gate(gate, 8, window * 40, 6, 8), window * 4);
     EXPECT_THROW(SpeculationGate(SpeculationGate::kSettle), Error);
+}
+
+TEST(RoundPolicy, AChainIsThePolicysLengthWithinTheRoomAndTheTokensLeft) {
+    auto length = make_draft_policy(DraftPolicyKind::Fixed, 5, {});
+    RoundPolicy round(TreeBudget{}, length.get(), nullptr);
+    const RoundPlan roomy = round.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100});
+    EXPECT_EQ(roomy.budget.shape, TreeShape::Chain);
+    EXPECT_EQ(roomy.budget.depth, 5);
+    EXPECT_EQ(roomy.budget.max_nodes, 5);
+    EXPECT_EQ(roomy.budget.branching, 1);
+    EXPECT_TRUE(roomy.drafts());
+    const RoundPlan tight = round.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 2});
+    EXPECT_EQ(tight.budget.max_nodes, 2);
+    const RoundDecision d = round.decision(2, 2);
+    EXPECT_STREQ(d.policy, "fixed");
+    EXPECT_EQ(d.asked, 5);
+    EXPECT_EQ(d.why, "asked 5, room for 2 (context or -n)");
+}
+
+TEST(RoundPolicy, AClosedGateDraftsNothingAndAsksNoPolicy) {
+    auto length = make_draft_policy(DraftPolicyKind::Fixed, 5, {});
+    RoundPolicy round(TreeBudget{TreeShape::Dynamic, 6, 2, 16}, length.get(), nullptr);
+    int offered = 0;
+    const RoundPlan plan = round.plan(RoundState{.depth = 10,
+                                                 .room = 100,
+                                                 .tokens_left = 100,
+                                                 .may_draft = false,
+                                                 .free_draft = [&](const TreeBudget &) -> const TokenTree * { return ++offered, nullptr; }});
+    EXPECT_FALSE(plan.drafts());
+    EXPECT_FALSE(plan.use_free_draft);
+    EXPECT_EQ(offered, 0);
+    EXPECT_EQ(round.decision(0, 0).why, "no draft: the server measured plain steps faster at this load");
+}
+
+TEST(RoundPolicy, AFixedTreeIsVerifiedWholeAndCutToTheRoom) {
+    RoundPolicy round(TreeBudget{TreeShape::Dynamic, 6, 2, 16}, nullptr, nullptr);
+    const RoundPlan plan = round.plan(RoundState{.depth = 10, .room = 4, .tokens_left = 100});
+    EXPECT_EQ(plan.budget.depth, 4);
+    EXPECT_EQ(plan.budget.max_nodes, 4);
+    const TokenTree chain = TokenTree::chain(std::vector<int32_t>{1, 2, 3});
+    EXPECT_EQ(round.size_draft(chain, chain.size(), 1.0, {}), 3);
+    EXPECT_STREQ(round.decision(3, 3).policy, "fixed-tree");
+}
+
+TEST(GenerationMode, LosslessSpecEEDraftsChainsAndSizesNoTree) {
+    const TreeBudget auto_tree{TreeShape::Dynamic, 6, 2, 0};
+    std::vector<double> curve;
+    for (int b = 1; b <= kAutoTreeMaxNodes + 1; ++b) curve.push_back(1.0 + 0.1 * b);
+    const VerifyCostCurve cost{curve, 0, 0.0};
+    EXPECT_NE(make_round_policies(GenerationMode::Speculative, DraftPolicyKind::Cost, 6, auto_tree, cost).tree_size, nullptr);
+    const RoundPolicies lossless = make_round_policies(GenerationMode::SpeceeLossless, DraftPolicyKind::Cost, 6, auto_tree, cost);
+    EXPECT_EQ(lossless.tree_size, nullptr);
+    EXPECT_NE(lossless.length, nullptr);
+    EXPECT_EQ(mode_tree(GenerationMode::SpeceeLossless, auto_tree).shape, TreeShape::Chain);
+    EXPECT_EQ(mode_tree(GenerationMode::Speculative, auto_tree).shape, TreeShape::Dynamic);
 }
 
 }  // namespace

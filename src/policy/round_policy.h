@@ -27,7 +27,7 @@ struct RoundState {
     int depth = 0;          // tokens in the target's cache: the position of the round's root
     int room = 0;           // draft nodes the cache can still take past the root
     int tokens_left = 0;    // tokens the sequence may still emit past the root's own (-n)
-    StepShare step;         // what the rest of a shared step carries
+    StepShare step = {};    // what the rest of a shared step carries
     bool may_draft = true;  // false: the server measured plain steps faster at this load
     // A draft within the budget that costs no drafter forward (prompt lookup); its tree, or
     // nullptr / an empty tree for none. Empty function: the sequence has no drafter.
