@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <string>
 
 #include "specula/error.h"
@@ -19,6 +18,9 @@ void gather_features(const ForwardOutput & out, std::span<const int> rows, std::
     dst.clear();
     for (int r : rows) out.append_tap_rows(r, 1, dst);
 }
+
+// The draft's first nodes that its drafter drafted (the rest grafted from prompt lookup).
+int model_nodes(const Draft & draft) { return draft.grafted_from < 0 ? draft.tree.size() : draft.grafted_from; }
 
 // [root, nodes...] as one block: node i is row i + 1 at position base + depth(i).
 ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
@@ -78,6 +80,8 @@ bool Sequence::done() const {
     return stopped_ || emitted_ >= options_.n_predict || p_.cache.size() >= p_.cache.capacity();
 }
 
+// Draft, first half: the round policy's plan, and the drafter started on it (or the free draft
+// taken, or nothing drafted). The drafter's forwards are the caller's to run, batched.
 Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     if (done()) throw Error("draft: the sequence is done");
     const auto t0 = clock_type::now();
@@ -119,6 +123,8 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     return drafting_ ? p_.drafter : nullptr;
 }
 
+// Draft, second half: the draft taken, cut to the cache's room and sized by the round policy;
+// then [root, draft nodes] as the block of the target's forward.
 const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> level_ms) {
     if (in_prefill_block_) return block_;
     const auto t0 = clock_type::now();
@@ -131,8 +137,7 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
     const int drafted = draft_.tree.size();
     draft_ms += plan_ms_;
     draft_level_ms_.assign(level_ms.begin(), level_ms.end());
-    const int model_nodes = draft_.grafted_from < 0 ? draft_.tree.size() : draft_.grafted_from;
-    prune_draft(draft_, policy_.size_draft(draft_.tree, model_nodes, draft_ms, draft_level_ms_));
+    prune_draft(draft_, policy_.size_draft(draft_.tree, model_nodes(draft_), draft_ms, draft_level_ms_));
     // The decision is for observers only: not built (strings and all) when nobody observes.
     if (p_.on_round) decision_ = policy_.decision(drafted, draft_.tree.size());
     draft_ms_ = draft_ms + ms_since(t0);
@@ -143,6 +148,8 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
     return block_;
 }
 
+// Verify, then commit: the accepted path kept, the drafter told, the tokens emitted, the round
+// policy told what the round gave and cost, the round counted.
 void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows, bool verify_only_step) {
     if (step_rows < 0) step_rows = block_.n_tokens();
     last_tokens_ = 0;
@@ -158,7 +165,7 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
     }
     emit(result, sink);
     policy_.observe(RoundOutcome{.tree = draft_.tree,
-                                 .model_nodes = draft_.grafted_from < 0 ? draft_.tree.size() : draft_.grafted_from,
+                                 .model_nodes = model_nodes(draft_),
                                  .accepted = result.accepted,
                                  .mean_entropy = draft_.mean_entropy,
                                  .draft_ms = draft_ms_,
