@@ -15,39 +15,16 @@ import urllib.request
 import openai
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLI = os.environ.get("SPECULA_CLI", os.path.join(ROOT, "build", "bin", "specula"))
+from serving import DRAFT, ROOT, SMOLLM2, serve
+
 MODEL = "specula-target"
 CTX = 512
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = subprocess.Popen(
-        [CLI, "serve", "-m", os.path.join(ROOT, "models", "specula-target.gguf"),
-         "--draft", os.path.join(ROOT, "models", "specula-draft.gguf"), "--draft-policy", "fixed", "--draft-max", "4",
-         "--parallel", "4", "--port", "0", "-c", str(CTX), "-t", "1"],
-        stderr=subprocess.PIPE, text=True)
-    port = None
-    deadline = time.time() + 120
-    for line in proc.stderr:
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-        if "ready" in line or time.time() > deadline:
-            break
-    assert port, "the server did not print its port"
-    base = f"http://127.0.0.1:{port}"
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(base + "/health") as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.1)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serve("--draft", DRAFT, "--draft-policy", "fixed", "--draft-max", "4", "--parallel", "4", "-c", str(CTX)) as (_, base):
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -170,25 +147,11 @@ def test_the_npm_openai_client(server):
     assert done.returncode == 0, done.stderr + done.stdout
 
 
-SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expanduser("~/.cache/specula/models"),
-                       "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
 @contextlib.contextmanager
 def serve_smollm2(*args):
     """`specula serve` on SmolLM2 with these extra arguments, for the length of a `with`; yields its URL."""
-    proc = subprocess.Popen([CLI, "serve", "-m", SMOLLM2, "--port", "0", "-t", "1", *args], stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        for line in proc.stderr:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            port = int(m.group(1)) if m else port
-            if "ready" in line:
-                break
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with serve(*args, model=SMOLLM2) as (_, base):
+        yield base
 
 
 @pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
@@ -262,21 +225,12 @@ def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
 
 def test_a_burst_of_connections_is_queued_not_dropped():
     """More clients than the listen backlog connecting at once while the accept loop is busy must
-    all be queued by the kernel. Debian's cpp-httplib listens with a backlog of 5: the kernel
-    dropped the SYNs past it, clients resent them a second later, and 16 clients starting together
-    saw a 1 s time to first token and half the throughput. The server is stopped (SIGSTOP) so
-    that nothing is accepted: every connection must still complete its handshake."""
-    proc = subprocess.Popen(
-        [CLI, "serve", "-m", os.path.join(ROOT, "models", "specula-target.gguf"), "--parallel", "1", "--port", "0", "-t", "1"],
-        stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        for line in proc.stderr:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        assert port, "the server did not print its port"
+    all be queued by the kernel: with a small listen backlog the kernel drops the SYNs past it,
+    clients resend them a second later, and 16 clients starting together see a 1 s time to first
+    token. The server is stopped (SIGSTOP) so that nothing is accepted: every connection must
+    still complete its handshake."""
+    with serve("--parallel", "1", ready=False) as (proc, base):
+        port = int(base.rsplit(":", 1)[1])
         proc.send_signal(19)  # SIGSTOP
         socks = []
         try:
@@ -293,9 +247,6 @@ def test_a_burst_of_connections_is_queued_not_dropped():
             for s in socks:
                 s.close()
         assert connected == 32, f"only {connected} of 32 connections completed while the server accepted none"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _is_connected(s):
