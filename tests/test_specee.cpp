@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <unistd.h>
 
 #include "engine/specee.h"
 #include "runtime/kv_cache.h"
@@ -13,6 +14,7 @@
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "specula/error.h"
+#include "specula/specula.h"
 #include "specee_predictor.h"
 #include "test_models.h"
 
@@ -314,6 +316,40 @@ TEST(SpecEE, OfflineLayersKeepTheirChangeTermBesideOnlineProbes) {
     chain.next(d, true, feat);  // offline: from the previous offline layer, not from c
     EXPECT_EQ(change(), diff(pd, pb));
     EXPECT_EQ(std::vector<float>(feat.begin(), feat.begin() + kExitCandidates), d);
+}
+
+// Catches a lossless SpecEE generation whose rounds the tree-size policy sizes: its drafts are
+// chains of exited tokens whose nodes carry no draft probability (every path looks certain), so
+// they run as chains of the draft-length policy whatever tree shape the options ask for, in the
+// engine as in the server (engine/generation_mode.h).
+TEST(SpecEE, LosslessDraftsChainsEvenWhereATreeIsAsked) {
+    EngineOptions eo;
+    eo.model_path = test::model_path("gemma3_swa_q8_0");
+    eo.n_threads = 1;
+    eo.n_ctx = 128;
+    {
+        Backend backend(BackendOptions{});
+        auto model = Model::load(eo.model_path, backend);
+        test::PredictorSpec spec;
+        spec.layers = {2};
+        eo.specee_path = test::write_predictor(spec, *model, "lossless_tree_" + std::to_string(::getpid()));
+    }
+    eo.drafter = {DrafterKind::Eagle3, test::eagle_head_path("eagle3", "gemma3_swa_q8_0")};
+    eo.draft_policy = DraftPolicyKind::Fixed;
+    eo.draft_max = 3;
+    eo.tree = TreeShape::Dynamic;
+    eo.tree_nodes = 0;  // sized per round, were it a tree
+    eo.specee_threshold = 0.4f;
+    eo.specee_lossless = true;
+    auto engine = Engine::open(eo);
+    GenerationOptions go;
+    go.n_predict = 12;
+    go.stop_at_end_of_generation = false;
+    std::vector<std::string> policies;
+    go.on_round = [&](const RoundReport & round) { policies.emplace_back(round.decision.policy); };
+    engine->generate("def main():", go, [](const std::string &) { return true; });
+    ASSERT_FALSE(policies.empty());
+    for (const std::string & policy : policies) EXPECT_EQ(policy, "fixed");
 }
 
 }  // namespace
