@@ -235,6 +235,8 @@ std::vector<std::string> server_argv(const ServeBenchOptions & o, const Config &
             else if (!o.draft.empty()) a.insert(a.end(), {"--draft", o.draft});
             else a.push_back("--ngram");
             a.insert(a.end(), {"--draft-max", std::to_string(o.draft_max)});
+            std::istringstream extra(o.specula_args);
+            for (std::string arg; extra >> arg;) a.push_back(arg);
         }
         return a;
     }

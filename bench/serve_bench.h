@@ -10,6 +10,7 @@ struct ServeBenchOptions {
     std::string eagle3;            // EAGLE-3 head GGUF (instead of a draft model); neither = n-gram drafting in both servers
     std::string specula_bin;       // the `specula` binary to serve with (default: this one)
     std::string llama_server_bin;  // default: build/bin/llama-server (the pinned llama.cpp)
+    std::string specula_args;      // more arguments of specula's speculative server, space-separated (e.g. its policies)
     std::vector<int> clients = {1, 2, 4, 8, 16};
     std::vector<std::string> servers = {"specula", "llama-server"};
     std::string prompts;    // prompt set (JSON); empty = bench/prompts.json of the source tree

@@ -68,6 +68,8 @@ void register_bench(CLI::App & app, Commands & commands) {
     serve->add_option("--prompts", v->prompts, "prompt set JSON (default: bench/prompts.json; a chat set goes through /v1/chat/completions)");
     serve->add_option("--specula-bin", v->specula_bin, "specula binary to serve with (default: this one)");
     serve->add_option("--llama-server-bin", v->llama_server_bin, "llama-server binary (default: build/bin/llama-server)");
+    serve->add_option("--specula-args", v->specula_args,
+                      "more arguments of specula's speculative server, space-separated, e.g. --specula-args=\"--draft-policy fixed\"");
     serve->add_option("--startup-timeout", v->startup_timeout, "seconds for a server to come up")->capture_default_str();
     serve->add_option("--json", v->json_path, "write results as JSON");
     serve->callback([v, &commands] { commands.run = [v] { return bench::run_serve_bench(*v); }; });
