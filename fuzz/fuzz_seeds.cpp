@@ -1,5 +1,6 @@
 // Writes the fuzzers' seed corpora into DIR (scripts/fuzz.sh):
 //   DIR/target.gguf           the model EAGLE heads are fuzzed against (also a seed)
+//   DIR/server.gguf           the model fuzz_http_request's server runs (a small vocabulary)
 //   DIR/model_loading/*.gguf  small models of every supported family and weight-type kind (Gemma 3
 //                             with sliding layers and a logit softcap), and EAGLE-1 / EAGLE-3
 //                             heads for the target (with and without d2t)
@@ -175,6 +176,12 @@ int main(int argc, char ** argv) {
             write_small_vocabulary(std::string(SPECULA_VOCAB_DIR) + "/ggml-vocab-" + vocab + ".gguf",
                                    (dir / "tokenizer" / (std::string(vocab) + ".gguf")).string(), 600);
         }
+        // The model fuzz_http_request's server runs: with a vocabulary (the server tokenizes), the
+        // cut SentencePiece one, and heads of 16 (specula's attention kernel takes multiples of 16).
+        specula::RandomModelSpec server = small_model("llama");
+        server.vocab_gguf = (dir / "tokenizer" / "llama-spm.gguf").string();
+        server.n_head = 2, server.n_head_kv = 1;
+        specula::write_random_model(server, (dir / "server.gguf").string());
 
         write_safetensors_seed((dir / "safetensors" / "floats.safetensors").string(),
                                {{"F32", 4, {4, 8}}, {"F16", 2, {8}}, {"BF16", 2, {2, 4}}, {"F64", 8, {3}}});

@@ -11,14 +11,14 @@ seconds="${1:-600}"
 shift || true
 scripts/setup.sh --tests
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DSPECULA_FUZZ=ON -DSPECULA_BUILD_TESTS=OFF "$@" >/dev/null
-targets=(model_loading safetensors openai_request tokenizer exit_predictor)
+targets=(model_loading safetensors openai_request tokenizer exit_predictor http_request)
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}" fuzz_seeds
 
 out=build-fuzz/fuzz-run
 rm -rf "$out"
 mkdir -p "$out" build-fuzz/findings
 build-fuzz/fuzz/fuzz_seeds "$out/seeds"
-export SPECULA_FUZZ_TARGET="$PWD/$out/seeds/target.gguf"
+export SPECULA_FUZZ_TARGET="$PWD/$out/seeds/target.gguf" SPECULA_FUZZ_HTTP_MODEL="$PWD/$out/seeds/server.gguf"
 # Each execution writes its input to a file under TMPDIR for the loaders: in memory it runs ~10x faster.
 if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ]; then export TMPDIR=/dev/shm; fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
@@ -29,7 +29,7 @@ for target in "${targets[@]}"; do
   corpus="$out/corpus-$target"
   mkdir -p "$corpus" "fuzz/regressions/$target"
   # Seeds: written by fuzz_seeds (model, vocabulary and predictor files), or kept in
-  # fuzz/regressions/<target>/ (request bodies).
+  # fuzz/regressions/<target>/ (request bodies, whole HTTP requests).
   if [ -d "$out/seeds/$target" ]; then cp "$out/seeds/$target"/* "$corpus/"; fi
   log="$out/$target.log"
   # -malloc_limit_mb: inputs are at most -max_len bytes, so no single allocation may approach this.
