@@ -92,6 +92,10 @@ std::string model_error(const std::string & path) {
     return test::error_message([&] { Model::load(path, b); });
 }
 
+std::string tokenizer_error(const std::string & path) {
+    return test::error_message([&] { Tokenizer t(path); });
+}
+
 std::string head_error(const std::string & head) {
     Backend b(BackendOptions{"cpu", 1});
     auto t = Model::load(target(), b);
@@ -375,14 +379,18 @@ TEST(Hostile, T2dTypeShapeAndAgreementWithD2t) {
 
 TEST(Hostile, AddedSpecialTokenOutsideTheVocabulary) {
     // libllama disables an EOS id outside the vocabulary, then asserts when asked to add it.
+    // A BPE vocabulary smaller than its default EOS id (11): no byte tokens needed, unlike SentencePiece.
     const std::string p = edited(target(), "add-eos-no-eos", [](gguf_context * g) {
-        const char * tokens[] = {"<unk>", "<s>"};
-        gguf_set_arr_str(g, "tokenizer.ggml.tokens", tokens, 2);
+        const char * tokens[] = {"a", "b", "ab"};
+        const char * merges[] = {"a b"};
+        gguf_set_val_str(g, "tokenizer.ggml.model", "gpt2");
+        gguf_set_arr_str(g, "tokenizer.ggml.tokens", tokens, 3);
+        gguf_set_arr_str(g, "tokenizer.ggml.merges", merges, 1);
         gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", 7);
         gguf_set_val_bool(g, "tokenizer.ggml.add_eos_token", true);
     });
-    EXPECT_ERROR(test::error_message([&] { Tokenizer t(p); }), p,
-                 "tokenizer.ggml.add_eos_token is set but tokenizer.ggml.eos_token_id names no token of the 2-token vocabulary");
+    EXPECT_ERROR(tokenizer_error(p), p,
+                 "tokenizer.ggml.add_eos_token is set but tokenizer.ggml.eos_token_id names no token of the 3-token vocabulary");
 }
 
 // A copy of the target whose token texts `edit_texts` changes.
@@ -406,7 +414,7 @@ std::string duplicate_token_model() {
 
 TEST(Hostile, DuplicateTokenTextsAreAnErrorNotAnAbort) {
     const std::string p = duplicate_token_model();
-    EXPECT_ERROR(model_error(p), p, "metadata key tokenizer.ggml.tokens[8] is \"[EMPTY_7]\", as token 7 is (libllama needs distinct token texts)");
+    EXPECT_ERROR(tokenizer_error(p), p, "metadata key tokenizer.ggml.tokens[8] is \"[EMPTY_7]\", as token 7 is (libllama needs distinct token texts)");
 }
 
 // A missing byte token made tokenizing text without a token of its own throw std::out_of_range
@@ -415,7 +423,7 @@ TEST(Hostile, SentencePieceVocabularyHasEveryByteToken) {
     const std::string p = with_token_texts("tokens-no-byte-0x41", [](std::vector<std::string> & tokens) {
         std::replace(tokens.begin(), tokens.end(), std::string("<0x41>"), std::string("<0x41>?"));
     });
-    EXPECT_ERROR(model_error(p), p, "the SentencePiece vocabulary (tokenizer.ggml.model llama) has no byte token <0x41>");
+    EXPECT_ERROR(tokenizer_error(p), p, "the SentencePiece vocabulary (tokenizer.ggml.model llama) has no byte token <0x41>");
 }
 
 // ---------------------------------------------------------------- the CLI

@@ -106,7 +106,6 @@ std::unique_ptr<Model> Model::load(const std::string & path, Backend & backend) 
 
     const int64_t E = c.n_embd, Q = int64_t(c.n_head) * c.head_dim, KV = c.n_embd_kv(), F = c.n_ff, D = c.head_dim;
     c.n_vocab = embedding_rows(file, c.arch_name + ".vocab_size");
-    check_token_texts(file);  // before the model's Tokenizer (ModelBundle) hands the file to libllama
 
     ModelWeights & w = m->weights_;
     w.tok_embd = want("token_embd.weight", {E, c.n_vocab}, false, true);

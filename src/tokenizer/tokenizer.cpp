@@ -7,6 +7,8 @@
 
 #include "specula/error.h"
 #include "llama.h"
+#include "runtime/gguf_file.h"
+#include "runtime/gguf_validate.h"
 #include "runtime/library_log.h"
 
 namespace specula {
@@ -22,6 +24,15 @@ void init_llama_backend() {
 Tokenizer::Tokenizer(const std::string & gguf_path) {
     init_llama_backend();
     if (!std::filesystem::exists(gguf_path)) throw Error(gguf_path + ": no such file");
+    {
+        // What libllama's vocabulary loader does not survive, refused with one line before it
+        // reads the file: a general.architecture that is not a string (it leaks), duplicate token
+        // texts (it aborts), a SentencePiece vocabulary without its byte tokens (it throws
+        // std::out_of_range when tokenizing).
+        const GgufFile file(gguf_path);
+        file.architecture();
+        check_token_texts(file);
+    }
     llama_model_params params = llama_model_default_params();
     params.vocab_only = true;
     take_library_errors();  // drop what earlier calls logged
