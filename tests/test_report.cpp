@@ -333,9 +333,13 @@ private:
 // `specula serve` on the bundled models in the background with `flags`, stopped when this goes
 // out of scope.
 struct Server {
-    std::string dir = artifacts_dir(), pid;
+    std::string dir, pid;
     int port = 0;
-    explicit Server(const std::string & flags = "") {
+    // Its files (serve.err, the port's source) in a folder of the running test's own: the tests
+    // that start servers run at once under ctest -j.
+    explicit Server(const std::string & flags = "")
+        : dir(artifacts_dir() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name()) {
+        fs::create_directories(dir);
         const std::string models = test::shipped_model("");
         const std::string cmd = std::string(SPECULA_CLI) + " serve -m " + models + "specula-target.gguf --draft " + models +
                                 "specula-draft.gguf --draft-policy fixed --draft-max 4 -c 256 -t 1 --port 0 " + flags;
