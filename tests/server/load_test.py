@@ -12,8 +12,10 @@ Exits 1 when any response fails, a greedy one differs from its single-client tex
 incomplete (greedy: fewer tokens than alone; every one: no finish_reason), the cancelled requests
 are not counted as cancelled or leave a slot busy, or when memory is not flat: the highest RSS of
 the second half of the run more than --rss-growth (default 10%) above the highest of the first
-half (the first half is when graph caches and buffers fill)."""
+half (the first half is when graph caches and buffers fill), or when the server does not exit 0 on
+SIGTERM (under ASan: LeakSanitizer found a leak at its exit)."""
 import argparse
+import collections
 import json
 import re
 import statistics
@@ -56,7 +58,8 @@ def start_server(cmd):
             break
     if port is None or proc.poll() is not None:
         sys.exit("load test: the server did not come up:\n" + "".join(log[-20:]))
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    proc.log_tail = collections.deque(maxlen=40)  # the server's last stderr lines, for a failed exit
+    threading.Thread(target=lambda: proc.log_tail.extend(proc.stderr), daemon=True).start()
     return proc, port
 
 
@@ -74,7 +77,13 @@ def main():
         report = run(a, proc, port)
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        exit_code = proc.wait(timeout=60)
+    # SIGTERM ends the server gracefully: exit 0, after LeakSanitizer's check in a sanitized build.
+    if exit_code != 0:
+        report["passed"] = False
+        time.sleep(0.5)  # the last stderr lines
+        print(f"FAIL the server exited with {exit_code} after SIGTERM:\n" + "".join(proc.log_tail))
+    report["server_exit_code"] = exit_code
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)
