@@ -248,7 +248,7 @@ public:
         close(in_);
         kill(pid_, SIGTERM);
         waitpid(pid_, nullptr, 0);
-        // The browser's helper processes may still be deleting files of the profile: what they
+        // The browser's child processes may still be deleting files of the profile: what they
         // remove first is no error.
         std::error_code gone;
         fs::remove_all(profile_dir_, gone);

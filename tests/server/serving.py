@@ -1,4 +1,4 @@
-"""Starting `specula serve` for the end-to-end tests: one helper for every test module."""
+"""Starting `specula serve` for the end-to-end tests: one function for every test module."""
 import contextlib
 import json
 import os
