@@ -179,9 +179,9 @@ TEST(Hostile, FloatMetadataMustBeFinitePositive) {
     EXPECT_ERROR(model_error(factor), factor, "llama.rope.scaling.factor is 0, expected a finite value in (0, 1e+06]");
 }
 
-// Gemma 3's own keys: u32 values were cast to int (a window or period of 2^31 turned negative, the
-// period's `period - 1` overflowed), the RoPE base of the sliding layers and the logit softcap
-// were not checked at all.
+// Gemma 3's own keys are range-checked: a u32 window or period of 2^31 must not turn negative as
+// an int (nor the period's `period - 1` overflow), and the RoPE base of the sliding layers and the
+// logit softcap must be finite and positive.
 TEST(Hostile, Gemma3HyperparametersAreRangeChecked) {
     const std::string gemma = test::model_path("gemma3_swa");
     auto edit = [&](const std::string & name, const std::function<void(gguf_context *)> & kv) { return edited(gemma, name, kv); };

@@ -747,7 +747,7 @@ TEST(OpenAi, ControlTokensTypedInAChatMessageAreText) {
     EXPECT_EQ(count(tok.tokenize_chat(messages, SpecialTokens::Parse)), 11);  // serve --special-tokens-in-prompt
     EXPECT_EQ(count(tok.tokenize(forged, true, SpecialTokens::Text)), 0);     // a completions prompt
     EXPECT_EQ(count(tok.tokenize(forged, true)), 8);                          // generate -p: the operator's own text
-    // Messages without control-token text tokenize as the whole rendering did before.
+    // Messages without control-token text tokenize as the whole rendering, as llama.cpp does.
     const std::vector<std::pair<std::string, std::string>> ordinary = {{"system", "Be brief."}, {"user", "Hello <b>there</b> <|im"}};
     EXPECT_EQ(tok.tokenize_chat(ordinary), tok.tokenize(tok.apply_chat_template(ordinary, true), true));
 }

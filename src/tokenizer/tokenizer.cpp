@@ -230,8 +230,7 @@ std::vector<int32_t> Tokenizer::tokenize_chat(const std::vector<std::pair<std::s
                                     return std::any_of(control_texts_.begin(), control_texts_.end(),
                                                        [&](const std::string & text) { return m.second.find(text) != std::string::npos; });
                                 });
-    // Contents without control-token text tokenize with the whole rendering: as llama.cpp does, and
-    // as every such prompt did before contents became text.
+    // Contents without control-token text tokenize with the whole rendering, as llama.cpp does.
     std::vector<int32_t> tokens = spells_control ? tokenize_markup_and_contents(messages, rendered) : tokenize(rendered, true);
     const llama_token bos = llama_vocab_bos(vocab_);
     if (tokens.size() >= 2 && bos != LLAMA_TOKEN_NULL && tokens[0] == bos && tokens[1] == bos) tokens.erase(tokens.begin());
