@@ -1,5 +1,7 @@
 #pragma once
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace specula {
 
@@ -9,6 +11,14 @@ struct SamplingParams {
     float top_p = 1.0f;        // 1 = off
     float min_p = 0.0f;        // 0 = off
     uint64_t seed = 0;
+    // Logit processing before the transforms above, as llama.cpp's penalties and logit-bias
+    // samplers do it. Under speculation each drafted node is scored with the tokens of its own
+    // path, so the output is plain decoding's with the same settings.
+    float repeat_penalty = 1.0f;                        // 1 = off: a seen token's logit divided by it (multiplied when negative)
+    float presence_penalty = 0.0f;                      // subtracted once from a seen token's logit
+    float frequency_penalty = 0.0f;                     // subtracted per occurrence
+    int penalty_last_n = 64;                            // the last tokens the penalties look at; -1: the whole context
+    std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit; -inf bans it
 
     bool greedy() const { return temperature <= 0.0f; }
 };

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "specula/error.h"
@@ -40,9 +41,23 @@ struct EngineOptions {
     bool specee_online = false;      // probe near the recent tokens' exit layers too (online_probe_layers)
 };
 
+// An emitted token's log-probability under the target's processed logits (after penalties, bias
+// and grammar; before temperature and truncation), with the most likely alternatives.
+struct TokenLogprob {
+    int32_t token = -1;
+    float logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top;  // (token, logprob), most likely first
+};
+using LogprobObserver = std::function<void(const TokenLogprob &)>;
+
 struct GenerationOptions {
     int n_predict = 128;
     SamplingParams sampling;
+    // A GBNF grammar (llama.cpp's format) the output must follow; empty: none. The target's
+    // logits are masked by the grammar's state along each drafted path.
+    std::string grammar;
+    int top_logprobs = -1;       // -1: no logprobs; else on_logprob gets each token with this many alternatives (0..20)
+    LogprobObserver on_logprob;  // called before the token's sink
     bool stop_at_end_of_generation = true;
     bool chat = false;       // text prompts: wrap the prompt as a user message in the model's chat template
     RoundObserver on_round;  // speculative runs: called after each round; the reports are built only when set
