@@ -14,7 +14,7 @@ prompt's "context" come first, each in the same form:
 import argparse, json, os, subprocess, sys, urllib.request
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import load_gguf_target
+from gguf_target import load_gguf_target
 
 # architecture -> (one turn's chat text, the opening of the model's turn, the model's role name, the
 # token that ends a turn)

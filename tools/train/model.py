@@ -296,21 +296,11 @@ def load_gguf_tensors(path, names):
     return {n: dequantized(tensors[n]) for n in names}
 
 
-def load_gguf_target(path):
-    """A target GGUF as a frozen fp32 torch model with Llama.forward's interface and config `c`:
-    architecture llama (e.g. SmolLM2-135M-Instruct) as a Llama, gemma3 as gemma3.Gemma3.
-    Quantized tensors are dequantized with the pinned `gguf` package; llama Q/K are used as
-    stored (GGUF llama weights are already permuted for NORM RoPE, like this model)."""
-    import gguf
-    r = gguf.GGUFReader(path)
-    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
-    arch = kv["general.architecture"]
-    tensors = {t.name: t for t in r.tensors}
-    if arch == "gemma3":
-        from gemma3 import load_gguf_gemma3
-        return load_gguf_gemma3(r, kv, tensors)
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch}, expected llama or gemma3")
+def load_gguf_llama(kv, tensors):
+    """A llama-architecture GGUF (e.g. SmolLM2-135M-Instruct; its metadata `kv`, tensors by name) as
+    a frozen fp32 Llama. Quantized tensors are dequantized with the pinned `gguf` package; Q/K are
+    used as stored (GGUF llama weights are already permuted for NORM RoPE, like this model)."""
+    arch = "llama"
     c = LlamaConfig(vocab_size=int(tensors["token_embd.weight"].shape[1]), dim=int(kv[f"{arch}.embedding_length"]),
                     n_layers=int(kv[f"{arch}.block_count"]), n_heads=int(kv[f"{arch}.attention.head_count"]),
                     n_kv_heads=int(kv[f"{arch}.attention.head_count_kv"]),

@@ -17,7 +17,7 @@ from docs/specee.md's cost model (layers 0.79, LM head 0.21 of a plain token): l
 import argparse, collections, json, os, sys
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import load_gguf_target
+from gguf_target import load_gguf_target
 from chat_data import ChatFormat, tokenize
 
 ap = argparse.ArgumentParser()

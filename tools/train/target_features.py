@@ -11,7 +11,7 @@ import argparse, json, os, subprocess, sys, tempfile, time
 import numpy as np
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import load_gguf_target
+from gguf_target import load_gguf_target
 from chat_data import ChatFormat, tokenize
 
 ap = argparse.ArgumentParser()
