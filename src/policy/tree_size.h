@@ -51,12 +51,11 @@ public:
     // share of it (empty: unknown). Returns the drafting time to price this round's tree with. A
     // round whose first level catches the drafter up on tokens (a sequence's first round, which
     // reads the whole prompt, or one after skipped rounds) is timed by its later levels only, and
-    // priced at what its levels usually cost: timed whole, one long prompt's catch-up priced every
-    // later draft out, and the policy never drafted again. A level only ever costs more than
-    // usual (building the graph of a frontier size not seen before, first touching its buffers,
-    // the process descheduled), so the level time follows faster observations quickly and slower
-    // ones slowly, and a first round gives its fastest later level: priced at their mean, a first
-    // round's graph builds priced drafting out of whole generations (docs/policies.md).
+    // priced at what its levels usually cost, since one long prompt's catch-up would price every
+    // later draft out. A level only ever costs more than usual (building the graph of a frontier
+    // size not seen before, first touching its buffers, the process descheduled), so the level
+    // time follows faster observations quickly and slower ones slowly, and a first round gives its
+    // fastest later level, not their mean, which its graph builds inflate (docs/policies.md).
     double observe_draft(double draft_ms, int levels, std::span<const double> level_ms = {});
     // Expanding a node of path probability P adds at most gamma * P expected tokens for one more
     // drafter forward; below this P that cannot beat plain decoding's rate, so it is not drafted.
@@ -77,7 +76,7 @@ public:
     // so drafting there must promise more. Acceptance is kept per depth, so the one-node rounds
     // that explore inform the first depth only, not a whole draft's yield; and a round that
     // follows skipped ones is not timed: its first drafter forward catches up on the tokens the
-    // skipped rounds emitted (timed, it priced drafting out of the rounds it had just skipped).
+    // skipped rounds emitted, a cost the rounds that draft continuously do not pay.
     // Until rounds have been seen it drafts; every kExploreEvery-th round it would skip (x the
     // sequences in the step: an exploring draft delays them all; less often where a drafter level
     // and a verify row cost more than 2% of the skipped rounds' time) it explores: one drafter level,

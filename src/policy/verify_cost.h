@@ -1,23 +1,18 @@
 #pragma once
 // The verify-cost curve as the policies use it: measured once, at one depth, for the target's
-// forward alone, then fitted to what verification (forward, acceptance, cache compaction) really
-// costs in the running loop, learned from every round. Past the measured sizes (a step that
-// carries several sequences' rows) the curve goes on linearly with the slope of its upper half.
+// forward alone, then fitted to what verification (forward, acceptance, cache compaction) costs in
+// the running loop, learned from every round. Past the measured sizes (a step that carries several
+// sequences' rows) the curve goes on linearly with the slope of its upper half.
 //
-// Depth: every row of a verify block attends over the whole context, so past the depth the curve
-// was measured at, each extra row costs more in proportion to the added depth, while the one-row
-// forward grows by less than that times its rows. One scale of the measured curve, learned from
-// the rounds, cannot follow both: deep in a long context it prices extra rows far below their
-// cost, and the policies verify trees that cost more than they return. So a round of n rows at
-// depth d is priced
+// Every row of a verify block attends over the whole context, so past the measured depth an extra
+// row costs more in proportion to the added depth, while the one-row forward grows by less than
+// that times its rows: one scale of the curve cannot follow both. A round of n rows at depth d is
 //     scale * curve(n) + row_depth_ms * (n - 1) * max(0, d - measured depth)
-// with scale and row_depth_ms fitted by decayed least squares over the rounds, from the prior
-// scale 1 and a prior row_depth_ms: the growth measured by timing the same rows deeper
-// (ModelBundle::measure_verify_cost_once), else 0. The prior matters where the rounds cannot tell
-// the two terms apart: a run of rounds that all verify the same rows at one depth fits any split
-// of their time between the scale and the depth term, and with a prior of 0 deep in a long
-// document every round's time went to the scale, so an extra row looked as cheap as at the
-// measured depth and the policies drafted every round at a loss.
+// with both terms fitted by decayed least squares over the rounds from priors of 1 and the growth
+// measured by timing the same rows deeper (ModelBundle::measure_verify_cost_once; else 0). Rounds
+// that all verify the same rows at one depth fit any split of their time between the two terms;
+// the measured prior keeps the depth term there, so an extra row deep in a long context is not
+// priced as cheap as at the measured depth.
 #include <algorithm>
 #include <cstddef>
 #include <vector>
