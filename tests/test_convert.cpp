@@ -20,7 +20,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "runtime/kv_cache.h"
-#include "llama_peer.h"
+#include "llama_oracle.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"

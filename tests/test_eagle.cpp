@@ -12,7 +12,7 @@
 #include "engine/verify_cost_probe.h"
 #include "runtime/kv_cache.h"
 #include "policy/tree_size.h"
-#include "llama_peer.h"
+#include "llama_oracle.h"
 #include "runtime/backend.h"
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"

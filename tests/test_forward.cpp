@@ -8,7 +8,7 @@
 
 #include "specula/error.h"
 #include "runtime/kv_cache.h"
-#include "llama_peer.h"
+#include "llama_oracle.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
@@ -191,10 +191,10 @@ TEST(Forward, TapsEqualLibllamaResidualStream) {
     auto cache = f.cache();
     ForwardOutput ours = f.runner->forward(b, *cache);
 
-    LlamaPeer peer(path, 128, 1, f.backend.flash_attention(), 512, /*with_capture=*/true);
-    peer.capture_layers({0});
+    LayerCapture capture({0});
+    LlamaPeer peer(path, 128, 1, f.backend.flash_attention(), 512, capture.hook());
     peer.decode(kPrefix, true);
-    EXPECT_LT(max_abs_diff(ours.taps[0], peer.captured(0)), 2e-3);
+    EXPECT_LT(max_abs_diff(ours.taps[0], capture.captured(0)), 2e-3);
 }
 
 TEST(Forward, MalformedBatchesAreRefused) {
