@@ -13,7 +13,7 @@
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "engine/verify_cost_probe.h"
-#include "engine/target_features.h"
+#include "target_features.h"
 #include "test_models.h"
 
 namespace specula {

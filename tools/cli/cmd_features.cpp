@@ -16,7 +16,7 @@
 
 #include "commands.h"
 #include "engine/model_bundle.h"
-#include "engine/target_features.h"
+#include "target_features.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "specula/error.h"

@@ -1,4 +1,4 @@
-#include "engine/target_features.h"
+#include "target_features.h"
 
 #include <algorithm>
 #include <string>
