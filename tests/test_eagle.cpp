@@ -17,6 +17,7 @@
 #include "runtime/eagle_head.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "speculative_run.h"
 #include "test_models.h"
 #include "tokenizer/tokenizer.h"
 
@@ -30,18 +31,7 @@ struct Fixture {
     std::unique_ptr<Model> target = Model::load(test::model_path("llama_gqa_f32"), backend);
     ModelRunner runner{*target};
 
-    std::vector<int32_t> plain(int n) {
-        KvCache cache(backend, target->config(), 256);
-        std::vector<int32_t> out;
-        GenerationOptions o;
-        o.n_predict = n;
-        o.stop_at_end_of_generation = false;
-        generate_plain(
-            runner, cache, kPrompt, o, [](int32_t) { return false; }, [&](int32_t t) {
-            out.push_back(t);
-            return true; });
-        return out;
-    }
+    std::vector<int32_t> plain(int n) { return test::plain_greedy(*target, runner, kPrompt, n); }
 
     std::vector<int32_t> speculative(Drafter & d, TreeBudget tree, int n, std::function<void(const RoundInfo &)> on_round = nullptr,
                                      KvCache * cache_out = nullptr) {

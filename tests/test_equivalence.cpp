@@ -50,7 +50,7 @@ EngineRun run_engine(Engine & engine, const std::string & prompt, int n) {
 // timed, rolled back) before the first generation when the cost policy or a policy-sized tree
 // needs it, and reuses drafter and curve for the next prompt (checked with EAGLE-3). Each drafter
 // kind with its defaults, and an EAGLE chain, must give plain decoding's text and accept drafts
-// (the other policies are covered below the Engine, in test_speculative and test_eagle).
+// (the other policies are covered below the Engine, in test_greedy_speculation and test_eagle).
 TEST(Equivalence, EngineGenerateEqualsPlainDecodingForEveryDrafterKind) {
     constexpr int kGenerate = 32;
     EngineOptions base;

@@ -1,0 +1,211 @@
+// Prompt lookup grafted into a model drafter's trees: what is grafted and when, how often lookup's
+// chains hold, its chain verified in rounds without a model draft, and the defaults.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "draft/lookup_graft.h"
+#include "draft/ngram.h"
+#include "engine/drafter_factory.h"
+#include "speculative_run.h"
+
+namespace specula {
+namespace {
+
+using test::plain_greedy;
+
+// A drafter that hands out one fixed tree: what a model drafter proposes, without a model.
+class FixedTreeDrafter : public Drafter {
+public:
+    explicit FixedTreeDrafter(TokenTree tree) : tree_(std::move(tree)) {}
+    const char * name() const override { return "fixed"; }
+    void start(const DraftRequest &) override {}
+    Draft take() override { return Draft{tree_, 0.0f, {}}; }
+    void accept(const Acceptance &) override {}
+    void reset() override {}
+
+private:
+    TokenTree tree_;
+};
+
+// Catches: the lookup continuation not grafted (or grafted as a duplicate of a child the model
+// already proposed), grafted nodes without a path probability below their parent's, or a graft at
+// T > 0, where lossless tree sampling needs every node drawn from its parent's draft distribution.
+TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTreeAtTemperatureZero) {
+    TokenTree model_tree;
+    const int a = model_tree.add(TokenTree::kRoot, 7, std::log(0.6f));
+    model_tree.add(TokenTree::kRoot, 9, std::log(0.3f));
+    model_tree.add(a, 8, std::log(0.4f));
+    // "5 6 7 8 4 3 ... 5 6": lookup continues the trailing "5 6" with "7 8 4 3".
+    const std::vector<int32_t> history = {5, 6, 7, 8, 4, 3, 1, 5, 6};
+    auto drafter = LookupGraftDrafter(std::make_unique<FixedTreeDrafter>(model_tree), 1, 3);
+    EXPECT_STREQ(drafter.name(), "fixed+lookup");
+    SamplingParams greedy;
+    drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 4}, &greedy, nullptr});
+    Draft grafted = drafter.take();
+    const TokenTree t = grafted.tree;
+    ASSERT_EQ(t.size(), 5);  // a chain of 4 (the round's nodes): 7 and 8 were the model's; 4 and 3 are new, below 8
+    EXPECT_EQ(grafted.grafted_from, 3);
+    EXPECT_EQ(t.token[3], 4);
+    EXPECT_EQ(t.parent[3], 2);
+    EXPECT_EQ(t.token[4], 3);
+    EXPECT_EQ(t.parent[4], 3);
+    EXPECT_EQ(t.depth[4], 4);
+    // Before any chain was checked against the text, each step is priced at the prior.
+    EXPECT_FLOAT_EQ(t.logp[3], t.logp[2] + std::log(float(LookupGraftDrafter::kPriorStepProb)));
+    EXPECT_FLOAT_EQ(t.logp[4], t.logp[3] + std::log(float(LookupGraftDrafter::kPriorStepProb)));
+    // Pruned, the grafted nodes stay a suffix and grafted_from follows them.
+    prune_draft(grafted, 4);  // path probabilities 7: 0.6, 8: 0.4, 9: 0.3, 4: 0.2, 3: 0.1
+    EXPECT_EQ(grafted.tree.token, (std::vector<int32_t>{7, 9, 8, 4}));
+    EXPECT_EQ(grafted.grafted_from, 3);
+    prune_draft(grafted, 2);
+    EXPECT_EQ(grafted.tree.token, (std::vector<int32_t>{7, 8}));
+    EXPECT_EQ(grafted.grafted_from, -1);
+    // A continuation the model did not propose at all becomes a new child of the root.
+    TokenTree other;
+    other.add(TokenTree::kRoot, 9, std::log(0.9f));
+    EXPECT_EQ(graft_chain(other, std::vector<int32_t>{7, 8}, std::vector<float>{std::log(0.5f), std::log(0.5f)}), 2);
+    EXPECT_EQ(other.children(TokenTree::kRoot), (std::vector<int>{0, 1}));
+    EXPECT_FLOAT_EQ(other.logp[1], std::log(0.5f));
+    // A path both propose is priced by the likelier estimate, and the continuation below it too.
+    TokenTree doubted;
+    doubted.add(TokenTree::kRoot, 7, std::log(0.1f));
+    EXPECT_EQ(graft_chain(doubted, std::vector<int32_t>{7, 8}, std::vector<float>{std::log(0.8f), std::log(0.5f)}), 1);
+    EXPECT_FLOAT_EQ(doubted.logp[0], std::log(0.8f));
+    EXPECT_FLOAT_EQ(doubted.logp[1], std::log(0.8f) + std::log(0.5f));
+
+    SamplingParams sampled;
+    sampled.temperature = 1.0f;
+    drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &sampled, nullptr});
+    EXPECT_EQ(drafter.take().tree.token, model_tree.token);
+}
+
+// Catches: lookup's step probabilities not learned from the text that followed its chains (a
+// chain that keeps holding priced like one that never does), learned past a chain's first
+// mismatch, or a free draft (the lookup chain alone, for rounds without a model draft) that
+// differs from lookup's continuation or is offered at T > 0.
+TEST(Speculative, LookupGraftLearnsHowOftenItsChainsHoldAndDraftsThemAlone) {
+    SamplingParams greedy;
+    const TreeBudget depth3{TreeShape::Dynamic, 3, 2, 3};  // lookup's chain: as many tokens as the round's nodes
+    // A text of period 5: lookup's continuation always holds.
+    std::vector<int32_t> periodic = {5, 6, 7, 8, 9, 5, 6};
+    LookupGraftDrafter holds(std::make_unique<FixedTreeDrafter>(TokenTree{}), 1, 3);
+    for (int round = 0; round < 20; ++round) {
+        const TokenTree chain = holds.free_draft(DraftRequest{periodic, depth3, &greedy, nullptr}).tree;
+        ASSERT_EQ(chain.size(), 3);
+        for (int i = 0; i < 3; ++i) {
+            EXPECT_EQ(chain.token[i], periodic[periodic.size() - 5 + i]);
+            EXPECT_EQ(chain.parent[i], i - 1);
+            EXPECT_FLOAT_EQ(chain.logp[i], (i > 0 ? chain.logp[i - 1] : 0.0f) + std::log(float(holds.step_prob(i + 1))));
+        }
+        periodic.insert(periodic.end(), chain.token.begin(), chain.token.end());
+    }
+    for (int depth = 1; depth <= 3; ++depth) EXPECT_GT(holds.step_prob(depth), 0.9) << depth;
+    // The tree policy will scale path probabilities by its calibration: lookup's own leave the root divided by it.
+    TreeBudget calibrated = depth3;
+    calibrated.calibration = 0.5f;
+    const TokenTree halved = holds.free_draft(DraftRequest{periodic, calibrated, &greedy, nullptr}).tree;
+    ASSERT_EQ(halved.size(), 3);
+    EXPECT_FLOAT_EQ(halved.logp[0], std::log(float(holds.step_prob(1)) / 0.5f));
+    EXPECT_FLOAT_EQ(halved.logp[1], halved.logp[0] + std::log(float(holds.step_prob(2))));
+    // Each root is searched once, kMaxDepth deep, and the whole chain is checked against the text:
+    // steps deeper than a round's nodes are learned too.
+    EXPECT_GT(holds.step_prob(4), 0.9);
+
+    // A text that never goes on as lookup proposes: the first step falls, deeper ones are never reached.
+    LookupGraftDrafter fails(std::make_unique<FixedTreeDrafter>(TokenTree{}), 1, 3);
+    const std::vector<int32_t> base = {5, 6, 7, 8, 9, 5, 6};
+    for (int round = 0; round < 20; ++round) {
+        ASSERT_EQ(fails.free_draft(DraftRequest{base, depth3, &greedy, nullptr}).tree.size(), 3);
+        std::vector<int32_t> went_on = base;
+        went_on.push_back(42);
+        EXPECT_TRUE(fails.free_draft(DraftRequest{went_on, depth3, &greedy, nullptr}).tree.empty());  // no earlier "42"
+    }
+    EXPECT_LT(fails.step_prob(1), 0.1);
+    EXPECT_DOUBLE_EQ(fails.step_prob(2), LookupGraftDrafter::kPriorStepProb);
+    fails.reset();
+    EXPECT_DOUBLE_EQ(fails.step_prob(1), LookupGraftDrafter::kPriorStepProb);
+
+    SamplingParams sampled;
+    sampled.temperature = 1.0f;
+    EXPECT_TRUE(holds.free_draft(DraftRequest{base, depth3, &sampled, nullptr}).tree.empty());
+}
+
+// A model drafter too slow to ever pay: the tree policy stops drafting with it after its first round.
+class SlowTreeDrafter : public FixedTreeDrafter {
+public:
+    using FixedTreeDrafter::FixedTreeDrafter;
+    void start(const DraftRequest &) override { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }
+};
+
+// Catches: rounds where the tree policy drafts no model tree (its drafter is far too slow to pay)
+// not offering the drafter's free draft, so that a text repeating itself gets no lookup chain
+// verified; or a free draft changing the greedy text. The bundled trained target continues a
+// repeated token pattern, which lookup proposes.
+TEST(Speculative, RoundsWithoutAModelDraftStillVerifyTheLookupChain) {
+    Backend backend{BackendOptions{"cpu", 1}};
+    const auto target = Model::load(test::shipped_model("specula-target.gguf"), backend);
+    ModelRunner runner(*target);
+    std::vector<int32_t> prompt = {1};
+    for (int i = 0; i < 6; ++i) prompt.insert(prompt.end(), {450, 4996, 17354, 1701, 822, 5713, 13});
+    for (auto & t : prompt) t %= target->config().n_vocab;
+    const auto want = plain_greedy(*target, runner, prompt, 48);
+    TokenTree guess;
+    guess.add(TokenTree::kRoot, want[0], 0.0f);
+    LookupGraftDrafter drafter(std::make_unique<SlowTreeDrafter>(guess), 1, 3);
+    std::vector<double> curve;
+    for (int b = 1; b <= 17; ++b) curve.push_back(1.0 + 0.1 * (b - 1));
+    TreeSizePolicy tree_size(curve);
+    auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, std::vector<double>(5, 1.0));
+    KvCache cache(backend, target->config(), 256);
+    int free_rounds = 0, free_accepted = 0, model_rounds = 0;
+    SequenceParts parts{cache, &drafter, policy.get(), TreeBudget{TreeShape::Dynamic, 6, 2, 16},
+                        [&](const RoundInfo & r) {
+                            const bool free = r.decision.why.rfind("no model draft", 0) == 0;
+                            free_rounds += free;
+                            model_rounds += !free && r.draft->tree.size() > 0;
+                            if (free) free_accepted += static_cast<int>(r.result->accepted.size());
+                        },
+                        nullptr, &tree_size};
+    GenerationOptions o;
+    o.n_predict = 48;
+    o.stop_at_end_of_generation = false;
+    std::vector<int32_t> got;
+    generate_speculative(
+        runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        got.push_back(t);
+        return true; });
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(model_rounds, 1);
+    EXPECT_GT(free_accepted, 16) << free_rounds << " rounds without a model draft";
+}
+
+// Catches: prompt lookup not grafted by default into the trees the tree policy sizes (where its
+// nodes are priced and pruned), or grafted by default into chains and fixed-size trees, where
+// nothing prices them; or an explicit --lookup / --no-lookup not obeyed.
+TEST(Speculative, PromptLookupIsGraftedByDefaultIntoPolicySizedTreesOnly) {
+    EngineOptions o;
+    EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle).lookup);
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::DraftModel).lookup);  // a chain by default
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::Ngram).lookup);
+    o.tree = TreeShape::Dynamic;
+    EXPECT_TRUE(drafting_rules(o, DrafterKind::DraftModel).lookup);
+    o.tree_nodes = 8;
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    o.tree_nodes = 0;
+    o.tree = TreeShape::Chain;
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    o.drafter.lookup = true;
+    EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    o.tree.reset();
+    o.drafter.lookup = false;
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+}
+
+}  // namespace
+}  // namespace specula
