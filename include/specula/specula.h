@@ -41,13 +41,7 @@ struct EngineOptions {
     bool specee_online = false;      // probe near the recent tokens' exit layers too (online_probe_layers)
 };
 
-// An emitted token's log-probability under the target's processed logits (after penalties, bias
-// and grammar; before temperature and truncation), with the most likely alternatives.
-struct TokenLogprob {
-    int32_t token = -1;
-    float logprob = 0.0f;
-    std::vector<std::pair<int32_t, float>> top;  // (token, logprob), most likely first
-};
+inline constexpr int kMaxTopLogprobs = 20;  // the most alternatives GenerationOptions::top_logprobs asks for
 using LogprobObserver = std::function<void(const TokenLogprob &)>;
 
 struct GenerationOptions {

@@ -53,11 +53,13 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
     auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
     const GenerationMode mode = t.generation_mode();
     if (mode == GenerationMode::Plain) {
-        GenerationStats stats = generate_plain(*t.runner, cache, tokens, options, is_end, sink);
+        const std::unique_ptr<LogitsState> processing = logits_processing(options, tokens, t.tokenizer.get());
+        GenerationStats stats = generate_plain(*t.runner, cache, tokens, options, is_end, sink, processing.get());
         stats.kernels = t.backend->kernels_summary();
         return stats;
     }
     if (mode == GenerationMode::SpeceeLossy) {
+        check_lossy_early_exit_options(options);
         EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get(), t.options.specee_online);
         EarlyExitStats exits;
         const int n_layer = t.model->config().n_layer;

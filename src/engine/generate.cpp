@@ -6,6 +6,8 @@
 #include "specula/error.h"
 #include "runtime/kv_cache.h"
 #include "runtime/forward.h"
+#include "constrain/grammar.h"
+#include "sample/logits_state.h"
 #include "sample/sampler.h"
 
 namespace specula {
@@ -15,6 +17,27 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 }  // namespace
+
+std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options, std::span<const int32_t> history, const Tokenizer * tokenizer) {
+    if (options.top_logprobs < -1 || options.top_logprobs > kMaxTopLogprobs) {
+        throw Error("top_logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", not " + std::to_string(options.top_logprobs));
+    }
+    return make_logits_state(options.sampling, options.grammar, history, tokenizer);
+}
+
+void check_lossy_early_exit_options(const GenerationOptions & options) {
+    const SamplingParams & s = options.sampling;
+    const char * asked = !options.grammar.empty()                                                                ? "a grammar"
+                         : !s.logit_bias.empty()                                                                 ? "logit bias"
+                         : s.repeat_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f ? "penalties"
+                         : options.top_logprobs >= 0 || options.on_logprob                                       ? "logprobs"
+                                                                                                                 : nullptr;
+    if (asked) throw Error(std::string("SpecEE's lossy mode does not support ") + asked + ": use the lossless mode");
+}
+
+void report_logprob(const GenerationOptions & options, std::span<const float> row, int32_t token, std::vector<float> & scratch) {
+    if (options.on_logprob) options.on_logprob(token_logprob(row, token, std::max(0, options.top_logprobs), scratch));
+}
 
 std::vector<float> prefill(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt, int chunk) {
     if (prompt.empty()) throw Error("empty prompt");
@@ -34,15 +57,27 @@ std::vector<float> prefill(ModelRunner & runner, KvCache & cache, std::span<cons
 
 GenerationStats generate_plain(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt,
                                const GenerationOptions & options, const std::function<bool(int32_t)> & is_end,
-                               const TokenSink & sink) {
+                               const TokenSink & sink, LogitsState * processing) {
     GenerationStats stats;
     stats.n_prompt = static_cast<int>(prompt.size());
     Rng rng(options.sampling.seed);
-    std::vector<float> probs;
+    std::vector<float> probs, processed, scratch;
     auto pick = [&](std::span<const float> logits) {
-        if (options.sampling.greedy()) return argmax(logits);
-        processed_probs(logits, options.sampling, probs);
-        return sample_from(probs, rng);
+        if (processing) {
+            processed.assign(logits.begin(), logits.end());
+            processing->apply(processed);
+            logits = processed;
+        }
+        int32_t token = 0;
+        if (options.sampling.greedy()) {
+            token = argmax(logits);
+        } else {
+            processed_probs(logits, options.sampling, probs);
+            token = sample_from(probs, rng);
+        }
+        report_logprob(options, logits, token, scratch);
+        if (processing) processing->accept(token);
+        return token;
     };
 
     auto t0 = std::chrono::steady_clock::now();

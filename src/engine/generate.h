@@ -3,6 +3,7 @@
 // reproduce token for token at temperature 0.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -11,15 +12,29 @@
 namespace specula {
 
 class KvCache;
+class LogitsState;
 class ModelRunner;
+class Tokenizer;
+
+// What `options` asks of the target's logits after `history` (the whole prompt): penalties and
+// logit bias, then the grammar over `tokenizer`'s vocabulary. nullptr when nothing is asked.
+// Throws Error for options out of range (top_logprobs too) and for a grammar that does not parse.
+std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options, std::span<const int32_t> history, const Tokenizer * tokenizer);
+// SpecEE's lossy mode emits exited tokens from no processed target row: throws Error naming what
+// `options` asks that it cannot honour (penalties, logit bias, a grammar, logprobs).
+void check_lossy_early_exit_options(const GenerationOptions & options);
+// Calls options.on_logprob, when set, with `token` and its log-probability in `row`, the
+// processed row it was drawn from: plain and speculative decoding report through this alone.
+void report_logprob(const GenerationOptions & options, std::span<const float> row, int32_t token, std::vector<float> & scratch);
 
 // Feeds the prompt in chunks into an empty `cache`, returns the logits of its last token.
 std::vector<float> prefill(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt, int chunk = 512);
 
 // Decodes up to options.n_predict tokens after `prompt` (cache must be empty).
-// is_end(token) ends generation when options.stop_at_end_of_generation is set.
+// is_end(token) ends generation when options.stop_at_end_of_generation is set. `processing`:
+// logits_processing() of the whole prompt (nullptr: none), advanced with each token.
 GenerationStats generate_plain(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt,
                                const GenerationOptions & options, const std::function<bool(int32_t)> & is_end,
-                               const TokenSink & sink);
+                               const TokenSink & sink, LogitsState * processing = nullptr);
 
 }  // namespace specula

@@ -131,7 +131,9 @@ RoundPolicies ModelBundle::make_round_policies(GenerationMode mode) const {
 
 SequenceParts ModelBundle::sequence_parts(GenerationMode mode, KvCache & cache, Drafter * sequence_drafter, DraftLengthPolicy * length,
                                           TreeSizePolicy * tree_size, std::function<void(const RoundInfo &)> on_round) const {
-    return specula::sequence_parts(mode, cache, sequence_drafter, tree, length, tree_size, std::move(on_round));
+    SequenceParts parts = specula::sequence_parts(mode, cache, sequence_drafter, tree, length, tree_size, std::move(on_round));
+    parts.tokenizer = tokenizer.get();
+    return parts;
 }
 
 }  // namespace specula

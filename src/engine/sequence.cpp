@@ -22,21 +22,23 @@ void gather_features(const ForwardOutput & out, std::span<const int> rows, std::
 // The draft's first nodes that its drafter drafted (the rest grafted from prompt lookup).
 int model_nodes(const Draft & draft) { return draft.grafted_from < 0 ? draft.tree.size() : draft.grafted_from; }
 
-// [root, nodes...] as one block: node i is row i + 1 at position base + depth(i).
-ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base) {
+// [root, nodes...] as one block, without the skipped nodes: node i at position base + depth(i),
+// in block row node_row[i + 1] (-1: skipped); the root in row 0.
+ForwardBatch tree_batch(int32_t root, const TokenTree & tree, int base, std::span<const char> skipped, std::vector<int> & node_row) {
     ForwardBatch b;
-    const int n = tree.size() + 1;
-    b.tokens.reserve(n);
+    node_row.assign(tree.size() + 1, -1);
+    node_row[0] = 0;
     b.tokens.push_back(root);
-    b.tokens.insert(b.tokens.end(), tree.token.begin(), tree.token.end());
-    b.positions.resize(n);
-    std::vector<int> parents(n);
-    parents[0] = -1;
-    b.positions[0] = base;
+    b.positions.push_back(base);
+    std::vector<int> parents{-1};
     for (int i = 0; i < tree.size(); ++i) {
-        parents[i + 1] = tree.parent[i] + 1;  // kRoot (-1) becomes row 0
-        b.positions[i + 1] = base + tree.depth[i];
+        if (skipped[i]) continue;
+        node_row[i + 1] = static_cast<int>(b.tokens.size());
+        b.tokens.push_back(tree.token[i]);
+        b.positions.push_back(base + tree.depth[i]);
+        parents.push_back(node_row[tree.parent[i] + 1]);  // kRoot (-1) becomes row 0
     }
+    const int n = static_cast<int>(b.tokens.size());
     b.mask = BlockMask::from_parents(parents);
     b.logit_rows.resize(n);
     for (int i = 0; i < n; ++i) b.logit_rows[i] = i;
@@ -62,6 +64,7 @@ Sequence::Sequence(SequenceParts parts, std::span<const int32_t> prompt, const G
         throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " +
                     std::to_string(p_.cache.capacity()) + "-token context");
     }
+    logits_state_ = logits_processing(options_, prompt, p_.tokenizer);
     verify_ = p_.verify;
     if (!verify_) {
         const SamplingParams & sp = options_.sampling;
@@ -142,7 +145,9 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
     if (p_.on_round) decision_ = policy_.decision(drafted, draft_.tree.size());
     draft_ms_ = draft_ms + ms_since(t0);
 
-    block_ = tree_batch(history_.back(), draft_.tree, base_);
+    // Nodes the request's processing bans can never be accepted: the forward leaves them out.
+    path_.begin(draft_.tree, logits_state_.get());
+    block_ = tree_batch(history_.back(), draft_.tree, base_, path_.skipped(), node_row_);
     block_.tap_layers = feature_layers_;
     last_rows_ = block_.n_tokens();
     return block_;
@@ -188,22 +193,35 @@ void Sequence::commit_prompt_chunk() {
 }
 
 // The draft against the target's logits of the block: the accepted path and the target's next token.
-VerifyResult Sequence::verify() { return verify_(draft_.tree, TargetLogits{out_.logits, out_.n_vocab}, rng_); }
+// Each node's row processed with the state after its path (verify/path_logits.h).
+VerifyResult Sequence::verify() {
+    path_.set_rows(out_.logits, out_.n_vocab, node_row_);
+    return verify_(draft_.tree, path_.view(), rng_);
+}
 
 // The cache keeps the root's and the accepted path's rows (returned, block rows); the rejected nodes' rows go.
 std::vector<int> Sequence::keep_accepted(const VerifyResult & result) {
     std::vector<int> kept{0};
-    for (int node : result.accepted) kept.push_back(node + 1);
+    for (int node : result.accepted) kept.push_back(node_row_[node + 1]);
     p_.cache.compact(base_, kept);
     return kept;
 }
 
 // The accepted tokens, then the target's own, until the sink, an end token or -n stops the sequence.
+// Each token's log-probability comes from the processed row that emitted it: the root's for the
+// first, then each accepted node's (the rows verification read), taken before the state moves on.
 void Sequence::emit(const VerifyResult & result, const std::function<bool(int32_t)> & sink) {
     std::vector<int32_t> tokens;
+    std::vector<std::span<const float>> rows;
     for (int node : result.accepted) tokens.push_back(draft_.tree.token[node]);
     tokens.push_back(result.next_token);
-    for (int32_t t : tokens) {
+    if (options_.on_logprob) {
+        for (size_t k = 0; k < tokens.size(); ++k) rows.push_back(path_.row(k == 0 ? TokenTree::kRoot : result.accepted[k - 1]));
+    }
+    for (size_t k = 0; k < tokens.size(); ++k) {
+        const int32_t t = tokens[k];
+        if (!rows.empty()) report_logprob(options_, rows[k], t, logprob_scratch_);
+        if (logits_state_) logits_state_->accept(t);
         history_.push_back(t);
         ++emitted_;
         ++last_tokens_;

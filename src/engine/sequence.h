@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -30,11 +31,13 @@
 #include "specula/specula.h"
 #include "trace/trace.h"
 #include "tree/tree_builder.h"
+#include "verify/path_logits.h"
 #include "verify/verify.h"
 
 namespace specula {
 
 class KvCache;
+class Tokenizer;
 
 struct RoundInfo {
     int round = 0;
@@ -62,6 +65,7 @@ struct SequenceParts {
     std::function<void(const RoundInfo &)> on_round = {};  // trace, tests; may be empty
     VerifyFn verify = {};                                  // empty = the standard verifier for the sampling params
     TreeSizePolicy * tree_size = nullptr;                  // trees: nodes verified per round (else tree.max_nodes)
+    const Tokenizer * tokenizer = nullptr;                 // the vocabulary of GenerationOptions::grammar (none: no grammar)
 };
 
 class Sequence {
@@ -127,6 +131,11 @@ private:
     std::vector<float> features_;
     int prefilled_ = 0;  // prompt tokens in the cache
     int emitted_ = 0;
+    // The request's logit processing after history_ (nullptr: none), and the round's rows under it.
+    std::unique_ptr<LogitsState> logits_state_;
+    PathLogits path_;
+    std::vector<int> node_row_;  // [n + 1] the block row of the root and of each draft node (-1: skipped)
+    std::vector<float> logprob_scratch_;
     bool stopped_ = false;
     GenerationStats run_;
     // The current round, from draft() to commit().

@@ -171,6 +171,8 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
     if (early_exit.mode == EarlyExitMode::Lossy && !options.sampling.greedy()) {
         throw Error("SpecEE's lossy mode decodes greedily: use temperature 0 (the lossless mode samples)");
     }
+    if (early_exit.mode == EarlyExitMode::Lossy) check_lossy_early_exit_options(options);
+    logits_processing(options, prompt, target_.tokenizer.get());  // bad options and grammars fail here, before a slot takes them
     if (!(early_exit.threshold >= 0.0f && early_exit.threshold <= 1.0f)) throw Error("the SpecEE threshold must be within 0..1");
     if (static_cast<int64_t>(prompt.size()) + std::max<int64_t>(options.n_predict, 0) > context_size()) {
         throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.n_predict) +

@@ -38,6 +38,7 @@ public:
     // The vocabulary's identity: token count and a hash of every token's text.
     uint64_t fingerprint() const;
 
+    const llama_vocab * vocabulary() const { return vocab_; }  // libllama's, for its grammar sampler (src/constrain/)
     // The model's chat template; without one in the file, llama.cpp's template named by the
     // vocabulary's turn tokens ("gemma" for <start_of_turn>/<end_of_turn>), else "chatml".
     const char * chat_template() const;

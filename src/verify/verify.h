@@ -11,6 +11,7 @@
 // The verifier knows nothing about which drafter made the draft: it sees a TokenTree and, per
 // expanded node, the draft distribution q its children were proposed from (or none: one-hot).
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -27,11 +28,14 @@ struct VerifyResult {
     std::vector<VerifyEvent> events;
 };
 
-// Target logits, row 0 for the root and row i + 1 for node i, each n_vocab wide.
+// Target logits, row 0 for the root and row i + 1 for node i, each n_vocab wide; or, where the
+// request processes logits (verify/path_logits.h), the rows `processed_row` gives.
 struct TargetLogits {
     std::span<const float> data;
     int n_vocab = 0;
+    std::function<std::span<const float>(int node)> processed_row = {};
     std::span<const float> row_of(int node) const {
+        if (processed_row) return processed_row(node);
         return data.subspan(static_cast<size_t>(node + 1) * n_vocab, n_vocab);
     }
 };

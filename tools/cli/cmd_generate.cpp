@@ -1,14 +1,37 @@
 #include <algorithm>
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "commands.h"
+#include "constrain/grammar.h"
 #include "engine_flags.h"
 #include "specula/specula.h"
 #include "trace/trace.h"
 
 namespace specula::cli {
+
+namespace {
+std::string read_text(const std::string & path, const char * what) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("cannot read the " + std::string(what) + " file " + path);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+// --grammar-file or --json-schema as the GBNF of GenerationOptions::grammar.
+std::string output_grammar(const std::string & grammar_path, const std::string & schema_path) {
+    if (!grammar_path.empty()) return read_text(grammar_path, "grammar");
+    if (schema_path.empty()) return {};
+    const nlohmann::json schema = nlohmann::json::parse(read_text(schema_path, "JSON schema"), nullptr, /*allow_exceptions=*/false);
+    if (schema.is_discarded()) throw Error("the JSON schema file " + schema_path + " is not JSON");
+    return json_schema_to_gbnf(schema);
+}
+}  // namespace
 
 void register_generate(CLI::App & app, Commands & commands) {
     struct Args {
@@ -16,6 +39,7 @@ void register_generate(CLI::App & app, Commands & commands) {
         GenerationOptions gen;
         std::string prompt;
         std::string trace_path;
+        std::string grammar_path, schema_path;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("generate", "generate text from a prompt, streaming it to stdout");
@@ -30,6 +54,14 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--top-p", args->gen.sampling.top_p, "top-p (1 = off)")->capture_default_str();
     sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
     sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
+    sub->add_option("--repeat-penalty", args->gen.sampling.repeat_penalty, "divide the logit of a recent token by this (1 = off)")->capture_default_str();
+    sub->add_option("--presence-penalty", args->gen.sampling.presence_penalty, "subtract this from a recent token's logit (0 = off)")->capture_default_str();
+    sub->add_option("--frequency-penalty", args->gen.sampling.frequency_penalty, "subtract this per occurrence of a recent token (0 = off)")
+        ->capture_default_str();
+    sub->add_option("--penalty-last-n", args->gen.sampling.penalty_last_n, "the recent tokens the penalties count, prompt included (-1 = all)")
+        ->capture_default_str();
+    auto * grammar = sub->add_option("--grammar-file", args->grammar_path, "constrain the output to this GBNF grammar (llama.cpp's format)");
+    sub->add_option("--json-schema", args->schema_path, "constrain the output to JSON that this JSON-schema file describes")->excludes(grammar);
     add_engine_flags(sub, args->engine);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): lossy early exit at T=0 with the EAGLE-3 head's top 4 as candidates");
@@ -46,6 +78,7 @@ void register_generate(CLI::App & app, Commands & commands) {
         commands.run = [args] {
             // The default model is an instruct model: a chat.
             if (args->engine.model_path.empty()) use_default_model(args->engine), args->gen.chat = true;
+            args->gen.grammar = output_grammar(args->grammar_path, args->schema_path);
             auto engine = Engine::open(args->engine);
             std::unique_ptr<TraceWriter> trace;
             if (!args->trace_path.empty()) {

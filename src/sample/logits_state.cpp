@@ -1,0 +1,127 @@
+#include "sample/logits_state.h"
+
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <string>
+#include <unordered_map>
+
+#include "sample/sampler.h"
+#include "specula/error.h"
+
+namespace specula {
+
+namespace {
+
+// llama.cpp's llama_sampler_logit_bias then llama_sampler_penalties, over one sequence's tokens.
+class PenaltyState final : public LogitsState {
+public:
+    PenaltyState(const SamplingParams & p, std::span<const int32_t> history)
+        : repeat_(p.repeat_penalty),
+          presence_(p.presence_penalty),
+          frequency_(p.frequency_penalty),
+          last_n_(p.penalty_last_n < 0 ? std::numeric_limits<size_t>::max() : static_cast<size_t>(p.penalty_last_n)),
+          bias_(p.logit_bias) {
+        penalizes_ = last_n_ > 0 && (repeat_ != 1.0f || presence_ != 0.0f || frequency_ != 0.0f);
+        for (int32_t t : history) accept(t);
+    }
+    std::unique_ptr<LogitsState> clone() const override { return std::make_unique<PenaltyState>(*this); }
+
+    void apply(std::span<float> logits) const override {
+        for (const auto & [token, bias] : bias_) {
+            if (static_cast<size_t>(token) >= logits.size()) {
+                throw Error("logit_bias names token " + std::to_string(token) + ", outside the " + std::to_string(logits.size()) + "-token vocabulary");
+            }
+            logits[token] += bias;
+        }
+        for (const auto & [token, count] : count_) {
+            float & l = logits[token];
+            // Dividing a negative logit would raise it: llama.cpp multiplies those instead.
+            l = l <= 0.0f ? l * repeat_ : l / repeat_;
+            l -= static_cast<float>(count) * frequency_ + presence_;
+        }
+    }
+
+    bool allows(int32_t token) const override {
+        for (const auto & [t, bias] : bias_) {
+            if (t == token && bias == -INFINITY) return false;
+        }
+        return true;
+    }
+
+    void accept(int32_t token) override {
+        if (!penalizes_) return;
+        ++count_[token];
+        if (window_.size() >= last_n_) {
+            const int32_t old = window_.front();
+            window_.pop_front();
+            if (--count_[old] == 0) count_.erase(old);
+        }
+        window_.push_back(token);
+    }
+
+private:
+    float repeat_, presence_, frequency_;
+    size_t last_n_;
+    bool penalizes_ = false;
+    std::vector<std::pair<int32_t, float>> bias_;
+    std::deque<int32_t> window_;                  // the last last_n_ tokens
+    std::unordered_map<int32_t, int> count_;      // occurrences in window_
+};
+
+void check_finite(float value, const char * name) {
+    if (!std::isfinite(value)) throw Error(std::string(name) + " must be a finite number");
+}
+
+}  // namespace
+
+std::unique_ptr<LogitsState> make_penalty_state(const SamplingParams & p, std::span<const int32_t> history, int n_vocab) {
+    check_finite(p.repeat_penalty, "repeat_penalty");
+    check_finite(p.presence_penalty, "presence_penalty");
+    check_finite(p.frequency_penalty, "frequency_penalty");
+    if (p.repeat_penalty <= 0.0f) throw Error("repeat_penalty must be positive (1 = off), not " + std::to_string(p.repeat_penalty));
+    if (p.penalty_last_n < -1) throw Error("penalty_last_n must be -1 (the whole context), 0 (off) or positive");
+    for (const auto & [token, bias] : p.logit_bias) {
+        if (token < 0 || token >= n_vocab) {
+            throw Error("logit_bias names token " + std::to_string(token) + ", outside the " + std::to_string(n_vocab) + "-token vocabulary");
+        }
+        if (std::isnan(bias) || bias == INFINITY) throw Error("logit_bias of token " + std::to_string(token) + " must be a number or -inf");
+    }
+    const bool penalizes = p.penalty_last_n != 0 && (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+    if (!penalizes && p.logit_bias.empty()) return nullptr;
+    return std::make_unique<PenaltyState>(p, history);
+}
+
+std::unique_ptr<LogitsState> LogitsStates::clone() const {
+    std::vector<std::unique_ptr<LogitsState>> copies;
+    for (const auto & s : states_) copies.push_back(s->clone());
+    return std::make_unique<LogitsStates>(std::move(copies));
+}
+
+void LogitsStates::apply(std::span<float> logits) const {
+    for (const auto & s : states_) s->apply(logits);
+}
+
+bool LogitsStates::allows(int32_t token) const {
+    for (const auto & s : states_) {
+        if (!s->allows(token)) return false;
+    }
+    return true;
+}
+
+void LogitsStates::accept(int32_t token) {
+    for (const auto & s : states_) s->accept(token);
+}
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int n_top, std::vector<float> & scratch) {
+    const SoftmaxStats st = softmax_stats(logits, scratch);
+    TokenLogprob r{token, st.log_prob(logits[token]), {}};
+    for (int32_t t : top_k_ids(logits, n_top)) {
+        const float lp = st.log_prob(logits[t]);
+        if (lp == -INFINITY) break;  // ranked last: banned from here on
+        r.top.emplace_back(t, lp);
+    }
+    return r;
+}
+
+}  // namespace specula

@@ -1,0 +1,51 @@
+#pragma once
+// Per-request logit processing that depends on the tokens so far: penalties, logit bias, and
+// (src/constrain/) grammars. A state is the processing after some sequence of tokens; under
+// speculation each drafted path gets its own (clone, then accept the path's tokens), so a node's
+// row is processed exactly as plain decoding would process it at that point.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "specula/sampling.h"
+
+namespace specula {
+
+class LogitsState {
+public:
+    virtual ~LogitsState() = default;
+    virtual std::unique_ptr<LogitsState> clone() const = 0;
+    // Processes a full-vocabulary row of raw logits in place (a banned token becomes -inf).
+    // Throws Error when nothing is left to draw.
+    virtual void apply(std::span<float> logits) const = 0;
+    // Whether apply() leaves `token` above -inf: cheap, without a row.
+    virtual bool allows(int32_t token) const = 0;
+    // The sequence continues with `token`.
+    virtual void accept(int32_t token) = 0;
+};
+
+// Logit bias, then llama.cpp's repeat / presence / frequency penalties over the last
+// penalty_last_n tokens (-1: all of them) of `history` and what is accepted after it. Throws
+// Error for settings that name no token of the n_vocab-token vocabulary or are not numbers (and
+// apply() for a biased token past its row); nullptr when the settings process nothing.
+std::unique_ptr<LogitsState> make_penalty_state(const SamplingParams & params, std::span<const int32_t> history, int n_vocab);
+
+// Several states applied in order as one.
+class LogitsStates final : public LogitsState {
+public:
+    explicit LogitsStates(std::vector<std::unique_ptr<LogitsState>> states) : states_(std::move(states)) {}
+    std::unique_ptr<LogitsState> clone() const override;
+    void apply(std::span<float> logits) const override;
+    bool allows(int32_t token) const override;
+    void accept(int32_t token) override;
+
+private:
+    std::vector<std::unique_ptr<LogitsState>> states_;
+};
+
+// `token`'s log-probability in `logits` (a processed row) at temperature 1, and the n_top most
+// likely tokens with theirs (banned ones left out).
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int n_top, std::vector<float> & scratch);
+
+}  // namespace specula

@@ -1,0 +1,59 @@
+#include "verify/path_logits.h"
+
+#include <string>
+
+#include "specula/error.h"
+
+namespace specula {
+
+void PathLogits::begin(const TokenTree & tree, const LogitsState * root) {
+    tree_ = &tree;
+    root_ = root;
+    const int n = tree.size();
+    skipped_.assign(n, 0);
+    states_.clear();
+    states_.resize(n);
+    processed_.assign(n + 1, 0);
+    if (!root) return;
+    for (int i = 0; i < n; ++i) {  // parents come before their children
+        const int parent = tree.parent[i];
+        skipped_[i] = (parent != TokenTree::kRoot && skipped_[parent]) || !state_after(parent).allows(tree.token[i]);
+    }
+}
+
+void PathLogits::set_rows(std::span<const float> raw, int n_vocab, std::span<const int> block_row) {
+    raw_ = raw;
+    n_vocab_ = n_vocab;
+    block_row_.assign(block_row.begin(), block_row.end());
+}
+
+const LogitsState & PathLogits::state_after(int node) {
+    if (node == TokenTree::kRoot) return *root_;
+    std::unique_ptr<LogitsState> & s = states_[node];
+    if (!s) {
+        s = state_after(tree_->parent[node]).clone();
+        s->accept(tree_->token[node]);
+    }
+    return *s;
+}
+
+std::span<const float> PathLogits::row(int node) {
+    const int r = block_row_.at(node + 1);
+    if (r < 0) throw Error("verification read the row of node " + std::to_string(node) + ", which the forward skipped");
+    const std::span<const float> raw = raw_.subspan(static_cast<size_t>(r) * n_vocab_, n_vocab_);
+    if (!root_) return raw;
+    if (rows_.size() < processed_.size()) rows_.resize(processed_.size());
+    std::vector<float> & dst = rows_[node + 1];
+    if (!processed_[node + 1]) {
+        dst.assign(raw.begin(), raw.end());
+        state_after(node).apply(dst);
+        processed_[node + 1] = 1;
+    }
+    return dst;
+}
+
+TargetLogits PathLogits::view() {
+    return TargetLogits{raw_, n_vocab_, [this](int node) { return row(node); }};
+}
+
+}  // namespace specula

@@ -1,0 +1,488 @@
+// Per-request logit processing under speculation: penalties, logit bias, GBNF grammars and JSON
+// schemas, logprobs. The states on hand-built rows; then speculative decoding (chains and trees)
+// against plain decoding with the same processing: the same tokens at T = 0, the same logprobs,
+// and the processed target's law at T > 0 (chi-square, with broken controls that must fail).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "constrain/grammar.h"
+#include "draft/draft_model.h"
+#include "draft/ngram.h"
+#include "engine/generate.h"
+#include "engine/sequence.h"
+#include "runtime/backend.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "sample/logits_state.h"
+#include "tokenizer/tokenizer.h"
+#include "verify/path_logits.h"
+#include "distribution.h"
+#include "test_models.h"
+
+namespace specula {
+namespace {
+
+// ---- The states on hand-built rows ----------------------------------------------------------
+
+TEST(PenaltyState, RepeatPresenceAndFrequencyPenaltiesCountTheLastTokensPromptIncluded) {
+    SamplingParams p;
+    p.repeat_penalty = 2.0f, p.presence_penalty = 0.5f, p.frequency_penalty = 0.25f, p.penalty_last_n = 3;
+    const std::vector<int32_t> prompt = {1, 2, 2, 3};  // the last 3: token 1 has left the window
+    const auto state = make_penalty_state(p, prompt, 6);
+    ASSERT_NE(state, nullptr);
+    std::vector<float> row = {1, 4, -2, 6, 3, 0};
+    state->apply(row);
+    // token 2 seen twice: -2 * 2 - (2 * 0.25 + 0.5); token 3 once: 6 / 2 - (0.25 + 0.5).
+    EXPECT_EQ(row, (std::vector<float>{1, 4, -5, 2.25f, 3, 0}));
+
+    const auto path = state->clone();
+    path->accept(4);  // the window is now {2, 3, 4}
+    std::vector<float> after = {1, 4, -2, 6, 3, 0};
+    path->apply(after);
+    EXPECT_EQ(after, (std::vector<float>{1, 4, -4.75f, 2.25f, 0.75f, 0}));
+    std::vector<float> again = {1, 4, -2, 6, 3, 0};
+    state->apply(again);
+    EXPECT_EQ(again, row) << "accepting into a clone must leave the original as it was";
+}
+
+TEST(PenaltyState, LogitBiasIsAddedBeforeThePenaltiesAndMinusInfinityBans) {
+    SamplingParams p;
+    p.repeat_penalty = 2.0f;
+    p.logit_bias = {{0, 1.0f}, {3, -8.0f}, {5, -INFINITY}};
+    const std::vector<int32_t> prompt = {3};
+    const auto state = make_penalty_state(p, prompt, 6);
+    std::vector<float> row = {1, 1, 1, 6, 1, 1};
+    state->apply(row);
+    EXPECT_EQ(row, (std::vector<float>{2, 1, 1, -4, 1, -INFINITY}));  // token 3: (6 - 8) * 2
+    EXPECT_FALSE(state->allows(5));
+    EXPECT_TRUE(state->allows(3));
+}
+
+TEST(PenaltyState, NeutralSettingsProcessNothingAndBadOnesAreErrors) {
+    const std::vector<int32_t> prompt = {1};
+    EXPECT_EQ(make_penalty_state(SamplingParams{}, prompt, 6), nullptr);
+    SamplingParams off;
+    off.repeat_penalty = 3.0f, off.penalty_last_n = 0;
+    EXPECT_EQ(make_penalty_state(off, prompt, 6), nullptr);
+    auto error = [&](SamplingParams p) { return test::error_message([&] { make_penalty_state(p, prompt, 6); }); };
+    SamplingParams p;
+    p.logit_bias = {{6, 1.0f}};
+    EXPECT_NE(error(p).find("token 6, outside the 6-token vocabulary"), std::string::npos) << error(p);
+    p.logit_bias = {{1, NAN}};
+    EXPECT_NE(error(p).find("logit_bias of token 1"), std::string::npos) << error(p);
+    p = {};
+    p.repeat_penalty = 0.0f;
+    EXPECT_NE(error(p).find("repeat_penalty must be positive"), std::string::npos) << error(p);
+    p = {};
+    p.frequency_penalty = INFINITY;
+    EXPECT_NE(error(p).find("frequency_penalty must be a finite number"), std::string::npos) << error(p);
+    p = {};
+    p.presence_penalty = 1.0f, p.penalty_last_n = -2;
+    EXPECT_NE(error(p).find("penalty_last_n"), std::string::npos) << error(p);
+}
+
+TEST(TokenLogprob, IsTheLogSoftmaxAtTemperatureOneAndListsNoBannedToken) {
+    const std::vector<float> row = {std::log(0.5f), -INFINITY, std::log(0.25f), std::log(0.25f)};
+    std::vector<float> scratch;
+    const TokenLogprob lp = token_logprob(row, 2, 5, scratch);
+    EXPECT_EQ(lp.token, 2);
+    EXPECT_NEAR(lp.logprob, std::log(0.25), 1e-6);
+    ASSERT_EQ(lp.top.size(), 3u) << "the banned token is not an alternative";
+    EXPECT_EQ(lp.top[0].first, 0);
+    EXPECT_NEAR(lp.top[0].second, std::log(0.5), 1e-6);
+    EXPECT_EQ(lp.top[1].first, 2);  // ties by id
+    EXPECT_EQ(token_logprob(row, 0, 0, scratch).top.size(), 0u);
+}
+
+// ---- The bundled family's target and draft, with their vocabulary ---------------------------
+
+struct Bundled {
+    Backend backend{BackendOptions{"cpu", 1}};
+    std::unique_ptr<Model> target = Model::load(test::shipped_model("specula-target.gguf"), backend);
+    std::unique_ptr<Model> draft = Model::load(test::shipped_model("specula-draft.gguf"), backend);
+    ModelRunner runner{*target};
+    Tokenizer tokenizer{test::shipped_model("specula-target.gguf")};
+
+    struct Output {
+        std::vector<int32_t> tokens;
+        std::vector<TokenLogprob> logprobs;
+    };
+    GenerationOptions options_with_logprobs(GenerationOptions o, Output & out) const {
+        if (o.top_logprobs >= 0) o.on_logprob = [&out](const TokenLogprob & lp) { out.logprobs.push_back(lp); };
+        return o;
+    }
+    bool is_end(int32_t t) const { return tokenizer.is_end_of_generation(t); }
+
+    Output plain(std::span<const int32_t> prompt, const GenerationOptions & options) {
+        Output out;
+        KvCache cache(backend, target->config(), 512);
+        const auto processing = logits_processing(options, prompt, &tokenizer);
+        generate_plain(
+            runner, cache, prompt, options_with_logprobs(options, out), [&](int32_t t) { return is_end(t); },
+            [&](int32_t t) {
+                out.tokens.push_back(t);
+                return true;
+            },
+            processing.get());
+        return out;
+    }
+
+    Output speculative(Drafter & drafter, std::span<const int32_t> prompt, const GenerationOptions & options, TreeBudget tree = {},
+                       VerifyFn verify = nullptr, std::function<void(const RoundInfo &)> on_round = nullptr) {
+        Output out;
+        KvCache cache(backend, target->config(), 512);
+        auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
+        SequenceParts parts{cache, &drafter, policy.get(), tree, std::move(on_round), std::move(verify)};
+        parts.tokenizer = &tokenizer;
+        generate_speculative(runner, parts, prompt, options_with_logprobs(options, out), [&](int32_t t) { return is_end(t); },
+                             [&](int32_t t) {
+                                 out.tokens.push_back(t);
+                                 return true;
+                             });
+        return out;
+    }
+};
+
+// The token whose piece is exactly `piece` (the tokenizer would add a word space to "no").
+int32_t token_of(const Tokenizer & tok, const std::string & piece) {
+    for (int32_t t = 0; t < tok.n_vocab(); ++t) {
+        if (tok.piece(t) == piece) return t;
+    }
+    ADD_FAILURE() << "no token spells \"" << piece << "\"";
+    return 0;
+}
+
+// The pieces of the tokens a state allows, on a row of zeros.
+std::vector<std::string> allowed_pieces(const LogitsState & state, const Tokenizer & tok) {
+    std::vector<float> row(tok.n_vocab(), 0.0f);
+    state.apply(row);
+    std::vector<std::string> pieces;
+    for (int32_t t = 0; t < tok.n_vocab(); ++t) {
+        EXPECT_EQ(row[t] != -INFINITY, state.allows(t)) << "allows() disagrees with apply() on token " << t;
+        if (row[t] != -INFINITY) pieces.push_back(tok.is_end_of_generation(t) ? "<end>" : tok.piece(t));
+    }
+    return pieces;
+}
+
+TEST(Grammar, BansEveryTokenThatCannotContinueTheGrammarAndAllowsTheEndOnlyAtItsEnd) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const auto state = make_grammar_state(tok, R"(root ::= "yes" | "no")");
+    const auto first = allowed_pieces(*state, tok);
+    ASSERT_FALSE(first.empty());
+    for (const std::string & p : first) EXPECT_TRUE(std::string("yes").starts_with(p) || std::string("no").starts_with(p)) << p;
+
+    // Spell "no" one token at a time through a clone; the original still allows "yes".
+    auto path = state->clone();
+    path->accept(token_of(tok, "n"));
+    path->accept(token_of(tok, "o"));
+    EXPECT_EQ(allowed_pieces(*path, tok), std::vector<std::string>{"<end>"});
+    bool y_allowed = false;
+    for (const std::string & p : allowed_pieces(*state, tok)) y_allowed = y_allowed || p == "y";
+    EXPECT_TRUE(y_allowed);
+    EXPECT_NE(test::error_message([&] { path->accept(token_of(tok, "y")); }).find("does not follow the grammar"),
+              std::string::npos);
+}
+
+TEST(Grammar, AGrammarThatDoesNotParseIsAnErrorNamingTheProblem) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const std::string undefined = test::error_message([&] { make_grammar_state(tok, R"(root ::= missing)"); });
+    EXPECT_NE(undefined.find("does not parse as GBNF"), std::string::npos) << undefined;
+    EXPECT_NE(undefined.find("missing"), std::string::npos) << undefined;
+    const std::string unterminated = test::error_message([&] { make_grammar_state(tok, R"(root ::= "abc)"); });
+    EXPECT_NE(unterminated.find("does not parse as GBNF"), std::string::npos) << unterminated;
+    const std::string no_root = test::error_message([&] { make_grammar_state(tok, R"(other ::= "a")"); });
+    EXPECT_NE(no_root.find("does not parse as GBNF"), std::string::npos) << no_root;
+}
+
+TEST(Grammar, JsonSchemasCompileToGbnfAndUncompilableOnesAreErrors) {
+    const auto schema = nlohmann::json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})");
+    const std::string gbnf = json_schema_to_gbnf(schema);
+    EXPECT_NE(gbnf.find("root ::="), std::string::npos) << gbnf;
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const auto state = make_grammar_state(tok, gbnf);
+    for (const std::string & p : allowed_pieces(*state, tok)) EXPECT_EQ(p[p.find_first_not_of(" \t\n")], '{') << p;
+    const std::string bad = test::error_message([] { json_schema_to_gbnf(nlohmann::json::parse(R"({"$ref": "#/nowhere"})")); });
+    EXPECT_NE(bad.find("cannot be compiled to a grammar"), std::string::npos) << bad;
+    EXPECT_NE(test::error_message([] { json_schema_to_gbnf(std::string("{not json")); }).find("cannot be compiled"), std::string::npos);
+}
+
+// A tree over the bundled vocabulary: the grammar bans node 3 ("a" after "a") at its parent;
+// reading a skipped node's row is an error, never another node's row.
+TEST(PathLogits, NodesBannedAtTheirParentAreSkippedWithTheirSubtreesAndEachRowSeesItsPath) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const auto state = make_grammar_state(tok, R"(root ::= "ab" | "b")");
+    const int32_t a = token_of(tok, "a"), b = token_of(tok, "b");
+    TokenTree tree;
+    const int n0 = tree.add(TokenTree::kRoot, a, 0.0f);  // "a": allowed
+    tree.add(TokenTree::kRoot, b, 0.0f);                 // "b": allowed at the root too
+    tree.add(n0, b, 0.0f);                               // "ab": allowed
+    tree.add(n0, a, 0.0f);                               // "aa": banned
+    PathLogits path;
+    path.begin(tree, state.get());
+    EXPECT_EQ(std::vector<char>(path.skipped().begin(), path.skipped().end()), (std::vector<char>{0, 0, 0, 1}));
+    const int n = tok.n_vocab();
+    std::vector<float> raw(static_cast<size_t>(4) * n, 0.0f);  // rows of the root and nodes 0..2
+    const std::vector<int> block_row = {0, 1, 2, 3, -1};
+    path.set_rows(raw, n, block_row);
+    const TargetLogits view = path.view();
+    EXPECT_NE(view.row_of(TokenTree::kRoot)[a], -INFINITY);
+    EXPECT_EQ(view.row_of(0)[a], -INFINITY) << "after \"a\" only \"b\" may follow";
+    EXPECT_NE(view.row_of(0)[b], -INFINITY);
+    EXPECT_NE(test::error_message([&] { view.row_of(3); }).find("skipped"), std::string::npos);
+}
+
+// ---- Speculative decoding equals plain decoding at T = 0 ------------------------------------
+
+struct Case {
+    const char * name;
+    GenerationOptions options;
+};
+
+std::vector<Case> processing_cases(const Tokenizer & tok) {
+    GenerationOptions base;
+    base.n_predict = 40;
+    base.top_logprobs = 3;
+    std::vector<Case> cases;
+    GenerationOptions penalties = base;
+    penalties.sampling.repeat_penalty = 1.6f, penalties.sampling.presence_penalty = 0.7f, penalties.sampling.frequency_penalty = 0.4f;
+    cases.push_back({"penalties", penalties});
+    GenerationOptions whole = penalties;
+    whole.sampling.penalty_last_n = -1;
+    cases.push_back({"penalties over the whole context", whole});
+    GenerationOptions bias = base;
+    for (const char * word : {" the", ",", ".", " and"}) bias.sampling.logit_bias.emplace_back(tok.tokenize(word, false).back(), -INFINITY);
+    bias.sampling.logit_bias.emplace_back(tok.tokenize(" cat", false).back(), 3.0f);
+    cases.push_back({"logit bias", bias});
+    GenerationOptions grammar = base;
+    // No "e" nor "t": most of the drafter's favourite tokens are banned; the sentence ends in a period.
+    grammar.grammar = R"(root ::= [a-df-su-z ]{3,30} ".")";
+    cases.push_back({"grammar", grammar});
+    GenerationOptions schema = base;
+    schema.n_predict = 60;
+    schema.grammar = json_schema_to_gbnf(nlohmann::json::parse(
+        R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}}, "required": ["name", "age"]})"));
+    cases.push_back({"JSON schema", schema});
+    return cases;
+}
+
+TEST(LogitsProcessing, GreedySpeculativeChainsAndTreesEqualPlainDecodingTokensAndLogprobs) {
+    Bundled m;
+    DraftModelDrafter small(*m.draft, 512);
+    DraftModelDrafter self(*m.target, 512);  // proposes the unprocessed target's tokens: penalties and grammars reject them
+    NgramDrafter ngram(1, 3);
+    const std::vector<int32_t> prompt = m.tokenizer.tokenize("Once upon a time, the little cat");
+    for (const Case & c : processing_cases(m.tokenizer)) {
+        const Bundled::Output want = m.plain(prompt, c.options);
+        ASSERT_EQ(want.logprobs.size(), want.tokens.size()) << c.name;
+        int accepted = 0;
+        for (Drafter * d : std::vector<Drafter *>{&small, &self, &ngram}) {
+            for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 4, 3, 12}, TreeBudget{TreeShape::Static, 4, 4, 16}}) {
+                if (d == &ngram && tree.shape != TreeShape::Chain) continue;
+                const Bundled::Output got =
+                    m.speculative(*d, prompt, c.options, tree, nullptr, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); });
+                const std::string where = std::string(c.name) + ", " + d->name() + ", " + tree_shape_name(tree.shape);
+                ASSERT_EQ(got.tokens, want.tokens) << where;
+                ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << where;
+                for (size_t i = 0; i < want.logprobs.size(); ++i) {
+                    EXPECT_EQ(got.logprobs[i].token, want.logprobs[i].token) << where << ", token " << i;
+                    EXPECT_EQ(got.logprobs[i].logprob, want.logprobs[i].logprob) << where << ", token " << i;
+                    EXPECT_EQ(got.logprobs[i].top, want.logprobs[i].top) << where << ", token " << i;
+                }
+            }
+        }
+        EXPECT_GT(accepted, 20) << c.name << ": the accept path was exercised";
+    }
+}
+
+TEST(LogitsProcessing, ConstrainedOutputFollowsTheGrammarAndTheSchema) {
+    Bundled m;
+    DraftModelDrafter small(*m.draft, 512);
+    const std::vector<int32_t> prompt = m.tokenizer.tokenize("Once upon a time, the little cat");
+    for (const Case & c : processing_cases(m.tokenizer)) {
+        if (c.options.grammar.empty()) continue;
+        const Bundled::Output out = m.speculative(small, prompt, c.options, TreeBudget{TreeShape::Dynamic, 4, 3, 12});
+        std::vector<int32_t> body = out.tokens;
+        const bool ended = !body.empty() && m.tokenizer.is_end_of_generation(body.back());
+        if (ended) body.pop_back();
+        const std::string text = m.tokenizer.detokenize(body);
+        SCOPED_TRACE(std::string(c.name) + ": " + text);
+        if (std::string(c.name) == "grammar") {
+            EXPECT_EQ(text.find_first_of("etET"), std::string::npos);
+            EXPECT_TRUE(ended) << "the grammar's sentence ends within 31 characters";
+            EXPECT_TRUE(text.ends_with("."));
+        } else if (ended) {
+            const auto json = nlohmann::json::parse(text);
+            EXPECT_TRUE(json.at("age").is_number_integer());
+            EXPECT_TRUE(json.at("name").is_string());
+        } else {
+            EXPECT_EQ(text.rfind("{", 0), 0u);
+        }
+    }
+}
+
+TEST(LogitsProcessing, OptionsOutOfRangeAreErrorsBeforeAnyToken) {
+    Bundled m;
+    const std::vector<int32_t> prompt = m.tokenizer.tokenize("Once");
+    GenerationOptions o;
+    o.top_logprobs = 21;
+    EXPECT_NE(test::error_message([&] { m.plain(prompt, o); }).find("top_logprobs must be -1 (none) or 0..20"), std::string::npos);
+    o.top_logprobs = -1;
+    o.grammar = "root ::= [";
+    DraftModelDrafter small(*m.draft, 512);
+    EXPECT_NE(test::error_message([&] { m.speculative(small, prompt, o); }).find("does not parse as GBNF"), std::string::npos);
+    o.grammar.clear();
+    o.sampling.logit_bias = {{m.tokenizer.n_vocab(), 1.0f}};
+    EXPECT_NE(test::error_message([&] { m.speculative(small, prompt, o); }).find("outside the"), std::string::npos);
+}
+
+// ---- The processed target's law at T > 0 ----------------------------------------------------
+
+// Exact law of the first two tokens after `prompt` under the processed target: each row
+// processed with the state after the tokens before it. Keys t1 * n_vocab + t2.
+std::map<int64_t, double> exact_processed_joint(const Model & target, ModelRunner & runner, std::span<const int32_t> prompt,
+                                                const SamplingParams & sp, const LogitsState & state) {
+    std::map<int64_t, double> joint;
+    const int n_vocab = target.config().n_vocab;
+    KvCache cache(target.backend(), target.config(), 64);
+    ForwardOutput out = runner.forward(ForwardBatch::causal(prompt, 0, {int32_t(prompt.size() - 1)}), cache);
+    std::vector<float> row(out.logits_row(0).begin(), out.logits_row(0).end()), p1, p2;
+    state.apply(row);
+    processed_probs(row, sp, p1);
+    const int base = cache.size();
+    for (int32_t t1 = 0; t1 < n_vocab; ++t1) {
+        if (p1[t1] == 0.0f) continue;
+        const auto after = state.clone();
+        after->accept(t1);
+        const int32_t one[1] = {t1};
+        ForwardOutput o = runner.forward(ForwardBatch::causal(one, base, {0}), cache);
+        std::vector<float> next(o.logits_row(0).begin(), o.logits_row(0).end());
+        after->apply(next);
+        processed_probs(next, sp, p2);
+        for (int32_t t2 = 0; t2 < n_vocab; ++t2) {
+            if (p2[t2] > 0.0f) joint[int64_t(t1) * n_vocab + t2] = double(p1[t1]) * p2[t2];
+        }
+        cache.rollback(base);
+    }
+    return joint;
+}
+
+// Chi-square of `runs` speculative two-token generations against `joint`. A run that ends in an
+// Error (a broken verifier letting a token the grammar bans through) counts as an outcome of
+// probability 0.
+std::pair<double, int> processed_chi2(const Model & target, ModelRunner & runner, Drafter & drafter, const Tokenizer * tokenizer,
+                                      std::span<const int32_t> prompt, const GenerationOptions & options, const std::map<int64_t, double> & joint,
+                                      int runs, TreeBudget tree, VerifyFn verify) {
+    const int n_vocab = target.config().n_vocab;
+    std::map<int64_t, double> counts;
+    int impossible = 0;
+    auto policy = make_draft_policy(DraftPolicyKind::Fixed, 3, {});
+    KvCache cache(target.backend(), target.config(), 64);
+    for (int r = 0; r < runs; ++r) {
+        cache.rollback(0);
+        SequenceParts parts{cache, &drafter, policy.get(), tree, nullptr, verify};
+        parts.tokenizer = tokenizer;
+        GenerationOptions o = options;
+        o.n_predict = 2;
+        o.sampling.seed = 5000 + r;
+        o.stop_at_end_of_generation = false;
+        int64_t cell = 0;
+        try {
+            generate_speculative(
+                runner, parts, prompt, o, [](int32_t) { return false; },
+                [&](int32_t t) {
+                    cell = cell * n_vocab + t;
+                    return true;
+                });
+        } catch (const Error &) {
+            ++impossible;
+            continue;
+        }
+        counts[cell] += 1.0;
+    }
+    std::vector<test::Cell> cells;
+    double seen_elsewhere = impossible;
+    for (const auto & [cell, count] : counts) {
+        if (!joint.contains(cell)) seen_elsewhere += count;
+    }
+    for (const auto & [cell, prob] : joint) cells.push_back({prob, counts.contains(cell) ? counts.at(cell) : 0.0});
+    auto [stat, dof] = test::chi_square(cells, runs);
+    if (seen_elsewhere > 0) stat = INFINITY;  // an outcome the processed target never produces
+    return {stat, dof};
+}
+
+// The verifier reading raw rows: processing forgotten in verification (a draft with no banned
+// node, so that the raw rows are those of the nodes).
+VerifyResult verify_unprocessed(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & sp, Rng & rng) {
+    return verify_sampled(tree, TargetLogits{logits.data, logits.n_vocab}, sp, rng);
+}
+
+TEST(LogitsProcessing, PenalisedSampledChainsAndTreesFollowTheProcessedTargetAndBrokenVerifiersFail) {
+    Backend backend{BackendOptions{"cpu", 1}};
+    const int V = 10;
+    const auto target = Model::load(test::tiny_vocab_model("tiny_target_v10", V, 101), backend);
+    const auto draft = Model::load(test::tiny_vocab_model("tiny_draft_v10", V, 202), backend);
+    ModelRunner runner(*target);
+    DraftModelDrafter drafter(*draft, 64);
+    NgramDrafter ngram(1, 2);
+    const std::vector<int32_t> prompt = {1, 2, 3, 1, 2};
+    GenerationOptions o;
+    o.sampling.temperature = 1.0f;
+    o.sampling.repeat_penalty = 3.0f, o.sampling.presence_penalty = 1.0f, o.sampling.frequency_penalty = 0.5f, o.sampling.penalty_last_n = 4;
+    o.sampling.logit_bias = {{7, 1.5f}};
+    GenerationOptions banned = o;
+    banned.sampling.logit_bias.emplace_back(4, -INFINITY);
+    const int runs = 3000;
+    for (const GenerationOptions & opts : {o, banned}) {
+        const auto state = make_logits_state(opts.sampling, "", prompt, nullptr);
+        const auto joint = exact_processed_joint(*target, runner, prompt, opts.sampling, *state);
+        for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 2, 3, 9}}) {
+            auto [stat, dof] = processed_chi2(*target, runner, drafter, nullptr, prompt, opts, joint, runs, tree, nullptr);
+            std::printf("[distribution] penalised %s, %s: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape),
+                        opts.sampling.logit_bias.size() > 1 ? "one token banned" : "biased", stat, dof, test::chi2_critical(dof));
+            EXPECT_LT(stat, test::chi2_critical(dof)) << tree_shape_name(tree.shape);
+        }
+        auto [nstat, ndof] = processed_chi2(*target, runner, ngram, nullptr, prompt, opts, joint, runs, {}, nullptr);
+        EXPECT_LT(nstat, test::chi2_critical(ndof)) << "n-gram chains";
+    }
+    const auto state = make_logits_state(o.sampling, "", prompt, nullptr);
+    const auto joint = exact_processed_joint(*target, runner, prompt, o.sampling, *state);
+    const SamplingParams sp = o.sampling;
+    auto unprocessed = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r) { return verify_unprocessed(t, l, sp, r); };
+    auto [bstat, bdof] = processed_chi2(*target, runner, drafter, nullptr, prompt, o, joint, runs, {}, unprocessed);
+    std::printf("[distribution] penalised chain, verifier on unprocessed rows: chi2 = %.1f (critical %.1f)\n", bstat, test::chi2_critical(bdof));
+    EXPECT_GT(bstat, test::chi2_critical(bdof));
+    auto accept_all = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r) { return test::accept_everything(t, l, sp, r); };
+    auto [astat, adof] = processed_chi2(*target, runner, drafter, nullptr, prompt, o, joint, runs, {}, accept_all);
+    EXPECT_GT(astat, test::chi2_critical(adof));
+}
+
+TEST(LogitsProcessing, GrammarConstrainedSamplingFollowsTheProcessedTargetAndABrokenVerifierFails) {
+    Bundled m;
+    DraftModelDrafter self(*m.draft, 64);  // unmasked: proposes banned tokens, which are skipped
+    const std::vector<int32_t> prompt = m.tokenizer.tokenize("Once upon a time");
+    GenerationOptions o;
+    o.sampling.temperature = 1.0f;
+    o.sampling.repeat_penalty = 1.3f;
+    o.grammar = R"(root ::= [a-d] [a-d] | " " [a-z])";
+    const auto state = logits_processing(o, prompt, &m.tokenizer);
+    const auto joint = exact_processed_joint(*m.target, m.runner, prompt, o.sampling, *state);
+    ASSERT_GT(joint.size(), 8u);
+    const int runs = 300;
+    for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 2, 3, 9}}) {
+        auto [stat, dof] = processed_chi2(*m.target, m.runner, self, &m.tokenizer, prompt, o, joint, runs, tree, nullptr);
+        std::printf("[distribution] grammar, %s: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape), stat, dof,
+                    test::chi2_critical(dof));
+        EXPECT_LT(stat, test::chi2_critical(dof)) << tree_shape_name(tree.shape);
+    }
+    const SamplingParams sp = o.sampling;
+    auto accept_all = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r) { return test::accept_everything(t, l, sp, r); };
+    auto [bstat, bdof] = processed_chi2(*m.target, m.runner, self, &m.tokenizer, prompt, o, joint, runs, {}, accept_all);
+    std::printf("[distribution] grammar, verifier accepting every draft: chi2 = %.1f (critical %.1f)\n", bstat, test::chi2_critical(bdof));
+    EXPECT_GT(bstat, test::chi2_critical(bdof));
+}
+
+}  // namespace
+}  // namespace specula
