@@ -8,8 +8,9 @@
 namespace specula {
 namespace {
 
-// Catches a verify-cost curve that keeps a stalled sample: 1 token timed at 1.7 s (seen on a
-// loaded machine) made the tree policy verify 32 nodes every round for the whole run.
+// Catches a verify-cost curve that keeps a stalled sample: with 1 token timed at 1.7 s (a loaded
+// machine can stall one timing that long), every larger tree looks cheap per token, and the tree
+// policy would verify 32 nodes every round for the whole run.
 TEST(Speculative, VerifyCostRetimesSizesStalledAboveLargerOnes) {
     const std::vector<int> timed = {1, 2, 3, 4, 8};
     std::vector<double> ms = {1716.0, 1716.0, 3.1, 3.3, 0, 0, 0, 5.2};
