@@ -10,10 +10,12 @@
 
 #include "constrain/grammar.h"
 #include "draft/draft_model.h"
+#include "draft/eagle.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/sequence.h"
 #include "runtime/backend.h"
+#include "runtime/eagle_head.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "sample/logits_state.h"
@@ -137,11 +139,12 @@ struct Bundled {
         auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
         SequenceParts parts{cache, &drafter, policy.get(), tree, std::move(on_round), std::move(verify)};
         parts.tokenizer = &tokenizer;
-        generate_speculative(runner, parts, prompt, options_with_logprobs(options, out), [&](int32_t t) { return is_end(t); },
-                             [&](int32_t t) {
-                                 out.tokens.push_back(t);
-                                 return true;
-                             });
+        generate_speculative(
+            runner, parts, prompt, options_with_logprobs(options, out), [&](int32_t t) { return is_end(t); },
+            [&](int32_t t) {
+                out.tokens.push_back(t);
+                return true;
+            });
         return out;
     }
 };
@@ -243,7 +246,7 @@ struct Case {
 
 std::vector<Case> processing_cases(const Tokenizer & tok) {
     GenerationOptions base;
-    base.n_predict = 40;
+    base.n_predict = 32;
     base.top_logprobs = 3;
     std::vector<Case> cases;
     GenerationOptions penalties = base;
@@ -273,14 +276,18 @@ TEST(LogitsProcessing, GreedySpeculativeChainsAndTreesEqualPlainDecodingTokensAn
     DraftModelDrafter small(*m.draft, 512);
     DraftModelDrafter self(*m.target, 512);  // proposes the unprocessed target's tokens: penalties and grammars reject them
     NgramDrafter ngram(1, 3);
+    const auto eagle1 = EagleHead::load(test::shipped_model("specula-eagle1.gguf"), *m.target, m.backend);
+    const auto eagle3 = EagleHead::load(test::shipped_model("specula-eagle3.gguf"), *m.target, m.backend);
+    EagleDrafter head1(*eagle1, 512), head3(*eagle3, 512);
     const std::vector<int32_t> prompt = m.tokenizer.tokenize("Once upon a time, the little cat");
     for (const Case & c : processing_cases(m.tokenizer)) {
         const Bundled::Output want = m.plain(prompt, c.options);
         ASSERT_EQ(want.logprobs.size(), want.tokens.size()) << c.name;
         int accepted = 0;
-        for (Drafter * d : std::vector<Drafter *>{&small, &self, &ngram}) {
+        for (Drafter * d : std::vector<Drafter *>{&small, &self, &ngram, &head1, &head3}) {
             for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 4, 3, 12}, TreeBudget{TreeShape::Static, 4, 4, 16}}) {
-                if (d == &ngram && tree.shape != TreeShape::Chain) continue;
+                if (tree.shape != TreeShape::Chain && d == &ngram) continue;
+                if (tree.shape == TreeShape::Static && d != &head1) continue;  // EAGLE-1's shape
                 const Bundled::Output got =
                     m.speculative(*d, prompt, c.options, tree, nullptr, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); });
                 const std::string where = std::string(c.name) + ", " + d->name() + ", " + tree_shape_name(tree.shape);
@@ -294,6 +301,41 @@ TEST(LogitsProcessing, GreedySpeculativeChainsAndTreesEqualPlainDecodingTokensAn
             }
         }
         EXPECT_GT(accepted, 20) << c.name << ": the accept path was exercised";
+    }
+}
+
+// Model drafters propose only what the grammar allows along each drafted path: no node of theirs
+// is left out of the forward as banned, at T = 0 and T > 0, in chains and trees.
+TEST(LogitsProcessing, ModelDraftersProposeOnlyTokensTheGrammarAllowsAlongEachPath) {
+    Bundled m;
+    DraftModelDrafter small(*m.draft, 512);
+    const auto eagle3 = EagleHead::load(test::shipped_model("specula-eagle3.gguf"), *m.target, m.backend);
+    EagleDrafter head3(*eagle3, 512);
+    const std::vector<int32_t> prompt = m.tokenizer.tokenize("Once upon a time, the little cat");
+    GenerationOptions o = processing_cases(m.tokenizer)[3].options;  // the grammar without "e" and "t"
+    ASSERT_FALSE(o.grammar.empty());
+    for (const float temperature : {0.0f, 0.8f}) {
+        o.sampling.temperature = temperature;
+        for (Drafter * d : std::vector<Drafter *>{&small, &head3}) {
+            for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 4, 3, 12}}) {
+                int drafted = 0, banned = 0;
+                std::vector<int32_t> generated;
+                auto count = [&](const RoundInfo & r) {
+                    // The state the round drafted from: the prompt's, advanced over the tokens before it.
+                    const auto state = logits_processing(o, prompt, &m.tokenizer);
+                    const size_t before = r.history.size() - prompt.size() - r.result->accepted.size() - 1;
+                    for (size_t i = 0; i < before; ++i) state->accept(r.history[prompt.size() + i]);
+                    PathLogits path;
+                    path.begin(r.draft->tree, state.get());
+                    drafted += r.draft->tree.size();
+                    for (char skipped : path.skipped()) banned += skipped;
+                };
+                m.speculative(*d, prompt, o, tree, nullptr, count);
+                const std::string where = std::string(d->name()) + ", " + tree_shape_name(tree.shape) + ", T=" + std::to_string(temperature);
+                EXPECT_GT(drafted, 0) << where;
+                EXPECT_EQ(banned, 0) << where;
+            }
+        }
     }
 }
 

@@ -29,6 +29,7 @@ void DraftModelDrafter::start(const DraftRequest & req) {
     // Each depth needs a cache slot per frontier node; stop at the context's edge.
     budget.depth = std::min(budget.depth, std::max(1, (cache_->capacity() - L) / std::max(1, budget.branching)));
     grower_.emplace(budget);
+    path_states_.reset(req.processing);
     // Catch up on every token the cache lacks (the root, plus accepted tokens of a tree round).
     const int n_in = cache_->size();
     pending_forward_.wait_for(*runner_, *cache_, out_, ForwardBatch::causal(req.history.subspan(n_in), n_in, {L - n_in - 1}));
@@ -44,7 +45,8 @@ void DraftModelDrafter::resume() {
             if (static_cast<int>(slot_of_.size()) < g.tree().size()) slot_of_.resize(g.tree().size(), -1);
             slot_of_[frontier[i]] = pending_forward_.first_slot() + static_cast<int>(i);
         }
-        ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_));
+        const LogitsState * allowed = path_states_.after(frontier[i], g.tree().parent, g.tree().token);
+        ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, {}, allowed));
     }
     g.expand(ex);
     const int L = static_cast<int>(req_.history.size());

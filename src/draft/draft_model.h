@@ -42,3 +42,4 @@ private:
 };
 
 }  // namespace specula
+    PathStates path_states_;  // the request's processing along the growing tree

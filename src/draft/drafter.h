@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/forward.h"
+#include "sample/logits_state.h"
 #include "sample/sampler.h"
 #include "tree/token_tree.h"
 #include "tree/tree_builder.h"
@@ -19,6 +20,9 @@ struct DraftRequest {
     TreeBudget budget;                          // shape and size of the draft (a chain of depth k, or a tree)
     const SamplingParams * sampling = nullptr;  // drafts follow the processed draft distribution
     Rng * rng = nullptr;
+    // The request's logit processing after `history` (nullptr: none): model drafters propose only
+    // tokens each path's state allows, so that a grammar does not reject most of a draft.
+    const LogitsState * processing = nullptr;
 };
 
 // What verification settled, told to the drafter after every round (and after the prompt).

@@ -81,11 +81,12 @@ void EagleDrafter::resume() {
     TreeGrower & g = *grower_;
     const std::span<const int> frontier = g.frontier();
     const int E = head_.shape().n_embd;
+    path_states_.reset(req.processing);
     const DraftVocabulary vocab{head_.d2t(), head_.shape().n_token_vocab};
     std::vector<Expansion> ex;
     if (frontier.size() == 1 && frontier[0] == TokenTree::kRoot) {
         root_hidden_.assign(out_.hidden_out.end() - E, out_.hidden_out.end());
-        ex.push_back(propose_children(out_.logits_row(0), g.n_children()[0], req_, probs_, vocab));
+        ex.push_back(propose_children(out_.logits_row(0), g.n_children()[0], req_, probs_, vocab, req_.processing));
     } else {
         if (static_cast<int>(slot_of_.size()) < g.tree().size()) {
             slot_of_.resize(g.tree().size(), -1);
@@ -94,7 +95,8 @@ void EagleDrafter::resume() {
         for (size_t i = 0; i < frontier.size(); ++i) {
             slot_of_[frontier[i]] = pending_forward_.first_slot() + static_cast<int>(i);
             proposer_hidden_[frontier[i]].assign(out_.hidden_out.begin() + i * E, out_.hidden_out.begin() + (i + 1) * E);
-            ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, vocab));
+            const LogitsState * allowed = path_states_.after(frontier[i], g.tree().parent, g.tree().token);
+            ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, vocab, allowed));
         }
     }
     g.expand(ex);

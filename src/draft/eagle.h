@@ -63,6 +63,7 @@ private:
     std::vector<int> slot_of_;
     std::vector<std::vector<float>> proposer_hidden_;
     std::vector<float> root_hidden_;
+    PathStates path_states_;  // the request's processing along the growing tree
     PendingForward pending_forward_;
     Draft draft_;
 };

@@ -5,17 +5,40 @@
 
 namespace specula {
 
+namespace {
+
+// The likeliest of the kMaskedCandidates best-scored draft ids that `allowed` lets through, at
+// most n, best first.
+std::vector<int32_t> allowed_best(std::span<const float> scores, int n, const LogitsState & allowed, const DraftVocabulary & vocab) {
+    std::vector<int32_t> kept;
+    for (int32_t t : top_k_ids(scores, std::max(n, kMaskedCandidates))) {
+        if (static_cast<int>(kept.size()) == n) break;
+        if (allowed.allows(vocab.to_target.empty() ? t : vocab.to_target[t])) kept.push_back(t);
+    }
+    return kept;
+}
+
+}  // namespace
+
 Expansion propose_children(std::span<const float> logits, int n_children, const DraftRequest & req, std::vector<float> & probs,
-                           const DraftVocabulary & vocab) {
+                           const DraftVocabulary & vocab, const LogitsState * allowed) {
     Expansion e;
     // log-softmax at temperature 1: entropy for the policies, log-probs for tree ranking.
     const SoftmaxStats st = softmax_stats(logits, probs);
     e.entropy = st.entropy;
     if (req.sampling == nullptr || req.sampling->greedy()) {
-        e.tokens = top_k_ids(logits, n_children);
+        e.tokens = allowed ? allowed_best(logits, n_children, *allowed, vocab) : top_k_ids(logits, n_children);
         for (int32_t t : e.tokens) e.logp.push_back(st.log_prob(logits[t]));
     } else {
         processed_probs(logits, *req.sampling, probs);
+        if (allowed) {  // q: the draft distribution on the allowed candidates alone
+            const std::vector<int32_t> kept = allowed_best(probs, kMaskedCandidates, *allowed, vocab);
+            double total = 0.0;
+            for (int32_t t : kept) total += probs[t];
+            std::vector<float> masked(probs.size(), 0.0f);
+            for (int32_t t : kept) masked[t] = static_cast<float>(probs[t] / total);
+            probs.swap(masked);
+        }
         e.tokens = sample_without_replacement(probs, n_children, *req.rng);
         // The verifier tries sampled siblings in drawn order, and a later one counts only after
         // every earlier one was rejected. The first is accepted about as often as q matches p,

@@ -19,8 +19,13 @@ struct DraftVocabulary {
 
 // logits over the drafter's vocabulary: the transforms run at its width (a 4096-token draft
 // vocabulary costs a twelfth of SmolLM2's 49152), then the children and q are mapped to target ids.
+// `allowed`: the request's state after the node's path (PathStates over the growing tree), or
+// nullptr. With one, children come from the kMaskedCandidates likeliest tokens it allows (q is
+// then the processed draft distribution on those alone, renormalised: whatever q is, drawing the
+// children from it keeps verification lossless).
+inline constexpr int kMaskedCandidates = 64;
 Expansion propose_children(std::span<const float> logits, int n_children, const DraftRequest & req, std::vector<float> & scratch,
-                           const DraftVocabulary & vocab = {});
+                           const DraftVocabulary & vocab = {}, const LogitsState * allowed = nullptr);
 
 // One tree level as one block: frontier node i at position_base + depth, seeing the first
 // visible_prefix cache slots, its ancestors' slots (slot_of, from earlier levels) and itself.

@@ -117,7 +117,7 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     plan_ = policy_.plan(state);
     draft_ = Draft{};
     if (p_.drafter && plan_.drafts()) {
-        p_.drafter->start(DraftRequest{history_, plan_.budget, &options_.sampling, &rng_});
+        p_.drafter->start(DraftRequest{history_, plan_.budget, &options_.sampling, &rng_, logits_state_.get()});
         drafting_ = true;
     } else if (plan_.use_free_draft) {
         draft_ = std::move(free_);

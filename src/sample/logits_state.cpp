@@ -65,8 +65,8 @@ private:
     size_t last_n_;
     bool penalizes_ = false;
     std::vector<std::pair<int32_t, float>> bias_;
-    std::deque<int32_t> window_;                  // the last last_n_ tokens
-    std::unordered_map<int32_t, int> count_;      // occurrences in window_
+    std::deque<int32_t> window_;              // the last last_n_ tokens
+    std::unordered_map<int32_t, int> count_;  // occurrences in window_
 };
 
 void check_finite(float value, const char * name) {
@@ -111,6 +111,17 @@ bool LogitsStates::allows(int32_t token) const {
 
 void LogitsStates::accept(int32_t token) {
     for (const auto & s : states_) s->accept(token);
+}
+
+const LogitsState * PathStates::after(int node, std::span<const int> parent, std::span<const int32_t> token) {
+    if (!root_ || node < 0) return root_;
+    if (states_.size() <= static_cast<size_t>(node)) states_.resize(node + 1);
+    std::unique_ptr<LogitsState> & s = states_[node];
+    if (!s) {
+        s = after(parent[node], parent, token)->clone();
+        s->accept(token[node]);
+    }
+    return s.get();
 }
 
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int n_top, std::vector<float> & scratch) {

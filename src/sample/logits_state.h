@@ -44,6 +44,23 @@ private:
     std::vector<std::unique_ptr<LogitsState>> states_;
 };
 
+// The states after the paths of a tree of tokens (node i: parent[i], -1 for the root's children,
+// and token[i]), each made once, when first asked for: the parent's cloned, the node's token
+// accepted. The drafter's proposals and the verifier's rows see them.
+class PathStates {
+public:
+    // A new tree from `root` (nullptr: no processing, every state is nullptr).
+    void reset(const LogitsState * root) {
+        root_ = root;
+        states_.clear();
+    }
+    const LogitsState * after(int node, std::span<const int> parent, std::span<const int32_t> token);
+
+private:
+    const LogitsState * root_ = nullptr;
+    std::vector<std::unique_ptr<LogitsState>> states_;
+};
+
 // `token`'s log-probability in `logits` (a processed row) at temperature 1, and the n_top most
 // likely tokens with theirs (banned ones left out).
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int n_top, std::vector<float> & scratch);

@@ -11,8 +11,7 @@ void PathLogits::begin(const TokenTree & tree, const LogitsState * root) {
     root_ = root;
     const int n = tree.size();
     skipped_.assign(n, 0);
-    states_.clear();
-    states_.resize(n);
+    states_.reset(root);
     processed_.assign(n + 1, 0);
     if (!root) return;
     for (int i = 0; i < n; ++i) {  // parents come before their children
@@ -25,16 +24,6 @@ void PathLogits::set_rows(std::span<const float> raw, int n_vocab, std::span<con
     raw_ = raw;
     n_vocab_ = n_vocab;
     block_row_.assign(block_row.begin(), block_row.end());
-}
-
-const LogitsState & PathLogits::state_after(int node) {
-    if (node == TokenTree::kRoot) return *root_;
-    std::unique_ptr<LogitsState> & s = states_[node];
-    if (!s) {
-        s = state_after(tree_->parent[node]).clone();
-        s->accept(tree_->token[node]);
-    }
-    return *s;
 }
 
 std::span<const float> PathLogits::row(int node) {

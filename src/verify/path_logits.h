@@ -32,12 +32,12 @@ public:
     TargetLogits view();
 
 private:
-    const LogitsState & state_after(int node);
+    const LogitsState & state_after(int node) { return *states_.after(node, tree_->parent, tree_->token); }
 
     const TokenTree * tree_ = nullptr;
     const LogitsState * root_ = nullptr;
     std::vector<char> skipped_;
-    std::vector<std::unique_ptr<LogitsState>> states_;  // [n] the state after node i's path, once made
+    PathStates states_;
     std::span<const float> raw_;
     int n_vocab_ = 0;
     std::vector<int> block_row_;
