@@ -125,6 +125,7 @@ struct SpeculationStats {
 
 struct GenerationStats {
     int n_prompt = 0;
+    int n_cached = 0;  // of them, tokens whose K/V a prefix cache held (not prefilled again)
     int n_generated = 0;
     double prompt_seconds = 0.0;
     bool speculative = false;

@@ -1,5 +1,6 @@
 #pragma once
 // A small LM with the target's vocabulary drafts a chain or a tree, one forward per tree level.
+#include <algorithm>
 #include <memory>
 #include <optional>
 
@@ -25,6 +26,12 @@ public:
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & a) override;
     void reset() override { cache_->rollback(0); }
+    // Its cache's rows of the common prefix are the draft model's own of those tokens; its first
+    // draft catches up on the rest of the prompt itself.
+    int keep_prefix(int n_common, int) override {
+        cache_->rollback(std::min(cache_->size(), n_common));
+        return n_common;
+    }
 
     const KvCache & cache() const { return *cache_; }
 

@@ -93,6 +93,17 @@ public:
     virtual std::vector<int> feature_layers() const { return {}; }
     // Forget everything (a new sequence starts).
     virtual void reset() = 0;
+    // A new sequence of n_prompt prompt tokens starts whose first n_common tokens (< n_prompt) are
+    // the first tokens of what this drafter last saw, and whose target cache holds them (a prefix
+    // cache). Keeps only state that equals, bit for bit, what a cold start on the new prompt would
+    // have built from those tokens, and returns how many leading tokens (<= n_common) the target
+    // cache must keep: the target's prefill of the rest hands the drafter the features it lacks.
+    // Default: reset, and the whole prompt prefilled again.
+    virtual int keep_prefix(int n_common, int n_prompt) {
+        (void)n_common, (void)n_prompt;
+        reset();
+        return 0;
+    }
 };
 
 // What run_drafts did: how many forwards it ran, and each level's wall time (its forwards and

@@ -27,6 +27,26 @@ void EagleDrafter::reset() {
     pending_first_ = 0;
 }
 
+int EagleDrafter::keep_prefix(int n_common, int n_prompt) {
+    const int window_start = std::max(0, n_prompt - 1 - prompt_window_);
+    // Entry P pairs token P + 1 with the target's features at P: common while P + 1 < n_common.
+    const int end = std::min(first_position_ + cache_->size(), n_common - 1);
+    if (first_position_ > window_start || end <= window_start || cache_->n_layers() != 1) {
+        reset();
+        return std::min(n_common, window_start);
+    }
+    cache_->rollback(end - first_position_);
+    if (window_start > first_position_) {
+        std::vector<int> kept(end - window_start);
+        for (size_t i = 0; i < kept.size(); ++i) kept[i] = window_start - first_position_ + static_cast<int>(i);
+        cache_->compact(0, kept);
+    }
+    first_position_ = window_start;
+    pending_.clear();
+    pending_first_ = end;
+    return end;
+}
+
 void EagleDrafter::accept(const Acceptance & a) {
     const int width = head_.feature_width();
     // Entries at and after the first newly verified position were the head's own guesses.

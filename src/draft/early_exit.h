@@ -105,6 +105,12 @@ public:
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & acceptance) override;
     void reset() override;
+    // Its cache holds exit-state rows of accepted drafts, which a cold start would not have: reset,
+    // and its first draft catches up on the whole prompt at full depth itself.
+    int keep_prefix(int n_common, int) override {
+        reset();
+        return n_common;
+    }
     // The head's layers, although this drafter catches up on features itself: a server's step
     // is one forward with one tap list, shared with the EAGLE-3 sequences beside this one.
     std::vector<int> feature_layers() const override { return feature_layers_; }

@@ -25,6 +25,15 @@ LookupGraftDrafter::LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram
 
 void LookupGraftDrafter::reset() {
     model_->reset();
+    forget_chances();
+}
+
+int LookupGraftDrafter::keep_prefix(int n_common, int n_prompt) {
+    forget_chances();
+    return model_->keep_prefix(n_common, n_prompt);
+}
+
+void LookupGraftDrafter::forget_chances() {
     unchecked_.clear();
     searched_ = ProposedChain{};
     reached_ = {};

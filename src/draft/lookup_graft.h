@@ -40,6 +40,9 @@ public:
     void accept(const Acceptance & acceptance) override { model_->accept(acceptance); }
     std::vector<int> feature_layers() const override { return model_->feature_layers(); }
     void reset() override;
+    // The model drafter's state as its own keep_prefix() leaves it; lookup's learned chances start
+    // afresh, as on a cold start.
+    int keep_prefix(int n_common, int n_prompt) override;
 
     // The learned chance that lookup's token at `depth` (1: the first below the root) continues the text.
     double step_prob(int depth) const;
@@ -54,6 +57,7 @@ private:
     // and lookup's deep chances, never seen, would stay at the prior.)
     void learn(std::span<const int32_t> history);
     std::vector<float> chain_logp(size_t length) const;
+    void forget_chances();  // the chains waiting to be checked and the learned chances
 
     std::unique_ptr<Drafter> model_;
     NgramDrafter lookup_;

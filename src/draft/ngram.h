@@ -14,6 +14,7 @@ public:
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance &) override {}
     void reset() override {}
+    int keep_prefix(int n_common, int) override { return n_common; }  // no state: it reads the history
 
 private:
     int n_min_, n_max_;

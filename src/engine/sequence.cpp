@@ -59,10 +59,13 @@ Sequence::Sequence(SequenceParts parts, std::span<const int32_t> prompt, const G
     run_.n_prompt = static_cast<int>(prompt.size());
     if (prompt.empty()) throw Error("empty prompt");
     if (prefill_chunk < 1) throw Error("prefill chunk must be positive");
-    if (p_.cache.size() != 0) throw Error("a sequence starts on an empty KV cache");
     if (static_cast<int>(prompt.size()) >= p_.cache.capacity()) {
         throw Error("prompt is " + std::to_string(prompt.size()) + " tokens, longer than the " +
                     std::to_string(p_.cache.capacity()) + "-token context");
+    }
+    if (p_.cache.size() >= run_.n_prompt) {
+        throw Error("the KV cache holds " + std::to_string(p_.cache.size()) + " tokens, not fewer than the " +
+                    std::to_string(run_.n_prompt) + "-token prompt");
     }
     logits_state_ = logits_processing(options_, prompt, p_.tokenizer);
     verify_ = p_.verify;
@@ -73,10 +76,14 @@ Sequence::Sequence(SequenceParts parts, std::span<const int32_t> prompt, const G
         };
     }
     if (p_.drafter) {
-        p_.drafter->reset();
+        p_.cache.rollback(std::clamp(p_.drafter->keep_prefix(p_.cache.size(), run_.n_prompt), 0, p_.cache.size()));
         feature_layers_ = p_.drafter->feature_layers();
     }
+    prefilled_ = p_.cache.size();
+    run_.n_cached = prefilled_;
 }
+
+int Sequence::n_exact() const { return std::min(p_.cache.size(), static_cast<int>(history_.size())); }
 
 bool Sequence::done() const {
     if (prefilling()) return false;

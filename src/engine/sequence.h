@@ -71,7 +71,10 @@ struct SequenceParts {
 class Sequence {
 public:
     // Prompt tokens at most 512 per prefill block. Throws Error when the prompt is empty or does
-    // not fit the cache. The cache must be empty; the drafter is reset.
+    // not fit the cache. The cache may hold the prompt's first tokens, fewer than all of them (a
+    // prefix cache: the caller matched them), and the drafter the state it built from them in the
+    // sequence before (else it was reset): the drafter keeps what is exact for this prompt
+    // (Drafter::keep_prefix), the cache is cut to what the drafter needs, and the rest prefills.
     Sequence(SequenceParts parts, std::span<const int32_t> prompt, const GenerationOptions & options,
              std::function<bool(int32_t)> is_end, int prefill_chunk = 512);
 
@@ -106,6 +109,9 @@ public:
     const GenerationStats & stats() const { return run_; }
     std::span<const int32_t> history() const { return history_; }
     int n_prompt() const { return run_.n_prompt; }
+    // The leading tokens of history() whose target K/V rows the cache holds (at most its size: a
+    // sequence stopped inside an accepted block holds rows past its last emitted token).
+    int n_exact() const;
     KvCache & cache() const { return p_.cache; }
     // Where the target's forward of block() writes; kept between steps so that its buffers
     // (a verify block's logits are megabytes) are reused, not allocated anew each step.

@@ -93,6 +93,8 @@ std::string prometheus(const SchedulerMetrics & m) {
     metric("requests_cancelled_total", "counter", "Requests whose client went away.", m.requests_cancelled);
     metric("requests_failed_total", "counter", "Requests that failed.", m.requests_failed);
     metric("prompt_tokens_total", "counter", "Prompt tokens processed.", m.prompt_tokens);
+    metric("prompt_tokens_cached_total", "counter", "Of the prompt tokens, those served from a slot's prefix cache (not prefilled).",
+           m.prompt_tokens_cached);
     metric("prompt_seconds_total", "counter", "Prompt processing time.", m.prompt_seconds);
     metric("tokens_predicted_total", "counter", "Tokens generated.", m.generated_tokens);
     metric("tokens_predicted_seconds_total", "counter", "Generation time.", m.generation_seconds);

@@ -200,7 +200,10 @@ json finish_value(const std::string & reason) { return reason.empty() ? json(nul
 }  // namespace
 
 json usage(const GenerationStats & s) {
-    return json{{"prompt_tokens", s.n_prompt}, {"completion_tokens", s.n_generated}, {"total_tokens", s.n_prompt + s.n_generated}};
+    return json{{"prompt_tokens", s.n_prompt},
+                {"completion_tokens", s.n_generated},
+                {"total_tokens", s.n_prompt + s.n_generated},
+                {"prompt_tokens_details", {{"cached_tokens", s.n_cached}}}};
 }
 
 json speculation(const GenerationStats & s) {

@@ -11,6 +11,7 @@
 #include "runtime/backend.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
+#include "server/slot_prefix.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -52,6 +53,7 @@ void Job::finish(Result result) {
 struct Scheduler::Slot {
     int id = 0;
     std::unique_ptr<KvCache> cache;
+    SlotPrefix prefix;  // what the cache (and a drafter's state) hold for the next request (server/slot_prefix.h)
     std::unique_ptr<Drafter> drafter;
     std::unique_ptr<DraftLengthPolicy> policy;
     std::unique_ptr<TreeSizePolicy> tree_size;
@@ -221,8 +223,10 @@ void Scheduler::publish_slots() {
 }
 
 void Scheduler::admit() {
-    for (auto & slot : slots_) {
-        if (slot->job) continue;
+    std::vector<const SlotPrefix *> prefixes;
+    std::vector<char> free;
+    for (auto & slot : slots_) prefixes.push_back(&slot->prefix);
+    for (;;) {
         while (!queue_.empty() && queue_.front()->cancelled()) {
             ++metrics_.requests_cancelled;
             Job::Result r;
@@ -231,10 +235,15 @@ void Scheduler::admit() {
             queue_.pop_front();
         }
         if (queue_.empty()) return;
+        free.clear();
+        for (auto & slot : slots_) free.push_back(!slot->job);
+        const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_);
+        if (chosen < 0) return;
+        std::unique_ptr<Slot> & slot = slots_[chosen];
         std::shared_ptr<Job> job = queue_.front();
         queue_.pop_front();
+        slot->prefix.last_used = ++admitted_;
         try {
-            slot->cache->rollback(0);
             // The slot's policies carry what they measured of the machine from request to request
             // (DraftLengthPolicy::begin_sequence): with fresh ones every request drafted blind
             // in its first round, a tree at 8 clients, where no draft pays on a CPU.
@@ -261,6 +270,7 @@ void Scheduler::admit() {
             };
             const EarlyExitRequest & exit = job->early_exit_;
             if (exit.mode == EarlyExitMode::Lossy) {
+                forget_prefix(slot->prefix, *slot->cache);  // the lossy sequence starts cold; its rows are never reused
                 if (!slot->exit_decoder) slot->exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get(),
                                                                                                  target_.options.specee_online);
                 slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
@@ -274,11 +284,13 @@ void Scheduler::admit() {
                 slot->exit_drafter->set_threshold(exit.threshold);
                 slot->exit_drafter->clear_exit_stats();
                 slot->exit_policy->begin_sequence();
+                reuse_prefix(slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
                 slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot->cache, slot->exit_drafter.get(),
                                                                                    slot->exit_policy.get(), nullptr, on_round),
                                                             job->prompt_, job->options_, is_end, options_.prefill_chunk);
             } else {
                 // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
+                reuse_prefix(slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
                 slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot->cache, slot->drafter.get(),
                                                                                    slot->policy.get(), slot->tree_size.get(), on_round),
                                                             job->prompt_, job->options_, is_end, options_.prefill_chunk);
@@ -294,6 +306,7 @@ void Scheduler::admit() {
             job->finish(r);
             slot->sequence.reset();
             slot->exit_sequence.reset();
+            forget_prefix(slot->prefix, *slot->cache);
         }
     }
 }
@@ -302,6 +315,7 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
     if (slot.running()) {
         const GenerationStats & st = slot.stats();
         metrics_.prompt_tokens += st.n_prompt;
+        metrics_.prompt_tokens_cached += st.n_cached;
         metrics_.generated_tokens += st.n_generated;
         metrics_.prompt_seconds += st.prompt_seconds;
         metrics_.generation_seconds += st.generation_seconds;
@@ -320,10 +334,12 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         }
         slot.job->finish(r);
     }
+    // The sequence's exact rows stay for the next request; a lossy sequence's are not exact.
+    if (slot.sequence) keep_prefix(slot.prefix, *slot.cache, slot.sequence->history(), slot.sequence->n_exact(), slot.prefix.drafter);
+    else forget_prefix(slot.prefix, *slot.cache);
     slot.sequence.reset();
     slot.exit_sequence.reset();
     slot.job.reset();
-    slot.cache->rollback(0);
 }
 
 void Scheduler::fail_step(const std::vector<Slot *> & slots, const std::string & failure) {
@@ -335,7 +351,7 @@ void Scheduler::fail_step(const std::vector<Slot *> & slots, const std::string &
         s->sequence.reset();
         s->exit_sequence.reset();
         s->job.reset();
-        s->cache->rollback(0);
+        forget_prefix(s->prefix, *s->cache);
     }
 }
 

@@ -107,6 +107,7 @@ struct SchedulerMetrics {
     int deferred = 0;    // requests waiting for a slot
     uint64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
     uint64_t prompt_tokens = 0, generated_tokens = 0;
+    uint64_t prompt_tokens_cached = 0;  // of prompt_tokens, those a slot's prefix cache held (not prefilled)
     double prompt_seconds = 0.0, generation_seconds = 0.0;
     uint64_t steps = 0;
     uint64_t gated_steps = 0;            // decoding steps in which the speculation gate allowed no drafts
@@ -175,6 +176,7 @@ private:
     bool stopping_ = false;
     std::string failure_;  // the target's device failed (failed())
     SchedulerMetrics metrics_;
+    uint64_t admitted_ = 0;  // requests admitted so far: each slot's last_used stamp
     std::unique_ptr<SpeculationGate> gate_;  // null: every step may draft
     std::thread worker_;
 };

@@ -1,0 +1,279 @@
+// The prefix cache: a sequence that starts on a cache (and a drafter) holding a prefix of its
+// prompt emits what it emits cold, token for token, with the same drafts round by round; the
+// server's slots keep their prefixes and route requests to them; Engine::generate keeps its last
+// conversation. Every comparison is against a cold run of the same request.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "draft/eagle.h"
+#include "engine/model_bundle.h"
+#include "engine/sequence.h"
+#include "runtime/eagle_head.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "server/scheduler.h"
+#include "server/slot_prefix.h"
+#include "specee_predictor.h"
+#include "test_models.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+namespace {
+
+constexpr int kCtx = 256;
+// The draft model's greedy sequence on the test's prompt, stopped by its client after this many
+// tokens, stops inside a block of accepted drafts (checked below).
+constexpr int kStopInsideABlock = 16;
+
+EngineOptions bundle_options(DrafterKind kind) {
+    EngineOptions o;
+    o.model_path = test::shipped_model("specula-target.gguf");
+    if (kind == DrafterKind::DraftModel) {
+        o.drafter = {DrafterKind::DraftModel, test::shipped_model("specula-draft.gguf")};
+        o.tree = TreeShape::Chain;
+    } else if (kind == DrafterKind::Eagle3) {
+        o.drafter = DrafterSpec{DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf"), 1, 3};
+        o.tree = TreeShape::Dynamic;
+        o.tree_depth = 4;
+        o.tree_nodes = 8;  // a fixed tree size: the drafts, and so the sampled text, depend on the seed only
+    }
+    o.draft_policy = DraftPolicyKind::Fixed;
+    o.draft_max = 4;
+    o.n_ctx = kCtx;
+    o.n_threads = 1;
+    return o;
+}
+
+GenerationOptions options(int n, float temperature, uint64_t seed = 5) {
+    GenerationOptions g;
+    g.n_predict = n;
+    g.sampling.temperature = temperature;
+    g.sampling.seed = seed;
+    g.stop_at_end_of_generation = false;
+    return g;
+}
+
+struct SequenceRun {
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<int32_t>> drafts;  // per round, the verified tree's tokens
+    std::vector<int32_t> history;
+    int n_exact = 0, n_cached = 0, cache_rows = 0;
+};
+
+// One sequence on `cache` and `drafter` as they are; `stop_after` > 0: the client goes away after
+// that many tokens (the sink refuses the next one), else it runs to n_predict.
+SequenceRun run(ModelBundle & t, KvCache & cache, Drafter * drafter, std::span<const int32_t> prompt, const GenerationOptions & g, int stop_after = 0) {
+    SequenceRun r;
+    auto record = [&](const RoundInfo & info) { r.drafts.push_back(info.draft->tree.token); };
+    const RoundPolicies policies = t.make_round_policies(GenerationMode::Speculative);
+    Sequence seq(t.sequence_parts(GenerationMode::Speculative, cache, drafter, policies.length.get(), policies.tree_size.get(), record), prompt, g,
+                 [](int32_t) { return false; }, 16);
+    Sequence * const one[1] = {&seq};
+    while (!seq.done()) {
+        step_sequences(*t.runner, one, [&](size_t, int32_t tok) {
+            if (stop_after > 0 && static_cast<int>(r.tokens.size()) >= stop_after) return false;
+            r.tokens.push_back(tok);
+            return true;
+        });
+    }
+    r.history.assign(seq.history().begin(), seq.history().end());
+    r.n_exact = seq.n_exact();
+    r.n_cached = seq.stats().n_cached;
+    r.cache_rows = cache.size();
+    return r;
+}
+
+// Cuts `cache` to the common prefix of what it holds (`held`, its first n_exact tokens) and `prompt`.
+void keep_common(KvCache & cache, const SequenceRun & held, std::span<const int32_t> prompt) {
+    const size_t n = common_prefix(std::span(held.history).first(held.n_exact), prompt.first(prompt.size() - 1));
+    cache.rollback(static_cast<int>(n));
+}
+
+std::vector<int32_t> next_turn(ModelBundle & t, std::span<const int32_t> history, size_t keep, const std::string & more) {
+    std::vector<int32_t> p(history.begin(), history.begin() + std::min(keep, history.size()));
+    const std::vector<int32_t> extra = t.tokenizer->tokenize(more, false);
+    p.insert(p.end(), extra.begin(), extra.end());
+    return p;
+}
+
+// Catches: a drafter whose state is not rolled back to the common prefix (the draft model's rows
+// of the previous reply, an EAGLE head's entries or pending features past it), a target cache cut
+// at the wrong row, a sequence that prefills the cached prefix again or skips a row, and rows of
+// a request that stopped inside an accepted block (they are past its last emitted token) or went
+// away mid-block taken as the next turn's. Turn 2 on the warm cache must equal turn 2 cold: the
+// same tokens and the same drafts in every round, at T = 0 and seeded at T = 0.8.
+TEST(PrefixCache, TheNextTurnOnTheCacheEqualsItColdRoundByRound) {
+    for (DrafterKind kind : {DrafterKind::DraftModel, DrafterKind::Eagle3}) {
+        auto t = ModelBundle::open(bundle_options(kind));
+        const std::vector<int32_t> prompt = t->tokenizer->tokenize("def main():\n    parser = argparse.");
+        for (float temperature : {0.0f, 0.8f}) {
+            for (int stop_after : {0, 3, kStopInsideABlock}) {  // 0: ends by length; else the client goes away after that many tokens
+                SCOPED_TRACE(std::string(drafter_kind_name(kind)) + " T=" + std::to_string(temperature) + " stop_after=" + std::to_string(stop_after));
+                auto caches = KvCache::pool(*t->backend, t->model->config(), kCtx, 2);
+                auto warm_drafter = t->make_drafter(kCtx);
+                const SequenceRun turn1 = run(*t, *caches[0], warm_drafter.get(), prompt, options(24, temperature), stop_after);
+                const std::vector<int32_t> prompt2 = next_turn(*t, turn1.history, turn1.history.size(), "\n    args = parser");
+                keep_common(*caches[0], turn1, prompt2);
+                const SequenceRun warm = run(*t, *caches[0], warm_drafter.get(), prompt2, options(24, temperature, 9));
+                auto cold_drafter = t->make_drafter(kCtx);
+                const SequenceRun cold = run(*t, *caches[1], cold_drafter.get(), prompt2, options(24, temperature, 9));
+                EXPECT_EQ(warm.tokens, cold.tokens);
+                EXPECT_EQ(warm.drafts, cold.drafts);
+                EXPECT_GE(warm.n_cached, static_cast<int>(prompt.size()) - 1);  // an EAGLE head re-reads the last common position
+                EXPECT_EQ(cold.n_cached, 0);
+            }
+        }
+    }
+}
+
+// The stop inside an accepted block that the test above relies on (a client gone, an end token, a
+// stop string: -n never cuts a block, drafts are sized to the tokens left): a sequence that ended
+// there holds rows past its last token, which n_exact leaves out.
+TEST(PrefixCache, ASequenceStoppedInsideAnAcceptedBlockHoldsRowsPastItsHistory) {
+    auto t = ModelBundle::open(bundle_options(DrafterKind::DraftModel));
+    const std::vector<int32_t> prompt = t->tokenizer->tokenize("def main():\n    parser = argparse.");
+    auto cache = KvCache::pool(*t->backend, t->model->config(), kCtx, 1);
+    auto drafter = t->make_drafter(kCtx);
+    const SequenceRun r = run(*t, *cache[0], drafter.get(), prompt, options(30, 0.0f), kStopInsideABlock);
+    EXPECT_GT(r.cache_rows, static_cast<int>(r.history.size())) << "no longer stopped inside an accepted block: pick another stop";
+    EXPECT_EQ(r.n_exact, static_cast<int>(r.history.size()));
+}
+
+// Catches: an EAGLE head whose prompt window moved between turns (a cold start keeps the last
+// prompt_window positions) keeping entries a cold start would not have, or sliding them to the
+// wrong slots; and a head whose window starts before its entries (a shorter next prompt) kept
+// instead of rebuilt from the target's prefill.
+TEST(PrefixCache, AnEagleHeadSlidesItsPromptWindowAsAColdStartWould) {
+    auto t = ModelBundle::open(bundle_options(DrafterKind::Eagle3));
+    constexpr int kWindow = 12;
+    const std::vector<int32_t> prompt = t->tokenizer->tokenize("import os\nimport sys\nimport json\n");
+    for (float temperature : {0.0f, 0.8f}) {
+        SCOPED_TRACE("T=" + std::to_string(temperature));
+        auto caches = KvCache::pool(*t->backend, t->model->config(), kCtx, 2);
+        EagleDrafter warm_head(*t->drafter.head, kCtx, kWindow);
+        const SequenceRun turn1 = run(*t, *caches[0], &warm_head, prompt, options(10, temperature));
+        const std::vector<int32_t> prompt2 = next_turn(*t, turn1.history, turn1.history.size(), "\nimport re\nimport time");
+        keep_common(*caches[0], turn1, prompt2);
+        const SequenceRun warm = run(*t, *caches[0], &warm_head, prompt2, options(20, temperature, 9));
+        EXPECT_GT(warm.n_cached, kWindow);  // the window moved on: its entries slid, not rebuilt
+        EagleDrafter cold_head(*t->drafter.head, kCtx, kWindow);
+        const SequenceRun cold = run(*t, *caches[1], &cold_head, prompt2, options(20, temperature, 9));
+        EXPECT_EQ(warm.tokens, cold.tokens);
+        EXPECT_EQ(warm.drafts, cold.drafts);
+
+        // A third prompt that leaves the second early and is shorter: its window starts before
+        // the head's entries.
+        const std::vector<int32_t> prompt3 = next_turn(*t, prompt2, prompt.size() + 2, " x");
+        keep_common(*caches[0], warm, prompt3);
+        const SequenceRun warm3 = run(*t, *caches[0], &warm_head, prompt3, options(20, temperature, 4));
+        caches[1]->rollback(0);
+        const SequenceRun cold3 = run(*t, *caches[1], &cold_head, prompt3, options(20, temperature, 4));
+        EXPECT_EQ(warm3.tokens, cold3.tokens);
+        EXPECT_EQ(warm3.drafts, cold3.drafts);
+    }
+}
+
+TEST(PrefixCache, AFreeSlotIsChosenByItsLongestCommonPrefixThenLeastRecentlyUsed) {
+    SlotPrefix a{{1, 2, 3, 4}, nullptr, 5}, b{{1, 2, 9}, nullptr, 6}, c{{}, nullptr, 3}, d{{7}, nullptr, 2}, e{{1, 5, 6, 7, 8, 9}, nullptr, 1};
+    const std::vector<const SlotPrefix *> slots = {&a, &b, &c, &d, &e};
+    const std::vector<int32_t> prompt = {1, 2, 3, 8, 8, 8};
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{1, 1, 1, 1, 1}, prompt), 0);
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 1, 1, 1, 1}, prompt), 1) << "2 of its 3 tokens";
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 1, 1, 1}, prompt), 4) << "no match (1 shared token is none): the least recently used";
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 1, 1, 0}, prompt), 3);
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 0, 0, 0}, prompt), -1);
+    const SlotPrefix tie1{{1, 2, 3}, nullptr, 9}, tie2{{1, 2, 3, 5}, nullptr, 4};
+    EXPECT_EQ(choose_slot(std::vector<const SlotPrefix *>{&tie1, &tie2}, std::vector<char>{1, 1}, prompt), 1) << "a tie: the least recently used";
+}
+
+std::string drain(Job & job) {
+    std::string text;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (Job::Wait w; (w = job.next(text)) != Job::Wait::Ended;) {
+        if (std::chrono::steady_clock::now() > deadline) {
+            ADD_FAILURE() << "the job did not end";
+            job.cancel();
+            break;
+        }
+    }
+    EXPECT_EQ(job.result().error, "");
+    return text;
+}
+
+// Catches: a server that prefills every request cold, that routes a conversation's next turn to
+// another slot than the one holding its prefix, or whose reused slot changes the text (T = 0 and
+// seeded T > 0, a draft model drafting), and cached tokens not reported or not counted.
+TEST(PrefixCache, AServerSlotServesTheNextTurnFromItsCacheAsCold) {
+    for (float temperature : {0.0f, 0.8f}) {
+        SCOPED_TRACE("T=" + std::to_string(temperature));
+        auto t = ModelBundle::open(bundle_options(DrafterKind::DraftModel));
+        Scheduler warm(*t, SchedulerOptions{3, 8, 16, false});
+        const std::string turn1 = "User: name three fruits\nAssistant:";
+        auto first = warm.submit(t->tokenizer->tokenize(turn1), options(12, temperature));
+        const std::string reply = drain(*first);
+        auto other = warm.submit(t->tokenizer->tokenize("The list of"), options(6, temperature));  // another slot's prefix
+        drain(*other);
+        const std::vector<int32_t> prompt2 = t->tokenizer->tokenize(turn1 + reply + "\nUser: and three more\nAssistant:");
+        auto second = warm.submit(prompt2, options(16, temperature, 3));
+        const std::string warm_text = drain(*second);
+        EXPECT_GT(second->result().stats.n_cached, static_cast<int>(t->tokenizer->tokenize(turn1).size()) / 2);
+        EXPECT_EQ(warm.metrics().prompt_tokens_cached, static_cast<uint64_t>(second->result().stats.n_cached));
+
+        Scheduler cold(*t, SchedulerOptions{1, 8, 16, false});
+        auto alone = cold.submit(prompt2, options(16, temperature, 3));
+        EXPECT_EQ(warm_text, drain(*alone));
+        EXPECT_EQ(alone->result().stats.n_cached, 0);
+    }
+}
+
+// Catches: a lossy SpecEE request's rows (skipped layers' K/V filled from the exit state, not the
+// target's) served to a later request: the plain request after it on the one slot must start cold.
+TEST(PrefixCache, ALossySpecEERequestsRowsAreNeverReused) {
+    EngineOptions o;
+    o.model_path = test::model_path("gemma3_swa_q8_0");
+    o.n_ctx = 192;
+    o.n_threads = 1;
+    const auto model_only = ModelBundle::open(o);
+    o.drafter = {DrafterKind::Eagle3, test::eagle_head_path("eagle3", "gemma3_swa_q8_0")};
+    o.draft_policy = DraftPolicyKind::Fixed;
+    o.draft_max = 4;
+    test::PredictorSpec spec;
+    spec.layers = {1, 3};
+    o.specee_path = test::write_predictor(spec, *model_only->model, "prefix_cache_" + std::to_string(::getpid()));
+    auto t = ModelBundle::open(o);
+    Scheduler scheduler(*t, SchedulerOptions{1, 4, 16, false});
+    const std::vector<int32_t> prompt = t->tokenizer->tokenize("The following example shows");
+    auto lossy = scheduler.submit(prompt, options(8, 0.0f), EarlyExitRequest{EarlyExitMode::Lossy, 0.4f});
+    drain(*lossy);
+    auto plain = scheduler.submit(prompt, options(8, 0.0f));
+    drain(*plain);
+    EXPECT_EQ(plain->result().stats.n_cached, 0);
+    auto again = scheduler.submit(prompt, options(8, 0.0f));  // after an exact request, the prefix is reused
+    drain(*again);
+    EXPECT_GE(again->result().stats.n_cached, static_cast<int>(prompt.size()) - 2);  // the EAGLE-3 head re-reads one position
+}
+
+// Catches: Engine::generate prefilling the conversation again each call, or a second call whose
+// reused KV and drafter state change its text.
+TEST(PrefixCache, EngineGenerateReusesItsLastConversation) {
+    for (DrafterKind kind : {DrafterKind::None, DrafterKind::DraftModel, DrafterKind::Eagle3}) {
+        SCOPED_TRACE(drafter_kind_name(kind));
+        auto warm = Engine::open(bundle_options(kind));
+        std::vector<int32_t> prompt = warm->tokenize("User: hello\nAssistant:");
+        std::vector<int32_t> reply;
+        warm->generate(prompt, options(10, 0.0f), [&](int32_t tok) { return reply.push_back(tok), true; });
+        prompt.insert(prompt.end(), reply.begin(), reply.end());
+        const std::vector<int32_t> more = warm->tokenize("\nUser: again\nAssistant:");
+        prompt.insert(prompt.end(), more.begin() + 1, more.end());  // without its BOS
+        std::vector<int32_t> warm_reply, cold_reply;
+        const GenerationStats stats = warm->generate(prompt, options(16, 0.8f), [&](int32_t tok) { return warm_reply.push_back(tok), true; });
+        auto cold = Engine::open(bundle_options(kind));
+        cold->generate(prompt, options(16, 0.8f), [&](int32_t tok) { return cold_reply.push_back(tok), true; });
+        EXPECT_EQ(warm_reply, cold_reply);
+        EXPECT_GT(stats.n_cached, 8);
+    }
+}
+
+}  // namespace
+}  // namespace specula
