@@ -67,8 +67,9 @@ SequenceRun run(ModelBundle & t, KvCache & cache, Drafter * drafter, std::span<c
     SequenceRun r;
     auto record = [&](const RoundInfo & info) { r.drafts.push_back(info.draft->tree.token); };
     const RoundPolicies policies = t.make_round_policies(GenerationMode::Speculative);
-    Sequence seq(t.sequence_parts(GenerationMode::Speculative, cache, drafter, policies.length.get(), policies.tree_size.get(), record), prompt, g,
-                 [](int32_t) { return false; }, 16);
+    Sequence seq(
+        t.sequence_parts(GenerationMode::Speculative, cache, drafter, policies.length.get(), policies.tree_size.get(), record), prompt, g,
+        [](int32_t) { return false; }, 16);
     Sequence * const one[1] = {&seq};
     while (!seq.done()) {
         step_sequences(*t.runner, one, [&](size_t, int32_t tok) {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <memory>
 
 #include "engine/generate.h"
@@ -16,7 +17,30 @@ namespace specula {
 struct Engine::Impl {
     std::unique_ptr<ModelBundle> target;
     std::unique_ptr<Drafter> drafter;  // the one sequence's
+    // The prefix cache: one stream whose rows are the target's exact K/V of `cached`, the last
+    // generation's prompt and reply as far as the cache held them; the drafter's state is of the
+    // same tokens. The next generation keeps the longest common prefix (a chat passing the whole
+    // conversation each turn prefills only the new turn).
+    std::unique_ptr<KvCache> cache;
+    std::vector<int32_t> cached;
+
+    // Cuts the cache to the longest common prefix of `cached` and `prompt`, short of the prompt's
+    // last token (the first root); the drafter's state follows in the Sequence (keep_prefix).
+    void keep_common_prefix(std::span<const int32_t> prompt);
+    // Nothing reusable (a lossy SpecEE generation's rows are not the target's exact K/V).
+    void forget() {
+        cache->rollback(0);
+        cached.clear();
+    }
 };
+
+void Engine::Impl::keep_common_prefix(std::span<const int32_t> prompt) {
+    const size_t limit = std::min({cached.size(), static_cast<size_t>(cache->size()), prompt.size() - 1});
+    size_t n = 0;
+    while (n < limit && cached[n] == prompt[n]) ++n;
+    cache->rollback(static_cast<int>(n));
+    cached.resize(n);
+}
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
@@ -25,6 +49,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions & options) {
     auto impl = std::make_unique<Impl>();
     impl->target = ModelBundle::open(options);
     impl->drafter = impl->target->make_drafter(options.n_ctx);
+    impl->cache = std::make_unique<KvCache>(*impl->target->backend, impl->target->model->config(), options.n_ctx);
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -49,17 +74,35 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
                         "-token vocabulary");
         }
     }
-    KvCache cache(*t.backend, t.model->config(), t.options.n_ctx);
+    if (static_cast<int>(tokens.size()) >= t.options.n_ctx) {
+        throw Error("prompt is " + std::to_string(tokens.size()) + " tokens, longer than the " + std::to_string(t.options.n_ctx) + "-token context");
+    }
+    KvCache & cache = *impl_->cache;
     auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
     const GenerationMode mode = t.generation_mode();
     if (mode == GenerationMode::Plain) {
+        impl_->keep_common_prefix(tokens);
+        const int n_cached = cache.size();
+        std::vector<int32_t> seen(tokens.begin(), tokens.end());
+        impl_->cached.clear();  // until the generation has ended whole
         const std::unique_ptr<LogitsState> processing = logits_processing(options, tokens, t.tokenizer.get());
-        GenerationStats stats = generate_plain(*t.runner, cache, tokens, options, is_end, sink, processing.get());
+        GenerationStats stats = generate_plain(
+            *t.runner, cache, tokens.subspan(n_cached), options, is_end,
+            [&](int32_t tok) {
+                seen.push_back(tok);
+                return sink(tok);
+            },
+            processing.get());
+        seen.resize(std::min(seen.size(), static_cast<size_t>(cache.size())));
+        impl_->cached = std::move(seen);
+        stats.n_prompt = static_cast<int>(tokens.size());
+        stats.n_cached = n_cached;
         stats.kernels = t.backend->kernels_summary();
         return stats;
     }
     if (mode == GenerationMode::SpeceeLossy) {
         check_lossy_early_exit_options(options);
+        impl_->forget();
         EarlyExitDecoder decoder(*t.model, *t.runner, t.exit_predictor.get(), t.options.specee_online);
         EarlyExitStats exits;
         const int n_layer = t.model->config().n_layer;
@@ -75,11 +118,18 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
         return stats;
     }
 
+    if (t.needs_verify_cost() && t.verify_cost_ms.empty()) impl_->forget();  // the probe runs in the empty cache
     t.measure_verify_cost_once(cache, tokens, 0, impl_->drafter->feature_layers());
+    impl_->keep_common_prefix(tokens);
     const RoundPolicies policies = t.make_round_policies(mode);
     SequenceParts parts = t.sequence_parts(mode, cache, impl_->drafter.get(), policies.length.get(), policies.tree_size.get());
     if (options.on_round) parts.on_round = [&](const RoundInfo & r) { options.on_round(round_report(r)); };
-    GenerationStats stats = generate_speculative(*t.runner, parts, tokens, options, is_end, sink);
+    impl_->cached.clear();  // until the generation has ended whole
+    Sequence seq(parts, tokens, options, is_end);
+    Sequence * const one[1] = {&seq};
+    while (!seq.done()) step_sequences(*t.runner, one, [&](size_t, int32_t tok) { return sink(tok); });
+    impl_->cached.assign(seq.history().begin(), seq.history().begin() + seq.n_exact());
+    GenerationStats stats = seq.stats();
     stats.verify_cost_ms = t.verify_cost_ms;
     if (const auto * exits = dynamic_cast<const EarlyExitDrafter *>(impl_->drafter.get())) {
         stats.early_exit = exits->exit_stats().summary(t.model->config().n_layer);
