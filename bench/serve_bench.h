@@ -19,8 +19,19 @@ struct ServeBenchOptions {
     int reps = 3;
     int n_gen = 64;                // tokens per request (ignore_eos: exactly this many)
     int draft_max = 4;             // longest draft per round, both servers
-    int n_ctx = 512;               // context per slot (llama-server gets parallel x this in total)
+    int n_ctx = 0;                 // context per slot (llama-server gets parallel x this); 0: the workload's default
     double startup_timeout = 180;  // seconds for a server to answer /health
+
+    // Replayed conversations instead of the client sweep (serve_replay.h).
+    std::string dataset;                                              // "sharegpt" (the pinned serving set, sharegpt.h) or a conversations file of its format
+    std::vector<std::string> request_rates = {"1", "2", "4", "inf"};  // requests per second, Poisson arrivals; inf: all at once
+    int num_prompts = 32;                                             // requests per rate (each rate its own sample)
+    int max_tokens = 256;                                             // cap of a recorded reply's length in tokens
+    int slots = 4;                                                    // --parallel of every server
+    unsigned seed = 0;                                                // the sample of conversations and the arrival times
+    bool multi_turn = false;
+    int turns = 8;          // multi-turn: turns per conversation
+    int conversations = 8;  // multi-turn: conversations, `slots` at a time
 };
 
 // The same concurrent streaming workload through HTTP on 127.0.0.1 against `specula serve` (plain
@@ -29,7 +40,8 @@ struct ServeBenchOptions {
 // and stopped here with --parallel = clients, same GGUF, threads, n_predict, T = 0: aggregate
 // tok/s, per-request tok/s and time to first token, median and spread over reps. A chat prompt
 // set goes through /v1/chat/completions (each server applies the model's chat template), any
-// other through /v1/completions.
+// other through /v1/completions. With `dataset`: the request-rate sweep or, with `multi_turn`,
+// the multi-turn conversations of serve_replay.h instead.
 int run_serve_bench(const ServeBenchOptions & options);
 
 }  // namespace specula::bench

@@ -54,24 +54,57 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->callback([s, &commands] { commands.run = [s] { return bench::run_spec_bench(*s); }; });
 
     auto v = std::make_shared<bench::ServeBenchOptions>();
-    CLI::App * serve = bench->add_subcommand("serve", "concurrent clients through HTTP: specula serve vs llama-server, plain and speculative");
+    CLI::App * serve = bench->add_subcommand("serve", "serving through HTTP: specula serve vs llama-server, plain and speculative");
     serve->add_option("-m,--model", v->model, "target model GGUF (both servers)")->required();
     serve->add_option("--draft", v->draft, "draft model GGUF (same vocabulary); without a drafter both servers draft by n-gram");
     serve->add_option("--eagle3", v->eagle3, "EAGLE-3 head GGUF for the speculative configurations (llama-server: --spec-type draft-eagle3)");
-    serve->add_option("--clients", v->clients, "concurrent clients (each server runs --parallel = clients)")->delimiter(',')->capture_default_str();
     serve->add_option("--servers", v->servers, "servers to run: specula, llama-server")->delimiter(',')->capture_default_str();
     serve->add_option("-t,--threads", v->threads, "threads for both servers (0 = physical cores)")->capture_default_str();
-    serve->add_option("-r,--reps", v->reps, "repetitions of the whole prompt set per concurrency")->capture_default_str();
-    serve->add_option("-n,--n-gen", v->n_gen, "tokens per request (ignore_eos)")->capture_default_str();
     serve->add_option("--draft-max", v->draft_max, "longest draft per round (both servers)")->capture_default_str();
-    serve->add_option("-c,--ctx-size", v->n_ctx, "context per slot")->capture_default_str();
-    serve->add_option("--prompts", v->prompts, "prompt set JSON (default: bench/prompts.json; a chat set goes through /v1/chat/completions)");
+    serve->add_option("-c,--ctx-size", v->n_ctx, "context per slot (0 = 512 for the client sweep, 2048 for --dataset, 4096 for --multi-turn)")
+        ->capture_default_str();
     serve->add_option("--specula-bin", v->specula_bin, "specula binary to serve with (default: this one)");
     serve->add_option("--llama-server-bin", v->llama_server_bin, "llama-server binary (default: build/bin/llama-server)");
     serve->add_option("--specula-args", v->specula_args,
                       "more arguments of specula's speculative server, space-separated, e.g. --specula-args=\"--draft-policy fixed\"");
     serve->add_option("--startup-timeout", v->startup_timeout, "seconds for a server to come up")->capture_default_str();
     serve->add_option("--json", v->json_path, "write results as JSON");
+    // The closed-loop client sweep (without --dataset).
+    const std::vector<CLI::Option *> client_sweep = {
+        serve->add_option("--clients", v->clients, "client sweep: concurrent clients (each server runs --parallel = clients)")
+            ->delimiter(',')
+            ->capture_default_str(),
+        serve->add_option("-r,--reps", v->reps, "client sweep: repetitions of the whole prompt set per concurrency")->capture_default_str(),
+        serve->add_option("-n,--n-gen", v->n_gen, "client sweep: tokens per request (ignore_eos)")->capture_default_str(),
+        serve->add_option("--prompts", v->prompts,
+                          "client sweep: prompt set JSON (default: bench/prompts.json; a chat set goes through /v1/chat/completions)")};
+    // Replayed conversations: the request-rate sweep, or --multi-turn.
+    CLI::Option * dataset = serve->add_option(
+        "--dataset", v->dataset,
+        "replay conversations: sharegpt (the pinned ShareGPT set; prepare it with tools/train/sharegpt_serving_set.py) or a file of its format");
+    CLI::Option * multi_turn = serve->add_flag("--multi-turn", v->multi_turn, "with --dataset: multi-turn conversations instead of the rate sweep");
+    const std::vector<CLI::Option *> rate_sweep = {
+        serve->add_option("--request-rates", v->request_rates, "rate sweep: requests per second (Poisson arrivals), inf = all at once")
+            ->delimiter(',')
+            ->capture_default_str(),
+        serve->add_option("--num-prompts", v->num_prompts, "rate sweep: requests per rate")->capture_default_str()};
+    const std::vector<CLI::Option *> conversation = {
+        serve->add_option("--turns", v->turns, "multi-turn: turns per conversation")->capture_default_str(),
+        serve->add_option("--conversations", v->conversations, "multi-turn: conversations (--slots at a time)")->capture_default_str()};
+    const std::vector<CLI::Option *> replay = {
+        serve->add_option("--max-tokens", v->max_tokens, "replay: cap of a recorded reply's length in tokens")->capture_default_str(),
+        serve->add_option("--slots", v->slots, "replay: --parallel of every server")->capture_default_str(),
+        serve->add_option("--seed", v->seed, "replay: seed of the sample and the arrival times")->capture_default_str()};
+    for (CLI::Option * c : client_sweep) {
+        c->excludes(dataset);
+        for (CLI::Option * other : rate_sweep) c->excludes(other);
+        for (CLI::Option * other : conversation) c->excludes(other);
+        for (CLI::Option * other : replay) c->excludes(other);
+    }
+    multi_turn->needs(dataset);
+    for (CLI::Option * c : rate_sweep) c->needs(dataset)->excludes(multi_turn);
+    for (CLI::Option * c : conversation) c->needs(multi_turn);
+    for (CLI::Option * c : replay) c->needs(dataset);
     serve->callback([v, &commands] { commands.run = [v] { return bench::run_serve_bench(*v); }; });
 
     auto r = std::make_shared<bench::RpcBenchOptions>();
