@@ -10,6 +10,7 @@
 #include "constrain/grammar.h"
 #include "engine_flags.h"
 #include "specula/specula.h"
+#include "tokenizer/stop_strings.h"
 #include "trace/trace.h"
 
 namespace specula::cli {
@@ -40,6 +41,7 @@ void register_generate(CLI::App & app, Commands & commands) {
         std::string prompt;
         std::string trace_path;
         std::string grammar_path, schema_path;
+        std::vector<std::string> stop;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("generate", "generate text from a prompt, streaming it to stdout");
@@ -62,6 +64,7 @@ void register_generate(CLI::App & app, Commands & commands) {
         ->capture_default_str();
     auto * grammar = sub->add_option("--grammar-file", args->grammar_path, "constrain the output to this GBNF grammar (llama.cpp's format)");
     sub->add_option("--json-schema", args->schema_path, "constrain the output to JSON that this JSON-schema file describes")->excludes(grammar);
+    sub->add_option("--stop", args->stop, "end the output where this text starts, itself not printed (repeatable)");
     add_engine_flags(sub, args->engine);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): lossy early exit at T=0 with the EAGLE-3 head's top 4 as candidates");
@@ -89,11 +92,13 @@ void register_generate(CLI::App & app, Commands & commands) {
             // A completion continues the prompt, so the prompt is printed first; a chat's reply is
             // an answer to it, printed alone.
             if (!args->gen.chat) std::fputs(args->prompt.c_str(), stdout);
-            const GenerationStats s = engine->generate(args->prompt, args->gen, [](const std::string & piece) {
-                std::fputs(piece.c_str(), stdout);
+            StopStrings stops(args->stop);
+            const GenerationStats s = engine->generate(args->prompt, args->gen, [&stops](const std::string & piece) {
+                std::fputs(stops.push(piece).c_str(), stdout);
                 std::fflush(stdout);
-                return true;
+                return !stops.stopped();  // the generation ends at the token a stop string ends in
             });
+            std::fputs(stops.flush().c_str(), stdout);
             std::fprintf(stderr, "\n[specula] prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s\n", s.n_prompt,
                          s.prompt_tok_s(), s.n_generated, s.generation_tok_s());
             std::fprintf(stderr, "[specula] kernels: %s\n", s.kernels.c_str());
