@@ -80,9 +80,10 @@ RunningServers start_servers(const ServeBenchOptions & o, const std::vector<Conf
                              int threads, const std::filesystem::path & scratch, std::vector<Row> & rows) {
     RunningServers s;
     for (const Config & c : configs) {
-        // Every prompt is sent once per rep: llama-server's prompt cache would skip the prefill of
-        // all but the first rep's.
-        const json request = request_template(c, o.n_gen, /*cache_prompt=*/false);
+        // Every prompt comes back once per rep, and specula's slots keep their prompts' KV (its
+        // prefix cache, always on): llama-server keeps its prompt cache too, so that both skip the
+        // prefill of a prompt a slot has seen.
+        const json request = request_template(c, o.n_gen, /*cache_prompt=*/true);
         json warm = with_prompt(request, set.prompts[0].text, set.chat);
         warm["max_tokens"] = std::min(o.n_gen, 8);
         s.servers.push_back(start_server(o, c, clients, clients, threads, o.n_ctx, scratch, std::to_string(clients) + " clients", warm));
@@ -185,7 +186,7 @@ int run_client_sweep(ServeBenchOptions & o) {
     print_machine(load);
     std::printf(
         "%zu %s prompts, %d tokens each (ignore_eos, T = 0), %d threads, context %d per slot, draft max %d, %d reps; "
-        "llama-server with cache_prompt false (every prompt is sent once per rep)\n",
+        "both servers reuse a prompt a slot has seen (specula's prefix cache, llama-server's cache_prompt true)\n",
         prompts.size(), set.chat ? "chat" : "completion", o.n_gen, threads, o.n_ctx, o.draft_max, o.reps);
     const ServeConfigs serve = serve_configs(o);
     const std::vector<Config> & configs = serve.configs;
@@ -220,7 +221,7 @@ int run_client_sweep(ServeBenchOptions & o) {
     }
     const json results = print_results(rows);
     if (!o.json_path.empty()) {
-        const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"eagle3", o.eagle3}, {"prompts", prompts_path}, {"chat", set.chat}, {"threads", threads}, {"n_gen", o.n_gen}, {"n_ctx_per_slot", o.n_ctx}, {"draft_max", o.draft_max}, {"reps", o.reps}, {"machine_busy_fraction", load.busy_fraction}, {"loadavg_1m", load.loadavg_1m}, {"machine_idle", load.idle()}, {"cpu", load.cpu}, {"note", note}, {"results", results}, {"requests", raw}};
+        const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"eagle3", o.eagle3}, {"prompts", prompts_path}, {"chat", set.chat}, {"threads", threads}, {"n_gen", o.n_gen}, {"n_ctx_per_slot", o.n_ctx}, {"draft_max", o.draft_max}, {"reps", o.reps}, {"llama_server_cache_prompt", true}, {"machine_busy_fraction", load.busy_fraction}, {"loadavg_1m", load.loadavg_1m}, {"machine_idle", load.idle()}, {"cpu", load.cpu}, {"note", note}, {"results", results}, {"requests", raw}};
         std::ofstream(o.json_path) << j.dump(2) << "\n";
         std::printf("wrote %s\n", o.json_path.c_str());
     }

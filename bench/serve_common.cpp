@@ -230,7 +230,6 @@ void validate_servers(ServeBenchOptions & o) {
     }
 }
 
-
 ServeConfigs serve_configs(const ServeBenchOptions & o) {
     const std::string drafter = !o.eagle3.empty() ? "EAGLE-3" : !o.draft.empty() ? "draft model"
                                                                                  : "n-gram";

@@ -38,9 +38,9 @@ private:
 // One streamed request as the client saw it.
 struct RequestResult {
     size_t prompt = 0;
-    int tokens = 0;              // usage.completion_tokens (else the text chunks)
-    int prompt_tokens = -1;      // usage.prompt_tokens; -1: not reported
-    int cached_tokens = -1;      // usage.prompt_tokens_details.cached_tokens; -1: not reported
+    int tokens = 0;          // usage.completion_tokens (else the text chunks)
+    int prompt_tokens = -1;  // usage.prompt_tokens; -1: not reported
+    int cached_tokens = -1;  // usage.prompt_tokens_details.cached_tokens; -1: not reported
     double seconds = 0, ttft = 0;
     std::vector<double> chunk_times;  // seconds from the send to each chunk that carried text
     long drafted = 0, accepted = 0;

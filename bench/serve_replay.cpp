@@ -45,10 +45,11 @@ Replay open_replay(const ServeBenchOptions & o) {
     r.serve = serve_configs(o);
     r.load = measure_machine_load();
     print_machine(r.load);
-    std::printf("%zu conversations from %s (sha256 %s%s), seed %u, replies capped at %d tokens (ignore_eos, T = 0), %d slots, %d threads, "
-                "context %d per slot, draft max %d\n%s\n",
-                r.set.conversations.size(), r.set.path.c_str(), r.set.sha256.c_str(), r.set.pinned ? ", the pinned ShareGPT serving set" : "",
-                o.seed, o.max_tokens, o.slots, r.threads, o.n_ctx, o.draft_max, r.serve.note.c_str());
+    std::printf(
+        "%zu conversations from %s (sha256 %s%s), seed %u, replies capped at %d tokens (ignore_eos, T = 0), %d slots, %d threads, "
+        "context %d per slot, draft max %d\n%s\n",
+        r.set.conversations.size(), r.set.path.c_str(), r.set.sha256.c_str(), r.set.pinned ? ", the pinned ShareGPT serving set" : "",
+        o.seed, o.max_tokens, o.slots, r.threads, o.n_ctx, o.draft_max, r.serve.note.c_str());
     return r;
 }
 
@@ -257,9 +258,10 @@ json turn_rows(const Config & c, const std::vector<ReplayConversation> & convers
 }
 
 void print_turn_rows(const json & rows) {
-    std::printf("\nper turn over the conversations: TTFT = time to first token (ms, p50/p90/p99); prompt = the prompt tokens the server\n"
-                "counts (mean); cached = of those, the ones it reports reused from the conversation's earlier turns (mean; - when it\n"
-                "reports none); accept = accepted / drafted over all turns\n");
+    std::printf(
+        "\nper turn over the conversations: TTFT = time to first token (ms, p50/p90/p99); prompt = the prompt tokens the server\n"
+        "counts (mean); cached = of those, the ones it reports reused from the conversation's earlier turns (mean; - when it\n"
+        "reports none); accept = accepted / drafted over all turns\n");
     std::printf("%-13s %-12s %4s %-17s %8s %8s %6s\n", "server", "config", "turn", "TTFT p50/90/99", "prompt", "cached", "accept");
     for (const json & r : rows) {
         char accept[16] = "-";
@@ -284,14 +286,15 @@ int run_rate_sweep(ServeBenchOptions & o) {
     const Replay r = open_replay(o);
     const Tokenizer tokenizer(o.model);
     const auto sample = sample_conversations(r.set, tokenizer, size_t(o.num_prompts) * rates.size(), 1, o.seed, o.max_tokens, o.n_ctx);
-    std::printf("request rates %s: %d requests each, every rate its own sample; llama-server with cache_prompt true\n",
-                [&] {
-                    std::string s;
-                    for (double rate : rates) s += (s.empty() ? "" : ",") + rate_text(rate);
-                    return s;
-                }()
-                    .c_str(),
-                o.num_prompts);
+    std::printf(
+        "request rates %s: %d requests each, every rate its own sample; llama-server with cache_prompt true\n",
+        [&] {
+            std::string s;
+            for (double rate : rates) s += (s.empty() ? "" : ",") + rate_text(rate);
+            return s;
+        }()
+            .c_str(),
+        o.num_prompts);
     const ScratchDir scratch;
     const std::vector<StartedServer> servers = start_all(o, r, o.num_prompts, scratch.path);
     json rows = json::array(), raw = json::array();
@@ -322,9 +325,10 @@ int run_multi_turn(ServeBenchOptions & o) {
     const Replay r = open_replay(o);
     const Tokenizer tokenizer(o.model);
     const auto conversations = sample_conversations(r.set, tokenizer, o.conversations, o.turns, o.seed, o.max_tokens, o.n_ctx);
-    std::printf("%d conversations of %d turns, %d clients at a time, each reply sent back as an assistant message; llama-server with "
-                "cache_prompt true\n",
-                o.conversations, o.turns, o.slots);
+    std::printf(
+        "%d conversations of %d turns, %d clients at a time, each reply sent back as an assistant message; llama-server with "
+        "cache_prompt true\n",
+        o.conversations, o.turns, o.slots);
     const ScratchDir scratch;
     const std::vector<StartedServer> servers = start_all(o, r, o.slots, scratch.path);
     json rows = json::array(), raw = json::array();

@@ -12,8 +12,9 @@ namespace specula::bench {
 // same requests and arrival times for every configuration. Per configuration and rate: TTFT, time
 // per output token after the first, inter-token latency (between streamed chunks) and end-to-end
 // latency (mean, p50, p90, p99), request and output-token throughput, acceptance, and the cached
-// prompt tokens the server reports. llama-server runs with cache_prompt true (its default; every
-// prompt is new, so only a template's shared opening can be reused).
+// prompt tokens the server reports. llama-server runs with cache_prompt true (its default, and
+// specula's prefix cache is always on; every prompt is new, so only a template's shared opening
+// can be reused).
 int run_rate_sweep(ServeBenchOptions & o);
 
 // Multi-turn conversations: `slots` clients, each holding one conversation at a time for `turns`

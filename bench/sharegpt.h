@@ -35,8 +35,8 @@ ConversationSet read_conversation_set(const std::string & dataset);
 // One request of a replay: a human turn and its reply's length in tokens, capped.
 struct ReplayTurn {
     std::string prompt;
-    int prompt_len = 0;   // the human turn's tokens, without the chat template
-    int max_tokens = 0;   // min(the recorded reply's tokens, the cap)
+    int prompt_len = 0;  // the human turn's tokens, without the chat template
+    int max_tokens = 0;  // min(the recorded reply's tokens, the cap)
 };
 struct ReplayConversation {
     std::string id;
