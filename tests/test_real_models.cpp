@@ -562,7 +562,8 @@ TEST(RealModelChat, ChatPromptStartsWithOneBos) {
 
 // A GGUF without a chat template (the PyPI Gemma 3 file has none) gets the format its vocabulary's
 // turn tokens belong to, not chatml's markers as plain text (which Gemma 3 answered by echoing the
-// prompt). SmolLM2 keeps the template in its file. Catches a return to the chatml fallback.
+// prompt). SmolLM2's template in its file renders through the Jinja engine. Catches a return to
+// the chatml fallback, or libllama's fixed templates for a file with its own.
 TEST(RealModelChat, ATemplateLessFileGetsItsVocabularysTurnFormat) {
     int checked = 0;
     for (const RealModel & m : kModels) {
@@ -572,7 +573,7 @@ TEST(RealModelChat, ATemplateLessFileGetsItsVocabularysTurnFormat) {
         const Tokenizer tok(path);
         const std::string text = tok.apply_chat_template({{"user", "Hello there"}}, true);
         if (m.arch == "gemma3") {
-            EXPECT_EQ(std::string(tok.chat_template()), "gemma");
+            EXPECT_EQ(tok.chat_template().name(), "gemma");
             EXPECT_EQ(text, "<start_of_turn>user\nHello there<end_of_turn>\n<start_of_turn>model\n");
             const std::vector<int32_t> turn = tok.tokenize("<start_of_turn>", false);
             ASSERT_EQ(turn.size(), 1u);
@@ -580,7 +581,11 @@ TEST(RealModelChat, ATemplateLessFileGetsItsVocabularysTurnFormat) {
             ASSERT_GE(chat.size(), 2u);
             EXPECT_EQ(chat[1], turn[0]);  // after BOS, the turn token itself, not its characters
         } else {
-            EXPECT_EQ(text, "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n");
+            // SmolLM2's own Jinja template, which opens with its default system turn.
+            EXPECT_EQ(tok.chat_template().name(), "jinja");
+            EXPECT_EQ(text,
+                      "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                      "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n");
         }
         ++checked;
     }

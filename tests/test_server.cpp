@@ -461,7 +461,7 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
     const openai::Request r = openai::parse_request(Endpoint::Chat, "{" + hi + R"(, "stream": true, "stream_options": {"include_usage": true}, "temperature": 0})", "m");
     EXPECT_TRUE(r.stream && r.include_usage);
     EXPECT_EQ(r.sampling.temperature, 0.0f);
-    EXPECT_EQ(r.messages.at(0).second, "hi");
+    EXPECT_EQ(r.chat.messages.at(0).content, "hi");
 }
 
 // A body nested 10^6 arrays deep killed the server: its 400 message dumped the value, and dump

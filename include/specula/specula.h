@@ -39,6 +39,8 @@ struct EngineOptions {
     float specee_threshold = -1.0f;  // exit above this predictor probability; < 0: the file's default
     bool specee_lossless = false;    // exited tokens are drafts the full target verifies: plain's output
     bool specee_online = false;      // probe near the recent tokens' exit layers too (online_probe_layers)
+    // Jinja source replacing the model's chat template (--chat-template FILE); empty: the model's.
+    std::string chat_template;
 };
 
 inline constexpr int kMaxTopLogprobs = 20;  // the most alternatives GenerationOptions::top_logprobs asks for
@@ -71,6 +73,10 @@ public:
     // Text -> token ids as generate() reads a text prompt: BOS as the vocabulary asks; with
     // `chat`, through the model's chat template as a user message (BOS once).
     std::vector<int32_t> tokenize(const std::string & text, bool chat = false) const;
+    // A conversation of (role, content) messages (system, user, assistant) through the model's chat
+    // template, ending with the assistant's turn opened. Contents stay text: control-token text in
+    // them opens no turn (as tokenize's with chat).
+    std::vector<int32_t> tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const;
     std::string detokenize(std::span<const int32_t> tokens) const;  // as text: a leading word space may be dropped
     std::string piece(int32_t token) const;                         // one token's bytes, as streams concatenate them
 

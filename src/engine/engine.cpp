@@ -58,6 +58,10 @@ std::vector<int32_t> Engine::tokenize(const std::string & text, bool chat) const
     return chat ? tok.tokenize_chat({{"user", text}}) : tok.tokenize(text);
 }
 
+std::vector<int32_t> Engine::tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages) const {
+    return impl_->target->tokenizer->tokenize_chat(messages);
+}
+
 std::string Engine::detokenize(std::span<const int32_t> tokens) const {
     return impl_->target->tokenizer->detokenize({tokens.begin(), tokens.end()});
 }

@@ -32,6 +32,7 @@ std::unique_ptr<ModelBundle> ModelBundle::open(const EngineOptions & options) {
     t->model = Model::load(options.model_path, *t->backend);
     progress.step("weights");
     t->tokenizer = std::make_unique<Tokenizer>(options.model_path);
+    if (!options.chat_template.empty()) t->tokenizer->set_chat_template(options.chat_template);
     progress.step("tokenizer");
     if (t->tokenizer->n_vocab() > t->model->config().n_vocab) {
         throw Error(options.model_path + ": tokenizer has more tokens than the embedding matrix");

@@ -12,6 +12,7 @@
 #include "server/access.h"
 #include "server/gated_server.h"
 #include "server/openai.h"
+#include "server/openai_chat.h"
 #include "server/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -140,8 +141,9 @@ openai::ApiError shutting_down_error() { return openai::ApiError{503, "the serve
 // A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
 // status. While it waits the handler watches the connection, so that a client that went away
 // frees its slot at once rather than hold it for the whole generation.
+// `reply`: parses the reply for tool calls (a chat request with tools), or nullptr.
 void respond_whole(const httplib::Request & req, httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c,
-                   const std::atomic<bool> & ending) {
+                   const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
     std::string text;
     while (job->next(text) != Job::Wait::Ended) {
         if (ending) {
@@ -155,15 +157,23 @@ void respond_whole(const httplib::Request & req, httplib::Response & res, const 
     }
     const Job::Result & result = job->result();
     if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
-    send_json(res, 200, openai::response(c, text, result.finish_reason, result.stats));
+    json response = openai::response(c, text, result.finish_reason, result.stats);
+    if (reply) {
+        const ChatReply parsed = reply->finish(text);
+        openai::set_reply(response, parsed);
+        response["choices"][0]["finish_reason"] = openai::finish_reason(parsed, result.finish_reason);
+    }
+    send_json(res, 200, response);
 }
 
 // A streamed answer: server-sent events, a chunk per piece of text.
+// A reply parsed for tool calls (`reply` set) streams the content the partial parses hold, without
+// the tokens extension (its tokens' texts would not make up the delta), and the calls at the end.
 void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c, bool include_usage,
-                    const std::atomic<bool> & ending) {
+                    const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [job, c, include_usage, &ending](size_t, httplib::DataSink & sink) {
+        "text/event-stream", [job, c, include_usage, reply, &ending](size_t, httplib::DataSink & sink) {
         auto write = [&](const std::string & event) {
             if (sink.write(event.data(), event.size())) return true;
             job->cancel();  // the client went away: free the slot
@@ -181,7 +191,10 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             std::string text;
             std::vector<TokenOrigin> origins;
             const Job::Wait w = job->next(text, &origins);
-            if (w == Job::Wait::Text) {
+            if (w == Job::Wait::Text && reply) {
+                const std::string content = reply->add(text);
+                if (!content.empty() && !write(openai::sse(openai::chunk_text(c, content)))) return false;
+            } else if (w == Job::Wait::Text) {
                 json tokens = json::array();
                 for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
                 if (!write(openai::sse(openai::chunk_text(c, text, tokens)))) return false;
@@ -198,7 +211,14 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         if (!result.error.empty()) {
             write(openai::sse(openai::ApiError{500, result.error, "server_error", "", ""}.body()));
         } else {
-            if (!write(openai::sse(openai::chunk_finish(c, result.finish_reason)))) return false;
+            std::string finish_reason = result.finish_reason;
+            if (reply) {
+                const ChatReply parsed = reply->finish();
+                if (!parsed.content.empty() && !write(openai::sse(openai::chunk_text(c, parsed.content)))) return false;
+                if (!parsed.tool_calls.empty() && !write(openai::sse(openai::chunk_tool_calls(c, parsed.tool_calls)))) return false;
+                finish_reason = openai::finish_reason(parsed, result.finish_reason);
+            }
+            if (!write(openai::sse(openai::chunk_finish(c, finish_reason)))) return false;
             if (include_usage && !write(openai::sse(openai::chunk_usage(c, result.stats)))) return false;
         }
         write("data: [DONE]\n\n");
@@ -386,13 +406,19 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
     openai::Request r;
     std::vector<int32_t> prompt;
+    ChatPrompt chat;
     GenerationOptions gen;
     EarlyExitRequest early_exit;
     try {
         r = openai::parse_request(endpoint, req.body, model_id);
         try {
-            prompt = endpoint == openai::Endpoint::Chat ? t->tokenizer->tokenize_chat(r.messages, prompt_specials)
-                                                        : t->tokenizer->tokenize(r.prompt, true, prompt_specials);
+            if (endpoint == openai::Endpoint::Chat) {
+                Tokenizer::Chat rendered = t->tokenizer->tokenize_chat(r.chat, prompt_specials);
+                prompt = std::move(rendered.tokens);
+                chat = std::move(rendered.prompt);
+            } else {
+                prompt = t->tokenizer->tokenize(r.prompt, true, prompt_specials);
+            }
         } catch (const std::exception & e) {
             throw openai::ApiError{400, std::string("cannot tokenize the prompt: ") + e.what(), "invalid_request_error",
                                    endpoint == openai::Endpoint::Chat ? "messages" : "prompt", ""};
@@ -406,6 +432,9 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     gen.sampling = r.sampling;
     if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
     gen.stop_at_end_of_generation = !r.ignore_eos;
+    // tool_choice required or a named function: the chat layer's grammar of the calls. Its lazy
+    // grammar for "auto" (from a trigger on) is not applied: the reply is generated unconstrained and parsed.
+    if (openai::parses_tool_calls(r.chat) && !chat.grammar_lazy) gen.grammar = chat.grammar;
     std::shared_ptr<Job> job = s->submit(std::move(prompt), gen, early_exit);
     if (!job) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
 
@@ -415,8 +444,9 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.created = unix_now();
     c.model = model_id;
 
-    if (r.stream) respond_stream(res, job, c, r.include_usage, ending);
-    else respond_whole(req, res, job, c, ending);
+    auto reply = openai::parses_tool_calls(r.chat) ? std::make_shared<openai::ReplyStream>(std::move(chat)) : nullptr;
+    if (r.stream) respond_stream(res, job, c, r.include_usage, reply, ending);
+    else respond_whole(req, res, job, c, reply, ending);
 }
 
 }  // namespace specula

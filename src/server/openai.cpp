@@ -5,6 +5,8 @@
 #include <limits>
 
 #include "common/json_limits.h"
+#include "server/openai_chat.h"
+#include "server/openai_fields.h"
 
 namespace specula::openai {
 
@@ -18,17 +20,20 @@ json ApiError::body() const {
                   {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
-namespace {
+void bad(const std::string & param, const std::string & message) { throw ApiError{400, message, "invalid_request_error", param, ""}; }
 
-[[noreturn]] void bad(const std::string & param, const std::string & message) {
-    throw ApiError{400, message, "invalid_request_error", param, ""};
-}
-
-// A field of the wrong type or value: "'param' must be WHAT, got KIND" (the client's value by its
-// type, or a short scalar; never dumped whole).
-[[noreturn]] void must_be(const std::string & param, const std::string & what, const json & got) {
+void must_be(const std::string & param, const std::string & what, const json & got) {
     bad(param, "'" + param + "' must be " + what + ", got " + json_kind(got));
 }
+
+bool boolean(const json & v, const std::string & param) {
+    if (!v.is_boolean()) must_be(param, "a boolean", v);
+    return v.get<bool>();
+}
+
+bool has(const json & body, const char * key) { return body.contains(key) && !body.at(key).is_null(); }
+
+namespace {
 
 double number(const json & body, const char * key, double lo, double hi) {
     const json & v = body.at(key);
@@ -46,31 +51,6 @@ int64_t integer(const json & body, const char * key, int64_t lo, int64_t hi) {
     const int64_t x = v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>();
     if (x < lo || x > hi) must_be(key, "between " + std::to_string(lo) + " and " + std::to_string(hi), v);
     return x;
-}
-
-bool boolean(const json & v, const std::string & param) {
-    if (!v.is_boolean()) must_be(param, "a boolean", v);
-    return v.get<bool>();
-}
-
-bool has(const json & body, const char * key) { return body.contains(key) && !body.at(key).is_null(); }
-
-std::string message_content(const json & content, size_t i) {
-    const std::string param = "messages[" + std::to_string(i) + "].content";
-    if (content.is_string()) return content.get<std::string>();
-    if (!content.is_array()) must_be(param, "a string or an array of text parts", content);
-    std::string text;
-    for (size_t j = 0; j < content.size(); ++j) {
-        const json & part = content[j];
-        const std::string part_param = param + "[" + std::to_string(j) + "]";
-        if (!part.is_object()) must_be(part_param, "a text part ({\"type\": \"text\", \"text\": ...})", part);
-        if (!part.contains("type") || !part.at("type").is_string() || part.at("type") != "text") {
-            must_be(part_param + ".type", "\"text\" (only text parts are supported)", part.value("type", json()));
-        }
-        if (!part.contains("text") || !part.at("text").is_string()) must_be(part_param + ".text", "a string", part.value("text", json()));
-        text += part.at("text").get<std::string>();
-    }
-    return text;
 }
 
 // A parser's message quotes what it last read, which can be most of the body.
@@ -101,21 +81,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
         }
     }
     if (endpoint == Endpoint::Chat) {
-        if (!body.contains("messages")) bad("messages", "'messages' is required");
-        const json & messages = body.at("messages");
-        if (!messages.is_array() || messages.empty()) must_be("messages", "a non-empty array", messages);
-        for (size_t i = 0; i < messages.size(); ++i) {
-            const json & m = messages[i];
-            const std::string param = "messages[" + std::to_string(i) + "]";
-            if (!m.is_object()) must_be(param, "an object with 'role' and 'content'", m);
-            if (!m.contains("role")) bad(param + ".role", "'" + param + ".role' is required");
-            const json & role = m.at("role");
-            if (!role.is_string() || (role != "system" && role != "user" && role != "assistant" && role != "developer")) {
-                must_be(param + ".role", "\"system\", \"user\", \"assistant\" or \"developer\"", role);
-            }
-            if (!m.contains("content")) bad(param + ".content", "'" + param + ".content' is required");
-            r.messages.emplace_back(role == "developer" ? "system" : role.get<std::string>(), message_content(m.at("content"), i));
-        }
+        r.chat = parse_chat(body, text);
     } else {
         if (!body.contains("prompt")) bad("prompt", "'prompt' is required");
         const json & p = body.at("prompt");

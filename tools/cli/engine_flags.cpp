@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "specula/error.h"
 #include "common/model_cache.h"
@@ -20,6 +22,15 @@ void choose_drafter(DrafterSpec & spec, DrafterKind kind, const std::string & pa
     if (spec.kind != DrafterKind::None) throw Error("choose one drafter: --draft, --eagle, --eagle3 or --ngram");
     spec.kind = kind;
     spec.path = path;
+}
+
+std::string read_chat_template(const std::string & path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("--chat-template " + path + ": cannot read the file");
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (text.str().empty()) throw Error("--chat-template " + path + ": the file is empty");
+    return text.str();
 }
 
 }  // namespace
@@ -76,6 +87,9 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e) {
     sub->add_option("--tree-depth", e.tree_depth, "tree depth below the root")->capture_default_str();
     sub->add_option("--tree-branching", e.tree_branching, "dynamic tree: children per node and nodes expanded per depth")->capture_default_str();
     sub->add_option("--tree-nodes", e.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();
+    sub->add_option_function<std::string>(
+        "--chat-template", [&e](const std::string & path) { e.chat_template = read_chat_template(path); },
+        "Jinja chat template FILE used instead of the model's (chat messages, tools)");
 }
 
 }  // namespace specula::cli

@@ -1,4 +1,4 @@
-// specula command line: generate | serve | bench | make-model | convert | report. Every failure prints one line and exits 1.
+// specula command line: generate | chat | serve | bench | make-model | convert | report. Every failure prints one line and exits 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +17,7 @@ int main(int argc, char ** argv) {
     app.fallthrough();  // --quiet also after the subcommand
     specula::cli::Commands commands;
     specula::cli::register_generate(app, commands);
+    specula::cli::register_chat(app, commands);
     specula::cli::register_bench(app, commands);
     specula::cli::register_make_model(app, commands);
     specula::cli::register_convert(app, commands);

@@ -1,0 +1,205 @@
+#include "server/openai_chat.h"
+
+#include <random>
+
+#include "common/json_limits.h"
+#include "server/openai_fields.h"
+
+namespace specula::openai {
+
+using nlohmann::json;
+
+namespace {
+
+std::string string_field(const json & object, const char * key, const std::string & param) {
+    if (!object.contains(key)) bad(param, "'" + param + "' is required");
+    const json & v = object.at(key);
+    if (!v.is_string()) must_be(param, "a string", v);
+    return v.get<std::string>();
+}
+
+// A content as text: a string, text parts concatenated, or null (an assistant's calls alone).
+std::string message_content(const json & content, const std::string & param, bool may_be_null) {
+    if (content.is_string()) return content.get<std::string>();
+    if (content.is_null() && may_be_null) return "";
+    if (!content.is_array()) must_be(param, "a string or an array of text parts", content);
+    std::string text;
+    for (size_t j = 0; j < content.size(); ++j) {
+        const json & part = content[j];
+        const std::string part_param = param + "[" + std::to_string(j) + "]";
+        if (!part.is_object()) must_be(part_param, "a text part ({\"type\": \"text\", \"text\": ...})", part);
+        if (!part.contains("type") || !part.at("type").is_string() || part.at("type") != "text") {
+            must_be(part_param + ".type", "\"text\" (only text parts are supported)", part.value("type", json()));
+        }
+        text += string_field(part, "text", part_param + ".text");
+    }
+    return text;
+}
+
+// A JSON object's text (the arguments of a call): templates re-serialize them, so they must parse.
+void check_json_object(const std::string & text, const std::string & param) {
+    json parsed;
+    try {
+        parsed = parse_json(text);
+    } catch (const std::exception &) {
+        bad(param, "'" + param + "' must be a JSON object's text, and it does not parse as JSON");
+    }
+    if (!parsed.is_object()) bad(param, "'" + param + "' must be a JSON object's text, got " + json_kind(parsed));
+}
+
+std::vector<ToolCall> tool_calls(const json & calls, const std::string & param) {
+    if (!calls.is_array()) must_be(param, "an array of tool calls", calls);
+    std::vector<ToolCall> out;
+    for (size_t j = 0; j < calls.size(); ++j) {
+        const json & call = calls[j];
+        const std::string p = param + "[" + std::to_string(j) + "]";
+        if (!call.is_object()) must_be(p, "a tool call ({\"id\", \"type\": \"function\", \"function\"})", call);
+        if (has(call, "type") && call.at("type") != "function") must_be(p + ".type", "\"function\"", call.at("type"));
+        if (!call.contains("function") || !call.at("function").is_object()) must_be(p + ".function", "an object with 'name' and 'arguments'", call.value("function", json()));
+        const json & function = call.at("function");
+        ToolCall c;
+        c.id = has(call, "id") ? string_field(call, "id", p + ".id") : "";
+        c.name = string_field(function, "name", p + ".function.name");
+        c.arguments = string_field(function, "arguments", p + ".function.arguments");
+        check_json_object(c.arguments, p + ".function.arguments");
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
+ChatMessage message(const json & m, size_t i) {
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) must_be(param, "an object with 'role' and 'content'", m);
+    if (!m.contains("role")) bad(param + ".role", "'" + param + ".role' is required");
+    const json & role = m.at("role");
+    if (!role.is_string() || (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool")) {
+        must_be(param + ".role", "\"system\", \"developer\", \"user\", \"assistant\" or \"tool\"", role);
+    }
+    ChatMessage out;
+    out.role = role == "developer" ? "system" : role.get<std::string>();
+    const bool assistant = out.role == "assistant";
+    if (assistant && has(m, "tool_calls")) out.tool_calls = tool_calls(m.at("tool_calls"), param + ".tool_calls");
+    if (!m.contains("content") && !(assistant && !out.tool_calls.empty())) bad(param + ".content", "'" + param + ".content' is required");
+    if (m.contains("content")) out.content = message_content(m.at("content"), param + ".content", assistant && !out.tool_calls.empty());
+    if (out.role == "tool") out.tool_call_id = string_field(m, "tool_call_id", param + ".tool_call_id");
+    return out;
+}
+
+// `ordered`: the same tool as the client wrote it; its schema keeps the client's key order, which
+// the template prints (as llama.cpp's server does).
+ChatTool tool(const json & t, const nlohmann::ordered_json & ordered, size_t i) {
+    const std::string param = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) must_be(param, "a tool ({\"type\": \"function\", \"function\": {...}})", t);
+    if (string_field(t, "type", param + ".type") != "function") must_be(param + ".type", "\"function\"", t.at("type"));
+    if (!t.contains("function") || !t.at("function").is_object()) must_be(param + ".function", "an object with 'name'", t.value("function", json()));
+    const json & f = t.at("function");
+    ChatTool out;
+    out.name = string_field(f, "name", param + ".function.name");
+    if (out.name.empty()) bad(param + ".function.name", "'" + param + ".function.name' must not be empty");
+    if (has(f, "description")) out.description = string_field(f, "description", param + ".function.description");
+    out.parameters = R"({"type":"object","properties":{}})";  // none or {}: no arguments, as llama.cpp reads it
+    if (has(f, "parameters")) {
+        const json & p = f.at("parameters");
+        if (!p.is_object()) must_be(param + ".function.parameters", "a JSON schema object", p);
+        if (!p.empty()) out.parameters = ordered.at("function").at("parameters").dump();
+    }
+    return out;
+}
+
+// "auto" | "none" | "required" | {"type": "function", "function": {"name": NAME}}.
+void apply_tool_choice(const json & v, ChatInput & chat) {
+    if (v.is_string() && (v == "auto" || v == "none" || v == "required")) {
+        chat.tool_choice = v == "auto" ? ToolChoice::Auto : v == "none" ? ToolChoice::None : ToolChoice::Required;
+    } else if (v.is_object()) {
+        if (v.value("type", json()) != "function" || !v.contains("function") || !v.at("function").is_object()) {
+            must_be("tool_choice", "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}", v);
+        }
+        const std::string name = string_field(v.at("function"), "name", "tool_choice.function.name");
+        std::vector<ChatTool> named;
+        for (const ChatTool & t : chat.tools) {
+            if (t.name == name) named.push_back(t);
+        }
+        if (named.empty()) bad("tool_choice", "'tool_choice' names the function " + json_quoted(name) + ", which is not among the 'tools'");
+        chat.tools = std::move(named);
+        chat.tool_choice = ToolChoice::Required;
+    } else {
+        must_be("tool_choice", "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}", v);
+    }
+    if (chat.tool_choice == ToolChoice::Required && chat.tools.empty()) bad("tool_choice", "'tool_choice' requires a tool call, and no 'tools' are given");
+}
+
+}  // namespace
+
+ChatInput parse_chat(const json & body, const std::string & text) {
+    if (!body.contains("messages")) bad("messages", "'messages' is required");
+    const json & messages = body.at("messages");
+    if (!messages.is_array() || messages.empty()) must_be("messages", "a non-empty array", messages);
+    ChatInput chat;
+    for (size_t i = 0; i < messages.size(); ++i) chat.messages.push_back(message(messages[i], i));
+    if (has(body, "tools")) {
+        const json & tools = body.at("tools");
+        if (!tools.is_array()) must_be("tools", "an array of tools", tools);
+        const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text);  // parsed whole once already: depth and syntax hold
+        for (size_t i = 0; i < tools.size(); ++i) chat.tools.push_back(tool(tools[i], ordered.at("tools").at(i), i));
+    }
+    chat.parallel_tool_calls = has(body, "parallel_tool_calls") ? boolean(body.at("parallel_tool_calls"), "parallel_tool_calls") : true;
+    if (has(body, "tool_choice")) apply_tool_choice(body.at("tool_choice"), chat);
+    return chat;
+}
+
+bool parses_tool_calls(const ChatInput & input) { return !input.tools.empty() && input.tool_choice != ToolChoice::None; }
+
+std::string ReplyStream::add(const std::string & text) {
+    text_ += text;
+    const std::string content = ChatTemplate::parse(prompt_, text_, /*partial=*/true).content;
+    return take_unsent(content);
+}
+
+// Sent text cannot be taken back: only a content that extends what was sent adds to it.
+std::string ReplyStream::take_unsent(const std::string & content) {
+    if (content.size() <= sent_.size() || content.compare(0, sent_.size(), sent_) != 0) return "";
+    std::string delta = content.substr(sent_.size());
+    sent_ = content;
+    return delta;
+}
+
+ChatReply ReplyStream::finish(const std::string & rest) {
+    text_ += rest;
+    ChatReply reply = ChatTemplate::parse(prompt_, text_, /*partial=*/false);
+    reply.content = take_unsent(reply.content);
+    std::random_device random;
+    for (ToolCall & call : reply.tool_calls) {
+        if (call.id.empty()) call.id = "call_" + std::to_string(random()) + std::to_string(random());
+    }
+    return reply;
+}
+
+namespace {
+json tool_calls_json(const std::vector<ToolCall> & calls, bool indexed) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+        json call{{"id", calls[i].id}, {"type", "function"}, {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+        if (indexed) call["index"] = i;
+        out.push_back(std::move(call));
+    }
+    return out;
+}
+}  // namespace
+
+void set_reply(json & response, const ChatReply & reply) {
+    json & message = response["choices"][0]["message"];
+    message["content"] = reply.content.empty() && !reply.tool_calls.empty() ? json(nullptr) : json(reply.content);
+    if (!reply.tool_calls.empty()) message["tool_calls"] = tool_calls_json(reply.tool_calls, false);
+}
+
+json chunk_tool_calls(const Completion & c, const std::vector<ToolCall> & calls) {
+    json j = chunk_text(c, "");
+    j["choices"][0]["delta"] = json{{"tool_calls", tool_calls_json(calls, true)}};
+    return j;
+}
+
+std::string finish_reason(const ChatReply & reply, const std::string & generation_finish) {
+    return !reply.tool_calls.empty() && generation_finish == "stop" ? "tool_calls" : generation_finish;
+}
+
+}  // namespace specula::openai

@@ -1,0 +1,20 @@
+#pragma once
+// The field checks of request bodies (server/openai.cpp, server/openai_chat.cpp): each refusal is
+// an ApiError 400 naming the field, the value shown by its JSON type, never dumped.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace specula::openai {
+
+[[noreturn]] void bad(const std::string & param, const std::string & message);
+// A field of the wrong type or value: "'param' must be WHAT, got KIND".
+[[noreturn]] void must_be(const std::string & param, const std::string & what, const nlohmann::json & got);
+bool boolean(const nlohmann::json & v, const std::string & param);
+bool has(const nlohmann::json & body, const char * key);  // present and not null
+// body[key] as a finite number within lo..hi, or an integer within lo..hi.
+double number(const nlohmann::json & body, const char * key, double lo, double hi);
+int64_t integer(const nlohmann::json & body, const char * key, int64_t lo, int64_t hi);
+
+}  // namespace specula::openai

@@ -1,0 +1,132 @@
+#include "tokenizer/chat_template.h"
+
+#include <regex>
+
+#include "chat.h"
+#include "json-schema-to-grammar.h"
+#include "llama.h"
+#include "specula/error.h"
+
+namespace specula {
+
+struct ReplyFormat {
+    common_chat_parser_params params;
+};
+
+namespace {
+common_chat_templates_ptr init_templates(const llama_model * vocab_model, const std::string & source) {
+    try {
+        return common_chat_templates_init(vocab_model, source);
+    } catch (const std::exception & e) {
+        throw Error(std::string("the chat template does not parse as Jinja: ") + e.what());
+    }
+}
+
+common_chat_msg to_common(const ChatMessage & m) {
+    common_chat_msg out;
+    out.role = m.role;
+    out.content = m.content;
+    for (const ToolCall & c : m.tool_calls) out.tool_calls.push_back({c.name, c.arguments, c.id});
+    out.tool_call_id = m.tool_call_id;
+    return out;
+}
+
+// The chat layer's grammar as the engine applies it, from the reply's first token. llama.cpp's
+// tool-call grammars begin with the generation prompt, which its sampler is fed before the reply,
+// so the root rule drops that literal; and they let text precede the calls ("until-N?", up to the
+// first call's marker), which a required call drops too, so that the reply is the calls (content
+// null, as OpenAI answers a required call) rather than text that may run to max_tokens. A grammar
+// of another shape stays unused (empty): the reply is then generated unconstrained and parsed.
+std::string grammar_of_reply(const std::string & gbnf, const std::string & generation_prompt) {
+    if (gbnf.empty()) return gbnf;
+    const std::string head = "root ::= " + (generation_prompt.empty() ? "" : gbnf_format_literal(generation_prompt) + " ");
+    for (size_t at = gbnf.find(head); at != std::string::npos; at = gbnf.find(head, at + 1)) {
+        const size_t body = at + head.size();
+        const size_t line_end = gbnf.find('\n', at);
+        std::string root = gbnf.substr(body, line_end == std::string::npos ? std::string::npos : line_end - body);
+        if ((at != 0 && gbnf[at - 1] != '\n') || root.find('|') != std::string::npos) continue;
+        const std::regex preamble(R"(^((?:space )?)until-[0-9]+\? )");
+        root = std::regex_replace(root, preamble, "$1", std::regex_constants::format_first_only);
+        return gbnf.substr(0, at) + "root ::= " + root + (line_end == std::string::npos ? "" : gbnf.substr(line_end));
+    }
+    return "";
+}
+
+common_chat_tool_choice to_common(ToolChoice choice) {
+    switch (choice) {
+        case ToolChoice::None: return COMMON_CHAT_TOOL_CHOICE_NONE;
+        case ToolChoice::Required: return COMMON_CHAT_TOOL_CHOICE_REQUIRED;
+        case ToolChoice::Auto: break;
+    }
+    return COMMON_CHAT_TOOL_CHOICE_AUTO;
+}
+}  // namespace
+
+ChatTemplate::ChatTemplate(const llama_model * vocab_model, bool gemma_turns, const std::string & source)
+    : templates_(nullptr, common_chat_templates_free) {
+    common_chat_templates_ptr made;
+    if (!source.empty() || llama_model_chat_template(vocab_model, nullptr)) {
+        made = init_templates(vocab_model, source);
+    } else if (gemma_turns) {
+        // llama.cpp's built-in gemma template, rendered by libllama (the chat layer's route for a
+        // template it knows by name); the Jinja engine would print the name as text.
+        made = init_templates(vocab_model, "gemma");
+        jinja_ = false;
+        builtin_ = "gemma";
+    } else {
+        made = init_templates(vocab_model, "");  // the chat layer's Jinja chatml
+    }
+    templates_.reset(made.release());
+}
+
+ChatTemplate::~ChatTemplate() = default;
+
+ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) const {
+    if (!jinja_ && !input.tools.empty()) {
+        throw Error("the model has no chat template of its own and llama.cpp's built-in \"" + builtin_ +
+                    "\" template describes no tools: give a Jinja template with tool support (--chat-template FILE)");
+    }
+    common_chat_templates_inputs in;
+    in.use_jinja = jinja_;
+    in.add_generation_prompt = add_assistant;
+    for (const ChatMessage & m : input.messages) in.messages.push_back(to_common(m));
+    for (const ChatTool & t : input.tools) in.tools.push_back({t.name, t.description, t.parameters});
+    in.tool_choice = to_common(input.tool_choice);
+    in.parallel_tool_calls = input.parallel_tool_calls;
+    in.reasoning_format = COMMON_REASONING_FORMAT_NONE;  // a reasoning section stays in the content, never dropped
+    common_chat_params params;
+    try {
+        params = common_chat_templates_apply(templates_.get(), in);
+    } catch (const std::exception & e) {
+        throw Error(std::string("the chat template cannot render these messages: ") + e.what());
+    }
+    ChatPrompt out;
+    out.text = std::move(params.prompt);
+    // Lazy grammars (tool choice auto) are left as the chat layer made them, unused by the server.
+    out.grammar = params.grammar_lazy ? params.grammar : grammar_of_reply(params.grammar, params.generation_prompt);
+    out.grammar_lazy = params.grammar_lazy;
+    out.additional_stops = std::move(params.additional_stops);
+    auto format = std::make_shared<ReplyFormat>();
+    format->params = common_chat_parser_params(params);
+    format->params.reasoning_format = COMMON_REASONING_FORMAT_NONE;
+    format->params.parse_tool_calls = !input.tools.empty() && input.tool_choice != ToolChoice::None;
+    if (!params.parser.empty()) format->params.parser.load(params.parser);
+    out.reply_format = std::move(format);
+    return out;
+}
+
+ChatReply ChatTemplate::parse(const ChatPrompt & prompt, const std::string & reply, bool partial) {
+    if (!prompt.reply_format) return {reply, {}};
+    common_chat_msg msg;
+    try {
+        msg = common_chat_parse(reply, partial, prompt.reply_format->params);
+    } catch (const std::exception &) {
+        return {reply, {}};  // not the template's format: all of it is text
+    }
+    ChatReply out;
+    out.content = std::move(msg.content);
+    for (common_chat_tool_call & c : msg.tool_calls) out.tool_calls.push_back({std::move(c.id), std::move(c.name), std::move(c.arguments)});
+    return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,90 @@
+#pragma once
+// Chat templates through llama.cpp's chat layer (common/chat.h): the model's Jinja template (or one
+// given with --chat-template FILE) renders system, user, assistant and tool messages and the tools
+// offered; the same layer gives the grammar a tool choice asks for and parses a reply back into
+// content and tool calls. A file without a template gets llama.cpp's built-in one its vocabulary's
+// turn tokens name ("gemma"), rendered by libllama without tools, else llama.cpp's Jinja chatml.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+struct llama_model;
+struct common_chat_templates;
+
+namespace specula {
+
+struct ToolCall {
+    std::string id;
+    std::string name;
+    std::string arguments;  // a JSON object's text
+};
+
+struct ChatMessage {
+    std::string role;  // system, user, assistant or tool
+    std::string content;
+    std::vector<ToolCall> tool_calls;  // assistant
+    std::string tool_call_id;          // tool: the call it answers
+};
+
+struct ChatTool {
+    std::string name;
+    std::string description;
+    std::string parameters;  // a JSON schema's text
+};
+
+enum class ToolChoice {
+    Auto,      // the model decides between text and calls
+    None,      // text only, the tools still described
+    Required,  // at least one call (a named function: the tools cut to that one)
+};
+
+struct ChatInput {
+    std::vector<ChatMessage> messages;
+    std::vector<ChatTool> tools;
+    ToolChoice tool_choice = ToolChoice::Auto;
+    bool parallel_tool_calls = false;
+};
+
+// How one rendering's replies parse (the chat layer's parser for that template and tools).
+struct ReplyFormat;
+
+struct ChatPrompt {
+    std::string text;  // the rendering, without the BOS the vocabulary adds
+    // GBNF the reply must follow (tool choice required), or empty. A lazy grammar applies only
+    // from one of its triggers on (tool choice auto); grammar_lazy says so.
+    std::string grammar;
+    bool grammar_lazy = false;
+    std::vector<std::string> additional_stops;
+    std::shared_ptr<const ReplyFormat> reply_format;
+};
+
+struct ChatReply {
+    std::string content;
+    std::vector<ToolCall> tool_calls;
+};
+
+class ChatTemplate {
+public:
+    // `source`: Jinja text replacing the model's template; empty: the model's, or the fallback
+    // above. Throws Error for a template that does not parse.
+    ChatTemplate(const llama_model * vocab_model, bool gemma_turns, const std::string & source);
+    ~ChatTemplate();
+
+    // Throws Error naming what the template cannot render (tools on a built-in template, a
+    // malformed tool schema or call arguments, a template that fails).
+    ChatPrompt render(const ChatInput & input, bool add_assistant = true) const;
+    // The reply (`partial`: so far, while it streams) as content and tool calls. Text the parser
+    // cannot place stays content, as llama.cpp's lenient parse keeps it.
+    static ChatReply parse(const ChatPrompt & prompt, const std::string & reply, bool partial);
+    bool jinja() const { return jinja_; }
+    // "jinja" or the built-in template's name.
+    std::string name() const { return jinja_ ? "jinja" : builtin_; }
+
+private:
+    std::unique_ptr<common_chat_templates, void (*)(common_chat_templates *)> templates_;
+    bool jinja_ = true;
+    std::string builtin_;
+};
+
+}  // namespace specula

@@ -1,0 +1,83 @@
+"""Tool calls through `specula serve` with the `openai` Python client: the bundled target (no chat
+template of its own) with tests/chat/tool_template.jinja given by --chat-template, so that the chat
+layer describes the tools, constrains a required call with its grammar and parses the reply into
+message.tool_calls. Each test states the breakage it catches."""
+import json
+import os
+
+import openai
+import pytest
+
+from serving import DRAFT, ROOT, serve
+
+TEMPLATE = os.path.join(ROOT, "tests", "chat", "tool_template.jinja")
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+# With parallel_tool_calls false, the bundled model's end-of-generation token (</s>, id 2) biased
+# up: the grammar bans it until a call is complete, so the reply ends after one call; the
+# random-weight model would otherwise go on calling until max_tokens (the grammar lets tagged calls
+# follow calls).
+END_AFTER_THE_CALL = {"2": 100}
+
+
+@pytest.fixture(scope="module")
+def client():
+    with serve("--draft", DRAFT, "--parallel", "2", "-c", "1024", "--chat-template", TEMPLATE) as (_, base):
+        yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_a_named_function_is_called_with_json_arguments_and_its_result_answered(client):
+    """Catches: tools or tool_choice not reaching the template or the grammar, a reply left as text
+    instead of tool_calls, arguments that are not JSON, finish_reason not "tool_calls", or a
+    tool-result message refused."""
+    first = client.chat.completions.create(
+        model="specula-target", messages=QUESTION, tools=[WEATHER], max_tokens=200, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
+        logit_bias=END_AFTER_THE_CALL)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert len(choice.message.tool_calls) >= 1
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)
+    assert call.id
+    messages = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(include={"id", "type", "function"})]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+    second = client.chat.completions.create(model="specula-target", messages=messages, tools=[WEATHER], tool_choice="none",
+                                            max_tokens=8, temperature=0)
+    assert second.choices[0].message.tool_calls is None
+    assert isinstance(second.choices[0].message.content, str)
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_a_required_call_streams_as_tool_call_deltas(client):
+    """Catches: a stream that sends the call's markup as content, or no delta.tool_calls."""
+    stream = client.chat.completions.create(model="specula-target", messages=QUESTION, tools=[WEATHER], tool_choice="required",
+                                            parallel_tool_calls=False, logit_bias=END_AFTER_THE_CALL, max_tokens=200, temperature=0, stream=True)
+    calls, finish = {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            assert "<tool_call>" not in (c.delta.content or "")
+            for d in c.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls"
+    assert calls[0]["name"] == "get_weather"
+    assert isinstance(json.loads(calls[0]["arguments"]), dict)
+
+
+def test_bad_tool_fields_are_refused_naming_the_field(client):
+    """Catches: a named function that is not among the tools, or a tool result without its call's
+    id, passed to the template instead of refused with 400."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="specula-target", messages=QUESTION, tools=[WEATHER],
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert e.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="specula-target", messages=QUESTION + [{"role": "tool", "content": "18 C"}])
+    assert e.value.body["param"] == "messages[1].tool_call_id"
