@@ -17,6 +17,12 @@ DraftModelDrafter::DraftModelDrafter(const Model & model, std::shared_ptr<ModelR
     if (&runner_->network() != &model) throw Error("DraftModelDrafter: the runner runs another network");
 }
 
+void DraftModelDrafter::copy_state(const Drafter & other) {
+    const auto * from = dynamic_cast<const DraftModelDrafter *>(&other);
+    if (!from || from->cache_->id() != cache_->id()) return reset();
+    cache_->copy_from(*from->cache_, from->cache_->size());
+}
+
 void DraftModelDrafter::accept(const Acceptance & a) { cache_->rollback(std::min(cache_->size(), a.n_valid)); }
 
 void DraftModelDrafter::start(const DraftRequest & req) {

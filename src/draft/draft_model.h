@@ -32,6 +32,7 @@ public:
         cache_->rollback(std::min(cache_->size(), n_common));
         return n_common;
     }
+    void copy_state(const Drafter & other) override;
 
     const KvCache & cache() const { return *cache_; }
 

@@ -104,6 +104,13 @@ public:
         reset();
         return 0;
     }
+    // Takes `other`'s state (a drafter of the same group, whose sequence has the same tokens so
+    // far) as its own: one prompt prefilled for several sequences (a request's n choices). A
+    // drafter that cannot copy resets, and keep_prefix() then asks for what it lacks.
+    virtual void copy_state(const Drafter & other) {
+        (void)other;
+        reset();
+    }
 };
 
 // What run_drafts did: how many forwards it ran, and each level's wall time (its forwards and

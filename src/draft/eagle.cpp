@@ -29,22 +29,49 @@ void EagleDrafter::reset() {
 
 int EagleDrafter::keep_prefix(int n_common, int n_prompt) {
     const int window_start = std::max(0, n_prompt - 1 - prompt_window_);
+    const int width = head_.feature_width();
+    const int entries_end = first_position_ + cache_->size();
     // Entry P pairs token P + 1 with the target's features at P: common while P + 1 < n_common.
-    const int end = std::min(first_position_ + cache_->size(), n_common - 1);
-    if (first_position_ > window_start || end <= window_start || cache_->n_layers() != 1) {
+    const int common_entries_end = std::min(entries_end, n_common - 1);
+    // Features pending right after the entries are the target's at P: common while P < n_common.
+    int features_end = common_entries_end;
+    if (common_entries_end == entries_end && pending_first_ == entries_end) {
+        features_end = std::min(pending_first_ + static_cast<int>(pending_.size() / width), n_common);
+    }
+    if (first_position_ > window_start || features_end <= window_start || cache_->n_layers() != 1) {
         reset();
         return std::min(n_common, window_start);
     }
-    cache_->rollback(end - first_position_);
-    if (window_start > first_position_) {
-        std::vector<int> kept(end - window_start);
-        for (size_t i = 0; i < kept.size(); ++i) kept[i] = window_start - first_position_ + static_cast<int>(i);
+    // The entries from the window's start on, moved down to slot 0 when the window moved on.
+    const int keep_from = window_start - first_position_, keep_to = common_entries_end - first_position_;
+    cache_->rollback(std::max(0, keep_to));
+    if (keep_to <= keep_from) {
+        cache_->rollback(0);
+    } else if (keep_from > 0) {
+        std::vector<int> kept(keep_to - keep_from);
+        for (size_t i = 0; i < kept.size(); ++i) kept[i] = keep_from + static_cast<int>(i);
         cache_->compact(0, kept);
     }
     first_position_ = window_start;
-    pending_.clear();
-    pending_first_ = end;
-    return end;
+    const int pending_from = std::max(pending_first_, window_start);
+    if (features_end > common_entries_end) {
+        pending_.resize(static_cast<size_t>(features_end - pending_first_) * width);
+        pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(pending_from - pending_first_) * width);
+        pending_first_ = pending_from;
+    } else {
+        pending_.clear();
+        pending_first_ = features_end;
+    }
+    return features_end;
+}
+
+void EagleDrafter::copy_state(const Drafter & other) {
+    const auto * from = dynamic_cast<const EagleDrafter *>(&other);
+    if (!from || &from->head_ != &head_ || from->cache_->id() != cache_->id()) return reset();
+    cache_->copy_from(*from->cache_, from->cache_->size());
+    first_position_ = from->first_position_;
+    pending_ = from->pending_;
+    pending_first_ = from->pending_first_;
 }
 
 void EagleDrafter::accept(const Acceptance & a) {

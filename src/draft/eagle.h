@@ -40,11 +40,12 @@ public:
     void reset() override;
     // A cold start's entries are the prompt's last prompt_window positions. The head's entries of
     // the common prefix within that window are kept (slid down when the window moved on: a
-    // one-layer head's K/V rows depend on their own entry only), up to the one before the last
-    // common token, so that the target's prefill hands over at least one position's features and
-    // the catch-up block's last row drafts the root, as cold. A window that starts before the
-    // kept entries needs features the head never kept: reset, and the target prefills from there.
+    // one-layer head's K/V rows depend on their own entry only), and the target features pending
+    // after them up to the last common token: the target's prefill hands over the rest. A window
+    // that starts before what the head kept needs features it never had: reset, and the target
+    // prefills from there.
     int keep_prefix(int n_common, int n_prompt) override;
+    void copy_state(const Drafter & other) override;
     std::vector<int> feature_layers() const override { return head_.config().target_layers; }
 
     const KvCache & cache() const { return *cache_; }

@@ -33,6 +33,13 @@ int LookupGraftDrafter::keep_prefix(int n_common, int n_prompt) {
     return model_->keep_prefix(n_common, n_prompt);
 }
 
+void LookupGraftDrafter::copy_state(const Drafter & other) {
+    forget_chances();
+    const auto * from = dynamic_cast<const LookupGraftDrafter *>(&other);
+    if (from) model_->copy_state(*from->model_);
+    else model_->reset();
+}
+
 void LookupGraftDrafter::forget_chances() {
     unchecked_.clear();
     searched_ = ProposedChain{};

@@ -43,6 +43,7 @@ public:
     // The model drafter's state as its own keep_prefix() leaves it; lookup's learned chances start
     // afresh, as on a cold start.
     int keep_prefix(int n_common, int n_prompt) override;
+    void copy_state(const Drafter & other) override;
 
     // The learned chance that lookup's token at `depth` (1: the first below the root) continues the text.
     double step_prob(int depth) const;

@@ -154,16 +154,28 @@ void KvCache::compact(int base, std::span<const int> kept) {
     for (size_t i = 0; i < kept.size(); ++i) {
         if (kept[i] != static_cast<int>(i)) moves.emplace_back(base + kept[i], base + static_cast<int>(i));
     }
-    if (!moves.empty()) {
-        for (const KvStorage::Part & part : storage_->parts) {
-            if (ggml_backend_buffer_is_host(part.buffer)) {
-                move_slots_on_host(moves, part.layers);
-            } else {
-                move_slots_on_device(moves, part.layers, part.device);
-            }
+    if (!moves.empty()) move_slots(moves);
+    size_ = base + static_cast<int>(kept.size());
+}
+
+void KvCache::copy_from(const KvCache & source, int n) {
+    if (source.storage_ != storage_) throw Error("KV copy: the source stream belongs to another storage");
+    if (n < 0 || n > source.size_ || n > capacity_) throw Error("KV copy: " + std::to_string(n) + " slots outside the source or this stream");
+    if (&source == this) return rollback(n);
+    std::vector<std::pair<int, int>> moves;
+    for (int i = 0; i < n; ++i) moves.emplace_back(source.offset_ - offset_ + i, i);
+    if (!moves.empty()) move_slots(moves);
+    size_ = n;
+}
+
+void KvCache::move_slots(std::span<const std::pair<int, int>> moves) {
+    for (const KvStorage::Part & part : storage_->parts) {
+        if (ggml_backend_buffer_is_host(part.buffer)) {
+            move_slots_on_host(moves, part.layers);
+        } else {
+            move_slots_on_device(moves, part.layers, part.device);
         }
     }
-    size_ = base + static_cast<int>(kept.size());
 }
 
 // A slot is a row of n_embd_kv F16 values in K and in a row-major V, and a column of a transposed V.
@@ -190,7 +202,8 @@ void KvCache::move_slots_on_host(std::span<const std::pair<int, int>> moves, std
 
 // One graph of copies between views of the cache's own tensors, run by the device that holds
 // them: the rows never cross to the host (a GPU or an RPC server keeps them where they are).
-// The copies run in order, and each reads a slot above every slot written before it.
+// The copies run in order, and none reads a slot an earlier one wrote: a compaction reads above
+// every slot written before, a copy reads another stream.
 void KvCache::move_slots_on_device(std::span<const std::pair<int, int>> moves, std::span<const int> layers, ggml_backend * device) {
     const size_t n_copies = moves.size() * 2 * layers.size();
     const size_t n_nodes = std::max<size_t>(GGML_DEFAULT_GRAPH_SIZE, n_copies);

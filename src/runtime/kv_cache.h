@@ -59,6 +59,10 @@ public:
     // tree verification: the accepted path's rows were written at their tree positions. The rows
     // move where they are: in memory for a host buffer, by copies the device runs otherwise.
     void compact(int base, std::span<const int> kept);
+    // This stream becomes a copy of `source`'s first n slots (another stream of the same storage):
+    // one prompt's rows shared by several sequences without computing them again. The rows move
+    // as compact() moves them.
+    void copy_from(const KvCache & source, int n);
 
     // Runtime side: the forward reserves a block of n slots after size() and writes into them.
     int append(int n);  // returns the block's first slot; throws Error if it does not fit
@@ -70,6 +74,9 @@ public:
 
 private:
     KvCache(std::shared_ptr<KvStorage> storage, int offset, int capacity);
+    // Moves the slots (stream slot from -> to; `from` may lie in another stream of the storage) on
+    // every device part.
+    void move_slots(std::span<const std::pair<int, int>> moves);
     // Moves the slots in the listed layers (those of one device).
     void move_slots_on_host(std::span<const std::pair<int, int>> moves, std::span<const int> layers);
     void move_slots_on_device(std::span<const std::pair<int, int>> moves, std::span<const int> layers, ggml_backend * device);
