@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "specula/specula.h"
 #include "constrain/grammar.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
@@ -378,6 +379,67 @@ TEST(LogitsProcessing, OptionsOutOfRangeAreErrorsBeforeAnyToken) {
     o.grammar.clear();
     o.sampling.logit_bias = {{m.tokenizer.n_vocab(), 1.0f}};
     EXPECT_NE(test::error_message([&] { m.speculative(small, prompt, o); }).find("outside the"), std::string::npos);
+}
+
+// Through Engine::generate: plain decoding and an EAGLE-3 head's policy-sized trees (lookup
+// grafted) give the same tokens and logprobs, also the second time, when the engine's prefix
+// cache holds the prompt and plain decoding prefills only the rest (the penalties still count the
+// whole prompt).
+TEST(LogitsProcessing, TheEngineGivesPlainAndSpeculativeGenerationTheSameProcessingAlsoOnACachedPrefix) {
+    auto open = [](DrafterSpec drafter) {
+        EngineOptions o;
+        o.model_path = test::shipped_model("specula-target.gguf");
+        o.drafter = std::move(drafter);
+        o.n_ctx = 256;
+        o.n_threads = 1;
+        return Engine::open(o);
+    };
+    const auto plain = open({});
+    const auto spec = open(DrafterSpec{DrafterKind::Eagle3, test::shipped_model("specula-eagle3.gguf")});
+    GenerationOptions o;
+    o.n_predict = 24;
+    o.sampling.repeat_penalty = 1.5f, o.sampling.penalty_last_n = -1;
+    o.grammar = R"(root ::= [a-z ,]+ ".")";
+    o.top_logprobs = 2;
+    std::vector<std::vector<TokenLogprob>> runs;
+    std::vector<std::vector<int32_t>> tokens;
+    const std::vector<int32_t> prompt = plain->tokenize("Once upon a time, the little cat");
+    for (Engine * e : {plain.get(), plain.get(), spec.get(), spec.get()}) {
+        GenerationOptions with = o;
+        runs.emplace_back();
+        with.on_logprob = [&](const TokenLogprob & lp) { runs.back().push_back(lp); };
+        tokens.emplace_back();
+        e->generate(prompt, with, [&](int32_t t) {
+            EXPECT_EQ(runs.back().size(), tokens.back().size() + 1) << "a token's logprob comes before it";
+            tokens.back().push_back(t);
+            return true;
+        });
+    }
+    for (size_t r = 1; r < runs.size(); ++r) {
+        EXPECT_EQ(tokens[r], tokens[0]) << "run " << r;
+        ASSERT_EQ(runs[r].size(), runs[0].size()) << "run " << r;
+        for (size_t i = 0; i < runs[0].size(); ++i) {
+            EXPECT_EQ(runs[r][i].logprob, runs[0][i].logprob) << "run " << r << ", token " << i;
+            EXPECT_EQ(runs[r][i].top, runs[0][i].top) << "run " << r << ", token " << i;
+        }
+    }
+}
+
+TEST(LogitsProcessing, SpecEEsLossyModeRefusesWhatItCannotHonour) {
+    GenerationOptions o;
+    EXPECT_NO_THROW(check_lossy_early_exit_options(o));
+    auto refused = [](GenerationOptions x) { return test::error_message([&] { check_lossy_early_exit_options(x); }); };
+    o.grammar = "root ::= \"a\"";
+    EXPECT_NE(refused(o).find("does not support a grammar"), std::string::npos) << refused(o);
+    o = {};
+    o.sampling.logit_bias = {{1, 1.0f}};
+    EXPECT_NE(refused(o).find("logit bias"), std::string::npos);
+    o = {};
+    o.sampling.frequency_penalty = 0.5f;
+    EXPECT_NE(refused(o).find("penalties"), std::string::npos);
+    o = {};
+    o.top_logprobs = 0;
+    EXPECT_NE(refused(o).find("logprobs"), std::string::npos);
 }
 
 // ---- The processed target's law at T > 0 ----------------------------------------------------
