@@ -5,8 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "server/openai.h"
+#include "server/openai_generation.h"
+#include "server/token_routes.h"
 #include "specula/error.h"
+#include "test_models.h"
 #include "tokenizer/stop_strings.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula {
 namespace {
@@ -66,6 +71,144 @@ TEST(StopStrings, AnOverlappingPartialMatchStillFindsTheStop) {
     StopStrings stops({"aab"});
     EXPECT_EQ(joined(feed(stops, {"x", "a", "a", "a", "b", "y"})), "xa");
     EXPECT_TRUE(stops.stopped());
+}
+
+using openai::Endpoint;
+const std::string kChat = R"({"messages": [{"role": "user", "content": "hi"}], )";
+const std::string kCompletion = R"({"prompt": "x", )";
+
+openai::Request parsed(Endpoint e, const std::string & body) { return openai::parse_request(e, body, "specula-target"); }
+
+// The refusal of a body, or status 0 when it was accepted.
+openai::ApiError refusal(Endpoint e, const std::string & body) {
+    try {
+        parsed(e, body);
+    } catch (const openai::ApiError & error) {
+        return error;
+    }
+    return openai::ApiError{0, "accepted", "", "", ""};
+}
+
+// Catches: stop strings refused, dropped, or accepted beyond OpenAI's four or empty.
+TEST(RequestFields, StopIsAStringOrUpToFourNonEmptyStrings) {
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("stop": "\n"})").stop, std::vector<std::string>{"\n"});
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("stop": ["a", "bc"]})").stop, (std::vector<std::string>{"a", "bc"}));
+    EXPECT_TRUE(parsed(Endpoint::Completions, kCompletion + R"("stop": []})").stop.empty());
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop": ["a", "b", "c", "d", "e"]})").param, "stop");
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop": ["a", ""]})").param, "stop");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("stop": [1]})").param, "stop");
+}
+
+// Catches: penalties refused or dropped on their way to SamplingParams, or accepted out of range.
+TEST(RequestFields, PenaltiesReachTheSamplingParameters) {
+    const openai::Request r = parsed(Endpoint::Completions, kCompletion + R"("presence_penalty": 0.5, "frequency_penalty": -1, "repeat_penalty": 1.3, "repeat_last_n": -1})");
+    EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -1.0f);
+    EXPECT_FLOAT_EQ(r.sampling.repeat_penalty, 1.3f);
+    EXPECT_EQ(r.sampling.penalty_last_n, -1);
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("presence_penalty": 2.5})").param, "presence_penalty");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("repeat_penalty": 0})").param, "repeat_penalty");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("repeat_last_n": -2})").param, "repeat_last_n");
+}
+
+// Catches: logit_bias dropped, keys that are not token ids or biases beyond -100..100 accepted, an
+// id outside the vocabulary reaching the engine.
+TEST(RequestFields, LogitBiasIsTokenIdsToBiasesWithinTheVocabulary) {
+    const openai::Request r = parsed(Endpoint::Chat, kChat + R"("logit_bias": {"42": -100, "7": 2.5}})");
+    EXPECT_EQ(r.sampling.logit_bias.size(), 2u);
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"hello": 1}})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"5": 101}})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"5": 1, "05": 2}})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[5, 1]]})").param, "logit_bias");
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    EXPECT_NO_THROW(openai::check_generation(r, tok));
+    const std::string unknown = std::to_string(tok.n_vocab());
+    try {
+        openai::check_generation(parsed(Endpoint::Chat, kChat + R"("logit_bias": {")" + unknown + R"(": 1}})"), tok);
+        ADD_FAILURE() << "an id outside the vocabulary was accepted";
+    } catch (const openai::ApiError & e) {
+        EXPECT_EQ(e.status, 400);
+        EXPECT_EQ(e.param, "logit_bias");
+        EXPECT_NE(e.message.find(unknown), std::string::npos) << e.message;
+    }
+}
+
+// Catches: logprobs refused, or their two shapes (chat's flag and count, completions' count) mixed
+// up or accepted beyond their ranges.
+TEST(RequestFields, LogprobsAreChatsFlagAndCountOrCompletionsCount) {
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("logprobs": true, "top_logprobs": 3})").top_logprobs, 3);
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("logprobs": true})").top_logprobs, 0);
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("logprobs": false})").top_logprobs, -1);
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("top_logprobs": 3})").param, "top_logprobs");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logprobs": true, "top_logprobs": 21})").param, "top_logprobs");
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("logprobs": 2})").top_logprobs, 2);
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("logprobs": 6})").param, "logprobs");
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("top_logprobs": 2})").param, "top_logprobs");
+}
+
+// Catches: a field the server does not implement silently ignored, or documented metadata refused.
+TEST(RequestFields, AnUnknownFieldIsRefusedNamingItAndMetadataIsAccepted) {
+    for (const char * field : {"audio", "modalities", "prediction", "n_probs", "frobnicate"}) {
+        const openai::ApiError e = refusal(Endpoint::Chat, kChat + "\"" + field + "\": 1}");
+        EXPECT_EQ(e.status, 400) << field;
+        EXPECT_EQ(e.param, field);
+        EXPECT_NE(e.message.find(std::string("'") + field + "' is not supported"), std::string::npos) << e.message;
+    }
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("messages": []})").param, "messages");
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("echo": true})").param, "echo");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("user": "u1", "metadata": {"k": "v"}, "store": false, "audio": null})").status, 0);
+}
+
+// Catches: response_format ignored, a schema that does not compile accepted, or a grammar and a
+// schema both taken.
+TEST(RequestFields, ResponseFormatBecomesAGrammar) {
+    const openai::Request schema = parsed(Endpoint::Chat, kChat + R"("response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true,
+        "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}})");
+    EXPECT_NE(schema.grammar.find("root"), std::string::npos) << schema.grammar;
+    EXPECT_EQ(schema.grammar_field, "response_format");
+    EXPECT_FALSE(parsed(Endpoint::Chat, kChat + R"("response_format": {"type": "json_object"}})").grammar.empty());
+    EXPECT_TRUE(parsed(Endpoint::Chat, kChat + R"("response_format": {"type": "text"}})").grammar.empty());
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("response_format": {"type": "xml"}})").param, "response_format.type");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/nowhere"}}}})").param,
+              "response_format");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}})").param, "response_format");
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    EXPECT_NO_THROW(openai::check_generation(schema, tok));
+    EXPECT_NO_THROW(openai::check_generation(parsed(Endpoint::Completions, kCompletion + R"("grammar": "root ::= \"yes\" | \"no\""})"), tok));
+    try {
+        openai::check_generation(parsed(Endpoint::Completions, kCompletion + R"("grammar": "root ::= ("})"), tok);
+        ADD_FAILURE() << "a grammar that does not parse was accepted";
+    } catch (const openai::ApiError & e) {
+        EXPECT_EQ(e.param, "grammar");
+    }
+}
+
+// Catches: /tokenize answering other ids than the tokenizer's, pieces that are not the tokens'
+// texts, /detokenize of an id outside the vocabulary reaching libllama, unknown fields ignored.
+TEST(RequestFields, TokenizeAndDetokenizeAreTheTokenizers) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const std::string text = "def f(x):\n    return x";
+    const nlohmann::json ids = openai::tokenize(tok, nlohmann::json{{"content", text}}.dump());
+    EXPECT_EQ(ids.at("tokens").get<std::vector<int32_t>>(), tok.tokenize(text, false));
+    const nlohmann::json bos = openai::tokenize(tok, nlohmann::json{{"content", text}, {"add_special", true}}.dump());
+    EXPECT_EQ(bos.at("tokens").get<std::vector<int32_t>>(), tok.tokenize(text, true));
+    const nlohmann::json pieces = openai::tokenize(tok, nlohmann::json{{"content", text}, {"with_pieces", true}}.dump());
+    std::string joined_pieces;
+    for (const auto & p : pieces.at("tokens")) joined_pieces += p.at("piece").get<std::string>();
+    EXPECT_EQ(joined_pieces, " " + text);  // the vocabulary's word-start space, as in llama-server
+    EXPECT_EQ(openai::detokenize(tok, nlohmann::json{{"tokens", ids.at("tokens")}}.dump()).at("content"), joined_pieces);
+    auto refused = [&](auto route, const std::string & body) {
+        try {
+            route(tok, body);
+        } catch (const openai::ApiError & e) {
+            return e.param;
+        }
+        return std::string("accepted");
+    };
+    EXPECT_EQ(refused(openai::detokenize, R"({"tokens": [1, )" + std::to_string(tok.n_vocab()) + "]}"), "tokens[1]");
+    EXPECT_EQ(refused(openai::detokenize, R"({"tokens": [-1]})"), "tokens[0]");
+    EXPECT_EQ(refused(openai::tokenize, R"({"content": 5})"), "content");
+    EXPECT_EQ(refused(openai::tokenize, R"({"content": "x", "special": true})"), "special");
 }
 
 }  // namespace

@@ -453,7 +453,7 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "n": 2})").param, "n");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "temperature": 3})").param, "temperature");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "temperature": "hot"})").param, "temperature");
-    EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "stop": ["\n"]})").param, "stop");
+    EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "stop": [""]})").param, "stop");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "stream_options": {"include_usage": true}})").param, "stream_options");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": 5})").param, "prompt");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "max_tokens": 0})").param, "max_tokens");
@@ -517,7 +517,7 @@ TEST(OpenAi, AFieldOfTheWrongTypeIsA400NamingTheFieldAndItsType) {
         {Endpoint::Completions, x + R"("presence_penalty": []})", "presence_penalty", "got an array"},
         {Endpoint::Completions, x + R"("frequency_penalty": {}})", "frequency_penalty", "got an object"},
         {Endpoint::Completions, x + R"("stop": 5})", "stop", "got 5"},
-        {Endpoint::Completions, x + R"("logprobs": 1})", "logprobs", "got 1"},
+        {Endpoint::Completions, x + R"("logprobs": true})", "logprobs", "got true"},
         {Endpoint::Completions, x + R"("ignore_eos": "yes"})", "ignore_eos", "got the string \"yes\""},
         {Endpoint::Completions, x + R"("specee": [[1]]})", "specee", "got an array"},
         {Endpoint::Completions, x + R"("specee_threshold": "x"})", "specee_threshold", "got the string \"x\""},

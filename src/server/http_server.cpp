@@ -5,15 +5,18 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <sstream>
 
 #include "specula/error.h"
 #include "engine/model_bundle.h"
 #include "server/access.h"
 #include "server/gated_server.h"
 #include "server/openai.h"
+#include "server/metrics_text.h"
 #include "server/openai_chat.h"
+#include "server/openai_generation.h"
+#include "server/openai_logprobs.h"
 #include "server/scheduler.h"
+#include "server/token_routes.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -83,59 +86,6 @@ int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string prometheus(const SchedulerMetrics & m) {
-    std::ostringstream o;
-    auto metric = [&](const char * name, const char * type, const char * help, auto value) {
-        o << "# HELP specula:" << name << ' ' << help << "\n# TYPE specula:" << name << ' ' << type << "\nspecula:" << name << ' ' << value << '\n';
-    };
-    metric("requests_processing", "gauge", "Requests in slots.", m.processing);
-    metric("requests_deferred", "gauge", "Requests waiting for a slot.", m.deferred);
-    metric("requests_finished_total", "counter", "Requests completed.", m.requests_finished);
-    metric("requests_cancelled_total", "counter", "Requests whose client went away.", m.requests_cancelled);
-    metric("requests_failed_total", "counter", "Requests that failed.", m.requests_failed);
-    metric("prompt_tokens_total", "counter", "Prompt tokens processed.", m.prompt_tokens);
-    metric("prompt_tokens_cached_total", "counter", "Of the prompt tokens, those served from a slot's prefix cache (not prefilled).",
-           m.prompt_tokens_cached);
-    metric("prompt_seconds_total", "counter", "Prompt processing time.", m.prompt_seconds);
-    metric("tokens_predicted_total", "counter", "Tokens generated.", m.generated_tokens);
-    metric("tokens_predicted_seconds_total", "counter", "Generation time.", m.generation_seconds);
-    metric("steps_total", "counter", "Scheduler steps (one target forward each).", m.steps);
-    metric("gated_steps_total", "counter", "Decoding steps in which the speculation gate allowed no drafts (plain steps measured faster at that load).",
-           m.gated_steps);
-    o << "# HELP specula:verify_batch_rows Rows of the target forward per step.\n# TYPE specula:verify_batch_rows histogram\n";
-    for (size_t b = 0; b < m.rows_buckets.size(); ++b) {
-        o << "specula:verify_batch_rows_bucket{le=\"" << (b < m.rows_bounds.size() ? json(m.rows_bounds[b]).dump() : "+Inf") << "\"} "
-          << m.rows_buckets[b] << '\n';
-    }
-    o << "specula:verify_batch_rows_sum " << m.rows_sum << "\nspecula:verify_batch_rows_count " << m.steps << '\n';
-    o << "# HELP specula:busy_slots_steps_total Steps by the number of sequences in the forward.\n# TYPE specula:busy_slots_steps_total counter\n";
-    for (size_t k = 0; k < m.busy_slots_steps.size(); ++k) o << "specula:busy_slots_steps_total{slots=\"" << k + 1 << "\"} " << m.busy_slots_steps[k] << '\n';
-    metric("spec_decode_num_drafts_total", "counter", "Rounds that verified a non-empty draft.", m.drafts);
-    metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", m.draft_tokens);
-    metric("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", m.accepted_tokens);
-    o << "# HELP specula:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by depth.\n"
-         "# TYPE specula:spec_decode_num_accepted_tokens_per_pos_total counter\n";
-    for (size_t d = 0; d < m.accepted_at.size(); ++d) {
-        o << "specula:spec_decode_num_accepted_tokens_per_pos_total{position=\"" << d << "\"} " << m.accepted_at[d] << '\n';
-    }
-    return o.str();
-}
-// The figures the live page shows, as JSON (the Prometheus text's twin for a browser).
-json metrics_json(const SchedulerMetrics & m) {
-    return json{{"slots", m.slots},
-                {"requests_processing", m.processing},
-                {"requests_deferred", m.deferred},
-                {"requests_finished", m.requests_finished},
-                {"emitted_tokens", m.emitted_tokens},
-                {"steps", m.steps},
-                {"drafts", m.drafts},
-                {"draft_tokens", m.draft_tokens},
-                {"accepted_tokens", m.accepted_tokens},
-                {"acceptance_rate", m.draft_tokens ? double(m.accepted_tokens) / m.draft_tokens : 0.0},
-                // Tokens per drafting round: its accepted drafts plus the target's own token.
-                {"mean_accepted_length", m.drafts ? double(m.accepted_tokens + m.drafts) / m.drafts : 0.0}};
-}
-
 openai::ApiError shutting_down_error() { return openai::ApiError{503, "the server is shutting down", "unavailable_error", "", ""}; }
 
 // A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
@@ -145,7 +95,8 @@ openai::ApiError shutting_down_error() { return openai::ApiError{503, "the serve
 void respond_whole(const httplib::Request & req, httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c,
                    const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
     std::string text;
-    while (job->next(text) != Job::Wait::Ended) {
+    std::vector<TokenLogprob> logprobs;
+    while (job->next(text, nullptr, c.token_text ? &logprobs : nullptr) != Job::Wait::Ended) {
         if (ending) {
             job->cancel();
             return send_error(res, shutting_down_error());
@@ -158,6 +109,8 @@ void respond_whole(const httplib::Request & req, httplib::Response & res, const 
     const Job::Result & result = job->result();
     if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
     json response = openai::response(c, text, result.finish_reason, result.stats);
+    size_t text_offset = 0;
+    if (c.token_text) response["choices"][0]["logprobs"] = openai::logprobs(c, logprobs, text_offset);
     if (reply) {
         const ChatReply parsed = reply->finish(text);
         openai::set_reply(response, parsed);
@@ -180,6 +133,14 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             return false;
         };
         if (!write(openai::sse(openai::chunk_start(c)))) return false;
+        // The logprobs of the tokens released since the last chunk written go on the next one.
+        std::vector<TokenLogprob> logprobs;
+        size_t text_offset = 0;
+        auto with_logprobs = [&](json chunk) {
+            if (c.token_text && !logprobs.empty()) chunk["choices"][0]["logprobs"] = openai::logprobs(c, logprobs, text_offset);
+            logprobs.clear();
+            return chunk;
+        };
         for (;;) {
             if (ending) {
                 job->cancel();
@@ -190,14 +151,14 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             }
             std::string text;
             std::vector<TokenOrigin> origins;
-            const Job::Wait w = job->next(text, &origins);
+            const Job::Wait w = job->next(text, &origins, c.token_text ? &logprobs : nullptr);
             if (w == Job::Wait::Text && reply) {
                 const std::string content = reply->add(text);
-                if (!content.empty() && !write(openai::sse(openai::chunk_text(c, content)))) return false;
+                if (!content.empty() && !write(openai::sse(with_logprobs(openai::chunk_text(c, content))))) return false;
             } else if (w == Job::Wait::Text) {
                 json tokens = json::array();
                 for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
-                if (!write(openai::sse(openai::chunk_text(c, text, tokens)))) return false;
+                if (!write(openai::sse(with_logprobs(openai::chunk_text(c, text, tokens))))) return false;
             } else if (w == Job::Wait::Idle) {
                 if (!sink.is_writable() || !write(": waiting\n\n")) {
                     job->cancel();
@@ -218,7 +179,7 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
                 if (!parsed.tool_calls.empty() && !write(openai::sse(openai::chunk_tool_calls(c, parsed.tool_calls)))) return false;
                 finish_reason = openai::finish_reason(parsed, result.finish_reason);
             }
-            if (!write(openai::sse(openai::chunk_finish(c, finish_reason)))) return false;
+            if (!write(openai::sse(with_logprobs(openai::chunk_finish(c, finish_reason))))) return false;
             if (include_usage && !write(openai::sse(openai::chunk_usage(c, result.stats)))) return false;
         }
         write("data: [DONE]\n\n");
@@ -388,6 +349,18 @@ void HttpServer::Impl::routes() {
     });
     on_post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
     on_post("/v1/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Completions, req, res); });
+    // llama-server's token routes (server/token_routes.h), under the same access checks.
+    for (const auto & [path, answer] : {std::pair{"/tokenize", &openai::tokenize}, std::pair{"/detokenize", &openai::detokenize}}) {
+        on_post(path, [this, answer](const httplib::Request & req, httplib::Response & res) {
+            ModelBundle * t = target;
+            if (!t || !scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+            try {
+                send_json(res, 200, answer(*t->tokenizer, req.body));
+            } catch (const openai::ApiError & e) {
+                send_error(res, e);
+            }
+        });
+    }
     http.set_exception_handler([](const httplib::Request &, httplib::Response & res, std::exception_ptr ep) {
         std::string what = "internal error";
         try {
@@ -426,16 +399,23 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         if (prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
         gen.n_predict = openai::tokens_to_generate(r, prompt.size(), s->context_size());
         early_exit = early_exit_request(r, *t);
+        openai::check_generation(r, *t->tokenizer);
+        if (!r.grammar.empty() && openai::parses_tool_calls(r.chat) && !chat.grammar_lazy) {
+            throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with a required tool call ('tool_choice')", "invalid_request_error",
+                                   r.grammar_field, ""};
+        }
     } catch (const openai::ApiError & e) {
         return send_error(res, e);
     }
     gen.sampling = r.sampling;
     if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
     gen.stop_at_end_of_generation = !r.ignore_eos;
+    gen.top_logprobs = r.top_logprobs;
+    gen.grammar = r.grammar;
     // tool_choice required or a named function: the chat layer's grammar of the calls. Its lazy
     // grammar for "auto" (from a trigger on) is not applied: the reply is generated unconstrained and parsed.
     if (openai::parses_tool_calls(r.chat) && !chat.grammar_lazy) gen.grammar = chat.grammar;
-    std::shared_ptr<Job> job = s->submit(std::move(prompt), gen, early_exit);
+    std::shared_ptr<Job> job = s->submit(std::move(prompt), gen, early_exit, r.stop);
     if (!job) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
 
     openai::Completion c;
@@ -443,6 +423,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.id = (endpoint == openai::Endpoint::Chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     c.created = unix_now();
     c.model = model_id;
+    if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get()](int32_t id) { return tokenizer->piece(id); };
 
     auto reply = openai::parses_tool_calls(r.chat) ? std::make_shared<openai::ReplyStream>(std::move(chat)) : nullptr;
     if (r.stream) respond_stream(res, job, c, r.include_usage, reply, ending);

@@ -7,6 +7,7 @@
 #include "common/json_limits.h"
 #include "server/openai_chat.h"
 #include "server/openai_fields.h"
+#include "server/openai_generation.h"
 
 namespace specula::openai {
 
@@ -33,8 +34,6 @@ bool boolean(const json & v, const std::string & param) {
 
 bool has(const json & body, const char * key) { return body.contains(key) && !body.at(key).is_null(); }
 
-namespace {
-
 double number(const json & body, const char * key, double lo, double hi) {
     const json & v = body.at(key);
     if (!v.is_number()) must_be(key, "a number", v);
@@ -53,6 +52,8 @@ int64_t integer(const json & body, const char * key, int64_t lo, int64_t hi) {
     return x;
 }
 
+namespace {
+
 // A parser's message quotes what it last read, which can be most of the body.
 std::string cut(const std::string & message) {
     constexpr size_t kShown = 200;
@@ -69,6 +70,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
         bad("", "malformed JSON in the request body: " + cut(e.what()));
     }
     if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
+    refuse_unknown_fields(body, endpoint);
     Request r;
     r.endpoint = endpoint;
     r.sampling.temperature = 1.0f;  // OpenAI's default
@@ -104,16 +106,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
         r.sampling.seed = static_cast<uint64_t>(integer(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
         r.seeded = true;
     }
-    for (const char * key : {"presence_penalty", "frequency_penalty"}) {
-        if (has(body, key) && number(body, key, -2.0, 2.0) != 0.0) bad(key, std::string("'") + key + "' is not supported");
-    }
-    if (has(body, "stop")) {
-        const json & s = body.at("stop");
-        const bool sequences = s.is_string() || (s.is_array() && std::all_of(s.begin(), s.end(), [](const json & x) { return x.is_string(); }));
-        if (!sequences) must_be("stop", "a string or an array of strings", s);
-        if (!(s.is_array() && s.empty())) bad("stop", "'stop' sequences are not supported");
-    }
-    if (has(body, "logprobs") && boolean(body.at("logprobs"), "logprobs")) bad("logprobs", "'logprobs' is not supported");
+    parse_generation(body, r);
     if (has(body, "ignore_eos")) r.ignore_eos = boolean(body.at("ignore_eos"), "ignore_eos");
     if (has(body, "specee")) {
         const json & v = body.at("specee");

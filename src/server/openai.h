@@ -2,6 +2,7 @@
 // OpenAI's wire format for `specula serve`: parsing and checking request bodies, and the JSON of
 // responses, stream chunks and errors. No HTTP here (server/http_server.cpp), no scheduling.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,9 +31,9 @@ enum class Endpoint {
 
 struct Request {
     Endpoint endpoint = Endpoint::Completions;
-    ChatInput chat;                                             // chat: messages, tools, tool_choice
-    std::string prompt;                                         // completions
-    int max_tokens = -1;                                        // -1: until the context is full
+    ChatInput chat;       // chat: messages, tools, tool_choice
+    std::string prompt;   // completions
+    int max_tokens = -1;  // -1: until the context is full
     SamplingParams sampling;
     bool seeded = false;      // the client gave a seed
     bool ignore_eos = false;  // extension: keep generating past end-of-generation tokens
@@ -42,6 +43,13 @@ struct Request {
     // "lossy" or "lossless"; the threshold within 0..1, or < 0 when unset (the predictors' own).
     std::string specee;
     float specee_threshold = -1.0f;
+    // server/openai_generation.h: stop strings (up to 4, none empty); logprobs: -1 none, else the
+    // alternatives per token (chat top_logprobs 0..20, completions logprobs 0..5); the GBNF of
+    // `grammar` or of response_format's schema.
+    std::vector<std::string> stop;
+    int top_logprobs = -1;
+    std::string grammar;
+    std::string grammar_field;  // "grammar" or "response_format": where the grammar came from
 };
 
 // Parses and checks a body; throws ApiError naming the field: 400 for malformed JSON (nested more
@@ -60,6 +68,9 @@ struct Completion {
     std::string id;
     int64_t created = 0;
     std::string model;
+    // A token's text, for the logprobs of a request that asked for them (server/openai_logprobs.h);
+    // empty: it did not.
+    std::function<std::string(int32_t)> token_text;
 };
 nlohmann::json usage(const GenerationStats & stats);
 nlohmann::json speculation(const GenerationStats & stats);

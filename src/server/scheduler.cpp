@@ -17,39 +17,6 @@
 
 namespace specula {
 
-Job::Wait Job::next(std::string & text, std::vector<TokenOrigin> * origins, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(mutex_);
-    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || finished_; });
-    if (!pending_.empty()) {
-        text += pending_;
-        pending_.clear();
-        if (origins) origins->insert(origins->end(), pending_origins_.begin(), pending_origins_.end());
-        pending_origins_.clear();
-        return Wait::Text;
-    }
-    return finished_ ? Wait::Ended : Wait::Idle;
-}
-
-void Job::push(const std::string & piece, const char * kind, int depth) {
-    std::lock_guard lock(mutex_);
-    const std::string complete = utf8_.push(piece);
-    partial_origin_ = {"", kind, depth};
-    if (complete.empty()) return;
-    pending_ += complete;
-    pending_origins_.push_back({complete, kind, depth});
-    cv_.notify_all();
-}
-
-void Job::finish(Result result) {
-    std::lock_guard lock(mutex_);
-    const std::string rest = utf8_.flush();  // an unfinished character at the end is what the model produced
-    if (!rest.empty()) pending_origins_.push_back({rest, partial_origin_.kind, partial_origin_.depth});
-    pending_ += rest;
-    result_ = std::move(result);
-    finished_ = true;
-    cv_.notify_all();
-}
-
 struct Scheduler::Slot {
     int id = 0;
     std::unique_ptr<KvCache> cache;
@@ -70,9 +37,17 @@ struct Scheduler::Slot {
     const GenerationStats & stats() const { return exit_sequence ? exit_sequence->stats() : sequence->stats(); }
     bool running() const { return sequence || exit_sequence; }
     bool ended_by_eog = false;
-    std::vector<int32_t> round_tokens;  // this round's emitted tokens, pushed with their origin once the round's verification is known
-    SpeculationStats seen;              // the sequence's counters already added to the metrics
-    SchedulerMetrics::Slot published;   // what metrics() reports (publish_slots)
+    std::optional<TokenLogprob> logprob;  // the next emitted token's (on_logprob comes before its sink)
+    // A token the sequence emitted, into the job (the sequence's sink); false stops the sequence.
+    bool take(const Tokenizer & tok, int32_t t) {
+        const bool end = job->options_.stop_at_end_of_generation && tok.is_end_of_generation(t);
+        ended_by_eog = ended_by_eog || end;
+        std::optional<TokenLogprob> taken = std::move(logprob);
+        logprob.reset();
+        return job->take(end ? std::string() : tok.piece(t), std::move(taken)) && !job->cancelled();
+    }
+    SpeculationStats seen;             // the sequence's counters already added to the metrics
+    SchedulerMetrics::Slot published;  // what metrics() reports (publish_slots)
 };
 
 Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(target), options_(options) {
@@ -167,7 +142,8 @@ void Scheduler::fail_all(const std::string & failure) {
     queue_.clear();
 }
 
-std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit) {
+std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit,
+                                       std::vector<std::string> stop) {
     if (prompt.empty()) throw Error("empty prompt");
     if (early_exit.mode != EarlyExitMode::Off && !target_.exit_predictor) throw Error("SpecEE needs exit predictors (serve --specee FILE)");
     if (early_exit.mode == EarlyExitMode::Lossy && !options.sampling.greedy()) {
@@ -180,7 +156,7 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
         throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.n_predict) +
                     ") exceed the " + std::to_string(context_size()) + "-token context");
     }
-    auto job = std::make_shared<Job>(std::move(prompt), options, early_exit);
+    auto job = std::make_shared<Job>(std::move(prompt), options, early_exit, std::move(stop));
     {
         std::lock_guard lock(mutex_);
         if (!failure_.empty()) {
@@ -256,25 +232,25 @@ void Scheduler::admit() {
             Tokenizer & tok = *target_.tokenizer;
             Slot * s = slot.get();
             auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
-            // A round's tokens reach the job once its verification says where each came from.
-            auto on_round = [s, &tok](const RoundInfo & r) {
+            // A round's tokens reach the job's consumer once its verification says where each came from.
+            auto on_round = [s](const RoundInfo & r) {
                 const size_t n_accepted = r.result->accepted.size();
-                for (size_t i = 0; i < s->round_tokens.size(); ++i) {
-                    const int32_t t = s->round_tokens[i];
-                    if (s->job->options_.stop_at_end_of_generation && tok.is_end_of_generation(t)) continue;
-                    const char * kind = i < n_accepted ? "accepted" : r.result->bonus ? "bonus"
-                                                                                      : "correction";
-                    s->job->push(tok.piece(t), kind, static_cast<int>(i) + 1);
-                }
-                s->round_tokens.clear();
+                const bool bonus = r.result->bonus;
+                s->job->publish([&](size_t i) {
+                    return std::pair<const char *, int>{i < n_accepted ? "accepted" : bonus ? "bonus"
+                                                                                            : "correction",
+                                                        static_cast<int>(i) + 1};
+                });
             };
+            GenerationOptions options = job->options_;
+            if (options.top_logprobs >= 0) options.on_logprob = [s](const TokenLogprob & l) { s->logprob = l; };
             const EarlyExitRequest & exit = job->early_exit_;
             if (exit.mode == EarlyExitMode::Lossy) {
                 forget_prefix(slot->prefix, *slot->cache);  // the lossy sequence starts cold; its rows are never reused
                 if (!slot->exit_decoder) slot->exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get(),
                                                                                                  target_.options.specee_online);
                 slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
-                                                                          job->prompt_, job->options_, exit.threshold, is_end, options_.prefill_chunk);
+                                                                          job->prompt_, options, exit.threshold, is_end, options_.prefill_chunk);
             } else if (exit.mode == EarlyExitMode::Lossless) {
                 // Chains (engine/generation_mode.h): the tokens up to the first that did not exit.
                 if (!slot->exit_drafter) {
@@ -287,15 +263,15 @@ void Scheduler::admit() {
                 reuse_prefix(slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
                 slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot->cache, slot->exit_drafter.get(),
                                                                                    slot->exit_policy.get(), nullptr, on_round),
-                                                            job->prompt_, job->options_, is_end, options_.prefill_chunk);
+                                                            job->prompt_, options, is_end, options_.prefill_chunk);
             } else {
                 // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
                 reuse_prefix(slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
                 slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot->cache, slot->drafter.get(),
                                                                                    slot->policy.get(), slot->tree_size.get(), on_round),
-                                                            job->prompt_, job->options_, is_end, options_.prefill_chunk);
+                                                            job->prompt_, options, is_end, options_.prefill_chunk);
             }
-            s->round_tokens.clear();
+            s->logprob.reset();
             s->ended_by_eog = false;
             s->seen = {};
             slot->job = std::move(job);
@@ -428,13 +404,7 @@ void Scheduler::run() {
             const auto t_step = std::chrono::steady_clock::now();
             try {
                 step = step_sequences(
-                    *target_.runner, sequences, [&](size_t i, int32_t t) {
-                        Slot & s = *active[i];
-                        if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
-                        s.round_tokens.push_back(t);
-                        return !s.job->cancelled();
-                    },
-                    last_step, may_draft);
+                    *target_.runner, sequences, [&](size_t i, int32_t t) { return active[i]->take(tok, t); }, last_step, may_draft);
                 last_step = step;
                 if (gate_ && decoding > 0) {
                     gate_->observe(decoding, step.tokens, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_step).count(),
@@ -449,15 +419,10 @@ void Scheduler::run() {
         for (size_t i = 0; i < lossy.size(); ++i) {
             Slot & s = *lossy[i];
             try {
-                const ExitStep * e = s.exit_sequence->step([&](int32_t t) {
-                    if (tok.is_end_of_generation(t) && s.job->options_.stop_at_end_of_generation) s.ended_by_eog = true;
-                    return !s.job->cancelled();
-                });
+                const ExitStep * e = s.exit_sequence->step([&](int32_t t) { return s.take(tok, t); });
                 if (!e) continue;
                 ++lossy_tokens;
-                if (!(s.ended_by_eog && s.job->options_.stop_at_end_of_generation)) {
-                    s.job->push(tok.piece(e->token), e->exit_layer >= 0 ? "exit" : "bonus", std::max(e->exit_layer, 0));
-                }
+                s.job->publish([e](size_t) { return std::pair<const char *, int>{e->exit_layer >= 0 ? "exit" : "bonus", std::max(e->exit_layer, 0)}; });
             } catch (const std::exception & e) {
                 lossy_failure[i] = e.what();
             }

@@ -8,14 +8,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "policy/speculation_gate.h"
 #include "specula/specula.h"
+#include "tokenizer/stop_strings.h"
 #include "tokenizer/utf8.h"
 
 namespace specula {
@@ -56,25 +59,29 @@ struct EarlyExitRequest {
 // One request's life, shared by the HTTP handler (consumer) and the scheduler (producer).
 class Job {
 public:
-    Job(std::vector<int32_t> prompt, GenerationOptions options, EarlyExitRequest early_exit = {})
-        : prompt_(std::move(prompt)), options_(std::move(options)), early_exit_(early_exit) {}
+    // `stop`: stop strings (tokenizer/stop_strings.h); the text ends where the first one starts.
+    Job(std::vector<int32_t> prompt, GenerationOptions options, EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {})
+        : prompt_(std::move(prompt)), options_(std::move(options)), early_exit_(early_exit), stops_(std::move(stop)) {}
 
     struct Result {
-        std::string finish_reason;  // "stop" (end of generation) | "length"
+        std::string finish_reason;  // "stop" (end of generation or a stop string) | "length"
         std::string error;          // non-empty: the job failed
         GenerationStats stats;
         int n_generated = 0;
     };
     // Waits up to `timeout` for new text or the end. Text: the new text (whole UTF-8 characters
-    // only) was appended to `text`. Ended: the job has ended and all its text was taken; result()
-    // is final. Idle: nothing happened (a chance to see whether the client is still there).
+    // only; none when only logprobs came) was appended to `text`. Ended: the job has ended and all
+    // its text was taken; result() is final. Idle: nothing happened (a chance to see whether the
+    // client is still there).
     enum class Wait {
         Text,
         Ended,
         Idle
     };
     // `origins` (may be null) gets the new text's tokens; their texts concatenate to the new text.
-    Wait next(std::string & text, std::vector<TokenOrigin> * origins = nullptr,
+    // `logprobs` (may be null) gets the logprobs of the tokens whose text has all been released
+    // (options.on_logprob is the scheduler's); a token cut by a stop string never is.
+    Wait next(std::string & text, std::vector<TokenOrigin> * origins = nullptr, std::vector<TokenLogprob> * logprobs = nullptr,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
     const Result & result() const { return result_; }
     // The client went away: the scheduler frees the slot at its next step.
@@ -83,8 +90,14 @@ public:
 
 private:
     friend class Scheduler;
-    void push(const std::string & piece, const char * kind, int depth);  // scheduler side
+    // Scheduler side, on its worker. take(): a token the sequence emitted, its text (empty for an
+    // end-of-generation token) through the stop strings; false once a stop string has ended in it.
+    // publish(): where the tokens taken since the last publish came from (origin_of(i): the i-th's
+    // kind and depth), which makes their released text and logprobs the consumer's.
+    bool take(const std::string & piece, std::optional<TokenLogprob> logprob);
+    void publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of);
     void finish(Result result);
+    void release(const std::string & text);  // under mutex_: the next bytes of the held tokens' text
 
     const std::vector<int32_t> prompt_;
     const GenerationOptions options_;
@@ -94,6 +107,21 @@ private:
     std::condition_variable cv_;
     std::string pending_;  // complete characters not yet taken
     std::vector<TokenOrigin> pending_origins_;
+    std::vector<TokenLogprob> pending_logprobs_;
+    StopStrings stops_;  // worker side, as round_ and held_
+    struct Taken {
+        size_t bytes = 0;      // of the token's text
+        std::string released;  // the text the stop strings released at this token
+        std::optional<TokenLogprob> logprob;
+    };
+    std::vector<Taken> round_;  // taken, not yet published
+    struct Held {
+        size_t bytes = 0;  // of the token's text, not yet released
+        std::optional<TokenLogprob> logprob;
+        const char * kind;
+        int depth;
+    };
+    std::deque<Held> held_;                       // published tokens, in order, from the first whose text is not all released
     Utf8Stream utf8_;                             // holds the start of a UTF-8 character split across tokens
     TokenOrigin partial_origin_{"", "bonus", 0};  // the token whose bytes utf8_ holds back
     bool finished_ = false;
@@ -141,7 +169,8 @@ public:
     // than Off needs the target's exit predictors, and the lossy mode greedy sampling (Error).
     // Lossless sequences share the step's target forward like any drafter's; a lossy sequence
     // runs its own layer segments on its cache stream after the shared forward, one token per step.
-    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {});
+    std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {},
+                                std::vector<std::string> stop = {});
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
     // The target's rpc-server failed mid-run (Backend::set_remote_failure_handler): the requests
@@ -176,7 +205,7 @@ private:
     bool stopping_ = false;
     std::string failure_;  // the target's device failed (failed())
     SchedulerMetrics metrics_;
-    uint64_t admitted_ = 0;  // requests admitted so far: each slot's last_used stamp
+    uint64_t admitted_ = 0;                  // requests admitted so far: each slot's last_used stamp
     std::unique_ptr<SpeculationGate> gate_;  // null: every step may draft
     std::thread worker_;
 };

@@ -1,0 +1,77 @@
+// Job's text pipeline (its class is in server/scheduler.h): the tokens a sequence emits go through
+// the request's stop strings as they are emitted (take, in the sequence's sink, so the sequence
+// stops at the token a stop string ends in), then, once their round says where each came from
+// (publish), their released text is attributed to them token by token, cut into whole UTF-8
+// characters and handed to the consumer with each fully released token's logprobs.
+#include "server/scheduler.h"
+
+namespace specula {
+
+Job::Wait Job::next(std::string & text, std::vector<TokenOrigin> * origins, std::vector<TokenLogprob> * logprobs,
+                    std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || !pending_logprobs_.empty() || finished_; });
+    if (!pending_.empty() || !pending_logprobs_.empty()) {
+        text += pending_;
+        pending_.clear();
+        if (origins) origins->insert(origins->end(), pending_origins_.begin(), pending_origins_.end());
+        pending_origins_.clear();
+        if (logprobs) logprobs->insert(logprobs->end(), pending_logprobs_.begin(), pending_logprobs_.end());
+        pending_logprobs_.clear();
+        return Wait::Text;
+    }
+    return finished_ ? Wait::Ended : Wait::Idle;
+}
+
+bool Job::take(const std::string & piece, std::optional<TokenLogprob> logprob) {
+    round_.push_back({piece.size(), stops_.empty() ? piece : stops_.push(piece), std::move(logprob)});
+    return !stops_.stopped();
+}
+
+void Job::publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of) {
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < round_.size(); ++i) {
+        const auto [kind, depth] = origin_of(i);
+        held_.push_back({round_[i].bytes, std::move(round_[i].logprob), kind, depth});
+        release(round_[i].released);
+    }
+    round_.clear();
+    cv_.notify_all();
+}
+
+void Job::release(const std::string & text) {
+    size_t at = 0;
+    for (;;) {
+        // Tokens whose text has all been released are the consumer's, with their logprobs.
+        while (!held_.empty() && held_.front().bytes == 0) {
+            if (held_.front().logprob) pending_logprobs_.push_back(std::move(*held_.front().logprob));
+            held_.pop_front();
+        }
+        if (at == text.size() || held_.empty()) return;
+        Held & h = held_.front();
+        const size_t n = std::min(h.bytes, text.size() - at);
+        // A token ending inside a character hands its bytes to the next one (utf8_).
+        const std::string complete = utf8_.push(text.substr(at, n));
+        partial_origin_ = {"", h.kind, h.depth};
+        if (!complete.empty()) {
+            pending_ += complete;
+            pending_origins_.push_back({complete, h.kind, h.depth});
+        }
+        h.bytes -= n;
+        at += n;
+    }
+}
+
+void Job::finish(Result result) {
+    std::lock_guard lock(mutex_);
+    if (stops_.stopped()) result.finish_reason = "stop";
+    else release(stops_.flush());  // the end of the text that could have begun a stop string is text
+    const std::string rest = utf8_.flush();  // an unfinished character at the end is what the model produced
+    if (!rest.empty()) pending_origins_.push_back({rest, partial_origin_.kind, partial_origin_.depth});
+    pending_ += rest;
+    result_ = std::move(result);
+    finished_ = true;
+    cv_.notify_all();
+}
+
+}  // namespace specula

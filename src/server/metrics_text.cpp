@@ -1,0 +1,62 @@
+#include "server/metrics_text.h"
+
+#include <sstream>
+
+namespace specula {
+
+using nlohmann::json;
+
+std::string prometheus(const SchedulerMetrics & m) {
+    std::ostringstream o;
+    auto metric = [&](const char * name, const char * type, const char * help, auto value) {
+        o << "# HELP specula:" << name << ' ' << help << "\n# TYPE specula:" << name << ' ' << type << "\nspecula:" << name << ' ' << value << '\n';
+    };
+    metric("requests_processing", "gauge", "Requests in slots.", m.processing);
+    metric("requests_deferred", "gauge", "Requests waiting for a slot.", m.deferred);
+    metric("requests_finished_total", "counter", "Requests completed.", m.requests_finished);
+    metric("requests_cancelled_total", "counter", "Requests whose client went away.", m.requests_cancelled);
+    metric("requests_failed_total", "counter", "Requests that failed.", m.requests_failed);
+    metric("prompt_tokens_total", "counter", "Prompt tokens processed.", m.prompt_tokens);
+    metric("prompt_tokens_cached_total", "counter", "Of the prompt tokens, those served from a slot's prefix cache (not prefilled).",
+           m.prompt_tokens_cached);
+    metric("prompt_seconds_total", "counter", "Prompt processing time.", m.prompt_seconds);
+    metric("tokens_predicted_total", "counter", "Tokens generated.", m.generated_tokens);
+    metric("tokens_predicted_seconds_total", "counter", "Generation time.", m.generation_seconds);
+    metric("steps_total", "counter", "Scheduler steps (one target forward each).", m.steps);
+    metric("gated_steps_total", "counter", "Decoding steps in which the speculation gate allowed no drafts (plain steps measured faster at that load).",
+           m.gated_steps);
+    o << "# HELP specula:verify_batch_rows Rows of the target forward per step.\n# TYPE specula:verify_batch_rows histogram\n";
+    for (size_t b = 0; b < m.rows_buckets.size(); ++b) {
+        o << "specula:verify_batch_rows_bucket{le=\"" << (b < m.rows_bounds.size() ? json(m.rows_bounds[b]).dump() : "+Inf") << "\"} "
+          << m.rows_buckets[b] << '\n';
+    }
+    o << "specula:verify_batch_rows_sum " << m.rows_sum << "\nspecula:verify_batch_rows_count " << m.steps << '\n';
+    o << "# HELP specula:busy_slots_steps_total Steps by the number of sequences in the forward.\n# TYPE specula:busy_slots_steps_total counter\n";
+    for (size_t k = 0; k < m.busy_slots_steps.size(); ++k) o << "specula:busy_slots_steps_total{slots=\"" << k + 1 << "\"} " << m.busy_slots_steps[k] << '\n';
+    metric("spec_decode_num_drafts_total", "counter", "Rounds that verified a non-empty draft.", m.drafts);
+    metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", m.draft_tokens);
+    metric("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", m.accepted_tokens);
+    o << "# HELP specula:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by depth.\n"
+         "# TYPE specula:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (size_t d = 0; d < m.accepted_at.size(); ++d) {
+        o << "specula:spec_decode_num_accepted_tokens_per_pos_total{position=\"" << d << "\"} " << m.accepted_at[d] << '\n';
+    }
+    return o.str();
+}
+// The figures the live page shows, as JSON (the Prometheus text's twin for a browser).
+json metrics_json(const SchedulerMetrics & m) {
+    return json{{"slots", m.slots},
+                {"requests_processing", m.processing},
+                {"requests_deferred", m.deferred},
+                {"requests_finished", m.requests_finished},
+                {"emitted_tokens", m.emitted_tokens},
+                {"steps", m.steps},
+                {"drafts", m.drafts},
+                {"draft_tokens", m.draft_tokens},
+                {"accepted_tokens", m.accepted_tokens},
+                {"acceptance_rate", m.draft_tokens ? double(m.accepted_tokens) / m.draft_tokens : 0.0},
+                // Tokens per drafting round: its accepted drafts plus the target's own token.
+                {"mean_accepted_length", m.drafts ? double(m.accepted_tokens + m.drafts) / m.drafts : 0.0}};
+}
+
+}  // namespace specula

@@ -1,0 +1,164 @@
+#include "server/openai_generation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <string_view>
+
+#include "common/json_limits.h"
+#include "constrain/grammar.h"
+#include "server/openai_fields.h"
+#include "specula/error.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula::openai {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kMaxStops = 4;  // OpenAI's limit
+
+void parse_stop(const json & body, Request & r) {
+    const json & s = body.at("stop");
+    if (s.is_string()) {
+        r.stop = {s.get<std::string>()};
+    } else if (s.is_array() && s.size() <= kMaxStops && std::all_of(s.begin(), s.end(), [](const json & x) { return x.is_string(); })) {
+        r.stop = s.get<std::vector<std::string>>();
+    } else {
+        must_be("stop", "a string or an array of up to " + std::to_string(kMaxStops) + " strings", s);
+    }
+    for (const std::string & stop : r.stop) {
+        if (stop.empty()) bad("stop", "'stop' strings must not be empty");
+    }
+}
+
+// {"token id": bias}: ids as decimal strings (OpenAI's form), biases within -100..100. The ids
+// are checked against the vocabulary where the tokenizer is known (the HTTP handler).
+void parse_logit_bias(const json & body, Request & r) {
+    const json & v = body.at("logit_bias");
+    if (!v.is_object()) must_be("logit_bias", "an object of token ids to biases", v);
+    std::set<int32_t> seen;
+    for (const auto & [key, bias] : v.items()) {
+        const std::string param = "logit_bias[" + json_quoted(key) + "]";
+        const bool digits = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits) bad("logit_bias", "'logit_bias' keys must be token ids (non-negative integers), got " + json_quoted(key));
+        const int32_t id = std::stoi(key);
+        if (!seen.insert(id).second) bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + " twice");
+        if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100.0) {
+            bad("logit_bias", "'" + param + "' must be a number between -100 and 100, got " + json_kind(bias));
+        }
+        r.sampling.logit_bias.emplace_back(id, bias.get<float>());
+    }
+}
+
+// Chat: logprobs (bool) and top_logprobs (0..20, only with logprobs); completions: logprobs (0..5).
+void parse_logprobs(const json & body, Endpoint endpoint, Request & r) {
+    if (endpoint == Endpoint::Completions) {
+        if (has(body, "logprobs")) r.top_logprobs = static_cast<int>(integer(body, "logprobs", 0, 5));
+        return;
+    }
+    const bool on = has(body, "logprobs") && boolean(body.at("logprobs"), "logprobs");
+    if (has(body, "top_logprobs")) {
+        const int n = static_cast<int>(integer(body, "top_logprobs", 0, 20));
+        if (!on) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        r.top_logprobs = n;
+    } else if (on) {
+        r.top_logprobs = 0;
+    }
+}
+
+// {"type": "text"} | {"type": "json_object"} | {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}.
+void parse_response_format(const json & body, Request & r) {
+    const json & f = body.at("response_format");
+    if (!f.is_object()) must_be("response_format", "an object with a 'type'", f);
+    const json type = f.value("type", json());
+    json schema;
+    if (type == "text") {
+        return;
+    } else if (type == "json_object") {
+        schema = json{{"type", "object"}};
+    } else if (type == "json_schema") {
+        const json spec = f.value("json_schema", json());
+        if (!spec.is_object()) must_be("response_format.json_schema", "an object with a 'schema'", spec);
+        if (spec.contains("name") && !spec.at("name").is_string()) must_be("response_format.json_schema.name", "a string", spec.at("name"));
+        if (spec.contains("strict") && !spec.at("strict").is_null()) boolean(spec.at("strict"), "response_format.json_schema.strict");
+        schema = spec.value("schema", json::object());
+        if (!schema.is_object() && !schema.is_boolean()) must_be("response_format.json_schema.schema", "a JSON schema (an object)", schema);
+    } else {
+        must_be("response_format.type", "\"text\", \"json_object\" or \"json_schema\"", type);
+    }
+    if (!r.grammar.empty()) bad("response_format", "'response_format' and 'grammar' cannot be combined");
+    try {
+        r.grammar = json_schema_to_gbnf(schema);
+        r.grammar_field = "response_format";
+    } catch (const Error & e) {
+        bad("response_format", std::string("'response_format': the schema cannot be compiled: ") + e.what());
+    }
+}
+
+}  // namespace
+
+void parse_generation(const json & body, Request & r) {
+    for (const char * key : {"presence_penalty", "frequency_penalty"}) {
+        if (!has(body, key)) continue;
+        const float x = static_cast<float>(number(body, key, -2.0, 2.0));
+        (key == std::string_view("presence_penalty") ? r.sampling.presence_penalty : r.sampling.frequency_penalty) = x;
+    }
+    if (has(body, "repeat_penalty")) {
+        r.sampling.repeat_penalty = static_cast<float>(number(body, "repeat_penalty", 0.0, 10.0));
+        if (r.sampling.repeat_penalty <= 0.0f) must_be("repeat_penalty", "above 0 (1: off)", body.at("repeat_penalty"));
+    }
+    if (has(body, "repeat_last_n")) r.sampling.penalty_last_n = static_cast<int>(integer(body, "repeat_last_n", -1, std::numeric_limits<int32_t>::max()));
+    if (has(body, "logit_bias")) parse_logit_bias(body, r);
+    if (has(body, "stop")) parse_stop(body, r);
+    parse_logprobs(body, r.endpoint, r);
+    if (has(body, "grammar")) {
+        const json & g = body.at("grammar");
+        if (!g.is_string()) must_be("grammar", "a GBNF grammar (a string)", g);
+        r.grammar = g.get<std::string>();
+        r.grammar_field = "grammar";
+    }
+    if (has(body, "response_format")) parse_response_format(body, r);
+    if (r.endpoint == Endpoint::Completions && has(body, "echo") && boolean(body.at("echo"), "echo")) {
+        bad("echo", "'echo' is not supported: the response holds the completion alone");
+    }
+}
+
+void check_generation(const Request & r, const Tokenizer & tokenizer) {
+    for (const auto & [id, bias] : r.sampling.logit_bias) {
+        if (id >= tokenizer.n_vocab()) {
+            bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
+        }
+    }
+    if (r.grammar.empty()) return;
+    try {
+        make_grammar_state(tokenizer, r.grammar);
+    } catch (const Error & e) {
+        bad(r.grammar_field, "'" + r.grammar_field + "': the grammar cannot be compiled: " + e.what());
+    }
+}
+
+void refuse_unknown_fields(const json & body, Endpoint endpoint) {
+    // Read by parse_request (openai.cpp, openai_chat.cpp and the functions above).
+    static const std::set<std::string, std::less<>> common = {
+        "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed",
+        "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "stop", "logprobs",
+        "grammar", "response_format", "ignore_eos", "specee", "specee_threshold", "stream", "stream_options",
+        // Metadata: accepted, with no effect on the generation (docs/server.md).
+        "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+        // llama-server's: every request reuses what a slot's cache holds (server/slot_prefix.h), with the same output.
+        "cache_prompt"};
+    static const std::set<std::string, std::less<>> chat = {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"};
+    static const std::set<std::string, std::less<>> completions = {"prompt", "echo"};
+    const auto & own = endpoint == Endpoint::Chat ? chat : completions;
+    for (const auto & [key, value] : body.items()) {
+        if (common.count(key) || own.count(key)) continue;
+        if (value.is_null()) continue;  // OpenAI's clients send unset fields as null
+        const std::string name = key.size() > 40 ? key.substr(0, 40) + "..." : key;
+        bad(name, "'" + name + "' is not supported" + (endpoint == Endpoint::Chat ? "" : " by /v1/completions"));
+    }
+}
+
+}  // namespace specula::openai

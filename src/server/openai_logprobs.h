@@ -1,0 +1,19 @@
+#pragma once
+// Logprobs in OpenAI's shapes: a chat choice's {"content": [{token, logprob, bytes, top_logprobs:
+// [{token, logprob, bytes}]}]}, a completion choice's {tokens, token_logprobs, top_logprobs:
+// [{text: logprob}], text_offset}. A stream chunk carries its own tokens' entries.
+#include <cstddef>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/openai.h"
+
+namespace specula::openai {
+
+// The logprobs object for `tokens` (in order, named by c.token_text). Completions' text_offset
+// counts characters from `text_offset`, the length of the choice's text before these tokens,
+// which it advances past them (a stream's chunks continue where the last one ended).
+nlohmann::json logprobs(const Completion & c, const std::vector<TokenLogprob> & tokens, size_t & text_offset);
+
+}  // namespace specula::openai
