@@ -276,5 +276,34 @@ TEST(PrefixCache, EngineGenerateReusesItsLastConversation) {
     }
 }
 
+// Catches: choices that do not follow seed + i, a further choice that prefills the prompt again
+// instead of taking the first one's rows and drafter state (its cached tokens would be 0), or
+// whose copied rows or drafter state differ from its own prefill (its text would differ from the
+// same request alone), with a draft model and an EAGLE-3 head; an n-choice request waits for n
+// free slots (one is busy when it arrives); more choices than slots are refused.
+TEST(PrefixCache, NChoicesPrefillThePromptOnceAndChoiceIEqualsTheRequestWithSeedPlusI) {
+    for (DrafterKind kind : {DrafterKind::DraftModel, DrafterKind::Eagle3}) {
+        SCOPED_TRACE(drafter_kind_name(kind));
+        auto t = ModelBundle::open(bundle_options(kind));
+        const std::vector<int32_t> prompt = t->tokenizer->tokenize("def main():\n    parser = argparse.");
+        std::vector<std::string> alone(3);
+        {
+            Scheduler cold(*t, SchedulerOptions{1, 8, 16, false});
+            for (int i = 0; i < 3; ++i) alone[i] = drain(*cold.submit(prompt, options(16, 0.8f, 40 + i)));
+        }
+        Scheduler scheduler(*t, SchedulerOptions{3, 8, 4, false});
+        auto busy = scheduler.submit(t->tokenizer->tokenize("The list of"), options(24, 0.0f));
+        const std::vector<std::shared_ptr<Job>> choices = scheduler.submit_choices(prompt, options(16, 0.8f, 40), 3);
+        ASSERT_EQ(choices.size(), 3u);
+        for (int i = 0; i < 3; ++i) {
+            EXPECT_EQ(drain(*choices[i]), alone[i]) << "choice " << i;
+            EXPECT_EQ(choices[i]->result().stats.n_cached, i == 0 ? 0 : static_cast<int>(prompt.size()) - 1) << "choice " << i;
+        }
+        EXPECT_NE(alone[0], alone[1]);
+        drain(*busy);
+        EXPECT_NE(test::error_message([&] { scheduler.submit_choices(prompt, options(4, 0.8f), 4); }), "<no error>");
+    }
+}
+
 }  // namespace
 }  // namespace specula

@@ -450,7 +450,7 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
     const std::string hi = R"("messages": [{"role": "user", "content": "hi"}])";
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "model": "gpt-4"})").code, "model_not_found");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "max_tokens": -1})").param, "max_tokens");
-    EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "n": 2})").param, "n");
+    EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "n": 9})").param, "n");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "temperature": 3})").param, "temperature");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "temperature": "hot"})").param, "temperature");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "stop": [""]})").param, "stop");

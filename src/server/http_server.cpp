@@ -9,7 +9,9 @@
 #include "specula/error.h"
 #include "engine/model_bundle.h"
 #include "server/access.h"
+#include "server/choices.h"
 #include "server/gated_server.h"
+#include "server/http_reply.h"
 #include "server/openai.h"
 #include "server/metrics_text.h"
 #include "server/openai_chat.h"
@@ -54,12 +56,14 @@ struct HttpServer::Impl {
     void completion(openai::Endpoint endpoint, const httplib::Request & req, httplib::Response & res);
 };
 
-namespace {
 void send_json(httplib::Response & res, int status, const json & j) {
     res.status = status;
     res.set_content(openai::wire(j), "application/json");
 }
 void send_error(httplib::Response & res, const openai::ApiError & e) { send_json(res, e.status, e.body()); }
+openai::ApiError shutting_down_error() { return openai::ApiError{503, "the server is shutting down", "unavailable_error", "", ""}; }
+
+namespace {
 // The request's SpecEE mode and threshold: what it asked for, else the server's default (the
 // lossless mode with `serve --specee-lossless`, else off) at the predictors' threshold.
 EarlyExitRequest early_exit_request(const openai::Request & r, const ModelBundle & t) {
@@ -85,8 +89,6 @@ EarlyExitRequest early_exit_request(const openai::Request & r, const ModelBundle
 int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-
-openai::ApiError shutting_down_error() { return openai::ApiError{503, "the server is shutting down", "unavailable_error", "", ""}; }
 
 // A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
 // status. While it waits the handler watches the connection, so that a client that went away
@@ -404,6 +406,11 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
             throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with a required tool call ('tool_choice')", "invalid_request_error",
                                    r.grammar_field, ""};
         }
+        if (r.n > 1 && openai::parses_tool_calls(r.chat)) throw openai::ApiError{400, "'n' above 1 cannot be combined with 'tools'", "invalid_request_error", "n", ""};
+        if (r.n > s->metrics().slots) {
+            throw openai::ApiError{400, "'n' is " + std::to_string(r.n) + ": each choice needs a slot, and this server has " + std::to_string(s->metrics().slots) + " (--parallel)",
+                                   "invalid_request_error", "n", ""};
+        }
     } catch (const openai::ApiError & e) {
         return send_error(res, e);
     }
@@ -415,8 +422,9 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     // tool_choice required or a named function: the chat layer's grammar of the calls. Its lazy
     // grammar for "auto" (from a trigger on) is not applied: the reply is generated unconstrained and parsed.
     if (openai::parses_tool_calls(r.chat) && !chat.grammar_lazy) gen.grammar = chat.grammar;
-    std::shared_ptr<Job> job = s->submit(std::move(prompt), gen, early_exit, r.stop);
-    if (!job) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
+    const std::vector<std::shared_ptr<Job>> jobs = s->submit_choices(std::move(prompt), gen, r.n, early_exit, r.stop);
+    if (jobs.empty()) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
+    const std::shared_ptr<Job> & job = jobs.front();
 
     openai::Completion c;
     c.endpoint = endpoint;
@@ -425,6 +433,11 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.model = model_id;
     if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get()](int32_t id) { return tokenizer->piece(id); };
 
+    if (jobs.size() > 1) {
+        if (r.stream) respond_choices_stream(res, jobs, c, r.include_usage, ending);
+        else respond_choices_whole(req, res, jobs, c, ending);
+        return;
+    }
     auto reply = openai::parses_tool_calls(r.chat) ? std::make_shared<openai::ReplyStream>(std::move(chat)) : nullptr;
     if (r.stream) respond_stream(res, job, c, r.include_usage, reply, ending);
     else respond_whole(req, res, job, c, reply, ending);

@@ -97,7 +97,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
     }
     const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (has(body, max_key)) r.max_tokens = static_cast<int>(integer(body, max_key, 1, std::numeric_limits<int32_t>::max()));
-    if (has(body, "n") && integer(body, "n", 1, 1000) != 1) bad("n", "'n' must be 1: one choice per request");
+    if (has(body, "n")) r.n = static_cast<int>(integer(body, "n", 1, kMaxChoices));
     if (has(body, "temperature")) r.sampling.temperature = static_cast<float>(number(body, "temperature", 0.0, 2.0));
     if (has(body, "top_p")) r.sampling.top_p = static_cast<float>(number(body, "top_p", 0.0, 1.0));
     if (has(body, "top_k")) r.sampling.top_k = static_cast<int>(integer(body, "top_k", 0, 1 << 30));

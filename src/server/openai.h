@@ -29,8 +29,12 @@ enum class Endpoint {
     Completions
 };
 
+// Most choices a request may ask for ('n'): each takes a slot (server/choices.h).
+inline constexpr int kMaxChoices = 8;
+
 struct Request {
     Endpoint endpoint = Endpoint::Completions;
+    int n = 1;            // choices; choice i is sampled with seed + i
     ChatInput chat;       // chat: messages, tools, tool_choice
     std::string prompt;   // completions
     int max_tokens = -1;  // -1: until the context is full

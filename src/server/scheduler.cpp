@@ -144,6 +144,15 @@ void Scheduler::fail_all(const std::string & failure) {
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit,
                                        std::vector<std::string> stop) {
+    std::vector<std::shared_ptr<Job>> jobs = submit_choices(std::move(prompt), options, 1, early_exit, std::move(stop));
+    return jobs.empty() ? nullptr : jobs.front();
+}
+
+std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
+                                                            EarlyExitRequest early_exit, std::vector<std::string> stop) {
+    if (n < 1 || n > options_.parallel) {
+        throw Error("n: " + std::to_string(n) + " choices need as many slots, and the server has " + std::to_string(options_.parallel));
+    }
     if (prompt.empty()) throw Error("empty prompt");
     if (early_exit.mode != EarlyExitMode::Off && !target_.exit_predictor) throw Error("SpecEE needs exit predictors (serve --specee FILE)");
     if (early_exit.mode == EarlyExitMode::Lossy && !options.sampling.greedy()) {
@@ -156,23 +165,29 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
         throw Error("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" + std::to_string(options.n_predict) +
                     ") exceed the " + std::to_string(context_size()) + "-token context");
     }
-    auto job = std::make_shared<Job>(std::move(prompt), options, early_exit, std::move(stop));
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (int i = 0; i < n; ++i) {
+        GenerationOptions choice = options;
+        choice.sampling.seed = options.sampling.seed + static_cast<uint64_t>(i);
+        jobs.push_back(std::make_shared<Job>(prompt, choice, early_exit, stop));
+        if (i > 0) jobs[i]->leader_ = jobs[0];
+    }
+    jobs[0]->choices_ = n;
     {
         std::lock_guard lock(mutex_);
         if (!failure_.empty()) {
             Job::Result r;
             r.error = failure_;
-            job->finish(r);
-            ++metrics_.requests_failed;
-            return job;
+            for (auto & job : jobs) job->finish(r), ++metrics_.requests_failed;
+            return jobs;
         }
         int free_slots = 0;
         for (auto & slot : slots_) free_slots += !slot->job;
-        if (static_cast<int>(queue_.size()) >= options_.max_queued + free_slots) return nullptr;
-        queue_.push_back(job);
+        if (static_cast<int>(queue_.size()) + n > options_.max_queued + free_slots) return {};
+        queue_.insert(queue_.end(), jobs.begin(), jobs.end());
     }
     cv_.notify_all();
-    return job;
+    return jobs;
 }
 
 SchedulerMetrics Scheduler::metrics() const {
@@ -213,12 +228,19 @@ void Scheduler::admit() {
         if (queue_.empty()) return;
         free.clear();
         for (auto & slot : slots_) free.push_back(!slot->job);
+        Slot * first = nullptr;
+        if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return;
         const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_);
         if (chosen < 0) return;
         std::unique_ptr<Slot> & slot = slots_[chosen];
         std::shared_ptr<Job> job = queue_.front();
         queue_.pop_front();
         slot->prefix.last_used = ++admitted_;
+        if (first) {
+            const bool own_drafter = job->early_exit_.mode == EarlyExitMode::Off;  // SpecEE's drafter rebuilds itself
+            share_prompt(slot->prefix, *slot->cache, own_drafter ? slot->drafter.get() : nullptr, *first->cache,
+                         own_drafter ? first->drafter.get() : nullptr, job->prompt_);
+        }
         try {
             // The slot's policies carry what they measured of the machine from request to request
             // (DraftLengthPolicy::begin_sequence): with fresh ones every request drafted blind
@@ -285,6 +307,18 @@ void Scheduler::admit() {
             forget_prefix(slot->prefix, *slot->cache);
         }
     }
+}
+
+bool Scheduler::may_start(const Job & job, int free_slots, Slot *& first) const {
+    first = nullptr;
+    if (job.choices_ > free_slots) return false;
+    if (!job.leader_) return true;
+    for (const auto & slot : slots_) {
+        if (slot->job != job.leader_ || !slot->sequence) continue;  // a lossy first choice shares nothing
+        if (slot->sequence->prefilling()) return false;
+        if (slot->sequence->stats().speculation.rounds == 0) first = slot.get();  // the cache holds the prompt, and only it
+    }
+    return true;
 }
 
 void Scheduler::release(Slot & slot, bool finished_normally) {

@@ -102,6 +102,8 @@ private:
     const std::vector<int32_t> prompt_;
     const GenerationOptions options_;
     const EarlyExitRequest early_exit_;
+    int choices_ = 1;              // the first choice of a request: how many it has (Scheduler::submit_choices)
+    std::shared_ptr<Job> leader_;  // a further choice: the first, whose prefilled prompt it takes
     std::atomic<bool> cancelled_{false};
     std::mutex mutex_;
     std::condition_variable cv_;
@@ -171,6 +173,13 @@ public:
     // runs its own layer segments on its cache stream after the shared forward, one token per step.
     std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {},
                                 std::vector<std::string> stop = {});
+    // A request's n choices (1 <= n <= the slots; Error otherwise): n jobs, choice i sampled with
+    // seed + i. They start once n slots are free (the request waits in the queue until then, and
+    // the requests behind it too); the first prefills the prompt, and the others then take its
+    // cache rows and drafter state (KvCache::copy_from, Drafter::copy_state) instead of prefilling
+    // it again (a lossy SpecEE request's choices each prefill). Empty when the queue is full.
+    std::vector<std::shared_ptr<Job>> submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
+                                                     EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {});
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
     // The target's rpc-server failed mid-run (Backend::set_remote_failure_handler): the requests
@@ -183,6 +192,10 @@ private:
     struct Slot;
     void run();
     void admit();  // under mutex_: queued jobs into free slots
+    // Under mutex_: whether the queue's front job may start now (an n-choice request needs n free
+    // slots, and its further choices wait for the first one's prefill); sets `first` to the slot
+    // of a further choice's first choice whose prefilled prompt it takes, else nullptr.
+    bool may_start(const Job & job, int free_slots, Slot *& first) const;
     void release(Slot & slot, bool finished_normally);
     // Under mutex_, on the worker: copies each slot's counters to what metrics() reads, since its
     // cache and sequence change outside the mutex while a step runs.

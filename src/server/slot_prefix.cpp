@@ -50,6 +50,17 @@ void keep_prefix(SlotPrefix & prefix, KvCache & cache, std::span<const int32_t> 
     prefix.drafter = drafter;
 }
 
+void share_prompt(SlotPrefix & prefix, KvCache & cache, Drafter * drafter, const KvCache & first_cache, const Drafter * first_drafter,
+                  std::span<const int32_t> prompt) {
+    cache.copy_from(first_cache, std::min(first_cache.size(), static_cast<int>(prompt.size())));
+    prefix.tokens.assign(prompt.begin(), prompt.begin() + cache.size());
+    prefix.drafter = nullptr;
+    if (drafter && first_drafter) {
+        drafter->copy_state(*first_drafter);
+        prefix.drafter = drafter;
+    }
+}
+
 void forget_prefix(SlotPrefix & prefix, KvCache & cache) {
     cache.rollback(0);
     prefix.tokens.clear();

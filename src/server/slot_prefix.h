@@ -36,6 +36,12 @@ void reuse_prefix(SlotPrefix & prefix, KvCache & cache, Drafter * drafter, std::
 // K/V the cache holds (rows past them are cut), built by `drafter`.
 void keep_prefix(SlotPrefix & prefix, KvCache & cache, std::span<const int32_t> history, int n_exact, const Drafter * drafter);
 
+// A further choice of an n-choice request: takes the first choice's prefilled prompt, the rows of
+// `first_cache` and the state of `first_drafter` (both of the same groups as the slot's), so that
+// reuse_prefix() then keeps them. Without drafters (nullptr) only the rows.
+void share_prompt(SlotPrefix & prefix, KvCache & cache, Drafter * drafter, const KvCache & first_cache, const Drafter * first_drafter,
+                  std::span<const int32_t> prompt);
+
 // Nothing reusable: the cache emptied (a lossy SpecEE request's rows, a failed step's).
 void forget_prefix(SlotPrefix & prefix, KvCache & cache);
 

@@ -114,7 +114,7 @@ def test_seeded_sampling_is_reproducible(client):
 
 
 @pytest.mark.parametrize("kwargs,param", [
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),
     ({"max_tokens": -1}, "max_tokens"),
     ({"max_tokens": CTX}, "max_tokens"),
     ({"temperature": 5}, "temperature"),

@@ -1,0 +1,136 @@
+#include "server/choices.h"
+
+#include <chrono>
+
+#include "server/http_reply.h"
+#include "server/openai_logprobs.h"
+
+namespace specula {
+
+using nlohmann::json;
+
+namespace {
+
+void cancel_all(const std::vector<std::shared_ptr<Job>> & jobs) {
+    for (const auto & job : jobs) job->cancel();
+}
+
+// The first choice's statistics with every choice's completion tokens.
+GenerationStats summed(const std::vector<std::shared_ptr<Job>> & jobs) {
+    GenerationStats stats = jobs[0]->result().stats;
+    for (size_t i = 1; i < jobs.size(); ++i) stats.n_generated += jobs[i]->result().stats.n_generated;
+    return stats;
+}
+
+json with_index(json chunk, size_t i) {
+    chunk["choices"][0]["index"] = i;
+    return chunk;
+}
+
+openai::ApiError failed(const Job::Result & result) { return openai::ApiError{500, result.error, "server_error", "", ""}; }
+
+}  // namespace
+
+void respond_choices_whole(const httplib::Request & req, httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
+                           const openai::Completion & c, const std::atomic<bool> & ending) {
+    std::vector<std::string> texts(jobs.size());
+    std::vector<std::vector<TokenLogprob>> logprobs(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        while (jobs[i]->next(texts[i], nullptr, c.token_text ? &logprobs[i] : nullptr) != Job::Wait::Ended) {
+            if (ending) {
+                cancel_all(jobs);
+                return send_error(res, shutting_down_error());
+            }
+            if (req.is_connection_closed()) return cancel_all(jobs);  // nobody reads the answer
+        }
+    }
+    for (const auto & job : jobs) {
+        if (!job->result().error.empty()) return send_error(res, failed(job->result()));
+    }
+    json response = openai::response(c, texts[0], jobs[0]->result().finish_reason, summed(jobs));
+    json choices = json::array();
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        json choice = openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats)["choices"][0];
+        choice["index"] = i;
+        size_t text_offset = 0;
+        if (c.token_text) choice["logprobs"] = openai::logprobs(c, logprobs[i], text_offset);
+        choices.push_back(std::move(choice));
+    }
+    response["choices"] = std::move(choices);
+    send_json(res, 200, response);
+}
+
+void respond_choices_stream(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c,
+                            bool include_usage, const std::atomic<bool> & ending) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [jobs, c, include_usage, &ending](size_t, httplib::DataSink & sink) {
+            auto write = [&](const std::string & event) {
+                if (sink.write(event.data(), event.size())) return true;
+                cancel_all(jobs);  // the client went away: free the slots
+                return false;
+            };
+            auto end_stream = [&](const json & error) {
+                cancel_all(jobs);
+                write(openai::sse(error));
+                write("data: [DONE]\n\n");
+                sink.done();
+                return true;
+            };
+            const size_t n = jobs.size();
+            for (size_t i = 0; i < n; ++i) {
+                if (!write(openai::sse(with_index(openai::chunk_start(c), i)))) return false;
+            }
+            std::vector<std::vector<TokenLogprob>> logprobs(n);
+            std::vector<size_t> text_offset(n, 0);
+            // A choice's chunk with the logprobs of its tokens released since its last chunk.
+            auto choice_chunk = [&](json chunk, size_t i) {
+                chunk = with_index(std::move(chunk), i);
+                if (c.token_text && !logprobs[i].empty()) chunk["choices"][0]["logprobs"] = openai::logprobs(c, logprobs[i], text_offset[i]);
+                logprobs[i].clear();
+                return openai::sse(chunk);
+            };
+            std::vector<char> ended(n, 0);
+            size_t running = n;
+            auto last_write = std::chrono::steady_clock::now();
+            while (running > 0) {
+                if (ending) return end_stream(shutting_down_error().body());
+                bool wrote = false;
+                for (size_t i = 0; i < n; ++i) {
+                    if (ended[i]) continue;
+                    std::string text;
+                    std::vector<TokenOrigin> origins;
+                    const auto wait = std::chrono::milliseconds(running == 1 ? 200 : 10);  // one waits, several are polled in turn
+                    const Job::Wait w = jobs[i]->next(text, &origins, c.token_text ? &logprobs[i] : nullptr, wait);
+                    if (w == Job::Wait::Text) {
+                        json tokens = json::array();
+                        for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
+                        if (!write(choice_chunk(openai::chunk_text(c, text, tokens), i))) return false;
+                        wrote = true;
+                    } else if (w == Job::Wait::Ended) {
+                        const Job::Result & result = jobs[i]->result();
+                        if (!result.error.empty()) return end_stream(failed(result).body());
+                        if (!write(choice_chunk(openai::chunk_finish(c, result.finish_reason), i))) return false;
+                        ended[i] = 1;
+                        --running;
+                        wrote = true;
+                    }
+                }
+                const auto now = std::chrono::steady_clock::now();
+                if (wrote) {
+                    last_write = now;
+                } else if (now - last_write > std::chrono::milliseconds(200)) {
+                    if (!sink.is_writable() || !write(": waiting\n\n")) return cancel_all(jobs), false;
+                    last_write = now;
+                }
+            }
+            if (include_usage && !write(openai::sse(openai::chunk_usage(c, summed(jobs))))) return false;
+            write("data: [DONE]\n\n");
+            sink.done();
+            return true;
+        },
+        [jobs](bool) { cancel_all(jobs); });
+}
+
+}  // namespace specula

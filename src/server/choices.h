@@ -1,0 +1,24 @@
+#pragma once
+// A request's n choices (Scheduler::submit_choices, choice i sampled with seed + i) answered as
+// one response or one stream. Choice i is choices[i] with "index" i; a stream sends each choice's
+// first chunk (its role, for chat), its text deltas and its last chunk (its finish_reason), each
+// with the choice's index, the choices' chunks interleaved as their text comes. Usage counts the
+// prompt once and sums the choices' completion tokens; its cached_tokens and `speculation` are
+// the first choice's (the one that prefilled the prompt). A client gone cancels every choice.
+#include <httplib.h>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "server/openai.h"
+#include "server/scheduler.h"
+
+namespace specula {
+
+void respond_choices_whole(const httplib::Request & req, httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
+                           const openai::Completion & c, const std::atomic<bool> & ending);
+void respond_choices_stream(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c,
+                            bool include_usage, const std::atomic<bool> & ending);
+
+}  // namespace specula
