@@ -388,7 +388,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         r = openai::parse_request(endpoint, req.body, model_id);
         try {
             if (endpoint == openai::Endpoint::Chat) {
-                Tokenizer::Chat rendered = t->tokenizer->tokenize_chat(r.chat, prompt_specials);
+                Tokenizer::Chat rendered = t->tokenizer->tokenize_conversation(r.chat, prompt_specials);
                 prompt = std::move(rendered.tokens);
                 chat = std::move(rendered.prompt);
             } else {

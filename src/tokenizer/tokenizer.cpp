@@ -222,7 +222,7 @@ std::vector<int32_t> Tokenizer::tokenize_markup_and_contents(const ChatInput & i
     return tokens;
 }
 
-Tokenizer::Chat Tokenizer::tokenize_chat(const ChatInput & input, SpecialTokens contents) const {
+Tokenizer::Chat Tokenizer::tokenize_conversation(const ChatInput & input, SpecialTokens contents) const {
     bool contents_spell_control = false;
     if (contents == SpecialTokens::Text) {
         // Only contents can be kept apart from the markup; the other texts a client sends are
@@ -261,7 +261,7 @@ std::vector<int32_t> Tokenizer::tokenize_chat(const std::vector<std::pair<std::s
                                               SpecialTokens contents) const {
     ChatInput input;
     for (const auto & [role, content] : messages) input.messages.push_back({role, content, {}, ""});
-    return tokenize_chat(input, contents).tokens;
+    return tokenize_conversation(input, contents).tokens;
 }
 
 }  // namespace specula

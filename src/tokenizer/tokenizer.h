@@ -63,7 +63,7 @@ public:
         std::vector<int32_t> tokens;
         ChatPrompt prompt;
     };
-    Chat tokenize_chat(const ChatInput & input, SpecialTokens contents = SpecialTokens::Text) const;
+    Chat tokenize_conversation(const ChatInput & input, SpecialTokens contents = SpecialTokens::Text) const;
     // (role, content) messages, as above.
     std::vector<int32_t> tokenize_chat(const std::vector<std::pair<std::string, std::string>> & messages,
                                        SpecialTokens contents = SpecialTokens::Text) const;
