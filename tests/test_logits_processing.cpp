@@ -190,6 +190,37 @@ TEST(Grammar, BansEveryTokenThatCannotContinueTheGrammarAndAllowsTheEndOnlyAtIts
               std::string::npos);
 }
 
+// The argmax without banning over the whole row equals the whole processed row's, whether the
+// likeliest tokens are allowed, a few are banned, or more than it tries.
+TEST(Grammar, ProcessedArgmaxIsTheArgmaxOfTheWholeProcessedRow) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    SamplingParams p;
+    p.repeat_penalty = 1.7f, p.frequency_penalty = 0.3f;
+    const std::vector<int32_t> history = {token_of(tok, "y"), token_of(tok, "n")};
+    const auto state = make_logits_state(p, R"(root ::= [a-z]+)", history, &tok);
+    Rng rng(7);
+    int banned_first = 0, past_the_tries = 0;
+    for (int r = 0; r < 60; ++r) {
+        std::vector<float> raw(tok.n_vocab());
+        for (float & x : raw) x = static_cast<float>(4.0 * rng.uniform());
+        // Rows whose likeliest tokens are banned (pieces with a space), a few or very many.
+        const int boosted = r % 3 == 0 ? 0 : r % 3 == 1 ? 3
+                                                        : 3 * kArgmaxTries;
+        int n = 0;
+        for (int32_t t = 0; t < tok.n_vocab() && n < boosted; ++t) {
+            if (tok.piece(t).starts_with(" ")) raw[t] = 10.0f + n++;
+        }
+        std::vector<float> whole = raw, partial = raw;
+        state->apply(whole);
+        const int32_t want = argmax(whole);
+        EXPECT_EQ(processed_argmax(*state, partial), want) << "row " << r;
+        banned_first += boosted > 0;
+        past_the_tries += boosted > kArgmaxTries;
+    }
+    EXPECT_GT(banned_first, 0);
+    EXPECT_GT(past_the_tries, 0);
+}
+
 TEST(Grammar, AGrammarThatDoesNotParseIsAnErrorNamingTheProblem) {
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
     const std::string undefined = test::error_message([&] { make_grammar_state(tok, R"(root ::= missing)"); });

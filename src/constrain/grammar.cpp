@@ -34,7 +34,9 @@ public:
         return std::make_unique<GrammarState>(SamplerPtr(llama_sampler_clone(sampler_.get())), n_tokens_);
     }
 
-    void apply(std::span<float> logits) const override {
+    void apply_values(std::span<float>) const override {}  // a grammar only bans
+
+    void apply_bans(std::span<float> logits) const override {
         const int n = std::min<int>(n_tokens_, static_cast<int>(logits.size()));
         candidates_.resize(n);
         for (int i = 0; i < n; ++i) candidates_[i] = llama_token_data{i, logits[i], 0.0f};

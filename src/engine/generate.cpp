@@ -63,19 +63,24 @@ GenerationStats generate_plain(ModelRunner & runner, KvCache & cache, std::span<
     Rng rng(options.sampling.seed);
     std::vector<float> probs, processed, scratch;
     auto pick = [&](std::span<const float> logits) {
-        if (processing) {
-            processed.assign(logits.begin(), logits.end());
-            processing->apply(processed);
-            logits = processed;
-        }
         int32_t token = 0;
-        if (options.sampling.greedy()) {
-            token = argmax(logits);
+        if (processing && options.sampling.greedy() && !options.on_logprob) {  // as verify_greedy reads a node's row
+            processed.assign(logits.begin(), logits.end());
+            token = processed_argmax(*processing, processed);
         } else {
-            processed_probs(logits, options.sampling, probs);
-            token = sample_from(probs, rng);
+            if (processing) {
+                processed.assign(logits.begin(), logits.end());
+                processing->apply(processed);
+                logits = processed;
+            }
+            if (options.sampling.greedy()) {
+                token = argmax(logits);
+            } else {
+                processed_probs(logits, options.sampling, probs);
+                token = sample_from(probs, rng);
+            }
+            report_logprob(options, logits, token, scratch);
         }
-        report_logprob(options, logits, token, scratch);
         if (processing) processing->accept(token);
         return token;
     };

@@ -27,7 +27,7 @@ public:
     }
     std::unique_ptr<LogitsState> clone() const override { return std::make_unique<PenaltyState>(*this); }
 
-    void apply(std::span<float> logits) const override {
+    void apply_values(std::span<float> logits) const override {
         for (const auto & [token, bias] : bias_) {
             if (static_cast<size_t>(token) >= logits.size()) {
                 throw Error("logit_bias names token " + std::to_string(token) + ", outside the " + std::to_string(logits.size()) + "-token vocabulary");
@@ -41,6 +41,8 @@ public:
             l -= static_cast<float>(count) * frequency_ + presence_;
         }
     }
+
+    void apply_bans(std::span<float>) const override {}  // a bias of -inf is a value
 
     bool allows(int32_t token) const override {
         for (const auto & [t, bias] : bias_) {
@@ -98,8 +100,24 @@ std::unique_ptr<LogitsState> LogitsStates::clone() const {
     return std::make_unique<LogitsStates>(std::move(copies));
 }
 
-void LogitsStates::apply(std::span<float> logits) const {
-    for (const auto & s : states_) s->apply(logits);
+void LogitsStates::apply_values(std::span<float> logits) const {
+    for (const auto & s : states_) s->apply_values(logits);
+}
+
+void LogitsStates::apply_bans(std::span<float> logits) const {
+    for (const auto & s : states_) s->apply_bans(logits);
+}
+
+int32_t processed_argmax(const LogitsState & state, std::span<float> logits) {
+    state.apply_values(logits);
+    for (int i = 0; i < kArgmaxTries; ++i) {
+        const int32_t best = argmax(logits);
+        if (!(logits[best] > -INFINITY)) break;  // nothing left above -inf: the bans decide (and may throw)
+        if (state.allows(best)) return best;
+        logits[best] = -INFINITY;
+    }
+    state.apply_bans(logits);
+    return argmax(logits);
 }
 
 bool LogitsStates::allows(int32_t token) const {

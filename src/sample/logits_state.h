@@ -16,9 +16,14 @@ class LogitsState {
 public:
     virtual ~LogitsState() = default;
     virtual std::unique_ptr<LogitsState> clone() const = 0;
-    // Processes a full-vocabulary row of raw logits in place (a banned token becomes -inf).
-    // Throws Error when nothing is left to draw.
-    virtual void apply(std::span<float> logits) const = 0;
+    // Processes a full-vocabulary row of raw logits in place (a banned token becomes -inf): the
+    // values (penalties, bias), then the bans (a grammar's), which change nothing else.
+    void apply(std::span<float> logits) const {
+        apply_values(logits);
+        apply_bans(logits);
+    }
+    virtual void apply_values(std::span<float> logits) const = 0;
+    virtual void apply_bans(std::span<float> logits) const = 0;  // throws Error when nothing is left to draw
     // Whether apply() leaves `token` above -inf: cheap, without a row.
     virtual bool allows(int32_t token) const = 0;
     // The sequence continues with `token`.
@@ -31,12 +36,21 @@ public:
 // apply() for a biased token past its row); nullptr when the settings process nothing.
 std::unique_ptr<LogitsState> make_penalty_state(const SamplingParams & params, std::span<const int32_t> history, int n_vocab);
 
+// The argmax of apply(logits), `logits` the raw row (overwritten), without banning over the whole
+// row where it can: the values processed, the likeliest tokens are tried against allows() in turn
+// (bans only lower tokens to -inf, so the first allowed is the processed row's argmax, ties by
+// id). Only after kArgmaxTries banned ones is the whole row banned: a grammar over a 262k-token
+// vocabulary costs milliseconds per row, a token's check microseconds.
+inline constexpr int kArgmaxTries = 16;
+int32_t processed_argmax(const LogitsState & state, std::span<float> logits);
+
 // Several states applied in order as one.
 class LogitsStates final : public LogitsState {
 public:
     explicit LogitsStates(std::vector<std::unique_ptr<LogitsState>> states) : states_(std::move(states)) {}
     std::unique_ptr<LogitsState> clone() const override;
-    void apply(std::span<float> logits) const override;
+    void apply_values(std::span<float> logits) const override;
+    void apply_bans(std::span<float> logits) const override;
     bool allows(int32_t token) const override;
     void accept(int32_t token) override;
 

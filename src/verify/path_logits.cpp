@@ -26,10 +26,21 @@ void PathLogits::set_rows(std::span<const float> raw, int n_vocab, std::span<con
     block_row_.assign(block_row.begin(), block_row.end());
 }
 
-std::span<const float> PathLogits::row(int node) {
+std::span<const float> PathLogits::raw_row(int node) const {
     const int r = block_row_.at(node + 1);
     if (r < 0) throw Error("verification read the row of node " + std::to_string(node) + ", which the forward skipped");
-    const std::span<const float> raw = raw_.subspan(static_cast<size_t>(r) * n_vocab_, n_vocab_);
+    return raw_.subspan(static_cast<size_t>(r) * n_vocab_, n_vocab_);
+}
+
+int32_t PathLogits::argmax(int node) {
+    if (!root_ || processed_[node + 1]) return specula::argmax(row(node));
+    const std::span<const float> raw = raw_row(node);
+    scratch_.assign(raw.begin(), raw.end());
+    return processed_argmax(state_after(node), scratch_);
+}
+
+std::span<const float> PathLogits::row(int node) {
+    const std::span<const float> raw = raw_row(node);
     if (!root_) return raw;
     if (rows_.size() < processed_.size()) rows_.resize(processed_.size());
     std::vector<float> & dst = rows_[node + 1];
@@ -42,7 +53,7 @@ std::span<const float> PathLogits::row(int node) {
 }
 
 TargetLogits PathLogits::view() {
-    return TargetLogits{raw_, n_vocab_, [this](int node) { return row(node); }};
+    return TargetLogits{raw_, n_vocab_, [this](int node) { return row(node); }, [this](int node) { return argmax(node); }};
 }
 
 }  // namespace specula

@@ -25,13 +25,17 @@ public:
     std::span<const char> skipped() const { return skipped_; }
     // After the forward: `raw` holds the block's rows, node i's at block row block_row[i + 1] (the
     // root's at block_row[0]), each n_vocab wide; -1 for skipped nodes.
+    // The spans stay valid until the next begin().
     void set_rows(std::span<const float> raw, int n_vocab, std::span<const int> block_row);
-    // A node's (TokenTree::kRoot: the root's) row as verification reads it.
+    // A node's (TokenTree::kRoot: the root's) row as verification reads it, and that row's argmax
+    // (sample/logits_state.h: processed_argmax, without processing the whole row where it can).
     std::span<const float> row(int node);
+    int32_t argmax(int node);
     // The verifier's view of the rows: row() for each node it reads.
     TargetLogits view();
 
 private:
+    std::span<const float> raw_row(int node) const;
     const LogitsState & state_after(int node) { return *states_.after(node, tree_->parent, tree_->token); }
 
     const TokenTree * tree_ = nullptr;
@@ -43,6 +47,7 @@ private:
     std::vector<int> block_row_;
     std::vector<std::vector<float>> rows_;  // [n + 1] processed rows (kept allocated across rounds)
     std::vector<char> processed_;           // [n + 1] whether rows_ holds this round's row
+    std::vector<float> scratch_;            // argmax()'s row
 };
 
 }  // namespace specula

@@ -18,7 +18,7 @@ VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits) 
     VerifyResult r;
     int cur = TokenTree::kRoot;
     while (true) {
-        const int32_t want = argmax(logits.row_of(cur));
+        const int32_t want = logits.argmax_of(cur);
         int next = -1;
         for (int c = tree.first_child_of(cur); c >= 0; c = tree.next_sibling[c]) {
             const bool match = tree.token[c] == want;

@@ -34,10 +34,12 @@ struct TargetLogits {
     std::span<const float> data;
     int n_vocab = 0;
     std::function<std::span<const float>(int node)> processed_row = {};
+    std::function<int32_t(int node)> processed_argmax = {};  // with processed_row: its argmax, cheaper than the row
     std::span<const float> row_of(int node) const {
         if (processed_row) return processed_row(node);
         return data.subspan(static_cast<size_t>(node + 1) * n_vocab, n_vocab);
     }
+    int32_t argmax_of(int node) const { return processed_argmax ? processed_argmax(node) : argmax(row_of(node)); }
 };
 
 // Temperature 0: follow the target's argmax through the tree as far as a child matches.
