@@ -65,7 +65,7 @@ void Job::release(const std::string & text) {
 void Job::finish(Result result) {
     std::lock_guard lock(mutex_);
     if (stops_.stopped()) result.finish_reason = "stop";
-    else release(stops_.flush());  // the end of the text that could have begun a stop string is text
+    else release(stops_.flush());            // the end of the text that could have begun a stop string is text
     const std::string rest = utf8_.flush();  // an unfinished character at the end is what the model produced
     if (!rest.empty()) pending_origins_.push_back({rest, partial_origin_.kind, partial_origin_.depth});
     pending_ += rest;
