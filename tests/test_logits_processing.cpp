@@ -12,6 +12,7 @@
 #include "constrain/grammar.h"
 #include "draft/draft_model.h"
 #include "draft/eagle.h"
+#include "draft/early_exit.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/sequence.h"
@@ -23,6 +24,7 @@
 #include "tokenizer/tokenizer.h"
 #include "verify/path_logits.h"
 #include "distribution.h"
+#include "specee_predictor.h"
 #include "test_models.h"
 
 namespace specula {
@@ -334,6 +336,62 @@ TEST(LogitsProcessing, GreedySpeculativeChainsAndTreesEqualPlainDecodingTokensAn
         }
         EXPECT_GT(accepted, 20) << c.name << ": the accept path was exercised";
     }
+}
+
+// SpecEE's lossless mode (tokens exited at layer 1, by a predictor that always exits, as chain
+// drafts) on a fixture target with a vocabulary: plain decoding's tokens, and its logprobs up to
+// the rounding of an f32 model's multi-row forward.
+TEST(LogitsProcessing, GreedyEarlyExitDraftsEqualPlainDecodingUnderPenaltiesAndAGrammar) {
+    const std::string path = test::model_path("llama_gqa_f32");
+    Backend backend{BackendOptions{"cpu", 1}};
+    const auto target = Model::load(path, backend);
+    ModelRunner runner(*target);
+    const Tokenizer tok(path);
+    const auto head = EagleHead::load(test::eagle_head_path("eagle3", "llama_gqa_f32"), *target, backend);
+    test::PredictorSpec always;
+    always.layers = {1};
+    always.output_bias = 100.0f;
+    const auto predictor = ExitPredictor::load(test::write_predictor(always, *target, "always_exits_at_1"), *target);
+    EarlyExitDrafter exits(*target, *predictor, 0.5f, std::make_unique<EagleDrafter>(*head, 256), 256);
+    GenerationOptions o;
+    o.n_predict = 24;
+    o.top_logprobs = 2;
+    o.sampling.repeat_penalty = 1.8f, o.sampling.presence_penalty = 0.5f;
+    o.grammar = R"(root ::= [a-z ]+)";
+    const std::vector<int32_t> prompt = tok.tokenize("Once upon a time");
+    auto run = [&](Drafter * d) {
+        Bundled::Output out;
+        KvCache cache(backend, target->config(), 256);
+        GenerationOptions with = o;
+        with.on_logprob = [&](const TokenLogprob & lp) { out.logprobs.push_back(lp); };
+        auto sink = [&](int32_t t) {
+            out.tokens.push_back(t);
+            return true;
+        };
+        auto is_end = [&](int32_t t) { return tok.is_end_of_generation(t); };
+        if (!d) {
+            const auto processing = logits_processing(with, prompt, &tok);
+            generate_plain(runner, cache, prompt, with, is_end, sink, processing.get());
+            return out;
+        }
+        auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
+        SequenceParts parts{cache, d, policy.get(), TreeBudget{}};
+        parts.tokenizer = &tok;
+        generate_speculative(runner, parts, prompt, with, is_end, sink);
+        return out;
+    };
+    const Bundled::Output want = run(nullptr), got = run(&exits);
+    EXPECT_EQ(got.tokens, want.tokens);
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+    for (size_t i = 0; i < want.logprobs.size(); ++i) {
+        EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 1e-4) << "token " << i;
+        ASSERT_EQ(got.logprobs[i].top.size(), want.logprobs[i].top.size()) << "token " << i;
+        for (size_t k = 0; k < want.logprobs[i].top.size(); ++k) {
+            EXPECT_EQ(got.logprobs[i].top[k].first, want.logprobs[i].top[k].first) << "token " << i;
+            EXPECT_NEAR(got.logprobs[i].top[k].second, want.logprobs[i].top[k].second, 1e-4) << "token " << i;
+        }
+    }
+    EXPECT_GT(exits.exit_stats().exited(), 0);
 }
 
 // Model drafters propose only what the grammar allows along each drafted path: no node of theirs
