@@ -94,7 +94,7 @@ void parse_response_format(const json & body, Request & r) {
         r.grammar = json_schema_to_gbnf(schema);
         r.grammar_field = "response_format";
     } catch (const Error & e) {
-        bad("response_format", std::string("'response_format': the schema cannot be compiled: ") + e.what());
+        bad("response_format", std::string("'response_format': ") + e.what());
     }
 }
 
@@ -136,7 +136,7 @@ void check_generation(const Request & r, const Tokenizer & tokenizer) {
     try {
         make_grammar_state(tokenizer, r.grammar);
     } catch (const Error & e) {
-        bad(r.grammar_field, "'" + r.grammar_field + "': the grammar cannot be compiled: " + e.what());
+        bad(r.grammar_field, "'" + r.grammar_field + "': " + e.what());
     }
 }
 
