@@ -298,7 +298,7 @@ std::vector<Case> processing_cases(const Tokenizer & tok) {
     grammar.grammar = R"(root ::= [a-df-su-z ]{3,30} ".")";
     cases.push_back({"grammar", grammar});
     GenerationOptions schema = base;
-    schema.n_predict = 60;
+    schema.n_predict = 40;
     schema.grammar = json_schema_to_gbnf(nlohmann::json::parse(
         R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}}, "required": ["name", "age"]})"));
     cases.push_back({"JSON schema", schema});
@@ -663,7 +663,7 @@ TEST(LogitsProcessing, GrammarConstrainedSamplingFollowsTheProcessedTargetAndABr
     const auto state = logits_processing(o, prompt, &m.tokenizer);
     const auto joint = exact_processed_joint(*m.target, m.runner, prompt, o.sampling, *state);
     ASSERT_GT(joint.size(), 8u);
-    const int runs = 300;
+    const int runs = 200;
     for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 2, 3, 9}}) {
         auto [stat, dof] = processed_chi2(*m.target, m.runner, self, &m.tokenizer, prompt, o, joint, runs, tree, nullptr);
         std::printf("[distribution] grammar, %s: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape), stat, dof,
