@@ -43,7 +43,7 @@ async function main() {
   assert.ok(plain.choices[0].text.length > 0);
   assert.equal(streamed, plain.choices[0].text);
 
-  await assert.rejects(client.chat.completions.create({ model, messages, n: 2 }), (e) => e.status === 400 && e.param === "n");
+  await assert.rejects(client.chat.completions.create({ model, messages, n: 9 }), (e) => e.status === 400 && e.param === "n");
   console.log("ok");
 }
 
