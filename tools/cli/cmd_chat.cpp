@@ -42,11 +42,7 @@ void register_chat(CLI::App & app, Commands & commands) {
     sub->add_option("--system", args->system, "system message opening the conversation");
     sub->add_option("-n,--n-predict", args->gen.n_predict, "most tokens per reply")->capture_default_str();
     sub->add_option("-c,--ctx-size", args->engine.n_ctx, "context size in tokens (the whole conversation)")->capture_default_str();
-    sub->add_option("--temp", args->gen.sampling.temperature, "temperature (0 = greedy)")->capture_default_str();
-    sub->add_option("--top-k", args->gen.sampling.top_k, "top-k (0 = off)")->capture_default_str();
-    sub->add_option("--top-p", args->gen.sampling.top_p, "top-p (1 = off)")->capture_default_str();
-    sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
-    sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
+    add_sampling_flags(sub, args->gen.sampling);
     add_engine_flags(sub, args->engine);
     sub->callback([args, &commands] {
         commands.run = [args] {

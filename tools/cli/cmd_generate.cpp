@@ -51,17 +51,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("-p,--prompt", args->prompt, "prompt text")->required();
     sub->add_option("-n,--n-predict", args->gen.n_predict, "tokens to generate")->capture_default_str();
     sub->add_option("-c,--ctx-size", args->engine.n_ctx, "context size in tokens")->capture_default_str();
-    sub->add_option("--temp", args->gen.sampling.temperature, "temperature (0 = greedy)")->capture_default_str();
-    sub->add_option("--top-k", args->gen.sampling.top_k, "top-k (0 = off)")->capture_default_str();
-    sub->add_option("--top-p", args->gen.sampling.top_p, "top-p (1 = off)")->capture_default_str();
-    sub->add_option("--min-p", args->gen.sampling.min_p, "min-p (0 = off)")->capture_default_str();
-    sub->add_option("--seed", args->gen.sampling.seed, "random seed")->capture_default_str();
-    sub->add_option("--repeat-penalty", args->gen.sampling.repeat_penalty, "divide the logit of a recent token by this (1 = off)")->capture_default_str();
-    sub->add_option("--presence-penalty", args->gen.sampling.presence_penalty, "subtract this from a recent token's logit (0 = off)")->capture_default_str();
-    sub->add_option("--frequency-penalty", args->gen.sampling.frequency_penalty, "subtract this per occurrence of a recent token (0 = off)")
-        ->capture_default_str();
-    sub->add_option("--penalty-last-n", args->gen.sampling.penalty_last_n, "the recent tokens the penalties count, prompt included (-1 = all)")
-        ->capture_default_str();
+    add_sampling_flags(sub, args->gen.sampling);
     auto * grammar = sub->add_option("--grammar-file", args->grammar_path, "constrain the output to this GBNF grammar (llama.cpp's format)");
     sub->add_option("--json-schema", args->schema_path, "constrain the output to JSON that this JSON-schema file describes")->excludes(grammar);
     sub->add_option("--stop", args->stop, "end the output where this text starts, itself not printed (repeatable)");

@@ -48,6 +48,18 @@ void use_default_model(EngineOptions & engine) {
     if (engine.drafter.kind == DrafterKind::None) engine.drafter = {DrafterKind::Eagle3, std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead};
 }
 
+void add_sampling_flags(CLI::App * sub, SamplingParams & s) {
+    sub->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();
+    sub->add_option("--top-k", s.top_k, "top-k (0 = off)")->capture_default_str();
+    sub->add_option("--top-p", s.top_p, "top-p (1 = off)")->capture_default_str();
+    sub->add_option("--min-p", s.min_p, "min-p (0 = off)")->capture_default_str();
+    sub->add_option("--seed", s.seed, "random seed")->capture_default_str();
+    sub->add_option("--repeat-penalty", s.repeat_penalty, "divide the logit of a recent token by this (1 = off)")->capture_default_str();
+    sub->add_option("--presence-penalty", s.presence_penalty, "subtract this from a recent token's logit (0 = off)")->capture_default_str();
+    sub->add_option("--frequency-penalty", s.frequency_penalty, "subtract this per occurrence of a recent token (0 = off)")->capture_default_str();
+    sub->add_option("--penalty-last-n", s.penalty_last_n, "the recent tokens the penalties count, prompt included (-1 = all)")->capture_default_str();
+}
+
 void add_engine_flags(CLI::App * sub, EngineOptions & e) {
     sub->add_option("-t,--threads", e.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
     sub->add_option("--device", e.device,

@@ -7,7 +7,8 @@
 
 namespace specula {
 struct EngineOptions;
-}
+struct SamplingParams;
+}  // namespace specula
 
 namespace specula::cli {
 
@@ -19,6 +20,8 @@ void add_choice(CLI::App * sub, const std::string & name, Enum & out, Enum (*par
 }
 
 void add_engine_flags(CLI::App * sub, EngineOptions & engine);
+// The sampling flags of the commands that generate (--temp ... --seed, the penalties).
+void add_sampling_flags(CLI::App * sub, SamplingParams & sampling);
 
 // No -m: SmolLM2-135M-Instruct from the model cache scripts/fetch_models.sh fills (same variable,
 // same default), fetched on first use, drafting with its EAGLE-3 head from models/ unless another
