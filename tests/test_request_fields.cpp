@@ -2,7 +2,9 @@
 // and the fields parse_request reads into a request (server/openai.h).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/openai.h"
@@ -119,7 +121,14 @@ TEST(RequestFields, LogitBiasIsTokenIdsToBiasesWithinTheVocabulary) {
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"hello": 1}})").param, "logit_bias");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"5": 101}})").param, "logit_bias");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"5": 1, "05": 2}})").param, "logit_bias");
-    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[5, 1]]})").param, "logit_bias");
+    // llama-server's form: [[id, bias]], false banning the token.
+    const openai::Request pairs = parsed(Endpoint::Chat, kChat + R"("logit_bias": [[5, 1.5], [9, false]]})");
+    ASSERT_EQ(pairs.sampling.logit_bias.size(), 2u);
+    EXPECT_EQ(pairs.sampling.logit_bias[0], (std::pair<int32_t, float>{5, 1.5f}));
+    EXPECT_EQ(pairs.sampling.logit_bias[1].second, -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[5]]})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [["hello", 1]]})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[5, 1], [5, 2]]})").param, "logit_bias");
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
     EXPECT_NO_THROW(openai::check_generation(r, tok));
     const std::string unknown = std::to_string(tok.n_vocab());

@@ -34,22 +34,40 @@ void parse_stop(const json & body, Request & r) {
     }
 }
 
-// {"token id": bias}: ids as decimal strings (OpenAI's form), biases within -100..100. The ids
-// are checked against the vocabulary where the tokenizer is known (the HTTP handler).
+// OpenAI's {"token id": bias} (ids as decimal strings), or llama-server's [[id, bias], ...] where
+// a bias of false bans the token. Biases within -100..100; the ids are checked against the
+// vocabulary where the tokenizer is known (check_generation).
 void parse_logit_bias(const json & body, Request & r) {
     const json & v = body.at("logit_bias");
-    if (!v.is_object()) must_be("logit_bias", "an object of token ids to biases", v);
+    if (!v.is_object() && !v.is_array()) must_be("logit_bias", "an object of token ids to biases (or [[id, bias], ...])", v);
     std::set<int32_t> seen;
-    for (const auto & [key, bias] : v.items()) {
-        const std::string param = "logit_bias[" + json_quoted(key) + "]";
-        const bool digits = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!digits) bad("logit_bias", "'logit_bias' keys must be token ids (non-negative integers), got " + json_quoted(key));
-        const int32_t id = std::stoi(key);
+    auto add = [&](int32_t id, const json & bias, const std::string & param) {
         if (!seen.insert(id).second) bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + " twice");
+        if (bias == false) {
+            r.sampling.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
+            return;
+        }
         if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100.0) {
             bad("logit_bias", "'" + param + "' must be a number between -100 and 100, got " + json_kind(bias));
         }
         r.sampling.logit_bias.emplace_back(id, bias.get<float>());
+    };
+    if (v.is_array()) {
+        for (size_t i = 0; i < v.size(); ++i) {
+            const std::string param = "logit_bias[" + std::to_string(i) + "]";
+            const json & pair = v[i];
+            if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() || pair[0].get<int64_t>() < 0 ||
+                pair[0].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+                bad("logit_bias", "'" + param + "' must be [token id, bias], got " + json_kind(pair));
+            }
+            add(static_cast<int32_t>(pair[0].get<int64_t>()), pair[1], param);
+        }
+        return;
+    }
+    for (const auto & [key, bias] : v.items()) {
+        const bool digits = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits) bad("logit_bias", "'logit_bias' keys must be token ids (non-negative integers), got " + json_quoted(key));
+        add(std::stoi(key), bias, "logit_bias[" + json_quoted(key) + "]");
     }
 }
 

@@ -178,6 +178,8 @@ def test_logit_bias_bans_a_token(plain):
     banned = {t for text in (first, first.lstrip()) for t in post(plain, "/tokenize", {"content": text})[1]["tokens"]}
     body = complete(plain, max_tokens=1, logit_bias={str(t): -100 for t in banned})
     assert body["choices"][0]["text"] != first
+    body = complete(plain, max_tokens=1, logit_bias=[[t, False] for t in banned])  # llama-server's form
+    assert body["choices"][0]["text"] != first
 
 
 def test_response_format_json_schema_gives_json_that_validates(speculative):
