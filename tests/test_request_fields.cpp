@@ -108,6 +108,12 @@ TEST(RequestFields, PenaltiesReachTheSamplingParameters) {
     EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -1.0f);
     EXPECT_FLOAT_EQ(r.sampling.repeat_penalty, 1.3f);
     EXPECT_EQ(r.sampling.penalty_last_n, -1);
+    const openai::Request vllm = parsed(Endpoint::Chat, kChat + R"("repetition_penalty": 1.2, "top_k": -1})");  // vLLM's names and values
+    EXPECT_FLOAT_EQ(vllm.sampling.repeat_penalty, 1.2f);
+    EXPECT_EQ(vllm.sampling.penalty_last_n, -1);
+    EXPECT_EQ(vllm.sampling.top_k, 0);
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("repetition_penalty": 1.2, "repeat_penalty": 1.1})").param, "repetition_penalty");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("top_k": -2})").param, "top_k");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("presence_penalty": 2.5})").param, "presence_penalty");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("repeat_penalty": 0})").param, "repeat_penalty");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("repeat_last_n": -2})").param, "repeat_last_n");

@@ -100,7 +100,8 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
     if (has(body, "n")) r.n = static_cast<int>(integer(body, "n", 1, kMaxChoices));
     if (has(body, "temperature")) r.sampling.temperature = static_cast<float>(number(body, "temperature", 0.0, 2.0));
     if (has(body, "top_p")) r.sampling.top_p = static_cast<float>(number(body, "top_p", 0.0, 1.0));
-    if (has(body, "top_k")) r.sampling.top_k = static_cast<int>(integer(body, "top_k", 0, 1 << 30));
+    // top_k <= 0 is off, as llama-server reads it; vLLM's clients send -1.
+    if (has(body, "top_k")) r.sampling.top_k = std::max(0, static_cast<int>(integer(body, "top_k", -1, 1 << 30)));
     if (has(body, "min_p")) r.sampling.min_p = static_cast<float>(number(body, "min_p", 0.0, 1.0));
     if (has(body, "seed")) {
         r.sampling.seed = static_cast<uint64_t>(integer(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));

@@ -124,9 +124,14 @@ void parse_generation(const json & body, Request & r) {
         const float x = static_cast<float>(number(body, key, -2.0, 2.0));
         (key == std::string_view("presence_penalty") ? r.sampling.presence_penalty : r.sampling.frequency_penalty) = x;
     }
-    if (has(body, "repeat_penalty")) {
-        r.sampling.repeat_penalty = static_cast<float>(number(body, "repeat_penalty", 0.0, 10.0));
-        if (r.sampling.repeat_penalty <= 0.0f) must_be("repeat_penalty", "above 0 (1: off)", body.at("repeat_penalty"));
+    // llama-server's repeat_penalty over the last repeat_last_n tokens, or vLLM's repetition_penalty,
+    // the same penalty over the whole context.
+    if (has(body, "repeat_penalty") && has(body, "repetition_penalty")) bad("repetition_penalty", "'repetition_penalty' and 'repeat_penalty' cannot be combined");
+    for (const char * key : {"repeat_penalty", "repetition_penalty"}) {
+        if (!has(body, key)) continue;
+        r.sampling.repeat_penalty = static_cast<float>(number(body, key, 0.0, 10.0));
+        if (r.sampling.repeat_penalty <= 0.0f) must_be(key, "above 0 (1: off)", body.at(key));
+        if (key == std::string_view("repetition_penalty")) r.sampling.penalty_last_n = -1;
     }
     if (has(body, "repeat_last_n")) r.sampling.penalty_last_n = static_cast<int>(integer(body, "repeat_last_n", -1, std::numeric_limits<int32_t>::max()));
     if (has(body, "logit_bias")) parse_logit_bias(body, r);
@@ -162,7 +167,7 @@ void refuse_unknown_fields(const json & body, Endpoint endpoint) {
     // Read by parse_request (openai.cpp, openai_chat.cpp and the functions above).
     static const std::set<std::string, std::less<>> common = {
         "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed",
-        "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "logit_bias", "stop", "logprobs",
+        "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "repetition_penalty", "logit_bias", "stop", "logprobs",
         "grammar", "response_format", "ignore_eos", "specee", "specee_threshold", "stream", "stream_options",
         // Metadata: accepted, with no effect on the generation (docs/server.md).
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
