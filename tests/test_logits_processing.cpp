@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -529,6 +530,29 @@ TEST(LogitsProcessing, SpecEEsLossyModeRefusesWhatItCannotHonour) {
     o = {};
     o.top_logprobs = 0;
     EXPECT_NE(refused(o).find("logprobs"), std::string::npos);
+}
+
+// `specula generate` with a grammar file and a JSON-schema file: constrained text, and one error
+// line naming the problem for a grammar that does not parse or a schema that is not JSON.
+TEST(LogitsProcessing, GenerateTakesGrammarAndJsonSchemaFiles) {
+    const std::string cli = std::string(SPECULA_CLI) + " generate --quiet --threads 1 -m " + test::shipped_model("specula-target.gguf") + " -p 'Once upon a time' -n 40 ";
+    const std::string grammar = test::scratch_file("color.gbnf"), schema = test::scratch_file("animal.json");
+    std::ofstream(grammar) << R"(root ::= " The " [a-z]+ " is " ("red" | "blue") ".")";
+    std::ofstream(schema) << R"({"type": "object", "properties": {"legs": {"type": "integer"}}, "required": ["legs"]})";
+    const test::CommandRun colored = test::run_command(cli + "--grammar-file " + grammar + " --repeat-penalty 1.3");
+    ASSERT_EQ(colored.exit_code, 0) << colored.err;
+    const std::string text = colored.out.substr(std::string("Once upon a time").size());
+    EXPECT_TRUE(text.starts_with(" The ")) << text;
+    EXPECT_TRUE(text.ends_with(" is red.") || text.ends_with(" is blue.")) << text;
+    const test::CommandRun json = test::run_command(cli + "--json-schema " + schema);
+    ASSERT_EQ(json.exit_code, 0) << json.err;
+    EXPECT_TRUE(json.out.substr(std::string("Once upon a time").size()).starts_with("{")) << json.out;
+
+    const std::string bad = test::scratch_file("bad.gbnf");
+    std::ofstream(bad) << "root ::= undefined-rule\n";
+    test::expect_cli_error(cli, "--grammar-file " + bad, "the grammar does not parse as GBNF: Undefined rule identifier 'undefined-rule'");
+    test::expect_cli_error(cli, "--json-schema " + grammar, "is not JSON");
+    test::expect_cli_error(cli, "--grammar-file " + bad + ".missing", "cannot read the grammar file");
 }
 
 // ---- The processed target's law at T > 0 ----------------------------------------------------
