@@ -99,6 +99,8 @@ TEST(RequestFields, StopIsAStringOrUpToFourNonEmptyStrings) {
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop": ["a", "b", "c", "d", "e"]})").param, "stop");
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop": ["a", ""]})").param, "stop");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("stop": [1]})").param, "stop");
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("stop": ")" + std::string(1024, 'a') + "\"}").stop.at(0).size(), 1024u);
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("stop": ")" + std::string(1025, 'a') + "\"}").param, "stop");
 }
 
 // Catches: penalties refused or dropped on their way to SamplingParams, or accepted out of range.

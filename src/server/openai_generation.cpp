@@ -19,6 +19,9 @@ using nlohmann::json;
 namespace {
 
 constexpr size_t kMaxStops = 4;  // OpenAI's limit
+// The held-back text can grow to a stop string's length, and matching costs up to its square per
+// token: a bound keeps a hostile stop string cheap.
+constexpr size_t kMaxStopBytes = 1024;
 
 void parse_stop(const json & body, Request & r) {
     const json & s = body.at("stop");
@@ -31,6 +34,7 @@ void parse_stop(const json & body, Request & r) {
     }
     for (const std::string & stop : r.stop) {
         if (stop.empty()) bad("stop", "'stop' strings must not be empty");
+        if (stop.size() > kMaxStopBytes) bad("stop", "'stop' strings must be at most " + std::to_string(kMaxStopBytes) + " bytes");
     }
 }
 
