@@ -460,7 +460,10 @@ TEST(SmolLM2Drafters, SampledOutputFollowsTheTargetDistribution) {
     if (!std::filesystem::exists(path)) GTEST_SKIP() << absent_reason(path);
     LoadedTarget t(path);
     auto head = EagleHead::load(test::shipped_model("smollm2-eagle3.gguf"), *t.model, t.backend);
-    expect_sampling_follows_the_target("smollm2-drafters", t, *head, chat_prompts(path)[0]);
+    // The space-travel prompt: under SmolLM2's own template (its default system turn) the first
+    // prompt's first two tokens no longer let the misplaced-q control be told apart (chi2 9.4 against
+    // a critical 24.2); this one's do (243 against 39.5).
+    expect_sampling_follows_the_target("smollm2-drafters", t, *head, chat_prompts(path)[3]);
 }
 
 // ---- The EAGLE-3 head trained for Gemma 3 270M (models/gemma3-eagle3.gguf) --------------------
