@@ -109,7 +109,8 @@ ChatTool tool(const json & t, const nlohmann::ordered_json & ordered, size_t i) 
 // "auto" | "none" | "required" | {"type": "function", "function": {"name": NAME}}.
 void apply_tool_choice(const json & v, ChatInput & chat) {
     if (v.is_string() && (v == "auto" || v == "none" || v == "required")) {
-        chat.tool_choice = v == "auto" ? ToolChoice::Auto : v == "none" ? ToolChoice::None : ToolChoice::Required;
+        chat.tool_choice = v == "auto" ? ToolChoice::Auto : v == "none" ? ToolChoice::None
+                                                                        : ToolChoice::Required;
     } else if (v.is_object()) {
         if (v.value("type", json()) != "function" || !v.contains("function") || !v.at("function").is_object()) {
             must_be("tool_choice", "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}", v);
