@@ -171,6 +171,7 @@ public:
     // than Off needs the target's exit predictors, and the lossy mode greedy sampling (Error).
     // Lossless sequences share the step's target forward like any drafter's; a lossy sequence
     // runs its own layer segments on its cache stream after the shared forward, one token per step.
+    // `stop`: the request's stop strings (Job).
     std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {},
                                 std::vector<std::string> stop = {});
     // A request's n choices (1 <= n <= the slots; Error otherwise): n jobs, choice i sampled with
