@@ -43,6 +43,7 @@ private:
     std::vector<float> probs_;
     // The draft in progress, between start() and take().
     DraftRequest req_;
+    PathStates path_states_;  // the request's processing along the growing tree
     std::optional<TreeGrower> grower_;
     std::vector<int> slot_of_;  // tree node -> cache slot, once fed
     PendingForward pending_forward_;
@@ -50,4 +51,3 @@ private:
 };
 
 }  // namespace specula
-    PathStates path_states_;  // the request's processing along the growing tree

@@ -109,6 +109,7 @@ void EagleDrafter::start(const DraftRequest & req) {
     TreeBudget budget = req.budget;
     budget.depth = std::min(budget.depth, std::max(1, (cache_->capacity() - (root_pos - first_position_)) / std::max(1, budget.branching)));
     grower_.emplace(budget);
+    path_states_.reset(req.processing);
     // The catch-up block: every pending target-feature entry; its last row drafts the root's children.
     ForwardBatch b;
     for (int p = pending_first_; p < root_pos; ++p) {
@@ -128,7 +129,6 @@ void EagleDrafter::resume() {
     TreeGrower & g = *grower_;
     const std::span<const int> frontier = g.frontier();
     const int E = head_.shape().n_embd;
-    path_states_.reset(req.processing);
     const DraftVocabulary vocab{head_.d2t(), head_.shape().n_token_vocab};
     std::vector<Expansion> ex;
     if (frontier.size() == 1 && frontier[0] == TokenTree::kRoot) {

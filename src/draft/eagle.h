@@ -64,6 +64,7 @@ private:
     std::vector<float> probs_;
     // The draft in progress, between start() and take().
     DraftRequest req_;
+    PathStates path_states_;  // the request's processing along the growing tree
     std::optional<TreeGrower> grower_;
     int committed_ = 0;  // positions with target-feature entries (= the root's position)
     // Per tree node: its cache slot and the pre-norm output of its own entry; its children are
@@ -71,7 +72,6 @@ private:
     std::vector<int> slot_of_;
     std::vector<std::vector<float>> proposer_hidden_;
     std::vector<float> root_hidden_;
-    PathStates path_states_;  // the request's processing along the growing tree
     PendingForward pending_forward_;
     Draft draft_;
 };

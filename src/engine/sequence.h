@@ -131,17 +131,17 @@ private:
     int chunk_;
     Rng rng_;
     VerifyFn verify_;
+    // The request's logit processing after history_ (nullptr: none), and the round's rows under it.
+    std::unique_ptr<LogitsState> logits_state_;
+    PathLogits path_;
+    std::vector<int> node_row_;  // [n + 1] the block row of the root and of each draft node (-1: skipped)
+    std::vector<float> logprob_scratch_;
     RoundPolicy policy_;
     std::vector<int32_t> history_;
     std::vector<int> feature_layers_;
     std::vector<float> features_;
     int prefilled_ = 0;  // prompt tokens in the cache
     int emitted_ = 0;
-    // The request's logit processing after history_ (nullptr: none), and the round's rows under it.
-    std::unique_ptr<LogitsState> logits_state_;
-    PathLogits path_;
-    std::vector<int> node_row_;  // [n + 1] the block row of the root and of each draft node (-1: skipped)
-    std::vector<float> logprob_scratch_;
     bool stopped_ = false;
     GenerationStats run_;
     // The current round, from draft() to commit().
