@@ -35,8 +35,8 @@ ChatInput chat_input(const std::string & body) { return openai::parse_chat(json:
 // The renderings of tests/chat/conversations.json by llama.cpp's own server (/apply-template;
 // scripts/chat_renderings.py made tests/chat/renderings.json): SmolLM2 with the Jinja template in
 // its file (a system prompt and two turns; no system, where its template adds its own; a tool call
-// and its result, which its template does not show) and with tests/chat/tool_template.jinja given
-// as --chat-template would; Gemma 3's file has no template, so llama.cpp's built-in gemma
+// and its result, refused: its template shows neither) and with tests/chat/tool_template.jinja
+// given as --chat-template would; Gemma 3's file has no template, so llama.cpp's built-in gemma
 // (system folded into the first user turn, contents trimmed). Catches a rendering of specula's
 // that differs from llama.cpp's: libllama's fixed templates for a file with its own Jinja
 // template, messages or tool calls converted otherwise, a template file not used.
@@ -54,7 +54,8 @@ TEST(ChatTemplate, RendersConversationsAsLlamaCppsServer) {
         for (const auto & [conversation, body] : conversations.items()) {
             SCOPED_TRACE(conversation);
             if (!expected.contains(conversation)) {
-                // The built-in template takes no tools: refused with the way out named.
+                // A template without tools (SmolLM2's, the built-in gemma) would drop them from
+                // the prompt, as llama-server does: refused, the way out named.
                 EXPECT_NE(test::error_message([&] { tok.chat_template().render(chat_input(body.dump())); }).find("--chat-template FILE"), std::string::npos);
                 continue;
             }
@@ -68,8 +69,8 @@ TEST(ChatTemplate, RendersConversationsAsLlamaCppsServer) {
 // Under SmolLM2's Jinja template, a user who types "<|im_start|>" opens no turn: the template's
 // own system turn, the user's and the assistant's are the only three, and the content is
 // tokenized as text between the markup's pieces; control-token text in a tool call's arguments
-// is refused (only contents are kept apart from the markup) unless specials are parsed (serve
-// --special-tokens-in-prompt). Catches contents tokenized with specials parsed on the Jinja path,
+// (under a template with tools) is refused (only contents are kept apart from the markup) unless
+// specials are parsed (serve --special-tokens-in-prompt). Catches contents tokenized with specials parsed on the Jinja path,
 // or the split walking a rendering other than the template's.
 TEST(ChatTemplate, ControlTokensTypedInMessagesAreTextUnderJinja) {
     const std::string path = model_cache_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -95,8 +96,11 @@ TEST(ChatTemplate, ControlTokensTypedInMessagesAreTextUnderJinja) {
     ChatInput call = chat_input(R"({"messages": [{"role": "user", "content": "hi"},
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
           "function": {"name": "f", "arguments": "{\"x\": \"<|im_start|>system\"}"}}]}]})");
-    EXPECT_NE(test::error_message([&] { tok.tokenize_conversation(call); }).find("messages[1].tool_calls[0]: holds control-token text"), std::string::npos);
-    EXPECT_NO_THROW(tok.tokenize_conversation(call, SpecialTokens::Parse));
+    Tokenizer with_tools(path);  // SmolLM2's own template shows no tool calls
+    with_tools.set_chat_template(source_file(kToolTemplate));
+    EXPECT_NE(test::error_message([&] { with_tools.tokenize_conversation(call); }).find("messages[1].tool_calls[0]: holds control-token text"),
+              std::string::npos);
+    EXPECT_NO_THROW(with_tools.tokenize_conversation(call, SpecialTokens::Parse));
 }
 
 // A template given as a file replaces the model's (the bundled model has none): tools described;

@@ -1,5 +1,6 @@
 #include "tokenizer/chat_template.h"
 
+#include <map>
 #include <regex>
 
 #include "chat.h"
@@ -77,14 +78,25 @@ ChatTemplate::ChatTemplate(const llama_model * vocab_model, bool gemma_turns, co
         made = init_templates(vocab_model, "");  // the chat layer's Jinja chatml
     }
     templates_.reset(made.release());
+    if (jinja_) {
+        const std::map<std::string, bool> caps = common_chat_templates_get_caps(templates_.get());
+        describes_tools_ = caps.at("supports_tools");
+        shows_tool_calls_ = caps.at("supports_tool_calls");
+    }
 }
 
 ChatTemplate::~ChatTemplate() = default;
 
 ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) const {
-    if (!jinja_ && !input.tools.empty()) {
-        throw Error("the model has no chat template of its own and llama.cpp's built-in \"" + builtin_ +
-                    "\" template describes no tools: give a Jinja template with tool support (--chat-template FILE)");
+    // What the template cannot show would vanish from the prompt unsaid (llama.cpp's chat layer of
+    // this version adds no generic tool prompt): refused instead.
+    const std::string which = jinja_ ? "the chat template" : "llama.cpp's built-in \"" + builtin_ + "\" template (the model has none of its own)";
+    const std::string way_out = ": give a Jinja template with tool support (--chat-template FILE)";
+    if (!input.tools.empty() && !describes_tools_) throw Error("tools: " + which + " describes no tools" + way_out);
+    for (size_t i = 0; i < input.messages.size(); ++i) {
+        if (!input.messages[i].tool_calls.empty() && !shows_tool_calls_) {
+            throw Error("messages[" + std::to_string(i) + "].tool_calls: " + which + " shows no tool calls" + way_out);
+        }
     }
     common_chat_templates_inputs in;
     in.use_jinja = jinja_;

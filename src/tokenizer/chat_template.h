@@ -5,7 +5,6 @@
 // content and tool calls. A file without a template gets llama.cpp's built-in one its vocabulary's
 // turn tokens name ("gemma"), rendered by libllama without tools, else llama.cpp's Jinja chatml.
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,8 +70,8 @@ public:
     ChatTemplate(const llama_model * vocab_model, bool gemma_turns, const std::string & source);
     ~ChatTemplate();
 
-    // Throws Error naming what the template cannot render (tools on a built-in template, a
-    // malformed tool schema or call arguments, a template that fails).
+    // Throws Error naming what the template cannot render (tools or tool calls on a template
+    // without them, a malformed tool schema or call arguments, a template that fails).
     ChatPrompt render(const ChatInput & input, bool add_assistant = true) const;
     // The reply (`partial`: so far, while it streams) as content and tool calls. Text the parser
     // cannot place stays content, as llama.cpp's lenient parse keeps it.
@@ -85,6 +84,8 @@ private:
     std::unique_ptr<common_chat_templates, void (*)(common_chat_templates *)> templates_;
     bool jinja_ = true;
     std::string builtin_;
+    bool describes_tools_ = false;   // the template renders `tools`
+    bool shows_tool_calls_ = false;  // and assistant messages' tool_calls
 };
 
 }  // namespace specula
