@@ -73,6 +73,14 @@ ServerProcess::~ServerProcess() {
     }
 }
 
+void ServerProcess::check_running() {
+    int status = 0;
+    if (pid_ > 0 && ::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = 0;
+        throw Error(name_ + " exited (" + exit_text(status) + "); its log " + log_ + " ends: " + log_tail(log_));
+    }
+}
+
 void ServerProcess::wait_ready(double timeout_s) {
     const auto t0 = serve_clock::now();
     httplib::Client cli("127.0.0.1", port_);

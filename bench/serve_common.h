@@ -28,6 +28,8 @@ public:
     ServerProcess & operator=(const ServerProcess &) = delete;
     // Until GET /health answers 200 (both servers answer 503 while loading).
     void wait_ready(double timeout_s);
+    // Throws Error with the exit status and the log's tail when the process has ended.
+    void check_running();
 
 private:
     std::string name_, log_;

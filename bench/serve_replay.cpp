@@ -307,6 +307,7 @@ int run_rate_sweep(ServeBenchOptions & o) {
         for (size_t ci = 0; ci < r.serve.configs.size(); ++ci) {
             const Config & c = r.serve.configs[ci];
             const RateRun run = run_arrivals(servers[ci].port, c, requests, arrivals);
+            servers[ci].process->check_running();  // a server gone says why before its requests' errors do
             progress.step("rate " + rate_text(rates[ri]) + ", " + c.server + " " + c.name);
             rows.push_back(rate_row(c, rates[ri], requests, run, raw));
         }
@@ -336,6 +337,7 @@ int run_multi_turn(ServeBenchOptions & o) {
     for (size_t ci = 0; ci < r.serve.configs.size(); ++ci) {
         const Config & c = r.serve.configs[ci];
         const std::vector<TurnResult> results = run_conversations(servers[ci].port, c, conversations, o.slots);
+        servers[ci].process->check_running();
         progress.step(c.server + " " + c.name);
         rows.push_back(turn_rows(c, conversations, o.turns, results, raw));
     }
