@@ -33,9 +33,10 @@ private:
 };
 
 // Catches: the lookup continuation not grafted (or grafted as a duplicate of a child the model
-// already proposed), grafted nodes without a path probability below their parent's, or a graft at
-// T > 0, where lossless tree sampling needs every node drawn from its parent's draft distribution.
-TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTreeAtTemperatureZero) {
+// already proposed), grafted nodes without a path probability below their parent's, or, at T > 0,
+// a chain merged into the model's draws or not flagged one-hot (the verifier would judge it
+// against the model's q).
+TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTree) {
     TokenTree model_tree;
     const int a = model_tree.add(TokenTree::kRoot, 7, std::log(0.6f));
     model_tree.add(TokenTree::kRoot, 9, std::log(0.3f));
@@ -78,16 +79,35 @@ TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTreeAtTemperatu
     EXPECT_FLOAT_EQ(doubted.logp[0], std::log(0.8f));
     EXPECT_FLOAT_EQ(doubted.logp[1], std::log(0.8f) + std::log(0.5f));
 
+    // At T > 0 the chain goes beside the model's draws (children drawn from its q), never into its
+    // 7: a one-hot node of its own at the root, the rest of the chain below it.
+    TokenTree drawn = model_tree;
+    drawn.q = {std::vector<float>(10, 0.1f)};
+    auto sampling_drafter = LookupGraftDrafter(std::make_unique<FixedTreeDrafter>(drawn), 1, 3);
     SamplingParams sampled;
     sampled.temperature = 1.0f;
-    drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &sampled, nullptr});
-    EXPECT_EQ(drafter.take().tree.token, model_tree.token);
+    sampling_drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &sampled, nullptr});
+    Draft beside = sampling_drafter.take();
+    ASSERT_EQ(beside.grafted_from, 3);
+    EXPECT_EQ(beside.tree.token[3], 7);
+    EXPECT_EQ(beside.tree.parent[3], TokenTree::kRoot);
+    EXPECT_TRUE(beside.tree.proposed_one_hot(3));
+    EXPECT_FALSE(beside.tree.proposed_one_hot(0));
+    EXPECT_EQ(beside.tree.token[4], 8);
+    EXPECT_EQ(beside.tree.parent[4], 3);
+    // Pruned (path probabilities 7: 0.6, the grafted 7: 0.5, 8: 0.4, 9: 0.3), the grafted node
+    // keeps its flag and needs none of the model's draws beside it.
+    prune_draft(beside, 2);
+    EXPECT_EQ(beside.tree.token, (std::vector<int32_t>{7, 7}));
+    EXPECT_EQ(beside.tree.parent, (std::vector<int>{TokenTree::kRoot, TokenTree::kRoot}));
+    EXPECT_TRUE(beside.tree.proposed_one_hot(1));
+    EXPECT_EQ(beside.grafted_from, 1);
 }
 
 // Catches: lookup's step probabilities not learned from the text that followed its chains (a
 // chain that keeps holding priced like one that never does), learned past a chain's first
 // mismatch, or a free draft (the lookup chain alone, for rounds without a model draft) that
-// differs from lookup's continuation or is offered at T > 0.
+// differs from lookup's continuation or is not offered at T > 0.
 TEST(Speculative, LookupGraftLearnsHowOftenItsChainsHoldAndDraftsThemAlone) {
     SamplingParams greedy;
     const TreeBudget depth3{TreeShape::Dynamic, 3, 2, 3};  // lookup's chain: as many tokens as the round's nodes
@@ -130,9 +150,12 @@ TEST(Speculative, LookupGraftLearnsHowOftenItsChainsHoldAndDraftsThemAlone) {
     fails.reset();
     EXPECT_DOUBLE_EQ(fails.step_prob(1), LookupGraftDrafter::kPriorStepProb);
 
+    // At T > 0 too: the chain alone is a one-hot proposal at every node.
     SamplingParams sampled;
     sampled.temperature = 1.0f;
-    EXPECT_TRUE(holds.free_draft(DraftRequest{base, depth3, &sampled, nullptr}).tree.empty());
+    const TokenTree sampled_chain = holds.free_draft(DraftRequest{base, depth3, &sampled, nullptr}).tree;
+    ASSERT_EQ(sampled_chain.size(), 3);
+    EXPECT_TRUE(sampled_chain.proposed_one_hot(0));
 }
 
 // A model drafter too slow to ever pay: the tree policy stops drafting with it after its first round.

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <vector>
 
+#include "distribution.h"
+#include "draft/lookup_graft.h"
 #include "sample/sampler.h"
 #include "tree/token_tree.h"
 #include "verify/verify.h"
@@ -199,6 +202,106 @@ TEST(VerifySampled, AcceptsWithProbabilityPOverQ) {
     }
     EXPECT_GT(accepted, 60);
     EXPECT_LT(accepted, 140);
+}
+
+// A head's tree with a prompt-lookup chain grafted beside it, as at T > 0: over a 6-token
+// vocabulary the head draws two root children without replacement from q1 and one child below
+// each from q2, and lookup proposes the chain 2 3 (p1(2) = 0.16, q1(2) = 0.4: the head draws 2
+// too in 70% of the trees, so the duplicate is exercised). The first two emitted
+// tokens (the second drawn from its row when only one is) must follow p1(a) p2(b | a).
+struct GraftedTrees {
+    static constexpr int kV = 6;
+    const std::vector<float> root_logits = {0.2f, -0.4f, 0.0f, 0.5f, -1.0f, 0.3f};
+    const std::vector<float> q1 = {0.1f, 0.1f, 0.4f, 0.05f, 0.3f, 0.05f};
+    const std::vector<int32_t> chain = {2, 3};
+    // Target and head rows below a first token a: a's own shape, rotated.
+    std::vector<float> logits_after(int32_t a) const {
+        std::vector<float> r(kV);
+        for (int i = 0; i < kV; ++i) r[i] = root_logits[(i + a + 1) % kV] * 1.5f;
+        return r;
+    }
+    std::vector<float> q2_after(int32_t a) const {
+        std::vector<float> q(kV);
+        for (int i = 0; i < kV; ++i) q[i] = q1[(i + 2 * a) % kV];
+        return q;
+    }
+    static int32_t draw(std::vector<float> q, Rng & rng) { return sample_from(q, rng); }
+
+    TokenTree tree(Rng & rng, bool sampled) const {
+        TokenTree t;
+        t.q.push_back(q1);
+        std::vector<float> left = q1;
+        for (int k = 0; k < 2; ++k) {
+            const int32_t a = draw(left, rng);
+            left[a] = 0.0f;  // sample_from renormalises
+            t.add(TokenTree::kRoot, a, std::log(q1[a]));
+        }
+        for (int node : t.children(TokenTree::kRoot)) {
+            const std::vector<float> q2 = q2_after(t.token[node]);
+            t.q.resize(t.size() + 1);
+            t.q[node + 1] = q2;
+            t.add(node, draw(q2, rng), t.logp[node] + std::log(0.5f));
+        }
+        graft_chain(t, chain, std::vector<float>{std::log(0.5f), std::log(0.5f)}, 0.0f, sampled);
+        return t;
+    }
+    // Observed (a, b) counts against p1(a) p2(b | a): chi-square and degrees of freedom.
+    std::pair<double, int> chi2(int runs, bool sampled) const {
+        SamplingParams sp;
+        sp.temperature = 1.0f;
+        std::vector<float> p1, p2;
+        processed_probs(root_logits, sp, p1);
+        std::vector<double> counts(kV * kV, 0.0);
+        Rng rng(1234);
+        for (int run = 0; run < runs; ++run) {
+            const TokenTree t = tree(rng, sampled);
+            std::vector<float> data(root_logits);
+            for (int i = 0; i < t.size(); ++i) {
+                const std::vector<float> row = logits_after(t.token[i]);  // below depth 1 only the third token reads it
+                data.insert(data.end(), row.begin(), row.end());
+            }
+            const VerifyResult r = verify_sampled(t, TargetLogits{data, kV}, sp, rng);
+            std::vector<int32_t> out;
+            for (int node : r.accepted) out.push_back(t.token[node]);
+            out.push_back(r.next_token);
+            if (out.size() < 2) {
+                processed_probs(logits_after(out[0]), sp, p2);
+                out.push_back(sample_from(p2, rng));
+            }
+            counts[out[0] * kV + out[1]] += 1.0;
+        }
+        std::vector<test::Cell> cells;
+        for (int32_t a = 0; a < kV; ++a) {
+            processed_probs(logits_after(a), sp, p2);
+            for (int32_t b = 0; b < kV; ++b) cells.push_back({double(p1[a]) * p2[b], counts[a * kV + b]});
+        }
+        return test::chi_square(cells, runs);
+    }
+};
+
+// Catches: a grafted lookup token judged as if the head had drawn it (accepted with
+// min(1, p/q) instead of p), merged into the head's duplicate draw, or a rejected grafted token
+// left in the residual, so that the head's duplicate gets accepted after it: the control grafts
+// as at T = 0 (merged, judged against the head's q), which the same test must refuse.
+TEST(VerifySampled, LookupChainsGraftedBesideTheHeadsDrawsFollowTheTargetDistributionAndAMergedGraftFails) {
+    const GraftedTrees trees;
+    Rng rng(7);
+    const TokenTree t = trees.tree(rng, true);
+    const int grafted = t.size() - 2;
+    ASSERT_EQ(t.parent[grafted], TokenTree::kRoot);
+    EXPECT_TRUE(t.proposed_one_hot(grafted));
+    EXPECT_FLOAT_EQ(node_draft_prob(t, grafted), 1.0f);
+    EXPECT_FALSE(t.proposed_one_hot(0));
+
+    const int runs = 40000;
+    const auto [stat, dof] = trees.chi2(runs, true);
+    std::printf("[distribution] lookup chain beside the head's draws: chi2 = %.1f, dof = %d, critical = %.1f\n", stat, dof,
+                test::chi2_critical(dof));
+    EXPECT_LT(stat, test::chi2_critical(dof));
+    const auto [merged, mdof] = trees.chi2(runs, false);
+    std::printf("[distribution] lookup chain merged into the head's draws: chi2 = %.1f (critical %.1f)\n", merged,
+                test::chi2_critical(mdof));
+    EXPECT_GT(merged, test::chi2_critical(mdof));
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ void LookupGraftDrafter::learn(std::span<const int32_t> history) {
 }
 
 std::vector<int32_t> LookupGraftDrafter::lookup_chain(const DraftRequest & request, int depth) {
-    if (!(request.sampling == nullptr || request.sampling->greedy()) || depth < 1) return {};
+    if (depth < 1) return {};
     // A round may ask twice (its free draft weighed, then the model's draft grafted): one search,
     // one chain to check, as deep as lookup's chances are kept.
     if (searched_.root != request.history.size()) {
@@ -100,15 +100,15 @@ std::vector<float> LookupGraftDrafter::chain_logp(size_t length) const {
 
 void LookupGraftDrafter::start(const DraftRequest & request) {
     request_ = request;
-    graft_ = request.sampling == nullptr || request.sampling->greedy();
     model_->start(request);
 }
 
 Draft LookupGraftDrafter::take() {
     Draft draft = model_->take();
-    const std::vector<int32_t> chain = lookup_chain(request_, graft_ ? chain_depth(request_.budget) : 0);
+    const std::vector<int32_t> chain = lookup_chain(request_, chain_depth(request_.budget));
     const int model_nodes = draft.tree.size();
-    if (graft_chain(draft.tree, chain, chain_logp(chain.size()), root_logp(request_.budget)) > 0) draft.grafted_from = model_nodes;
+    const bool sampled = request_.sampling != nullptr && !request_.sampling->greedy();
+    if (graft_chain(draft.tree, chain, chain_logp(chain.size()), root_logp(request_.budget), sampled) > 0) draft.grafted_from = model_nodes;
     return draft;
 }
 
@@ -120,21 +120,25 @@ Draft LookupGraftDrafter::free_draft(const DraftRequest & request) {
     return draft;
 }
 
-int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp) {
+int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp, bool sampled) {
     if (step_logp.size() < chain.size()) throw Error("graft_chain: a step probability per chain token is needed");
     int node = TokenTree::kRoot, added = 0;
     float chain_logp = root_logp;
     for (size_t i = 0; i < chain.size(); ++i) {
         chain_logp += step_logp[i];
+        // A drawn child proposing the chain's token is no proposal of it at probability one: under
+        // sampling both go to the verifier, which refuses the second once the first is rejected.
+        const bool beside_draws = sampled && !tree.q_of(node).empty();
         int next = -1;
-        for (int c = tree.first_child_of(node); c >= 0; c = tree.next_sibling[c]) {
+        for (int c = tree.first_child_of(node); c >= 0 && !beside_draws; c = tree.next_sibling[c]) {
             if (tree.token[c] == chain[i]) {
                 next = c;
                 break;
             }
         }
         if (next < 0) {
-            next = tree.add(node, chain[i], (node == TokenTree::kRoot ? root_logp : tree.logp[node]) + step_logp[i]);
+            const float logp = (node == TokenTree::kRoot ? root_logp : tree.logp[node]) + step_logp[i];
+            next = beside_draws ? tree.add_one_hot(node, chain[i], logp) : tree.add(node, chain[i], logp);
             ++added;
         } else {
             // Two estimates of the same path: the likelier one prices it, and with it the lookup

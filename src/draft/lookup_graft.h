@@ -1,10 +1,10 @@
 #pragma once
 // A model drafter's tree with the prompt-lookup continuation grafted in: text that repeats
 // (code, quotes, names, summaries of the prompt) is proposed by lookup, the rest by the model,
-// and the tree-size policy prunes the union by path probability like any tree. Greedy
-// verification accepts any tree, so the graft happens at temperature 0 only; at T > 0 the model's
-// tree goes out as drafted, since lossless tree sampling needs every node drawn from its parent's
-// draft distribution.
+// and the tree-size policy prunes the union by path probability like any tree. At T > 0 the
+// chain goes beside the model's sampled children, never merged into them: its first node is
+// flagged one-hot (TokenTree::one_hot), which the sampling verifier tries before the model's
+// children, so that each child is judged against the proposal it was really drawn from.
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -49,7 +49,7 @@ public:
     double step_prob(int depth) const;
 
 private:
-    // Lookup's chain for `request`, up to `depth` tokens (empty at T > 0), remembered to be checked
+    // Lookup's chain for `request`, up to `depth` tokens, remembered to be checked
     // against the text.
     std::vector<int32_t> lookup_chain(const DraftRequest & request, int depth);
     // Checks the chains proposed so far against the tokens that followed their roots in `history`:
@@ -64,7 +64,6 @@ private:
     NgramDrafter lookup_;
     std::string name_;
     DraftRequest request_;
-    bool graft_ = false;
     struct ProposedChain {
         size_t root = SIZE_MAX;  // history size when it was proposed
         std::vector<int32_t> tokens;
@@ -80,6 +79,9 @@ private:
 // (raising a followed node's log-probability to the chain's own, root_logp + step_logp[0..i], where
 // that is higher) and adds the rest as new nodes, node i step_logp[i] below its parent (a new child
 // of the root at root_logp + step_logp[0]). Returns the nodes added.
-int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp = 0.0f);
+// `sampled`: the tree is verified by sampling; a node's children drawn from its q are then never
+// followed (the chain's token is no draw from q) and the chain's first new node is flagged one-hot.
+int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp = 0.0f,
+                bool sampled = false);
 
 }  // namespace specula

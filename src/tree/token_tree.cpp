@@ -24,6 +24,18 @@ int TokenTree::add(int parent_node, int32_t tok, float cumulative_logp) {
     return id;
 }
 
+int TokenTree::add_one_hot(int parent_node, int32_t tok, float cumulative_logp) {
+    const int id = add(parent_node, tok, cumulative_logp);
+    one_hot.resize(token.size(), 0);
+    one_hot[id] = 1;
+    return id;
+}
+
+bool TokenTree::proposed_one_hot(int node) const {
+    if (static_cast<size_t>(node) < one_hot.size() && one_hot[node]) return true;
+    return q_of(parent[node]).empty();
+}
+
 std::vector<int> TokenTree::children(int node) const {
     std::vector<int> out;
     for (int c = first_child_of(node); c >= 0; c = next_sibling[c]) out.push_back(c);
@@ -37,6 +49,7 @@ std::span<const float> TokenTree::q_of(int node) const {
 }
 
 float node_draft_prob(const TokenTree & tree, int node) {
+    if (tree.proposed_one_hot(node)) return 1.0f;
     const auto q = tree.q_of(tree.parent[node]);
     const auto t = static_cast<size_t>(tree.token[node]);
     return t < q.size() ? q[t] : 1.0f;

@@ -22,10 +22,17 @@ struct TokenTree {
     // q[0] for the root's children, q[i + 1] for node i's. Empty when the drafter has none
     // (n-gram); the verifier then treats the proposal as deterministic (one-hot).
     std::vector<std::vector<float>> q;
+    // [n] or shorter (missing: 0): 1 where the node was proposed deterministically (a grafted
+    // lookup token) beside siblings drawn from its parent's q; its proposal is a one-hot, and
+    // the verifier tries it before them.
+    std::vector<char> one_hot;
 
     int size() const { return static_cast<int>(token.size()); }
     bool empty() const { return token.empty(); }
     int add(int parent_node, int32_t tok, float cumulative_logp);
+    int add_one_hot(int parent_node, int32_t tok, float cumulative_logp);
+    // Whether `node` was proposed as a one-hot: flagged so, or its parent has no q.
+    bool proposed_one_hot(int node) const;
     // Children of `node` (kRoot for the root) in the order they were added.
     std::vector<int> children(int node) const;
     int first_child_of(int node) const { return node == kRoot ? root_first_child : first_child[node]; }
@@ -36,7 +43,7 @@ struct TokenTree {
     static TokenTree chain(std::span<const int32_t> tokens);
 };
 
-// Draft probability of a node's own token: q of its parent's distribution, 1 when deterministic.
+// Draft probability of a node's own token: q of its parent's distribution, 1 when proposed one-hot.
 float node_draft_prob(const TokenTree & tree, int node);
 
 }  // namespace specula

@@ -32,7 +32,13 @@ std::vector<int> prune_order(const TokenTree & t) {
     std::stable_sort(by_logp.begin(), by_logp.end(), [&](int a, int b) { return t.logp[a] > t.logp[b]; });
     std::vector<int> prev_sibling(t.size(), -1);
     for (int n = TokenTree::kRoot; n < t.size(); ++n) {
-        for (int c = t.first_child_of(n), prev = -1; c >= 0; prev = c, c = t.next_sibling[c]) prev_sibling[c] = prev;
+        // Siblings drawn from q without replacement enter in the order they were drawn; a one-hot
+        // sibling (grafted) was drawn from nothing and is ordered by nothing.
+        for (int c = t.first_child_of(n), prev = -1; c >= 0; c = t.next_sibling[c]) {
+            if (t.proposed_one_hot(c) && !t.q_of(n).empty()) continue;
+            prev_sibling[c] = prev;
+            prev = c;
+        }
     }
     std::vector<char> in(t.size(), 0);
     std::vector<int> order;
@@ -63,7 +69,9 @@ TokenTree prune_tree(const TokenTree & t, int n) {
     std::vector<int> new_id(t.size(), -1);
     for (int i = 0; i < t.size(); ++i) {
         if (!keep[i]) continue;
-        new_id[i] = out.add(t.parent[i] == TokenTree::kRoot ? TokenTree::kRoot : new_id[t.parent[i]], t.token[i], t.logp[i]);
+        const int parent = t.parent[i] == TokenTree::kRoot ? TokenTree::kRoot : new_id[t.parent[i]];
+        const bool one_hot = static_cast<size_t>(i) < t.one_hot.size() && t.one_hot[i];
+        new_id[i] = one_hot ? out.add_one_hot(parent, t.token[i], t.logp[i]) : out.add(parent, t.token[i], t.logp[i]);
     }
     if (!t.q.empty()) {
         out.q.resize(out.size() + 1);

@@ -41,20 +41,47 @@ VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits) 
     }
 }
 
+namespace {
+
+// A node's children in the order they are tried: those proposed one-hot first, then those drawn
+// from its q, each in tree order. The order depends on nothing sampled, so every child is, given
+// the siblings tried before it, distributed as the proposal the verifier holds for it.
+void trial_order(const TokenTree & tree, int node, std::vector<int> & order) {
+    order.clear();
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int c = tree.first_child_of(node); c >= 0; c = tree.next_sibling[c]) {
+            if (tree.proposed_one_hot(c) == (pass == 0)) order.push_back(c);
+        }
+    }
+}
+
+// p <- norm(p), or the target's row again when nothing is left (only reachable through rounding, where p == q).
+void renormalise(std::vector<float> & p, double sum, const TargetLogits & logits, int node, const SamplingParams & params) {
+    if (sum <= 0.0) return processed_probs(logits.row_of(node), params, p);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (float & x : p) x *= inv;
+}
+
+}  // namespace
+
 VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng) {
     VerifyResult r;
     std::vector<float> p, q_left;
+    std::vector<int> order;
     int cur = TokenTree::kRoot;
     while (true) {
         processed_probs(logits.row_of(cur), params, p);
-        // The distribution the current child was proposed from: the drafter's until a sibling is
-        // rejected, then q_left, the drafter's without the rejected tokens.
+        // The distribution the next drawn child was proposed from: the drafter's until a drawn
+        // sibling is rejected, then q_left, the drafter's without the rejected drawn tokens. A
+        // rejected one-hot child leaves q alone: the drafter's draws did not exclude its token.
         std::span<const float> q = tree.q_of(cur);
-        const bool deterministic = q.empty();
+        trial_order(tree, cur, order);
         int next = -1;
-        for (int c = tree.first_child_of(cur); c >= 0; c = tree.next_sibling[c]) {
+        for (size_t k = 0; k < order.size(); ++k) {
+            const int c = order[k];
             const int32_t t = tree.token[c];
-            const float qc = deterministic ? 1.0f : q[t];
+            const bool one_hot = tree.proposed_one_hot(c);
+            const float qc = one_hot ? 1.0f : q[t];
             const float pc = p[t];
             const float a = qc > 0.0f ? std::min(1.0f, pc / qc) : (pc > 0.0f ? 1.0f : 0.0f);
             const double u = rng.uniform();
@@ -64,21 +91,15 @@ VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits,
                 next = c;
                 break;
             }
-            // Residual: p <- norm(max(p - q, 0)), q a one-hot on t when the proposal was deterministic.
-            double sum = 0.0;
-            if (deterministic) {
+            // Residual: p <- norm(max(p - q, 0)), q a one-hot on t for a one-hot proposal. A token
+            // rejected once has residual probability 0, so a drawn duplicate of it is refused too.
+            if (one_hot) {
                 p[t] = 0.0f;
-                sum = probability_sum(p);
-            } else {
-                sum = subtract_clamped(p, q);
+                renormalise(p, probability_sum(p), logits, cur, params);
+                continue;
             }
-            if (sum > 0.0) {
-                const float inv = static_cast<float>(1.0 / sum);
-                for (float & x : p) x *= inv;
-            } else {  // p <= q everywhere: only reachable through rounding, where p == q
-                processed_probs(logits.row_of(cur), params, p);
-            }
-            if (!deterministic && tree.next_sibling[c] >= 0) {  // the next sibling was proposed from q without t
+            renormalise(p, subtract_clamped(p, q), logits, cur, params);
+            if (k + 1 < order.size()) {  // the next drawn sibling was proposed from q without t
                 if (q.data() != q_left.data()) q_left.assign(q.begin(), q.end());
                 const float qt = q_left[t];
                 q_left[t] = 0.0f;

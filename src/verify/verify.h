@@ -48,7 +48,9 @@ VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits);
 // Temperature > 0: lossless multi-draft rejection sampling. At each node the children are tried
 // in order: accept child c with min(1, p(c)/q(c)); on rejection p <- norm(max(p - q, 0)) and c is
 // removed from q (children are proposals without replacement); if every child is refused, the
-// next token is drawn from what is left of p. With one child per node this is the classic
+// next token is drawn from what is left of p. Children proposed one-hot (grafted lookup tokens
+// beside the drafter's samples, TokenTree::one_hot) are tried first, each accepted with p(t) and,
+// rejected, leaving p without t and q as it was. With one child per node this is the classic
 // speculative-sampling rule; the output then follows the target's processed distribution exactly.
 VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng);
 
