@@ -64,6 +64,15 @@ std::string error_message(const std::function<void()> & f) {
 
 std::string shipped_model(const std::string & name) { return std::string(SPECULA_SOURCE_DIR) + "/models/" + name; }
 
+std::vector<int32_t> tokenize_pieces(const Tokenizer & tok, const std::vector<std::pair<std::string, SpecialTokens>> & pieces) {
+    std::vector<int32_t> out = tok.tokenize("", true);
+    for (const auto & [piece, specials] : pieces) {
+        const std::vector<int32_t> t = tok.tokenize(piece, false, specials);
+        out.insert(out.end(), t.begin(), t.end());
+    }
+    return out;
+}
+
 void write_whole(const std::string & path, const std::function<void(const std::string &)> & write) {
     const std::string tmp = path + ".tmp" + std::to_string(::getpid());
     write(tmp);

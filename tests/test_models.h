@@ -9,6 +9,7 @@
 #include "runtime/backend.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula::test {
 
@@ -60,6 +61,9 @@ std::string scratch_file(const std::string & name);
 double max_abs_diff(std::span<const float> a, std::span<const float> b);
 // A file of the repository's models/ (the bundled family, the SmolLM2 head).
 std::string shipped_model(const std::string & name);
+// BOS (when the vocabulary adds one), then each piece tokenized on its own with its specials: a
+// chat prompt's markup (Parse) and contents (Text) as Tokenizer::tokenize_chat keeps them apart.
+std::vector<int32_t> tokenize_pieces(const Tokenizer & tok, const std::vector<std::pair<std::string, SpecialTokens>> & pieces);
 
 struct CommandRun {
     int exit_code = -1;
