@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Checks that the C++ sources follow .clang-format (Debian's clang-format-14); with --fix, rewrites
-# them. Lists the files that differ and exits 1 when any does.
+# them. Lists the files that differ and exits 1 when any does. Files named after the option (or
+# alone) limit the check or the rewrite to them: `check_format.sh --fix src/a.cpp src/a.h`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format-14 >/dev/null || { echo "check_format: clang-format-14 is missing (scripts/setup.sh --tests installs it)" >&2; exit 1; }
 mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'src/*.inc' 'tools/*.cpp' 'tools/*.h' 'tests/*.cpp' 'tests/*.h' \
                                  'bench/*.cpp' 'bench/*.h' 'include/*.h' 'fuzz/*.cpp')
-if [ "${1:-}" = "--fix" ]; then
+fix=0
+if [ "${1:-}" = "--fix" ]; then fix=1; shift; fi
+if [ $# -gt 0 ]; then
+  for f in "$@"; do [ -f "$f" ] || { echo "check_format: no such file: $f" >&2; exit 1; }; done
+  files=("$@")
+fi
+if [ "$fix" = 1 ]; then
   clang-format-14 -i "${files[@]}"
   exit 0
 fi
