@@ -83,7 +83,7 @@ void print_machine(const MachineLoad & load) {
 
 std::string prompt_set_path(const std::string & path) { return path.empty() ? std::string(SPECULA_BENCH_PROMPTS) : path; }
 
-PromptSet read_prompt_set(const std::string & path) {
+PromptSet read_prompt_set(const std::string & path, bool schemas_allowed) {
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open the prompt set");
     PromptSet set;
@@ -91,7 +91,13 @@ PromptSet read_prompt_set(const std::string & path) {
         const auto j = nlohmann::json::parse(in);
         set.chat = j.value("chat", false);
         for (const auto & p : j.at("prompts")) {
-            set.prompts.push_back({p.at("category").get<std::string>(), p.at("name").get<std::string>(), p.at("text").get<std::string>()});
+            PromptText t{p.at("category").get<std::string>(), p.at("name").get<std::string>(), p.at("text").get<std::string>(), {}};
+            if (p.contains("json_schema")) {
+                if (!schemas_allowed) throw Error(path + ": prompt '" + t.name + "' has a json_schema, which only bench spec applies");
+                if (!p["json_schema"].is_object()) throw Error(path + ": the json_schema of prompt '" + t.name + "' is not an object");
+                t.json_schema = p["json_schema"].dump();
+            }
+            set.prompts.push_back(std::move(t));
         }
     } catch (const nlohmann::json::exception & e) {
         throw Error(path + ": expected {\"chat\": false, \"prompts\": [{\"category\", \"name\", \"text\"}, ...]}: " + e.what());

@@ -27,14 +27,17 @@ void print_machine(const MachineLoad & load);
 
 // The categorised prompt set ({"prompts": [{"category", "name", "text"}, ...]}); an empty path
 // means bench/prompts.json of the source tree. Throws Error on a missing, malformed or empty set.
+// A prompt may carry a "json_schema" (an object) its reply must follow: only benchmarks that
+// constrain their generations to it read such sets (schemas_allowed); the others refuse them.
 struct PromptText {
     std::string category, name, text;
+    std::string json_schema;  // the schema as JSON text; empty: unconstrained
 };
 struct PromptSet {
     bool chat = false;  // "chat": true: each text is a user message for the model's chat template
     std::vector<PromptText> prompts;
 };
-PromptSet read_prompt_set(const std::string & path);
+PromptSet read_prompt_set(const std::string & path, bool schemas_allowed = false);
 std::string prompt_set_path(const std::string & path);
 
 // Whether the pinned llama.cpp can run an EAGLE-3 head on this target: v0.5.0 taps the layer inputs

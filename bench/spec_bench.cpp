@@ -44,12 +44,15 @@ void validate(const SpecBenchOptions & o) {
 }
 
 // Same sampling in every engine; prompt i gets seed + i (the same in every mode and rep).
-GenerationOptions generation_options(const SpecBenchOptions & o, float temp, size_t prompt) {
+GenerationOptions generation_options(const SpecBenchOptions & o, float temp, const std::vector<Prompt> & prompts, size_t prompt) {
     GenerationOptions g;
     g.n_predict = o.n_gen;
     g.sampling.temperature = temp;
     g.sampling.seed = o.seed + prompt;
-    g.stop_at_end_of_generation = false;  // as --ignore-eos for llama.cpp: always n tokens
+    g.grammar = prompts[prompt].grammar;
+    // As --ignore-eos for llama.cpp: always n tokens. A grammar's text ends where it is complete:
+    // past it the grammar allows only the end of generation, which every drafter would draft.
+    g.stop_at_end_of_generation = !g.grammar.empty();
     return g;
 }
 
@@ -58,7 +61,7 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
     // Warm-up (untimed): builds specula's graphs for every batch shape the modes use.
     for (const Mode & mode : kModes) {
         if (is_specula(mode.kind) && available(mode, o) && runs_at(mode, o.temps[0])) {
-            run_specula(rig, mode, prompts[0], 0, generation_options(o, o.temps[0], 0), o.draft_max);
+            run_specula(rig, mode, prompts[0], 0, generation_options(o, o.temps[0], prompts, 0), o.draft_max);
         }
     }
     std::map<CellKey, Cell> cells;
@@ -68,7 +71,7 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
     for (int rep = 0; rep < o.reps; ++rep) {
         for (size_t t = 0; t < o.temps.size(); ++t) {
             for (size_t i = 0; i < prompts.size(); ++i) {
-                const GenerationOptions g = generation_options(o, o.temps[t], i);
+                const GenerationOptions g = generation_options(o, o.temps[t], prompts, i);
                 for (size_t m = 0; m < kModes.size(); ++m) {
                     if (!available(kModes[m], o) || !runs_at(kModes[m], o.temps[t])) continue;
                     Run r;
@@ -97,7 +100,9 @@ std::map<CellKey, Cell> run_matrix(const SpecBenchOptions & o, SpeculaRig & rig,
 int run_spec_bench(const SpecBenchOptions & o) {
     validate(o);
     const std::string prompts_path = prompt_set_path(o.prompts);
-    const PromptSet prompt_set = read_prompt_set(prompts_path);
+    const PromptSet prompt_set = read_prompt_set(prompts_path, /*schemas_allowed=*/true);
+    const bool constrained = std::any_of(prompt_set.prompts.begin(), prompt_set.prompts.end(), [](const PromptText & p) { return !p.json_schema.empty(); });
+    if (constrained && !o.specee.empty()) throw Error(prompts_path + ": SpecEE's lossy mode takes no grammar: run a prompt set with json_schema without --specee");
     // Fail on a missing peer before spending minutes on specula's runs.
     LlamaSetup llama;
     if (o.llamacpp) {
@@ -134,12 +139,15 @@ int run_spec_bench(const SpecBenchOptions & o) {
     const std::vector<std::string> categories = categories_of(prompts);
     std::printf("%zu prompts in %zu categories, n = %d, k = %d, %d threads, %d reps\n", prompts.size(), categories.size(),
                 o.n_gen, o.draft_max, llama.threads, o.reps);
+    const auto n_constrained = std::count_if(prompts.begin(), prompts.end(), [](const Prompt & p) { return !p.grammar.empty(); });
+    if (n_constrained) std::printf("%td prompts constrained by their json_schema (every mode; these stop where the JSON ends)\n", n_constrained);
 
     const auto cells = run_matrix(o, rig, llama, prompts);
     json rows = print_tables(o, cells, categories, rig.cost, rig.target->config().n_layer);
     const Headline h = headline(o, cells, rig.cost);
     print_headline(h, o.temps[0]);
-    const json j = results_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
+    json j = results_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
+    j["json_schema_prompts"] = n_constrained;
     if (!o.json_path.empty()) {
         std::ofstream(o.json_path) << j.dump(2) << "\n";
         std::printf("wrote %s\n", o.json_path.c_str());

@@ -7,6 +7,7 @@
 #include <regex>
 #include <sstream>
 
+#include "constrain/grammar.h"
 #include "engine/generate.h"
 #include "engine/model_bundle.h"
 #include "engine/sequence.h"
@@ -77,13 +78,15 @@ std::string quoted(const std::string & s) {
 
 // Flags both tools share: same prompt, length, context, threads, and sampling equal to specula's
 // SamplingParams (pure temperature: llama.cpp's default top-k 40, top-p 0.95, min-p 0.05 switched
-// off). --ignore-eos: every engine generates the full n tokens.
+// off). --ignore-eos: every engine generates the full n tokens, except under a grammar, which
+// allows only the end of generation once its text is complete (specula stops there too).
 std::string common_flags(const SpecBenchOptions & o, const LlamaSetup & s, const Prompt & p, const SamplingParams & sp,
                          bool flash_attn) {
     std::ostringstream f;
     f << " -m " << quoted(o.model) << " -f " << quoted(p.file) << " -n " << o.n_gen << " -c " << s.n_ctx << " -t "
-      << s.threads << " --temp " << sp.temperature << " --seed " << sp.seed
-      << " --top-k 0 --top-p 1 --min-p 0 --ignore-eos -fa " << (flash_attn ? "on" : "off") << " --log-file " << quoted(s.log_file.string()) << " </dev/null";
+      << s.threads << " --temp " << sp.temperature << " --seed " << sp.seed << " --top-k 0 --top-p 1 --min-p 0"
+      << (p.grammar.empty() ? " --ignore-eos" : " --grammar-file " + quoted(p.grammar_file)) << " -fa " << (flash_attn ? "on" : "off")
+      << " --log-file " << quoted(s.log_file.string()) << " </dev/null";
     return f.str();
 }
 
@@ -127,9 +130,18 @@ std::smatch find_in_log(const std::string & log, const char * re, const char * t
 
 std::vector<Prompt> load_prompts(const PromptSet & set, const Tokenizer & tokenizer, const ScratchDir & scratch) {
     std::vector<Prompt> prompts;
-    for (const auto & p : set.prompts) prompts.push_back({p.category, p.name, p.text, {}, {}});
+    for (const auto & p : set.prompts) prompts.push_back({p.category, p.name, p.text, {}, {}, {}, {}});
     for (size_t i = 0; i < prompts.size(); ++i) {
         Prompt & q = prompts[i];
+        if (const std::string & schema = set.prompts[i].json_schema; !schema.empty()) {
+            try {
+                q.grammar = json_schema_to_gbnf(schema);
+            } catch (const Error & e) {
+                throw Error("prompt '" + q.name + "': " + e.what());
+            }
+            q.grammar_file = scratch.path / ("grammar-" + std::to_string(i) + ".gbnf");
+            std::ofstream(q.grammar_file) << q.grammar;
+        }
         // A chat set's text is a user message: every engine gets it through the model's chat template.
         const std::vector<std::pair<std::string, std::string>> messages = {{"user", q.text}};
         q.tokens = set.chat ? tokenizer.tokenize_chat(messages) : tokenizer.tokenize(q.text);
@@ -239,7 +251,8 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
 // `prompt_index` keys plain decoding's greedy reply, which the lossy SpecEE mode is compared with.
 Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size_t prompt_index, const GenerationOptions & g, int k_max) {
     rig.cache.rollback(0);
-    const auto never_end = [](int32_t) { return false; };  // stop_at_end_of_generation is off
+    // Only a grammar's prompts stop at the end of generation (generation_options).
+    const auto is_end = [&](int32_t t) { return rig.vocab.is_end_of_generation(t); };
     std::vector<int32_t> tokens;
     const auto keep_going = [&](int32_t t) {
         tokens.push_back(t);
@@ -249,10 +262,11 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size
     GenerationStats s;
     const GenerationMode generation = generation_mode_of(mode.kind);
     if (generation == GenerationMode::Plain) {
-        s = generate_plain(rig.runner, rig.cache, prompt.tokens, g, never_end, keep_going);
+        const std::unique_ptr<LogitsState> processing = logits_processing(g, prompt.tokens, &rig.vocab);
+        s = generate_plain(rig.runner, rig.cache, prompt.tokens, g, is_end, keep_going, processing.get());
         if (g.sampling.greedy()) rig.plain_tokens[prompt_index] = tokens;
     } else if (generation == GenerationMode::SpeceeLossy) {
-        s = generate_early_exit(*rig.exit_decoder, rig.runner, rig.cache, *rig.eagle3_drafter, prompt.tokens, g, rig.exit_threshold, never_end,
+        s = generate_early_exit(*rig.exit_decoder, rig.runner, rig.cache, *rig.eagle3_drafter, prompt.tokens, g, rig.exit_threshold, is_end,
                                 keep_going, run.exits);
         const std::vector<int32_t> & plain = rig.plain_tokens.at(prompt_index);
         while (run.same_prefix < static_cast<int>(std::min(plain.size(), tokens.size())) && plain[run.same_prefix] == tokens[run.same_prefix]) {
@@ -277,10 +291,13 @@ Run run_specula(SpeculaRig & rig, const Mode & mode, const Prompt & prompt, size
         // Per generation, as Engine::generate.
         const RoundPolicies policies =
             make_round_policies(generation, mode.policy, k_max, tree, VerifyCostCurve{rig.cost.verify_ms, rig.cost.depth, rig.cost.row_depth_ms});
-        const SequenceParts parts = sequence_parts(generation, rig.cache, &drafter, tree, policies.length.get(), policies.tree_size.get(),
-                                                   [&](const RoundInfo & r) { record_round(run, r); });
-        s = generate_speculative(rig.runner, parts, prompt.tokens, g, never_end, keep_going);
+        SequenceParts parts = sequence_parts(generation, rig.cache, &drafter, tree, policies.length.get(), policies.tree_size.get(),
+                                             [&](const RoundInfo & r) { record_round(run, r); });
+        parts.tokenizer = &rig.vocab;
+        s = generate_speculative(rig.runner, parts, prompt.tokens, g, is_end, keep_going);
         if (generation == GenerationMode::SpeceeLossless) run.exits = rig.exit_drafter->exit_stats();
+        // Lossless at T = 0: the text must be plain decoding's (which ran this prompt first).
+        if (g.sampling.greedy()) run.differs_from_plain = tokens != rig.plain_tokens.at(prompt_index);
     }
     run.tokens = s.n_generated;
     run.seconds = s.generation_seconds;

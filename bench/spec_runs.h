@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,12 +51,15 @@ struct Run {
     // first difference).
     EarlyExitStats exits;
     int forced_exited = 0, forced_agree = 0, same_prefix = 0, reference_tokens = 0;
+    std::optional<bool> differs_from_plain;  // specula speculative runs at T = 0: tokens unlike specula-plain's
 };
 
 struct Prompt {
     std::string category, name, text;
     std::vector<int32_t> tokens;
-    std::string file;  // the text as a file, for llama.cpp's -f (no shell quoting of prompts)
+    std::string file;          // the text as a file, for llama.cpp's -f (no shell quoting of prompts)
+    std::string grammar;       // GBNF of the prompt's json_schema, which every mode's reply follows; empty: none
+    std::string grammar_file;  // the grammar as a file, for llama.cpp's --grammar-file
 };
 
 // A scratch directory for prompt files and llama.cpp logs, removed when the benchmark ends.
@@ -71,7 +75,8 @@ struct ScratchDir {
 };
 
 // The prompts of `set` tokenized for the target (through its chat template for a chat set), each
-// also written to a file in `scratch` for llama.cpp's -f.
+// also written to a file in `scratch` for llama.cpp's -f; json_schemas compiled to GBNF (as
+// llama-server compiles response_format), which also goes to a file for llama.cpp.
 std::vector<Prompt> load_prompts(const PromptSet & set, const Tokenizer & tokenizer, const ScratchDir & scratch);
 std::vector<std::string> categories_of(const std::vector<Prompt> & prompts);  // in order of appearance
 

@@ -87,7 +87,14 @@ double speedup_ceiling(const Cell & c, const Mode & mode, const CostCurve & cost
 Row make_row(const std::map<CellKey, Cell> & cells, int t, const std::string & cat, int m, const CostCurve & cost) {
     const Cell & c = cells.at({t, cat, m});
     const double plain = tok_s(cells.at({t, cat, kPlainMode})).median;
-    Row r{cat, &kModes[m], tok_s(c), 0.0, 0.0, 0.0, &c};
+    const Cell & plain_cell = cells.at({t, cat, kPlainMode});
+    std::vector<double> paired;
+    for (size_t rep = 0; rep < c.tokens.size() && rep < plain_cell.tokens.size(); ++rep) {
+        const double mine = c.seconds[rep] > 0 ? c.tokens[rep] / c.seconds[rep] : 0.0;
+        const double base = plain_cell.seconds[rep] > 0 ? plain_cell.tokens[rep] / plain_cell.seconds[rep] : 0.0;
+        if (base > 0) paired.push_back(mine / base);
+    }
+    Row r{cat, &kModes[m], tok_s(c), summarize(paired), 0.0, 0.0, 0.0, &c};
     r.speedup = plain > 0 ? r.tok_s.median / plain : 0.0;
     const double plain_ms = plain > 0 ? 1000.0 / plain : 0.0;
     r.predicted = predicted_speedup(c, kModes[m], cost, plain_ms);
@@ -149,6 +156,10 @@ void print_row(const Row & r, int n_layer) {
                 r.predicted > 0 ? fmt("%.2fx", r.predicted).c_str() : "-",
                 r.ceiling > 0 ? fmt("%.2fx", r.ceiling).c_str() : "-", positions.c_str());
     if (is_specee(r.mode->kind)) print_specee(*r.cell, *r.mode, n_layer);
+    if (r.cell->differing_from_plain) {
+        std::printf("%-11s   WARNING: text unlike specula-plain's in %d of %d runs at T=0\n", "", r.cell->differing_from_plain,
+                    r.cell->compared_to_plain);
+    }
 }
 
 void print_header(float temp) {
@@ -179,7 +190,12 @@ json row_json(const Row & r, float temp, int n_layer) {
               {"tok_s_min", r.tok_s.min},
               {"tok_s_max", r.tok_s.max},
               {"reps", r.tok_s.n},
-              {"speedup_vs_specula_plain", r.speedup}};
+              {"speedup_vs_specula_plain", r.speedup},
+              {"speedup_per_rep", {{"median", r.paired.median}, {"min", r.paired.min}, {"max", r.paired.max}}}};
+    if (r.cell->compared_to_plain) {
+        j["compared_to_plain_runs"] = r.cell->compared_to_plain;
+        j["identical_to_plain_runs"] = r.cell->compared_to_plain - r.cell->differing_from_plain;
+    }
     if (is_speculative(r.mode->kind)) {
         j["acceptance_rate"] = s.acceptance_rate();
         j["mean_accepted_len"] = s.mean_accepted_length();
@@ -220,6 +236,10 @@ void add_run(Cell & c, int rep, const Run & r) {
     c.forced_agree += r.forced_agree;
     c.same_prefix += r.same_prefix;
     c.reference_tokens += r.reference_tokens;
+    if (r.differs_from_plain) {
+        ++c.compared_to_plain;
+        c.differing_from_plain += *r.differs_from_plain;
+    }
     ++c.runs;
     c.rounds_by_depth.resize(std::max(c.rounds_by_depth.size(), r.rounds_by_depth.size()), 0);
     for (size_t d = 0; d < r.rounds_by_depth.size(); ++d) c.rounds_by_depth[d] += r.rounds_by_depth[d];
@@ -249,6 +269,13 @@ json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
             }
         }
     }
+    int compared = 0, differing = 0;
+    for (const auto & [key, c] : cells) {
+        if (std::get<1>(key) != kAllCategories) continue;
+        compared += c.compared_to_plain;
+        differing += c.differing_from_plain;
+    }
+    if (compared) std::printf("T=0: specula's speculative texts identical to specula-plain's in %d of %d runs\n", compared - differing, compared);
     std::printf(
         "note: speedup = vs specula plain; tok/fwd = mean accepted length (tokens per target forward); "
         "predicted = cost-model speedup from measured acceptance and the cost curve;\n"
@@ -290,17 +317,18 @@ void print_headline(const Headline & h, float temp) {
     const auto line = [](const std::string & label, const Row & r, const std::string & extra) {
         std::printf("  %-40s %8.1f  %s\n", label.c_str(), r.tok_s.median, extra.c_str());
     };
-    char extra[160];
+    char extra[200];
     std::printf("\nall prompts, temperature %g (tok/s, median):\n", temp);
-    std::snprintf(extra, sizeof extra, "%.2fx specula plain (predicted %.2fx, ceiling %.2fx), %.2f tokens/forward",
-                  h.spec.speedup, h.spec.predicted, h.spec.ceiling, h.spec.cell->spec.mean_accepted_length());
+    std::snprintf(extra, sizeof extra, "%.2fx specula plain [per rep %.2f .. %.2f] (predicted %.2fx, ceiling %.2fx), %.2f tokens/forward",
+                  h.spec.speedup, h.spec.paired.min, h.spec.paired.max, h.spec.predicted, h.spec.ceiling, h.spec.cell->spec.mean_accepted_length());
     line(std::string(h.spec.mode->name) + " (headline)", h.spec, extra);
     if (h.fixed.mode != h.spec.mode) {
         std::snprintf(extra, sizeof extra, "%.2fx specula plain, %.2f tokens/forward (k fixed, as llama.cpp)", h.fixed.speedup,
                       h.fixed.cell->spec.mean_accepted_length());
         line(h.fixed.mode->name, h.fixed, extra);
     }
-    line(std::string("best: ") + h.best.mode->name, h.best, "");
+    std::snprintf(extra, sizeof extra, "%.2fx specula plain [per rep %.2f .. %.2f]", h.best.speedup, h.best.paired.min, h.best.paired.max);
+    line(std::string("best: ") + h.best.mode->name, h.best, extra);
     line("specula-plain", h.plain, "");
     if (h.llama_spec) {
         const double llama_gain = h.llama_plain->tok_s.median > 0 ? h.llama_spec->tok_s.median / h.llama_plain->tok_s.median : 0.0;

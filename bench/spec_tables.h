@@ -22,6 +22,7 @@ struct Cell {
     RoundTimes times;      // over all prompts and reps
     EarlyExitStats exits;  // SpecEE modes, over all prompts and reps
     int forced_exited = 0, forced_agree = 0, same_prefix = 0, reference_tokens = 0, runs = 0;
+    int compared_to_plain = 0, differing_from_plain = 0;  // specula speculative runs at T = 0 (Run::differs_from_plain)
 };
 using CellKey = std::tuple<int, std::string, int>;  // temperature index, category, mode index
 
@@ -33,6 +34,7 @@ struct Row {
     std::string category;
     const Mode * mode;
     Summary tok_s;
+    Summary paired;  // per rep: this mode's tok/s over specula plain's in the same rep
     double speedup = 0, predicted = 0, ceiling = 0;
     const Cell * cell;
 };
