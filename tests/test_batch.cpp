@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "specula/error.h"
-#include "draft/draft_model.h"
+#include "draft/draft_model_drafter.h"
 #include "draft/ngram.h"
 #include "engine/sequence.h"
 #include "engine/model_bundle.h"

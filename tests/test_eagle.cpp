@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "specula/error.h"
-#include "draft/eagle.h"
+#include "draft/eagle_drafter.h"
 #include "eagle3_vocab.h"
 #include "engine/generate.h"
 #include "engine/sequence.h"

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "draft/draft_model.h"
-#include "draft/eagle.h"
+#include "draft/draft_model_drafter.h"
+#include "draft/eagle_drafter.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/sequence.h"

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "draft/draft_model.h"
-#include "draft/eagle.h"
+#include "draft/draft_model_drafter.h"
+#include "draft/eagle_drafter.h"
 #include "draft/early_exit.h"
 #include "draft/ngram.h"
 #include "runtime/eagle_head.h"

@@ -11,8 +11,8 @@
 
 #include "specula/specula.h"
 #include "constrain/grammar.h"
-#include "draft/draft_model.h"
-#include "draft/eagle.h"
+#include "draft/draft_model_drafter.h"
+#include "draft/eagle_drafter.h"
 #include "draft/early_exit.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"

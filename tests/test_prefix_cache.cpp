@@ -6,7 +6,7 @@
 
 #include <chrono>
 
-#include "draft/eagle.h"
+#include "draft/eagle_drafter.h"
 #include "engine/model_bundle.h"
 #include "engine/sequence.h"
 #include "runtime/eagle_head.h"

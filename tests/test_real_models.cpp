@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 
 #include "common/model_cache.h"
-#include "draft/draft_model.h"
-#include "draft/eagle.h"
+#include "draft/draft_model_drafter.h"
+#include "draft/eagle_drafter.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/specee.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "draft/draft_model.h"
+#include "draft/draft_model_drafter.h"
 #include "trace/trace.h"
 #include "speculative_run.h"
 

@@ -1,8 +1,8 @@
 #include "engine/drafter_factory.h"
 
 #include "specula/error.h"
-#include "draft/draft_model.h"
-#include "draft/eagle.h"
+#include "draft/draft_model_drafter.h"
+#include "draft/eagle_drafter.h"
 #include "draft/lookup_graft.h"
 #include "draft/ngram.h"
 #include "runtime/kv_cache.h"

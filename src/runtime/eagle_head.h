@@ -1,5 +1,7 @@
 #pragma once
-// EAGLE draft heads: one decoder layer that drafts from the target's hidden states.
+// EAGLE draft heads: one decoder layer that drafts from the target's hidden states. This is the
+// network (weights and forward); the drafter that runs it, with its cache and trees, is
+// draft/eagle_drafter.h.
 //   EAGLE-1/2: x = fc(concat(embed(token), f)) with f the target's final pre-norm hidden state;
 //              one layer without input norm; its output predicts the next f; logits through the
 //              target's own output norm and lm_head. GGUF: specula's "specula-eagle1" layout

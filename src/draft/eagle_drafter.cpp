@@ -1,4 +1,4 @@
-#include "draft/eagle.h"
+#include "draft/eagle_drafter.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,6 @@
 #pragma once
-// EAGLE-1/2 and EAGLE-3 drafting with a head (runtime/eagle_head.h) and its own one-layer KV cache.
+// EAGLE-1/2 and EAGLE-3 drafting with a head and its own one-layer KV cache. This is the drafter;
+// the head's network (weights and forward) is runtime/eagle_head.h.
 //
 // The head's cache holds one entry per sequence position P < root, each pairing token t[P+1] with
 // the *target's* features at P (never the head's own guesses). Target features arrive through

@@ -1,4 +1,4 @@
-#include "draft/draft_model.h"
+#include "draft/draft_model_drafter.h"
 
 #include <algorithm>
 #include <cmath>
