@@ -10,6 +10,7 @@
 
 #include "draft/lookup_graft.h"
 #include "draft/ngram.h"
+#include "draft/suffix_cache.h"
 #include "engine/drafter_factory.h"
 #include "speculative_run.h"
 
@@ -228,6 +229,72 @@ TEST(Speculative, PromptLookupIsGraftedByDefaultIntoPolicySizedTreesOnly) {
     o.tree.reset();
     o.drafter.lookup = false;
     EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+}
+
+// Catches: a suffix cache that grows past its bound (or keeps the index entries of evicted
+// sequences, so that a lookup reads a freed sequence), a continuation taken from an older
+// sequence than the latest holding the n-gram, or one running past its sequence's end.
+TEST(SuffixCache, KeepsAtMostItsTokensEvictingTheOldestSequencesAndContinuesTheLatest) {
+    SuffixCache cache(10, 1, 3);
+    cache.add(std::vector<int32_t>{1, 2, 3, 4, 5});
+    cache.add(std::vector<int32_t>{7, 2, 3, 9});
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{2, 3}, 8), (std::vector<int32_t>{9}));  // the latest, to its end
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{1, 2, 3}, 2), (std::vector<int32_t>{4, 5}));
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{5}, 4).empty());           // nothing after it
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{9, 2, 3, 4}, 4).empty());  // longer than n_max
+    EXPECT_EQ(cache.stats().tokens, 9u);
+    cache.add(std::vector<int32_t>{8, 1, 2, 6});  // 13 tokens: the first sequence goes
+    const SuffixCache::Stats s = cache.stats();
+    EXPECT_EQ(s.tokens, 8u);
+    EXPECT_EQ(s.sequences, 2u);
+    EXPECT_EQ(s.evicted, 1u);
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{4}, 4).empty());
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{1, 2, 3}, 4).empty());
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{1, 2}, 4), (std::vector<int32_t>{6}));
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{3}, 4), (std::vector<int32_t>{9}));
+    // A sequence longer than the cache is kept by its last tokens, alone.
+    std::vector<int32_t> long_text(25);
+    for (int i = 0; i < 25; ++i) long_text[i] = 100 + i;
+    cache.add(long_text);
+    EXPECT_EQ(cache.stats().tokens, 10u);
+    EXPECT_EQ(cache.stats().sequences, 1u);
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{115}, 2), (std::vector<int32_t>{116, 117}));
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{114}, 2).empty());
+    EXPECT_THROW(SuffixCache(0, 1, 3), Error);
+    EXPECT_THROW(SuffixCache(10, 2, 1), Error);
+}
+
+// Catches: the n-gram drafter not consulting the cache where the history holds no match (or
+// consulting it before a longer match of the history), and its counts of cache drafts and of
+// their tokens the next round accepted.
+TEST(SuffixCache, TheNgramDrafterDraftsFromEarlierSequencesWhereTheHistoryHasNoMatch) {
+    auto cache = std::make_shared<SuffixCache>(64, 1, 3);
+    cache->add(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7});
+    NgramDrafter drafter(1, 3);
+    ASSERT_TRUE(drafter.use_suffix_cache(cache));
+    const TreeBudget depth4{TreeShape::Chain, 4, 1, 4};
+    std::vector<int32_t> history = {9, 1, 2, 3};
+    drafter.start(DraftRequest{history, depth4, nullptr, nullptr});
+    EXPECT_EQ(drafter.take().tree.token, (std::vector<int32_t>{4, 5, 6, 7}));
+    EXPECT_EQ(cache->stats().drafts, 1u);
+    EXPECT_EQ(cache->stats().draft_tokens, 4u);
+    // The round accepted 4 and 5, then the target said 8: two accepted tokens.
+    history.insert(history.end(), {4, 5, 8});
+    drafter.start(DraftRequest{history, depth4, nullptr, nullptr});
+    EXPECT_TRUE(drafter.take().tree.empty());  // "5 8", "8": nowhere
+    EXPECT_EQ(cache->stats().accepted_tokens, 2u);
+    // The history's own trigram match comes first.
+    const std::vector<int32_t> repeats = {2, 3, 4, 0, 2, 3, 4};
+    drafter.start(DraftRequest{repeats, depth4, nullptr, nullptr});
+    EXPECT_EQ(drafter.take().tree.token, (std::vector<int32_t>{0, 2, 3, 4}));
+    EXPECT_EQ(cache->stats().drafts, 1u);
+    // Through the graft, at T > 0 too.
+    LookupGraftDrafter grafted(std::make_unique<FixedTreeDrafter>(TokenTree{}), 1, 3);
+    ASSERT_TRUE(grafted.use_suffix_cache(cache));
+    SamplingParams sampled;
+    sampled.temperature = 1.0f;
+    const std::vector<int32_t> asks = {9, 5, 6};
+    EXPECT_EQ(grafted.free_draft(DraftRequest{asks, depth4, &sampled, nullptr}).tree.token, (std::vector<int32_t>{7}));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // A drafter proposes tokens to follow the sequence; the verifier decides. The drafter never
 // touches the target's cache: after each round it is told how much of what it saw still stands.
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -12,6 +13,8 @@
 #include "tree/tree_builder.h"
 
 namespace specula {
+
+class SuffixCache;
 
 // What a request's spans point to (the sequence's history, its sampling parameters and Rng) must
 // stay put from start() until take().
@@ -110,6 +113,11 @@ public:
     virtual void copy_state(const Drafter & other) {
         (void)other;
         reset();
+    }
+    // Earlier sequences (a server's) to look up like the prompt; false: this drafter does no lookup.
+    virtual bool use_suffix_cache(std::shared_ptr<SuffixCache> cache) {
+        (void)cache;
+        return false;
     }
 };
 

@@ -41,6 +41,7 @@ void LookupGraftDrafter::copy_state(const Drafter & other) {
 }
 
 void LookupGraftDrafter::forget_chances() {
+    lookup_.reset();
     unchecked_.clear();
     searched_ = ProposedChain{};
     reached_ = {};

@@ -11,20 +11,49 @@ NgramDrafter::NgramDrafter(int n_min, int n_max) : n_min_(n_min), n_max_(n_max) 
     if (n_min < 1 || n_max < n_min) throw Error("n-gram sizes must satisfy 1 <= min <= max (got " + std::to_string(n_min) + ", " + std::to_string(n_max) + ")");
 }
 
+bool NgramDrafter::use_suffix_cache(std::shared_ptr<SuffixCache> cache) {
+    cache_ = std::move(cache);
+    from_cache_ = {};
+    return true;
+}
+
+void NgramDrafter::count_cache_draft(std::span<const int32_t> history) {
+    if (from_cache_.tokens.empty()) return;
+    if (history.size() > from_cache_.root) {
+        const size_t verified = std::min(from_cache_.tokens.size(), history.size() - from_cache_.root - 1);
+        size_t held = 0;
+        while (held < verified && history[from_cache_.root + held] == from_cache_.tokens[held]) ++held;
+        cache_->count_accepted(held);
+    }
+    from_cache_ = {};
+}
+
 void NgramDrafter::start(const DraftRequest & req) {
     draft_ = Draft{};
     Draft & d = draft_;
     const auto & h = req.history;
+    if (cache_) count_cache_draft(h);
     const int L = static_cast<int>(h.size());
-    for (int n = std::min(n_max_, L - 1); n >= n_min_; --n) {
+    auto chain = [&](std::span<const int32_t> tokens) {
+        int prev = TokenTree::kRoot;
+        for (size_t i = 0; i < tokens.size() && d.tree.size() < req.budget.depth; ++i) prev = d.tree.add(prev, tokens[i], 0.0f);
+    };
+    // The longest n-gram that matches wins; at one length, the history before earlier sequences.
+    for (int n = std::min(n_max_, L); n >= n_min_; --n) {
         const auto suffix = h.subspan(L - n, n);
         // Latest match that ends before the suffix itself.
         for (int start = L - n - 1; start >= 0; --start) {
             if (!std::equal(suffix.begin(), suffix.end(), h.begin() + start)) continue;
-            int prev = TokenTree::kRoot;
-            for (int i = start + n; i < L && d.tree.size() < req.budget.depth; ++i) prev = d.tree.add(prev, h[i], 0.0f);
+            chain(h.subspan(start + n, L - start - n));
             return;
         }
+        if (!cache_) continue;
+        std::vector<int32_t> cached = cache_->continuation(suffix, req.budget.depth);
+        if (cached.empty()) continue;
+        chain(cached);
+        from_cache_ = CacheDraft{h.size(), std::move(cached)};
+        cache_->count_draft(from_cache_.tokens.size());
+        return;
     }
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // Prompt-lookup drafting: find the latest earlier occurrence of the sequence's last n tokens
 // (n from n_max down to n_min) and propose what followed it, as a chain of up to budget.depth
-// tokens whatever shape is asked. No model, no distribution.
+// tokens whatever shape is asked. No model, no distribution. With a suffix cache (earlier
+// sequences of a server), an n-gram the history does not hold is looked up there too.
 #include "draft/drafter.h"
+#include "draft/suffix_cache.h"
 
 namespace specula {
 
@@ -13,12 +15,25 @@ public:
     void start(const DraftRequest & request) override;
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance &) override {}
-    void reset() override {}
-    int keep_prefix(int n_common, int) override { return n_common; }  // no state: it reads the history
+    void reset() override { from_cache_ = {}; }
+    int keep_prefix(int n_common, int) override {  // no state but the cache draft's count: it reads the history
+        reset();
+        return n_common;
+    }
+    bool use_suffix_cache(std::shared_ptr<SuffixCache> cache) override;
 
 private:
+    // Counts how many of the last cache draft's tokens the round after it accepted: its first
+    // `history - root - 1` tokens (the round's emitted tokens but the target's own) that held.
+    void count_cache_draft(std::span<const int32_t> history);
+
     int n_min_, n_max_;
     Draft draft_;
+    std::shared_ptr<SuffixCache> cache_;
+    struct CacheDraft {
+        size_t root = 0;  // history size when drafted
+        std::vector<int32_t> tokens;
+    } from_cache_;
 };
 
 }  // namespace specula

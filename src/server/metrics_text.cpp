@@ -36,6 +36,13 @@ std::string prometheus(const SchedulerMetrics & m) {
     metric("spec_decode_num_drafts_total", "counter", "Rounds that verified a non-empty draft.", m.drafts);
     metric("spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", m.draft_tokens);
     metric("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", m.accepted_tokens);
+    const SuffixCache::Stats & suffix = m.suffix_cache;
+    metric("suffix_cache_drafts_total", "counter", "Drafts looked up in earlier requests' text (the suffix cache).", suffix.drafts);
+    metric("suffix_cache_draft_tokens_total", "counter", "Tokens of those drafts.", suffix.draft_tokens);
+    metric("suffix_cache_accepted_tokens_total", "counter", "Of those tokens, the ones verification accepted in the round after.",
+           suffix.accepted_tokens);
+    metric("suffix_cache_tokens", "gauge", "Tokens of earlier requests the suffix cache keeps.", suffix.tokens);
+    metric("suffix_cache_evicted_total", "counter", "Earlier requests evicted from the suffix cache to keep it bounded.", suffix.evicted);
     o << "# HELP specula:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by depth.\n"
          "# TYPE specula:spec_decode_num_accepted_tokens_per_pos_total counter\n";
     for (size_t d = 0; d < m.accepted_at.size(); ++d) {

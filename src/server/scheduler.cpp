@@ -65,6 +65,13 @@ Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(t
         slot->drafter = std::move(drafters[i]);
         slots_.push_back(std::move(slot));
     }
+    if (options.suffix_cache_tokens > 0) {
+        const DrafterSpec & spec = target.drafter.spec;
+        auto cache = std::make_shared<SuffixCache>(options.suffix_cache_tokens, spec.ngram_min, spec.ngram_max);
+        bool looked_up = false;
+        for (auto & slot : slots_) looked_up = (slot->drafter && slot->drafter->use_suffix_cache(cache)) || looked_up;
+        if (looked_up) suffix_cache_ = std::move(cache);
+    }
     std::vector<int32_t> probe = target.tokenizer->tokenize("The quick brown fox jumps over the lazy dog.");
     if (probe.empty()) probe.push_back(0);
     // Up to the rows of a step where every slot drafts its longest chain (capped: the probe runs
@@ -193,6 +200,7 @@ std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t>
 SchedulerMetrics Scheduler::metrics() const {
     std::lock_guard lock(mutex_);
     SchedulerMetrics m = metrics_;
+    if (suffix_cache_) m.suffix_cache = suffix_cache_->stats();
     m.failure = failure_;
     m.deferred = static_cast<int>(queue_.size());
     m.processing = 0;
@@ -338,6 +346,7 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         r.finish_reason = slot.ended_by_eog ? "stop" : "length";
         if (finished_normally) {
             ++metrics_.requests_finished;
+            if (suffix_cache_ && slot.sequence) suffix_cache_->add(slot.sequence->history());
         } else {
             ++metrics_.requests_cancelled;
             r.error = "cancelled";

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "draft/suffix_cache.h"
 #include "policy/speculation_gate.h"
 #include "specula/specula.h"
 #include "tokenizer/stop_strings.h"
@@ -35,6 +36,8 @@ struct SchedulerOptions {
     // per-round tree size): fixed draft sizes stay what the user chose, and with them a seeded
     // sampled output whatever the neighbours.
     bool gate_speculation = true;
+    // Tokens of earlier requests (prompt and output) kept for lookup drafting (draft/suffix_cache.h); 0: none.
+    size_t suffix_cache_tokens = SuffixCache::kDefaultMaxTokens;
 };
 
 // Where an emitted token came from, for the live page's colours (the stream's "specula" field).
@@ -149,6 +152,7 @@ struct SchedulerMetrics {
     uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
     std::string failure;                // non-empty: the target's device failed; every request gets this error (5xx)
     std::vector<uint64_t> accepted_at;  // [d]: drafts whose token at depth d + 1 was accepted
+    SuffixCache::Stats suffix_cache;    // drafts looked up in earlier requests, and what the cache keeps
     struct Slot {
         int id = 0;
         bool busy = false;
@@ -221,6 +225,9 @@ private:
     SchedulerMetrics metrics_;
     uint64_t admitted_ = 0;                  // requests admitted so far: each slot's last_used stamp
     std::unique_ptr<SpeculationGate> gate_;  // null: every step may draft
+    // Finished sequences, added on the worker (release) and looked up by the slots' drafters on
+    // the worker; null when off or no drafter looks up. metrics() reads its counters (its own mutex).
+    std::shared_ptr<SuffixCache> suffix_cache_;
     std::thread worker_;
 };
 

@@ -42,6 +42,10 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_option("--prefill-chunk", args->scheduler.prefill_chunk, "prompt tokens a sequence adds per step")->capture_default_str();
     sub->add_flag("!--no-speculation-gate", args->scheduler.gate_speculation,
                   "draft in every step the policies choose to, even at loads where plain steps measured faster");
+    sub->add_option("--suffix-cache-tokens", args->scheduler.suffix_cache_tokens,
+                    "tokens of earlier requests (prompts and outputs) kept for lookup drafts, the oldest evicted first; 0: off")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     sub->add_option("--host", args->host, "address to listen on")->capture_default_str();
     sub->add_option("--port", args->port, "port (0: any free port)")->capture_default_str();
     sub->add_option("--max-request-bytes", args->max_request_bytes, "longest request body accepted (longer ones get 413)")
