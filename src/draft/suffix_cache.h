@@ -16,7 +16,7 @@ namespace specula {
 
 class SuffixCache {
 public:
-    static constexpr size_t kDefaultMaxTokens = 1 << 18;  // with the index, about 40 MB at n-grams of 1-3
+    static constexpr size_t kDefaultMaxTokens = 1 << 18;  // with the index, about 45 MB at n-grams of 1-3
 
     SuffixCache(size_t max_tokens, int n_min, int n_max);
 
