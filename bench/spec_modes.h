@@ -62,7 +62,7 @@ inline const std::vector<Mode> kModes = {
     {"specula-eagle3-chain", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Chain},
     {"specula-eagle3-static", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Static},
     {"specula-eagle3-dynamic", Kind::SpeculaEagle3, DraftPolicyKind::Fixed, TreeShape::Dynamic},       // the head alone (--no-lookup)
-    {"specula-eagle3-lookup", Kind::SpeculaEagle3Lookup, DraftPolicyKind::Fixed, TreeShape::Dynamic},  // the default: + prompt lookup at T=0
+    {"specula-eagle3-lookup", Kind::SpeculaEagle3Lookup, DraftPolicyKind::Fixed, TreeShape::Dynamic},  // the default: + prompt lookup
     // SpecEE (docs/specee.md): the lossy early exit (greedy only) and its exits as chains of drafts.
     {"specula-specee-lossy", Kind::SpeculaSpeceeLossy},
     {"specula-specee-lossless", Kind::SpeculaSpeceeLossless, DraftPolicyKind::Fixed, TreeShape::Chain},
