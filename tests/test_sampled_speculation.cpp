@@ -10,6 +10,7 @@
 #include "draft/draft_model_drafter.h"
 #include "draft/eagle_drafter.h"
 #include "draft/early_exit.h"
+#include "draft/lookup_graft.h"
 #include "draft/ngram.h"
 #include "runtime/eagle_head.h"
 #include "runtime/exit_predictor.h"
@@ -237,6 +238,39 @@ TEST(Speculative, SampledEarlyExitDraftsFollowTheTargetDistributionAndABrokenVer
     auto broken = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return accept_everything(tr, l, sp, rng); };
     auto [bstat, bdof] = t.chi2(drafter, prefix, sp, joint, runs, broken);
     std::printf("[distribution] specee chain, verifier accepting everything: chi2 = %.1f (critical %.1f)\n", bstat, chi2_critical(bdof));
+    EXPECT_GT(bstat, chi2_critical(bdof));
+}
+
+// Prompt lookup grafted into an EAGLE-3 head's dynamic trees at T > 0: the chain's first token
+// goes beside the head's draws as a one-hot proposal. The output must follow the target's law;
+// the same trees verified with the grafted nodes judged as head draws (against q) must fail.
+TEST(Speculative, SampledTreesWithAGraftedLookupChainFollowTheTargetDistributionAndAGraftJudgedAsADrawFails) {
+    Tiny t;
+    const std::vector<int32_t> prefix = {4, 2, 3, 1, 2};  // lookup continues the trailing 2 with "3 1 2"
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    const auto joint = t.exact_joint(prefix, sp);
+    const int runs = 4000;
+    const TreeBudget tree{TreeShape::Dynamic, 2, 3, 9};
+    auto head = EagleHead::load(test::tiny_vocab_eagle_head("eagle3", kTinyVocab, 303), *t.target, t.backend);
+    LookupGraftDrafter drafter(std::make_unique<EagleDrafter>(*head, 64), 1, 3);
+    int one_hot_tried = 0;
+    auto count = [&](const RoundInfo & r) {
+        for (const VerifyEvent & e : r.result->events) one_hot_tried += e.node >= 0 && r.draft->tree.one_hot.size() > size_t(e.node) && r.draft->tree.one_hot[e.node];
+    };
+    auto [stat, dof] = t.chi2(drafter, prefix, sp, joint, runs, nullptr, tree, count);
+    std::printf("[distribution] eagle3 dynamic + lookup: chi2 = %.1f, dof = %d, critical = %.1f; %d grafted nodes tried\n", stat, dof,
+                chi2_critical(dof), one_hot_tried);
+    EXPECT_LT(stat, chi2_critical(dof));
+    EXPECT_GT(one_hot_tried, runs / 4);
+    auto as_draws = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) {
+        TokenTree judged = tr;
+        judged.one_hot.clear();
+        return verify_sampled(judged, l, sp, rng);
+    };
+    auto [bstat, bdof] = t.chi2(drafter, prefix, sp, joint, runs, as_draws, tree);
+    std::printf("[distribution] eagle3 dynamic + lookup, grafted nodes judged as draws: chi2 = %.1f (critical %.1f)\n", bstat,
+                chi2_critical(bdof));
     EXPECT_GT(bstat, chi2_critical(bdof));
 }
 
