@@ -247,6 +247,47 @@ TEST(Grammar, JsonSchemasCompileToGbnfAndUncompilableOnesAreErrors) {
     EXPECT_NE(test::error_message([] { json_schema_to_gbnf(std::string("{not json")); }).find("cannot be compiled"), std::string::npos);
 }
 
+// A state's masks are cached per grammar position and shared by its clones: along a JSON text
+// whose string and number positions recur (and whose "é" leaves a partial character between
+// byte tokens), every row and allows() answer equals a fresh state's, which has cached nothing.
+TEST(Grammar, CachedMasksEqualAFreshStatesAlongARepetitiveJsonText) {
+    const std::string gbnf = json_schema_to_gbnf(std::string(
+        R"({"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}, "n": {"type": "integer"}}, "required": ["name", "tags", "n"]})"));
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    auto walked = make_grammar_state(tok, gbnf);
+    // The text as the grammar takes it (the tokenizer would add a word space): at each point the
+    // longest allowed piece that spells on, but "é" byte by byte (a partial character between).
+    std::vector<int32_t> text;
+    bool partial = false;
+    for (std::string rest = R"({"name": "aaa aaa aaa café", "tags": ["aa", "aa", "aaa"], "n": 11111})"; !rest.empty();) {
+        auto state = walked->clone();
+        for (int32_t t : text) state->accept(t);
+        int32_t best = -1;
+        for (int32_t t = 0; t < tok.n_vocab(); ++t) {
+            const std::string p = tok.piece(t);
+            if (p.empty() || !rest.starts_with(p) || !state->allows(t)) continue;
+            const bool byte_wise = static_cast<unsigned char>(rest[0]) >= 0x80;
+            if (best < 0 || (byte_wise ? p.size() < tok.piece(best).size() : p.size() > tok.piece(best).size())) best = t;
+        }
+        ASSERT_GE(best, 0) << "no allowed token spells on at " << rest;
+        partial = partial || (static_cast<unsigned char>(rest[0]) >= 0x80 && tok.piece(best).size() == 1);
+        text.push_back(best);
+        rest = rest.substr(tok.piece(best).size());
+    }
+    ASSERT_TRUE(partial) << "the vocabulary spells \"é\" with no byte token";
+    for (size_t i = 0; i <= text.size(); ++i) {
+        auto fresh = make_grammar_state(tok, gbnf);
+        for (size_t j = 0; j < i; ++j) fresh->accept(text[j]);
+        auto clone = walked->clone();  // shares the walked state's cache
+        std::vector<float> cached(tok.n_vocab(), 0.0f), uncached(tok.n_vocab(), 0.0f);
+        clone->apply(cached);
+        fresh->apply(uncached);
+        ASSERT_EQ(cached, uncached) << "after " << i << " tokens";
+        for (int32_t t = 0; t < tok.n_vocab(); t += 7) ASSERT_EQ(walked->allows(t), uncached[t] != -INFINITY) << "token " << t << " after " << i;
+        if (i < text.size()) walked->accept(text[i]);
+    }
+}
+
 // A tree over the bundled vocabulary: the grammar bans node 3 ("a" after "a") at its parent;
 // reading a skipped node's row is an error, never another node's row.
 TEST(PathLogits, NodesBannedAtTheirParentAreSkippedWithTheirSubtreesAndEachRowSeesItsPath) {

@@ -10,9 +10,12 @@
 #include <mutex>
 #include <limits>
 #include <stdexcept>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "json-schema-to-grammar.h"
+#include "llama-grammar.h"
 #include "runtime/library_log.h"
 #include "specula/error.h"
 #include "tokenizer/tokenizer.h"
@@ -21,30 +24,77 @@ namespace specula {
 
 namespace {
 
-struct SamplerFree {
-    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+struct GrammarFree {
+    void operator()(llama_grammar * g) const { llama_grammar_free_impl(g); }
 };
-using SamplerPtr = std::unique_ptr<llama_sampler, SamplerFree>;
+using GrammarPtr = std::unique_ptr<llama_grammar, GrammarFree>;
 
-// libllama's grammar sampler: its apply masks a candidate array, its accept advances the stacks.
+// Which tokens a grammar allows is a function of its stacks and its partial UTF-8 character
+// alone, and a JSON schema's grammar returns to the same few (inside a string, a number, between
+// items) token after token. A whole-row pass costs milliseconds over a 49k-token vocabulary, a
+// cached one microseconds: the masks are kept per grammar position, shared by every clone of a
+// request's state (clones are advanced on one thread at a time).
+class MaskCache {
+public:
+    static constexpr size_t kMaxMasks = 256;  // then the cache starts over (memory: n_tokens / 8 bytes a mask)
+    const std::vector<uint64_t> * find(const std::string & key) const {
+        const auto it = masks_.find(key);
+        return it == masks_.end() ? nullptr : &it->second;
+    }
+    const std::vector<uint64_t> & insert(const std::string & key, std::vector<uint64_t> mask) {
+        if (masks_.size() >= kMaxMasks) masks_.clear();
+        return masks_[key] = std::move(mask);
+    }
+
+private:
+    std::unordered_map<std::string, std::vector<uint64_t>> masks_;
+};
+
+bool bit(const std::vector<uint64_t> & mask, int32_t token) { return (mask[token >> 6] >> (token & 63)) & 1; }
+
+// The grammar's position as bytes: each stack's elements as (rule, offset) pairs (a clone's stacks
+// point into its own copy of the rules), then the partial UTF-8 character.
+std::string position_key(const llama_grammar & g) {
+    std::string key;
+    const auto put = [&key](uint32_t v) { key.append(reinterpret_cast<const char *>(&v), sizeof v); };
+    for (const llama_grammar_stack & stack : g.stacks) {
+        put(static_cast<uint32_t>(stack.size()));
+        for (const llama_grammar_element * e : stack) {
+            for (size_t r = 0; r < g.rules.size(); ++r) {
+                const llama_grammar_rule & rule = g.rules[r];
+                if (e >= rule.data() && e < rule.data() + rule.size()) {
+                    put(static_cast<uint32_t>(r));
+                    put(static_cast<uint32_t>(e - rule.data()));
+                    break;
+                }
+            }
+        }
+    }
+    put(g.partial_utf8.value);
+    put(static_cast<uint32_t>(g.partial_utf8.n_remain));
+    return key;
+}
+
+// libllama's grammar (its apply masks a candidate array, its accept advances the stacks), with
+// whole-row masks cached per position.
 class GrammarState final : public LogitsState {
 public:
-    GrammarState(SamplerPtr sampler, int n_tokens) : sampler_(std::move(sampler)), n_tokens_(n_tokens) {}
+    GrammarState(GrammarPtr grammar, int n_tokens, std::shared_ptr<MaskCache> cache)
+        : grammar_(std::move(grammar)), n_tokens_(n_tokens), cache_(std::move(cache)) {}
     std::unique_ptr<LogitsState> clone() const override {
-        return std::make_unique<GrammarState>(SamplerPtr(llama_sampler_clone(sampler_.get())), n_tokens_);
+        auto copy = std::make_unique<GrammarState>(GrammarPtr(llama_grammar_clone_impl(*grammar_)), n_tokens_, cache_);
+        copy->key_ = key_;
+        return copy;
     }
 
     void apply_values(std::span<float>) const override {}  // a grammar only bans
 
     void apply_bans(std::span<float> logits) const override {
+        const std::vector<uint64_t> & allowed = mask();
         const int n = std::min<int>(n_tokens_, static_cast<int>(logits.size()));
-        candidates_.resize(n);
-        for (int i = 0; i < n; ++i) candidates_[i] = llama_token_data{i, logits[i], 0.0f};
-        llama_token_data_array array{candidates_.data(), candidates_.size(), -1, false};
-        llama_sampler_apply(sampler_.get(), &array);
         bool any = false;
         for (int i = 0; i < n; ++i) {
-            logits[i] = candidates_[i].logit;
+            if (!bit(allowed, i)) logits[i] = -INFINITY;
             any = any || logits[i] != -INFINITY;
         }
         for (size_t i = n; i < logits.size(); ++i) logits[i] = -INFINITY;
@@ -53,24 +103,46 @@ public:
 
     bool allows(int32_t token) const override {
         if (token < 0 || token >= n_tokens_) return false;
+        if (const std::vector<uint64_t> * cached = cache_->find(key())) return bit(*cached, token);
         llama_token_data one{token, 0.0f, 0.0f};
         llama_token_data_array array{&one, 1, -1, false};
-        llama_sampler_apply(sampler_.get(), &array);
+        llama_grammar_apply_impl(*grammar_, &array);
         return one.logit != -INFINITY;
     }
 
     void accept(int32_t token) override {
         try {
-            llama_sampler_accept(sampler_.get(), token);
+            llama_grammar_accept_impl(*grammar_, token);
         } catch (const std::exception & e) {
             throw Error(std::string("token ") + std::to_string(token) + " does not follow the grammar: " + e.what());
         }
+        key_.clear();
     }
 
 private:
-    SamplerPtr sampler_;
+    const std::string & key() const {
+        if (key_.empty()) key_ = position_key(*grammar_);
+        return key_;
+    }
+    // The tokens the grammar allows here, one bit each: one whole-vocabulary pass per position.
+    const std::vector<uint64_t> & mask() const {
+        if (const std::vector<uint64_t> * cached = cache_->find(key())) return *cached;
+        candidates_.resize(n_tokens_);
+        for (int i = 0; i < n_tokens_; ++i) candidates_[i] = llama_token_data{i, 0.0f, 0.0f};
+        llama_token_data_array array{candidates_.data(), candidates_.size(), -1, false};
+        llama_grammar_apply_impl(*grammar_, &array);
+        std::vector<uint64_t> allowed((n_tokens_ + 63) / 64, 0);
+        for (int i = 0; i < n_tokens_; ++i) {
+            if (candidates_[i].logit != -INFINITY) allowed[i >> 6] |= uint64_t{1} << (i & 63);
+        }
+        return cache_->insert(key(), std::move(allowed));
+    }
+
+    GrammarPtr grammar_;
     int n_tokens_;
-    mutable std::vector<llama_token_data> candidates_;  // apply()'s scratch
+    std::shared_ptr<MaskCache> cache_;
+    mutable std::string key_;                           // position_key() of the current position; empty: not yet made
+    mutable std::vector<llama_token_data> candidates_;  // mask()'s scratch
 };
 
 // libllama's GBNF parser prints why a grammar does not parse on stderr, not to its log: the
@@ -107,14 +179,15 @@ std::string parse_errors_of(const std::function<void()> & parse) {
 std::unique_ptr<LogitsState> make_grammar_state(const Tokenizer & tokenizer, const std::string & gbnf) {
     capture_library_log();
     take_library_errors();
-    SamplerPtr sampler;
-    const std::string reason = parse_errors_of([&] { sampler.reset(llama_sampler_init_grammar(tokenizer.vocabulary(), gbnf.c_str(), "root")); });
+    GrammarPtr grammar;
+    const std::string reason = parse_errors_of(
+        [&] { grammar.reset(llama_grammar_init_impl(tokenizer.vocabulary(), gbnf.c_str(), "root", false, nullptr, 0, nullptr, 0)); });
     const std::string logged = take_library_errors();
-    if (!sampler) {
+    if (!grammar) {
         const std::string why = !reason.empty() ? reason : logged;
         throw Error("the grammar does not parse as GBNF" + (why.empty() ? std::string() : ": " + why));
     }
-    return std::make_unique<GrammarState>(std::move(sampler), tokenizer.n_vocab());
+    return std::make_unique<GrammarState>(std::move(grammar), tokenizer.n_vocab(), std::make_shared<MaskCache>());
 }
 
 std::string json_schema_to_gbnf(const std::string & schema_json) {
