@@ -11,6 +11,7 @@
 
 #include "specula/specula.h"
 #include "constrain/grammar.h"
+#include "constrain/lazy_grammar.h"
 #include "draft/draft_model_drafter.h"
 #include "draft/eagle_drafter.h"
 #include "draft/early_exit.h"
@@ -288,6 +289,35 @@ TEST(Grammar, CachedMasksEqualAFreshStatesAlongARepetitiveJsonText) {
     }
 }
 
+// A lazy grammar allows every token until its trigger ("<call>", found anywhere in the text),
+// then only what follows the grammar from the trigger on; a clone keeps whichever state it is in.
+TEST(LazyGrammar, IsFreeBeforeItsTriggerConstrainedAfterAndClonesKeepTheTriggerState) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const auto state = make_lazy_grammar_state(tok, R"(root ::= "<call>" [0-9]+ "</call>")", {"<call>"}, {});
+    std::vector<int32_t> text = tok.tokenize("hello <call>", false);
+    ASSERT_GE(text.size(), 2u);
+    for (size_t i = 0; i + 1 < text.size(); ++i) {
+        EXPECT_EQ(allowed_pieces(*state, tok).size(), static_cast<size_t>(tok.n_vocab())) << "free before the trigger, after " << i << " tokens";
+        state->accept(text[i]);
+    }
+    const auto awaiting = state->clone();
+    state->accept(text.back());
+    const std::vector<std::string> after = allowed_pieces(*state, tok);
+    ASSERT_FALSE(after.empty());
+    for (const std::string & p : after) EXPECT_TRUE(p.find_first_not_of("0123456789") == std::string::npos) << "\"" << p << "\" after the trigger";
+    EXPECT_EQ(allowed_pieces(*state->clone(), tok), after) << "a clone of the triggered state is constrained";
+    EXPECT_EQ(allowed_pieces(*awaiting, tok).size(), static_cast<size_t>(tok.n_vocab())) << "a clone before the trigger stays free";
+    awaiting->accept(text.back());
+    EXPECT_EQ(allowed_pieces(*awaiting, tok), after);
+    // A token the triggered grammar refuses fails when that path's row is asked for.
+    state->accept(token_of(tok, "a"));
+    EXPECT_FALSE(state->allows(token_of(tok, "1")));
+    std::vector<float> row(tok.n_vocab(), 0.0f);
+    EXPECT_NE(test::error_message([&] { state->apply(row); }).find("does not follow the grammar"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { make_lazy_grammar_state(tok, R"(root ::= "a")", {}, {}); }).find("needs a trigger"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { make_lazy_grammar_state(tok, R"(root ::= "a")", {"(unclosed"}, {}); }).find("does not parse as a regex"), std::string::npos);
+}
+
 // A tree over the bundled vocabulary: the grammar bans node 3 ("a" after "a") at its parent;
 // reading a skipped node's row is an error, never another node's row.
 TEST(PathLogits, NodesBannedAtTheirParentAreSkippedWithTheirSubtreesAndEachRowSeesItsPath) {
@@ -344,6 +374,13 @@ std::vector<Case> processing_cases(const Tokenizer & tok) {
     schema.grammar = json_schema_to_gbnf(nlohmann::json::parse(
         R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}}, "required": ["name", "age"]})"));
     cases.push_back({"JSON schema", schema});
+    // Free for the first 10 characters, then the rest of the token that crossed them and a
+    // sentence without "e" nor "t": rows change from free to constrained inside drafted paths.
+    GenerationOptions lazy = base;
+    lazy.grammar = R"(root ::= [^.]{0,8} [a-df-su-z ]{3,30} ".")";
+    lazy.grammar_lazy = true;
+    lazy.grammar_trigger_patterns = {R"([\s\S]{10}([\s\S]+))"};
+    cases.push_back({"lazy grammar", lazy});
     return cases;
 }
 

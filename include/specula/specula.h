@@ -52,6 +52,13 @@ struct GenerationOptions {
     // A GBNF grammar (llama.cpp's format) the output must follow; empty: none. The target's
     // logits are masked by the grammar's state along each drafted path.
     std::string grammar;
+    // A lazy grammar (llama.cpp's, as its chat layer makes for tool calls the model may or may not
+    // start) leaves the output free until a trigger: the output's text so far matches one of
+    // grammar_trigger_patterns (regexes; the grammar then reads the text from the pattern's first
+    // group on) or a token of grammar_trigger_tokens is emitted (the grammar reads from it on).
+    bool grammar_lazy = false;
+    std::vector<std::string> grammar_trigger_patterns;
+    std::vector<int32_t> grammar_trigger_tokens;
     int top_logprobs = -1;       // -1: no logprobs; else on_logprob gets each token with this many alternatives (0..20)
     LogprobObserver on_logprob;  // called before the token's sink
     bool stop_at_end_of_generation = true;

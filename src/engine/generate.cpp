@@ -7,6 +7,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/forward.h"
 #include "constrain/grammar.h"
+#include "constrain/lazy_grammar.h"
 #include "sample/logits_state.h"
 #include "sample/sampler.h"
 
@@ -22,7 +23,17 @@ std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options
     if (options.top_logprobs < -1 || options.top_logprobs > kMaxTopLogprobs) {
         throw Error("top_logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", not " + std::to_string(options.top_logprobs));
     }
-    return make_logits_state(options.sampling, options.grammar, history, tokenizer);
+    if (!options.grammar_lazy) {
+        if (!options.grammar_trigger_patterns.empty() || !options.grammar_trigger_tokens.empty()) throw Error("grammar triggers are given but the grammar is not lazy");
+        return make_logits_state(options.sampling, options.grammar, history, tokenizer);
+    }
+    if (options.grammar.empty()) throw Error("a lazy grammar is asked for without a grammar");
+    if (!tokenizer) throw Error("a grammar needs the model's vocabulary: this generation has no tokenizer");
+    std::vector<std::unique_ptr<LogitsState>> states;
+    if (auto values = make_logits_state(options.sampling, "", history, tokenizer)) states.push_back(std::move(values));
+    states.push_back(make_lazy_grammar_state(*tokenizer, options.grammar, options.grammar_trigger_patterns, options.grammar_trigger_tokens));
+    if (states.size() == 1) return std::move(states.front());
+    return std::make_unique<LogitsStates>(std::move(states));
 }
 
 void check_lossy_early_exit_options(const GenerationOptions & options) {

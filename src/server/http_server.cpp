@@ -1,5 +1,6 @@
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -402,9 +403,9 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         gen.n_predict = openai::tokens_to_generate(r, prompt.size(), s->context_size());
         early_exit = early_exit_request(r, *t);
         openai::check_generation(r, *t->tokenizer);
-        if (!r.grammar.empty() && openai::parses_tool_calls(r.chat) && !chat.grammar_lazy) {
-            throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with a required tool call ('tool_choice')", "invalid_request_error",
-                                   r.grammar_field, ""};
+        if (!r.grammar.empty() && openai::parses_tool_calls(r.chat) && !chat.grammar.empty()) {
+            throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with tool calls ('tools', 'tool_choice'), which have a grammar of their own",
+                                   "invalid_request_error", r.grammar_field, ""};
         }
         if (r.n > 1 && openai::parses_tool_calls(r.chat)) throw openai::ApiError{400, "'n' above 1 cannot be combined with 'tools'", "invalid_request_error", "n", ""};
         if (r.n > s->metrics().slots) {
@@ -419,9 +420,18 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     gen.stop_at_end_of_generation = !r.ignore_eos;
     gen.top_logprobs = r.top_logprobs;
     gen.grammar = r.grammar;
-    // tool_choice required or a named function: the chat layer's grammar of the calls. Its lazy
-    // grammar for "auto" (from a trigger on) is not applied: the reply is generated unconstrained and parsed.
-    if (openai::parses_tool_calls(r.chat) && !chat.grammar_lazy) gen.grammar = chat.grammar;
+    // The chat layer's grammar of the calls: from the reply's first token for tool_choice required
+    // or a named function, lazily (from the model's first call marker on) for "auto".
+    if (openai::parses_tool_calls(r.chat) && !chat.grammar.empty()) {
+        gen.grammar = chat.grammar;
+        gen.grammar_lazy = chat.grammar_lazy;
+        gen.grammar_trigger_patterns = chat.grammar_trigger_patterns;
+        gen.grammar_trigger_tokens = chat.grammar_trigger_tokens;
+    }
+    // The template format's own stop strings, beside (not counted among) the client's.
+    for (const std::string & stop : chat.additional_stops) {
+        if (std::find(r.stop.begin(), r.stop.end(), stop) == r.stop.end()) r.stop.push_back(stop);
+    }
     const std::vector<std::shared_ptr<Job>> jobs = s->submit_choices(std::move(prompt), gen, r.n, early_exit, r.stop);
     if (jobs.empty()) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
     const std::shared_ptr<Job> & job = jobs.front();

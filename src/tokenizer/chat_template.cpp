@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "chat.h"
+#include "common.h"
 #include "json-schema-to-grammar.h"
 #include "llama.h"
 #include "specula/error.h"
@@ -51,6 +52,23 @@ std::string grammar_of_reply(const std::string & gbnf, const std::string & gener
         return gbnf.substr(0, at) + "root ::= " + root + (line_end == std::string::npos ? "" : gbnf.substr(line_end));
     }
     return "";
+}
+
+// The chat layer's triggers as llama.cpp's sampler takes them (common/sampling.cpp): a word is
+// found anywhere, a full pattern must match the whole text so far.
+void add_triggers(const std::vector<common_grammar_trigger> & triggers, ChatPrompt & out) {
+    for (const common_grammar_trigger & t : triggers) {
+        switch (t.type) {
+            case COMMON_GRAMMAR_TRIGGER_TYPE_WORD: out.grammar_trigger_patterns.push_back(regex_escape(t.value)); break;
+            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN: out.grammar_trigger_patterns.push_back(t.value); break;
+            case COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL: {
+                const std::string & p = t.value;
+                out.grammar_trigger_patterns.push_back(p.empty() ? "^$" : (p.front() != '^' ? "^" : "") + p + (p.back() != '$' ? "$" : ""));
+                break;
+            }
+            case COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN: out.grammar_trigger_tokens.push_back(t.token); break;
+        }
+    }
 }
 
 common_chat_tool_choice to_common(ToolChoice choice) {
@@ -114,9 +132,11 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     }
     ChatPrompt out;
     out.text = std::move(params.prompt);
-    // Lazy grammars (tool choice auto) are left as the chat layer made them, unused by the server.
+    // A lazy grammar (tool choice auto) reads the reply from its trigger on, which the generation
+    // prompt never holds: it stays as the chat layer made it.
     out.grammar = params.grammar_lazy ? params.grammar : grammar_of_reply(params.grammar, params.generation_prompt);
-    out.grammar_lazy = params.grammar_lazy;
+    out.grammar_lazy = params.grammar_lazy && !params.grammar.empty();
+    if (out.grammar_lazy) add_triggers(params.grammar_triggers, out);
     out.additional_stops = std::move(params.additional_stops);
     auto format = std::make_shared<ReplyFormat>();
     format->params = common_chat_parser_params(params);

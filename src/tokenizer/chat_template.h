@@ -4,6 +4,7 @@
 // offered; the same layer gives the grammar a tool choice asks for and parses a reply back into
 // content and tool calls. A file without a template gets llama.cpp's built-in one its vocabulary's
 // turn tokens name ("gemma"), rendered by libllama without tools, else llama.cpp's Jinja chatml.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +55,10 @@ struct ChatPrompt {
     // from one of its triggers on (tool choice auto); grammar_lazy says so.
     std::string grammar;
     bool grammar_lazy = false;
-    std::vector<std::string> additional_stops;
+    // A lazy grammar's triggers, as GenerationOptions takes them (words escaped into patterns).
+    std::vector<std::string> grammar_trigger_patterns;
+    std::vector<int32_t> grammar_trigger_tokens;
+    std::vector<std::string> additional_stops;  // stop strings the template's format asks for
     std::shared_ptr<const ReplyFormat> reply_format;
 };
 

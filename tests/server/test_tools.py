@@ -8,7 +8,7 @@ import os
 import openai
 import pytest
 
-from serving import DRAFT, ROOT, serve
+from serving import DRAFT, ROOT, SMOLLM2, serve
 
 TEMPLATE = os.path.join(ROOT, "tests", "chat", "tool_template.jinja")
 WEATHER = {"type": "function", "function": {
@@ -81,3 +81,46 @@ def test_bad_tool_fields_are_refused_naming_the_field(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="specula-target", messages=QUESTION + [{"role": "tool", "content": "18 C"}])
     assert e.value.body["param"] == "messages[1].tool_call_id"
+
+
+STOP_TEMPLATE = os.path.join(ROOT, "tests", "chat", "stop_template.jinja")
+
+
+def test_a_templates_own_stop_strings_apply_beside_the_clients_four():
+    """Catches: the chat layer's stop strings of the template's format (additional_stops) not
+    applied, or counted against the client's limit of 4. The grammar spells one out mid-reply."""
+    with serve("--draft", DRAFT, "-c", "512", "--chat-template", STOP_TEMPLATE) as (_, base):
+        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        for stream in (False, True):
+            r = c.chat.completions.create(model="specula-target", messages=QUESTION, max_tokens=40, temperature=0, stream=stream,
+                                          stop=["w", "x", "y", "z"], extra_body={"grammar": 'root ::= "ab</assistant>cd"'})
+            if stream:
+                chunks = [ch.choices[0] for ch in r if ch.choices]
+                text, finish = "".join(ch.delta.content or "" for ch in chunks), chunks[-1].finish_reason
+            else:
+                text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+            assert (text, finish) == ("ab", "stop"), stream
+
+
+def call_of(i, city):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_%d" % i, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+
+
+@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
+def test_tool_choice_auto_is_constrained_once_the_model_starts_a_call():
+    """Catches: tool_choice "auto" generating the call unconstrained (llama.cpp's lazy grammar not
+    applied from its trigger on). Three calls shown before, SmolLM2 calls for Tokyo, a city the
+    schema's enum does not hold: free, it writes "Tokyo"; constrained, a city of the enum."""
+    messages = []
+    for i, city in enumerate(["Rome", "Oslo", "Lima"]):
+        messages += [{"role": "user", "content": "What is the weather in %s?" % city}, call_of(i, city),
+                     {"role": "tool", "tool_call_id": "call_%d" % i, "content": "18 C"}, {"role": "assistant", "content": "18 C."}]
+    messages.append({"role": "user", "content": "What is the weather in Tokyo?"})
+    with serve("-c", "2048", "--chat-template", TEMPLATE, model=SMOLLM2) as (_, base):
+        c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=messages, tools=[WEATHER], tool_choice="auto",
+                                      max_tokens=60, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert json.loads(choice.message.tool_calls[0].function.arguments)["city"] in ("Paris", "Rome")
