@@ -12,6 +12,7 @@
 #include "runtime/eagle_head.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
+#include "server/prefix_store.h"
 #include "server/scheduler.h"
 #include "server/slot_prefix.h"
 #include "specee_predictor.h"
@@ -229,7 +230,8 @@ TEST(PrefixCache, AServerSlotServesTheNextTurnFromItsCacheAsCold) {
 }
 
 // Catches: a lossy SpecEE request's rows (skipped layers' K/V filled from the exit state, not the
-// target's) served to a later request: the plain request after it on the one slot must start cold.
+// target's) served to a later request, from the slot or the prefix store: the plain request after
+// it on the one slot must start cold, and another conversation taking the slot stores nothing.
 TEST(PrefixCache, ALossySpecEERequestsRowsAreNeverReused) {
     EngineOptions o;
     o.model_path = test::model_path("gemma3_swa_q8_0");
@@ -247,12 +249,129 @@ TEST(PrefixCache, ALossySpecEERequestsRowsAreNeverReused) {
     const std::vector<int32_t> prompt = t->tokenizer->tokenize("The following example shows");
     auto lossy = scheduler.submit(prompt, options(8, 0.0f), EarlyExitRequest{EarlyExitMode::Lossy, 0.4f});
     drain(*lossy);
+    auto other = scheduler.submit(t->tokenizer->tokenize("Once upon a time"), options(4, 0.0f));  // takes the slot
+    drain(*other);
+    EXPECT_EQ(scheduler.metrics().prefix_store.entries, 0u) << "the lossy request's rows went to the prefix store";
     auto plain = scheduler.submit(prompt, options(8, 0.0f));
     drain(*plain);
     EXPECT_EQ(plain->result().stats.n_cached, 0);
     auto again = scheduler.submit(prompt, options(8, 0.0f));  // after an exact request, the prefix is reused
     drain(*again);
     EXPECT_GE(again->result().stats.n_cached, static_cast<int>(prompt.size()) - 2);  // the EAGLE-3 head re-reads one position
+}
+
+// Catches: rows saved or loaded at the wrong stream offset, layer or channel (a transposed V's
+// columns), or converted on the way: a stream loaded from saved rows reads back every K and V
+// row bit for bit, and holds exactly the saved slots.
+TEST(PrefixStore, KvRowsSavedToHostLoadBackBitExact) {
+    auto t = ModelBundle::open(bundle_options(DrafterKind::None));
+    auto caches = KvCache::pool(*t->backend, t->model->config(), kCtx, 3);
+    const std::vector<int32_t> prompt = t->tokenizer->tokenize("User: name three fruits\nAssistant:");
+    run(*t, *caches[1], nullptr, prompt, options(6, 0.0f));
+    const int n = caches[1]->size();
+    ASSERT_GT(n, 4);
+    const KvCache::HostRows rows = caches[1]->save_rows(n);
+    EXPECT_EQ(rows.f16.size() * sizeof(uint16_t), caches[1]->row_bytes(n));
+    caches[2]->load_rows(rows);
+    ASSERT_EQ(caches[2]->size(), n);
+    for (int layer = 0; layer < caches[1]->n_layers(); ++layer) {
+        for (int slot = 0; slot < n; ++slot) {
+            for (bool value : {false, true}) {
+                ASSERT_EQ(caches[2]->read_row(layer, value, slot), caches[1]->read_row(layer, value, slot))
+                    << "layer " << layer << (value ? " V" : " K") << " slot " << slot;
+            }
+        }
+    }
+    EXPECT_THROW(caches[1]->save_rows(n + 1), Error);
+    KvCache::HostRows torn = rows;
+    torn.f16.pop_back();
+    EXPECT_THROW(caches[2]->load_rows(torn), Error);
+}
+
+KvCache::HostRows fake_rows(int n, size_t values_per_token) { return {n, std::vector<uint16_t>(n * values_per_token, 7)}; }
+
+// Catches: a store that grows past its bound, evicts the most recently used entry (a found one
+// counts as used), keeps an entry larger than the bound, or keeps both a prefix and its extension.
+TEST(PrefixStore, StaysWithinItsBoundEvictingTheLeastRecentlyUsed) {
+    constexpr size_t kValues = 10;                 // 20 row bytes + 4 token bytes per token
+    PrefixStore store(3 * 8 * (kValues * 2 + 4));  // three 8-token entries
+    auto tokens = [](int32_t first, int n) {
+        std::vector<int32_t> v(n);
+        for (int i = 0; i < n; ++i) v[i] = first + i;
+        return v;
+    };
+    for (int32_t first : {100, 200, 300}) {
+        store.put(tokens(first, 8), fake_rows(8, kValues));
+        EXPECT_LE(store.stats().bytes, 3 * 8 * (kValues * 2 + 4));
+    }
+    EXPECT_EQ(store.stats().entries, 3u);
+    const auto hit = store.find(tokens(100, 12), 0);  // 100's entry becomes the most recently used
+    ASSERT_TRUE(hit);
+    EXPECT_EQ(hit->n, 8u);
+    EXPECT_FALSE(store.find(tokens(200, 12), 8)) << "no longer than what the slot holds";
+    store.put(tokens(400, 8), fake_rows(8, kValues));
+    EXPECT_LE(store.stats().bytes, 3 * 8 * (kValues * 2 + 4));
+    EXPECT_EQ(store.stats().evictions, 1u);
+    EXPECT_TRUE(store.find(tokens(100, 8), 0));
+    EXPECT_FALSE(store.find(tokens(200, 8), 0)) << "the least recently used was evicted";
+    EXPECT_TRUE(store.find(tokens(300, 8), 0));
+    store.put(tokens(0, 100), fake_rows(100, kValues));  // larger than the bound: not kept
+    EXPECT_EQ(store.stats().entries, 3u);
+    store.put(tokens(300, 9), fake_rows(9, kValues));  // extends 300's entry: replaces it, and 400's is the least recently used
+    EXPECT_LE(store.stats().bytes, 3 * 8 * (kValues * 2 + 4));
+    EXPECT_EQ(store.stats().entries, 2u);
+    EXPECT_EQ(store.stats().evictions, 2u);
+    EXPECT_FALSE(store.find(tokens(400, 8), 0));
+    EXPECT_EQ(store.find(tokens(300, 12), 0)->n, 9u);
+    EXPECT_EQ(store.stats().hits, 4u);
+}
+
+// Catches: a slot's history lost when another conversation takes it (the next turn prefilled
+// cold), rows restored at the wrong length, a drafter not rebuilt from them as a cold start would
+// (the draft model's cache, the EAGLE-3 head's window), and store hits not counted as cached.
+// With one slot and two alternating conversations, each one's turn 2 comes from the store and
+// equals the same turn served cold.
+TEST(PrefixStore, AlternatingConversationsOnOneSlotResumeFromTheStoreAsCold) {
+    for (DrafterKind kind : {DrafterKind::DraftModel, DrafterKind::Eagle3}) {
+        SCOPED_TRACE(drafter_kind_name(kind));
+        EngineOptions o = bundle_options(kind);
+        o.n_ctx = 2048;  // EAGLE-3's head rebuilds its 512-token prompt window: the store serves what lies before it
+        auto t = ModelBundle::open(o);
+        std::string filler_a, filler_b;
+        for (int i = 0; kind == DrafterKind::Eagle3 && i < 240; ++i) filler_a += "import os\n", filler_b += "x = 1\n";
+        const std::string a1 = filler_a + "User: name three fruits\nAssistant:", b1 = filler_b + "def main():\n    print(";
+        if (kind == DrafterKind::Eagle3) ASSERT_GT(t->tokenizer->tokenize(a1).size(), 600u);
+        Scheduler warm(*t, SchedulerOptions{1, 8, 64, false});
+        auto first_a = warm.submit(t->tokenizer->tokenize(a1), options(8, 0.0f));
+        const std::string reply_a = drain(*first_a);
+        auto first_b = warm.submit(t->tokenizer->tokenize(b1), options(8, 0.0f));
+        const std::string reply_b = drain(*first_b);
+        EXPECT_EQ(warm.metrics().prefix_store.entries, 1u) << "A's rows, saved when B took the slot";
+        const std::vector<int32_t> a2 = t->tokenizer->tokenize(a1 + reply_a + "\nUser: and three more\nAssistant:");
+        const std::vector<int32_t> b2 = t->tokenizer->tokenize(b1 + reply_b + ")\n    return 0");
+        auto second_a = warm.submit(a2, options(12, 0.0f));
+        const std::string warm_a = drain(*second_a);
+        auto second_b = warm.submit(b2, options(12, 0.0f));
+        const std::string warm_b = drain(*second_b);
+        // Past a shared BOS: the turn before, or for EAGLE-3 what lies before its prompt window.
+        auto restored = [&](size_t n_turn1, size_t n_turn2) {
+            return static_cast<int>(kind == DrafterKind::Eagle3 ? n_turn2 - 1 - EagleDrafter::kPromptWindow : n_turn1 / 2);
+        };
+        EXPECT_GE(second_a->result().stats.n_cached, restored(t->tokenizer->tokenize(a1).size(), a2.size()));
+        EXPECT_GE(second_b->result().stats.n_cached, restored(t->tokenizer->tokenize(b1).size(), b2.size()));
+        const SchedulerMetrics m = warm.metrics();
+        EXPECT_EQ(m.prefix_store.hits, 2u);
+        int n_cached = 0;
+        for (const auto & job : {first_a, first_b, second_a, second_b}) n_cached += job->result().stats.n_cached;
+        EXPECT_EQ(m.prompt_tokens_cached, static_cast<uint64_t>(n_cached));
+
+        Scheduler cold(*t, SchedulerOptions{1, 8, 64, false});
+        auto alone_a = cold.submit(a2, options(12, 0.0f));
+        EXPECT_EQ(warm_a, drain(*alone_a));
+        EXPECT_EQ(alone_a->result().stats.n_cached, 0);
+        auto alone_b = cold.submit(b2, options(12, 0.0f));
+        EXPECT_EQ(warm_b, drain(*alone_b));
+    }
 }
 
 // Catches: Engine::generate prefilling the conversation again each call, or a second call whose

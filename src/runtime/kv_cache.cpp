@@ -234,6 +234,55 @@ void KvCache::move_slots_on_device(std::span<const std::pair<int, int>> moves, s
     if (status != GGML_STATUS_SUCCESS) throw Error("KV compact: the device could not move the kept rows");
 }
 
+// A slot is a row of n_embd_kv F16 values in K and in a row-major V (n slots: one transfer), and a
+// column of a transposed V (one transfer per channel, gathered into the host copy's rows).
+KvCache::HostRows KvCache::save_rows(int n) const {
+    if (n < 0 || n > size_) throw Error("KV save: " + std::to_string(n) + " slots outside the cache's " + std::to_string(size_));
+    HostRows rows{n, std::vector<uint16_t>(row_bytes(n) / sizeof(uint16_t))};
+    const size_t row = ggml_row_size(GGML_TYPE_F16, n_embd_kv_), half = sizeof(ggml_fp16_t);
+    std::vector<uint16_t> channel(n);
+    const Backend::RemoteWait remote_wait(*storage_->owner);
+    for (int il = 0; il < n_layers() && n > 0; ++il) {
+        uint16_t * k = rows.f16.data() + size_t(2 * il) * n * n_embd_kv_;
+        uint16_t * v = k + size_t(n) * n_embd_kv_;
+        ggml_backend_tensor_get(k_[il], k, row * offset_, row * n);
+        if (!v_transposed_) {
+            ggml_backend_tensor_get(v_[il], v, row * offset_, row * n);
+            continue;
+        }
+        for (int j = 0; j < n_embd_kv_; ++j) {
+            ggml_backend_tensor_get(v_[il], channel.data(), half * (size_t(storage_->slots) * j + offset_), half * n);
+            for (int i = 0; i < n; ++i) v[size_t(i) * n_embd_kv_ + j] = channel[i];
+        }
+    }
+    return rows;
+}
+
+void KvCache::load_rows(const HostRows & rows) {
+    const int n = rows.n;
+    if (n < 0 || n > capacity_ || rows.f16.size() * sizeof(uint16_t) != row_bytes(n)) {
+        throw Error("KV load: " + std::to_string(n) + " saved slots are of another shape or exceed this " + std::to_string(capacity_) +
+                    "-slot stream");
+    }
+    const size_t row = ggml_row_size(GGML_TYPE_F16, n_embd_kv_), half = sizeof(ggml_fp16_t);
+    std::vector<uint16_t> channel(n);
+    const Backend::RemoteWait remote_wait(*storage_->owner);
+    for (int il = 0; il < n_layers() && n > 0; ++il) {
+        const uint16_t * k = rows.f16.data() + size_t(2 * il) * n * n_embd_kv_;
+        const uint16_t * v = k + size_t(n) * n_embd_kv_;
+        ggml_backend_tensor_set(k_[il], k, row * offset_, row * n);
+        if (!v_transposed_) {
+            ggml_backend_tensor_set(v_[il], v, row * offset_, row * n);
+            continue;
+        }
+        for (int j = 0; j < n_embd_kv_; ++j) {
+            for (int i = 0; i < n; ++i) channel[i] = v[size_t(i) * n_embd_kv_ + j];
+            ggml_backend_tensor_set(v_[il], channel.data(), half * (size_t(storage_->slots) * j + offset_), half * n);
+        }
+    }
+    size_ = n;
+}
+
 std::vector<float> KvCache::read_row(int layer, bool value, int slot) const {
     ggml_tensor * t = value ? v_.at(layer) : k_.at(layer);
     if (slot < 0 || slot >= capacity_) throw Error("KV read_row: slot outside the cache");

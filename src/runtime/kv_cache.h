@@ -69,6 +69,19 @@ public:
     ggml_tensor * k(int layer) const { return k_[layer]; }
     ggml_tensor * v(int layer) const { return v_[layer]; }  // [n_embd_kv, slots], or [slots, n_embd_kv] transposed
 
+    // The first n slots' K and V rows of every layer, copied to host memory (a server's prefix
+    // store keeps them past the stream's reuse), and back: load_rows() makes this stream hold
+    // exactly those rows (n = rows.n), bit for bit. Throws Error when n exceeds size() (save) or
+    // the rows are of another shape or do not fit the stream (load).
+    struct HostRows {
+        int n = 0;
+        std::vector<uint16_t> f16;  // per layer K then V, each n rows of n_embd_kv F16 values
+    };
+    HostRows save_rows(int n) const;
+    void load_rows(const HostRows & rows);
+    // Host bytes save_rows(n) takes.
+    size_t row_bytes(int n) const { return size_t(n) * n_layers() * 2 * n_embd_kv_ * sizeof(uint16_t); }
+
     // One stream slot's K or V row as floats (tests and debugging).
     std::vector<float> read_row(int layer, bool value, int slot) const;
 

@@ -43,6 +43,12 @@ std::string prometheus(const SchedulerMetrics & m) {
            suffix.accepted_tokens);
     metric("suffix_cache_tokens", "gauge", "Tokens of earlier requests the suffix cache keeps.", suffix.tokens);
     metric("suffix_cache_evicted_total", "counter", "Earlier requests evicted from the suffix cache to keep it bounded.", suffix.evicted);
+    const PrefixStore::Stats & store = m.prefix_store;
+    metric("prefix_store_bytes", "gauge", "Host bytes of the prefix store (slots' rows kept for later requests).", store.bytes);
+    metric("prefix_store_entries", "gauge", "Prefixes the prefix store keeps.", store.entries);
+    metric("prefix_store_hits_total", "counter", "Requests whose prompt's prefix was copied from the prefix store.", store.hits);
+    metric("prefix_store_evictions_total", "counter", "Prefixes evicted from the prefix store to keep it within --cache-bytes.",
+           store.evictions);
     o << "# HELP specula:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by depth.\n"
          "# TYPE specula:spec_decode_num_accepted_tokens_per_pos_total counter\n";
     for (size_t d = 0; d < m.accepted_at.size(); ++d) {

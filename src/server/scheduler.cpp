@@ -11,6 +11,7 @@
 #include "runtime/backend.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
+#include "server/prefix_store.h"
 #include "server/slot_prefix.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -65,6 +66,7 @@ Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(t
         slot->drafter = std::move(drafters[i]);
         slots_.push_back(std::move(slot));
     }
+    if (options.cache_bytes > 0) store_ = std::make_unique<PrefixStore>(options.cache_bytes);
     if (options.suffix_cache_tokens > 0) {
         const DrafterSpec & spec = target.drafter.spec;
         auto cache = std::make_shared<SuffixCache>(options.suffix_cache_tokens, spec.ngram_min, spec.ngram_max);
@@ -201,6 +203,7 @@ SchedulerMetrics Scheduler::metrics() const {
     std::lock_guard lock(mutex_);
     SchedulerMetrics m = metrics_;
     if (suffix_cache_) m.suffix_cache = suffix_cache_->stats();
+    if (store_) m.prefix_store = store_->stats();
     m.failure = failure_;
     m.deferred = static_cast<int>(queue_.size());
     m.processing = 0;
@@ -244,6 +247,9 @@ void Scheduler::admit() {
         std::shared_ptr<Job> job = queue_.front();
         queue_.pop_front();
         slot->prefix.last_used = ++admitted_;
+        // The slot's rows are lost to a lossy sequence and a further choice whatever their prompt.
+        const bool keeps_rows = !first && job->early_exit_.mode != EarlyExitMode::Lossy;
+        if (store_) stash_prefix(*store_, slot->prefix, *slot->cache, keeps_rows ? std::span<const int32_t>(job->prompt_) : std::span<const int32_t>());
         if (first) {
             const bool own_drafter = job->early_exit_.mode == EarlyExitMode::Off;  // SpecEE's drafter rebuilds itself
             share_prompt(slot->prefix, *slot->cache, own_drafter ? slot->drafter.get() : nullptr, *first->cache,
@@ -290,12 +296,14 @@ void Scheduler::admit() {
                 slot->exit_drafter->set_threshold(exit.threshold);
                 slot->exit_drafter->clear_exit_stats();
                 slot->exit_policy->begin_sequence();
+                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
                 reuse_prefix(slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
                 slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot->cache, slot->exit_drafter.get(),
                                                                                    slot->exit_policy.get(), nullptr, on_round),
                                                             job->prompt_, options, is_end, options_.prefill_chunk);
             } else {
                 // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
+                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
                 reuse_prefix(slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
                 slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot->cache, slot->drafter.get(),
                                                                                    slot->policy.get(), slot->tree_size.get(), on_round),

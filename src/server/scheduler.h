@@ -18,6 +18,7 @@
 
 #include "draft/suffix_cache.h"
 #include "policy/speculation_gate.h"
+#include "server/prefix_store.h"
 #include "specula/specula.h"
 #include "tokenizer/stop_strings.h"
 #include "tokenizer/utf8.h"
@@ -38,6 +39,9 @@ struct SchedulerOptions {
     bool gate_speculation = true;
     // Tokens of earlier requests (prompt and output) kept for lookup drafting (draft/suffix_cache.h); 0: none.
     size_t suffix_cache_tokens = SuffixCache::kDefaultMaxTokens;
+    // Host bytes of slots' rows kept for later requests once other conversations take the slots
+    // (server/prefix_store.h); 0: none.
+    size_t cache_bytes = PrefixStore::kDefaultMaxBytes;
 };
 
 // Where an emitted token came from, for the live page's colours (the stream's "specula" field).
@@ -153,6 +157,7 @@ struct SchedulerMetrics {
     std::string failure;                // non-empty: the target's device failed; every request gets this error (5xx)
     std::vector<uint64_t> accepted_at;  // [d]: drafts whose token at depth d + 1 was accepted
     SuffixCache::Stats suffix_cache;    // drafts looked up in earlier requests, and what the cache keeps
+    PrefixStore::Stats prefix_store;    // slots' rows kept in host memory, and their use
     struct Slot {
         int id = 0;
         bool busy = false;
@@ -228,6 +233,7 @@ private:
     // Finished sequences, added on the worker (release) and looked up by the slots' drafters on
     // the worker; null when off or no drafter looks up. metrics() reads its counters (its own mutex).
     std::shared_ptr<SuffixCache> suffix_cache_;
+    std::unique_ptr<PrefixStore> store_;  // null when --cache-bytes is 0; used under mutex_
     std::thread worker_;
 };
 

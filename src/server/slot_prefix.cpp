@@ -12,11 +12,9 @@ size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
     return static_cast<size_t>(std::mismatch(a.begin(), a.begin() + n, b.begin()).first - a.begin());
 }
 
-// A few shared tokens (a BOS, a chat template's header) are no reason to overwrite a slot that
-// holds another conversation: a prefix counts when it covers half the prompt or half the slot.
-size_t matched_prefix(const SlotPrefix & prefix, std::span<const int32_t> prompt) {
-    const size_t common = common_prefix(prefix.tokens, prompt);
-    return 2 * common >= prompt.size() || 2 * common >= prefix.tokens.size() ? common : 0;
+size_t matched_prefix(std::span<const int32_t> kept, std::span<const int32_t> prompt) {
+    const size_t common = common_prefix(kept, prompt);
+    return 2 * common >= prompt.size() || 2 * common >= kept.size() ? common : 0;
 }
 
 int choose_slot(std::span<const SlotPrefix * const> prefixes, std::span<const char> free, std::span<const int32_t> prompt) {
@@ -24,7 +22,7 @@ int choose_slot(std::span<const SlotPrefix * const> prefixes, std::span<const ch
     size_t best_common = 0;
     for (size_t i = 0; i < prefixes.size(); ++i) {
         if (!free[i]) continue;
-        const size_t common = matched_prefix(*prefixes[i], prompt);
+        const size_t common = matched_prefix(prefixes[i]->tokens, prompt);
         const bool longer = best < 0 || common > best_common;
         if (longer || (common == best_common && prefixes[i]->last_used < prefixes[best]->last_used)) {
             best = static_cast<int>(i);

@@ -20,6 +20,10 @@ struct SlotPrefix {
 };
 
 size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
+// The common prefix of kept tokens (a slot's, a stored entry's) and a prompt when it covers half
+// the prompt or half the kept tokens, else 0: a few shared tokens (a BOS, a chat template's
+// header) are no reason to overwrite a slot that holds another conversation.
+size_t matched_prefix(std::span<const int32_t> kept, std::span<const int32_t> prompt);
 
 // Of the free slots, the index of the one whose tokens share the longest prefix with `prompt`,
 // counted when it covers half the prompt or half the slot's tokens (a shared BOS or template

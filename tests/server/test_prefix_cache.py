@@ -83,3 +83,21 @@ def test_more_choices_than_allowed_or_than_slots_are_refused():
             assert status == 400 and body["error"]["param"] == "n" and text in body["error"]["message"], body
         status, body = post(base, "/v1/completions", {"prompt": "x", "n": 2, "max_tokens": 2})
         assert status == 200 and len(body["choices"]) == 2, body
+
+
+def test_alternating_conversations_on_one_slot_resume_from_the_prefix_store():
+    one_slot = ("--draft", DRAFT, "--draft-policy", "fixed", "--draft-max", "4", "--parallel", "1")
+    a1, b1 = "User: name three fruits\nAssistant:", "def main():\n    print("
+    with serve(*one_slot) as (_, base):
+        reply_a = completion(base, a1)["choices"][0]["text"]
+        reply_b = completion(base, b1)["choices"][0]["text"]
+        a2, b2 = a1 + reply_a + "\nUser: and three more\nAssistant:", b1 + reply_b + ")\n    return 0"
+        warm = [completion(base, a2), completion(base, b2)]
+        for turn in warm:
+            assert turn["usage"]["prompt_tokens_details"]["cached_tokens"] > 1, turn["usage"]
+        assert metric(base, "prefix_store_hits_total") == 2
+        assert metric(base, "prefix_store_entries") >= 1 and metric(base, "prefix_store_bytes") > 0
+    with serve(*one_slot, "--cache-bytes", "0") as (_, base):
+        cold = [completion(base, a2), completion(base, b2)]
+        assert metric(base, "prefix_store_hits_total") == 0
+    assert [t["choices"][0]["text"] for t in warm] == [t["choices"][0]["text"] for t in cold]

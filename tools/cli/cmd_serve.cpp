@@ -46,6 +46,11 @@ void register_serve(CLI::App & app, Commands & commands) {
                     "tokens of earlier requests (prompts and outputs) kept for lookup drafts, the oldest evicted first; 0: off")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    sub->add_option("--cache-bytes", args->scheduler.cache_bytes,
+                    "host memory for the KV rows of conversations whose slots others took, so that their next turns skip "
+                    "the prefill; the least recently used evicted first; 0: off")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
     sub->add_option("--host", args->host, "address to listen on")->capture_default_str();
     sub->add_option("--port", args->port, "port (0: any free port)")->capture_default_str();
     sub->add_option("--max-request-bytes", args->max_request_bytes, "longest request body accepted (longer ones get 413)")
