@@ -127,6 +127,28 @@ TEST(ChatTemplate, ATemplateFileRendersToolsAndParsesTheirCalls) {
     EXPECT_NE(test::error_message([&] { tok.set_chat_template("{% if %}"); }).find("does not parse as Jinja"), std::string::npos);
 }
 
+// parallel_tool_calls false: one call block, then the reply's end (the chat layer's grammar of
+// one block per call lets blocks follow one another); true keeps them. Catches the flag not shaping
+// the grammar, for a required call and for auto's lazy grammar alike.
+TEST(ChatTemplate, ParallelToolCallsFalseAllowsOneCallBlock) {
+    Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    tok.set_chat_template(source_file(kToolTemplate));
+    for (const char * choice : {"\"required\"", "\"auto\""}) {
+        for (bool parallel : {false, true}) {
+            const std::string body = std::string(R"({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}],
+                "tool_choice": )") + choice +
+                                     ", \"parallel_tool_calls\": " + (parallel ? "true" : "false") + "}";
+            const std::string grammar = tok.chat_template().render(chat_input(body)).grammar;
+            const size_t at = grammar.find("\ntool-calls ::= ");
+            ASSERT_NE(at, std::string::npos) << choice << ":\n"
+                                             << grammar;
+            const std::string rule = grammar.substr(at + 1, grammar.find('\n', at + 1) - at - 1);
+            EXPECT_EQ(rule.ends_with(")+"), parallel) << choice << ": " << rule;
+        }
+    }
+}
+
 // The chat fields of a request: tool results (role "tool" with tool_call_id), assistant messages
 // of calls alone (content null), tools, tool_choice forms and parallel_tool_calls; each malformed
 // field refused with 400 naming it. Catches tool messages refused, or a bad one let through.

@@ -1,5 +1,6 @@
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <map>
 #include <regex>
 
@@ -52,6 +53,19 @@ std::string grammar_of_reply(const std::string & gbnf, const std::string & gener
         return gbnf.substr(0, at) + "root ::= " + root + (line_end == std::string::npos ? "" : gbnf.substr(line_end));
     }
     return "";
+}
+
+// parallel_tool_calls false: the chat layer makes each call block hold one call, but its formats
+// of one block per call still let blocks follow one another ("tool-calls ::= (tool-call space)+");
+// one block, then the end of the reply.
+std::string with_one_call_block(std::string gbnf) {
+    const std::string head = "\ntool-calls ::= (";
+    const size_t at = gbnf.find(head);
+    if (at == std::string::npos) return gbnf;
+    const size_t body = at + head.size();
+    const size_t line_end = std::min(gbnf.find('\n', body), gbnf.size());
+    if (line_end - body < 2 || gbnf.compare(line_end - 2, 2, ")+") != 0) return gbnf;
+    return gbnf.substr(0, body - 1) + gbnf.substr(body, line_end - 2 - body) + gbnf.substr(line_end);
 }
 
 // The chat layer's triggers as llama.cpp's sampler takes them (common/sampling.cpp): a word is
@@ -135,6 +149,7 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     // A lazy grammar (tool choice auto) reads the reply from its trigger on, which the generation
     // prompt never holds: it stays as the chat layer made it.
     out.grammar = params.grammar_lazy ? params.grammar : grammar_of_reply(params.grammar, params.generation_prompt);
+    if (!input.parallel_tool_calls) out.grammar = with_one_call_block(std::move(out.grammar));
     out.grammar_lazy = params.grammar_lazy && !params.grammar.empty();
     if (out.grammar_lazy) add_triggers(params.grammar_triggers, out);
     out.additional_stops = std::move(params.additional_stops);

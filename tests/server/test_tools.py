@@ -71,6 +71,15 @@ def test_a_required_call_streams_as_tool_call_deltas(client):
     assert isinstance(json.loads(calls[0]["arguments"]), dict)
 
 
+def test_parallel_tool_calls_false_ends_the_reply_after_one_call(client):
+    """Catches: parallel_tool_calls false not enforced: the random-weight model, unbiased, would go
+    on writing call blocks until max_tokens (finish_reason "length")."""
+    r = client.chat.completions.create(model="specula-target", messages=QUESTION, tools=[WEATHER], tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=300, temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+    assert len(r.choices[0].message.tool_calls) == 1
+
+
 def test_bad_tool_fields_are_refused_naming_the_field(client):
     """Catches: a named function that is not among the tools, or a tool result without its call's
     id, passed to the template instead of refused with 400."""
