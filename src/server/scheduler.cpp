@@ -12,44 +12,12 @@
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
 #include "server/prefix_store.h"
+#include "server/scheduler_slot.h"
 #include "server/slot_prefix.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace specula {
-
-struct Scheduler::Slot {
-    int id = 0;
-    std::unique_ptr<KvCache> cache;
-    SlotPrefix prefix;  // what the cache (and a drafter's state) hold for the next request (server/slot_prefix.h)
-    std::unique_ptr<Drafter> drafter;
-    std::unique_ptr<DraftLengthPolicy> policy;
-    std::unique_ptr<TreeSizePolicy> tree_size;
-    std::shared_ptr<Job> job;
-    // SpecEE, made on the slot's first request that asks for it and kept: the lossy mode's
-    // decoder and sequence (candidates from the slot's EAGLE-3 drafter), the lossless drafter
-    // (its own target cache and head) and its draft policy. Declared before the sequences that
-    // refer to them, so that they are destroyed after them.
-    std::unique_ptr<EarlyExitDecoder> exit_decoder;
-    std::unique_ptr<EarlyExitDrafter> exit_drafter;
-    std::unique_ptr<DraftLengthPolicy> exit_policy;
-    std::unique_ptr<Sequence> sequence;
-    std::unique_ptr<EarlyExitSequence> exit_sequence;
-    const GenerationStats & stats() const { return exit_sequence ? exit_sequence->stats() : sequence->stats(); }
-    bool running() const { return sequence || exit_sequence; }
-    bool ended_by_eog = false;
-    std::optional<TokenLogprob> logprob;  // the next emitted token's (on_logprob comes before its sink)
-    // A token the sequence emitted, into the job (the sequence's sink); false stops the sequence.
-    bool take(const Tokenizer & tok, int32_t t) {
-        const bool end = job->options_.stop_at_end_of_generation && tok.is_end_of_generation(t);
-        ended_by_eog = ended_by_eog || end;
-        std::optional<TokenLogprob> taken = std::move(logprob);
-        logprob.reset();
-        return job->take(end ? std::string() : tok.piece(t), std::move(taken)) && !job->cancelled();
-    }
-    SpeculationStats seen;             // the sequence's counters already added to the metrics
-    SchedulerMetrics::Slot published;  // what metrics() reports (publish_slots)
-};
 
 Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(target), options_(options) {
     if (options.parallel < 1) throw Error("--parallel must be at least 1");
@@ -199,144 +167,6 @@ std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t>
     return jobs;
 }
 
-SchedulerMetrics Scheduler::metrics() const {
-    std::lock_guard lock(mutex_);
-    SchedulerMetrics m = metrics_;
-    if (suffix_cache_) m.suffix_cache = suffix_cache_->stats();
-    if (store_) m.prefix_store = store_->stats();
-    m.failure = failure_;
-    m.deferred = static_cast<int>(queue_.size());
-    m.processing = 0;
-    for (auto & slot : slots_) {
-        m.processing += slot->published.busy;
-        m.slot_states.push_back(slot->published);
-    }
-    return m;
-}
-
-void Scheduler::publish_slots() {
-    for (auto & slot : slots_) {
-        SchedulerMetrics::Slot & p = slot->published;
-        p.busy = slot->job != nullptr;
-        p.n_cached = slot->cache->size();
-        p.n_prompt = slot->running() ? slot->stats().n_prompt : 0;
-        p.n_generated = slot->running() ? slot->stats().n_generated : 0;
-    }
-}
-
-void Scheduler::admit() {
-    std::vector<const SlotPrefix *> prefixes;
-    std::vector<char> free;
-    for (auto & slot : slots_) prefixes.push_back(&slot->prefix);
-    for (;;) {
-        while (!queue_.empty() && queue_.front()->cancelled()) {
-            ++metrics_.requests_cancelled;
-            Job::Result r;
-            r.error = "cancelled";
-            queue_.front()->finish(r);
-            queue_.pop_front();
-        }
-        if (queue_.empty()) return;
-        free.clear();
-        for (auto & slot : slots_) free.push_back(!slot->job);
-        Slot * first = nullptr;
-        if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return;
-        const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_);
-        if (chosen < 0) return;
-        std::unique_ptr<Slot> & slot = slots_[chosen];
-        std::shared_ptr<Job> job = queue_.front();
-        queue_.pop_front();
-        slot->prefix.last_used = ++admitted_;
-        // The slot's rows are lost to a lossy sequence and a further choice whatever their prompt.
-        const bool keeps_rows = !first && job->early_exit_.mode != EarlyExitMode::Lossy;
-        if (store_) stash_prefix(*store_, slot->prefix, *slot->cache, keeps_rows ? std::span<const int32_t>(job->prompt_) : std::span<const int32_t>());
-        if (first) {
-            const bool own_drafter = job->early_exit_.mode == EarlyExitMode::Off;  // SpecEE's drafter rebuilds itself
-            share_prompt(slot->prefix, *slot->cache, own_drafter ? slot->drafter.get() : nullptr, *first->cache,
-                         own_drafter ? first->drafter.get() : nullptr, job->prompt_);
-        }
-        try {
-            // The slot's policies carry what they measured of the machine from request to request
-            // (DraftLengthPolicy::begin_sequence): with fresh ones every request drafted blind
-            // in its first round, a tree at 8 clients, where no draft pays on a CPU.
-            if (target_.speculative && !slot->policy) {
-                slot->policy = target_.make_draft_policy();
-                slot->tree_size = target_.make_tree_size_policy();
-            }
-            if (slot->policy) slot->policy->begin_sequence();
-            if (slot->tree_size) slot->tree_size->begin_sequence();
-            Tokenizer & tok = *target_.tokenizer;
-            Slot * s = slot.get();
-            auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
-            // A round's tokens reach the job's consumer once its verification says where each came from.
-            auto on_round = [s](const RoundInfo & r) {
-                const size_t n_accepted = r.result->accepted.size();
-                const bool bonus = r.result->bonus;
-                s->job->publish([&](size_t i) {
-                    return std::pair<const char *, int>{i < n_accepted ? "accepted" : bonus ? "bonus"
-                                                                                            : "correction",
-                                                        static_cast<int>(i) + 1};
-                });
-            };
-            GenerationOptions options = job->options_;
-            if (options.top_logprobs >= 0) options.on_logprob = [s](const TokenLogprob & l) { s->logprob = l; };
-            const EarlyExitRequest & exit = job->early_exit_;
-            if (exit.mode == EarlyExitMode::Lossy) {
-                forget_prefix(slot->prefix, *slot->cache);  // the lossy sequence starts cold; its rows are never reused
-                if (!slot->exit_decoder) slot->exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get(),
-                                                                                                 target_.options.specee_online);
-                slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
-                                                                          job->prompt_, options, exit.threshold, is_end, options_.prefill_chunk);
-            } else if (exit.mode == EarlyExitMode::Lossless) {
-                // Chains (engine/generation_mode.h): the tokens up to the first that did not exit.
-                if (!slot->exit_drafter) {
-                    slot->exit_drafter = target_.make_exit_drafter(target_.options.n_ctx, exit.threshold);
-                    slot->exit_policy = target_.make_draft_policy();
-                }
-                slot->exit_drafter->set_threshold(exit.threshold);
-                slot->exit_drafter->clear_exit_stats();
-                slot->exit_policy->begin_sequence();
-                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
-                reuse_prefix(slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
-                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot->cache, slot->exit_drafter.get(),
-                                                                                   slot->exit_policy.get(), nullptr, on_round),
-                                                            job->prompt_, options, is_end, options_.prefill_chunk);
-            } else {
-                // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
-                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
-                reuse_prefix(slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
-                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot->cache, slot->drafter.get(),
-                                                                                   slot->policy.get(), slot->tree_size.get(), on_round),
-                                                            job->prompt_, options, is_end, options_.prefill_chunk);
-            }
-            s->logprob.reset();
-            s->ended_by_eog = false;
-            s->seen = {};
-            slot->job = std::move(job);
-        } catch (const std::exception & e) {
-            ++metrics_.requests_failed;
-            Job::Result r;
-            r.error = e.what();
-            job->finish(r);
-            slot->sequence.reset();
-            slot->exit_sequence.reset();
-            forget_prefix(slot->prefix, *slot->cache);
-        }
-    }
-}
-
-bool Scheduler::may_start(const Job & job, int free_slots, Slot *& first) const {
-    first = nullptr;
-    if (job.choices_ > free_slots) return false;
-    if (!job.leader_) return true;
-    for (const auto & slot : slots_) {
-        if (slot->job != job.leader_ || !slot->sequence) continue;  // a lossy first choice shares nothing
-        if (slot->sequence->prefilling()) return false;
-        if (slot->sequence->stats().speculation.rounds == 0) first = slot.get();  // the cache holds the prompt, and only it
-    }
-    return true;
-}
-
 void Scheduler::release(Slot & slot, bool finished_normally) {
     if (slot.running()) {
         const GenerationStats & st = slot.stats();
@@ -379,37 +209,6 @@ void Scheduler::fail_step(const std::vector<Slot *> & slots, const std::string &
         s->exit_sequence.reset();
         s->job.reset();
         forget_prefix(s->prefix, *s->cache);
-    }
-}
-
-void Scheduler::account_step(const std::vector<Slot *> & active, const std::vector<Slot *> & lossy, int busy, const StepResult & step,
-                             int lossy_tokens, bool gated) {
-    ++metrics_.steps;
-    metrics_.gated_steps += gated;
-    metrics_.emitted_tokens += step.tokens + lossy_tokens;
-    metrics_.rows_sum += step.rows;
-    if (!active.empty()) {
-        for (size_t b = 0; b < metrics_.rows_buckets.size(); ++b) {
-            if (b == metrics_.rows_bounds.size() || step.rows <= metrics_.rows_bounds[b]) ++metrics_.rows_buckets[b];
-        }
-    }
-    ++metrics_.busy_slots_steps[busy - 1];
-    for (Slot * s : lossy) {
-        if (s->exit_sequence && s->exit_sequence->done()) release(*s, !s->job->cancelled());
-    }
-    for (Slot * s : active) {
-        const SpeculationStats & now = s->sequence->stats().speculation;
-        metrics_.draft_tokens += now.drafted - s->seen.drafted;
-        metrics_.accepted_tokens += now.accepted - s->seen.accepted;
-        if (metrics_.accepted_at.size() < now.accepted_at.size()) metrics_.accepted_at.resize(now.accepted_at.size(), 0);
-        for (size_t d = 0; d < now.accepted_at.size(); ++d) {
-            metrics_.accepted_at[d] += now.accepted_at[d] - (d < s->seen.accepted_at.size() ? s->seen.accepted_at[d] : 0);
-        }
-        const int drafts_now = now.reached_at.empty() ? 0 : now.reached_at[0];
-        const int drafts_seen = s->seen.reached_at.empty() ? 0 : s->seen.reached_at[0];
-        metrics_.drafts += drafts_now - drafts_seen;
-        s->seen = now;
-        if (s->sequence->done()) release(*s, !s->job->cancelled());
     }
 }
 

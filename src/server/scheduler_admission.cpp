@@ -1,0 +1,126 @@
+// Scheduler's admission: queued jobs into free slots, each reusing what its slot, the prefix
+// store or its first choice's slot already holds of its prompt.
+#include "server/scheduler_slot.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "engine/model_bundle.h"
+#include "server/prefix_store.h"
+
+namespace specula {
+
+void Scheduler::admit() {
+    std::vector<const SlotPrefix *> prefixes;
+    std::vector<char> free;
+    for (auto & slot : slots_) prefixes.push_back(&slot->prefix);
+    for (;;) {
+        while (!queue_.empty() && queue_.front()->cancelled()) {
+            ++metrics_.requests_cancelled;
+            Job::Result r;
+            r.error = "cancelled";
+            queue_.front()->finish(r);
+            queue_.pop_front();
+        }
+        if (queue_.empty()) return;
+        free.clear();
+        for (auto & slot : slots_) free.push_back(!slot->job);
+        Slot * first = nullptr;
+        if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return;
+        const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_);
+        if (chosen < 0) return;
+        std::unique_ptr<Slot> & slot = slots_[chosen];
+        std::shared_ptr<Job> job = queue_.front();
+        queue_.pop_front();
+        slot->prefix.last_used = ++admitted_;
+        // The slot's rows are lost to a lossy sequence and a further choice whatever their prompt.
+        const bool keeps_rows = !first && job->early_exit_.mode != EarlyExitMode::Lossy;
+        if (store_) stash_prefix(*store_, slot->prefix, *slot->cache, keeps_rows ? std::span<const int32_t>(job->prompt_) : std::span<const int32_t>());
+        if (first) {
+            const bool own_drafter = job->early_exit_.mode == EarlyExitMode::Off;  // SpecEE's drafter rebuilds itself
+            share_prompt(slot->prefix, *slot->cache, own_drafter ? slot->drafter.get() : nullptr, *first->cache,
+                         own_drafter ? first->drafter.get() : nullptr, job->prompt_);
+        }
+        try {
+            // The slot's policies carry what they measured of the machine from request to request
+            // (DraftLengthPolicy::begin_sequence): with fresh ones every request drafted blind
+            // in its first round, a tree at 8 clients, where no draft pays on a CPU.
+            if (target_.speculative && !slot->policy) {
+                slot->policy = target_.make_draft_policy();
+                slot->tree_size = target_.make_tree_size_policy();
+            }
+            if (slot->policy) slot->policy->begin_sequence();
+            if (slot->tree_size) slot->tree_size->begin_sequence();
+            Tokenizer & tok = *target_.tokenizer;
+            Slot * s = slot.get();
+            auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
+            // A round's tokens reach the job's consumer once its verification says where each came from.
+            auto on_round = [s](const RoundInfo & r) {
+                const size_t n_accepted = r.result->accepted.size();
+                const bool bonus = r.result->bonus;
+                s->job->publish([&](size_t i) {
+                    return std::pair<const char *, int>{i < n_accepted ? "accepted" : bonus ? "bonus"
+                                                                                            : "correction",
+                                                        static_cast<int>(i) + 1};
+                });
+            };
+            GenerationOptions options = job->options_;
+            if (options.top_logprobs >= 0) options.on_logprob = [s](const TokenLogprob & l) { s->logprob = l; };
+            const EarlyExitRequest & exit = job->early_exit_;
+            if (exit.mode == EarlyExitMode::Lossy) {
+                forget_prefix(slot->prefix, *slot->cache);  // the lossy sequence starts cold; its rows are never reused
+                if (!slot->exit_decoder) slot->exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get(),
+                                                                                                 target_.options.specee_online);
+                slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
+                                                                          job->prompt_, options, exit.threshold, is_end, options_.prefill_chunk);
+            } else if (exit.mode == EarlyExitMode::Lossless) {
+                // Chains (engine/generation_mode.h): the tokens up to the first that did not exit.
+                if (!slot->exit_drafter) {
+                    slot->exit_drafter = target_.make_exit_drafter(target_.options.n_ctx, exit.threshold);
+                    slot->exit_policy = target_.make_draft_policy();
+                }
+                slot->exit_drafter->set_threshold(exit.threshold);
+                slot->exit_drafter->clear_exit_stats();
+                slot->exit_policy->begin_sequence();
+                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
+                reuse_prefix(slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
+                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot->cache, slot->exit_drafter.get(),
+                                                                                   slot->exit_policy.get(), nullptr, on_round),
+                                                            job->prompt_, options, is_end, options_.prefill_chunk);
+            } else {
+                // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
+                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
+                reuse_prefix(slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
+                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot->cache, slot->drafter.get(),
+                                                                                   slot->policy.get(), slot->tree_size.get(), on_round),
+                                                            job->prompt_, options, is_end, options_.prefill_chunk);
+            }
+            s->logprob.reset();
+            s->ended_by_eog = false;
+            s->seen = {};
+            slot->job = std::move(job);
+        } catch (const std::exception & e) {
+            ++metrics_.requests_failed;
+            Job::Result r;
+            r.error = e.what();
+            job->finish(r);
+            slot->sequence.reset();
+            slot->exit_sequence.reset();
+            forget_prefix(slot->prefix, *slot->cache);
+        }
+    }
+}
+
+bool Scheduler::may_start(const Job & job, int free_slots, Slot *& first) const {
+    first = nullptr;
+    if (job.choices_ > free_slots) return false;
+    if (!job.leader_) return true;
+    for (const auto & slot : slots_) {
+        if (slot->job != job.leader_ || !slot->sequence) continue;  // a lossy first choice shares nothing
+        if (slot->sequence->prefilling()) return false;
+        if (slot->sequence->stats().speculation.rounds == 0) first = slot.get();  // the cache holds the prompt, and only it
+    }
+    return true;
+}
+
+}  // namespace specula
