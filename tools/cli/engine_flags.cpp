@@ -86,7 +86,7 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e) {
         "--ngram", [&d] { choose_drafter(d, DrafterKind::Ngram, ""); }, "draft by prompt lookup (n-gram matching)");
     sub->add_flag_callback(
         "--lookup", [&d] { d.lookup = true; },
-        "with --draft, --eagle or --eagle3: graft prompt-lookup continuations into each draft at T=0 (default: on for trees the policy sizes)");
+        "with --draft, --eagle or --eagle3: graft prompt-lookup continuations into each draft (default: on for trees the policy sizes)");
     sub->add_flag_callback(
         "--no-lookup", [&d] { d.lookup = false; }, "draft with the model alone (no prompt-lookup graft)");
     sub->add_option("--ngram-min", d.ngram_min, "shortest n-gram to match")->capture_default_str();
