@@ -140,10 +140,13 @@ def test_malformed_json_gets_400(server):
 
 def test_the_npm_openai_client(server):
     # Catches: a format the npm client (a different parser from the Python one) cannot read:
-    # chat and completions, streaming and not, its stream helper, a 400's error fields.
+    # chat and completions, streaming and not, its stream helper, a 400's error fields, stop
+    # strings, response_format json_schema, logprobs, n, and a tool call (a second server, with a
+    # tool template).
     env = dict(os.environ, NODE_PATH=os.path.join(ROOT, ".venv-server", "node", "node_modules"))
-    done = subprocess.run(["node", os.path.join(ROOT, "tests", "server", "openai_client.cjs"), server],
-                          env=env, capture_output=True, text=True, timeout=120)
+    with serve("-c", "1024", "--chat-template", os.path.join(ROOT, "tests", "chat", "tool_template.jinja")) as (_, tools):
+        done = subprocess.run(["node", os.path.join(ROOT, "tests", "server", "openai_client.cjs"), server, tools],
+                              env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
 
 
