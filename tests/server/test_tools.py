@@ -15,11 +15,6 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
-# With parallel_tool_calls false, the bundled model's end-of-generation token (</s>, id 2) biased
-# up: the grammar bans it until a call is complete, so the reply ends after one call; the
-# random-weight model would otherwise go on calling until max_tokens (the grammar lets tagged calls
-# follow calls).
-END_AFTER_THE_CALL = {"2": 100}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +29,7 @@ def test_a_named_function_is_called_with_json_arguments_and_its_result_answered(
     tool-result message refused."""
     first = client.chat.completions.create(
         model="specula-target", messages=QUESTION, tools=[WEATHER], max_tokens=200, temperature=0,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
-        logit_bias=END_AFTER_THE_CALL)
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     assert len(choice.message.tool_calls) >= 1
@@ -56,7 +50,7 @@ def test_a_named_function_is_called_with_json_arguments_and_its_result_answered(
 def test_a_required_call_streams_as_tool_call_deltas(client):
     """Catches: a stream that sends the call's markup as content, or no delta.tool_calls."""
     stream = client.chat.completions.create(model="specula-target", messages=QUESTION, tools=[WEATHER], tool_choice="required",
-                                            parallel_tool_calls=False, logit_bias=END_AFTER_THE_CALL, max_tokens=200, temperature=0, stream=True)
+                                            parallel_tool_calls=False, max_tokens=200, temperature=0, stream=True)
     calls, finish = {}, None
     for chunk in stream:
         for c in chunk.choices:
@@ -81,8 +75,8 @@ def test_parallel_tool_calls_false_ends_the_reply_after_one_call(client):
 
 
 def test_bad_tool_fields_are_refused_naming_the_field(client):
-    """Catches: a named function that is not among the tools, or a tool result without its call's
-    id, passed to the template instead of refused with 400."""
+    """Catches: a named function that is not among the tools, a tool result without its call's id,
+    or response_format beside the calls' grammar, passed on instead of refused with 400."""
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="specula-target", messages=QUESTION, tools=[WEATHER],
                                        tool_choice={"type": "function", "function": {"name": "get_time"}})
@@ -90,6 +84,11 @@ def test_bad_tool_fields_are_refused_naming_the_field(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="specula-target", messages=QUESTION + [{"role": "tool", "content": "18 C"}])
     assert e.value.body["param"] == "messages[1].tool_call_id"
+    for choice in ("auto", "required"):  # the calls' grammar and another cannot both apply
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="specula-target", messages=QUESTION, tools=[WEATHER], tool_choice=choice,
+                                           response_format={"type": "json_object"})
+        assert e.value.body["param"] == "response_format", choice
 
 
 STOP_TEMPLATE = os.path.join(ROOT, "tests", "chat", "stop_template.jinja")
