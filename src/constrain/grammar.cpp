@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -52,12 +53,14 @@ private:
 
 bool bit(const std::vector<uint64_t> & mask, int32_t token) { return (mask[token >> 6] >> (token & 63)) & 1; }
 
-// The grammar's position as bytes: each stack's elements as (rule, offset) pairs (a clone's stacks
+// The grammar's position as bytes: its set of stacks (the order and repeats of libllama's stack
+// list change nothing it allows), each stack's elements as (rule, offset) pairs (a clone's stacks
 // point into its own copy of the rules), then the partial UTF-8 character.
 std::string position_key(const llama_grammar & g) {
-    std::string key;
-    const auto put = [&key](uint32_t v) { key.append(reinterpret_cast<const char *>(&v), sizeof v); };
+    std::vector<std::string> stacks;
     for (const llama_grammar_stack & stack : g.stacks) {
+        std::string s;
+        const auto put = [&s](uint32_t v) { s.append(reinterpret_cast<const char *>(&v), sizeof v); };
         put(static_cast<uint32_t>(stack.size()));
         for (const llama_grammar_element * e : stack) {
             for (size_t r = 0; r < g.rules.size(); ++r) {
@@ -69,9 +72,15 @@ std::string position_key(const llama_grammar & g) {
                 }
             }
         }
+        stacks.push_back(std::move(s));
     }
-    put(g.partial_utf8.value);
-    put(static_cast<uint32_t>(g.partial_utf8.n_remain));
+    std::sort(stacks.begin(), stacks.end());
+    stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+    std::string key;
+    for (const std::string & s : stacks) key += s;
+    // With no bytes remaining libllama leaves the last code point in `value`, which it reads no more.
+    const uint32_t partial[2] = {g.partial_utf8.n_remain > 0 ? g.partial_utf8.value : 0, static_cast<uint32_t>(g.partial_utf8.n_remain)};
+    key.append(reinterpret_cast<const char *>(partial), sizeof partial);
     return key;
 }
 
