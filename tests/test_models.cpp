@@ -216,4 +216,13 @@ std::string tiny_vocab_eagle_head(const std::string & kind, int n_vocab, uint64_
     return path;
 }
 
+GenerationOptions fixed_length_options(int n, float temperature, uint64_t seed) {
+    GenerationOptions g;
+    g.n_predict = n;
+    g.sampling.temperature = temperature;
+    g.sampling.seed = seed;
+    g.stop_at_end_of_generation = false;
+    return g;
+}
+
 }  // namespace specula::test

@@ -7,11 +7,16 @@
 #include <vector>
 
 #include "runtime/backend.h"
+#include "specula/specula.h"
 #include "runtime/forward.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula::test {
+
+// n tokens whatever the model emits (end-of-generation tokens do not stop it), at `temperature`
+// and `seed`.
+GenerationOptions fixed_length_options(int n, float temperature = 0.0f, uint64_t seed = 1);
 
 struct Variant {
     std::string name;

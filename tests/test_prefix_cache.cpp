@@ -46,14 +46,7 @@ EngineOptions bundle_options(DrafterKind kind) {
     return o;
 }
 
-GenerationOptions options(int n, float temperature, uint64_t seed = 5) {
-    GenerationOptions g;
-    g.n_predict = n;
-    g.sampling.temperature = temperature;
-    g.sampling.seed = seed;
-    g.stop_at_end_of_generation = false;
-    return g;
-}
+using test::fixed_length_options;
 
 struct SequenceRun {
     std::vector<int32_t> tokens;
@@ -114,12 +107,12 @@ TEST(PrefixCache, TheNextTurnOnTheCacheEqualsItColdRoundByRound) {
                 SCOPED_TRACE(std::string(drafter_kind_name(kind)) + " T=" + std::to_string(temperature) + " stop_after=" + std::to_string(stop_after));
                 auto caches = KvCache::pool(*t->backend, t->model->config(), kCtx, 2);
                 auto warm_drafter = t->make_drafter(kCtx);
-                const SequenceRun turn1 = run(*t, *caches[0], warm_drafter.get(), prompt, options(24, temperature), stop_after);
+                const SequenceRun turn1 = run(*t, *caches[0], warm_drafter.get(), prompt, fixed_length_options(24, temperature), stop_after);
                 const std::vector<int32_t> prompt2 = next_turn(*t, turn1.history, turn1.history.size(), "\n    args = parser");
                 keep_common(*caches[0], turn1, prompt2);
-                const SequenceRun warm = run(*t, *caches[0], warm_drafter.get(), prompt2, options(24, temperature, 9));
+                const SequenceRun warm = run(*t, *caches[0], warm_drafter.get(), prompt2, fixed_length_options(24, temperature, 9));
                 auto cold_drafter = t->make_drafter(kCtx);
-                const SequenceRun cold = run(*t, *caches[1], cold_drafter.get(), prompt2, options(24, temperature, 9));
+                const SequenceRun cold = run(*t, *caches[1], cold_drafter.get(), prompt2, fixed_length_options(24, temperature, 9));
                 EXPECT_EQ(warm.tokens, cold.tokens);
                 EXPECT_EQ(warm.drafts, cold.drafts);
                 EXPECT_GE(warm.n_cached, static_cast<int>(prompt.size()) - 1);  // an EAGLE head re-reads the last common position
@@ -137,7 +130,7 @@ TEST(PrefixCache, ASequenceStoppedInsideAnAcceptedBlockHoldsRowsPastItsHistory) 
     const std::vector<int32_t> prompt = t->tokenizer->tokenize("def main():\n    parser = argparse.");
     auto cache = KvCache::pool(*t->backend, t->model->config(), kCtx, 1);
     auto drafter = t->make_drafter(kCtx);
-    const SequenceRun r = run(*t, *cache[0], drafter.get(), prompt, options(30, 0.0f), kStopInsideABlock);
+    const SequenceRun r = run(*t, *cache[0], drafter.get(), prompt, fixed_length_options(30, 0.0f), kStopInsideABlock);
     EXPECT_GT(r.cache_rows, static_cast<int>(r.history.size())) << "no longer stopped inside an accepted block: pick another stop";
     EXPECT_EQ(r.n_exact, static_cast<int>(r.history.size()));
 }
@@ -154,13 +147,13 @@ TEST(PrefixCache, AnEagleHeadSlidesItsPromptWindowAsAColdStartWould) {
         SCOPED_TRACE("T=" + std::to_string(temperature));
         auto caches = KvCache::pool(*t->backend, t->model->config(), kCtx, 2);
         EagleDrafter warm_head(*t->drafter.head, kCtx, kWindow);
-        const SequenceRun turn1 = run(*t, *caches[0], &warm_head, prompt, options(10, temperature));
+        const SequenceRun turn1 = run(*t, *caches[0], &warm_head, prompt, fixed_length_options(10, temperature));
         const std::vector<int32_t> prompt2 = next_turn(*t, turn1.history, turn1.history.size(), "\nimport re\nimport time");
         keep_common(*caches[0], turn1, prompt2);
-        const SequenceRun warm = run(*t, *caches[0], &warm_head, prompt2, options(20, temperature, 9));
+        const SequenceRun warm = run(*t, *caches[0], &warm_head, prompt2, fixed_length_options(20, temperature, 9));
         EXPECT_GT(warm.n_cached, kWindow);  // the window moved on: its entries slid, not rebuilt
         EagleDrafter cold_head(*t->drafter.head, kCtx, kWindow);
-        const SequenceRun cold = run(*t, *caches[1], &cold_head, prompt2, options(20, temperature, 9));
+        const SequenceRun cold = run(*t, *caches[1], &cold_head, prompt2, fixed_length_options(20, temperature, 9));
         EXPECT_EQ(warm.tokens, cold.tokens);
         EXPECT_EQ(warm.drafts, cold.drafts);
 
@@ -168,9 +161,9 @@ TEST(PrefixCache, AnEagleHeadSlidesItsPromptWindowAsAColdStartWould) {
         // the head's entries.
         const std::vector<int32_t> prompt3 = next_turn(*t, prompt2, prompt.size() + 2, " x");
         keep_common(*caches[0], warm, prompt3);
-        const SequenceRun warm3 = run(*t, *caches[0], &warm_head, prompt3, options(20, temperature, 4));
+        const SequenceRun warm3 = run(*t, *caches[0], &warm_head, prompt3, fixed_length_options(20, temperature, 4));
         caches[1]->rollback(0);
-        const SequenceRun cold3 = run(*t, *caches[1], &cold_head, prompt3, options(20, temperature, 4));
+        const SequenceRun cold3 = run(*t, *caches[1], &cold_head, prompt3, fixed_length_options(20, temperature, 4));
         EXPECT_EQ(warm3.tokens, cold3.tokens);
         EXPECT_EQ(warm3.drafts, cold3.drafts);
     }
@@ -212,18 +205,18 @@ TEST(PrefixCache, AServerSlotServesTheNextTurnFromItsCacheAsCold) {
         auto t = ModelBundle::open(bundle_options(DrafterKind::DraftModel));
         Scheduler warm(*t, SchedulerOptions{3, 8, 16, false});
         const std::string turn1 = "User: name three fruits\nAssistant:";
-        auto first = warm.submit(t->tokenizer->tokenize(turn1), options(12, temperature));
+        auto first = warm.submit(t->tokenizer->tokenize(turn1), fixed_length_options(12, temperature));
         const std::string reply = drain(*first);
-        auto other = warm.submit(t->tokenizer->tokenize("The list of"), options(6, temperature));  // another slot's prefix
+        auto other = warm.submit(t->tokenizer->tokenize("The list of"), fixed_length_options(6, temperature));  // another slot's prefix
         drain(*other);
         const std::vector<int32_t> prompt2 = t->tokenizer->tokenize(turn1 + reply + "\nUser: and three more\nAssistant:");
-        auto second = warm.submit(prompt2, options(16, temperature, 3));
+        auto second = warm.submit(prompt2, fixed_length_options(16, temperature, 3));
         const std::string warm_text = drain(*second);
         EXPECT_GT(second->result().stats.n_cached, static_cast<int>(t->tokenizer->tokenize(turn1).size()) / 2);
         EXPECT_EQ(warm.metrics().prompt_tokens_cached, static_cast<uint64_t>(second->result().stats.n_cached));
 
         Scheduler cold(*t, SchedulerOptions{1, 8, 16, false});
-        auto alone = cold.submit(prompt2, options(16, temperature, 3));
+        auto alone = cold.submit(prompt2, fixed_length_options(16, temperature, 3));
         EXPECT_EQ(warm_text, drain(*alone));
         EXPECT_EQ(alone->result().stats.n_cached, 0);
     }
@@ -247,15 +240,15 @@ TEST(PrefixCache, ALossySpecEERequestsRowsAreNeverReused) {
     auto t = ModelBundle::open(o);
     Scheduler scheduler(*t, SchedulerOptions{1, 4, 16, false});
     const std::vector<int32_t> prompt = t->tokenizer->tokenize("The following example shows");
-    auto lossy = scheduler.submit(prompt, options(8, 0.0f), EarlyExitRequest{EarlyExitMode::Lossy, 0.4f});
+    auto lossy = scheduler.submit(prompt, fixed_length_options(8, 0.0f), EarlyExitRequest{EarlyExitMode::Lossy, 0.4f});
     drain(*lossy);
-    auto other = scheduler.submit(t->tokenizer->tokenize("Once upon a time"), options(4, 0.0f));  // takes the slot
+    auto other = scheduler.submit(t->tokenizer->tokenize("Once upon a time"), fixed_length_options(4, 0.0f));  // takes the slot
     drain(*other);
     EXPECT_EQ(scheduler.metrics().prefix_store.entries, 0u) << "the lossy request's rows went to the prefix store";
-    auto plain = scheduler.submit(prompt, options(8, 0.0f));
+    auto plain = scheduler.submit(prompt, fixed_length_options(8, 0.0f));
     drain(*plain);
     EXPECT_EQ(plain->result().stats.n_cached, 0);
-    auto again = scheduler.submit(prompt, options(8, 0.0f));  // after an exact request, the prefix is reused
+    auto again = scheduler.submit(prompt, fixed_length_options(8, 0.0f));  // after an exact request, the prefix is reused
     drain(*again);
     EXPECT_GE(again->result().stats.n_cached, static_cast<int>(prompt.size()) - 2);  // the EAGLE-3 head re-reads one position
 }
@@ -267,7 +260,7 @@ TEST(PrefixStore, KvRowsSavedToHostLoadBackBitExact) {
     auto t = ModelBundle::open(bundle_options(DrafterKind::None));
     auto caches = KvCache::pool(*t->backend, t->model->config(), kCtx, 3);
     const std::vector<int32_t> prompt = t->tokenizer->tokenize("User: name three fruits\nAssistant:");
-    run(*t, *caches[1], nullptr, prompt, options(6, 0.0f));
+    run(*t, *caches[1], nullptr, prompt, fixed_length_options(6, 0.0f));
     const int n = caches[1]->size();
     ASSERT_GT(n, 4);
     const KvCache::HostRows rows = caches[1]->save_rows(n);
@@ -340,18 +333,20 @@ TEST(PrefixStore, AlternatingConversationsOnOneSlotResumeFromTheStoreAsCold) {
         std::string filler_a, filler_b;
         for (int i = 0; kind == DrafterKind::Eagle3 && i < 240; ++i) filler_a += "import os\n", filler_b += "x = 1\n";
         const std::string a1 = filler_a + "User: name three fruits\nAssistant:", b1 = filler_b + "def main():\n    print(";
-        if (kind == DrafterKind::Eagle3) ASSERT_GT(t->tokenizer->tokenize(a1).size(), 600u);
+        if (kind == DrafterKind::Eagle3) {
+            ASSERT_GT(t->tokenizer->tokenize(a1).size(), 600u);
+        }
         Scheduler warm(*t, SchedulerOptions{1, 8, 64, false});
-        auto first_a = warm.submit(t->tokenizer->tokenize(a1), options(8, 0.0f));
+        auto first_a = warm.submit(t->tokenizer->tokenize(a1), fixed_length_options(8, 0.0f));
         const std::string reply_a = drain(*first_a);
-        auto first_b = warm.submit(t->tokenizer->tokenize(b1), options(8, 0.0f));
+        auto first_b = warm.submit(t->tokenizer->tokenize(b1), fixed_length_options(8, 0.0f));
         const std::string reply_b = drain(*first_b);
         EXPECT_EQ(warm.metrics().prefix_store.entries, 1u) << "A's rows, saved when B took the slot";
         const std::vector<int32_t> a2 = t->tokenizer->tokenize(a1 + reply_a + "\nUser: and three more\nAssistant:");
         const std::vector<int32_t> b2 = t->tokenizer->tokenize(b1 + reply_b + ")\n    return 0");
-        auto second_a = warm.submit(a2, options(12, 0.0f));
+        auto second_a = warm.submit(a2, fixed_length_options(12, 0.0f));
         const std::string warm_a = drain(*second_a);
-        auto second_b = warm.submit(b2, options(12, 0.0f));
+        auto second_b = warm.submit(b2, fixed_length_options(12, 0.0f));
         const std::string warm_b = drain(*second_b);
         // Past a shared BOS: the turn before, or for EAGLE-3 what lies before its prompt window.
         auto restored = [&](size_t n_turn1, size_t n_turn2) {
@@ -366,10 +361,10 @@ TEST(PrefixStore, AlternatingConversationsOnOneSlotResumeFromTheStoreAsCold) {
         EXPECT_EQ(m.prompt_tokens_cached, static_cast<uint64_t>(n_cached));
 
         Scheduler cold(*t, SchedulerOptions{1, 8, 64, false});
-        auto alone_a = cold.submit(a2, options(12, 0.0f));
+        auto alone_a = cold.submit(a2, fixed_length_options(12, 0.0f));
         EXPECT_EQ(warm_a, drain(*alone_a));
         EXPECT_EQ(alone_a->result().stats.n_cached, 0);
-        auto alone_b = cold.submit(b2, options(12, 0.0f));
+        auto alone_b = cold.submit(b2, fixed_length_options(12, 0.0f));
         EXPECT_EQ(warm_b, drain(*alone_b));
     }
 }
@@ -382,14 +377,14 @@ TEST(PrefixCache, EngineGenerateReusesItsLastConversation) {
         auto warm = Engine::open(bundle_options(kind));
         std::vector<int32_t> prompt = warm->tokenize("User: hello\nAssistant:");
         std::vector<int32_t> reply;
-        warm->generate(prompt, options(10, 0.0f), [&](int32_t tok) { return reply.push_back(tok), true; });
+        warm->generate(prompt, fixed_length_options(10, 0.0f), [&](int32_t tok) { return reply.push_back(tok), true; });
         prompt.insert(prompt.end(), reply.begin(), reply.end());
         const std::vector<int32_t> more = warm->tokenize("\nUser: again\nAssistant:");
         prompt.insert(prompt.end(), more.begin() + 1, more.end());  // without its BOS
         std::vector<int32_t> warm_reply, cold_reply;
-        const GenerationStats stats = warm->generate(prompt, options(16, 0.8f), [&](int32_t tok) { return warm_reply.push_back(tok), true; });
+        const GenerationStats stats = warm->generate(prompt, fixed_length_options(16, 0.8f), [&](int32_t tok) { return warm_reply.push_back(tok), true; });
         auto cold = Engine::open(bundle_options(kind));
-        cold->generate(prompt, options(16, 0.8f), [&](int32_t tok) { return cold_reply.push_back(tok), true; });
+        cold->generate(prompt, fixed_length_options(16, 0.8f), [&](int32_t tok) { return cold_reply.push_back(tok), true; });
         EXPECT_EQ(warm_reply, cold_reply);
         EXPECT_GT(stats.n_cached, 8);
     }
@@ -408,11 +403,11 @@ TEST(PrefixCache, NChoicesPrefillThePromptOnceAndChoiceIEqualsTheRequestWithSeed
         std::vector<std::string> alone(3);
         {
             Scheduler cold(*t, SchedulerOptions{1, 8, 16, false});
-            for (int i = 0; i < 3; ++i) alone[i] = drain(*cold.submit(prompt, options(16, 0.8f, 40 + i)));
+            for (int i = 0; i < 3; ++i) alone[i] = drain(*cold.submit(prompt, fixed_length_options(16, 0.8f, 40 + i)));
         }
         Scheduler scheduler(*t, SchedulerOptions{3, 8, 4, false});
-        auto busy = scheduler.submit(t->tokenizer->tokenize("The list of"), options(24, 0.0f));
-        const std::vector<std::shared_ptr<Job>> choices = scheduler.submit_choices(prompt, options(16, 0.8f, 40), 3);
+        auto busy = scheduler.submit(t->tokenizer->tokenize("The list of"), fixed_length_options(24, 0.0f));
+        const std::vector<std::shared_ptr<Job>> choices = scheduler.submit_choices(prompt, fixed_length_options(16, 0.8f, 40), 3);
         ASSERT_EQ(choices.size(), 3u);
         for (int i = 0; i < 3; ++i) {
             EXPECT_EQ(drain(*choices[i]), alone[i]) << "choice " << i;
@@ -420,7 +415,7 @@ TEST(PrefixCache, NChoicesPrefillThePromptOnceAndChoiceIEqualsTheRequestWithSeed
         }
         EXPECT_NE(alone[0], alone[1]);
         drain(*busy);
-        EXPECT_NE(test::error_message([&] { scheduler.submit_choices(prompt, options(4, 0.8f), 4); }), "<no error>");
+        EXPECT_NE(test::error_message([&] { scheduler.submit_choices(prompt, fixed_length_options(4, 0.8f), 4); }), "<no error>");
     }
 }
 

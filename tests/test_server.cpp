@@ -58,14 +58,7 @@ std::unique_ptr<ModelBundle> open_target(bool speculative) {
     return ModelBundle::open(o);
 }
 
-GenerationOptions options(int n, float temperature = 0.0f, uint64_t seed = 1) {
-    GenerationOptions g;
-    g.n_predict = n;
-    g.sampling.temperature = temperature;
-    g.sampling.seed = seed;
-    g.stop_at_end_of_generation = false;
-    return g;
-}
+using test::fixed_length_options;
 
 // Waits for the job's next text (appended to `text`) or its end. A job that gives neither for
 // kStalled fails the test, is cancelled and gives Idle: a lost job or a stuck scheduler then names
@@ -103,7 +96,7 @@ std::string with_neighbours(ModelBundle & target, int parallel, int neighbours, 
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 1; i <= neighbours; ++i) {
         // Neighbours of every length, sampling or not, so that they join and leave mid-run.
-        jobs.push_back(scheduler.submit(target.tokenizer->tokenize(kPrompts[i % kPrompts.size()]), options(5 + 7 * i, i % 2 ? 0.9f : 0.0f, 100 + i)));
+        jobs.push_back(scheduler.submit(target.tokenizer->tokenize(kPrompts[i % kPrompts.size()]), fixed_length_options(5 + 7 * i, i % 2 ? 0.9f : 0.0f, 100 + i)));
     }
     auto job = scheduler.submit(target.tokenizer->tokenize(kPrompts[0]), mine);
     for (auto & j : jobs) drain(*j);
@@ -116,9 +109,9 @@ TEST(Scheduler, GreedyTextIsTheSameAloneAndWithOneTwoFourEightConcurrentSequence
     for (bool speculative : {false, true}) {
         SCOPED_TRACE(speculative ? "draft model" : "no drafter");
         auto target = open_target(speculative);
-        const std::string alone = with_neighbours(*target, 1, 0, options(40));
+        const std::string alone = with_neighbours(*target, 1, 0, fixed_length_options(40));
         EXPECT_FALSE(alone.empty());
-        for (int n : {1, 2, 4, 8}) EXPECT_EQ(with_neighbours(*target, n, n - 1 + (n == 8 ? 3 : 0), options(40)), alone) << n << " slots";
+        for (int n : {1, 2, 4, 8}) EXPECT_EQ(with_neighbours(*target, n, n - 1 + (n == 8 ? 3 : 0), fixed_length_options(40)), alone) << n << " slots";
     }
 }
 
@@ -126,10 +119,10 @@ TEST(Scheduler, GreedyTextIsTheSameAloneAndWithOneTwoFourEightConcurrentSequence
 // neighbour, draws that depend on what else is in the step.
 TEST(Scheduler, SampledTextWithAFixedSeedDoesNotDependOnTheOtherSequences) {
     auto target = open_target(true);
-    const GenerationOptions mine = options(40, 0.8f, 1234);
+    const GenerationOptions mine = fixed_length_options(40, 0.8f, 1234);
     const std::string alone = with_neighbours(*target, 1, 0, mine);
     EXPECT_EQ(with_neighbours(*target, 4, 5, mine), alone);
-    EXPECT_NE(with_neighbours(*target, 1, 0, options(40, 0.8f, 1235)), alone);  // the seed matters
+    EXPECT_NE(with_neighbours(*target, 1, 0, fixed_length_options(40, 0.8f, 1235)), alone);  // the seed matters
 }
 
 // The server at T > 0 keeps the target's distribution: the joint law of a request's first two
@@ -189,13 +182,13 @@ TEST(Scheduler, SampledTokensFollowTheTargetDistributionWithBusyNeighbours) {
             counts[{origins[0].text, origins[1].text}]++;
         };
         for (int r = 0; r < runs; ++r) {
-            GenerationOptions mine = options(3, temperature, 1000 + r);  // the first round drafts min(4, 3 - 1) = 2
+            GenerationOptions mine = fixed_length_options(3, temperature, 1000 + r);  // the first round drafts min(4, 3 - 1) = 2
             mine.sampling.top_k = sp.top_k;
             in_flight.emplace_back(scheduler.submit(prompt, mine), true);
             if (r % 2 == 0) {  // a neighbour of another length and temperature, sharing the steps
                 const int i = 2 + r % 7;
                 in_flight.emplace_back(
-                    scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), options(4 + r % 23, r % 4 ? 0.9f : 0.0f, 500 + r)), false);
+                    scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), fixed_length_options(4 + r % 23, r % 4 ? 0.9f : 0.0f, 500 + r)), false);
             }
             while (in_flight.size() > 12) finish_oldest();
         }
@@ -226,10 +219,10 @@ TEST(Scheduler, FullQueueRefusesAndACancelledRequestFreesItsSlot) {
     auto target = open_target(false);
     Scheduler scheduler(*target, SchedulerOptions{1, 1, 256});
     const auto prompt = target->tokenizer->tokenize(kPrompts[1]);
-    auto first = scheduler.submit(prompt, options(150));
-    auto second = scheduler.submit(prompt, options(3));
+    auto first = scheduler.submit(prompt, fixed_length_options(150));
+    auto second = scheduler.submit(prompt, fixed_length_options(3));
     ASSERT_TRUE(first && second);
-    EXPECT_EQ(scheduler.submit(prompt, options(3)), nullptr);
+    EXPECT_EQ(scheduler.submit(prompt, fixed_length_options(3)), nullptr);
 
     std::string text;
     ASSERT_EQ(next_text(*first, text), Job::Wait::Text);
@@ -247,7 +240,7 @@ TEST(Scheduler, FullQueueRefusesAndACancelledRequestFreesItsSlot) {
     // one, and the second request found the prompt the cancelled one left (docs/server.md).
     EXPECT_EQ(m.slot_states.at(0).n_cached, static_cast<int>(prompt.size()) + 3 - 1);
     EXPECT_EQ(second->result().stats.n_cached, static_cast<int>(prompt.size()) - 1);
-    EXPECT_NE(test::error_message([&] { scheduler.submit(prompt, options(190)); }).find("exceed the 192-token context"), std::string::npos);
+    EXPECT_NE(test::error_message([&] { scheduler.submit(prompt, fixed_length_options(190)); }).find("exceed the 192-token context"), std::string::npos);
 }
 
 // Catches metrics() reading what the worker changes during a step (a slot's cache and sequence):
@@ -284,7 +277,7 @@ TEST(Scheduler, MetricsReadWhileSlotsGenerateAreCoherentSnapshots) {
         EXPECT_EQ(finished, uint64_t(kRequests));
     });
     std::vector<std::shared_ptr<Job>> jobs;
-    for (int i = 0; i < kRequests; ++i) jobs.push_back(scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), options(kTokens, i % 2 ? 0.9f : 0.0f, i)));
+    for (int i = 0; i < kRequests; ++i) jobs.push_back(scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), fixed_length_options(kTokens, i % 2 ? 0.9f : 0.0f, i)));
     for (auto & job : jobs) EXPECT_FALSE(drain(*job).empty());
     drained = true;
     reader.join();
@@ -295,7 +288,7 @@ TEST(Scheduler, MetricsReadWhileSlotsGenerateAreCoherentSnapshots) {
 TEST(Scheduler, StreamedTextNeverSplitsAUtf8Character) {
     auto target = open_target(false);
     Scheduler scheduler(*target, SchedulerOptions{1, 1, 256});
-    auto job = scheduler.submit(target->tokenizer->tokenize("\xc3\xa9t\xc3\xa9 \xe2\x82\xac"), options(60, 1.5f, 7));
+    auto job = scheduler.submit(target->tokenizer->tokenize("\xc3\xa9t\xc3\xa9 \xe2\x82\xac"), fixed_length_options(60, 1.5f, 7));
     std::string chunk;
     std::vector<TokenOrigin> origins;
     while (next_text(*job, chunk, &origins) == Job::Wait::Text) {
@@ -324,7 +317,7 @@ TEST(Scheduler, StreamedTextNeverSplitsAUtf8Character) {
 TEST(Scheduler, TokenOriginsSpellTheTextAndTellDraftsFromTargetTokens) {
     auto target = open_target(true);
     Scheduler scheduler(*target, SchedulerOptions{1, 1, 256});
-    auto job = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), options(48));
+    auto job = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), fixed_length_options(48));
     std::vector<TokenOrigin> origins;
     const std::string text = drain(*job, &origins);
     std::string spelled;
@@ -390,17 +383,17 @@ TEST(Scheduler, ConcurrentSpecEELosslessRequestsGiveThePlainGreedyText) {
     Scheduler scheduler(*target, SchedulerOptions{4, 8, 7});
     std::vector<std::shared_ptr<Job>> jobs;
     for (int i = 0; i < 3; ++i) {
-        jobs.push_back(scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), options(32), EarlyExitRequest{EarlyExitMode::Lossless, 0.4f}));
+        jobs.push_back(scheduler.submit(target->tokenizer->tokenize(kPrompts[i]), fixed_length_options(32), EarlyExitRequest{EarlyExitMode::Lossless, 0.4f}));
     }
-    auto neighbour = scheduler.submit(target->tokenizer->tokenize(kPrompts[3]), options(20, 0.9f, 7));  // a sampled EAGLE-3 sequence beside them
+    auto neighbour = scheduler.submit(target->tokenizer->tokenize(kPrompts[3]), fixed_length_options(20, 0.9f, 7));  // a sampled EAGLE-3 sequence beside them
     for (int i = 0; i < 3; ++i) {
-        EXPECT_EQ(drain(*jobs[i]), alone_text(*plain, kPrompts[i], options(32))) << kPrompts[i];
+        EXPECT_EQ(drain(*jobs[i]), alone_text(*plain, kPrompts[i], fixed_length_options(32))) << kPrompts[i];
         EXPECT_GT(exited_tokens(jobs[i]->result().stats), 0) << jobs[i]->result().stats.early_exit;
         EXPECT_GT(jobs[i]->result().stats.speculation.drafted, 0);
     }
     drain(*neighbour);
     // Threshold 0.6: the predictors never exit, so nothing is drafted.
-    auto never = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), options(8), EarlyExitRequest{EarlyExitMode::Lossless, 0.6f});
+    auto never = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), fixed_length_options(8), EarlyExitRequest{EarlyExitMode::Lossless, 0.6f});
     drain(*never);
     EXPECT_EQ(exited_tokens(never->result().stats), 0) << never->result().stats.early_exit;
 }
@@ -412,7 +405,7 @@ TEST(Scheduler, SpecEELossyRequestGivesGeneratesTextWithNeighbours) {
     o.specee_threshold = 0.4f;
     auto engine = Engine::open(o);
     std::string want;
-    const GenerationStats generated = engine->generate(kPrompts[0], options(32), [&](const std::string & piece) {
+    const GenerationStats generated = engine->generate(kPrompts[0], fixed_length_options(32), [&](const std::string & piece) {
         want += piece;
         return true;
     });
@@ -420,17 +413,17 @@ TEST(Scheduler, SpecEELossyRequestGivesGeneratesTextWithNeighbours) {
 
     auto target = ModelBundle::open(specee_options());
     Scheduler scheduler(*target, SchedulerOptions{3, 8, 5});
-    auto lossless = scheduler.submit(target->tokenizer->tokenize(kPrompts[1]), options(24), EarlyExitRequest{EarlyExitMode::Lossless, 0.4f});
-    auto sampled = scheduler.submit(target->tokenizer->tokenize(kPrompts[2]), options(40, 0.9f, 3));
-    auto lossy = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), options(32), EarlyExitRequest{EarlyExitMode::Lossy, 0.4f});
+    auto lossless = scheduler.submit(target->tokenizer->tokenize(kPrompts[1]), fixed_length_options(24), EarlyExitRequest{EarlyExitMode::Lossless, 0.4f});
+    auto sampled = scheduler.submit(target->tokenizer->tokenize(kPrompts[2]), fixed_length_options(40, 0.9f, 3));
+    auto lossy = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), fixed_length_options(32), EarlyExitRequest{EarlyExitMode::Lossy, 0.4f});
     EXPECT_EQ(drain(*lossy), want);
     EXPECT_EQ(lossy->result().stats.early_exit, generated.early_exit);
-    EXPECT_NE(want, alone_text(*ModelBundle::open(specee_options(false)), kPrompts[0], options(32))) << "exits at layer 1 of 3 should change the text";
+    EXPECT_NE(want, alone_text(*ModelBundle::open(specee_options(false)), kPrompts[0], fixed_length_options(32))) << "exits at layer 1 of 3 should change the text";
     drain(*lossless);
     drain(*sampled);
     // At threshold 0.6 nothing exits: the lossy mode is plain greedy decoding.
-    EXPECT_EQ(alone_text(*target, kPrompts[0], options(32), EarlyExitRequest{EarlyExitMode::Lossy, 0.6f}),
-              alone_text(*ModelBundle::open(specee_options(false)), kPrompts[0], options(32)));
+    EXPECT_EQ(alone_text(*target, kPrompts[0], fixed_length_options(32), EarlyExitRequest{EarlyExitMode::Lossy, 0.6f}),
+              alone_text(*ModelBundle::open(specee_options(false)), kPrompts[0], fixed_length_options(32)));
 }
 
 openai::ApiError refusal(openai::Endpoint e, const std::string & body) {
@@ -602,7 +595,7 @@ TEST(OpenAi, SizesBeyondTheContextAreRefusedWithoutOverflow) {
     Scheduler scheduler(*target, SchedulerOptions{1, 1, 16});
     const auto prompt = target->tokenizer->tokenize(kPrompts[1]);
     for (int n : {kMax, kMax - 1}) {
-        EXPECT_NE(test::error_message([&] { scheduler.submit(prompt, options(n)); }).find("exceed the 192-token context"), std::string::npos) << n;
+        EXPECT_NE(test::error_message([&] { scheduler.submit(prompt, fixed_length_options(n)); }).find("exceed the 192-token context"), std::string::npos) << n;
     }
 }
 
