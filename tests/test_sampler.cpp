@@ -223,9 +223,11 @@ TEST(Sampler, TopKIdsAgreeWithAFullSortTiesByIdFirst) {
     std::vector<int32_t> order(scores.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
-    for (int k : {1, 3, 16, 40}) {
+    for (int k : {0, 1, 3, 16, 40}) {
         EXPECT_EQ(top_k_ids(scores, k), std::vector<int32_t>(order.begin(), order.begin() + k)) << k;
     }
+    // k = 0 (a request's top_logprobs: 0) read past an empty list before any comparison (ASan).
+    EXPECT_TRUE(top_k_ids(scores, -1).empty());
 }
 
 // The reference the draws must reproduce: one running double sum in index order over the entries

@@ -223,6 +223,7 @@ void processed_probs_on(SamplerPath path, std::span<const float> logits, const S
 
 std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {
     k = std::min<int>(k, static_cast<int>(scores.size()));
+    if (k <= 0) return {};  // the scan below compares against its k-th best, which k = 0 lacks
     if (k <= 16) {
         // One pass keeping the best k in order; scanning ids upwards and admitting only strictly
         // better scores breaks ties by id.
