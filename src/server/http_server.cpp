@@ -353,8 +353,8 @@ void HttpServer::Impl::routes() {
     on_post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
     on_post("/v1/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Completions, req, res); });
     // llama-server's token routes (server/token_routes.h), under the same access checks.
-    for (const auto & [path, answer] : {std::pair{"/tokenize", &openai::tokenize}, std::pair{"/detokenize", &openai::detokenize}}) {
-        on_post(path, [this, answer](const httplib::Request & req, httplib::Response & res) {
+    for (const auto & route : {std::pair{"/tokenize", &openai::tokenize}, std::pair{"/detokenize", &openai::detokenize}}) {
+        on_post(route.first, [this, answer = route.second](const httplib::Request & req, httplib::Response & res) {
             ModelBundle * t = target;
             if (!t || !scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
             try {
