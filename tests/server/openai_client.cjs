@@ -1,6 +1,6 @@
 // `specula serve` with the real `openai` npm package (pinned in scripts/setup_server_tests.sh), run
 // by tests/server/test_openai_client.py against its server: chat and completions, streaming and
-// not, the client's stream helper, stop strings, response_format, logprobs, n, and a tool call on a
+// not, the client's streaming API, stop strings, response_format, logprobs, n, and a tool call on a
 // second server (argv[3]) with a tool template. Exits non-zero (with the reason) on any mismatch.
 const OpenAI = require("openai");
 const assert = require("node:assert/strict");

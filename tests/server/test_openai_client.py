@@ -140,7 +140,7 @@ def test_malformed_json_gets_400(server):
 
 def test_the_npm_openai_client(server):
     # Catches: a format the npm client (a different parser from the Python one) cannot read:
-    # chat and completions, streaming and not, its stream helper, a 400's error fields, stop
+    # chat and completions, streaming and not, its streaming API, a 400's error fields, stop
     # strings, response_format json_schema, logprobs, n, and a tool call (a second server, with a
     # tool template).
     env = dict(os.environ, NODE_PATH=os.path.join(ROOT, ".venv-server", "node", "node_modules"))
