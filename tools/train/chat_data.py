@@ -1,97 +1,18 @@
 #!/usr/bin/env python3
-"""Chat data helpers for the real targets, and the check that the torch port of a target is the target.
+"""The check that the torch port of a real target is the target.
 
   chat_data.py --model GGUF --tokenize BIN --gen gen_T0.jsonl [--limit N]
       teacher-forces specula's greedy replies (generate_responses.py) through the torch
       target (fp32, weights dequantized from the GGUF): prints how often its argmax is the
       reply's next token (not 1.0 exactly: the reply text is re-tokenized, and specula's
       kernels quantize activations to int8).
-Chat format = what `specula serve` feeds the target for the same messages (llama.cpp's template,
-no system message; the tokenizer adds BOS where the model asks for it); earlier turns of a
-prompt's "context" come first, each in the same form:
-  llama (SmolLM2, chatml): <|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n
-  gemma3: <start_of_turn>user\\n{prompt}<end_of_turn>\\n<start_of_turn>model\\n"""
-import argparse, json, os, subprocess, sys, urllib.request
+Chat format and tokens: chat_format.py.
+"""
+import argparse, json, os, sys
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_target import load_gguf_target
-
-# architecture -> (one turn's chat text, the opening of the model's turn, the model's role name, the
-# token that ends a turn)
-CHAT_FORMATS = {
-    "llama": ("<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n", "assistant", "<|im_end|>"),
-    "gemma3": ("<start_of_turn>{role}\n{content}<end_of_turn>\n", "<start_of_turn>model\n", "model", "<end_of_turn>"),
-}
-
-
-class ChatFormat:
-    """The target's chat text and the id of its end-of-turn token, read from its GGUF.
-    With a frame (a pretrained model, prompted for completions: e.g. "Question: {}\\nAnswer:"),
-    the framed prompt as plain text and the model's EOS."""
-
-    def __init__(self, model, frame=None):
-        import gguf
-        r = gguf.GGUFReader(model)
-        self.frame = frame
-        if frame:
-            self.end_id = int(r.fields["tokenizer.ggml.eos_token_id"].contents())
-            return
-        arch = r.fields["general.architecture"].contents()
-        if arch not in CHAT_FORMATS:
-            raise ValueError(f"{model}: no chat format for architecture {arch}")
-        self.turn, self.reply, self.model_role, end = CHAT_FORMATS[arch]
-        self.end_id = r.fields["tokenizer.ggml.tokens"].contents().index(end)
-
-    def text(self, prompt, context=()):
-        """The chat up to the opening of the model's reply to `prompt`, after the earlier turns in
-        `context` (chat messages: role "user" or "assistant", and content)."""
-        if self.frame:
-            if context:
-                raise ValueError("a completion frame takes one prompt, not a conversation")
-            return self.frame.format(prompt)
-        role = lambda r: self.model_role if r == "assistant" else r
-        turns = [self.turn.format(role=role(m["role"]), content=m["content"]) for m in context]
-        return "".join(turns) + self.turn.format(role="user", content=prompt) + self.reply
-
-
-_servers = {}
-
-
-def tokenize(bin_path, model, text):
-    """Token ids of text as llama-tokenize (bin_path) gives them: BOS added where the model asks for
-    it, special tokens parsed. Through one llama-server per model beside bin_path (its /tokenize),
-    started on first use: llama-tokenize reloads the vocabulary on every call, 0.4 s for Gemma 3's
-    262144 tokens, which was most of the feature extraction's time."""
-    key = (bin_path, model)
-    if key not in _servers:
-        _servers[key] = _start_tokenizer_server(os.path.join(os.path.dirname(bin_path), "llama-server"), model)
-    req = urllib.request.Request(_servers[key][1] + "/tokenize", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"content": text, "add_special": True, "parse_special": True}).encode())
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.load(r)["tokens"]
-
-
-def _start_tokenizer_server(server_bin, model):
-    import atexit, socket, time, urllib.error
-    if not os.path.exists(server_bin):
-        sys.exit(f"chat_data: {server_bin} is missing: cmake --build build --target llama-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server_bin, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-t", "1",
-                             "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    atexit.register(proc.terminate)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            sys.exit(f"chat_data: llama-server exited ({proc.returncode}) loading {model}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    sys.exit(f"chat_data: llama-server did not come up for {model}")
+from chat_format import ChatFormat, tokenize
 
 
 def main():

@@ -23,6 +23,8 @@ ap.add_argument("--parallel", type=int, default=4, help="server slots, and reque
 ap.add_argument("--ctx", type=int, default=1024, help="context per slot (prompt + --n must fit)")
 ap.add_argument("--split", default=None, help="only this split (train / heldout)")
 ap.add_argument("--first", type=int, default=None, help="only the first N prompts of the set")
+ap.add_argument("--limit", type=int, default=None,
+                help="only the first N prompts in reply order (held-out first, then the categories round-robin; after --split)")
 ap.add_argument("--frame", default=None,
                 help="for a pretrained (not chat-tuned) target: /v1/completions of this frame around each prompt, e.g. 'Question: {}\\nAnswer:'")
 a = ap.parse_args()
@@ -37,7 +39,8 @@ for i, p in enumerate(prompts):
     by_cat.setdefault(p["category"], []).append(i)
 rounds = [i for k in range(max(map(len, by_cat.values()))) for ids in by_cat.values() if k < len(ids) for i in [ids[k]]]
 order = [i for i in rounds if prompts[i]["split"] == "heldout"] + [i for i in rounds if prompts[i]["split"] != "heldout"]
-todo = [i for i in order if i not in done and (not a.split or prompts[i]["split"] == a.split)]
+order = [i for i in order if not a.split or prompts[i]["split"] == a.split][:a.limit]
+todo = [i for i in order if i not in done]
 if not todo:
     sys.exit(0)
 
@@ -74,9 +77,16 @@ def reply(i):
         body["messages"] = prompts[i].get("context", []) + [{"role": "user", "content": prompts[i]["prompt"]}]
     route = "/v1/completions" if a.frame else "/v1/chat/completions"
     req = urllib.request.Request(url + route, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        choice = json.load(r)["choices"][0]
-        return i, choice["text"] if a.frame else choice["message"]["content"]
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            choice = json.load(r)["choices"][0]
+            return i, choice["text"] if a.frame else choice["message"]["content"]
+    except urllib.error.HTTPError as e:
+        if e.code != 400:
+            raise
+        # a prompt the server refuses (e.g. longer than --ctx with the reply): named and left out
+        print(f"generate_responses: prompt {i} refused: {e.read().decode(errors='replace')[:300]}", file=sys.stderr, flush=True)
+        return i, None
 
 
 try:
@@ -84,6 +94,8 @@ try:
     t0 = time.time()
     with open(a.out, "a") as out, ThreadPoolExecutor(a.parallel) as pool:
         for n, (i, text) in enumerate(pool.map(reply, todo), 1):
+            if text is None:
+                continue
             out.write(json.dumps(dict(prompts[i], index=i, temp=a.temp, frame=a.frame, response=text)) + "\n")
             out.flush()
             if n % 20 == 0 or n == len(todo):

@@ -21,6 +21,10 @@
 # (tools/train/sharegpt_prompts.py --out FILE; later turns carry their earlier turns as context;
 # CTX=1024 then, as its prompts run to 1,200 characters).
 # FIRST=N takes only the first N prompts (the shipped EAGLE-3 head: FIRST=540).
+# LIMIT=N replies to only the first N training prompts in reply order (the categories round-robin):
+# a large set such as ShareGPT's is cut to what the reply budget allows, reproducibly.
+# CHUNK=N extracts features per N replies into separate files (a large set's features do not fit
+# in memory twice, as one extraction needs them).
 # INIT=models/smollm2-eagle3.gguf extends the shipped EAGLE-3 head (train_eagle.py --init: its
 # weights and draft vocabulary, a new optimizer and schedule; LR, default 2e-3, sets the peak).
 set -euo pipefail
@@ -33,6 +37,8 @@ THREADS="${THREADS:-2}"
 SETS="${SETS:-0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000 0.7:6000 0.9:7000}"
 INIT="${INIT:-}"
 FIRST="${FIRST:-}"
+LIMIT="${LIMIT:-}"
+CHUNK="${CHUNK:-}"
 PROMPTS="${PROMPTS:-$ROOT/models/smollm2_prompts.json}"
 CTX="${CTX:-512}"
 LR="${LR:-2e-3}"
@@ -48,7 +54,7 @@ mkdir -p "$WORK"
 for set in $SETS; do
   python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$PROMPTS" \
     --out "$WORK/gen_${set/:/_}.jsonl" --n 192 --temp "${set%%:*}" --seed "${set##*:}" --split train --parallel 8 --ctx "$CTX" --threads "$THREADS" \
-    ${FIRST:+--first "$FIRST"}
+    ${FIRST:+--first "$FIRST"} ${LIMIT:+--limit "$LIMIT"}
 done
 python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$PROMPTS" \
   --out "$WORK/heldout_0_1.jsonl" --n 192 --temp 0 --seed 1 --split heldout --parallel 8 --ctx "$CTX" --threads "$THREADS"
@@ -59,10 +65,20 @@ features() {  # $1: reply file stem, $2: split
     --out "$WORK/feats_$1.pt.tmp" --threads "$THREADS" --split "$2" --specula "$BIN/specula"
   mv "$WORK/feats_$1.pt.tmp" "$WORK/feats_$1.pt"
 }
-for set in $SETS; do features "gen_${set/:/_}" train; done
+stems=()  # the reply files whose features train the drafters: one per set, or its CHUNK-line parts
+for set in $SETS; do
+  stem="gen_${set/:/_}"
+  if [ -n "$CHUNK" ]; then
+    split -l "$CHUNK" -d -a 2 --additional-suffix=.jsonl "$WORK/$stem.jsonl" "$WORK/$stem.part"
+    for part in "$WORK/$stem".part??.jsonl; do stems+=("$(basename "$part" .jsonl)"); done
+  else
+    stems+=("$stem")
+  fi
+done
+for stem in "${stems[@]}"; do features "$stem" train; done
 features heldout_0_1 heldout
 feats=()
-for set in $SETS; do feats+=(--feats "$WORK/feats_gen_${set/:/_}.pt"); done
+for stem in "${stems[@]}"; do feats+=(--feats "$WORK/feats_$stem.pt"); done
 init=()
 if [ -n "$INIT" ]; then init=(--init "$INIT"); fi
 bf16=()

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf_target import load_gguf_target
-from chat_data import ChatFormat, tokenize
+from chat_format import ChatFormat, tokenize
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True)
