@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-format-14 >/dev/null || { echo "check_format: clang-format-14 is missing (scripts/setup.sh --tests installs it)" >&2; exit 1; }
 mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'src/*.inc' 'tools/*.cpp' 'tools/*.h' 'tests/*.cpp' 'tests/*.h' \
-                                 'bench/*.cpp' 'bench/*.h' 'include/*.h' 'fuzz/*.cpp')
+                                 'include/*.h' 'fuzz/*.cpp')
 fix=0
 if [ "${1:-}" = "--fix" ]; then fix=1; shift; fi
 if [ $# -gt 0 ]; then

@@ -1,5 +1,5 @@
 #pragma once
-// libllama as the tests' oracle beyond LlamaPeer's logits (bench/llama_peer.h, which the benchmarks
+// libllama as the tests' oracle beyond LlamaPeer's logits (tools/bench/llama_peer.h, which the benchmarks
 // share): llama.cpp's residual stream of chosen layers, and llama.cpp's own EAGLE-3.
 #include <cstdint>
 #include <map>

@@ -46,7 +46,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     spec->add_option("-r,--reps", s->reps, "repetitions of the whole prompt set")->capture_default_str();
     spec->add_option("-n,--n-gen", s->n_gen, "tokens per generation")->capture_default_str();
     spec->add_option("--draft-max", s->draft_max, "draft length (fixed policy, llama.cpp); cap for the others")->capture_default_str();
-    spec->add_option("--prompts", s->prompts, "prompt set JSON (default: bench/prompts.json)");
+    spec->add_option("--prompts", s->prompts, "prompt set JSON (default: tools/bench/prompts.json)");
     spec->add_option("--temps", s->temps, "temperatures")->delimiter(',')->capture_default_str();
     spec->add_option("--seed", s->seed, "sampling seed (prompt i uses seed + i)")->capture_default_str();
     spec->add_option("--json", s->json_path, "write results as JSON");
@@ -77,7 +77,7 @@ void register_bench(CLI::App & app, Commands & commands) {
         serve->add_option("-r,--reps", v->reps, "client sweep: repetitions of the whole prompt set per concurrency")->capture_default_str(),
         serve->add_option("-n,--n-gen", v->n_gen, "client sweep: tokens per request (ignore_eos)")->capture_default_str(),
         serve->add_option("--prompts", v->prompts,
-                          "client sweep: prompt set JSON (default: bench/prompts.json; a chat set goes through /v1/chat/completions)")};
+                          "client sweep: prompt set JSON (default: tools/bench/prompts.json; a chat set goes through /v1/chat/completions)")};
     // Replayed conversations: the request-rate sweep, or --multi-turn.
     CLI::Option * dataset = serve->add_option(
         "--dataset", v->dataset,
@@ -121,7 +121,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     rpc->add_option("-r,--reps", r->reps, "repetitions of the prompt set")->capture_default_str();
     rpc->add_option("-n,--n-gen", r->n_gen, "tokens per generation")->capture_default_str();
     rpc->add_option("--n-prompts", r->n_prompts, "prompts: the first of each category, up to this many")->capture_default_str();
-    rpc->add_option("--prompts", r->prompts, "prompt set JSON (default: bench/prompts.json)");
+    rpc->add_option("--prompts", r->prompts, "prompt set JSON (default: tools/bench/prompts.json)");
     rpc->add_option("--json", r->json_path, "write results as JSON");
     rpc->callback([r, &commands] { commands.run = [r] { return bench::run_rpc_bench(*r); }; });
 }

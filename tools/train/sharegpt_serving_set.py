@@ -10,7 +10,7 @@ reads plain JSON instead of a zip:
 that opens with a human turn answered by a gpt turn, with its leading human/gpt pairs (at most 8: the
 multi-turn workload's length), in file order, texts as the dataset has them. The output is
 byte-for-byte deterministic (ASCII-escaped, compact): the benchmark pins its sha256 and refuses any other
-file, so a change here changes that pin (kShareGptServingSha256 in bench/sharegpt.cpp)."""
+file, so a change here changes that pin (kShareGptServingSha256 in tools/bench/sharegpt.cpp)."""
 import argparse, json, os, zipfile
 
 from sharegpt_prompts import MEMBER, WHEEL, WHEEL_SHA256, cached_wheel, conversations

@@ -13,7 +13,7 @@ struct ServeBenchOptions {
     std::string specula_args;      // more arguments of specula's speculative server, space-separated (e.g. its policies)
     std::vector<int> clients = {1, 2, 4, 8, 16};
     std::vector<std::string> servers = {"specula", "llama-server"};
-    std::string prompts;    // prompt set (JSON); empty = bench/prompts.json of the source tree
+    std::string prompts;    // prompt set (JSON); empty = tools/bench/prompts.json of the source tree
     std::string json_path;  // write results as JSON
     int threads = 0;        // 0 = physical cores; both servers get the same count
     int reps = 3;

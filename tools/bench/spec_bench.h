@@ -21,7 +21,7 @@ struct SpecBenchOptions {
     // the policies then decide on the same curve in both arms of an A/B comparison, where a
     // curve timed once at the start moves with the machine's load from run to run.
     std::string cost_curve_from;
-    std::string prompts;                    // prompt set (JSON); empty = bench/prompts.json of the source tree
+    std::string prompts;                    // prompt set (JSON); empty = tools/bench/prompts.json of the source tree
     std::string json_path;                  // write results as JSON
     std::string html_path;                  // write results as an HTML page (tools/report/)
     int threads = 0;                        // 0 = physical cores; every engine gets the same count

@@ -19,7 +19,7 @@ struct RpcBenchOptions {
     int reps = 3;
     int n_gen = 64;         // tokens per generation
     int n_prompts = 4;      // the first prompt of each category, up to this many
-    std::string prompts;    // prompt set JSON; empty = bench/prompts.json
+    std::string prompts;    // prompt set JSON; empty = tools/bench/prompts.json
     std::string json_path;  // write results as JSON
 };
 

@@ -26,7 +26,7 @@ std::string cpu_description();
 void print_machine(const MachineLoad & load);
 
 // The categorised prompt set ({"prompts": [{"category", "name", "text"}, ...]}); an empty path
-// means bench/prompts.json of the source tree. Throws Error on a missing, malformed or empty set.
+// means tools/bench/prompts.json of the source tree. Throws Error on a missing, malformed or empty set.
 // A prompt may carry a "json_schema" (an object) its reply must follow: only benchmarks that
 // constrain their generations to it read such sets (schemas_allowed); the others refuse them.
 struct PromptText {
