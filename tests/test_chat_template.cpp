@@ -149,6 +149,65 @@ TEST(ChatTemplate, ParallelToolCallsFalseAllowsOneCallBlock) {
     }
 }
 
+// The stream's framing of parses that grow: content as it extends, a call announced (index, id,
+// type, name, the arguments begun) once its arguments begin, then only the next piece of them;
+// the final parse announces a call whose arguments never began. Catches a call sent whole at the
+// end, its header repeated, a piece sent twice, or content the client has taken back.
+TEST(ChatTemplate, ReplyDeltasFrameCallsAsLlamaServer) {
+    ChatReply sent;
+    auto deltas = [&](const ChatReply & parsed, bool final = false) { return json(openai::reply_deltas(sent, parsed, final)); };
+    EXPECT_EQ(deltas({"Let", {}}), json::parse(R"([{"content": "Let"}])"));
+    EXPECT_EQ(deltas({"Let me", {{"c1", "get_weather", ""}}}), json::parse(R"([{"content": " me"}])"));  // name not yet whole
+    EXPECT_EQ(deltas({"Let me", {{"c1", "get_weather", "{\"ci"}}}), json::parse(R"([{"tool_calls": [{"index": 0, "id": "c1",
+        "type": "function", "function": {"name": "get_weather", "arguments": "{\"ci"}}]}])"));
+    EXPECT_EQ(deltas({"Let me", {{"c1", "get_weather", "{\"ci"}}}), json::array());
+    EXPECT_EQ(deltas({"Let", {{"c1", "get_weather", "{\"city\":"}}}),  // content shorter: nothing to take back
+              json::parse(R"([{"tool_calls": [{"index": 0, "function": {"arguments": "ty\":"}}]}])"));
+    EXPECT_EQ(deltas({"Let me", {{"c1", "get_weather", "{\"city\":\"Paris\"}"}, {"c2", "now", ""}}}, true), json::parse(R"([
+        {"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]},
+        {"tool_calls": [{"index": 1, "id": "c2", "type": "function", "function": {"name": "now", "arguments": ""}}]}])"));
+    ASSERT_EQ(sent.tool_calls.size(), 2u);
+    EXPECT_EQ(sent.tool_calls[0].arguments, "{\"city\":\"Paris\"}");
+}
+
+// A reply in the tool template's format streamed a character at a time through the chat layer's
+// partial parses: no markup as content, the call's arguments in several pieces that concatenate
+// to the final parse's, one id throughout. Catches partial parses not followed, or arguments
+// that a later parse would contradict.
+TEST(ChatTemplate, AStreamedCallsArgumentsConcatenateToTheFinalOnes) {
+    Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    tok.set_chat_template(source_file(kToolTemplate));
+    const std::string body = R"({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+                   {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]})";
+    openai::ReplyStream stream(tok.chat_template().render(chat_input(body)));
+    const std::string reply = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 12}}\n</tool_call>";
+    std::vector<json> deltas;
+    for (char c : reply) {
+        for (json & d : stream.add(std::string(1, c))) deltas.push_back(std::move(d));
+    }
+    std::vector<json> last;
+    const ChatReply whole = stream.finish("", &last);
+    deltas.insert(deltas.end(), last.begin(), last.end());
+    ASSERT_EQ(whole.tool_calls.size(), 1u);
+    std::string content, arguments;
+    int pieces = 0;
+    for (const json & d : deltas) {
+        content += d.value("content", "");
+        if (!d.contains("tool_calls")) continue;
+        const json & call = d.at("tool_calls").at(0);
+        EXPECT_EQ(call.at("index"), 0);
+        if (pieces++ == 0) EXPECT_EQ(call.at("id"), whole.tool_calls[0].id);
+        else EXPECT_FALSE(call.contains("id")) << call;
+        arguments += call.at("function").at("arguments").get<std::string>();
+    }
+    EXPECT_EQ(content, whole.content);
+    EXPECT_EQ(content.find("<tool"), std::string::npos) << content;
+    EXPECT_GT(pieces, 2);
+    EXPECT_EQ(arguments, whole.tool_calls[0].arguments);
+    EXPECT_EQ(json::parse(arguments), json::parse(R"({"city": "Paris", "days": 12})"));
+}
+
 // The chat fields of a request: tool results (role "tool" with tool_call_id), assistant messages
 // of calls alone (content null), tools, tool_choice forms and parallel_tool_calls; each malformed
 // field refused with 400 naming it. Catches tool messages refused, or a bad one let through.

@@ -123,8 +123,8 @@ void respond_whole(const httplib::Request & req, httplib::Response & res, const 
 }
 
 // A streamed answer: server-sent events, a chunk per piece of text.
-// A reply parsed for tool calls (`reply` set) streams the content the partial parses hold, without
-// the tokens extension (its tokens' texts would not make up the delta), and the calls at the end.
+// A reply parsed for tool calls (`reply` set) streams the content and calls' deltas the partial
+// parses add, without the tokens extension (its tokens' texts would not make up the delta).
 void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c, bool include_usage,
                     const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
     res.set_header("Cache-Control", "no-cache");
@@ -156,8 +156,9 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             std::vector<TokenOrigin> origins;
             const Job::Wait w = job->next(text, &origins, c.token_text ? &logprobs : nullptr);
             if (w == Job::Wait::Text && reply) {
-                const std::string content = reply->add(text);
-                if (!content.empty() && !write(openai::sse(with_logprobs(openai::chunk_text(c, content))))) return false;
+                for (json & delta : reply->add(text)) {
+                    if (!write(openai::sse(with_logprobs(openai::chunk_delta(c, std::move(delta)))))) return false;
+                }
             } else if (w == Job::Wait::Text) {
                 json tokens = json::array();
                 for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
@@ -177,9 +178,11 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         } else {
             std::string finish_reason = result.finish_reason;
             if (reply) {
-                const ChatReply parsed = reply->finish();
-                if (!parsed.content.empty() && !write(openai::sse(openai::chunk_text(c, parsed.content)))) return false;
-                if (!parsed.tool_calls.empty() && !write(openai::sse(openai::chunk_tool_calls(c, parsed.tool_calls)))) return false;
+                std::vector<json> deltas;
+                const ChatReply parsed = reply->finish("", &deltas);
+                for (json & delta : deltas) {
+                    if (!write(openai::sse(openai::chunk_delta(c, std::move(delta))))) return false;
+                }
                 finish_reason = openai::finish_reason(parsed, result.finish_reason);
             }
             if (!write(openai::sse(with_logprobs(openai::chunk_finish(c, finish_reason))))) return false;

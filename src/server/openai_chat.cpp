@@ -150,52 +150,87 @@ ChatInput parse_chat(const json & body, const std::string & text) {
 
 bool parses_tool_calls(const ChatInput & input) { return !input.tools.empty() && input.tool_choice != ToolChoice::None; }
 
-std::string ReplyStream::add(const std::string & text) {
-    text_ += text;
-    const std::string content = ChatTemplate::parse(prompt_, text_, /*partial=*/true).content;
-    return take_unsent(content);
+namespace {
+
+// What `now` adds to `sent`, where it extends it; else nothing (sent text cannot be taken back).
+std::string extension(const std::string & sent, const std::string & now) {
+    if (now.size() <= sent.size() || now.compare(0, sent.size(), sent) != 0) return "";
+    return now.substr(sent.size());
 }
 
-// Sent text cannot be taken back: only a content that extends what was sent adds to it.
-std::string ReplyStream::take_unsent(const std::string & content) {
-    if (content.size() <= sent_.size() || content.compare(0, sent_.size(), sent_) != 0) return "";
-    std::string delta = content.substr(sent_.size());
-    sent_ = content;
-    return delta;
+json tool_calls_json(const std::vector<ToolCall> & calls) {
+    json out = json::array();
+    for (const ToolCall & call : calls) {
+        out.push_back({{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+    }
+    return out;
 }
 
-ChatReply ReplyStream::finish(const std::string & rest) {
-    text_ += rest;
-    ChatReply reply = ChatTemplate::parse(prompt_, text_, /*partial=*/false);
-    reply.content = take_unsent(reply.content);
-    std::random_device random;
-    for (ToolCall & call : reply.tool_calls) {
-        if (call.id.empty()) call.id = "call_" + std::to_string(random()) + std::to_string(random());
+}  // namespace
+
+std::vector<json> reply_deltas(ChatReply & sent, const ChatReply & parsed, bool final) {
+    std::vector<json> deltas;
+    const std::string content = extension(sent.content, parsed.content);
+    if (!content.empty()) {
+        deltas.push_back({{"content", content}});
+        sent.content = parsed.content;
+    }
+    for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
+        const ToolCall & call = parsed.tool_calls[i];
+        if (i < sent.tool_calls.size()) {
+            std::string & arguments = sent.tool_calls[i].arguments;
+            const std::string piece = extension(arguments, call.arguments);
+            if (piece.empty()) continue;
+            deltas.push_back({{"tool_calls", json::array({{{"index", i}, {"function", {{"arguments", piece}}}}})}});
+            arguments = call.arguments;
+            continue;
+        }
+        const bool whole_name = !call.name.empty() && (!call.arguments.empty() || i + 1 < parsed.tool_calls.size());
+        if (!final && !whole_name) break;
+        json first = tool_calls_json({call})[0];
+        first["index"] = i;
+        deltas.push_back({{"tool_calls", json::array({std::move(first)})}});
+        sent.tool_calls.push_back(call);
+    }
+    return deltas;
+}
+
+ChatReply ReplyStream::parse(bool partial) {
+    ChatReply reply = ChatTemplate::parse(prompt_, text_, partial);
+    for (size_t i = 0; i < reply.tool_calls.size(); ++i) {
+        if (!reply.tool_calls[i].id.empty()) continue;
+        if (ids_.size() <= i) ids_.resize(i + 1);
+        if (ids_[i].empty()) {
+            std::random_device random;
+            ids_[i] = "call_" + std::to_string(random()) + std::to_string(random());
+        }
+        reply.tool_calls[i].id = ids_[i];
     }
     return reply;
 }
 
-namespace {
-json tool_calls_json(const std::vector<ToolCall> & calls, bool indexed) {
-    json out = json::array();
-    for (size_t i = 0; i < calls.size(); ++i) {
-        json call{{"id", calls[i].id}, {"type", "function"}, {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-        if (indexed) call["index"] = i;
-        out.push_back(std::move(call));
-    }
-    return out;
+std::vector<json> ReplyStream::add(const std::string & text) {
+    text_ += text;
+    return reply_deltas(sent_, parse(/*partial=*/true), /*final=*/false);
 }
-}  // namespace
+
+ChatReply ReplyStream::finish(const std::string & rest, std::vector<json> * deltas) {
+    text_ += rest;
+    ChatReply reply = parse(/*partial=*/false);
+    std::vector<json> last = reply_deltas(sent_, reply, /*final=*/true);
+    if (deltas) *deltas = std::move(last);
+    return reply;
+}
 
 void set_reply(json & response, const ChatReply & reply) {
     json & message = response["choices"][0]["message"];
     message["content"] = reply.content.empty() && !reply.tool_calls.empty() ? json(nullptr) : json(reply.content);
-    if (!reply.tool_calls.empty()) message["tool_calls"] = tool_calls_json(reply.tool_calls, false);
+    if (!reply.tool_calls.empty()) message["tool_calls"] = tool_calls_json(reply.tool_calls);
 }
 
-json chunk_tool_calls(const Completion & c, const std::vector<ToolCall> & calls) {
+json chunk_delta(const Completion & c, json delta) {
     json j = chunk_text(c, "");
-    j["choices"][0]["delta"] = json{{"tool_calls", tool_calls_json(calls, true)}};
+    j["choices"][0]["delta"] = std::move(delta);
     return j;
 }
 

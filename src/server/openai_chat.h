@@ -19,27 +19,39 @@ ChatInput parse_chat(const nlohmann::json & body, const std::string & text);
 // Whether replies to `input` are parsed for tool calls: tools offered and tool_choice not "none".
 bool parses_tool_calls(const ChatInput & input);
 
-// A reply parsed for tool calls as it streams: add() gives the content to send now (what the
-// partial parse holds beyond what was sent), finish() the whole reply's tool calls, each with an
-// id ("call_N" where the model wrote none), and the content not sent yet.
+// The stream's deltas from what the client holds (`sent`: content and calls as sent so far) to a
+// parse of the reply (`parsed`, its calls' ids set), as llama-server frames them; `sent` becomes
+// what the client then holds. Content goes as {"content"}; a call's first delta carries its index,
+// id, type, name and the arguments so far, later ones its index and the next piece of the
+// arguments. Sent text cannot be taken back: only what extends it is sent. A call of a partial
+// parse is announced once its arguments have begun (its name is then whole) or a call follows it;
+// `final` (the whole reply's parse) announces the rest.
+std::vector<nlohmann::json> reply_deltas(ChatReply & sent, const ChatReply & parsed, bool final);
+
+// A reply parsed for tool calls as it streams: add() gives the deltas the partial parse of the
+// text so far adds, finish() the whole reply (its calls' ids: the model's, else "call_N" made once
+// per call and kept for all its deltas) and the deltas it adds to what was sent.
 class ReplyStream {
 public:
     explicit ReplyStream(ChatPrompt prompt) : prompt_(std::move(prompt)) {}
-    std::string add(const std::string & text);
-    ChatReply finish(const std::string & rest = "");  // `rest`: text not given to add()
+    std::vector<nlohmann::json> add(const std::string & text);
+    // `rest`: text not given to add().
+    ChatReply finish(const std::string & rest = "", std::vector<nlohmann::json> * deltas = nullptr);
 
 private:
-    std::string take_unsent(const std::string & content);
+    ChatReply parse(bool partial);
 
     ChatPrompt prompt_;
-    std::string text_;  // the reply so far
-    std::string sent_;  // its content as sent
+    std::string text_;              // the reply so far
+    ChatReply sent_;                // what the stream's deltas have sent
+    std::vector<std::string> ids_;  // the ids made for calls the model wrote none for
 };
 
-// The reply into a chat response or chunk: message.content (null when only calls) and
-// message.tool_calls; finish_reason "tool_calls" when the model called a tool and stopped.
+// The reply into a chat response: message.content (null when only calls) and message.tool_calls; a
+// chunk of one of reply_deltas' deltas; finish_reason "tool_calls" when the model called a tool
+// and stopped.
 void set_reply(nlohmann::json & response, const ChatReply & reply);
-nlohmann::json chunk_tool_calls(const Completion & c, const std::vector<ToolCall> & calls);
+nlohmann::json chunk_delta(const Completion & c, nlohmann::json delta);
 std::string finish_reason(const ChatReply & reply, const std::string & generation_finish);
 
 }  // namespace specula::openai

@@ -65,6 +65,25 @@ def test_a_required_call_streams_as_tool_call_deltas(client):
     assert isinstance(json.loads(calls[0]["arguments"]), dict)
 
 
+def test_a_streamed_calls_arguments_come_in_pieces_that_make_the_whole_replys(client):
+    """Catches: a call sent whole in one delta at the end instead of its arguments as they are
+    generated, its id, type or name repeated on later deltas, or pieces that do not concatenate
+    to the arguments the same request gets unstreamed."""
+    request = dict(model="specula-target", messages=QUESTION, tools=[WEATHER], tool_choice="required",
+                   parallel_tool_calls=False, max_tokens=200, temperature=0)
+    whole = client.chat.completions.create(**request).choices[0]
+    deltas, finish = [], None
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for c in chunk.choices:
+            deltas += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" == whole.finish_reason
+    first, rest = deltas[0], deltas[1:]
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather") and first.id.startswith("call_")
+    assert rest and all((d.index, d.id, d.type, d.function.name) == (0, None, None, None) for d in rest), deltas
+    assert "".join(d.function.arguments for d in deltas) == whole.message.tool_calls[0].function.arguments
+
+
 def test_parallel_tool_calls_false_ends_the_reply_after_one_call(client):
     """Catches: parallel_tool_calls false not enforced: the random-weight model, unbiased, would go
     on writing call blocks until max_tokens (finish_reason "length")."""
