@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "draft/drafter.h"
 #include "engine/generate.h"
 #include "engine/sequence.h"
 #include "policy/draft_length.h"
@@ -28,6 +29,20 @@ inline const std::vector<std::vector<int32_t>> kPrompts = {
     {1, 450, 4996, 17354, 1701, 29916},
     {1, 822, 5713, 29898, 29876, 1125, 13, 1678},
     {1, 29871, 29896, 29892, 29871, 29906, 29892, 29871, 29941, 29892, 29871, 29896, 29892, 29871, 29906},
+};
+
+// A drafter that hands out one fixed tree: what a model drafter proposes, without a model.
+class FixedTreeDrafter : public Drafter {
+public:
+    explicit FixedTreeDrafter(TokenTree tree) : tree_(std::move(tree)) {}
+    const char * name() const override { return "fixed"; }
+    void start(const DraftRequest &) override {}
+    Draft take() override { return Draft{tree_, 0.0f, {}}; }
+    void accept(const Acceptance &) override {}
+    void reset() override {}
+
+private:
+    TokenTree tree_;
 };
 
 inline std::vector<int32_t> plain_greedy(const Model & model, ModelRunner & runner, std::span<const int32_t> prompt, int n) {

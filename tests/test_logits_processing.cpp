@@ -15,6 +15,7 @@
 #include "draft/draft_model_drafter.h"
 #include "draft/eagle_drafter.h"
 #include "draft/early_exit.h"
+#include "draft/lookup_graft.h"
 #include "draft/ngram.h"
 #include "engine/generate.h"
 #include "engine/sequence.h"
@@ -26,6 +27,7 @@
 #include "tokenizer/tokenizer.h"
 #include "verify/path_logits.h"
 #include "distribution.h"
+#include "speculative_run.h"
 #include "specee_predictor.h"
 #include "test_models.h"
 
@@ -246,6 +248,52 @@ TEST(Grammar, JsonSchemasCompileToGbnfAndUncompilableOnesAreErrors) {
     const std::string bad = test::error_message([] { json_schema_to_gbnf(nlohmann::json::parse(R"({"$ref": "#/nowhere"})")); });
     EXPECT_NE(bad.find("cannot be compiled to a grammar"), std::string::npos) << bad;
     EXPECT_NE(test::error_message([] { json_schema_to_gbnf(std::string("{not json")); }).find("cannot be compiled"), std::string::npos);
+}
+
+// `text` accepted one character's token at a time.
+void accept_characters(LogitsState & state, const Tokenizer & tok, const std::string & text) {
+    for (const char c : text) {
+        const int32_t t = tok.token_spelling(std::string(1, c));
+        ASSERT_GE(t, 0) << "no token spells '" << c << "'";
+        state.accept(t);
+    }
+}
+
+// The pieces of `tokens`, joined.
+std::string spelled(const Tokenizer & tok, const std::vector<int32_t> & tokens) {
+    std::string text;
+    for (const int32_t t : tokens) text += tok.piece(t);
+    return text;
+}
+
+// Catches: a forced text that does not stop where the ways on part (a character class, two
+// alternatives, an end the grammar may take), tokens the grammar would not take in turn (the
+// tokenizer's word-space spelling of a fragment), a last run of letters kept although the free
+// text after it may continue it, or a forced end not kept.
+TEST(Grammar, ForcedTokensSpellWhatEveryWayOnBeginsWith) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const auto record = make_grammar_state(tok, R"(root ::= "{\"name\": \"" [a-z]+ "\", \"kind\": \"" ("cat" | "cow") "\"}")");
+    const std::vector<int32_t> opening = record->forced_tokens(16);
+    EXPECT_EQ(spelled(tok, opening), "{\"name\": \"");
+    auto walk = record->clone();
+    for (const int32_t t : opening) walk->accept(t);
+    EXPECT_TRUE(walk->forced_tokens(16).empty()) << "the name is free";
+    EXPECT_EQ(record->forced_tokens(2), std::vector<int32_t>(opening.begin(), opening.begin() + 2)) << "at most max_tokens";
+    accept_characters(*walk, tok, "x\", \"kind\": \"c");
+    EXPECT_TRUE(walk->forced_tokens(16).empty()) << "\"cat\" and \"cow\" part after their \"c\"";
+    accept_characters(*walk, tok, "ow");
+    EXPECT_EQ(spelled(tok, walk->forced_tokens(16)), "\"}") << "the end is forced, and kept";
+
+    // Letters before a free continuation: "ab" of "abc..." | "abd..." is left to the drafter.
+    EXPECT_TRUE(make_grammar_state(tok, R"(root ::= "ab" [c-d] [a-z]*)")->forced_tokens(16).empty());
+    // A grammar that may end here, or go on, forces nothing.
+    EXPECT_TRUE(make_grammar_state(tok, R"(root ::= "" | "[]")")->forced_tokens(16).empty());
+    // A penalty state in front forces nothing itself; the grammar's forced tokens come through it
+    // as far as the bias allows them.
+    SamplingParams bias;
+    bias.logit_bias = {{opening[1], -INFINITY}};
+    const auto both = make_logits_state(bias, R"(root ::= "{\"name\": \"" [a-z]+ "\"}")", {}, &tok);
+    EXPECT_EQ(both->forced_tokens(16), std::vector<int32_t>{opening[0]});
 }
 
 // A state's masks are cached per grammar position and shared by its clones: along a JSON text
@@ -505,6 +553,31 @@ TEST(LogitsProcessing, ModelDraftersProposeOnlyTokensTheGrammarAllowsAlongEachPa
                 EXPECT_EQ(banned, 0) << where;
             }
         }
+    }
+}
+
+// Jump-forward as speculation: with a grammar that forces text (a record's keys, quotes and
+// braces), the forced tokens are drafted (here by a model drafter that proposes nothing, so that
+// every accepted draft is a forced one) and accepted, and the output is plain decoding's token
+// for token; with the EAGLE-3 head's trees beside them too. Catches: forced drafts never grafted
+// or never accepted, or a graft that changes what greedy decoding gives.
+TEST(LogitsProcessing, GrammarForcedTextIsDraftedAndGreedyOutputStaysPlainDecodings) {
+    Bundled m;
+    const auto eagle3 = EagleHead::load(test::shipped_model("specula-eagle3.gguf"), *m.target, m.backend);
+    LookupGraftDrafter forced_only(std::make_unique<test::FixedTreeDrafter>(TokenTree{}), 64, 64);  // lookup never matches 64 tokens
+    LookupGraftDrafter head3(std::make_unique<EagleDrafter>(*eagle3, 512), 1, 3);
+    const std::vector<int32_t> prompt = m.tokenizer.tokenize("Once upon a time, the little cat");
+    GenerationOptions o;
+    o.n_predict = 48;
+    o.grammar = R"(root ::= "{\"name\": \"" [a-z ]{1,10} "\", \"kind\": \"" ("cat" | "dog") "\", \"age\": " [0-9]{1,2} "}")";
+    const Bundled::Output want = m.plain(prompt, o);
+    ASSERT_GT(want.tokens.size(), 10u);
+    for (TreeBudget tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 4, 3, 12}}) {
+        int forced_accepted = 0;
+        auto count = [&](const RoundInfo & r) { forced_accepted += static_cast<int>(r.result->accepted.size()); };
+        EXPECT_EQ(m.speculative(forced_only, prompt, o, tree, nullptr, count).tokens, want.tokens) << tree_shape_name(tree.shape);
+        EXPECT_GT(forced_accepted, 8) << tree_shape_name(tree.shape) << ": the forced keys were drafted and accepted";
+        EXPECT_EQ(m.speculative(head3, prompt, o, tree).tokens, want.tokens) << tree_shape_name(tree.shape) << ", with the head";
     }
 }
 
@@ -773,6 +846,21 @@ TEST(LogitsProcessing, GrammarConstrainedSamplingFollowsTheProcessedTargetAndABr
         auto [stat, dof] = processed_chi2(*m.target, m.runner, self, &m.tokenizer, prompt, o, joint, runs, tree, nullptr);
         std::printf("[distribution] grammar, %s: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape), stat, dof,
                     test::chi2_critical(dof));
+        EXPECT_LT(stat, test::chi2_critical(dof)) << tree_shape_name(tree.shape);
+    }
+    // Forced text (" the ", which the grammar lets the target spell in several ways) grafted as a
+    // one-hot draft beside the model's sampled ones.
+    GenerationOptions forced = o;
+    forced.grammar = R"(root ::= " the " [a-d])";
+    const auto forced_state = logits_processing(forced, prompt, &m.tokenizer);
+    ASSERT_FALSE(forced_state->forced_tokens(4).empty());
+    const auto forced_joint = exact_processed_joint(*m.target, m.runner, prompt, forced.sampling, *forced_state);
+    ASSERT_GT(forced_joint.size(), 4u);
+    LookupGraftDrafter grafting(std::make_unique<DraftModelDrafter>(*m.draft, 64), 1, 3);
+    for (TreeBudget tree : {TreeBudget{TreeShape::Dynamic, 2, 3, 9}}) {
+        auto [stat, dof] = processed_chi2(*m.target, m.runner, grafting, &m.tokenizer, prompt, forced, forced_joint, runs, tree, nullptr);
+        std::printf("[distribution] forced text grafted, %s: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape), stat,
+                    dof, test::chi2_critical(dof));
         EXPECT_LT(stat, test::chi2_critical(dof)) << tree_shape_name(tree.shape);
     }
     const SamplingParams sp = o.sampling;

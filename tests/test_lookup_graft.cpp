@@ -1,7 +1,8 @@
-// Prompt lookup grafted into a model drafter's trees: what is grafted and when, how often lookup's
+// Prompt lookup and grammar-forced text grafted into a model drafter's trees: what is grafted and when, how often lookup's
 // chains hold, its chain verified in rounds without a model draft, and the defaults.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -12,26 +13,14 @@
 #include "draft/ngram.h"
 #include "draft/suffix_cache.h"
 #include "engine/drafter_factory.h"
+#include "sample/logits_state.h"
 #include "speculative_run.h"
 
 namespace specula {
 namespace {
 
+using test::FixedTreeDrafter;
 using test::plain_greedy;
-
-// A drafter that hands out one fixed tree: what a model drafter proposes, without a model.
-class FixedTreeDrafter : public Drafter {
-public:
-    explicit FixedTreeDrafter(TokenTree tree) : tree_(std::move(tree)) {}
-    const char * name() const override { return "fixed"; }
-    void start(const DraftRequest &) override {}
-    Draft take() override { return Draft{tree_, 0.0f, {}}; }
-    void accept(const Acceptance &) override {}
-    void reset() override {}
-
-private:
-    TokenTree tree_;
-};
 
 // Catches: the lookup continuation not grafted (or grafted as a duplicate of a child the model
 // already proposed), grafted nodes without a path probability below their parent's, or, at T > 0,
@@ -103,6 +92,53 @@ TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTree) {
     EXPECT_EQ(beside.tree.parent, (std::vector<int>{TokenTree::kRoot, TokenTree::kRoot}));
     EXPECT_TRUE(beside.tree.proposed_one_hot(1));
     EXPECT_EQ(beside.grafted_from, 1);
+}
+
+// Logit processing that forces a fixed continuation (a grammar's, without a vocabulary).
+class ForcingState : public LogitsState {
+public:
+    explicit ForcingState(std::vector<int32_t> forced) : forced_(std::move(forced)) {}
+    std::unique_ptr<LogitsState> clone() const override { return std::make_unique<ForcingState>(forced_); }
+    void apply_values(std::span<float>) const override {}
+    void apply_bans(std::span<float>) const override {}
+    bool allows(int32_t) const override { return true; }
+    void accept(int32_t) override {}
+    std::vector<int32_t> forced_tokens(int max_tokens) const override {
+        return {forced_.begin(), forced_.begin() + std::min<size_t>(forced_.size(), static_cast<size_t>(max_tokens))};
+    }
+
+private:
+    std::vector<int32_t> forced_;
+};
+
+// Catches: the text a grammar forces not grafted (or lookup's chain grafted in its place), its
+// tokens priced like lookup's instead of at kForcedStepProb, deeper than the round's nodes, or
+// missing from the free draft of rounds without a model draft.
+TEST(Speculative, GrammarForcedTokensAreGraftedBeforeLookupsContinuation) {
+    TokenTree model_tree;
+    model_tree.add(TokenTree::kRoot, 7, std::log(0.6f));
+    const std::vector<int32_t> history = {5, 6, 7, 8, 4, 3, 1, 5, 6};  // lookup would continue "7 8 4 3"
+    SamplingParams greedy;
+    const ForcingState forcing({2, 9, 11});
+    DraftRequest request{history, TreeBudget{TreeShape::Dynamic, 4, 2, 3}, &greedy, nullptr, &forcing};
+    auto drafter = LookupGraftDrafter(std::make_unique<FixedTreeDrafter>(model_tree), 1, 3);
+    drafter.start(request);
+    const Draft grafted = drafter.take();
+    ASSERT_EQ(grafted.grafted_from, 1);
+    EXPECT_EQ(grafted.tree.token, (std::vector<int32_t>{7, 2, 9, 11}));
+    EXPECT_EQ(grafted.tree.parent, (std::vector<int>{TokenTree::kRoot, TokenTree::kRoot, 1, 2}));
+    const float step = std::log(float(LookupGraftDrafter::kForcedStepProb));
+    EXPECT_FLOAT_EQ(grafted.tree.logp[2] - grafted.tree.logp[1], step);
+    EXPECT_FLOAT_EQ(grafted.tree.logp[3] - grafted.tree.logp[2], step);
+
+    request.budget = TreeBudget{TreeShape::Dynamic, 4, 2, 2};  // two nodes a round: two forced tokens
+    const Draft alone = drafter.free_draft(request);
+    EXPECT_EQ(alone.tree.token, (std::vector<int32_t>{2, 9}));
+    EXPECT_EQ(alone.grafted_from, 0);
+
+    const ForcingState nothing({});
+    request.processing = &nothing;  // nothing forced: lookup's continuation
+    EXPECT_EQ(drafter.free_draft(request).tree.token, (std::vector<int32_t>{7, 8}));
 }
 
 // Catches: lookup's step probabilities not learned from the text that followed its chains (a

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -84,14 +86,65 @@ std::string position_key(const llama_grammar & g) {
     return key;
 }
 
+void append_utf8(std::string & out, uint32_t cp) {
+    if (cp < 0x80) {
+        out.push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+        out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+        out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+        out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+        out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+        out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+}
+
+struct ForcedText {
+    std::string text;
+    bool at_end = false;  // the grammar is complete after it
+};
+
+// The characters every way on from the grammar's position begins with: each stack's next element
+// is the same single character (no class, range or negation), until they part, one of them may
+// end, or kMaxBytes. Walked on a copy of the stacks, with libllama's own character step.
+ForcedText forced_text(const llama_grammar & grammar) {
+    constexpr size_t kMaxBytes = 64;
+    ForcedText forced;
+    if (grammar.partial_utf8.n_remain > 0) return forced;  // inside a character a token left unfinished
+    GrammarPtr walk(llama_grammar_clone_impl(grammar));
+    while (forced.text.size() < kMaxBytes && !walk->stacks.empty()) {
+        uint32_t next = 0;
+        bool first = true;
+        for (const llama_grammar_stack & stack : walk->stacks) {
+            if (stack.empty()) {  // the grammar may end here
+                forced.at_end = walk->stacks.size() == 1;
+                return forced;
+            }
+            const llama_grammar_element * e = stack.back();
+            const bool single = e->type == LLAMA_GRETYPE_CHAR && e[1].type != LLAMA_GRETYPE_CHAR_ALT && e[1].type != LLAMA_GRETYPE_CHAR_RNG_UPPER;
+            if (!single || (!first && e->value != next)) return forced;
+            next = e->value;
+            first = false;
+        }
+        append_utf8(forced.text, next);
+        llama_grammar_accept(walk.get(), next);
+    }
+    return forced;
+}
+
 // libllama's grammar (its apply masks a candidate array, its accept advances the stacks), with
 // whole-row masks cached per position.
 class GrammarState final : public LogitsState {
 public:
-    GrammarState(GrammarPtr grammar, int n_tokens, std::shared_ptr<MaskCache> cache)
-        : grammar_(std::move(grammar)), n_tokens_(n_tokens), cache_(std::move(cache)) {}
+    GrammarState(GrammarPtr grammar, const Tokenizer & tokenizer, std::shared_ptr<MaskCache> cache)
+        : grammar_(std::move(grammar)), tokenizer_(&tokenizer), n_tokens_(tokenizer.n_vocab()), cache_(std::move(cache)) {}
     std::unique_ptr<LogitsState> clone() const override {
-        auto copy = std::make_unique<GrammarState>(GrammarPtr(llama_grammar_clone_impl(*grammar_)), n_tokens_, cache_);
+        auto copy = std::make_unique<GrammarState>(GrammarPtr(llama_grammar_clone_impl(*grammar_)), *tokenizer_, cache_);
         copy->key_ = key_;
         return copy;
     }
@@ -128,6 +181,34 @@ public:
         key_.clear();
     }
 
+    // The forced text spelled greedily by the longest token the grammar takes at each step: its
+    // spelling, not the tokenizer's (whose fragments may start with a word space), and one of
+    // several the grammar allows; where the target spells it otherwise the verifier says so.
+    std::vector<int32_t> forced_tokens(int max_tokens) const override {
+        constexpr size_t kMaxPieceBytes = 32;
+        const ForcedText forced = forced_text(*grammar_);
+        std::string_view rest = forced.text;
+        const auto walk = clone();
+        std::vector<int32_t> tokens;
+        while (!rest.empty() && static_cast<int>(tokens.size()) < max_tokens) {
+            int32_t token = -1;
+            size_t length = std::min(rest.size(), kMaxPieceBytes);
+            for (; length > 0; --length) {
+                token = tokenizer_->token_spelling(std::string(rest.substr(0, length)));
+                if (token >= 0 && walk->allows(token)) break;
+                token = -1;
+            }
+            // A last token of letters or digits may be the start of a longer one that the free text
+            // after it continues ("na" of "name"): it is left to the drafter.
+            const bool last = length == rest.size();
+            if (token < 0 || (last && !forced.at_end && std::isalnum(static_cast<unsigned char>(rest.back())))) break;
+            walk->accept(token);
+            tokens.push_back(token);
+            rest.remove_prefix(length);
+        }
+        return tokens;
+    }
+
 private:
     const std::string & key() const {
         if (key_.empty()) key_ = position_key(*grammar_);
@@ -148,6 +229,7 @@ private:
     }
 
     GrammarPtr grammar_;
+    const Tokenizer * tokenizer_;
     int n_tokens_;
     std::shared_ptr<MaskCache> cache_;
     mutable std::string key_;                           // position_key() of the current position; empty: not yet made
@@ -196,7 +278,7 @@ std::unique_ptr<LogitsState> make_grammar_state(const Tokenizer & tokenizer, con
         const std::string why = !reason.empty() ? reason : logged;
         throw Error("the grammar does not parse as GBNF" + (why.empty() ? std::string() : ": " + why));
     }
-    return std::make_unique<GrammarState>(std::move(grammar), tokenizer.n_vocab(), std::make_shared<MaskCache>());
+    return std::make_unique<GrammarState>(std::move(grammar), tokenizer, std::make_shared<MaskCache>());
 }
 
 std::string json_schema_to_gbnf(const std::string & schema_json) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sample/logits_state.h"
 #include "specula/error.h"
 
 namespace specula {
@@ -99,6 +100,20 @@ std::vector<float> LookupGraftDrafter::chain_logp(size_t length) const {
     return logp;
 }
 
+LookupGraftDrafter::Chain LookupGraftDrafter::continuation(const DraftRequest & request) {
+    const int depth = chain_depth(request.budget);
+    if (request.processing) {
+        std::vector<int32_t> forced = request.processing->forced_tokens(depth);
+        if (!forced.empty()) {
+            const size_t n = forced.size();
+            return Chain{std::move(forced), std::vector<float>(n, static_cast<float>(std::log(kForcedStepProb)))};
+        }
+    }
+    std::vector<int32_t> chain = lookup_chain(request, depth);
+    std::vector<float> logp = chain_logp(chain.size());
+    return Chain{std::move(chain), std::move(logp)};
+}
+
 void LookupGraftDrafter::start(const DraftRequest & request) {
     request_ = request;
     model_->start(request);
@@ -106,17 +121,17 @@ void LookupGraftDrafter::start(const DraftRequest & request) {
 
 Draft LookupGraftDrafter::take() {
     Draft draft = model_->take();
-    const std::vector<int32_t> chain = lookup_chain(request_, chain_depth(request_.budget));
+    const Chain chain = continuation(request_);
     const int model_nodes = draft.tree.size();
     const bool sampled = request_.sampling != nullptr && !request_.sampling->greedy();
-    if (graft_chain(draft.tree, chain, chain_logp(chain.size()), root_logp(request_.budget), sampled) > 0) draft.grafted_from = model_nodes;
+    if (graft_chain(draft.tree, chain.tokens, chain.step_logp, root_logp(request_.budget), sampled) > 0) draft.grafted_from = model_nodes;
     return draft;
 }
 
 Draft LookupGraftDrafter::free_draft(const DraftRequest & request) {
     Draft draft;
-    const std::vector<int32_t> chain = lookup_chain(request, chain_depth(request.budget));
-    graft_chain(draft.tree, chain, chain_logp(chain.size()), root_logp(request.budget));
+    const Chain chain = continuation(request);
+    graft_chain(draft.tree, chain.tokens, chain.step_logp, root_logp(request.budget));
     if (!draft.tree.empty()) draft.grafted_from = 0;
     return draft;
 }

@@ -1,7 +1,9 @@
 #pragma once
-// A model drafter's tree with the prompt-lookup continuation grafted in: text that repeats
-// (code, quotes, names, summaries of the prompt) is proposed by lookup, the rest by the model,
-// and the tree-size policy prunes the union by path probability like any tree. At T > 0 the
+// A model drafter's tree with a deterministic continuation grafted in: the text a grammar forces
+// next (a JSON schema's keys, braces and quotes: jump-forward, made a draft the target verifies),
+// else prompt lookup's continuation of text that repeats (code, quotes, names, summaries of the
+// prompt). The model proposes the rest, and the tree-size policy prunes the union by path
+// probability like any tree. At T > 0 the
 // chain goes beside the model's sampled children, never merged into them: its first node is
 // flagged one-hot (TokenTree::one_hot), which the sampling verifier tries before the model's
 // children, so that each child is judged against the proposal it was really drawn from.
@@ -27,6 +29,9 @@ public:
     // model's node the graft takes that node's probability as it is.
     static constexpr double kPriorStepProb = 0.5, kPriorChains = 2.0, kDecay = 0.95;
     static constexpr int kMaxDepth = 16;
+    // A forced token's chance that the target spells the forced text with it: the grammar allows
+    // other spellings (one token or several for the same characters), rarely taken.
+    static constexpr double kForcedStepProb = 0.9;
     static constexpr size_t kMaxUnchecked = 64;  // chains waiting for the text to decide them
 
     LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram_min, int ngram_max);
@@ -53,6 +58,13 @@ private:
     // Lookup's chain for `request`, up to `depth` tokens, remembered to be checked
     // against the text.
     std::vector<int32_t> lookup_chain(const DraftRequest & request, int depth);
+    // The chain grafted for `request` and each of its tokens' log chance: the grammar's forced
+    // tokens where it forces any, else lookup's.
+    struct Chain {
+        std::vector<int32_t> tokens;
+        std::vector<float> step_logp;
+    };
+    Chain continuation(const DraftRequest & request);
     // Checks the chains proposed so far against the tokens that followed their roots in `history`:
     // each once the text has either left it or gone its whole length. (Checked only as far as the
     // next round's text, a chain's deeper tokens would be seen only after rounds that accepted them,

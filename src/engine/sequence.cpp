@@ -117,7 +117,7 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     free_ = Draft{};
     if (p_.drafter) {
         state.free_draft = [this](const TreeBudget & budget) {
-            free_ = p_.drafter->free_draft(DraftRequest{history_, budget, &options_.sampling, &rng_});
+            free_ = p_.drafter->free_draft(DraftRequest{history_, budget, &options_.sampling, &rng_, logits_state_.get()});
             return &free_.tree;
         };
     }

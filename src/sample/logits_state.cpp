@@ -131,6 +131,23 @@ void LogitsStates::accept(int32_t token) {
     for (const auto & s : states_) s->accept(token);
 }
 
+std::vector<int32_t> LogitsStates::forced_tokens(int max_tokens) const {
+    for (const auto & s : states_) {
+        std::vector<int32_t> forced = s->forced_tokens(max_tokens);
+        if (forced.empty()) continue;
+        const auto walk = clone();
+        for (size_t i = 0; i < forced.size(); ++i) {
+            if (!walk->allows(forced[i])) {
+                forced.resize(i);
+                break;
+            }
+            walk->accept(forced[i]);
+        }
+        return forced;
+    }
+    return {};
+}
+
 const LogitsState * PathStates::after(int node, std::span<const int> parent, std::span<const int32_t> token) {
     if (!root_ || node < 0) return root_;
     if (states_.size() <= static_cast<size_t>(node)) states_.resize(node + 1);

@@ -28,6 +28,13 @@ public:
     virtual bool allows(int32_t token) const = 0;
     // The sequence continues with `token`.
     virtual void accept(int32_t token) = 0;
+    // Up to max_tokens tokens that spell the text the processing forces next (a grammar whose next
+    // characters are fixed: a JSON schema's keys, braces and quotes), each allowed after the ones
+    // before it; empty when nothing is forced. Drafts, never decisions: the target verifies them.
+    virtual std::vector<int32_t> forced_tokens(int max_tokens) const {
+        (void)max_tokens;
+        return {};
+    }
 };
 
 // Logit bias, then llama.cpp's repeat / presence / frequency penalties over the last
@@ -53,6 +60,8 @@ public:
     void apply_bans(std::span<float> logits) const override;
     bool allows(int32_t token) const override;
     void accept(int32_t token) override;
+    // The first state's forced tokens that forces any, as far as every state allows them.
+    std::vector<int32_t> forced_tokens(int max_tokens) const override;
 
 private:
     std::vector<std::unique_ptr<LogitsState>> states_;

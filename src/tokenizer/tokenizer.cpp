@@ -99,6 +99,21 @@ std::string Tokenizer::piece(int32_t token) const {
     return std::string(buf, n);
 }
 
+int32_t Tokenizer::token_spelling(const std::string & text) const {
+    std::call_once(pieces_indexed_, [this] {
+        // Byte tokens (SentencePiece's <0x22>) spell a character the merged vocabulary has a token
+        // of its own for, which the model writes: they come second.
+        for (const bool bytes : {false, true}) {
+            for (int32_t t = 0; t < n_vocab(); ++t) {
+                const bool byte = (llama_vocab_get_attr(vocab_, t) & LLAMA_TOKEN_ATTR_BYTE) != 0;
+                if (byte == bytes && !llama_vocab_is_control(vocab_, t)) token_of_piece_.emplace(piece(t), t);  // keeps the first
+            }
+        }
+    });
+    const auto it = token_of_piece_.find(text);
+    return it == token_of_piece_.end() ? -1 : it->second;
+}
+
 std::string Tokenizer::detokenize(const std::vector<int32_t> & tokens) const {
     // Not a concatenation of pieces: libllama drops SentencePiece's leading dummy space here.
     std::string text(tokens.size() * 8 + 16, '\0');

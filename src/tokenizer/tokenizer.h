@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,9 @@ public:
     // then cannot forge the model's markup.
     std::vector<int32_t> tokenize(const std::string & text, bool add_bos = true, SpecialTokens specials = SpecialTokens::Parse) const;
     std::string piece(int32_t token) const;
+    // The token whose piece is exactly `text` (a control token never), or -1; where several spell
+    // it, the lowest id that is not a byte token. The table of pieces is built on first use.
+    int32_t token_spelling(const std::string & text) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
     bool is_end_of_generation(int32_t token) const;
     int n_vocab() const;
@@ -75,6 +79,8 @@ private:
     llama_model * model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
     std::vector<std::string> control_texts_;  // the texts that Parse turns into tokens and Text does not
+    mutable std::unordered_map<std::string, int32_t> token_of_piece_;
+    mutable std::once_flag pieces_indexed_;
     mutable std::unique_ptr<ChatTemplate> chat_template_;
     mutable std::once_flag chat_template_built_;
 };
