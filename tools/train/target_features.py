@@ -45,7 +45,7 @@ def specula_features(ids_list, out_dir):
     raw = np.fromfile(bin_path, dtype=np.uint8)
     if raw[:8].tobytes() != b"SPFEAT01":
         sys.exit(f"target_features: {bin_path} is not a specula target-features file")
-    n_taps, n_embd, k = np.frombuffer(raw[8:20].tobytes(), dtype=np.int32)
+    n_taps, n_embd, k = (int(v) for v in np.frombuffer(raw[8:20].tobytes(), dtype=np.int32))  # Python ints: offsets pass 2 GiB
     off, out = 20, []
     for _ in ids_list:
         n = int(np.frombuffer(raw[off:off + 4].tobytes(), dtype=np.int32)[0])

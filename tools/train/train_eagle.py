@@ -375,20 +375,27 @@ def train_on_features(a, log):
         sys.exit(f"train_eagle: error: --heldout {a.heldout} has no held-out sequence (target_features.py --split heldout)")
 
     def evaluate(step):
-        """Loss and top-1 agreement by training-time-test step on the held-out sequences, weighted by tokens."""
+        """Loss and top-1 agreement by training-time-test step on the held-out sequences, weighted by
+        tokens, overall and per prompt category."""
         if not heldout:
             return
-        tot, loss_sum, acc_sum = 0, 0.0, None
+        by_category = {}
+        for s in heldout:
+            by_category.setdefault(s["category"], []).append(s)
+        sums = {}  # category -> [tokens, loss * tokens, agreement by step * tokens]
         with torch.no_grad():
-            for i in range(0, len(heldout), 16):
-                batch = make_batch(heldout[i:i + 16])
-                n = batch[-1].sum().item()
-                loss, accs = run(*batch, train_mode=False)
-                tot += n
-                loss_sum += loss.item() * n
-                acc_sum = [n * v for v in accs] if acc_sum is None else [x + n * v for x, v in zip(acc_sum, accs)]
-        rec = {"event": "heldout", "model": a.name, "step": step, "sequences": len(heldout), "loss": round(loss_sum / tot, 4),
-               "top1_agree_by_step": [round(v / tot, 4) for v in acc_sum]}
+            for cat, seqs in by_category.items():
+                for i in range(0, len(seqs), 16):
+                    batch = make_batch(seqs[i:i + 16])
+                    n = batch[-1].sum().item()
+                    loss, accs = run(*batch, train_mode=False)
+                    tot, loss_sum, acc_sum = sums.get(cat, (0, 0.0, [0.0] * len(accs)))
+                    sums[cat] = (tot + n, loss_sum + loss.item() * n, [x + n * v for x, v in zip(acc_sum, accs)])
+        tot = sum(v[0] for v in sums.values())
+        acc_sum = [sum(v[2][k] for v in sums.values()) for k in range(len(next(iter(sums.values()))[2]))]
+        rec = {"event": "heldout", "model": a.name, "step": step, "sequences": len(heldout),
+               "loss": round(sum(v[1] for v in sums.values()) / tot, 4), "top1_agree_by_step": [round(v / tot, 4) for v in acc_sum],
+               "top1_agree_by_category": {c: [round(x / v[0], 4) for x in v[2]] for c, v in sorted(sums.items())}}
         log.write(json.dumps(rec) + "\n"); log.flush()
         print(rec, flush=True)
 
