@@ -25,6 +25,9 @@
 # a large set such as ShareGPT's is cut to what the reply budget allows, reproducibly.
 # CHUNK=N extracts features per N replies into separate files (a large set's features do not fit
 # in memory twice, as one extraction needs them).
+# REPLIES=models/smollm2_sharegpt_replies.jsonl.gz starts from the committed replies to ShareGPT's
+# prompts (sharegpt_replies.py unpack, into a WORK without replies): the reply step then only adds
+# what a larger LIMIT or new SETS ask for (the last feature chunk of a set that grew must be deleted).
 # INIT=models/smollm2-eagle3.gguf extends the shipped EAGLE-3 head (train_eagle.py --init: its
 # weights and draft vocabulary, a new optimizer and schedule; LR, default 2e-3, sets the peak).
 set -euo pipefail
@@ -38,6 +41,7 @@ SETS="${SETS:-0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000 0.7:6000 0.9:7000
 INIT="${INIT:-}"
 FIRST="${FIRST:-}"
 LIMIT="${LIMIT:-}"
+REPLIES="${REPLIES:-}"
 CHUNK="${CHUNK:-}"
 PROMPTS="${PROMPTS:-$ROOT/models/smollm2_prompts.json}"
 CTX="${CTX:-512}"
@@ -50,6 +54,9 @@ for d in $DRAFTERS; do
 done
 cmake --build "$ROOT/build" --target llama-tokenize llama-server >/dev/null
 mkdir -p "$WORK"
+if [ -n "$REPLIES" ] && ! ls "$WORK"/gen_*.jsonl >/dev/null 2>&1; then
+  python3 "$HERE/sharegpt_replies.py" unpack --replies "$REPLIES" --prompts "$PROMPTS" --work "$WORK"
+fi
 # temperature:seed of each reply set (prompt i uses seed + i)
 for set in $SETS; do
   python3 "$HERE/generate_responses.py" --specula "$BIN/specula" --model "$MODEL" --prompts "$PROMPTS" \
@@ -87,7 +94,7 @@ for d in $DRAFTERS; do
   if [ "$d" = eagle3 ]; then
     python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" --name smollm2-eagle3 \
       --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --vocab 4096 --batch 4 --lr "$LR" --warmup 20 \
-      --save_every 50 --heldout "$WORK/feats_heldout_0_1.pt" "${bf16[@]}" "${init[@]}"
+      --save_every 50 --eval_every 500 --heldout "$WORK/feats_heldout_0_1.pt" "${bf16[@]}" "${init[@]}"
     python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$WORK/smollm2-eagle3-q8_0.gguf" \
       --name smollm2-eagle3 --type q8_0
     # the layers requantized from that Q8_0 export to Q4_0, output.weight kept (models/README.md: why)
