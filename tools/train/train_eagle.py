@@ -414,6 +414,10 @@ def train_on_features(a, log):
     t0 = time.time()
     while step < a.max_steps and elapsed0 + time.time() - t0 < a.minutes * 60:
         perm = torch.randperm(len(train), generator=g).tolist()
+        # Sequences of similar lengths batched together: each window of 16 batches sorted by length
+        # (a batch is padded to its longest; real chat lengths vary tenfold).
+        window = 16 * a.batch
+        perm = [j for w in range(0, len(perm), window) for j in sorted(perm[w:w + window], key=lambda j: len(train[j]["ids"]))]
         for i in range(0, len(perm) - a.batch + 1, a.batch):
             el = elapsed0 + time.time() - t0
             if el >= a.minutes * 60 or step >= a.max_steps:
