@@ -13,7 +13,9 @@ Two targets, one training-time test:
                --resume OUT continues it (head, optimizer, draft vocabulary, data order, elapsed
                time): a larger --minutes and more --feats files extend a run across days;
                --init GGUF starts from a head export_gguf.py wrote (the shipped models/*.gguf: its
-               weights and draft vocabulary, a new optimizer and cosine) when its checkpoint is gone.
+               weights and draft vocabulary, a new optimizer and cosine) when its checkpoint is gone,
+               --init OUT from a checkpoint; --init_new_vocab then re-chooses the draft vocabulary
+               from this run's replies (new data whose tokens the head's vocabulary misses).
                EAGLE-3 drafts over a compact vocabulary (d2t): the --vocab most frequent target
                tokens of the replies (ties: lower id), in id order; its lm_head starts from those
                rows of the target's tied embedding and fc as "take the high tap".
@@ -70,8 +72,11 @@ def parse_args():
                     help="--feats: the run's wall-clock budget, minutes already trained included (with --resume); the cosine spans it")
     ap.add_argument("--resume", help="--feats: a checkpoint this trainer wrote (--out): its head, optimizer, draft vocabulary, "
                                      "step and elapsed time; more --feats files and a larger --minutes extend the run")
-    ap.add_argument("--init", help="--feats: start from this head GGUF (export_gguf.py's): its weights and draft vocabulary, "
-                                   "a new optimizer and schedule")
+    ap.add_argument("--init", help="--feats: start from this head GGUF (export_gguf.py's) or checkpoint (--out): its weights and "
+                                   "draft vocabulary, a new optimizer and schedule")
+    ap.add_argument("--init_new_vocab", action="store_true",
+                    help="with --init: the draft vocabulary chosen from this run's replies (--vocab tokens), not the head's; "
+                         "the rows of tokens both have keep their weights, new rows start as the target's embedding")
     ap.add_argument("--max_steps", type=int, default=100000, help="--feats: at most this many steps")
     ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
     a = ap.parse_args()
@@ -85,6 +90,8 @@ def parse_args():
         ap.error("--resume continues a --feats run")
     if a.init and (not a.feats or a.resume):
         ap.error("--init starts a --feats run (not with --resume)")
+    if a.init_new_vocab and (not a.init or a.kind != "eagle3"):
+        ap.error("--init_new_vocab re-chooses an EAGLE-3 --init head's draft vocabulary")
     a.name = a.name or (a.kind if a.work else os.path.splitext(os.path.basename(a.out))[0])
     return a
 
@@ -231,12 +238,24 @@ GGUF_TO_HEAD = {"fc.weight": "fc.weight", "blk.0.attn_norm.weight": "attn_norm.w
 
 
 def load_init(a, layers):
-    """The head GGUF --init names (weights dequantized, as PyTorch's parameter names; d2t), checked
-    against this run: same kind and, for EAGLE-3, the same target layers."""
+    """The head --init names, a GGUF (weights dequantized, as PyTorch's parameter names; d2t) or a
+    checkpoint of this trainer, checked against this run: same kind and, for EAGLE-3, the same
+    target layers."""
     import gguf
     from model import dequantized
     if not os.path.exists(a.init):
         sys.exit(f"train_eagle: error: --init {a.init}: no such file")
+    with open(a.init, "rb") as f:
+        is_gguf = f.read(4) == b"GGUF"
+    if not is_gguf:
+        ck = torch.load(a.init)
+        if not isinstance(ck, dict) or "state_dict" not in ck or "kind" not in ck:
+            sys.exit(f"train_eagle: error: --init {a.init}: neither a head GGUF nor a checkpoint of this trainer")
+        if ck["kind"] != a.kind:
+            sys.exit(f"train_eagle: error: --init {a.init} is an {ck['kind']} head, not {a.kind}")
+        if a.kind == "eagle3" and list(ck["target_layers"]) != list(layers):
+            sys.exit(f"train_eagle: error: --init {a.init} reads target layers {ck['target_layers']}, the --feats files {layers}")
+        return {"state_dict": ck["state_dict"], **({"d2t": ck["d2t"]} if "d2t" in ck else {})}
     r = gguf.GGUFReader(a.init)
     arch = r.fields["general.architecture"].contents()
     want = {"eagle3": "eagle3", "eagle1": "specula-eagle1"}[a.kind]
@@ -268,7 +287,7 @@ def train_on_features(a, log):
         a.vocab = n_vocab  # drafts over the target's own logits
     resumed = load_resume(a, layers) if a.resume else None
     init = load_init(a, layers) if a.init else None
-    if init is not None and "d2t" in init:
+    if init is not None and "d2t" in init and not a.init_new_vocab:
         d2t = init["d2t"]
         a.vocab = len(d2t)
     elif resumed is not None and "d2t" in resumed:
@@ -309,6 +328,13 @@ def train_on_features(a, log):
         target_norm = torch.nn.RMSNorm(c.dim, eps=c.norm_eps, elementwise_affine=True)
         target_norm.weight = torch.nn.Parameter(w["output_norm.weight"], requires_grad=False)
     if init is not None:
+        if a.init_new_vocab and "d2t" in init:  # carry the trained rows of the tokens both vocabularies have
+            old_row = {int(t): i for i, t in enumerate(init["d2t"])}
+            out = head.output.weight.detach().clone()
+            kept = [(j, old_row[int(t)]) for j, t in enumerate(d2t) if int(t) in old_row]
+            out[[j for j, _ in kept]] = init["state_dict"]["output.weight"][[i for _, i in kept]].to(out.dtype)
+            init["state_dict"] = {**init["state_dict"], "output.weight": out}
+            print(f"draft vocabulary re-chosen: {len(kept)} of {a.vocab} rows kept from {a.init}", flush=True)
         try:
             head.load_state_dict(init["state_dict"])
         except RuntimeError as e:
