@@ -194,7 +194,7 @@ public:
             int32_t token = -1;
             size_t length = std::min(rest.size(), kMaxPieceBytes);
             for (; length > 0; --length) {
-                token = tokenizer_->token_spelling(std::string(rest.substr(0, length)));
+                token = tokenizer_->token_spelling(rest.substr(0, length));
                 if (token >= 0 && walk->allows(token)) break;
                 token = -1;
             }

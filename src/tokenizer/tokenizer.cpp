@@ -99,7 +99,7 @@ std::string Tokenizer::piece(int32_t token) const {
     return std::string(buf, n);
 }
 
-int32_t Tokenizer::token_spelling(const std::string & text) const {
+int32_t Tokenizer::token_spelling(std::string_view text) const {
     std::call_once(pieces_indexed_, [this] {
         // Byte tokens (SentencePiece's <0x22>) spell a character the merged vocabulary has a token
         // of its own for, which the model writes: they come second.

@@ -2,9 +2,11 @@
 // Text <-> tokens and chat templates, through libllama loaded vocab-only from the model's GGUF,
 // so that specula tokenizes exactly as llama.cpp does.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -38,7 +40,7 @@ public:
     std::string piece(int32_t token) const;
     // The token whose piece is exactly `text` (a control token never), or -1; where several spell
     // it, the lowest id that is not a byte token. The table of pieces is built on first use.
-    int32_t token_spelling(const std::string & text) const;
+    int32_t token_spelling(std::string_view text) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
     bool is_end_of_generation(int32_t token) const;
     int n_vocab() const;
@@ -79,7 +81,13 @@ private:
     llama_model * model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
     std::vector<std::string> control_texts_;  // the texts that Parse turns into tokens and Text does not
-    mutable std::unordered_map<std::string, int32_t> token_of_piece_;
+    // Looked up by string_view (the hash is transparent): a grammar's forced text is matched
+    // prefix by prefix without a copy per prefix.
+    struct PieceHash {
+        using is_transparent = void;
+        size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    };
+    mutable std::unordered_map<std::string, int32_t, PieceHash, std::equal_to<>> token_of_piece_;
     mutable std::once_flag pieces_indexed_;
     mutable std::unique_ptr<ChatTemplate> chat_template_;
     mutable std::once_flag chat_template_built_;
