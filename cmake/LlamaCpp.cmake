@@ -89,6 +89,6 @@ set(LLAMA_CURL OFF CACHE BOOL "" FORCE)
 # EXCLUDE_FROM_ALL: only what specula links (ggml, llama) and the peer tools it asks for get built.
 add_subdirectory("${LLAMA_CPP_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/llama.cpp" EXCLUDE_FROM_ALL)
 
-# Peer binaries for benchmarks: `cmake --build build --target peers`.
-set(SPECULA_PEER_TARGETS llama-bench llama-completion llama-speculative-simple llama-server llama-tokenize)
+# Peer binaries for benchmarks: `cmake --build build --target peers` (llama-quantize makes Q4_K_M bench twins).
+set(SPECULA_PEER_TARGETS llama-bench llama-completion llama-speculative-simple llama-server llama-tokenize llama-quantize)
 add_custom_target(peers DEPENDS ${SPECULA_PEER_TARGETS})

@@ -22,7 +22,7 @@ void register_make_model(CLI::App & app, Commands & commands) {
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("make-model", "write a random-weight llama-family or Gemma 3 GGUF (tests, cost benchmarks)");
     sub->add_option("-o,--output", args->out, "output GGUF path")->required();
-    sub->add_option("--shape", args->shape, "named shape: llama-1b, smol-1b, smol-8b, llama-100m, tiny");
+    sub->add_option("--shape", args->shape, "named shape: llama-1b, smol-1b, smol-3b, smol-8b, llama-100m, tiny");
     sub->add_option("--vocab-dir", args->vocab_dir, "directory with llama.cpp's ggml-vocab-*.gguf")->default_val(SPECULA_VOCAB_DIR);
     sub->add_option("--vocab", args->spec.vocab_gguf, "vocabulary GGUF (overrides the shape's)");
     sub->add_option("--arch", args->spec.arch, "llama | qwen2 | qwen3 | gemma3");
@@ -50,8 +50,8 @@ void register_make_model(CLI::App & app, Commands & commands) {
     auto twin = std::make_shared<TwinArgs>();
     CLI::App * t = app.add_subcommand("make-twin", "write a bench twin: a bigger-shaped model computing the same function as a llama target");
     t->add_option("--target", twin->target, "trained llama GGUF to embed")->required();
-    t->add_option("--shape", twin->shape, "named shape: llama-1b (Llama-3.2-1B), smol-1b / smol-8b (1B / 8B widths, 30+ layers, head size 64: SmolLM2)")->capture_default_str();
-    t->add_option("--type", twin->type, "matrix type: f32 f16 q8_0 q4_0")->capture_default_str();
+    t->add_option("--shape", twin->shape, "named shape: llama-1b (Llama-3.2-1B), smol-1b / smol-3b / smol-8b (1B / 3B / 8B widths, 30+ layers, head size 64: SmolLM2)")->capture_default_str();
+    t->add_option("--type", twin->type, "matrix type: f32 f16 q8_0 q4_0 (Q4_K_M: llama-quantize a q8_0 twin)")->capture_default_str();
     t->add_option("-o,--output", twin->out, "output GGUF path")->required();
     t->add_option("--eagle3", twin->eagle3, "also rewrite this EAGLE-3 head of the target for the twin");
     t->add_option("--eagle3-output", twin->eagle3_out, "where to write the twin's EAGLE-3 head");

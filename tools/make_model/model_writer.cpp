@@ -50,6 +50,10 @@ RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-bpe.gguf";
         s.n_embd = 1536, s.n_layer = 30, s.n_head = 24, s.n_head_kv = 6, s.n_ff = 4096;
         s.tied_output = true, s.n_ctx = 4096;
+    } else if (name == "smol-3b") {  // Llama-3.2-3B widths at SmolLM2's depth (30 layers, head size 64): ~3.2B
+        s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-bpe.gguf";
+        s.n_embd = 3072, s.n_layer = 30, s.n_head = 48, s.n_head_kv = 16, s.n_ff = 8192;
+        s.tied_output = true, s.n_ctx = 4096;
     } else if (name == "smol-8b") {  // Llama-3.1-8B widths and depth with SmolLM2's head size 64: ~7.8B
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-bpe.gguf";
         s.n_embd = 4096, s.n_layer = 32, s.n_head = 64, s.n_head_kv = 16, s.n_ff = 14336;
@@ -63,7 +67,7 @@ RandomModelSpec bench_shape(const std::string & name, const std::string & vocab_
     } else if (name == "tiny") {
         s.vocab_gguf = vocab_dir + "/ggml-vocab-llama-spm.gguf";
     } else {
-        throw Error("unknown shape '" + name + "' (llama-1b, smol-1b, smol-8b, llama-100m, tiny, twin-test)");
+        throw Error("unknown shape '" + name + "' (llama-1b, smol-1b, smol-3b, smol-8b, llama-100m, tiny, twin-test)");
     }
     return s;
 }

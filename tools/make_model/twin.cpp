@@ -47,7 +47,7 @@ void write_bench_twin(const std::string & target_path, const std::string & shape
                                    std::tuple{"query heads per KV head", G, Gt}, std::tuple{"FFN width", F, Ft}}) {
         if (twin < tgt) {
             throw Error("shape " + shape_name + " has " + std::to_string(twin) + " " + what + ", fewer than the target's " +
-                        std::to_string(tgt) + " (30-layer targets such as SmolLM2 take smol-1b or smol-8b)");
+                        std::to_string(tgt) + " (30-layer targets such as SmolLM2 take smol-1b, smol-3b or smol-8b)");
         }
     }
     const int V = embedding_rows(f, "llama.vocab_size");
