@@ -38,7 +38,8 @@ for mode, margs in modes.items():
                 prompt = ["-p", a.frame.format(p)] if a.frame else ["--chat", "-p", p]
                 cmd = [a.specula, "generate", "-m", a.model, *prompt, "-n", str(a.n), "-t", "1", "--temp", str(temp),
                        "--seed", str(i + 1)] + shlex.split(a.drafter_args) + margs
-                err = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+                # a reply cut at -n tokens may end inside a UTF-8 character: the output is bytes, not text
+                err = subprocess.run(cmd, capture_output=True, check=True).stderr.decode("utf-8", errors="replace")
                 m = SUMMARY.search(err)
                 d, acc, mal, rounds = int(m[1]), int(m[2]), float(m[3]), int(m[4])
                 agg["drafted"] += d; agg["accepted"] += acc; agg["rounds"] += rounds; agg["tokens_x_rounds"] += mal * rounds
