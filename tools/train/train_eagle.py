@@ -211,22 +211,28 @@ def train_on_family(a, log):
     print("done", time.time() - t0)
 
 
+def load_checkpoint(a, flag, path, layers, needs=("kind",)):
+    """A checkpoint this trainer wrote, checked against this run: the keys `needs` names, same
+    kind and, for EAGLE-3, the same target layers."""
+    ck = torch.load(path)
+    if not isinstance(ck, dict) or "state_dict" not in ck:
+        sys.exit(f"train_eagle: error: {flag} {path}: not a checkpoint of this trainer")
+    missing = [k for k in needs if k not in ck]
+    if missing:
+        sys.exit(f"train_eagle: error: {flag} {path}: written without {', '.join(missing)} (a checkpoint for export only); start a new run")
+    if ck["kind"] != a.kind:
+        sys.exit(f"train_eagle: error: {flag} {path} is an {ck['kind']} head, not {a.kind}")
+    if a.kind == "eagle3" and list(ck["target_layers"]) != list(layers):
+        sys.exit(f"train_eagle: error: {flag} {path} reads target layers {ck['target_layers']}, the --feats files {layers}")
+    return ck
+
+
 def load_resume(a, layers):
-    """The checkpoint --resume names, checked against this run: same kind, same target layers, and
-    the optimizer state that continuing needs (checkpoints without it are for export only)."""
+    """The checkpoint --resume names, with the optimizer state that continuing needs (checkpoints
+    without it are for export only)."""
     if not os.path.exists(a.resume):
         sys.exit(f"train_eagle: error: --resume {a.resume}: no such file")
-    ck = torch.load(a.resume)
-    if not isinstance(ck, dict) or "state_dict" not in ck:
-        sys.exit(f"train_eagle: error: --resume {a.resume}: not a checkpoint of this trainer")
-    missing = [k for k in ("kind", "optimizer", "epoch", "elapsed_s", "generator", "config") if k not in ck]
-    if missing:
-        sys.exit(f"train_eagle: error: --resume {a.resume}: written without {', '.join(missing)} (a checkpoint for export only); start a new run")
-    if ck["kind"] != a.kind:
-        sys.exit(f"train_eagle: error: --resume {a.resume} is an {ck['kind']} head, not {a.kind}")
-    if a.kind == "eagle3" and list(ck["target_layers"]) != list(layers):
-        sys.exit(f"train_eagle: error: --resume {a.resume} reads target layers {ck['target_layers']}, the --feats files {layers}")
-    return ck
+    return load_checkpoint(a, "--resume", a.resume, layers, needs=("kind", "optimizer", "epoch", "elapsed_s", "generator", "config"))
 
 
 # export_gguf.py's tensor names -> the heads' parameter names
@@ -248,13 +254,7 @@ def load_init(a, layers):
     with open(a.init, "rb") as f:
         is_gguf = f.read(4) == b"GGUF"
     if not is_gguf:
-        ck = torch.load(a.init)
-        if not isinstance(ck, dict) or "state_dict" not in ck or "kind" not in ck:
-            sys.exit(f"train_eagle: error: --init {a.init}: neither a head GGUF nor a checkpoint of this trainer")
-        if ck["kind"] != a.kind:
-            sys.exit(f"train_eagle: error: --init {a.init} is an {ck['kind']} head, not {a.kind}")
-        if a.kind == "eagle3" and list(ck["target_layers"]) != list(layers):
-            sys.exit(f"train_eagle: error: --init {a.init} reads target layers {ck['target_layers']}, the --feats files {layers}")
+        ck = load_checkpoint(a, "--init", a.init, layers)
         return {"state_dict": ck["state_dict"], **({"d2t": ck["d2t"]} if "d2t" in ck else {})}
     r = gguf.GGUFReader(a.init)
     arch = r.fields["general.architecture"].contents()
