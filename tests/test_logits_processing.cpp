@@ -4,10 +4,16 @@
 // and the processed target's law at T > 0 (chi-square, with broken controls that must fail).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "specula/specula.h"
 #include "constrain/grammar.h"
@@ -234,8 +240,42 @@ TEST(Grammar, AGrammarThatDoesNotParseIsAnErrorNamingTheProblem) {
     EXPECT_NE(undefined.find("missing"), std::string::npos) << undefined;
     const std::string unterminated = test::error_message([&] { make_grammar_state(tok, R"(root ::= "abc)"); });
     EXPECT_NE(unterminated.find("does not parse as GBNF"), std::string::npos) << unterminated;
+    EXPECT_NE(unterminated.find("unexpected end of input"), std::string::npos) << unterminated;
+    const std::string no_assign = test::error_message([&] { make_grammar_state(tok, "root = \"a\"\nother ::= \"b\""); });
+    EXPECT_EQ(no_assign, "the grammar does not parse as GBNF: expecting ::= at = \"a\"") << no_assign;
     const std::string no_root = test::error_message([&] { make_grammar_state(tok, R"(other ::= "a")"); });
     EXPECT_NE(no_root.find("does not parse as GBNF"), std::string::npos) << no_root;
+    EXPECT_NE(no_root.find("'root'"), std::string::npos) << no_root;
+    EXPECT_NO_THROW(make_grammar_state(tok, "# a comment first\n\nroot ::= item+  # and after a rule\nitem ::= [a-z]\n"));
+}
+
+// A server parses grammars on many threads while others log: the parse must leave stderr alone,
+// neither swallowing other threads' lines nor mixing them into a client's error message.
+TEST(Grammar, ParsingABadGrammarLeavesOtherThreadsStderrAlone) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    std::string gbnf;  // long, so that each parse spans several of the other thread's lines
+    for (int i = 0; i < 4000; ++i) gbnf += "rule" + std::to_string(i) + " ::= \"word\" [a-z]+ (\"x\" | \"y\")*\n";
+    gbnf += R"(root ::= "abc)";
+    std::atomic<bool> parsing{true};
+    std::vector<std::string> reasons;
+    testing::internal::CaptureStderr();
+    std::thread parser([&] {
+        for (int i = 0; i < 20; ++i) reasons.push_back(test::error_message([&] { make_grammar_state(tok, gbnf); }));
+        parsing = false;
+    });
+    int written = 0;
+    while (parsing) {
+        std::fprintf(stderr, "line %d from another thread\n", written++);
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    parser.join();
+    const std::string captured = testing::internal::GetCapturedStderr();
+    int seen = 0;
+    for (size_t at = 0; (at = captured.find("from another thread\n", at)) != std::string::npos; ++at) ++seen;
+    EXPECT_EQ(seen, written);
+    for (const std::string & reason : reasons) {
+        EXPECT_EQ(reason, "the grammar does not parse as GBNF: unexpected end of input");
+    }
 }
 
 TEST(Grammar, JsonSchemasCompileToGbnfAndUncompilableOnesAreErrors) {

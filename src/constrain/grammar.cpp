@@ -2,14 +2,9 @@
 
 #include <llama.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstdio>
-#include <functional>
-#include <mutex>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -236,33 +231,32 @@ private:
     mutable std::vector<llama_token_data> candidates_;  // mask()'s scratch
 };
 
-// libllama's GBNF parser prints why a grammar does not parse on stderr, not to its log: the
-// reason belongs in the Error (and the CLI's stderr holds its one error line alone). Its output
-// during the parse goes to a temporary file instead; returns the parser's reason, if it gave one.
-std::string parse_errors_of(const std::function<void()> & parse) {
-    static std::mutex redirecting;
-    const std::lock_guard lock(redirecting);
-    FILE * sink = std::tmpfile();
-    if (!sink) {
-        parse();
-        return {};
+// libllama's GBNF parser prints why a grammar does not parse on stderr, not to its log, yet the
+// reason belongs in the Error, and stderr is shared with the server's other threads. Its
+// rule-by-rule entry point throws the reason, so the grammar is parsed here rule by rule first (with
+// the undefined-rule check parse() adds): a grammar that reaches libllama's parse() parses.
+std::string gbnf_syntax_error(const llama_vocab * vocab, const std::string & gbnf) {
+    const auto skip_space = [](const char * pos) {  // the grammar's leading blanks, newlines and comments
+        while (*pos == ' ' || *pos == '\t' || *pos == '\r' || *pos == '\n' || *pos == '#') {
+            if (*pos == '#') {
+                while (*pos && *pos != '\r' && *pos != '\n') ++pos;
+            } else {
+                ++pos;
+            }
+        }
+        return pos;
+    };
+    llama_grammar_parser parser(vocab);
+    try {
+        for (const char * pos = skip_space(gbnf.c_str()); *pos;) pos = parser.parse_rule(pos);
+    } catch (const std::exception & e) {
+        const std::string what = e.what();  // "expecting ... at <the rest of the grammar>": its first line
+        return what.substr(0, what.find('\n'));
     }
-    std::fflush(stderr);
-    const int saved = dup(STDERR_FILENO);
-    dup2(fileno(sink), STDERR_FILENO);
-    parse();
-    std::fflush(stderr);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    std::string text;
-    std::rewind(sink);
-    for (int c; (c = std::fgetc(sink)) != EOF;) text.push_back(static_cast<char>(c));
-    std::fclose(sink);
-    const std::string marker = "error parsing grammar: ";
-    const size_t at = text.find(marker);
-    if (at == std::string::npos) return {};
-    const size_t from = at + marker.size();
-    return text.substr(from, text.find('\n', from) - from);
+    for (const auto & [name, id] : parser.symbol_ids) {
+        if (id >= parser.rules.size() || parser.rules[id].empty()) return "Undefined rule identifier '" + name + "'";
+    }
+    return {};
 }
 
 }  // namespace
@@ -270,14 +264,11 @@ std::string parse_errors_of(const std::function<void()> & parse) {
 std::unique_ptr<LogitsState> make_grammar_state(const Tokenizer & tokenizer, const std::string & gbnf) {
     capture_library_log();
     take_library_errors();
-    GrammarPtr grammar;
-    const std::string reason = parse_errors_of(
-        [&] { grammar.reset(llama_grammar_init_impl(tokenizer.vocabulary(), gbnf.c_str(), "root", false, nullptr, 0, nullptr, 0)); });
-    const std::string logged = take_library_errors();
-    if (!grammar) {
-        const std::string why = !reason.empty() ? reason : logged;
-        throw Error("the grammar does not parse as GBNF" + (why.empty() ? std::string() : ": " + why));
-    }
+    const std::string syntax = gbnf_syntax_error(tokenizer.vocabulary(), gbnf);
+    if (!syntax.empty()) throw Error("the grammar does not parse as GBNF: " + syntax);
+    GrammarPtr grammar(llama_grammar_init_impl(tokenizer.vocabulary(), gbnf.c_str(), "root", false, nullptr, 0, nullptr, 0));
+    const std::string logged = take_library_errors();  // no root rule, left recursion
+    if (!grammar) throw Error("the grammar does not parse as GBNF" + (logged.empty() ? std::string() : ": " + logged));
     return std::make_unique<GrammarState>(std::move(grammar), tokenizer, std::make_shared<MaskCache>());
 }
 
