@@ -76,7 +76,7 @@ def parse_args():
                                    "draft vocabulary, a new optimizer and schedule")
     ap.add_argument("--init_new_vocab", action="store_true",
                     help="with --init: the draft vocabulary chosen from this run's replies (--vocab tokens), not the head's; "
-                         "the rows of tokens both have keep their weights, new rows start as the target's embedding")
+                         "the rows of tokens both have keep their weights, new rows start at zero")
     ap.add_argument("--max_steps", type=int, default=100000, help="--feats: at most this many steps")
     ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
     a = ap.parse_args()
@@ -333,6 +333,9 @@ def train_on_features(a, log):
             out = head.output.weight.detach().clone()
             kept = [(j, old_row[int(t)]) for j, t in enumerate(d2t) if int(t) in old_row]
             out[[j for j, _ in kept]] = init["state_dict"]["output.weight"][[i for _, i in kept]].to(out.dtype)
+            # New rows start at zero, not from the target's embedding: the trained rows have left the
+            # embedding's directions, and copied rows would take the argmax from them before any step.
+            out[sorted(set(range(a.vocab)) - {j for j, _ in kept})] = 0
             init["state_dict"] = {**init["state_dict"], "output.weight": out}
             print(f"draft vocabulary re-chosen: {len(kept)} of {a.vocab} rows kept from {a.init}", flush=True)
         try:
