@@ -330,12 +330,11 @@ def train_on_features(a, log):
     if init is not None:
         if a.init_new_vocab and "d2t" in init:  # carry the trained rows of the tokens both vocabularies have
             old_row = {int(t): i for i, t in enumerate(init["d2t"])}
-            out = head.output.weight.detach().clone()
-            kept = [(j, old_row[int(t)]) for j, t in enumerate(d2t) if int(t) in old_row]
-            out[[j for j, _ in kept]] = init["state_dict"]["output.weight"][[i for _, i in kept]].to(out.dtype)
             # New rows start at zero, not from the target's embedding: the trained rows have left the
             # embedding's directions, and copied rows would take the argmax from them before any step.
-            out[sorted(set(range(a.vocab)) - {j for j, _ in kept})] = 0
+            out = torch.zeros_like(head.output.weight.detach())
+            kept = [(j, old_row[int(t)]) for j, t in enumerate(d2t) if int(t) in old_row]
+            out[[j for j, _ in kept]] = init["state_dict"]["output.weight"][[i for _, i in kept]].to(out.dtype)
             init["state_dict"] = {**init["state_dict"], "output.weight": out}
             print(f"draft vocabulary re-chosen: {len(kept)} of {a.vocab} rows kept from {a.init}", flush=True)
         try:
