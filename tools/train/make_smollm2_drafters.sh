@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Train the drafters for SmolLM2-135M-Instruct (the default target) from its own replies.
 #   tools/train/make_smollm2_drafters.sh [WORK_DIR] [TRAIN_MINUTES] [DRAFTERS]
-#   (defaults /tmp/smollm2_train, 30, "eagle3"; DRAFTERS: any of eagle3, eagle1, draft-lm, e.g. "eagle3 draft-lm")
+#   (defaults /tmp/smollm2_train, 30, "eagle3"; DRAFTERS: any of eagle3, eagle1, draft-lm, e.g. "eagle3 draft-lm";
+#   "" stops after the replies and features, for a training run started by hand)
 # THREADS (default 2) sets the threads of every step: 1 leaves a core free for other work
 # (libgomp collapses when more compute threads than CPUs are busy).
 # Needs: pip install -r tools/train/requirements.txt; build/bin/specula and llama-tokenize
@@ -35,7 +36,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 WORK="${1:-/tmp/smollm2_train}"
 MINUTES="${2:-30}"
-DRAFTERS="${3:-eagle3}"
+DRAFTERS="${3-eagle3}"
 THREADS="${THREADS:-2}"
 SETS="${SETS:-0:1 0.8:1000 1.0:2000 0.8:3000 1.0:4000 0.6:5000 0.7:6000 0.9:7000}"
 INIT="${INIT:-}"
