@@ -204,6 +204,35 @@ TEST(VerifySampled, AcceptsWithProbabilityPOverQ) {
     EXPECT_LT(accepted, 140);
 }
 
+// A grafted one-hot token x = 1 beside one draw y ~ q that proposes x most of the time
+// (q(1) = 0.9, p(1) = 0.5). Tried after the draw, x catches what the draw left of p(1): some child
+// is accepted with p(x) + sum_{y != x} min(p(y), q(y)) = 0.6. Tried first, x would take p(1) from
+// the residual and a draw of 1 would be refused: 0.5 + sum_{y != x} min(p(y), 0.5 q(y)) = 0.55.
+TEST(VerifySampled, AGraftedTokenIsTriedAfterTheDrawsAndCatchesWhatTheyLeftOfItsProbability) {
+    const std::vector<float> p = {0.2f, 0.5f, 0.2f, 0.1f}, q = {0.05f, 0.9f, 0.05f, 0.0f};
+    Logits l;
+    l.row({std::log(p[0]), std::log(p[1]), std::log(p[2]), std::log(p[3])});
+    l.row({0.0f, 0.0f, 0.0f, 0.0f});
+    l.row({0.0f, 0.0f, 0.0f, 0.0f});
+    const int runs = 20000;
+    int accepted = 0;
+    Rng rng(99);
+    for (int run = 0; run < runs; ++run) {
+        TokenTree tree;
+        tree.q = {q};
+        const int grafted = tree.add_one_hot(TokenTree::kRoot, 1, 0.0f);  // first in tree order
+        const int drawn = tree.add(TokenTree::kRoot, sample_from(q, rng), std::log(0.9f));
+        const VerifyResult r = verify_sampled(tree, l.view(), at_temperature_1(), rng);
+        ASSERT_EQ(r.events.front().node, drawn) << "run " << run;
+        if (r.events.front().outcome == Outcome::Rejected && r.events.size() > 1) {
+            ASSERT_EQ(r.events[1].node, grafted);
+        }
+        accepted += !r.accepted.empty();
+    }
+    const double rate = double(accepted) / runs;  // standard error 0.0035
+    EXPECT_NEAR(rate, 0.6, 0.015);
+}
+
 // A head's tree with a prompt-lookup chain grafted beside it, as at T > 0: over a 6-token
 // vocabulary the head draws two root children without replacement from q1 and one child below
 // each from q2, and lookup proposes the chain 2 3 (p1(2) = 0.16, q1(2) = 0.4: the head draws 2

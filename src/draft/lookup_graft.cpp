@@ -136,24 +136,31 @@ Draft LookupGraftDrafter::free_draft(const DraftRequest & request) {
     return draft;
 }
 
-int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp, bool sampled) {
-    if (step_logp.size() < chain.size()) throw Error("graft_chain: a step probability per chain token is needed");
-    int node = TokenTree::kRoot, added = 0;
-    float chain_logp = root_logp;
+namespace {
+
+// graft_chain below `node`, whose path probability is `node_logp` (the chain's own for a node it
+// added or followed, the model's for a draw it continues).
+int graft_below(TokenTree & tree, int node, float node_logp, std::span<const int32_t> chain, std::span<const float> step_logp, bool sampled) {
+    int added = 0;
+    float chain_logp = node_logp;
     for (size_t i = 0; i < chain.size(); ++i) {
         chain_logp += step_logp[i];
         // A drawn child proposing the chain's token is no proposal of it at probability one: under
-        // sampling both go to the verifier, which refuses the second once the first is rejected.
+        // sampling both go to the verifier, which tries the draw first and the one-hot after it.
         const bool beside_draws = sampled && !tree.q_of(node).empty();
         int next = -1;
-        for (int c = tree.first_child_of(node); c >= 0 && !beside_draws; c = tree.next_sibling[c]) {
-            if (tree.token[c] == chain[i]) {
+        for (int c = tree.first_child_of(node); c >= 0; c = tree.next_sibling[c]) {
+            if (tree.token[c] != chain[i]) continue;
+            if (beside_draws) {
+                // Accepted, the draw takes the text where the chain goes: the chain goes on below it too.
+                added += graft_below(tree, c, tree.logp[c], chain.subspan(i + 1), step_logp.subspan(i + 1), sampled);
+            } else {
                 next = c;
-                break;
             }
+            break;
         }
         if (next < 0) {
-            const float logp = (node == TokenTree::kRoot ? root_logp : tree.logp[node]) + step_logp[i];
+            const float logp = (node == TokenTree::kRoot ? node_logp : tree.logp[node]) + step_logp[i];
             next = beside_draws ? tree.add_one_hot(node, chain[i], logp) : tree.add(node, chain[i], logp);
             ++added;
         } else {
@@ -164,6 +171,13 @@ int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<cons
         node = next;
     }
     return added;
+}
+
+}  // namespace
+
+int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp, bool sampled) {
+    if (step_logp.size() < chain.size()) throw Error("graft_chain: a step probability per chain token is needed");
+    return graft_below(tree, TokenTree::kRoot, root_logp, chain, step_logp.first(chain.size()), sampled);
 }
 
 }  // namespace specula

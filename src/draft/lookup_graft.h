@@ -5,7 +5,7 @@
 // prompt). The model proposes the rest, and the tree-size policy prunes the union by path
 // probability like any tree. At T > 0 the
 // chain goes beside the model's sampled children, never merged into them: its first node is
-// flagged one-hot (TokenTree::one_hot), which the sampling verifier tries before the model's
+// flagged one-hot (TokenTree::one_hot), which the sampling verifier tries after the model's
 // children, so that each child is judged against the proposal it was really drawn from.
 #include <array>
 #include <cstdint>
@@ -93,7 +93,9 @@ private:
 // that is higher) and adds the rest as new nodes, node i step_logp[i] below its parent (a new child
 // of the root at root_logp + step_logp[0]). Returns the nodes added.
 // `sampled`: the tree is verified by sampling; a node's children drawn from its q are then never
-// followed (the chain's token is no draw from q) and the chain's first new node is flagged one-hot.
+// followed (the chain's token is no draw from q): the chain's first new node is flagged one-hot
+// beside them, and a draw holding the chain's token gets the rest of the chain below it too (the
+// verifier tries draws first, and an accepted draw takes the text where the chain goes).
 int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp = 0.0f,
                 bool sampled = false);
 

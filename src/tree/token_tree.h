@@ -24,7 +24,7 @@ struct TokenTree {
     std::vector<std::vector<float>> q;
     // [n] or shorter (missing: 0): 1 where the node was proposed deterministically (a grafted
     // lookup token) beside siblings drawn from its parent's q; its proposal is a one-hot, and
-    // the verifier tries it before them.
+    // the verifier tries it after them.
     std::vector<char> one_hot;
 
     int size() const { return static_cast<int>(token.size()); }

@@ -43,14 +43,18 @@ VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits) 
 
 namespace {
 
-// A node's children in the order they are tried: those proposed one-hot first, then those drawn
-// from its q, each in tree order. The order depends on nothing sampled, so every child is, given
-// the siblings tried before it, distributed as the proposal the verifier holds for it.
+// A node's children in the order they are tried: those drawn from its q first, then those
+// proposed one-hot, each in tree order. The order depends on nothing sampled, so every child is,
+// given the siblings tried before it, distributed as the proposal the verifier holds for it.
+// One-hot last: a one-hot x tried first takes p(x) from the residual the draws are then judged
+// against, and a draw of x is refused outright; tried last, x catches what the draws left of p(x).
+// With one draw y ~ q the chance that some child is accepted is then p(x) + sum_{y != x} min(p, q),
+// against p(x) + sum_{y != x} min(p, (1 - p(x)) q) with x first.
 void trial_order(const TokenTree & tree, int node, std::vector<int> & order) {
     order.clear();
     for (int pass = 0; pass < 2; ++pass) {
         for (int c = tree.first_child_of(node); c >= 0; c = tree.next_sibling[c]) {
-            if (tree.proposed_one_hot(c) == (pass == 0)) order.push_back(c);
+            if (tree.proposed_one_hot(c) == (pass == 1)) order.push_back(c);
         }
     }
 }
@@ -72,8 +76,7 @@ VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits,
     while (true) {
         processed_probs(logits.row_of(cur), params, p);
         // The distribution the next drawn child was proposed from: the drafter's until a drawn
-        // sibling is rejected, then q_left, the drafter's without the rejected drawn tokens. A
-        // rejected one-hot child leaves q alone: the drafter's draws did not exclude its token.
+        // sibling is rejected, then q_left, the drafter's without the rejected drawn tokens.
         std::span<const float> q = tree.q_of(cur);
         trial_order(tree, cur, order);
         int next = -1;
@@ -92,7 +95,8 @@ VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits,
                 break;
             }
             // Residual: p <- norm(max(p - q, 0)), q a one-hot on t for a one-hot proposal. A token
-            // rejected once has residual probability 0, so a drawn duplicate of it is refused too.
+            // rejected once has residual probability 0, so a one-hot duplicate of a rejected draw
+            // is refused too.
             if (one_hot) {
                 p[t] = 0.0f;
                 renormalise(p, probability_sum(p), logits, cur, params);

@@ -49,8 +49,8 @@ VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits);
 // in order: accept child c with min(1, p(c)/q(c)); on rejection p <- norm(max(p - q, 0)) and c is
 // removed from q (children are proposals without replacement); if every child is refused, the
 // next token is drawn from what is left of p. Children proposed one-hot (grafted lookup tokens
-// beside the drafter's samples, TokenTree::one_hot) are tried first, each accepted with p(t) and,
-// rejected, leaving p without t and q as it was. With one child per node this is the classic
+// beside the drafter's samples, TokenTree::one_hot) are tried after the drawn ones, each accepted
+// with what is left of p(t) and, rejected, leaving p without t. With one child per node this is the classic
 // speculative-sampling rule; the output then follows the target's processed distribution exactly.
 VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng);
 
