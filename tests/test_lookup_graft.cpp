@@ -81,13 +81,13 @@ TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTree) {
     sampling_drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &sampled, nullptr});
     Draft beside = sampling_drafter.take();
     ASSERT_EQ(beside.grafted_from, 3);
+    const int one_hot = 8;  // 5 nodes below the drawn 7, then the one-hot 7 and the 6 below it
+    ASSERT_EQ(beside.tree.size(), one_hot + 7);
     // lookup's chain: 7 8 4 3 1 5 6. Below the drawn 7 (node 0) and its 8 (node 2): 4 3 1 5 6.
     EXPECT_EQ(std::vector<int32_t>(beside.tree.token.begin() + 3, beside.tree.token.begin() + 8), (std::vector<int32_t>{4, 3, 1, 5, 6}));
     EXPECT_EQ(beside.tree.parent[3], 2);
     EXPECT_FLOAT_EQ(beside.tree.logp[2], std::log(0.4f));  // the likelier estimate: the model's 0.4 over the chain's 0.6 x 0.5
     // Beside the draws at the root: the one-hot 7, the whole chain below it.
-    const int one_hot = 8;
-    ASSERT_EQ(beside.tree.size(), one_hot + 7);
     EXPECT_EQ(beside.tree.token[one_hot], 7);
     EXPECT_EQ(beside.tree.parent[one_hot], TokenTree::kRoot);
     EXPECT_TRUE(beside.tree.proposed_one_hot(one_hot));

@@ -50,8 +50,9 @@ VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits);
 // removed from q (children are proposals without replacement); if every child is refused, the
 // next token is drawn from what is left of p. Children proposed one-hot (grafted lookup tokens
 // beside the drafter's samples, TokenTree::one_hot) are tried after the drawn ones, each accepted
-// with what is left of p(t) and, rejected, leaving p without t. With one child per node this is the classic
-// speculative-sampling rule; the output then follows the target's processed distribution exactly.
+// with what is left of p(t) and, rejected, leaving p without t. With one child per node this is
+// the classic speculative-sampling rule; the output then follows the target's processed
+// distribution exactly.
 VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng);
 
 }  // namespace specula
