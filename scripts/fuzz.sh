@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-600}"
 shift || true
-scripts/setup.sh --tests
+scripts/setup.sh --fuzz
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DSPECULA_FUZZ=ON -DSPECULA_BUILD_TESTS=OFF "$@" >/dev/null
 targets=(model_loading safetensors openai_request tokenizer exit_predictor http_request)
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}" fuzz_seeds

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Installs the Debian packages specula builds with, when missing. Idempotent; needs root (or sudo).
 #   scripts/setup.sh          what building the `specula` command needs (scripts/demo.sh)
-#   scripts/setup.sh --tests  also the test suite's tools: GoogleTest, clang + libFuzzer, clang-format,
-#                             Chromium, python3-venv (scripts/test.sh, scripts/build.sh)
+#   scripts/setup.sh --tests  also the test suite's tools: GoogleTest, clang-format, Chromium,
+#                             python3-venv (scripts/test.sh, scripts/build.sh)
+#   scripts/setup.sh --fuzz   also clang + libFuzzer (scripts/fuzz.sh)
 set -euo pipefail
 . "$(dirname "$0")/progress.sh"
 packages=(g++ cmake make git ca-certificates npm ccache libbenchmark-dev
           nlohmann-json3-dev libcli11-dev python3-pip unzip)
 case "${1:-}" in
   "") ;;
-  --tests)
+  --tests|--fuzz)
     packages+=(libgtest-dev
                python3-venv                  # scripts/setup_server_tests.sh: the openai clients' venv
-               clang-14 libclang-rt-14-dev   # clang + libFuzzer: scripts/fuzz.sh
                clang-format-14               # scripts/check_format.sh: the sources follow .clang-format
                chromium)                     # headless browser: test_report renders the HTML report
+    if [ "$1" = --fuzz ]; then
+      packages+=(clang-14 libclang-rt-14-dev)  # clang + libFuzzer
+    fi
     ;;
-  *) echo "setup: error: unknown argument '$1' (expected nothing or --tests)" >&2; exit 1 ;;
+  *) echo "setup: error: unknown argument '$1' (expected nothing, --tests or --fuzz)" >&2; exit 1 ;;
 esac
 missing=()
 for p in "${packages[@]}"; do
