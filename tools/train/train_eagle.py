@@ -8,10 +8,12 @@ Two targets, one training-time test:
                --eval_every steps; the head is written to DIR/<kind>.pt.
   --feats F    a real target (SmolLM2-135M-Instruct, Gemma 3 270M) on its own replies: features and
                top-k distributions precomputed by target_features.py (repeatable), --model its GGUF
-               (token embedding, output norm); a --minutes wall-clock budget, cosine over it; a
-               checkpoint every --save_every steps to --out, so a run cut short still yields a head;
-               --resume OUT continues it (head, optimizer, draft vocabulary, data order, elapsed
-               time): a larger --minutes and more --feats files extend a run across days;
+               (token embedding, output norm); a --minutes wall-clock budget, cosine over it, or
+               --steps optimizer steps, cosine by step (the same run on any machine; --minutes then
+               only caps the time); a checkpoint every --save_every steps to --out, so a run cut
+               short still yields a head; --resume OUT continues it (head, optimizer, draft
+               vocabulary, data order, elapsed time): a larger --minutes or --steps and more --feats
+               files extend a run across days;
                --init GGUF starts from a head export_gguf.py wrote (the shipped models/*.gguf: its
                weights and draft vocabulary, a new optimizer and cosine) when its checkpoint is gone,
                --init OUT from a checkpoint; --init_new_vocab then re-chooses the draft vocabulary
@@ -31,14 +33,15 @@ head's own previous output; step k at head index t reads token x[t+1+k] and is s
   train_eagle.py --work DIR --kind eagle3 --steps 160 --log LOG [--bf16]
   train_eagle.py [--kind eagle1] --feats feats.pt [--feats more.pt] --model GGUF --out head.pt --log LOG --minutes 35
   train_eagle.py --feats feats.pt --feats newer.pt --model GGUF --out head.pt --log LOG --minutes 80 --resume head.pt
-  train_eagle.py --feats feats.pt --model GGUF --out head.pt --log LOG --minutes 60 --init models/smollm2-eagle3.gguf"""
-import argparse, json, os, sys, time
+  train_eagle.py --feats feats.pt --model GGUF --out head.pt --log LOG --minutes 60 --init models/smollm2-eagle3.gguf
+  train_eagle.py --feats feats.pt --model GGUF --out head.pt --log LOG --steps 6000"""
+import argparse, json, math, os, sys, time
 import numpy as np
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import ROPE_BASE, Eagle1Head, Eagle3Head, LlamaConfig, load_gguf_tensors, load_llama
-from schedule import optimizer_step, step_cosine_lr, wallclock_cosine_lr
+from schedule import budget_cosine_lr, optimizer_step, step_cosine_lr
 
 
 def parse_args():
@@ -58,7 +61,8 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=4321)
     ap.add_argument("--bf16", action="store_true",
                     help="bf16 autocast for the matmuls: several times faster on CPUs with AMX or AVX-512 BF16, emulated (slow) elsewhere")
-    ap.add_argument("--steps", type=int, help="--work: optimizer steps")
+    ap.add_argument("--steps", type=int, help="optimizer steps, the cosine over them (--work: required; --feats: instead of a "
+                                              "wall-clock cosine over --minutes, which then only caps the time)")
     ap.add_argument("--seq", type=int, default=512, help="--work: tokens per training window")
     ap.add_argument("--target_layers", default="1,3,5", help="--work, EAGLE-3: the target layers whose inputs the head reads")
     ap.add_argument("--eval_every", type=int, default=100, help="steps between held-out evaluations (--work; --feats with --heldout)")
@@ -68,8 +72,9 @@ def parse_args():
     ap.add_argument("--heads", type=int, default=0, help="--feats: query heads of the head's attention (0: the target's)")
     ap.add_argument("--kv_heads", type=int, default=0, help="--feats: its KV heads (0: the target's)")
     ap.add_argument("--ffn", type=int, default=0, help="--feats: its FFN width (0: the target's)")
-    ap.add_argument("--minutes", type=float, default=35.0,
-                    help="--feats: the run's wall-clock budget, minutes already trained included (with --resume); the cosine spans it")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="--feats: the run's wall-clock budget, minutes already trained included (with --resume); the cosine "
+                         "spans it unless --steps is given (default 35, or no limit with --steps)")
     ap.add_argument("--resume", help="--feats: a checkpoint this trainer wrote (--out): its head, optimizer, draft vocabulary, "
                                      "step and elapsed time; more --feats files and a larger --minutes extend the run")
     ap.add_argument("--init", help="--feats: start from this head GGUF (export_gguf.py's) or checkpoint (--out): its weights and "
@@ -77,7 +82,7 @@ def parse_args():
     ap.add_argument("--init_new_vocab", action="store_true",
                     help="with --init: the draft vocabulary chosen from this run's replies (--vocab tokens), not the head's; "
                          "the rows of tokens both have keep their weights, new rows start at zero")
-    ap.add_argument("--max_steps", type=int, default=100000, help="--feats: at most this many steps")
+    ap.add_argument("--max_steps", type=int, default=100000, help="--feats with a wall-clock cosine: at most this many steps")
     ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
     a = ap.parse_args()
     if bool(a.work) == bool(a.feats):
@@ -92,6 +97,14 @@ def parse_args():
         ap.error("--init starts a --feats run (not with --resume)")
     if a.init_new_vocab and (not a.init or a.kind != "eagle3"):
         ap.error("--init_new_vocab re-chooses an EAGLE-3 --init head's draft vocabulary")
+    if a.work and a.minutes is not None:
+        ap.error("--minutes budgets a --feats run; --work runs --steps")
+    if a.feats and a.steps is not None and a.max_steps != ap.get_default("max_steps"):
+        ap.error("--max_steps caps a wall-clock run; with --steps the run is --steps long")
+    if a.feats:
+        a.max_steps = a.steps if a.steps is not None else a.max_steps
+        if a.minutes is None and a.steps is None:
+            a.minutes = 35.0
     a.name = a.name or (a.kind if a.work else os.path.splitext(os.path.basename(a.out))[0])
     return a
 
@@ -348,6 +361,7 @@ def train_on_features(a, log):
     opt = optimizer(a, head)
     g = torch.Generator().manual_seed(a.seed)
     step, epoch, elapsed0 = 0, 0, 0.0
+    budget_s = a.minutes * 60 if a.minutes is not None else math.inf  # with --steps, --minutes only caps the time
     if resumed is not None:
         if resumed["config"] != c.__dict__:
             sys.exit(f"train_eagle: error: {a.resume} is a head of another shape ({resumed['config']}), not {c.__dict__}")
@@ -355,9 +369,11 @@ def train_on_features(a, log):
         opt.load_state_dict(resumed["optimizer"])
         g.set_state(resumed["generator"])
         step, epoch, elapsed0 = resumed["step"], resumed["epoch"], resumed["elapsed_s"]
-        print(f"resumed {a.resume}: step {step}, epoch {epoch}, {elapsed0 / 60:.1f} of {a.minutes:.1f} minutes trained", flush=True)
-        if elapsed0 >= a.minutes * 60:
+        print(f"resumed {a.resume}: step {step}, epoch {epoch}, {elapsed0 / 60:.1f} minutes trained", flush=True)
+        if elapsed0 >= budget_s:
             sys.exit(f"train_eagle: error: {a.resume} has trained {elapsed0 / 60:.1f} minutes already: give a larger --minutes to extend it")
+        if step >= a.max_steps:
+            sys.exit(f"train_eagle: error: {a.resume} has trained {step} steps already: give a larger --steps to extend it")
 
     def make_batch(seqs):
         T = max(len(s["ids"]) for s in seqs)
@@ -440,7 +456,7 @@ def train_on_features(a, log):
                           "coverage": coverage, "step": step, "elapsed_s": elapsed0}) + "\n")
     evaluate(step)
     t0 = time.time()
-    while step < a.max_steps and elapsed0 + time.time() - t0 < a.minutes * 60:
+    while step < a.max_steps and elapsed0 + time.time() - t0 < budget_s:
         perm = torch.randperm(len(train), generator=g).tolist()
         # Sequences of similar lengths batched together: each window of 16 batches sorted by length
         # (a batch is padded to its longest; real chat lengths vary tenfold).
@@ -448,9 +464,9 @@ def train_on_features(a, log):
         perm = [j for w in range(0, len(perm), window) for j in sorted(perm[w:w + window], key=lambda j: len(train[j]["ids"]))]
         for i in range(0, len(perm) - a.batch + 1, a.batch):
             el = elapsed0 + time.time() - t0
-            if el >= a.minutes * 60 or step >= a.max_steps:
+            if el >= budget_s or step >= a.max_steps:
                 break
-            lr = wallclock_cosine_lr(a.lr, a.warmup, el / (a.minutes * 60), step)
+            lr = budget_cosine_lr(a.lr, a.warmup, step, steps=a.steps, frac=el / budget_s)
             for gr in opt.param_groups:
                 gr["lr"] = lr
             loss, accs = run(*make_batch([train[j] for j in perm[i:i + a.batch]]))
