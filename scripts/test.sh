@@ -3,10 +3,10 @@
 # and the server under ThreadSanitizer; then the server's memory under load in the uninstrumented
 # build users run. The suite replays every fuzz target's seed corpus and fuzz/regressions/
 # (fuzz/replay_main.cpp); mutating inputs is scripts/fuzz.sh's, not CI's.
-# The suite runs once, sanitized: a second, uninstrumented run (its build and its tests) would
-# lengthen CI on a 2-core machine by a quarter for what the sanitized run already checks (the SIMD
-# matmul bodies run fully optimised there too). `scripts/build.sh` then `ctest --test-dir build`
-# runs it uninstrumented.
+# The suite runs once, sanitized: on a 2-core machine a second, uninstrumented run (its build and
+# its tests) would cost CI many minutes for what the sanitized run already checks (the SIMD matmul
+# bodies run fully optimised there too). `scripts/build.sh` then `ctest --test-dir build` runs it
+# uninstrumented.
 # Each phase is a step of scripts/progress.sh (SPECULA_QUIET=1 silences the step lines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
