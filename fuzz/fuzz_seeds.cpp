@@ -139,10 +139,11 @@ int main(int argc, char ** argv) {
     namespace fs = std::filesystem;
     const fs::path dir = argv[1];
     try {
-        fs::create_directories(dir / "model_loading");
-        fs::create_directories(dir / "safetensors");
-        fs::create_directories(dir / "tokenizer");
-        fs::create_directories(dir / "exit_predictor");
+        // A directory per target; the request targets' stays empty (their seeds are kept in
+        // fuzz/regressions/, with the inputs that once crashed a target).
+        for (const char * target : {"model_loading", "safetensors", "tokenizer", "exit_predictor", "openai_request", "http_request"}) {
+            fs::create_directories(dir / target);
+        }
         const specula::RandomModelSpec target = small_model("llama");
         specula::write_random_model(target, (dir / "target.gguf").string());
         specula::write_random_model(target, (dir / "model_loading" / "llama.gguf").string());

@@ -28,9 +28,9 @@ status=0
 for target in "${targets[@]}"; do
   corpus="$out/corpus-$target"
   mkdir -p "$corpus" "fuzz/regressions/$target"
-  # Seeds: written by fuzz_seeds (model, vocabulary and predictor files), or kept in
-  # fuzz/regressions/<target>/ (request bodies, whole HTTP requests).
-  if [ -d "$out/seeds/$target" ]; then cp "$out/seeds/$target"/* "$corpus/"; fi
+  # Seeds: written by fuzz_seeds (model, vocabulary and predictor files; none for the request
+  # targets), or kept in fuzz/regressions/<target>/ (request bodies, whole HTTP requests).
+  cp -r "$out/seeds/$target/." "$corpus/"
   log="$out/$target.log"
   # -malloc_limit_mb: inputs are at most -max_len bytes, so no single allocation may approach this.
   if ! "build-fuzz/fuzz/fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
