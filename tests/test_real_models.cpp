@@ -427,8 +427,9 @@ void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, cons
     const auto [broken_stat, broken_dof] = chi2(eagle, broken, kRuns / 4, drafted, rejected);
     std::printf("[%s] eagle3, verifier accepting everything: chi2 = %.2f (critical %.2f)\n", tag, broken_stat, test::chi2_critical(broken_dof));
     EXPECT_GT(broken_stat, test::chi2_critical(broken_dof)) << "the test cannot tell a verifier that accepts every draft";
+    // Half the runs suffice: this control lands far above its critical value (both are printed).
     MisplacedQDrafter misplaced(eagle);
-    const auto [misplaced_stat, misplaced_dof] = chi2(misplaced, nullptr, kRuns, drafted, rejected);
+    const auto [misplaced_stat, misplaced_dof] = chi2(misplaced, nullptr, kRuns / 2, drafted, rejected);
     std::printf("[%s] eagle3, q on the wrong target ids: chi2 = %.2f (critical %.2f)\n", tag, misplaced_stat, test::chi2_critical(misplaced_dof));
     EXPECT_GT(misplaced_stat, test::chi2_critical(misplaced_dof)) << "the test cannot tell a draft distribution mapped to the wrong tokens";
 }

@@ -198,14 +198,12 @@ def test_a_killed_client_frees_its_slot_and_others_finish(server, client):
 
 
 @pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
-def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
-    # Catches: a non-streamed request kept generating for a client that went away (the slot would
-    # finish all 3000 tokens and the request count as finished, not cancelled), and a long
-    # non-streamed answer that is not one plain JSON object with its length (a chunked 200 opening
-    # with spaces, whose late errors clients would not raise). Waits on what the server shows
-    # (/slots, /metrics), never on a clock.
+def test_a_long_non_streamed_answer_is_one_json_object_with_its_length():
+    # Catches: a long non-streamed answer that is not one plain JSON object with its length (a
+    # chunked 200 opening with spaces, whose late errors clients would not raise). 2000 tokens take
+    # minutes under the sanitizers: the suite runs this test in the uninstrumented build
+    # (ctest `server_long_answer`).
     with serve_smollm2("--parallel", "1", "-c", "4096") as base:
-        port = int(base.rsplit(":", 1)[1])
         c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
         raw = c.completions.with_raw_response.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Once upon a time", max_tokens=2000,
                                                      temperature=0, extra_body={"ignore_eos": True})
@@ -214,6 +212,14 @@ def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
         r = raw.parse()
         assert r.usage.completion_tokens == 2000 and r.choices[0].text
 
+
+@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason=SMOLLM2 + " is absent: run scripts/fetch_models.sh")
+def test_a_client_gone_during_a_non_streamed_answer_frees_its_slot():
+    # Catches: a non-streamed request kept generating for a client that went away (the slot would
+    # finish all 3000 tokens and the request count as finished, not cancelled). Waits on what the
+    # server shows (/slots, /metrics), never on a clock.
+    with serve_smollm2("--parallel", "1", "-c", "4096") as base:
+        port = int(base.rsplit(":", 1)[1])
         conn = http.client.HTTPConnection("127.0.0.1", port)
         body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True, "temperature": 0})
         conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
@@ -223,7 +229,7 @@ def test_a_client_gone_during_a_long_non_streamed_answer_frees_its_slot():
         assert wait_for(lambda: get_json(base + "/slots")[0]["state"] == "idle"), "the slot stayed busy"
         metrics = urllib.request.urlopen(base + "/metrics").read().decode()
         assert re.search(r"^specula:requests_cancelled_total 1$", metrics, re.M), metrics
-        assert re.search(r"^specula:requests_finished_total 1$", metrics, re.M), metrics
+        assert re.search(r"^specula:requests_finished_total 0$", metrics, re.M), metrics
 
 
 def test_a_burst_of_connections_is_queued_not_dropped():
