@@ -69,35 +69,44 @@ TEST(Speculative, LookupGraftAddsThePromptContinuationToTheModelsTree) {
     EXPECT_FLOAT_EQ(doubted.logp[0], std::log(0.8f));
     EXPECT_FLOAT_EQ(doubted.logp[1], std::log(0.8f) + std::log(0.5f));
 
-    // At T > 0 the chain goes beside the model's draws (children drawn from its q), never into its
-    // 7: a one-hot node of its own at the root, the rest of the chain below it. The verifier tries
-    // that node after the draws; a draw of 7, accepted, takes the text where the chain goes, so the
-    // chain goes on below the drawn 7 too (through its child 8, which has no q: merged).
+    // At T > 0 the chain goes beside the model's draws (children drawn from its q), never into
+    // them: a token no draw proposes becomes a one-hot node of its own, which the verifier tries
+    // after the draws. A draw of the chain's token, accepted, takes the text where the chain goes:
+    // the chain goes on below that draw (through its child 8, which has no q: merged), and gets no
+    // one-hot copy beside it, which the verifier would refuse after the draw's rejection.
     TokenTree drawn = model_tree;
     drawn.q = {std::vector<float>(10, 0.1f)};
-    auto sampling_drafter = LookupGraftDrafter(std::make_unique<FixedTreeDrafter>(drawn), 1, 3);
     SamplingParams sampled;
     sampled.temperature = 1.0f;
+    auto sampling_drafter = LookupGraftDrafter(std::make_unique<FixedTreeDrafter>(drawn), 1, 3);
     sampling_drafter.start(DraftRequest{history, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &sampled, nullptr});
-    Draft beside = sampling_drafter.take();
-    ASSERT_EQ(beside.grafted_from, 3);
-    const int one_hot = 8;  // 5 nodes below the drawn 7, then the one-hot 7 and the 6 below it
-    ASSERT_EQ(beside.tree.size(), one_hot + 7);
+    Draft below_draw = sampling_drafter.take();
+    ASSERT_EQ(below_draw.grafted_from, 3);
+    ASSERT_EQ(below_draw.tree.size(), 8);
     // lookup's chain: 7 8 4 3 1 5 6. Below the drawn 7 (node 0) and its 8 (node 2): 4 3 1 5 6.
-    EXPECT_EQ(std::vector<int32_t>(beside.tree.token.begin() + 3, beside.tree.token.begin() + 8), (std::vector<int32_t>{4, 3, 1, 5, 6}));
-    EXPECT_EQ(beside.tree.parent[3], 2);
-    EXPECT_FLOAT_EQ(beside.tree.logp[2], std::log(0.4f));  // the likelier estimate: the model's 0.4 over the chain's 0.6 x 0.5
-    // Beside the draws at the root: the one-hot 7, the whole chain below it.
-    EXPECT_EQ(beside.tree.token[one_hot], 7);
+    EXPECT_EQ(std::vector<int32_t>(below_draw.tree.token.begin() + 3, below_draw.tree.token.end()), (std::vector<int32_t>{4, 3, 1, 5, 6}));
+    EXPECT_EQ(below_draw.tree.parent[3], 2);
+    EXPECT_FLOAT_EQ(below_draw.tree.logp[2], std::log(0.4f));  // the likelier estimate: the model's 0.4 over the chain's 0.6 x 0.5
+    EXPECT_EQ(std::count(below_draw.tree.one_hot.begin(), below_draw.tree.one_hot.end(), 1), 0) << "a one-hot copy of the drawn 7";
+    // "5 6 4 3 1 5 6": lookup continues with 4, which no draw proposes: the one-hot 4 beside the
+    // draws at the root, the rest of the chain below it.
+    const std::vector<int32_t> history_4 = {5, 6, 4, 3, 1, 5, 6};
+    auto beside_drafter = LookupGraftDrafter(std::make_unique<FixedTreeDrafter>(drawn), 1, 3);
+    beside_drafter.start(DraftRequest{history_4, TreeBudget{TreeShape::Dynamic, 4, 2, 8}, &sampled, nullptr});
+    Draft beside = beside_drafter.take();
+    ASSERT_EQ(beside.grafted_from, 3);
+    ASSERT_EQ(beside.tree.size(), 8);  // 4 3 1 5 6 after the model's 3
+    const int one_hot = 3;
+    EXPECT_EQ(beside.tree.token[one_hot], 4);
     EXPECT_EQ(beside.tree.parent[one_hot], TokenTree::kRoot);
     EXPECT_TRUE(beside.tree.proposed_one_hot(one_hot));
     EXPECT_FALSE(beside.tree.proposed_one_hot(0));
-    EXPECT_EQ(beside.tree.token[one_hot + 1], 8);
+    EXPECT_EQ(beside.tree.token[one_hot + 1], 3);
     EXPECT_EQ(beside.tree.parent[one_hot + 1], one_hot);
-    // Pruned (path probabilities 7: 0.6, the grafted 7: 0.5, 8: 0.4, 9: 0.3, the rest lower), the
+    // Pruned (path probabilities 7: 0.6, the grafted 4: 0.5, 8: 0.4, 9: 0.3, the rest lower), the
     // grafted node keeps its flag and needs none of the model's draws beside it.
     prune_draft(beside, 2);
-    EXPECT_EQ(beside.tree.token, (std::vector<int32_t>{7, 7}));
+    EXPECT_EQ(beside.tree.token, (std::vector<int32_t>{7, 4}));
     EXPECT_EQ(beside.tree.parent, (std::vector<int>{TokenTree::kRoot, TokenTree::kRoot}));
     EXPECT_TRUE(beside.tree.proposed_one_hot(1));
     EXPECT_EQ(beside.grafted_from, 1);

@@ -145,18 +145,19 @@ int graft_below(TokenTree & tree, int node, float node_logp, std::span<const int
     float chain_logp = node_logp;
     for (size_t i = 0; i < chain.size(); ++i) {
         chain_logp += step_logp[i];
-        // A drawn child proposing the chain's token is no proposal of it at probability one: under
-        // sampling both go to the verifier, which tries the draw first and the one-hot after it.
+        // Under sampling a drawn child is no proposal at probability one: the chain's token goes
+        // beside the draws as a one-hot node, which the verifier tries after them.
         const bool beside_draws = sampled && !tree.q_of(node).empty();
         int next = -1;
         for (int c = tree.first_child_of(node); c >= 0; c = tree.next_sibling[c]) {
             if (tree.token[c] != chain[i]) continue;
             if (beside_draws) {
-                // Accepted, the draw takes the text where the chain goes: the chain goes on below it too.
-                added += graft_below(tree, c, tree.logp[c], chain.subspan(i + 1), step_logp.subspan(i + 1), sampled);
-            } else {
-                next = c;
+                // A draw of the chain's token: accepted, it takes the text where the chain goes, so
+                // the chain goes on below it. No one-hot copy beside it: the verifier would try it
+                // only after the draw was rejected, which leaves the token no residual probability.
+                return added + graft_below(tree, c, tree.logp[c], chain.subspan(i + 1), step_logp.subspan(i + 1), sampled);
             }
+            next = c;
             break;
         }
         if (next < 0) {

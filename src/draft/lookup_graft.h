@@ -94,8 +94,9 @@ private:
 // of the root at root_logp + step_logp[0]). Returns the nodes added.
 // `sampled`: the tree is verified by sampling; a node's children drawn from its q are then never
 // followed (the chain's token is no draw from q): the chain's first new node is flagged one-hot
-// beside them, and a draw holding the chain's token gets the rest of the chain below it too (the
-// verifier tries draws first, and an accepted draw takes the text where the chain goes).
+// beside them. A draw holding the chain's token gets the rest of the chain below it instead (an
+// accepted draw takes the text where the chain goes; a one-hot copy beside it would be refused, as
+// the verifier tries it only after that draw's rejection).
 int graft_chain(TokenTree & tree, std::span<const int32_t> chain, std::span<const float> step_logp, float root_logp = 0.0f,
                 bool sampled = false);
 
