@@ -124,8 +124,10 @@ RoundDecision RoundPolicy::decision(int drafted_nodes, int verified_nodes) const
     if (sized_) {
         char why[160];
         if (plan_.use_free_draft) {
-            std::snprintf(why, sizeof(why), "no model draft: not expected to beat the step's plain rate; %d lookup nodes promise %.2f tokens",
-                          sized_nodes_, promised_);
+            // Lookup's path probabilities are its chances divided by the calibration (LookupGraftDrafter):
+            // times the calibration, they are the tokens the policy expects.
+            std::snprintf(why, sizeof(why), "no model draft: not expected to beat the step's plain rate; %d lookup nodes expected to give %.2f tokens",
+                          sized_nodes_, tree_size_->gamma() * promised_);
         } else {
             std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
                           tree_size_->calibration(), plan_.budget.min_path_prob, sized_nodes_, promised_);
