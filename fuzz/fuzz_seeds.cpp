@@ -1,4 +1,6 @@
-// Writes the fuzzers' seed corpora into DIR (scripts/fuzz.sh):
+// Writes the fuzzers' seed corpora into DIR (scripts/fuzz.sh), a directory for each TARGET named
+// (fuzz/targets.txt; the request targets' stay empty: their seeds are kept in fuzz/regressions/):
+//   fuzz_seeds DIR TARGET...
 //   DIR/target.gguf           the model EAGLE heads are fuzzed against (also a seed)
 //   DIR/server.gguf           the model fuzz_http_request's server runs (a small vocabulary)
 //   DIR/model_loading/*.gguf  small models of every supported family and weight-type kind (Gemma 3
@@ -132,18 +134,14 @@ void write_exit_predictor(const std::string & path, int n_layer, int n_embd, con
 }  // namespace
 
 int main(int argc, char ** argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: fuzz_seeds DIR\n");
+    if (argc < 3) {
+        std::fprintf(stderr, "usage: fuzz_seeds DIR TARGET...\n");
         return 1;
     }
     namespace fs = std::filesystem;
     const fs::path dir = argv[1];
     try {
-        // A directory per target; the request targets' stays empty (their seeds are kept in
-        // fuzz/regressions/, with the inputs that once crashed a target).
-        for (const char * target : {"model_loading", "safetensors", "tokenizer", "exit_predictor", "openai_request", "http_request"}) {
-            fs::create_directories(dir / target);
-        }
+        for (int i = 2; i < argc; ++i) fs::create_directories(dir / argv[i]);
         const specula::RandomModelSpec target = small_model("llama");
         specula::write_random_model(target, (dir / "target.gguf").string());
         specula::write_random_model(target, (dir / "model_loading" / "llama.gguf").string());

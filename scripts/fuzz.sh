@@ -11,13 +11,13 @@ seconds="${1:-600}"
 shift || true
 scripts/setup.sh --fuzz
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DSPECULA_FUZZ=ON -DSPECULA_BUILD_TESTS=OFF "$@" >/dev/null
-targets=(model_loading safetensors openai_request tokenizer exit_predictor http_request)
+mapfile -t targets <fuzz/targets.txt
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}" fuzz_seeds
 
 out=build-fuzz/fuzz-run
 rm -rf "$out"
 mkdir -p "$out" build-fuzz/findings
-build-fuzz/fuzz/fuzz_seeds "$out/seeds"
+build-fuzz/fuzz/fuzz_seeds "$out/seeds" "${targets[@]}"
 export SPECULA_FUZZ_TARGET="$PWD/$out/seeds/target.gguf" SPECULA_FUZZ_HTTP_MODEL="$PWD/$out/seeds/server.gguf"
 # Each execution writes its input to a file under TMPDIR for the loaders: in memory it runs ~10x faster.
 if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ]; then export TMPDIR=/dev/shm; fi
