@@ -18,6 +18,7 @@ ap.add_argument("--per-category", type=int, default=2)
 ap.add_argument("--n", type=int, default=64)
 ap.add_argument("--chain", type=int, default=4)
 ap.add_argument("--nodes", type=int, default=16)
+ap.add_argument("--modes", default="chain,dynamic", help="which of the modes to run (comma-separated)")
 ap.add_argument("--frame", default=None, help="a pretrained target's completion frame (generate_responses.py --frame)")
 a = ap.parse_args()
 
@@ -28,6 +29,10 @@ for p in prompts:
         chosen[p["category"]].append(p["prompt"])
 modes = {"chain": ["--tree", "chain", "--draft-policy", "fixed", "--draft-max", str(a.chain)],
          "dynamic": ["--tree", "dynamic", "--tree-nodes", str(a.nodes)]}
+unknown = set(a.modes.split(",")) - set(modes)
+if unknown:
+    ap.error(f"--modes: unknown mode(s) {', '.join(sorted(unknown))} (chain, dynamic)")
+modes = {m: margs for m, margs in modes.items() if m in a.modes.split(",")}
 SUMMARY = re.compile(r"drafted (\d+), accepted (\d+) .*?mean accepted length ([\d.]+) tokens/forward over (\d+) rounds(?:; per-position acceptance:(.*))?")
 res = {}
 for mode, margs in modes.items():

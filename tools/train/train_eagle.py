@@ -17,7 +17,9 @@ Two targets, one training-time test:
                --init GGUF starts from a head export_gguf.py wrote (the shipped models/*.gguf: its
                weights and draft vocabulary, a new optimizer and cosine) when its checkpoint is gone,
                --init OUT from a checkpoint; --init_new_vocab then re-chooses the draft vocabulary
-               from this run's replies (new data whose tokens the head's vocabulary misses).
+               from this run's replies (new data whose tokens the head's vocabulary misses),
+               --init_grow_vocab keeps the head's vocabulary and adds this run's most frequent
+               other reply tokens up to --vocab (new data, every trained row kept).
                EAGLE-3 drafts over a compact vocabulary (d2t): the --vocab most frequent target
                tokens of the replies (ties: lower id), in id order; its lm_head starts from those
                rows of the target's tied embedding and fc as "take the high tap".
@@ -82,6 +84,9 @@ def parse_args():
     ap.add_argument("--init_new_vocab", action="store_true",
                     help="with --init: the draft vocabulary chosen from this run's replies (--vocab tokens), not the head's; "
                          "the rows of tokens both have keep their weights, new rows start at zero")
+    ap.add_argument("--init_grow_vocab", action="store_true",
+                    help="with --init: the head's draft vocabulary plus this run's most frequent other reply tokens, "
+                         "--vocab in all; every trained row keeps its weights, new rows start at zero")
     ap.add_argument("--max_steps", type=int, default=100000, help="--feats with a wall-clock cosine: at most this many steps")
     ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
     a = ap.parse_args()
@@ -95,8 +100,10 @@ def parse_args():
         ap.error("--resume continues a --feats run")
     if a.init and (not a.feats or a.resume):
         ap.error("--init starts a --feats run (not with --resume)")
-    if a.init_new_vocab and (not a.init or a.kind != "eagle3"):
-        ap.error("--init_new_vocab re-chooses an EAGLE-3 --init head's draft vocabulary")
+    if (a.init_new_vocab or a.init_grow_vocab) and (not a.init or a.kind != "eagle3"):
+        ap.error("--init_new_vocab and --init_grow_vocab re-choose an EAGLE-3 --init head's draft vocabulary")
+    if a.init_new_vocab and a.init_grow_vocab:
+        ap.error("--init_new_vocab or --init_grow_vocab, not both")
     if a.work and a.minutes is not None:
         ap.error("--minutes budgets a --feats run; --work runs --steps")
     if a.feats and a.steps is not None and a.max_steps != ap.get_default("max_steps"):
@@ -300,7 +307,13 @@ def train_on_features(a, log):
         a.vocab = n_vocab  # drafts over the target's own logits
     resumed = load_resume(a, layers) if a.resume else None
     init = load_init(a, layers) if a.init else None
-    if init is not None and "d2t" in init and not a.init_new_vocab:
+    if init is not None and "d2t" in init and a.init_grow_vocab:
+        kept = set(int(t) for t in init["d2t"])
+        if a.vocab < len(kept):
+            sys.exit(f"train_eagle: error: --init_grow_vocab: --vocab {a.vocab} is smaller than the head's {len(kept)} tokens")
+        order = [i for i in sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i)) if i not in kept]
+        d2t = torch.tensor(sorted(kept | set(order[:a.vocab - len(kept)])))
+    elif init is not None and "d2t" in init and not a.init_new_vocab:
         d2t = init["d2t"]
         a.vocab = len(d2t)
     elif resumed is not None and "d2t" in resumed:
@@ -341,7 +354,7 @@ def train_on_features(a, log):
         target_norm = torch.nn.RMSNorm(c.dim, eps=c.norm_eps, elementwise_affine=True)
         target_norm.weight = torch.nn.Parameter(w["output_norm.weight"], requires_grad=False)
     if init is not None:
-        if a.init_new_vocab and "d2t" in init:  # carry the trained rows of the tokens both vocabularies have
+        if (a.init_new_vocab or a.init_grow_vocab) and "d2t" in init:  # carry the trained rows of the tokens both vocabularies have
             old_row = {int(t): i for i, t in enumerate(init["d2t"])}
             # New rows start at zero, not from the target's embedding: the trained rows have left the
             # embedding's directions, and copied rows would take the argmax from them before any step.
