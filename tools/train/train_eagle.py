@@ -307,12 +307,14 @@ def train_on_features(a, log):
         a.vocab = n_vocab  # drafts over the target's own logits
     resumed = load_resume(a, layers) if a.resume else None
     init = load_init(a, layers) if a.init else None
+    def by_count():  # reply tokens, most frequent first (ties: lower id)
+        return sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
     if init is not None and "d2t" in init and a.init_grow_vocab:
         kept = set(int(t) for t in init["d2t"])
         if a.vocab < len(kept):
             sys.exit(f"train_eagle: error: --init_grow_vocab: --vocab {a.vocab} is smaller than the head's {len(kept)} tokens")
-        order = [i for i in sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i)) if i not in kept]
-        d2t = torch.tensor(sorted(kept | set(order[:a.vocab - len(kept)])))
+        others = [i for i in by_count() if i not in kept]
+        d2t = torch.tensor(sorted(kept | set(others[:a.vocab - len(kept)])))
     elif init is not None and "d2t" in init and not a.init_new_vocab:
         d2t = init["d2t"]
         a.vocab = len(d2t)
@@ -320,8 +322,7 @@ def train_on_features(a, log):
         d2t = resumed["d2t"]  # the head's output rows belong to this vocabulary, whatever the new data's counts
         a.vocab = len(d2t)
     else:
-        order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
-        d2t = torch.tensor(sorted(order[:a.vocab]))
+        d2t = torch.tensor(sorted(by_count()[:a.vocab]))
     t2d = torch.full((len(counts),), -1, dtype=torch.long)
     t2d[d2t] = torch.arange(a.vocab)
     coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
