@@ -8,6 +8,10 @@
 #include <sstream>
 
 #include "common/model_cache.h"
+#include "draft/ngram.h"
+#include "engine/drafter_factory.h"
+#include "runtime/backend.h"
+#include "runtime/model.h"
 #include "server/openai.h"
 #include "server/openai_chat.h"
 #include "specula/error.h"
@@ -97,6 +101,35 @@ TEST(ChatTemplate, ControlTokensTypedInMessagesAreTextUnderJinja) {
     EXPECT_NE(test::error_message([&] { with_tools.tokenize_conversation(call); }).find("messages[1].tool_calls[0]: holds control-token text"),
               std::string::npos);
     EXPECT_NO_THROW(with_tools.tokenize_conversation(call, SpecialTokens::Parse));
+}
+
+// At a reply's start the history's last "\n" was last followed by the next turn's "<|im_start|>",
+// which a reply does not hold: the drafter factory gives prompt lookup the vocabulary's markup
+// tokens, and it proposes none. Catches markup_tokens() missing the turn token or holding the
+// end-of-turn token (a reply does end with it), or the factory not handing them to lookup.
+TEST(ChatTemplate, PromptLookupNeverProposesTheTemplatesTurnMarkup) {
+    const std::string path = model_cache_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent: run scripts/fetch_models.sh";
+    const Tokenizer tok(path);
+    const int32_t im_start = tok.tokenize("<|im_start|>", false).at(0), im_end = tok.tokenize("<|im_end|>", false).at(0);
+    const std::vector<int32_t> & markup = tok.markup_tokens();
+    EXPECT_TRUE(std::binary_search(markup.begin(), markup.end(), im_start));
+    EXPECT_FALSE(std::binary_search(markup.begin(), markup.end(), im_end));
+
+    const std::vector<int32_t> chat = tok.tokenize_chat({{"user", "Hi"}});
+    const TreeBudget depth4{TreeShape::Chain, 4, 1, 4};
+    NgramDrafter unfiltered(1, 3);
+    unfiltered.start(DraftRequest{chat, depth4, nullptr, nullptr});
+    const TokenTree proposed = unfiltered.take().tree;
+    ASSERT_FALSE(proposed.empty());
+    EXPECT_EQ(proposed.token[0], im_start);
+
+    Backend backend{BackendOptions{"cpu", 1}};
+    const auto model = Model::load(path, backend);
+    const DrafterFactory factory = DrafterFactory::open(DrafterSpec{DrafterKind::Ngram, "", 1, 3}, backend, *model, tok);
+    const auto lookup = factory.make(256);
+    lookup->start(DraftRequest{chat, depth4, nullptr, nullptr});
+    EXPECT_TRUE(lookup->take().tree.empty());
 }
 
 // A template given as a file replaces the model's (the bundled model has none): tools described;

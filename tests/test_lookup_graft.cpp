@@ -213,6 +213,32 @@ TEST(Speculative, LookupGraftLearnsHowOftenItsChainsHoldAndDraftsThemAlone) {
     EXPECT_TRUE(sampled_chain.proposed_one_hot(0));
 }
 
+// Catches: lookup proposing a markup token (or the text after one), from the history or from the
+// suffix cache, alone or grafted; or cutting the chain before a token that is not markup.
+TEST(Speculative, PromptLookupStopsItsChainBeforeAMarkupToken) {
+    const auto markup = std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{1, 2});
+    const TreeBudget depth4{TreeShape::Chain, 4, 1, 4};
+    auto chain_of = [&](Drafter & d, const std::vector<int32_t> & history) {
+        d.start(DraftRequest{history, depth4, nullptr, nullptr});
+        return d.take().tree.token;
+    };
+    NgramDrafter lookup(1, 3, markup), unfiltered(1, 3);
+    const std::vector<int32_t> turn = {5, 6, 1, 7, 5, 6};  // "5 6" was followed by markup
+    EXPECT_EQ(chain_of(unfiltered, turn), (std::vector<int32_t>{1, 7, 5, 6}));
+    EXPECT_TRUE(chain_of(lookup, turn).empty());
+    EXPECT_EQ(chain_of(lookup, {5, 6, 8, 9, 2, 7, 5, 6}), (std::vector<int32_t>{8, 9}));
+
+    auto cache = std::make_shared<SuffixCache>(64, 1, 3);
+    cache->add(std::vector<int32_t>{3, 4, 8, 1, 9});
+    ASSERT_TRUE(lookup.use_suffix_cache(cache));
+    EXPECT_EQ(chain_of(lookup, {0, 3, 4}), (std::vector<int32_t>{8}));
+    EXPECT_EQ(cache->stats().draft_tokens, 1u);
+
+    SamplingParams greedy;
+    LookupGraftDrafter grafted(std::make_unique<FixedTreeDrafter>(TokenTree{}), 1, 3, markup);
+    EXPECT_TRUE(grafted.free_draft(DraftRequest{turn, depth4, &greedy, nullptr}).tree.empty());
+}
+
 // A model drafter too slow to ever pay: the tree policy stops drafting with it after its first round.
 class SlowTreeDrafter : public FixedTreeDrafter {
 public:

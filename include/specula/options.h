@@ -55,8 +55,8 @@ struct DrafterSpec {
     DrafterKind kind = DrafterKind::None;
     std::string path = {};             // DraftModel, Eagle, Eagle3: the GGUF; empty otherwise
     int ngram_min = 1, ngram_max = 3;  // Ngram (and lookup): the n-gram lengths matched
-    // DraftModel, Eagle, Eagle3: also graft the prompt-lookup continuation into each draft at
-    // temperature 0 (draft/lookup_graft.h). Unset: on for trees sized by the tree policy (the
+    // DraftModel, Eagle, Eagle3: also graft the prompt-lookup continuation into each draft
+    // (draft/lookup_graft.h). Unset: on for trees sized by the tree policy (the
     // default for EAGLE heads), whose pricing keeps lookup's nodes only where they pay; off for
     // chains and fixed-size trees.
     std::optional<bool> lookup = std::nullopt;

@@ -18,8 +18,9 @@ float root_logp(const TreeBudget & budget) { return -std::log(std::max(budget.ca
 
 }  // namespace
 
-LookupGraftDrafter::LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram_min, int ngram_max)
-    : model_(std::move(model)), lookup_(ngram_min, ngram_max) {
+LookupGraftDrafter::LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram_min, int ngram_max,
+                                       std::shared_ptr<const std::vector<int32_t>> markup)
+    : model_(std::move(model)), lookup_(ngram_min, ngram_max, std::move(markup)) {
     if (!model_) throw Error("prompt lookup grafts into a model drafter's trees: no model drafter given");
     name_ = std::string(model_->name()) + "+lookup";
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <vector>
 
 #include "draft/ngram.h"
 
@@ -34,7 +35,9 @@ public:
     static constexpr double kForcedStepProb = 0.9;
     static constexpr size_t kMaxUnchecked = 64;  // chains waiting for the text to decide them
 
-    LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram_min, int ngram_max);
+    // markup: the tokens lookup never proposes (NgramDrafter).
+    LookupGraftDrafter(std::unique_ptr<Drafter> model, int ngram_min, int ngram_max,
+                       std::shared_ptr<const std::vector<int32_t>> markup = nullptr);
     const char * name() const override { return name_.c_str(); }
     void start(const DraftRequest & request) override;
     const DraftForward * pending() const override { return model_->pending(); }

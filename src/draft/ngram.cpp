@@ -7,7 +7,8 @@
 
 namespace specula {
 
-NgramDrafter::NgramDrafter(int n_min, int n_max) : n_min_(n_min), n_max_(n_max) {
+NgramDrafter::NgramDrafter(int n_min, int n_max, std::shared_ptr<const std::vector<int32_t>> markup)
+    : n_min_(n_min), n_max_(n_max), markup_(std::move(markup)) {
     if (n_min < 1 || n_max < n_min) throw Error("n-gram sizes must satisfy 1 <= min <= max (got " + std::to_string(n_min) + ", " + std::to_string(n_max) + ")");
 }
 
@@ -15,6 +16,13 @@ bool NgramDrafter::use_suffix_cache(std::shared_ptr<SuffixCache> cache) {
     cache_ = std::move(cache);
     from_cache_ = {};
     return true;
+}
+
+std::span<const int32_t> NgramDrafter::proposable(std::span<const int32_t> tokens) const {
+    if (!markup_) return tokens;
+    const auto markup = std::find_if(tokens.begin(), tokens.end(),
+                                     [&](int32_t t) { return std::binary_search(markup_->begin(), markup_->end(), t); });
+    return tokens.first(static_cast<size_t>(markup - tokens.begin()));
 }
 
 void NgramDrafter::count_cache_draft(std::span<const int32_t> history) {
@@ -44,11 +52,12 @@ void NgramDrafter::start(const DraftRequest & req) {
         // Latest match that ends before the suffix itself.
         for (int start = L - n - 1; start >= 0; --start) {
             if (!std::equal(suffix.begin(), suffix.end(), h.begin() + start)) continue;
-            chain(h.subspan(start + n, L - start - n));
+            chain(proposable(h.subspan(start + n, L - start - n)));
             return;
         }
         if (!cache_) continue;
         std::vector<int32_t> cached = cache_->continuation(suffix, req.budget.depth);
+        cached.resize(proposable(cached).size());
         if (cached.empty()) continue;
         chain(cached);
         from_cache_ = CacheDraft{h.size(), std::move(cached)};

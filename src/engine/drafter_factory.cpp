@@ -52,6 +52,7 @@ DrafterFactory DrafterFactory::open(const DrafterSpec & spec, Backend & backend,
     check_drafter_spec(spec);
     DrafterFactory s;
     s.spec = spec;
+    s.markup_tokens = std::make_shared<const std::vector<int32_t>>(target_vocab.markup_tokens());
     switch (spec.kind) {
         case DrafterKind::None:
         case DrafterKind::Ngram: break;
@@ -98,11 +99,11 @@ std::vector<std::unique_ptr<Drafter>> DrafterFactory::make_group(int n_ctx, int 
         }
         case DrafterKind::None: group.resize(n); break;
         case DrafterKind::Ngram:
-            for (int i = 0; i < n; ++i) group.push_back(std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max));
+            for (int i = 0; i < n; ++i) group.push_back(std::make_unique<NgramDrafter>(spec.ngram_min, spec.ngram_max, markup_tokens));
             break;
     }
     if (spec.lookup.value_or(false)) {
-        for (auto & d : group) d = std::make_unique<LookupGraftDrafter>(std::move(d), spec.ngram_min, spec.ngram_max);
+        for (auto & d : group) d = std::make_unique<LookupGraftDrafter>(std::move(d), spec.ngram_min, spec.ngram_max, markup_tokens);
     }
     return group;
 }

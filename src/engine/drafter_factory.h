@@ -51,6 +51,8 @@ struct DrafterFactory {
     DrafterSpec spec;
     std::unique_ptr<Model> draft_model;  // DrafterKind::DraftModel
     std::unique_ptr<EagleHead> head;     // DrafterKind::Eagle / Eagle3
+    // The target vocabulary's markup tokens, which prompt lookup never proposes.
+    std::shared_ptr<const std::vector<int32_t>> markup_tokens;
 };
 
 }  // namespace specula

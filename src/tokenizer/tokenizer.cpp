@@ -62,10 +62,12 @@ Tokenizer::Tokenizer(const std::string & gguf_path) {
     }
     for (llama_token t = 0; t < llama_vocab_n_tokens(vocab_); ++t) {
         // What llama_tokenize matches only with parse_special (user-defined tokens it always matches).
-        if (llama_vocab_get_attr(vocab_, t) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_UNKNOWN)) {
+        const auto attr = llama_vocab_get_attr(vocab_, t);
+        if (attr & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_UNKNOWN)) {
             const char * text = llama_vocab_get_text(vocab_, t);
             if (text && *text) control_texts_.emplace_back(text);
         }
+        if ((attr & LLAMA_TOKEN_ATTR_CONTROL) && !llama_vocab_is_eog(vocab_, t)) markup_tokens_.push_back(t);
     }
 }
 

@@ -43,6 +43,9 @@ public:
     int32_t token_spelling(std::string_view text) const;
     std::string detokenize(const std::vector<int32_t> & tokens) const;
     bool is_end_of_generation(int32_t token) const;
+    // The control tokens that do not end generation, sorted: a chat template's turn markup
+    // ("<|im_start|>"), which a reply does not hold, so prompt lookup never proposes them.
+    const std::vector<int32_t> & markup_tokens() const { return markup_tokens_; }
     int n_vocab() const;
     // The vocabulary's identity: token count and a hash of every token's text.
     uint64_t fingerprint() const;
@@ -81,6 +84,7 @@ private:
     llama_model * model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
     std::vector<std::string> control_texts_;  // the texts that Parse turns into tokens and Text does not
+    std::vector<int32_t> markup_tokens_;
     // Looked up by string_view (the hash is transparent): a grammar's forced text is matched
     // prefix by prefix without a copy per prefix.
     struct PieceHash {
