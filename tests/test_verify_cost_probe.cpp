@@ -28,6 +28,14 @@ TEST(Speculative, VerifyCostRetimesSizesStalledAboveLargerOnes) {
     std::vector<double> stuck = {50.0, 5.0};
     retime_stalled_sizes(std::vector<int>{1, 2}, stuck, [&](int) { return ++calls, 50.0; });
     EXPECT_EQ(calls, 3);
+    // A size above a larger one by less than a stall but more than noise: 4 tokens timed above 5
+    // and 8 (a burst over its repetitions) is timed again; 2 tokens 5% above 3 is kept.
+    std::vector<double> burst = {7.3, 8.6, 8.2, 14.9, 12.6, 0, 0, 15.2};
+    std::vector<int> again;
+    retime_stalled_sizes(std::vector<int>{1, 2, 3, 4, 5, 8}, burst, [&](int b) { return again.push_back(b), 9.1; });
+    EXPECT_EQ(again, (std::vector<int>{4}));
+    EXPECT_DOUBLE_EQ(burst[3], 9.1);
+    EXPECT_DOUBLE_EQ(burst[1], 8.6);
 }
 
 }  // namespace

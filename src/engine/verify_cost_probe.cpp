@@ -22,7 +22,7 @@ void retime_stalled_sizes(std::span<const int> timed, std::vector<double> & ms, 
         double cheapest_above = ms[timed.back() - 1];
         for (size_t k = timed.size() - 1; k-- > 0;) {
             const int b = timed[k];
-            if (ms[b - 1] > 2.0 * cheapest_above) ms[b - 1] = time_size(b), retimed = true;
+            if (ms[b - 1] > kStalledAbove * cheapest_above) ms[b - 1] = time_size(b), retimed = true;
             cheapest_above = std::min(cheapest_above, ms[b - 1]);
         }
         if (!retimed) return;

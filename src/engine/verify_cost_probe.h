@@ -36,9 +36,12 @@ double measure_row_depth_ms(ModelRunner & target, KvCache & cache, std::span<con
 inline constexpr int kDepthProbeTokens = 512;
 
 // The timed sizes of such a curve (ascending; ms[b - 1] each one's time) that were stalled, timed
-// again with time_size: a size above twice the cost of a larger one (the process descheduled, a
-// page-fault storm), as fewer tokens never cost that much more. Up to three passes; one stall
-// left in the curve would bend every policy decision of the run.
+// again with time_size: a size costing more than kStalledAbove times a larger one (the process
+// descheduled, a page-fault storm, a neighbour's burst over a size's few repetitions), as fewer
+// tokens never cost more. Up to three passes; one stall left in the curve would bend every policy
+// decision of the run (a 4-token forward timed above 5 and 8 tokens makes every tree of 4 or more
+// nodes look dear).
+inline constexpr double kStalledAbove = 1.1;
 void retime_stalled_sizes(std::span<const int> timed, std::vector<double> & ms, const std::function<double(int)> & time_size);
 
 }  // namespace specula
