@@ -52,7 +52,8 @@ void NgramDrafter::start(const DraftRequest & req) {
         // Latest match that ends before the suffix itself.
         for (int start = L - n - 1; start >= 0; --start) {
             if (!std::equal(suffix.begin(), suffix.end(), h.begin() + start)) continue;
-            chain(proposable(h.subspan(start + n, L - start - n)));
+            // Only as far as the chain goes: a match early in a long context is followed by the rest of it.
+            chain(proposable(h.subspan(start + n, std::min(L - start - n, std::max(0, req.budget.depth)))));
             return;
         }
         if (!cache_) continue;

@@ -29,10 +29,11 @@ for p in prompts:
         chosen[p["category"]].append(p["prompt"])
 modes = {"chain": ["--tree", "chain", "--draft-policy", "fixed", "--draft-max", str(a.chain)],
          "dynamic": ["--tree", "dynamic", "--tree-nodes", str(a.nodes)]}
-unknown = set(a.modes.split(",")) - set(modes)
+wanted = a.modes.split(",")
+unknown = set(wanted) - set(modes)
 if unknown:
     ap.error(f"--modes: unknown mode(s) {', '.join(sorted(unknown))} (chain, dynamic)")
-modes = {m: margs for m, margs in modes.items() if m in a.modes.split(",")}
+modes = {m: margs for m, margs in modes.items() if m in wanted}
 SUMMARY = re.compile(r"drafted (\d+), accepted (\d+) .*?mean accepted length ([\d.]+) tokens/forward over (\d+) rounds(?:; per-position acceptance:(.*))?")
 res = {}
 for mode, margs in modes.items():
