@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include "runtime/backend.h"
 #include "runtime/model.h"
@@ -14,10 +17,21 @@
 namespace specula::fuzz {
 
 // A file under $TMPDIR (scripts/fuzz.sh points it at /dev/shm: in memory a run is ~10x faster),
-// one per target and process.
+// one per target and process, removed when the process exits (every test run replays the corpora;
+// an input that crashes the process is one libFuzzer has already saved as crash-<sha1>).
 inline std::string input_path(const std::string & target, const std::string & file_name) {
+    static std::vector<std::string> made;
+    static const bool removed_at_exit = [] {
+        std::atexit([] {
+            std::error_code ignored;  // a path the target never created, or already gone
+            for (const std::string & path : made) std::filesystem::remove_all(path, ignored);
+        });
+        return true;
+    }();
+    (void)removed_at_exit;
     const char * tmp = std::getenv("TMPDIR");
-    return std::string(tmp ? tmp : "/tmp") + "/specula-fuzz-" + target + "-" + std::to_string(::getpid()) + "-" + file_name;
+    made.push_back(std::string(tmp ? tmp : "/tmp") + "/specula-fuzz-" + target + "-" + std::to_string(::getpid()) + "-" + file_name);
+    return made.back();
 }
 
 // Writes one input to `path`; a failure is the harness's, not the input's: abort.
