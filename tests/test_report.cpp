@@ -48,6 +48,24 @@ std::string chromium() {
     return "";
 }
 
+// The directory a browser takes for TMPDIR, removed with everything in it: Chromium keeps its
+// profile's singleton socket in a directory of its own under TMPDIR, which it leaves behind when
+// it is killed, and the profile directories are too long a path for a socket.
+struct BrowserTmp {
+    std::string path;
+    BrowserTmp() {
+        std::string pattern = (fs::temp_directory_path() / "specula-chromium-XXXXXX").string();
+        EXPECT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+        path = pattern;
+    }
+    ~BrowserTmp() {
+        std::error_code gone;  // the browser's child processes may still be deleting their files
+        fs::remove_all(path, gone);
+    }
+    BrowserTmp(const BrowserTmp &) = delete;
+    BrowserTmp & operator=(const BrowserTmp &) = delete;
+};
+
 // The DOM after the page's scripts ran, and a screenshot kept beside it.
 std::string render(const std::string & browser, const std::string & html, const std::string & screenshot) {
     // One profile per test process (ctest -j runs several browsers at once), removed afterwards.
@@ -57,9 +75,11 @@ std::string render(const std::string & browser, const std::string & html, const 
         " --user-data-dir=" +
         profile;
     const std::string url = "file://" + fs::absolute(html).string();
-    const test::CommandRun dom = test::run_command("timeout 120 " + browser + flags + " --dump-dom " + url);
+    const BrowserTmp tmp;
+    const std::string run = "TMPDIR=" + tmp.path + " timeout 120 " + browser + flags;
+    const test::CommandRun dom = test::run_command(run + " --dump-dom " + url);
     EXPECT_EQ(dom.exit_code, 0) << dom.err;
-    const test::CommandRun shot = test::run_command("timeout 120 " + browser + flags + " --window-size=1500,2600 --screenshot=" + screenshot + " " + url);
+    const test::CommandRun shot = test::run_command(run + " --window-size=1500,2600 --screenshot=" + screenshot + " " + url);
     EXPECT_EQ(shot.exit_code, 0) << shot.err;
     EXPECT_TRUE(fs::exists(screenshot)) << shot.err;
     std::ofstream(fs::path(screenshot).replace_extension(".dom.html")) << dom.out;
@@ -227,6 +247,7 @@ public:
         EXPECT_EQ(pipe(to), 0);
         EXPECT_EQ(pipe(from), 0);
         const std::string profile = "--user-data-dir=" + profile_dir_;
+        const std::string tmpdir = "TMPDIR=" + tmp_.path;
         pid_ = fork();
         if (pid_ == 0) {
             dup2(to[0], 3);
@@ -234,7 +255,7 @@ public:
             const int devnull = ::open("/dev/null", O_WRONLY);
             dup2(devnull, 1);
             dup2(devnull, 2);
-            execlp(browser.c_str(), browser.c_str(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+            execlp("env", "env", tmpdir.c_str(), browser.c_str(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
                    "--hide-scrollbars", "--remote-debugging-pipe", profile.c_str(), "about:blank", static_cast<char *>(nullptr));
             _exit(127);
         }
@@ -308,6 +329,7 @@ private:
     // One profile per browser: a test's browser may still be exiting when the next one starts.
     inline static int browsers_ = 0;
     const std::string profile_dir_ = artifacts_dir() + "/chromium-profile-devtools-" + std::to_string(::getpid()) + "-" + std::to_string(browsers_++);
+    const BrowserTmp tmp_;  // removed after the destructor's body has stopped the browser
     nlohmann::json read_message() {
         for (;;) {
             const size_t end = buffer_.find('\0');
