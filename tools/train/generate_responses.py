@@ -27,6 +27,8 @@ ap.add_argument("--limit", type=int, default=None,
                 help="only the first N prompts in reply order (held-out first, then the categories round-robin; after --split)")
 ap.add_argument("--frame", default=None,
                 help="for a pretrained (not chat-tuned) target: /v1/completions of this frame around each prompt, e.g. 'Question: {}\\nAnswer:'")
+ap.add_argument("--single-turn", action="store_true",
+                help="only the prompts without an earlier conversation (a --frame takes one prompt, not a conversation)")
 a = ap.parse_args()
 
 prompts = json.load(open(a.prompts))["prompts"][:a.first]
@@ -36,6 +38,10 @@ if os.path.exists(a.out):
 # held-out prompts first, then the categories round-robin: a run cut short still covers every category
 by_cat = {}
 for i, p in enumerate(prompts):
+    if a.single_turn and p.get("context"):
+        continue
+    if a.frame and p.get("context"):
+        sys.exit(f"generate_responses: prompt {i} carries an earlier conversation, which a --frame cannot render: pass --single-turn")
     by_cat.setdefault(p["category"], []).append(i)
 rounds = [i for k in range(max(map(len, by_cat.values()))) for ids in by_cat.values() if k < len(ids) for i in [ids[k]]]
 order = [i for i in rounds if prompts[i]["split"] == "heldout"] + [i for i in rounds if prompts[i]["split"] != "heldout"]
