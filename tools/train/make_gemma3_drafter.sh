@@ -22,6 +22,9 @@
 #   agreement (--heldout);
 # FEATURES=specula the features from `specula target-features` (the engine's kernels, several times
 #   faster than the torch port the shipped head's came from);
+# REPLIES=models/gemma3_sharegpt_replies.jsonl.gz starts from the committed continuations of
+#   ShareGPT's prompts (sharegpt_replies.py unpack, into a WORK_DIR without continuations; PROMPTS
+#   the set they index): the continuation step then adds only what a larger LIMIT or new SETS ask for;
 # INIT=HEAD.gguf|CKPT.pt extends a head (train_eagle.py --init; LR sets the peak, default 2e-3);
 # STOP=replies or STOP=features ends the run after that step (training later, by hand or by a rerun).
 set -euo pipefail
@@ -39,6 +42,7 @@ LIMIT="${LIMIT:-}"
 SETS="${SETS:-0:1 0.8:1000 1.0:2000 0.6:5000}"  # temperature:seed of each set (prompt i uses seed + i)
 CTX="${CTX:-1024}"
 HELDOUT="${HELDOUT:-}"
+REPLIES="${REPLIES:-}"
 FEATURES="${FEATURES:-torch}"
 INIT="${INIT:-}"
 LR="${LR:-2e-3}"
@@ -49,6 +53,9 @@ FRAME=$'Question: {}\nAnswer:'
 N=160
 cmake --build "$ROOT/build" --target llama-tokenize llama-server >/dev/null
 mkdir -p "$WORK"
+if [ -n "$REPLIES" ] && ! ls "$WORK"/gen_*.jsonl >/dev/null 2>&1; then
+  python3 "$HERE/sharegpt_replies.py" unpack --replies "$REPLIES" --prompts "$PROMPTS" --work "$WORK"
+fi
 continuations() {  # $1: output, then generate_responses.py's selection and sampling arguments
   local out="$1"
   shift
