@@ -21,14 +21,12 @@ namespace specula::fuzz {
 // an input that crashes the process is one libFuzzer has already saved as crash-<sha1>).
 inline std::string input_path(const std::string & target, const std::string & file_name) {
     static std::vector<std::string> made;
-    static const bool removed_at_exit = [] {
+    if (made.empty()) {
         std::atexit([] {
             std::error_code ignored;  // a path the target never created, or already gone
             for (const std::string & path : made) std::filesystem::remove_all(path, ignored);
         });
-        return true;
-    }();
-    (void)removed_at_exit;
+    }
     const char * tmp = std::getenv("TMPDIR");
     made.push_back(std::string(tmp ? tmp : "/tmp") + "/specula-fuzz-" + target + "-" + std::to_string(::getpid()) + "-" + file_name);
     return made.back();
