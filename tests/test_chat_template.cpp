@@ -318,5 +318,45 @@ TEST(ChatCommand, TwoTurnsThroughAPipeThenEof) {
     test::expect_cli_error(SPECULA_CLI, "chat -m " + model + " --chat-template /nonexistent/t.jinja", "--chat-template /nonexistent/t.jinja: cannot read the file");
 }
 
+// `specula generate --messages FILE`: one user message is `--chat -p` (same prompt tokens, same
+// greedy reply); a conversation's prompt is its whole rendering (Tokenizer::tokenize_chat's
+// length); malformed files are one error line naming the problem. Catches the earlier turns
+// dropped (measure_drafters.py's multi-turn prompts read only their last turn before this flag).
+TEST(GenerateCommand, MessagesFileRendersTheWholeConversation) {
+    const std::string model = test::shipped_model("specula-target.gguf");
+    const std::string cli = std::string(SPECULA_CLI) + " generate -m " + model + " -t 1 -n 6 --temp 0 ";
+    auto write = [](const std::string & name, const std::string & text) {
+        const std::string path = test::scratch_file(name);
+        std::ofstream(path) << text;
+        return path;
+    };
+    const std::string one = write("messages-one.json", R"([{"role": "user", "content": "Once upon a time"}])");
+    const test::CommandRun by_file = test::run_command(cli + "--messages " + one);
+    const test::CommandRun by_flag = test::run_command(cli + "--chat -p 'Once upon a time'");
+    ASSERT_EQ(by_file.exit_code, 0) << by_file.err;
+    ASSERT_EQ(by_flag.exit_code, 0) << by_flag.err;
+    EXPECT_EQ(by_file.out, by_flag.out);
+    EXPECT_EQ(turn_prompt_tokens(by_file.err), turn_prompt_tokens(by_flag.err)) << by_file.err;
+
+    const std::vector<std::pair<std::string, std::string>> conversation = {
+        {"system", "Be brief."}, {"user", "Once upon a time"}, {"assistant", "there was a king."}, {"user", "And then?"}};
+    const std::string many = write("messages-many.json", R"([{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Once upon a time"}, {"role": "assistant", "content": "there was a king."},
+        {"role": "user", "content": "And then?"}])");
+    const test::CommandRun whole = test::run_command(cli + "--messages " + many);
+    ASSERT_EQ(whole.exit_code, 0) << whole.err;
+    const Tokenizer tok(model);
+    EXPECT_EQ(turn_prompt_tokens(whole.err), std::vector<int>{int(tok.tokenize_chat(conversation).size())}) << whole.err;
+
+    test::expect_cli_error(SPECULA_CLI, "generate -m " + model + " --messages " + write("messages-bad.json", "[{\"role\": \"user\""), "is not JSON");
+    test::expect_cli_error(SPECULA_CLI, "generate -m " + model + " --messages " + write("messages-empty.json", "[]"), "is not a non-empty array of messages");
+    test::expect_cli_error(SPECULA_CLI, "generate -m " + model + " --messages " + write("messages-role.json", R"([{"content": "hi"}])"),
+                           "message 0 is not an object with a string \"role\" and \"content\"");
+    test::expect_cli_error(SPECULA_CLI, "generate -m " + model + " --messages " + write("messages-extra.json", R"([{"role": "user", "content": "hi", "name": "x"}])"),
+                           "message 0 has a field \"name\" this command does not read");
+    test::expect_cli_error(SPECULA_CLI, "generate -m " + model + " -p hi --messages " + one, "--prompt excludes --messages");
+    test::expect_cli_error(SPECULA_CLI, "generate -m " + model + " --messages /nonexistent/m.json", "cannot read the messages file /nonexistent/m.json");
+}
+
 }  // namespace
 }  // namespace specula

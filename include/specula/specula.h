@@ -89,6 +89,8 @@ public:
 
     // From token ids to token ids. Throws Error on an empty prompt or one that does not fit.
     GenerationStats generate(std::span<const int32_t> prompt, const GenerationOptions & options, const TokenSink & sink);
+    // From token ids (tokenize_chat's, say) to text.
+    GenerationStats generate(std::span<const int32_t> prompt, const GenerationOptions & options, const PieceSink & sink);
     // From text (tokenize(prompt, options.chat)) to text.
     GenerationStats generate(const std::string & prompt, const GenerationOptions & options, const PieceSink & sink);
 

@@ -143,9 +143,13 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
 }
 
 GenerationStats Engine::generate(const std::string & prompt, const GenerationOptions & options, const PieceSink & sink) {
+    return generate(tokenize(prompt, options.chat), options, sink);
+}
+
+GenerationStats Engine::generate(std::span<const int32_t> prompt, const GenerationOptions & options, const PieceSink & sink) {
     Utf8Stream utf8;
     bool more = true;
-    GenerationStats stats = generate(tokenize(prompt, options.chat), options, [&](int32_t token) {
+    GenerationStats stats = generate(prompt, options, [&](int32_t token) {
         const std::string text = utf8.push(piece(token));
         return more = text.empty() || sink(text);
     });

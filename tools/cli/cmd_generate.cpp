@@ -32,6 +32,25 @@ std::string output_grammar(const std::string & grammar_path, const std::string &
     if (schema.is_discarded()) throw Error("the JSON schema file " + schema_path + " is not JSON");
     return json_schema_to_gbnf(schema);
 }
+
+// --messages: a JSON array of {"role": ..., "content": ...} objects, as a chat request's messages.
+std::vector<std::pair<std::string, std::string>> read_messages(const std::string & path) {
+    const nlohmann::json doc = nlohmann::json::parse(read_text(path, "messages"), nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) throw Error("the messages file " + path + " is not JSON");
+    if (!doc.is_array() || doc.empty()) throw Error("the messages file " + path + " is not a non-empty array of messages");
+    std::vector<std::pair<std::string, std::string>> messages;
+    for (size_t i = 0; i < doc.size(); ++i) {
+        const nlohmann::json & m = doc[i];
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string()) {
+            throw Error("the messages file " + path + ": message " + std::to_string(i) + " is not an object with a string \"role\" and \"content\"");
+        }
+        for (const auto & [key, value] : m.items()) {
+            if (key != "role" && key != "content") throw Error("the messages file " + path + ": message " + std::to_string(i) + " has a field \"" + key + "\" this command does not read");
+        }
+        messages.emplace_back(m["role"].get<std::string>(), m["content"].get<std::string>());
+    }
+    return messages;
+}
 }  // namespace
 
 void register_generate(CLI::App & app, Commands & commands) {
@@ -39,6 +58,7 @@ void register_generate(CLI::App & app, Commands & commands) {
         EngineOptions engine;
         GenerationOptions gen;
         std::string prompt;
+        std::string messages_path;
         std::string trace_path;
         std::string grammar_path, schema_path;
         std::vector<std::string> stop;
@@ -48,7 +68,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("-m,--model", args->engine.model_path,
                     "target model GGUF (default: SmolLM2-135M-Instruct from the model cache, fetched if absent, as a chat "
                     "with its EAGLE-3 head unless another drafter is given)");
-    sub->add_option("-p,--prompt", args->prompt, "prompt text")->required();
+    auto * prompt = sub->add_option("-p,--prompt", args->prompt, "prompt text");
     sub->add_option("-n,--n-predict", args->gen.n_predict, "tokens to generate")->capture_default_str();
     sub->add_option("-c,--ctx-size", args->engine.n_ctx, "context size in tokens")->capture_default_str();
     add_sampling_flags(sub, args->gen.sampling);
@@ -63,12 +83,20 @@ void register_generate(CLI::App & app, Commands & commands) {
     sub->add_option("--specee-threshold", args->engine.specee_threshold, "exit above this predictor probability (default: the file's; 1 = never)");
     sub->add_flag("--specee-online", args->engine.specee_online, "also probe near the recent tokens' exit layers (docs/specee.md)");
     sub->add_option("--trace", args->trace_path, "write a per-token JSON-lines trace of speculative rounds (SpecEE: each token's exit layer)");
-    sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
+    auto * chat = sub->add_flag("--chat", args->gen.chat, "format the prompt with the model's chat template (as a user message)");
+    sub->add_option("--messages", args->messages_path,
+                    "a conversation instead of --prompt: a JSON file holding an array of {\"role\", \"content\"} messages, rendered "
+                    "by the model's chat template as the server renders a chat request's")
+        ->excludes(prompt)
+        ->excludes(chat);
     sub->add_flag(
         "--ignore-eos", [args](int64_t) { args->gen.stop_at_end_of_generation = false; }, "keep generating after end-of-generation tokens");
     commands.run = nullptr;
-    sub->callback([args, &commands] {
+    sub->callback([args, prompt, &commands] {
+        if (prompt->count() == 0 && args->messages_path.empty()) throw Error("--prompt is required (or --messages FILE)");
         commands.run = [args] {
+            const auto messages = args->messages_path.empty() ? std::vector<std::pair<std::string, std::string>>{} : read_messages(args->messages_path);
+            if (!messages.empty()) args->gen.chat = true;
             // The default model is an instruct model: a chat.
             if (args->engine.model_path.empty()) use_default_model(args->engine), args->gen.chat = true;
             args->gen.grammar = output_grammar(args->grammar_path, args->schema_path);
@@ -83,11 +111,13 @@ void register_generate(CLI::App & app, Commands & commands) {
             // an answer to it, printed alone.
             if (!args->gen.chat) std::fputs(args->prompt.c_str(), stdout);
             StopStrings stops(args->stop);
-            const GenerationStats s = engine->generate(args->prompt, args->gen, [&stops](const std::string & piece) {
+            const PieceSink print = [&stops](const std::string & piece) {
                 std::fputs(stops.push(piece).c_str(), stdout);
                 std::fflush(stdout);
                 return !stops.stopped();  // the generation ends at the token a stop string ends in
-            });
+            };
+            const GenerationStats s = messages.empty() ? engine->generate(args->prompt, args->gen, print)
+                                                       : engine->generate(engine->tokenize_chat(messages), args->gen, print);
             std::fputs(stops.flush().c_str(), stdout);
             std::fprintf(stderr, "\n[specula] prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s\n", s.n_prompt,
                          s.prompt_tok_s(), s.n_generated, s.generation_tok_s());

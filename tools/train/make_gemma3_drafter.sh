@@ -25,6 +25,8 @@
 # REPLIES=models/gemma3_sharegpt_replies.jsonl.gz starts from the committed continuations of
 #   ShareGPT's prompts (sharegpt_replies.py unpack, into a WORK_DIR without continuations; PROMPTS
 #   the set they index): the continuation step then adds only what a larger LIMIT or new SETS ask for;
+# EXTRA_FEATS='FILE[:N] ...' trains on these features files too (another work directory's, e.g. the
+#   template sets' beside ShareGPT's), N the file's weight (train_eagle.py --feats FILE:N);
 # INIT=HEAD.gguf|CKPT.pt extends a head (train_eagle.py --init; LR sets the peak, default 2e-3);
 # STOP=replies or STOP=features ends the run after that step (training later, by hand or by a rerun).
 set -euo pipefail
@@ -44,6 +46,7 @@ CTX="${CTX:-1024}"
 HELDOUT="${HELDOUT:-}"
 REPLIES="${REPLIES:-}"
 FEATURES="${FEATURES:-torch}"
+EXTRA_FEATS="${EXTRA_FEATS:-}"
 INIT="${INIT:-}"
 LR="${LR:-2e-3}"
 STOP="${STOP:-}"
@@ -82,6 +85,7 @@ for set in $SETS; do
   features "gen_${set/:/_}" train
   feats+=(--feats "$WORK/feats_${set/:/_}.pt")
 done
+for f in $EXTRA_FEATS; do feats+=(--feats "$f"); done
 heldout=()
 if [ -n "$HELDOUT" ]; then
   features heldout_0_1 heldout

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Engine-side acceptance of a real target's drafter on the held-out prompts, by category: runs
-`specula generate --chat` (or, with --frame, a completion of the framed prompt) per prompt and mode (chain of --chain tokens, dynamic tree of --nodes
-nodes; T=0 and T=1) and aggregates its end-of-run statistics. At T=0 in chain mode the
+`specula generate --chat` (a prompt with an earlier conversation, ShareGPT's later turns: the whole
+conversation, --messages) or, with --frame, a completion of the framed prompt (single-turn prompts
+only: a frame takes one question) per prompt and mode (chain of --chain tokens, dynamic tree of
+--nodes nodes; T=0 and T=1) and aggregates its end-of-run statistics. At T=0 in chain mode the
 per-position acceptance is the drafter's per-depth greedy agreement with the target (given the
 drafts before it were accepted).
   measure_drafters.py --specula BIN --model GGUF --prompts P.json --drafter-args "--eagle3 H.gguf" --out R.json"""
-import argparse, json, re, shlex, subprocess
+import argparse, json, re, shlex, subprocess, sys, tempfile
 from collections import defaultdict
 
 ap = argparse.ArgumentParser()
@@ -23,10 +25,28 @@ ap.add_argument("--frame", default=None, help="a pretrained target's completion 
 a = ap.parse_args()
 
 prompts = [p for p in json.load(open(a.prompts))["prompts"] if p["split"] == "heldout"]
+if a.frame:
+    conversations = sum(1 for p in prompts if p.get("context"))
+    prompts = [p for p in prompts if not p.get("context")]
+    if conversations:
+        print(f"measure_drafters: --frame: {conversations} held-out prompts with an earlier conversation left out", file=sys.stderr)
 chosen = defaultdict(list)
 for p in prompts:
     if len(chosen[p["category"]]) < a.per_category:
-        chosen[p["category"]].append(p["prompt"])
+        chosen[p["category"]].append(p)
+scratch = tempfile.TemporaryDirectory(prefix="measure-drafters-")
+
+
+def prompt_args(i, p):
+    """The prompt's flags: the framed text, the chat message, or the conversation's messages file."""
+    if a.frame:
+        return ["-p", a.frame.format(p["prompt"])]
+    if not p.get("context"):
+        return ["--chat", "-p", p["prompt"]]
+    path = f"{scratch.name}/{p['category']}-{i}.json"
+    with open(path, "w") as f:
+        json.dump(p["context"] + [{"role": "user", "content": p["prompt"]}], f)
+    return ["--messages", path]
 modes = {"chain": ["--tree", "chain", "--draft-policy", "fixed", "--draft-max", str(a.chain)],
          "dynamic": ["--tree", "dynamic", "--tree-nodes", str(a.nodes)]}
 wanted = a.modes.split(",")
@@ -41,8 +61,7 @@ for mode, margs in modes.items():
         for cat, ps in chosen.items():
             agg = {"drafted": 0, "accepted": 0, "rounds": 0, "tokens_x_rounds": 0.0, "per_position": defaultdict(list)}
             for i, p in enumerate(ps):
-                prompt = ["-p", a.frame.format(p)] if a.frame else ["--chat", "-p", p]
-                cmd = [a.specula, "generate", "-m", a.model, *prompt, "-n", str(a.n), "-t", "1", "--temp", str(temp),
+                cmd = [a.specula, "generate", "-m", a.model, *prompt_args(i, p), "-n", str(a.n), "-t", "1", "--temp", str(temp),
                        "--seed", str(i + 1)] + shlex.split(a.drafter_args) + margs
                 # a reply cut at -n tokens may end inside a UTF-8 character: the output is bytes, not text
                 err = subprocess.run(cmd, capture_output=True, check=True).stderr.decode("utf-8", errors="replace")
@@ -53,7 +72,7 @@ for mode, margs in modes.items():
                     k, v = kv.split(":")
                     agg["per_position"][int(k)].append(float(v))
             key = f"{mode} T={temp:g} {cat}"
-            res[key] = {"prompts": len(ps), "rounds": agg["rounds"], "tokens_per_forward": round(agg["tokens_x_rounds"] / agg["rounds"], 3),
+            res[key] = {"prompts": len(ps), "with_conversation": sum(1 for p in ps if p.get("context")), "rounds": agg["rounds"], "tokens_per_forward": round(agg["tokens_x_rounds"] / agg["rounds"], 3),
                         "acceptance_rate": round(agg["accepted"] / max(1, agg["drafted"]), 3),
                         "per_position_acceptance": {k: round(sum(v) / len(v), 3) for k, v in sorted(agg["per_position"].items())}}
             print(key, res[key], flush=True)

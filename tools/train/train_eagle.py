@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from feats_files import weighted_feats
 from model import ROPE_BASE, Eagle1Head, Eagle3Head, LlamaConfig, load_gguf_tensors, load_llama
 from schedule import budget_cosine_lr, optimizer_step, step_cosine_lr
 
@@ -50,7 +51,8 @@ def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kind", choices=["eagle3", "eagle1"], default="eagle3")
     ap.add_argument("--work", help="the bundled family's work directory (target.pt, train.bin, heldout.bin)")
-    ap.add_argument("--feats", action="append", help="target_features.py outputs (repeatable: greedy and sampled replies)")
+    ap.add_argument("--feats", action="append", help="target_features.py outputs (repeatable: greedy and sampled replies); "
+                                                     "FILE:N counts FILE's sequences N times (read once)")
     ap.add_argument("--model", help="--feats: the target GGUF (token embedding, output norm and lm_head rows for init)")
     ap.add_argument("--out", help="--feats: the checkpoint to write")
     ap.add_argument("--log", required=True)
@@ -293,12 +295,16 @@ def load_init(a, layers):
 
 def train_on_features(a, log):
     """A real target: its features and top-k distributions read from target_features.py's files."""
-    parts = [torch.load(f) for f in a.feats]
-    data = parts[0]
+    try:
+        files = weighted_feats(a.feats)
+    except ValueError as e:
+        sys.exit(f"train_eagle: error: {e}")
+    parts = [(torch.load(f), w) for f, w in files]
+    data = parts[0][0]
     layers = data["layers"]
-    if any(p["layers"] != layers for p in parts):
+    if any(p["layers"] != layers for p, _ in parts):
         sys.exit("train_eagle: error: the --feats files were extracted at different layers")
-    train = [s for p in parts for s in p["seqs"] if s["split"] == "train"]
+    train = [s for p, w in parts for s in p["seqs"] if s["split"] == "train" for _ in range(w)]
     n_vocab = data["config"]["vocab_size"]
     counts = torch.zeros(n_vocab, dtype=torch.long)
     for s in train:
