@@ -6,7 +6,8 @@ on a CPU, where a step of a few rows costs little more than a step of one), thro
 /v1/chat/completions: the model's chat template, greedy, or sampled at --temp with seed + prompt
 index per request (a sequence's output does not depend on its neighbours in the batch).
   generate_responses.py --specula BIN --model GGUF --prompts smollm2_prompts.json --out OUT.jsonl
-Resumable: prompts already in OUT are skipped."""
+Resumable: prompts already in OUT are skipped, and so are those the server refused (too long for
+--ctx with --n reply tokens) in an earlier run with the same --ctx and --n (OUT.refused.jsonl)."""
 import argparse, json, os, socket, subprocess, sys, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,6 +36,13 @@ prompts = json.load(open(a.prompts))["prompts"][:a.first]
 done = set()
 if os.path.exists(a.out):
     done = {json.loads(l)["index"] for l in open(a.out)}
+refused_path = a.out + ".refused.jsonl"
+if os.path.exists(refused_path):
+    refused = {r["index"] for r in map(json.loads, open(refused_path)) if r["ctx"] == a.ctx and r["n"] == a.n}
+    if refused - done:
+        print(f"generate_responses: {len(refused - done)} prompts the server refused at --ctx {a.ctx} --n {a.n} are skipped "
+              f"({refused_path})", file=sys.stderr)
+    done |= refused
 # held-out prompts first, then the categories round-robin: a run cut short still covers every category
 by_cat = {}
 for i, p in enumerate(prompts):
@@ -90,8 +98,12 @@ def reply(i):
     except urllib.error.HTTPError as e:
         if e.code != 400:
             raise
-        # a prompt the server refuses (e.g. longer than --ctx with the reply): named and left out
-        print(f"generate_responses: prompt {i} refused: {e.read().decode(errors='replace')[:300]}", file=sys.stderr, flush=True)
+        # a prompt the server refuses (e.g. longer than --ctx with the reply): named, left out and
+        # recorded, so that a rerun does not ask again
+        error = e.read().decode(errors="replace")[:300]
+        print(f"generate_responses: prompt {i} refused: {error}", file=sys.stderr, flush=True)
+        with open(refused_path, "a") as f:
+            f.write(json.dumps({"index": i, "ctx": a.ctx, "n": a.n, "error": error}) + "\n")
         return i, None
 
 
