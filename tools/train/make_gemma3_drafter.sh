@@ -5,7 +5,8 @@
 # THREADS (default 2) sets the threads of every step.
 # Needs: pip install -r tools/train/requirements.txt; build/bin/specula and llama-tokenize
 # (scripts/build.sh); the target in the model cache (scripts/fetch_models.sh).
-# Output: models/gemma3-eagle3.gguf and its training log models/gemma3_train_log.jsonl (every 10th step).
+# Output: models/gemma3-eagle3.gguf and its training log models/gemma3_train_log.jsonl (every 10th step;
+#   a run from INIT appends its own).
 # Steps: the SmolLM2 prompt set (models/smollm2_prompts.json), each prompt framed as
 # "Question: ...\nAnswer:" -> the target's continuations, four sets (specula serve, 4 slots,
 # /v1/completions; greedy, and sampled at T = 0.6, 0.8, 1.0) -> target features at layers 2, 9, 15
@@ -101,8 +102,11 @@ python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --ou
   --batch 4 --lr "$LR" --warmup 20 --save_every 50 "${heldout[@]}" "${init[@]}" "${bf16[@]}"
 python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --omit-vocab --out "$ROOT/models/gemma3-eagle3.gguf" \
   --name gemma3-eagle3 --type q4_0
-# The committed log keeps every 10th step and the start/done events (the models/ budget).
+# The committed log keeps every 10th step and the start/done events (the models/ budget); a run
+# from INIT extends the head, so its log follows the earlier runs'.
 python3 -c 'import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    if "event" in r or r["step"] % 10 == 0: sys.stdout.write(line)' "$WORK/train_log.jsonl" > "$ROOT/models/gemma3_train_log.jsonl"
+    if "event" in r or r["step"] % 10 == 0: sys.stdout.write(line)' "$WORK/train_log.jsonl" > "$WORK/train_log_every10.jsonl"
+if [ -n "$INIT" ]; then cat "$WORK/train_log_every10.jsonl" >>"$ROOT/models/gemma3_train_log.jsonl"
+else cp "$WORK/train_log_every10.jsonl" "$ROOT/models/gemma3_train_log.jsonl"; fi
