@@ -17,6 +17,12 @@ CHAT_FORMATS = {
 }
 
 
+def messages(prompt):
+    """A prompt record's chat messages, as `specula serve` and `generate --messages` read them: its
+    earlier conversation ("context"), then the prompt as the user's turn."""
+    return list(prompt.get("context", [])) + [{"role": "user", "content": prompt["prompt"]}]
+
+
 class ChatFormat:
     """The target's chat text and the id of its end-of-turn token, read from its GGUF.
     With a frame (a pretrained model, prompted for completions: e.g. "Question: {}\\nAnswer:"),

@@ -10,6 +10,8 @@ Resumable: prompts already in OUT are skipped, and so are those the server refus
 --ctx with --n reply tokens) in an earlier run with the same --ctx and --n (OUT.refused.jsonl)."""
 import argparse, json, os, socket, subprocess, sys, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from chat_format import messages
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--specula", required=True)
@@ -88,7 +90,7 @@ def reply(i):
     if a.frame:
         body["prompt"] = a.frame.format(prompts[i]["prompt"])
     else:
-        body["messages"] = prompts[i].get("context", []) + [{"role": "user", "content": prompts[i]["prompt"]}]
+        body["messages"] = messages(prompts[i])
     route = "/v1/completions" if a.frame else "/v1/chat/completions"
     req = urllib.request.Request(url + route, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:

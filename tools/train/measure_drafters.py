@@ -7,8 +7,10 @@ only: a frame takes one question) per prompt and mode (chain of --chain tokens, 
 per-position acceptance is the drafter's per-depth greedy agreement with the target (given the
 drafts before it were accepted).
   measure_drafters.py --specula BIN --model GGUF --prompts P.json --drafter-args "--eagle3 H.gguf" --out R.json"""
-import argparse, json, re, shlex, subprocess, sys, tempfile
+import argparse, json, os, re, shlex, subprocess, sys, tempfile
 from collections import defaultdict
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from chat_format import messages
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--specula", required=True)
@@ -45,7 +47,7 @@ def prompt_args(i, p):
         return ["--chat", "-p", p["prompt"]]
     path = f"{scratch.name}/{p['category']}-{i}.json"
     with open(path, "w") as f:
-        json.dump(p["context"] + [{"role": "user", "content": p["prompt"]}], f)
+        json.dump(messages(p), f)
     return ["--messages", path]
 modes = {"chain": ["--tree", "chain", "--draft-policy", "fixed", "--draft-max", str(a.chain)],
          "dynamic": ["--tree", "dynamic", "--tree-nodes", str(a.nodes)]}
