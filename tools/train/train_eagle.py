@@ -299,7 +299,8 @@ def train_on_features(a, log):
         files = weighted_feats(a.feats)
     except ValueError as e:
         sys.exit(f"train_eagle: error: {e}")
-    parts = [(torch.load(f), w) for f, w in files]
+    # memory-mapped: the features stay in the page cache, shared by runs side by side on the same files
+    parts = [(torch.load(f, mmap=True), w) for f, w in files]
     data = parts[0][0]
     layers = data["layers"]
     if any(p["layers"] != layers for p, _ in parts):
