@@ -435,7 +435,7 @@ def train_on_features(a, log):
 
         return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score, train_mode)
 
-    heldout = [] if not a.heldout else [s for s in torch.load(a.heldout)["seqs"] if s["split"] == "heldout"]
+    heldout = [] if not a.heldout else [s for s in torch.load(a.heldout, mmap=True)["seqs"] if s["split"] == "heldout"]
     if a.heldout and not heldout:
         sys.exit(f"train_eagle: error: --heldout {a.heldout} has no held-out sequence (target_features.py --split heldout)")
 
