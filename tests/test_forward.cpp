@@ -122,6 +122,24 @@ TEST(Forward, ACostProbeWithTheDraftersTapsBuildsTheGraphsOfTheVerifyBlocks) {
     EXPECT_EQ(f.runner->graphs_built(), built + 1);
 }
 
+TEST(Forward, KeptGraphsAndTheirBuffersAreCountedUntilTheirRunnerGoes) {
+    // Catches a process-wide count (what the server's /metrics reports beside its RSS) that misses
+    // a built graph's buffers or keeps counting a destroyed runner's graphs.
+    const size_t graphs_before = ModelRunner::kept_graphs_all(), bytes_before = ModelRunner::kept_graph_bytes_all();
+    {
+        Fixture f("llama_gqa_f32");
+        auto cache = f.cache();
+        f.runner->forward(ForwardBatch::causal(kPrefix, 0, {0}), *cache);
+        const std::vector<int32_t> next = {825, 310};
+        f.runner->forward(ForwardBatch::causal(next, static_cast<int>(kPrefix.size()), {1}), *cache);
+        EXPECT_EQ(ModelRunner::kept_graphs_all(), graphs_before + f.runner->graphs_built());
+        EXPECT_EQ(f.runner->graphs_built(), 2u);
+        EXPECT_GT(ModelRunner::kept_graph_bytes_all(), bytes_before);
+    }
+    EXPECT_EQ(ModelRunner::kept_graphs_all(), graphs_before);
+    EXPECT_EQ(ModelRunner::kept_graph_bytes_all(), bytes_before);
+}
+
 TEST(Forward, LayerSegmentsEqualOneFullForwardBitwise) {
     const std::vector<int32_t> block = {310, 526, 2253};
     const std::vector<int32_t> next = {825};

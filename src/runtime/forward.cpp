@@ -1,6 +1,7 @@
 #include "runtime/forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -62,16 +63,23 @@ struct GraphKey {
     bool operator==(const GraphKey &) const = default;
 };
 
+// The compute buffers of every runner's kept graphs, process-wide: a bounded cache whose size
+// depends on the shapes seen so far, which the server reports beside its RSS.
+std::atomic<size_t> kept_graph_bytes{0}, kept_graphs{0};
+
 }  // namespace
 
 struct ModelRunner::Graph {
     GraphKey key;
+    size_t bytes = 0;  // its compute buffers, on every backend
     ggml_backend_sched_t sched = nullptr;
     ggml_context * ctx = nullptr;
     ggml_cgraph * gf = nullptr;
     GraphInputs in;
     GraphOutputs out;
     ~Graph() {
+        kept_graph_bytes -= bytes;
+        --kept_graphs;
         if (sched) ggml_backend_sched_free(sched);
         if (ctx) ggml_free(ctx);
     }
@@ -82,6 +90,9 @@ ModelRunner::ModelRunner(const Network & network) : net_(network) {
 }
 
 ModelRunner::~ModelRunner() = default;
+
+size_t ModelRunner::kept_graph_bytes_all() { return kept_graph_bytes.load(); }
+size_t ModelRunner::kept_graphs_all() { return kept_graphs.load(); }
 
 ForwardOutput ModelRunner::forward(const ForwardBatch & batch, KvCache & cache) {
     ForwardOutput out;
@@ -232,6 +243,9 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
         }
     }
     if (!ggml_backend_sched_alloc_graph(g->sched, g->gf)) throw Error("forward: could not allocate the compute graph");
+    for (ggml_backend_t backend : backends) g->bytes += ggml_backend_sched_get_buffer_size(g->sched, backend);
+    kept_graph_bytes += g->bytes;
+    ++kept_graphs;
     graphs_.push_back(std::move(g));
     ++graphs_built_;
     return *graphs_.back();

@@ -111,6 +111,10 @@ public:
     const Network & network() const { return net_; }
     // Graphs built so far: a forward of a shape the runner keeps builds none.
     size_t graphs_built() const { return graphs_built_; }
+    // The graphs that every runner of the process keeps, and their compute buffers' bytes (at most
+    // kMaxGraphs per runner, so bounded, but by the largest shapes seen so far).
+    static size_t kept_graphs_all();
+    static size_t kept_graph_bytes_all();
 
 private:
     struct Graph;

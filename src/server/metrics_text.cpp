@@ -49,6 +49,10 @@ std::string prometheus(const SchedulerMetrics & m) {
     metric("prefix_store_hits_total", "counter", "Requests whose prompt's prefix was copied from the prefix store.", store.hits);
     metric("prefix_store_evictions_total", "counter", "Prefixes evicted from the prefix store to keep it within --cache-bytes.",
            store.evictions);
+    metric("graphs_kept", "gauge", "Forward graphs kept for reuse, one per batch shape (at most 32 per model).", m.graphs_kept);
+    metric("graph_buffer_bytes", "gauge",
+           "Host bytes of the compute buffers of the forward graphs kept for reuse (at most 32 shapes per model, the largest seen so far).",
+           m.graph_buffer_bytes);
     o << "# HELP specula:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by depth.\n"
          "# TYPE specula:spec_decode_num_accepted_tokens_per_pos_total counter\n";
     for (size_t d = 0; d < m.accepted_at.size(); ++d) {

@@ -154,10 +154,11 @@ struct SchedulerMetrics {
     std::vector<uint64_t> busy_slots_steps;  // [k]: steps with k + 1 sequences in the forward
     uint64_t emitted_tokens = 0;             // tokens the steps emitted, counted per step (live, unlike generated_tokens)
     uint64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
-    std::string failure;                // non-empty: the target's device failed; every request gets this error (5xx)
-    std::vector<uint64_t> accepted_at;  // [d]: drafts whose token at depth d + 1 was accepted
-    SuffixCache::Stats suffix_cache;    // drafts looked up in earlier requests, and what the cache keeps
-    PrefixStore::Stats prefix_store;    // slots' rows kept in host memory, and their use
+    std::string failure;                               // non-empty: the target's device failed; every request gets this error (5xx)
+    std::vector<uint64_t> accepted_at;                 // [d]: drafts whose token at depth d + 1 was accepted
+    SuffixCache::Stats suffix_cache;                   // drafts looked up in earlier requests, and what the cache keeps
+    PrefixStore::Stats prefix_store;                   // slots' rows kept in host memory, and their use
+    uint64_t graphs_kept = 0, graph_buffer_bytes = 0;  // compute buffers of the graphs the runners keep (ModelRunner::kept_graph_bytes_all)
     struct Slot {
         int id = 0;
         bool busy = false;

@@ -1,4 +1,5 @@
 // Scheduler's counters: what a step adds to them, and the consistent copy metrics() returns.
+#include "runtime/forward.h"
 #include "server/scheduler_slot.h"
 
 namespace specula {
@@ -8,6 +9,8 @@ SchedulerMetrics Scheduler::metrics() const {
     SchedulerMetrics m = metrics_;
     if (suffix_cache_) m.suffix_cache = suffix_cache_->stats();
     if (store_) m.prefix_store = store_->stats();
+    m.graph_buffer_bytes = ModelRunner::kept_graph_bytes_all();
+    m.graphs_kept = ModelRunner::kept_graphs_all();
     m.failure = failure_;
     m.deferred = static_cast<int>(queue_.size());
     m.processing = 0;
