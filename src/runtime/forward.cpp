@@ -77,6 +77,9 @@ struct ModelRunner::Graph {
     ggml_cgraph * gf = nullptr;
     GraphInputs in;
     GraphOutputs out;
+    Graph() { ++kept_graphs; }
+    Graph(const Graph &) = delete;
+    Graph & operator=(const Graph &) = delete;
     ~Graph() {
         kept_graph_bytes -= bytes;
         --kept_graphs;
@@ -245,7 +248,6 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     if (!ggml_backend_sched_alloc_graph(g->sched, g->gf)) throw Error("forward: could not allocate the compute graph");
     for (ggml_backend_t backend : backends) g->bytes += ggml_backend_sched_get_buffer_size(g->sched, backend);
     kept_graph_bytes += g->bytes;
-    ++kept_graphs;
     graphs_.push_back(std::move(g));
     ++graphs_built_;
     return *graphs_.back();
