@@ -12,6 +12,7 @@ import argparse, json, os, socket, subprocess, sys, time, urllib.error, urllib.r
 from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chat_format import messages
+from reply_order import reply_order
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--specula", required=True)
@@ -45,17 +46,11 @@ if os.path.exists(refused_path):
         print(f"generate_responses: {len(refused - done)} prompts the server refused at --ctx {a.ctx} --n {a.n} are skipped "
               f"({refused_path})", file=sys.stderr)
     done |= refused
-# held-out prompts first, then the categories round-robin: a run cut short still covers every category
-by_cat = {}
-for i, p in enumerate(prompts):
-    if a.single_turn and p.get("context"):
-        continue
-    if a.frame and p.get("context"):
-        sys.exit(f"generate_responses: prompt {i} carries an earlier conversation, which a --frame cannot render: pass --single-turn")
-    by_cat.setdefault(p["category"], []).append(i)
-rounds = [i for k in range(max(map(len, by_cat.values()))) for ids in by_cat.values() if k < len(ids) for i in [ids[k]]]
-order = [i for i in rounds if prompts[i]["split"] == "heldout"] + [i for i in rounds if prompts[i]["split"] != "heldout"]
-order = [i for i in order if not a.split or prompts[i]["split"] == a.split][:a.limit]
+if a.frame and not a.single_turn:
+    for i, p in enumerate(prompts):
+        if p.get("context"):
+            sys.exit(f"generate_responses: prompt {i} carries an earlier conversation, which a --frame cannot render: pass --single-turn")
+order = reply_order(prompts, a.split, a.single_turn)[:a.limit]
 todo = [i for i in order if i not in done]
 if not todo:
     sys.exit(0)

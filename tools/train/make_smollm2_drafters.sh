@@ -27,7 +27,8 @@
 # CHUNK=N extracts features per N replies into separate files (a large set's features do not fit
 # in memory twice, as one extraction needs them).
 # REPLIES=models/smollm2_sharegpt_replies.jsonl.gz starts from the committed replies to ShareGPT's
-# prompts (sharegpt_replies.py unpack, into a WORK without replies): the reply step then only adds
+# prompts (sharegpt_replies.py unpack, into a WORK without replies; with LIMIT the replies to those
+# LIMIT training prompts alone, however many more the file holds): the reply step then only adds
 # what a larger LIMIT or new SETS ask for (the last feature chunk of a set that grew must be deleted).
 # INIT=models/smollm2-eagle3.gguf extends the shipped EAGLE-3 head (train_eagle.py --init: its
 # weights and draft vocabulary, a new optimizer and schedule; LR, default 2e-3, sets the peak).
@@ -56,7 +57,7 @@ done
 cmake --build "$ROOT/build" --target llama-tokenize llama-server >/dev/null
 mkdir -p "$WORK"
 if [ -n "$REPLIES" ] && ! ls "$WORK"/gen_*.jsonl >/dev/null 2>&1; then
-  python3 "$HERE/sharegpt_replies.py" unpack --replies "$REPLIES" --prompts "$PROMPTS" --work "$WORK"
+  python3 "$HERE/sharegpt_replies.py" unpack --replies "$REPLIES" --prompts "$PROMPTS" --work "$WORK" ${LIMIT:+--limit "$LIMIT"}
 fi
 # temperature:seed of each reply set (prompt i uses seed + i)
 for set in $SETS; do

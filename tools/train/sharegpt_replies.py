@@ -6,10 +6,16 @@ prompt set again into the files make_smollm2_drafters.sh reads (generate_respons
 so that a later run, on any machine, extends the same data instead of regenerating it.
 
   sharegpt_replies.py pack --gen W/gen_0_1.jsonl --gen W/heldout_0_1.jsonl --out models/smollm2_sharegpt_replies.jsonl.gz
-  sharegpt_replies.py unpack --replies models/smollm2_sharegpt_replies.jsonl.gz --prompts W/sharegpt_prompts.json --work W
+  sharegpt_replies.py unpack --replies models/smollm2_sharegpt_replies.jsonl.gz --prompts W/sharegpt_prompts.json --work W [--limit N]
 
-unpack writes W/gen_<temp>_<seed>.jsonl per training set (the seed as packed) and W/heldout_0_1.jsonl."""
+unpack writes W/gen_<temp>_<seed>.jsonl per training set (the seed as packed) and W/heldout_0_1.jsonl;
+with --limit N only the replies to the first N training prompts in reply order (what
+generate_responses.py --split train --limit N answers; the held-out replies whole), so that a LIMIT
+names the same training data however many more replies the file holds."""
 import argparse, gzip, json, os, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reply_order import reply_order
 
 
 def pack(a):
@@ -24,6 +30,7 @@ def pack(a):
 
 def unpack(a):
     prompts = json.load(open(a.prompts, encoding="utf-8"))["prompts"]
+    kept_train = None if a.limit is None else set(reply_order(prompts, "train")[:a.limit])
     os.makedirs(a.work, exist_ok=True)
     files = {}
     with gzip.open(a.replies, "rt", encoding="utf-8") as f:
@@ -31,6 +38,8 @@ def unpack(a):
             r = json.loads(line)
             if r["index"] >= len(prompts):
                 sys.exit(f"sharegpt_replies: reply to prompt {r['index']} of a set of {len(prompts)}: not the prompt set it was packed from")
+            if kept_train is not None and prompts[r["index"]]["split"] == "train" and r["index"] not in kept_train:
+                continue
             path = os.path.join(a.work, r["file"])
             if path not in files:
                 if os.path.exists(path):
@@ -53,6 +62,7 @@ def main():
     u.add_argument("--replies", required=True)
     u.add_argument("--prompts", required=True, help="sharegpt_prompts.py's output (default arguments)")
     u.add_argument("--work", required=True)
+    u.add_argument("--limit", type=int, default=None, help="only the replies to the first N training prompts in reply order")
     a = ap.parse_args()
     (pack if a.command == "pack" else unpack)(a)
 
