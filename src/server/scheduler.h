@@ -158,7 +158,7 @@ struct SchedulerMetrics {
     std::vector<uint64_t> accepted_at;                 // [d]: drafts whose token at depth d + 1 was accepted
     SuffixCache::Stats suffix_cache;                   // drafts looked up in earlier requests, and what the cache keeps
     PrefixStore::Stats prefix_store;                   // slots' rows kept in host memory, and their use
-    uint64_t graphs_kept = 0, graph_buffer_bytes = 0;  // compute buffers of the graphs the runners keep (ModelRunner::kept_graph_bytes_all)
+    uint64_t graphs_kept = 0, graph_buffer_bytes = 0;  // forward graphs the runners keep, and their compute buffers
     struct Slot {
         int id = 0;
         bool busy = false;

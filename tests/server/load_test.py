@@ -106,7 +106,7 @@ def run(a, proc, port):
 
     lock = threading.Lock()
     results, failures, rss = [], [], []
-    caches = []  # (prefix store bytes, suffix cache tokens, graph buffer bytes) beside each RSS sample: bounded caches that fill
+    caches = []  # (prefix store bytes, suffix cache tokens, graph buffer bytes, graphs kept) beside each RSS sample
     t_start = time.time()
     stop_at = t_start + a.seconds
     running = threading.Event()
