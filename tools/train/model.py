@@ -182,30 +182,39 @@ class Llama(nn.Module):
 # ----------------------------------------------------------------------------------
 
 
-def chain_attention(attn: Attention, x, step, cache, base_pos):
-    """x: [B,T,in]; step k; cache: list of (k,v) from previous steps (index 0 = step 0).
-    Returns attention output [B,T,dim] and appends this step's (k,v) to cache."""
-    B, T, _ = x.shape
+def chain_attention(attn: Attention, x, step, cache, base_pos, lo=0):
+    """x: [B,T,in] at step 0, [B,T-lo,in] (positions lo..T-1) at later steps; step k; cache: list of
+    (k,v) from previous steps (index 0 = step 0). Returns the attention output of positions lo..T-1
+    [B,T-lo,dim] and appends this step's (k,v) to cache: step 0 keys every position, as later
+    queries attend to all of them, but only positions from lo on need its queries (a caller that
+    scores nothing before lo skips the rest)."""
+    B, Tx, _ = x.shape
     cos, sin = rope_cos_sin(base_pos + step, attn.hd, ROPE_BASE[0])
-    q, k, v = attn.qkv(x, cos, sin)
+    if step == 0 and lo:
+        _, k, v = attn.qkv(x, cos, sin)
+        q = apply_rope(attn.wq(x[:, lo:]).view(B, Tx - lo, attn.n_heads, attn.hd), cos[..., lo:, :], sin[..., lo:, :])
+    else:
+        q, k, v = attn.qkv(x, cos[..., lo:, :] if step else cos, sin[..., lo:, :] if step else sin)
     cache.append((k, v))
-    q = q.transpose(1, 2)  # B H T D
+    q = q.transpose(1, 2)  # B H R D, R = T - lo rows
+    R = q.shape[2]
     k0, v0 = (attn.expand_kv(t).transpose(1, 2) for t in cache[0])
+    T = k0.shape[2]
     scale = 1.0 / math.sqrt(attn.hd)
-    s0 = (q @ k0.transpose(-1, -2)).float() * scale  # B H T T
-    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    s0 = (q @ k0.transpose(-1, -2)).float() * scale  # B H R T
+    mask = torch.ones(R, T, dtype=torch.bool).triu(1 + lo)
     s0 = s0.masked_fill(mask, float("-inf"))
     sd, vd = [], []
     for j in range(1, step + 1):
         kj, vj = (attn.expand_kv(t).transpose(1, 2) for t in cache[j])
-        sd.append(((q.float() * kj.float()).sum(-1, keepdim=True)) * scale)  # B H T 1
+        sd.append(((q.float() * kj.float()).sum(-1, keepdim=True)) * scale)  # B H R 1
         vd.append(vj)
     s = torch.cat([s0] + sd, dim=-1) if sd else s0
     p = s.softmax(-1)
     o = p[..., :T].to(v0.dtype) @ v0
     for j in range(step):
         o = o + p[..., T + j:T + j + 1].to(vd[j].dtype) * vd[j]
-    o = o.transpose(1, 2).reshape(B, T, -1)
+    o = o.transpose(1, 2).reshape(B, R, -1)
     return attn.wo(o)
 
 
@@ -232,9 +241,10 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(h, c.norm_eps)
         self.output = nn.Linear(h, c.vocab_size, bias=False)
 
-    def step(self, emb, g, k, cache, base_pos):
+    def step(self, emb, g, k, cache, base_pos, lo=0):
+        """Step k of the chain (chain_attention); out and logits of positions lo on."""
         x = torch.cat([self.attn_norm(emb), self.attn_norm_2(g)], dim=-1)
-        r = chain_attention(self.attn, x, k, cache, base_pos) + g
+        r = chain_attention(self.attn, x, k, cache, base_pos, lo) + (g[:, lo:] if k == 0 else g)
         out = r + self.mlp(self.ffn_norm(r))
         return out, self.output(self.norm(out))
 
@@ -254,9 +264,10 @@ class Eagle1Head(nn.Module):
         self.ffn_norm = RMSNorm(h, c.norm_eps)
         self.mlp = MLP(h, c.ffn_dim)
 
-    def step(self, emb, f, k, cache, base_pos):
+    def step(self, emb, f, k, cache, base_pos, lo=0):
+        """Step k of the chain (chain_attention); out of positions lo on."""
         x = self.fc(torch.cat([emb, f], dim=-1))
-        r = x + chain_attention(self.attn, x, k, cache, base_pos)
+        r = (x[:, lo:] if k == 0 else x) + chain_attention(self.attn, x, k, cache, base_pos, lo)
         return r + self.mlp(self.ffn_norm(r))
 
 

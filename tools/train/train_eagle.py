@@ -19,7 +19,9 @@ Two targets, one training-time test:
                --init OUT from a checkpoint; --init_new_vocab then re-chooses the draft vocabulary
                from this run's replies (new data whose tokens the head's vocabulary misses),
                --init_grow_vocab keeps the head's vocabulary and adds this run's most frequent
-               other reply tokens up to --vocab (new data, every trained row kept).
+               other reply tokens up to --vocab (new data, every trained row kept);
+               --init_grow_ffn with a larger --ffn widens the head's FFN by units whose output
+               columns start at zero, so the wider head starts as the --init head's function.
                EAGLE-3 drafts over a compact vocabulary (d2t): the --vocab most frequent target
                tokens of the replies (ties: lower id), in id order; its lm_head starts from those
                rows of the target's tied embedding and fc as "take the high tap".
@@ -89,6 +91,9 @@ def parse_args():
     ap.add_argument("--init_grow_vocab", action="store_true",
                     help="with --init: the head's draft vocabulary plus this run's most frequent other reply tokens, "
                          "--vocab in all; every trained row keeps its weights, new rows start at zero")
+    ap.add_argument("--init_grow_ffn", action="store_true",
+                    help="with --init and a --ffn wider than the head's: new FFN units with gate and up rows drawn like a "
+                         "fresh head's and down columns at zero (the wider head computes what --init's did)")
     ap.add_argument("--max_steps", type=int, default=100000, help="--feats with a wall-clock cosine: at most this many steps")
     ap.add_argument("--save_every", type=int, default=25, help="--feats: steps between checkpoints")
     a = ap.parse_args()
@@ -106,6 +111,8 @@ def parse_args():
         ap.error("--init_new_vocab and --init_grow_vocab re-choose an EAGLE-3 --init head's draft vocabulary")
     if a.init_new_vocab and a.init_grow_vocab:
         ap.error("--init_new_vocab or --init_grow_vocab, not both")
+    if a.init_grow_ffn and (not a.init or not a.ffn):
+        ap.error("--init_grow_ffn widens an --init head's FFN to --ffn units: give both")
     if a.work and a.minutes is not None:
         ap.error("--minutes budgets a --feats run; --work runs --steps")
     if a.feats and a.steps is not None and a.max_steps != ap.get_default("max_steps"):
@@ -118,11 +125,13 @@ def parse_args():
     return a
 
 
-def unrolled_loss(a, head, x, feat, embed, target_head, score, train_mode=True):
+def unrolled_loss(a, head, x, feat, embed, target_head, score, train_mode=True, lo=0):
     """The training-time test over one batch of token ids x [B, T]: returns (loss, agreement per step).
     feat [B, T, .]: the target's features; embed(tok): the target's token embedding; target_head(out):
-    EAGLE-1's logits; score(k, n, lq, out): step k's loss and agreement from its log-probabilities
-    lq [B, n, vocab] and predicted states out [B, n, dim] (n = valid head indices of the step)."""
+    EAGLE-1's logits; score(k, lo, n, lq, out): step k's loss and agreement from its log-probabilities
+    lq [B, n - lo, vocab] and predicted states out [B, n - lo, dim] of head indices lo..n-1 (n = valid
+    head indices of the step). lo: the first head index any step scores (a batch's prompts are not
+    scored): step 0 still keys every position, the rest of every step runs from lo on."""
     B, T = x.shape
     Th = T - 1  # head index t reads token x[t+1]
     base = torch.arange(Th)
@@ -132,21 +141,21 @@ def unrolled_loss(a, head, x, feat, embed, target_head, score, train_mode=True):
         n = Th - k  # valid head indices: t + 1 + k <= T - 1
         tok = torch.zeros(B, Th, dtype=torch.long)
         tok[:, :n] = x[:, 1 + k:1 + k + n]
-        emb = embed(tok)
+        emb = embed(tok if k == 0 else tok[:, lo:])
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
             if a.kind == "eagle3":
                 if k == 0:
                     g = head.fc(feat[:, :Th])
-                out, logits = head.step(emb, g, k, cache, base)
+                out, logits = head.step(emb, g, k, cache, base, lo)
             else:
                 if k == 0:
                     g = feat[:, :Th]
                     if train_mode:
                         g = g + (torch.rand_like(g) * 0.2 - 0.1) * g.pow(2).mean(-1, keepdim=True).sqrt()
-                out = head.step(emb, g, k, cache, base)
+                out = head.step(emb, g, k, cache, base, lo)
                 logits = target_head(out)
-        lq = F.log_softmax(logits[:, :n].float(), -1)
-        loss, agree = score(k, n, lq, out[:, :n].float())
+        lq = F.log_softmax(logits[:, :n - lo].float(), -1)
+        loss, agree = score(k, lo, n, lq, out[:, :n - lo].float())
         losses.append((0.8 ** k) * loss)
         accs.append(agree)
         g = out
@@ -190,10 +199,10 @@ def train_on_family(a, log):
         hfin = hfin.float()
         feat = torch.cat([caps[l].float() for l in layers], -1) if a.kind == "eagle3" else hfin
 
-        def score(k, n, lq, out):
-            tp = p[:, 1 + k:1 + k + n]
+        def score(k, lo, n, lq, out):
+            tp = p[:, 1 + k + lo:1 + k + n]
             ce = -(tp * lq).sum(-1).mean()
-            loss = ce if a.kind == "eagle3" else F.smooth_l1_loss(out, hfin[:, 1 + k:1 + k + n]) + 0.1 * ce
+            loss = ce if a.kind == "eagle3" else F.smooth_l1_loss(out, hfin[:, 1 + k + lo:1 + k + n]) + 0.1 * ce
             return loss, (lq.argmax(-1) == tp.argmax(-1)).float().mean().item()
 
         return unrolled_loss(a, head, x, feat, lambda tok: tgt.tok_embd(tok).float(), lambda out: tgt.lm_head(tgt.norm(out)),
@@ -293,6 +302,23 @@ def load_init(a, layers):
     return init
 
 
+def grown_ffn(state, head, init_path):
+    """The --init head's weights with its FFN widened to the new head's: each new unit's gate and up
+    rows are the new head's own (drawn as a fresh head's), its down column zero, so the unit adds
+    nothing until training moves that column and the wider head starts as the old one's function."""
+    old_ffn, new_ffn = state["mlp.w_gate.weight"].shape[0], head.mlp.w_gate.weight.shape[0]
+    if new_ffn <= old_ffn:
+        sys.exit(f"train_eagle: error: --init_grow_ffn: --ffn {new_ffn} is not wider than {init_path}'s {old_ffn} units")
+    fresh = head.state_dict()
+    state = dict(state)
+    for name in ("mlp.w_gate.weight", "mlp.w_up.weight"):
+        state[name] = torch.cat([state[name].to(fresh[name].dtype), fresh[name][old_ffn:]], 0)
+    down = state["mlp.w_down.weight"]
+    state["mlp.w_down.weight"] = torch.cat([down.to(fresh["mlp.w_down.weight"].dtype), torch.zeros(down.shape[0], new_ffn - old_ffn)], 1)
+    print(f"FFN widened from {old_ffn} to {new_ffn} units ({init_path}'s function kept)", flush=True)
+    return state
+
+
 def train_on_features(a, log):
     """A real target: its features and top-k distributions read from target_features.py's files."""
     try:
@@ -371,6 +397,8 @@ def train_on_features(a, log):
             out[[j for j, _ in kept]] = init["state_dict"]["output.weight"][[i for _, i in kept]].to(out.dtype)
             init["state_dict"] = {**init["state_dict"], "output.weight": out}
             print(f"draft vocabulary re-chosen: {len(kept)} of {a.vocab} rows kept from {a.init}", flush=True)
+        if a.init_grow_ffn:
+            init["state_dict"] = grown_ffn(init["state_dict"], head, a.init)
         try:
             head.load_state_dict(init["state_dict"])
         except RuntimeError as e:
@@ -416,24 +444,28 @@ def train_on_features(a, log):
         return x, feat, hfin, top_ids, top_p, valid
 
     def run(x, feat, hfin, top_ids, top_p, valid, train_mode=True):
-        def score(k, n, lq, out):
-            ids = top_ids[:, 1 + k:1 + k + n]
-            p = top_p[:, 1 + k:1 + k + n]
+        def score(k, lo, n, lq, out):
+            ids = top_ids[:, 1 + k + lo:1 + k + n]
+            p = top_p[:, 1 + k + lo:1 + k + n]
             d = t2d[ids]
-            m = valid[:, 1 + k:1 + k + n]
+            m = valid[:, 1 + k + lo:1 + k + n]
             ce = -(p * (d >= 0) * lq.gather(-1, d.clamp(min=0))).sum(-1)
             loss = (ce * m).sum() / m.sum().clamp(min=1)
             if a.kind == "eagle1":
                 # In units of the target state's RMS: SmolLM2's final hidden states are large, and a raw
                 # smooth L1 (~80 at the start) drowned the cross-entropy that drafting depends on.
-                want = hfin[:, 1 + k:1 + k + n]
+                want = hfin[:, 1 + k + lo:1 + k + n]
                 rms = want.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-3)
                 reg = F.smooth_l1_loss(out / rms, want / rms, reduction="none").mean(-1)
                 loss = (reg * m).sum() / m.sum().clamp(min=1) + 0.1 * loss
             agree = (d2t[lq.argmax(-1)] == ids[..., 0]) & m
             return loss, agree.sum().item() / max(1, m.sum().item())
 
-        return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score, train_mode)
+        # The first head index any step scores: step k at index t is scored at position t + 1 + k,
+        # and a sequence's first scored position is its first valid one.
+        first_valid = valid.float().argmax(1).min().item()
+        lo = max(0, min(first_valid - a.ttt_steps, x.shape[1] - 1 - a.ttt_steps))
+        return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score, train_mode, lo)
 
     heldout = [] if not a.heldout else [s for s in torch.load(a.heldout, mmap=True)["seqs"] if s["split"] == "heldout"]
     if a.heldout and not heldout:
