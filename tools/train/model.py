@@ -194,7 +194,7 @@ def chain_attention(attn: Attention, x, step, cache, base_pos, lo=0):
         _, k, v = attn.qkv(x, cos, sin)
         q = apply_rope(attn.wq(x[:, lo:]).view(B, Tx - lo, attn.n_heads, attn.hd), cos[..., lo:, :], sin[..., lo:, :])
     else:
-        q, k, v = attn.qkv(x, cos[..., lo:, :] if step else cos, sin[..., lo:, :] if step else sin)
+        q, k, v = attn.qkv(x, cos[..., lo:, :], sin[..., lo:, :])  # step 0 here has lo = 0: every position
     cache.append((k, v))
     q = q.transpose(1, 2)  # B H R D, R = T - lo rows
     R = q.shape[2]
