@@ -36,8 +36,8 @@ std::vector<int32_t> bench_tokens(int n, int n_vocab) {
 }
 
 // llama-bench's own tg figure (decode n tokens one by one from an empty cache).
-Summary llama_bench_tg(const DecodeBenchOptions & o, int threads, bool flash_attn) {
-    const std::string cmd = peer_binary("llama-bench") + " -m '" + o.model + "' -p 0 -n " + std::to_string(o.n_gen) +
+Summary llama_bench_tg(const std::string & llama_bench, const DecodeBenchOptions & o, int threads, bool flash_attn) {
+    const std::string cmd = llama_bench + " -m '" + o.model + "' -p 0 -n " + std::to_string(o.n_gen) +
                             " -t " + std::to_string(threads) + " -r " + std::to_string(o.reps) + (flash_attn ? " -fa on" : " -fa off") + " -o json";
     const auto j = nlohmann::json::parse(run_command(cmd));
     std::vector<double> samples = j.at(0).at("samples_ts").get<std::vector<double>>();
@@ -208,6 +208,8 @@ nlohmann::json measure_batches(const DecodeBenchOptions & o, const BenchEngine (
 }  // namespace
 
 int run_decode_bench(const DecodeBenchOptions & o) {
+    // Fail on a missing peer before spending minutes on specula's runs.
+    const std::string llama_bench = peer_binary("llama-bench");
     const MachineLoad load = measure_machine_load();
     print_machine(load);
 
@@ -236,7 +238,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
 
     Progress progress("bench decode", int64_t(2) * (o.reps + 1) + int64_t(o.batch_sizes.size()));
     const std::array<Summary, 2> tg = measure_generation(o, engines, tokens, progress);
-    const Summary peer_tg = llama_bench_tg(o, threads, flash);
+    const Summary peer_tg = llama_bench_tg(llama_bench, o, threads, flash);
     const double weight_gb = double(own_model->weight_bytes()) / 1e9;
     const double macs = macs_per_token(cfg);
     const nlohmann::json batches = measure_batches(o, engines, peer, tokens, weight_gb, macs, progress);
