@@ -94,7 +94,7 @@ TEST(CostPolicy, DraftsLessWhenTheStepIsSharedWithManySequences) {
 }
 
 // The verify-cost curve `bench spec` measured for the bundled target (ms of a target forward of 1..33
-// tokens at depth 152, docs/bench-results/spec-bundled-zen4-2026-11-23.json) and its draft model's
+// tokens at depth 152, tests/fixtures/bench-spec-bundled.json) and its draft model's
 // 0.21 ms per drafted token.
 const std::vector<double> kMeasuredTargetCurve = {0.824, 1.705, 1.857, 1.947, 2.261, 2.381, 2.811, 3.283, 3.284, 3.764, 3.561,
                                                   4.198, 3.916, 4.373, 4.581, 4.356, 4.952, 5.398, 5.403, 5.737, 5.948, 6.556,

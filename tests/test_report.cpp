@@ -205,7 +205,7 @@ TEST(Report, TraceReportRendersInChromiumWithEveryTokenAndChart) {
 // Catches a bench page that loses result rows or a chart: one tok/s bar and one whisker per
 // result, one point per predicted result, one acceptance line per mode and temperature.
 TEST(Report, BenchPageRendersInChromiumWithItsCharts) {
-    const std::string json_path = std::string(SPECULA_SOURCE_DIR) + "/docs/bench-results/spec-bundled-zen4-2026-11-23.json";
+    const std::string json_path = std::string(SPECULA_SOURCE_DIR) + "/tests/fixtures/bench-spec-bundled.json";
     const std::string html = artifacts_dir() + "/bench.html";
     const test::CommandRun made = test::run_command(std::string(SPECULA_CLI) + " report --bench " + json_path + " -o " + html);
     ASSERT_EQ(made.exit_code, 0) << made.err;
