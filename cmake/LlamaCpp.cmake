@@ -1,4 +1,5 @@
-# Brings ggml + libllama (and llama.cpp's own tools, used as benchmark peers) into the build.
+# Brings ggml + libllama + llama.cpp's common library (and, with SPECULA_LLAMA_TOOLS, llama.cpp's own
+# tools, used as benchmark peers) into the build.
 #
 # llama.cpp is pinned at v0.5.0. Its only route here is the npm package node-llama-cpp@3.22.1,
 # whose llama/gitRelease.bundle is a git bundle of that release. We fetch it with `npm pack`,
@@ -75,10 +76,13 @@ set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
 option(SPECULA_RPC "build ggml's RPC backend and its rpc-server" ON)
 set(GGML_RPC ${SPECULA_RPC} CACHE BOOL "" FORCE)
 set(GGML_NATIVE ON CACHE BOOL "")
+# specula links libllama and llama.cpp's common library (its chat layer, Jinja engine, cpp-httplib).
 set(LLAMA_BUILD_COMMON ON CACHE BOOL "" FORCE)
-set(LLAMA_BUILD_TOOLS ON CACHE BOOL "" FORCE)
-set(LLAMA_BUILD_EXAMPLES ON CACHE BOOL "" FORCE)
-set(LLAMA_BUILD_SERVER ON CACHE BOOL "" FORCE)
+# llama.cpp's tools and examples are the benchmark peers; scripts/demo.sh configures without them.
+option(SPECULA_LLAMA_TOOLS "configure llama.cpp's tools and examples, the benchmark peers (target peers)" ON)
+set(LLAMA_BUILD_TOOLS ${SPECULA_LLAMA_TOOLS} CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_EXAMPLES ${SPECULA_LLAMA_TOOLS} CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_SERVER ${SPECULA_LLAMA_TOOLS} CACHE BOOL "" FORCE)
 set(LLAMA_BUILD_TESTS OFF CACHE BOOL "" FORCE)
 set(LLAMA_BUILD_APP OFF CACHE BOOL "" FORCE)
 set(LLAMA_USE_PREBUILT_UI OFF CACHE BOOL "" FORCE)
@@ -90,5 +94,10 @@ set(LLAMA_CURL OFF CACHE BOOL "" FORCE)
 add_subdirectory("${LLAMA_CPP_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/llama.cpp" EXCLUDE_FROM_ALL)
 
 # Peer binaries for benchmarks: `cmake --build build --target peers` (llama-quantize makes Q4_K_M bench twins).
-set(SPECULA_PEER_TARGETS llama-bench llama-completion llama-speculative-simple llama-server llama-tokenize llama-quantize)
-add_custom_target(peers DEPENDS ${SPECULA_PEER_TARGETS})
+if(SPECULA_LLAMA_TOOLS)
+  set(SPECULA_PEER_TARGETS llama-bench llama-completion llama-speculative-simple llama-server llama-tokenize llama-quantize)
+  add_custom_target(peers DEPENDS ${SPECULA_PEER_TARGETS})
+else()
+  add_custom_target(peers COMMAND ${CMAKE_COMMAND} -E echo "specula: the peers need llama.cpp's tools: configure with -DSPECULA_LLAMA_TOOLS=ON"
+                          COMMAND ${CMAKE_COMMAND} -E false)
+endif()

@@ -14,6 +14,7 @@ scripts/setup_aarch64.sh
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(specula test_kernels test_forward test_equivalence test_real_models)
 # shellcheck disable=SC2086
+# llama.cpp's tools (the benchmark peers) stay out: nothing here runs them.
 cmake -S . -B build-aarch64 -DCMAKE_BUILD_TYPE=Release -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-  -DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16 ${SPECULA_AARCH64_CMAKE_ARGS:-}
+  -DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16 -DSPECULA_LLAMA_TOOLS=OFF ${SPECULA_AARCH64_CMAKE_ARGS:-}
 cmake --build build-aarch64 -j"${SPECULA_JOBS:-$(nproc)}" --target "${targets[@]}" 2>&1 | progress_cmake build-aarch64

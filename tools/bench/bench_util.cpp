@@ -112,7 +112,7 @@ PromptSet read_prompt_set(const std::string & path, bool schemas_allowed) {
 std::string peer_binary(const std::string & name) {
     const std::string path = std::string(SPECULA_PEER_BIN_DIR) + "/" + name;
     if (!std::filesystem::exists(path)) {
-        throw Error("peer tool " + path + " is missing: build it with `cmake --build build --target peers`");
+        throw Error("peer tool " + path + " is missing: build it with `cmake --build build --target peers` (a build configured with -DSPECULA_LLAMA_TOOLS=ON, the default)");
     }
     return path;
 }

@@ -233,7 +233,7 @@ void validate_servers(ServeBenchOptions & o) {
     if (has("llama-server")) {
         if (o.llama_server_bin.empty()) o.llama_server_bin = peer_binary("llama-server");
         if (::access(o.llama_server_bin.c_str(), X_OK) != 0) {
-            throw Error("llama-server binary " + o.llama_server_bin + " is missing: build it with `cmake --build build --target peers`");
+            throw Error("llama-server binary " + o.llama_server_bin + " is missing: build it with `cmake --build build --target peers` (a build configured with -DSPECULA_LLAMA_TOOLS=ON, the default)");
         }
     }
 }
