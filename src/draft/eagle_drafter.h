@@ -4,11 +4,11 @@
 //
 // The head's cache holds one entry per sequence position P < root, each pairing token t[P+1] with
 // the *target's* features at P (never the head's own guesses). Target features arrive through
-// accept() after every verify (root + accepted rows) and after the prompt; draft() first writes
-// them all as one block, whose last row drafts the root's successors, then grows the tree with
-// self-fed entries (token, the head's pre-norm output that proposed it) and finally drops those
-// again. Keeping self-fed entries would poison later drafts: the "1/n_draft ceiling" in
-// shared/seeds/002 was exactly that.
+// accept() after every verify (root + accepted rows) and after the prompt. start() writes them all
+// as one block (the catch-up forward pending() names), whose last row drafts the root's
+// successors; each resume() grows the tree by a level of self-fed entries (token, the head's
+// pre-norm output that proposed it), and the last one drops those again. Keeping self-fed entries
+// would poison later drafts: the head would read its own guesses as the target's features.
 //
 // A long prompt enters the head's cache as its last prompt_window positions only (the entries
 // then start at position first_position(), slot 0): the head, trained on short chats, drafts

@@ -1,9 +1,8 @@
 #pragma once
 // How many tokens to draft next round. Three policies:
 //   fixed     - always k;
-//   heuristic - the acceptance + entropy rule of the notebook in shared/seeds/004: grow k after a
-//               round accepting > 80% (or >= 50% with a confident draft, mean entropy < 2 nats),
-//               shrink it after one accepting < 30%;
+//   heuristic - an acceptance + entropy rule: grow k after a round accepting > 80% (or >= 50%
+//               with a confident draft, mean entropy < 2 nats), shrink it after one accepting < 30%;
 //   cost      - choose k in 0..k_max maximising expected tokens per second, from the measured
 //               per-position acceptance and the measured cost of drafting and of verifying k + 1
 //               tokens (in a shared step, extra rows priced as TreeSizePolicy prices them: the

@@ -11,6 +11,42 @@
 // (trees sized per round, TreeSizePolicy), both owned by the caller so that what they measured
 // of the machine outlives one sequence (a server slot's next request). Without the one its
 // shape needs, the shape's fixed budget stands.
+//
+// Terms, defined here once for every file of src/policy (docs/policies.md links here):
+//   round: one draft -> one target forward over [root, draft nodes] -> verify -> commit.
+//   step: one target forward; in `specula serve` it carries the rounds (and prompt chunks) of
+//     several sequences, so its time is every sequence's.
+//   row: one token of a forward's batch; a round alone verifies n draft nodes in n + 1 rows.
+//   verify-cost curve: the measured ms of a target forward of b rows at one context depth,
+//     refitted from every round's timing (VerifyCost, verify_cost.h).
+//   plain rate: tokens per ms of the step without this sequence's draft: one token per one-row
+//     forward alone, (1 + the others' tokens) per forward of (the others' rows + 1) when shared.
+//   StepShare: what the rest of a shared step carries: the other sequences' rows, the tokens they
+//     are expected to emit, their number (draft_length.h). All zero for a sequence alone.
+//   level: one drafter forward. A tree costs a level per depth, a chain a level per token.
+//   path probability: a node's cumulative draft probability, the product along the path from the
+//     root: the estimate that the target accepts the whole path (EAGLE-2). Prune order lists a
+//     tree's nodes by it, likeliest first, each after its parent and earlier siblings.
+//   promised: the verified nodes' summed path probabilities, the tokens the draft expects the
+//     target to accept beyond the one every round emits.
+//   calibration, gamma: accepted over promised, decayed over the rounds; gamma is it bounded to
+//     [0.05, 2], and every promise is scaled by it before it is priced.
+//   rank bar: the least path probability a node needs to be worth verifying when k likelier nodes
+//     are in the tree (TreeSizePolicy::rank_bars); the dynamic builder expands nothing below it.
+//   free draft: a draft that costs no drafter forward (prompt lookup, Drafter::free_draft). Its
+//     rate is the bar a model draft must beat; when none does, it is verified alone.
+//   graft: a deterministic continuation (the text a grammar forces next, else prompt lookup's
+//     continuation) added below the root of a model's tree (draft/lookup_graft.h). Its nodes come
+//     after the model's (Draft::grafted_from); the policies learn from the model's nodes only.
+//   draft, explore, skip: a tree round's plan (TreeSizePolicy::Round): the full budget; one level
+//     and one node, now and then in place of a skip, to notice a text turning predictable; no model
+//     draft at all (the free draft, or a plain step).
+//   catch-up: a drafter's first level after rounds it did not draft (or a sequence's first) reads
+//     every token emitted since, so that round is not timed as a usual one.
+//   gate: the server's choice, per window of steps and load, whether a step's sequences may draft
+//     at all (SpeculationGate); a gated round plans no draft.
+//   twin: a model made by `specula make-twin`, a small model's function in a bigger shape and
+//     weight type, so that a large target is benchmarked with the small model's drafter.
 #include <functional>
 #include <span>
 
