@@ -2,6 +2,7 @@
 // modes need the peer tools, which CI does not build; the benchmark itself is not a test).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -55,7 +56,10 @@ TEST(BenchSpec, CostCurveFromAnEarlierRun) {
     std::ofstream(from) << earlier.dump();
     const std::string prompts = test::scratch_file("bench-spec-curve-prompts.json");
     std::ofstream(prompts) << R"({"chat": false, "prompts": [{"category": "code", "name": "a", "text": "def main():"}]})";
-    const std::string json_path = test::scratch_file("bench-spec-curve-out.json");
+    // The result file goes into a folder that does not exist yet: --json creates it.
+    const std::string out_dir = test::scratch_file("bench-spec-curve-out");
+    std::filesystem::remove_all(out_dir);
+    const std::string json_path = out_dir + "/bench/run.json";
     const test::CommandRun run = test::run_command(cli + " bench spec --no-llamacpp -m " + test::shipped_model("specula-target.gguf") + " --draft " +
                                                    test::shipped_model("specula-draft.gguf") + " --prompts " + prompts +
                                                    " -n 4 --reps 1 --temps 0 -t 1 --cost-curve-from " + from + " --json " + json_path);

@@ -109,6 +109,15 @@ PromptSet read_prompt_set(const std::string & path, bool schemas_allowed) {
     return set;
 }
 
+void write_result(const std::string & path, const std::string & text) {
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    std::ofstream f(path);
+    if (ec || !(f << text) || !f.flush()) throw Error(path + ": cannot write the result file");
+    std::printf("wrote %s\n", path.c_str());
+}
+
 std::string peer_binary(const std::string & name) {
     const std::string path = std::string(SPECULA_PEER_BIN_DIR) + "/" + name;
     if (!std::filesystem::exists(path)) {

@@ -51,5 +51,8 @@ std::string llama_eagle3_absent_note(const std::string & target_path);
 std::string peer_binary(const std::string & name);
 // Runs a command, returns its stdout; throws Error with its stderr tail on failure.
 std::string run_command(const std::string & cmd);
+// Writes a benchmark's result file (its --json), creating the folders on its path, and prints
+// "wrote PATH"; throws Error naming the path when it cannot.
+void write_result(const std::string & path, const std::string & text);
 
 }  // namespace specula::bench

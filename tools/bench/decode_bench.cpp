@@ -3,7 +3,6 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -273,8 +272,7 @@ int run_decode_bench(const DecodeBenchOptions & o) {
             {"tg_ratio", tg[0].median / peer_tg.median},
             {"batches", batches},
         };
-        std::ofstream(o.json_path) << j.dump(2) << "\n";
-        std::printf("wrote %s\n", o.json_path.c_str());
+        write_result(o.json_path, j.dump(2) + "\n");
     }
     return 0;
 }

@@ -8,7 +8,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -204,8 +203,7 @@ int run_rpc_bench(const RpcBenchOptions & o) {
     }
     if (!o.json_path.empty()) {
         json out = {{"cpu", load.cpu}, {"machine_busy_fraction", load.busy_fraction}, {"model", o.model}, {"device", device}, {"split", o.split}, {"kernels", kernels_name(o.kernels)}, {"n_gen", o.n_gen}, {"reps", o.reps}, {"prompts", prompts.size()}, {"rows", rows}};
-        std::ofstream f(o.json_path);
-        if (!(f << out.dump(2) << "\n")) throw Error("cannot write " + o.json_path);
+        write_result(o.json_path, out.dump(2) + "\n");
     }
     return 0;
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -222,8 +221,7 @@ int run_client_sweep(ServeBenchOptions & o) {
     const json results = print_results(rows);
     if (!o.json_path.empty()) {
         const json j = {{"kind", "serve"}, {"model", o.model}, {"draft", o.draft}, {"eagle3", o.eagle3}, {"prompts", prompts_path}, {"chat", set.chat}, {"threads", threads}, {"n_gen", o.n_gen}, {"n_ctx_per_slot", o.n_ctx}, {"draft_max", o.draft_max}, {"reps", o.reps}, {"llama_server_cache_prompt", true}, {"machine_busy_fraction", load.busy_fraction}, {"loadavg_1m", load.loadavg_1m}, {"machine_idle", load.idle()}, {"cpu", load.cpu}, {"note", note}, {"results", results}, {"requests", raw}};
-        std::ofstream(o.json_path) << j.dump(2) << "\n";
-        std::printf("wrote %s\n", o.json_path.c_str());
+        write_result(o.json_path, j.dump(2) + "\n");
     }
     return 0;
 }

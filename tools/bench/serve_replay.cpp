@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -58,9 +57,7 @@ json settings_json(const ServeBenchOptions & o, const Replay & r, const char * k
 }
 
 void write_json(const std::string & path, const json & j) {
-    if (path.empty()) return;
-    std::ofstream(path) << j.dump(2) << "\n";
-    std::printf("wrote %s\n", path.c_str());
+    if (!path.empty()) write_result(path, j.dump(2) + "\n");
 }
 
 // Every configuration's server, started once; `queue` requests may wait for a slot at once.

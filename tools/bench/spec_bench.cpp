@@ -149,8 +149,7 @@ int run_spec_bench(const SpecBenchOptions & o) {
     json j = results_json(o, prompts_path, llama.threads, load, rig.cost, h, std::move(rows));
     j["json_schema_prompts"] = n_constrained;
     if (!o.json_path.empty()) {
-        std::ofstream(o.json_path) << j.dump(2) << "\n";
-        std::printf("wrote %s\n", o.json_path.c_str());
+        write_result(o.json_path, j.dump(2) + "\n");
     }
     if (!o.html_path.empty()) {
         report::write_page(o.html_path, {{"kind", "bench"}, {"bench", j}});
