@@ -92,6 +92,11 @@ set(LLAMA_CURL OFF CACHE BOOL "" FORCE)
 
 # EXCLUDE_FROM_ALL: only what specula links (ggml, llama) and the peer tools it asks for get built.
 add_subdirectory("${LLAMA_CPP_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/llama.cpp" EXCLUDE_FROM_ALL)
+# The rpc-server (target ggml-rpc-server, which test_rpc starts) is one of llama.cpp's tools: without
+# the others, its folder alone.
+if(SPECULA_RPC AND NOT SPECULA_LLAMA_TOOLS)
+  add_subdirectory("${LLAMA_CPP_SOURCE_DIR}/tools/rpc" "${CMAKE_BINARY_DIR}/llama.cpp/tools/rpc" EXCLUDE_FROM_ALL)
+endif()
 
 # Peer binaries for benchmarks: `cmake --build build --target peers` (llama-quantize makes Q4_K_M bench twins).
 if(SPECULA_LLAMA_TOOLS)
