@@ -292,13 +292,32 @@ void GatedServer::waiting_room() {
     }
 }
 
+namespace {
+
+// A request line's method and path ("POST /v1/completions"), at most 100 bytes, each byte that is
+// not printable ASCII as '?': for a line on stderr.
+std::string request_name(const std::string & head) {
+    std::string line = head.substr(0, std::min({head.find("\r\n"), head.rfind(" HTTP/"), size_t(100)}));
+    for (char & ch : line) ch = ch >= ' ' && ch < 0x7f ? ch : '?';
+    return line;
+}
+
+}  // namespace
+
 void GatedServer::admit(std::unique_ptr<Waiting> connection) {
+    std::list<Served>::iterator served;
     {
         std::lock_guard lock(mutex_);
         ++serving_;
+        served = served_.insert(served_.end(), Served{request_name(connection->head), Clock::now()});
     }
     std::shared_ptr<Waiting> c(std::move(connection));
-    const bool queued = workers_->enqueue([this, c] {
+    auto done = [this, served] {
+        std::lock_guard lock(mutex_);
+        served_.erase(served);
+        if (--serving_ == 0) idle_.notify_all();
+    };
+    const bool queued = workers_->enqueue([this, c, done] {
         timed_out_on_this_thread = false;
         ConnectionStream stream(c->sock, std::move(c->head), c->accepted + deadlines_.request, reads_cut_,
                                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_)));
@@ -313,15 +332,20 @@ void GatedServer::admit(std::unique_ptr<Waiting> connection) {
         serve_guarded([&] { return process_request(stream, remote_ip, remote_port, local_ip, local_port, true, connection_closed, nullptr); });
         close_gently(c->sock);
         closed();
-        std::lock_guard lock(mutex_);
-        if (--serving_ == 0) idle_.notify_all();
+        done();
     });
     if (!queued) {  // the workers are shutting down
         ::close(c->sock);
         closed();
-        std::lock_guard lock(mutex_);
-        if (--serving_ == 0) idle_.notify_all();
+        done();
     }
+}
+
+std::vector<std::string> GatedServer::in_flight() {
+    std::lock_guard lock(mutex_);
+    std::vector<std::string> names;
+    for (const Served & s : served_) names.push_back(s.request + " (" + seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - s.since)) + ")");
+    return names;
 }
 
 void GatedServer::refuse(socket_t sock, int status, const std::string & message) {

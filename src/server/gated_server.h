@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,6 +25,8 @@ namespace specula {
 
 class GatedServer final : public httplib::Server {
 public:
+    using Clock = std::chrono::steady_clock;
+
     // Request heads longer than this get 431 (cpp-httplib's own limits: 8 KiB a header line, 100 lines).
     static constexpr size_t kMaxHeadBytes = 16 << 10;
 
@@ -43,6 +46,9 @@ public:
     void cut_reads() { reads_cut_ = true; }
     // Joins the worker threads once stop_accepting() and the requests have ended.
     void join_workers();
+    // The requests being served, each as its request line's method and path and how long it has
+    // been served ("POST /v1/completions (12.5 s)"): what a shutdown that cannot end names.
+    std::vector<std::string> in_flight();
     // The request on this thread timed out reading its head or body (for the error handler).
     static bool request_timed_out();
     // The request deadline as error messages give it ("30 s").
@@ -64,7 +70,12 @@ private:
     std::atomic<bool> reads_cut_{false};
     std::mutex mutex_;
     std::condition_variable idle_;
-    int serving_ = 0;                                // connections on worker threads (under mutex_)
+    int serving_ = 0;  // connections on worker threads (under mutex_)
+    struct Served {
+        std::string request;  // method and path, printable
+        Clock::time_point since;
+    };
+    std::list<Served> served_;                       // under mutex_, one per connection on a worker thread
     std::vector<std::unique_ptr<Waiting>> arrived_;  // accepted, not yet in the waiting room (under mutex_)
     bool accepting_ = true;                          // under mutex_
     int wake_pipe_[2] = {-1, -1};

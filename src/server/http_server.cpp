@@ -268,6 +268,8 @@ void HttpServer::stop() {
     impl_->scheduler = nullptr;
 }
 
+std::vector<std::string> HttpServer::in_flight() { return impl_->http.in_flight(); }
+
 bool HttpServer::wait() {
     impl_->join_listener();
     std::unique_lock lock(impl_->shutdown_mutex);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace specula {
 
@@ -53,6 +54,9 @@ public:
     // returns once every connection has closed.
     void shutdown(std::chrono::milliseconds grace);
     void stop();  // shutdown() with no grace
+    // The requests being served, each named by its method, path and how long it has been served:
+    // what a shutdown that cannot end reports.
+    std::vector<std::string> in_flight();
     // Until the listener stops, and a shutdown() under way has ended. False when the listener
     // failed on its own (accept() failed other than for a lack of descriptors or memory).
     bool wait();

@@ -1,10 +1,12 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "commands.h"
@@ -17,6 +19,13 @@
 #include "specula/error.h"
 
 namespace specula::cli {
+
+namespace {
+// After SIGTERM or SIGINT: how long past --shutdown-timeout the requests' ends and the scheduler's
+// last step may take before the process exits anyway, and the exit status it then has.
+constexpr std::chrono::seconds kShutdownDrain{5};
+constexpr int kShutdownAbandoned = 3;
+}  // namespace
 
 void register_serve(CLI::App & app, Commands & commands) {
     struct Args {
@@ -102,7 +111,10 @@ void register_serve(CLI::App & app, Commands & commands) {
             }
             auto ms = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };
             // SIGTERM and SIGINT end the server gracefully. They are blocked here, before any thread
-            // starts (threads inherit the mask), and taken by one thread with sigwait().
+            // starts (threads inherit the mask), and taken by one thread with sigwait(), which then
+            // watches the shutdown: a second signal, or a shutdown still under way at its deadline
+            // (a thread stuck in a computation, which no one can interrupt), ends the process at
+            // once, abandoning what is left (docs/server.md, "Shutdown").
             sigset_t stop_signals;
             sigemptyset(&stop_signals);
             sigaddset(&stop_signals, SIGTERM);
@@ -112,15 +124,38 @@ void register_serve(CLI::App & app, Commands & commands) {
                                                            RequestDeadlines{ms(args->head_timeout), ms(args->request_timeout)});
             HttpServer & server = *server_ptr;
             auto loaded = std::make_shared<std::atomic<bool>>(false);
-            std::thread([server_ptr, loaded, stop_signals, grace = ms(args->shutdown_timeout)] {
+            // What the shutdown waits for once the requests have ended, for the line that names it.
+            auto stage = std::make_shared<std::atomic<const char *>>("the requests in flight");
+            std::thread([server_ptr, loaded, stage, stop_signals, grace = ms(args->shutdown_timeout)] {
+                auto name = [](int signal) { return signal == SIGTERM ? "SIGTERM" : "SIGINT"; };
                 int signal = 0;
                 sigwait(&stop_signals, &signal);
-                std::fprintf(stderr, "specula: %s: shutting down\n", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+                std::fprintf(stderr, "specula: %s: shutting down\n", name(signal));
                 if (!*loaded) {  // nothing is in flight while the model loads
                     std::fflush(nullptr);
                     std::_Exit(0);
                 }
-                server_ptr->shutdown(grace);
+                std::thread([server_ptr, grace] { server_ptr->shutdown(grace); }).detach();
+                const auto deadline = std::chrono::steady_clock::now() + grace + kShutdownDrain;
+                for (;;) {
+                    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now()).count();
+                    if (left <= 0) break;
+                    const timespec wait{static_cast<time_t>(left / 1'000'000'000), static_cast<long>(left % 1'000'000'000)};
+                    const int again = sigtimedwait(&stop_signals, nullptr, &wait);
+                    if (again > 0) {
+                        std::fprintf(stderr, "specula: %s again: exiting at once with status %d\n", name(again), 128 + again);
+                        std::fflush(nullptr);
+                        std::_Exit(128 + again);
+                    }
+                    if (errno != EINTR) break;
+                }
+                std::string left_over;
+                for (const std::string & request : server_ptr->in_flight()) left_over += (left_over.empty() ? "" : ", ") + request;
+                if (left_over.empty()) left_over = *stage;
+                std::fprintf(stderr, "specula: the shutdown did not end within --shutdown-timeout + %d s; abandoning %s; exiting with status %d\n",
+                             static_cast<int>(kShutdownDrain.count()), left_over.c_str(), kShutdownAbandoned);
+                std::fflush(nullptr);
+                std::_Exit(kShutdownAbandoned);
             }).detach();
             const AccessPolicy access = make_access_policy(args->host, std::move(keys), args->cors_origins, args->allowed_hosts);
             if (!access.loopback_hosts_only && access.api_keys.empty()) {
@@ -134,7 +169,8 @@ void register_serve(CLI::App & app, Commands & commands) {
             // Tests and scripts read this line for the port.
             std::fprintf(stderr, "specula: listening on http://%s:%d (loading %s)\n", args->host.c_str(), port, args->engine.model_path.c_str());
             std::unique_ptr<ModelBundle> target = ModelBundle::open(args->engine);
-            Scheduler scheduler(*target, args->scheduler);
+            auto scheduler_ptr = std::make_unique<Scheduler>(*target, args->scheduler);
+            Scheduler & scheduler = *scheduler_ptr;
             server.ready(*target, scheduler, std::filesystem::path(args->engine.model_path).stem().string());
             *loaded = true;
             const DrafterSpec & drafter = target->drafter.spec;
@@ -153,6 +189,10 @@ void register_serve(CLI::App & app, Commands & commands) {
                 std::fflush(nullptr);
                 std::_Exit(1);
             }
+            *stage = "the scheduler's step in progress";
+            scheduler_ptr.reset();
+            *stage = "the release of the model";
+            target.reset();
             return 0;
         };
     });
