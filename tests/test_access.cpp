@@ -98,6 +98,25 @@ TEST(Access, OnlyAWholeConfiguredKeyOpensAsBearerOrXApiKey) {
     EXPECT_EQ(wrong.refusal->message.find("sk-"), std::string::npos) << "a refusal must not echo keys: " << wrong.refusal->message;
 }
 
+// Catches: two keys taken for one tenant (sharing their caches), a tenant named by the key itself,
+// or a server without keys split into tenants.
+TEST(Access, EachKeyIsATenantNamedByItsPositionNeverByTheKey) {
+    auto tenant = [](const AccessPolicy & policy, Headers headers) {
+        return tenant_of(policy, [&](const char * name) {
+            for (const auto & [key, value] : headers) {
+                if (strcasecmp(key.c_str(), name) == 0) return value;
+            }
+            return std::string();
+        });
+    };
+    const AccessPolicy policy = keyed({"sk-first", "sk-second", "sk-first"});
+    EXPECT_EQ(tenant(policy, {{"Authorization", "Bearer sk-first"}}), "key 1");
+    EXPECT_EQ(tenant(policy, {{"X-Api-Key", "sk-second"}}), "key 2");
+    EXPECT_EQ(tenant(policy, {{"Authorization", "Bearer sk-third"}}), "");
+    EXPECT_EQ(tenant(policy, {}), "");
+    EXPECT_EQ(tenant(keyed({}), {{"Authorization", "Bearer anything"}}), "anonymous");
+}
+
 // Catches a body parsed whatever its type: a foreign page's text/plain or form POST needs no CORS
 // preflight, so JSON is required of every POST.
 TEST(Access, PostsMustSendJson) {

@@ -229,8 +229,8 @@ TEST(Speculative, PromptLookupStopsItsChainBeforeAMarkupToken) {
     EXPECT_EQ(chain_of(lookup, {5, 6, 8, 9, 2, 7, 5, 6}), (std::vector<int32_t>{8, 9}));
 
     auto cache = std::make_shared<SuffixCache>(64, 1, 3);
-    cache->add(std::vector<int32_t>{3, 4, 8, 1, 9});
-    ASSERT_TRUE(lookup.use_suffix_cache(cache));
+    cache->add(std::vector<int32_t>{3, 4, 8, 1, 9}, "");
+    ASSERT_TRUE(lookup.use_suffix_cache(cache, ""));
     EXPECT_EQ(chain_of(lookup, {0, 3, 4}), (std::vector<int32_t>{8}));
     EXPECT_EQ(cache->stats().draft_tokens, 1u);
 
@@ -316,32 +316,54 @@ TEST(Speculative, PromptLookupIsGraftedByDefaultIntoPolicySizedTreesOnly) {
 // sequence than the latest holding the n-gram, or one running past its sequence's end.
 TEST(SuffixCache, KeepsAtMostItsTokensEvictingTheOldestSequencesAndContinuesTheLatest) {
     SuffixCache cache(10, 1, 3);
-    cache.add(std::vector<int32_t>{1, 2, 3, 4, 5});
-    cache.add(std::vector<int32_t>{7, 2, 3, 9});
-    EXPECT_EQ(cache.continuation(std::vector<int32_t>{2, 3}, 8), (std::vector<int32_t>{9}));  // the latest, to its end
-    EXPECT_EQ(cache.continuation(std::vector<int32_t>{1, 2, 3}, 2), (std::vector<int32_t>{4, 5}));
-    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{5}, 4).empty());           // nothing after it
-    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{9, 2, 3, 4}, 4).empty());  // longer than n_max
+    cache.add(std::vector<int32_t>{1, 2, 3, 4, 5}, "");
+    cache.add(std::vector<int32_t>{7, 2, 3, 9}, "");
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{2, 3}, 8, ""), (std::vector<int32_t>{9}));  // the latest, to its end
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{1, 2, 3}, 2, ""), (std::vector<int32_t>{4, 5}));
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{5}, 4, "").empty());           // nothing after it
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{9, 2, 3, 4}, 4, "").empty());  // longer than n_max
     EXPECT_EQ(cache.stats().tokens, 9u);
-    cache.add(std::vector<int32_t>{8, 1, 2, 6});  // 13 tokens: the first sequence goes
+    cache.add(std::vector<int32_t>{8, 1, 2, 6}, "");  // 13 tokens: the first sequence goes
     const SuffixCache::Stats s = cache.stats();
     EXPECT_EQ(s.tokens, 8u);
     EXPECT_EQ(s.sequences, 2u);
     EXPECT_EQ(s.evicted, 1u);
-    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{4}, 4).empty());
-    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{1, 2, 3}, 4).empty());
-    EXPECT_EQ(cache.continuation(std::vector<int32_t>{1, 2}, 4), (std::vector<int32_t>{6}));
-    EXPECT_EQ(cache.continuation(std::vector<int32_t>{3}, 4), (std::vector<int32_t>{9}));
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{4}, 4, "").empty());
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{1, 2, 3}, 4, "").empty());
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{1, 2}, 4, ""), (std::vector<int32_t>{6}));
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{3}, 4, ""), (std::vector<int32_t>{9}));
     // A sequence longer than the cache is kept by its last tokens, alone.
     std::vector<int32_t> long_text(25);
     for (int i = 0; i < 25; ++i) long_text[i] = 100 + i;
-    cache.add(long_text);
+    cache.add(long_text, "");
     EXPECT_EQ(cache.stats().tokens, 10u);
     EXPECT_EQ(cache.stats().sequences, 1u);
-    EXPECT_EQ(cache.continuation(std::vector<int32_t>{115}, 2), (std::vector<int32_t>{116, 117}));
-    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{114}, 2).empty());
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{115}, 2, ""), (std::vector<int32_t>{116, 117}));
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{114}, 2, "").empty());
     EXPECT_THROW(SuffixCache(0, 1, 3), Error);
     EXPECT_THROW(SuffixCache(10, 2, 1), Error);
+}
+
+// Catches: a lookup that finds another scope's sequence (a server's other tenant or cache salt),
+// or a scope's latest place of an n-gram lost to another scope's later one.
+TEST(SuffixCache, ALookupFindsOnlyTheSequencesOfItsScope) {
+    SuffixCache cache(64, 1, 3);
+    cache.add(std::vector<int32_t>{1, 2, 3, 4}, "a");
+    cache.add(std::vector<int32_t>{1, 2, 3, 5}, "b");
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{2, 3}, 4, "a"), (std::vector<int32_t>{4}));
+    EXPECT_EQ(cache.continuation(std::vector<int32_t>{2, 3}, 4, "b"), (std::vector<int32_t>{5}));
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{2, 3}, 4, "").empty());
+    EXPECT_TRUE(cache.continuation(std::vector<int32_t>{2, 3}, 4, "a\n").empty());
+    NgramDrafter drafter(1, 3);
+    auto shared = std::make_shared<SuffixCache>(64, 1, 3);
+    shared->add(std::vector<int32_t>{7, 8, 9}, "a");
+    ASSERT_TRUE(drafter.use_suffix_cache(shared, "b"));
+    const TreeBudget depth4{TreeShape::Chain, 4, 1, 4};
+    drafter.start(DraftRequest{std::vector<int32_t>{0, 7, 8}, depth4, nullptr, nullptr});
+    EXPECT_TRUE(drafter.take().tree.empty());
+    drafter.use_suffix_cache(shared, "a");
+    drafter.start(DraftRequest{std::vector<int32_t>{0, 7, 8}, depth4, nullptr, nullptr});
+    EXPECT_EQ(drafter.take().tree.token, (std::vector<int32_t>{9}));
 }
 
 // Catches: the n-gram drafter not consulting the cache where the history holds no match (or
@@ -349,9 +371,9 @@ TEST(SuffixCache, KeepsAtMostItsTokensEvictingTheOldestSequencesAndContinuesTheL
 // their tokens the next round accepted.
 TEST(SuffixCache, TheNgramDrafterDraftsFromEarlierSequencesWhereTheHistoryHasNoMatch) {
     auto cache = std::make_shared<SuffixCache>(64, 1, 3);
-    cache->add(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7});
+    cache->add(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}, "");
     NgramDrafter drafter(1, 3);
-    ASSERT_TRUE(drafter.use_suffix_cache(cache));
+    ASSERT_TRUE(drafter.use_suffix_cache(cache, ""));
     const TreeBudget depth4{TreeShape::Chain, 4, 1, 4};
     std::vector<int32_t> history = {9, 1, 2, 3};
     drafter.start(DraftRequest{history, depth4, nullptr, nullptr});
@@ -370,7 +392,7 @@ TEST(SuffixCache, TheNgramDrafterDraftsFromEarlierSequencesWhereTheHistoryHasNoM
     EXPECT_EQ(cache->stats().drafts, 1u);
     // Through the graft, at T > 0 too.
     LookupGraftDrafter grafted(std::make_unique<FixedTreeDrafter>(TokenTree{}), 1, 3);
-    ASSERT_TRUE(grafted.use_suffix_cache(cache));
+    ASSERT_TRUE(grafted.use_suffix_cache(cache, ""));
     SamplingParams sampled;
     sampled.temperature = 1.0f;
     const std::vector<int32_t> asks = {9, 5, 6};

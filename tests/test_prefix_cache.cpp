@@ -173,13 +173,13 @@ TEST(PrefixCache, AFreeSlotIsChosenByItsLongestCommonPrefixThenLeastRecentlyUsed
     SlotPrefix a{{1, 2, 3, 4}, nullptr, 5}, b{{1, 2, 9}, nullptr, 6}, c{{}, nullptr, 3}, d{{7}, nullptr, 2}, e{{1, 5, 6, 7, 8, 9}, nullptr, 1};
     const std::vector<const SlotPrefix *> slots = {&a, &b, &c, &d, &e};
     const std::vector<int32_t> prompt = {1, 2, 3, 8, 8, 8};
-    EXPECT_EQ(choose_slot(slots, std::vector<char>{1, 1, 1, 1, 1}, prompt), 0);
-    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 1, 1, 1, 1}, prompt), 1) << "2 of its 3 tokens";
-    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 1, 1, 1}, prompt), 4) << "no match (1 shared token is none): the least recently used";
-    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 1, 1, 0}, prompt), 3);
-    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 0, 0, 0}, prompt), -1);
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{1, 1, 1, 1, 1}, prompt, ""), 0);
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 1, 1, 1, 1}, prompt, ""), 1) << "2 of its 3 tokens";
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 1, 1, 1}, prompt, ""), 4) << "no match (1 shared token is none): the least recently used";
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 1, 1, 0}, prompt, ""), 3);
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 0, 0, 0, 0}, prompt, ""), -1);
     const SlotPrefix tie1{{1, 2, 3}, nullptr, 9}, tie2{{1, 2, 3, 5}, nullptr, 4};
-    EXPECT_EQ(choose_slot(std::vector<const SlotPrefix *>{&tie1, &tie2}, std::vector<char>{1, 1}, prompt), 1) << "a tie: the least recently used";
+    EXPECT_EQ(choose_slot(std::vector<const SlotPrefix *>{&tie1, &tie2}, std::vector<char>{1, 1}, prompt, ""), 1) << "a tie: the least recently used";
 }
 
 std::string drain(Job & job) {
@@ -294,29 +294,51 @@ TEST(PrefixStore, StaysWithinItsBoundEvictingTheLeastRecentlyUsed) {
         return v;
     };
     for (int32_t first : {100, 200, 300}) {
-        store.put(tokens(first, 8), fake_rows(8, kValues));
+        store.put(tokens(first, 8), fake_rows(8, kValues), "");
         EXPECT_LE(store.stats().bytes, 3 * 8 * (kValues * 2 + 4));
     }
     EXPECT_EQ(store.stats().entries, 3u);
-    const auto hit = store.find(tokens(100, 12), 0);  // 100's entry becomes the most recently used
+    const auto hit = store.find(tokens(100, 12), 0, "");  // 100's entry becomes the most recently used
     ASSERT_TRUE(hit);
     EXPECT_EQ(hit->n, 8u);
-    EXPECT_FALSE(store.find(tokens(200, 12), 8)) << "no longer than what the slot holds";
-    store.put(tokens(400, 8), fake_rows(8, kValues));
+    EXPECT_FALSE(store.find(tokens(200, 12), 8, "")) << "no longer than what the slot holds";
+    store.put(tokens(400, 8), fake_rows(8, kValues), "");
     EXPECT_LE(store.stats().bytes, 3 * 8 * (kValues * 2 + 4));
     EXPECT_EQ(store.stats().evictions, 1u);
-    EXPECT_TRUE(store.find(tokens(100, 8), 0));
-    EXPECT_FALSE(store.find(tokens(200, 8), 0)) << "the least recently used was evicted";
-    EXPECT_TRUE(store.find(tokens(300, 8), 0));
-    store.put(tokens(0, 100), fake_rows(100, kValues));  // larger than the bound: not kept
+    EXPECT_TRUE(store.find(tokens(100, 8), 0, ""));
+    EXPECT_FALSE(store.find(tokens(200, 8), 0, "")) << "the least recently used was evicted";
+    EXPECT_TRUE(store.find(tokens(300, 8), 0, ""));
+    store.put(tokens(0, 100), fake_rows(100, kValues), "");  // larger than the bound: not kept
     EXPECT_EQ(store.stats().entries, 3u);
-    store.put(tokens(300, 9), fake_rows(9, kValues));  // extends 300's entry: replaces it, and 400's is the least recently used
+    store.put(tokens(300, 9), fake_rows(9, kValues), "");  // extends 300's entry: replaces it, and 400's is the least recently used
     EXPECT_LE(store.stats().bytes, 3 * 8 * (kValues * 2 + 4));
     EXPECT_EQ(store.stats().entries, 2u);
     EXPECT_EQ(store.stats().evictions, 2u);
-    EXPECT_FALSE(store.find(tokens(400, 8), 0));
-    EXPECT_EQ(store.find(tokens(300, 12), 0)->n, 9u);
+    EXPECT_FALSE(store.find(tokens(400, 8), 0, ""));
+    EXPECT_EQ(store.find(tokens(300, 12), 0, "")->n, 9u);
     EXPECT_EQ(store.stats().hits, 4u);
+}
+
+// Catches: a request given another tenant's (or cache salt's) slot for its prefix, or served
+// another scope's rows from the prefix store, which would make the cache an oracle of other
+// clients' prompts.
+TEST(PrefixCache, OnlyARequestOfTheSameScopeReusesASlotOrAStoredPrefix) {
+    const SlotPrefix mine{{1, 2, 3, 4}, nullptr, 5, "key 1\n"}, theirs{{1, 2, 3, 4, 5}, nullptr, 6, "key 2\n"};
+    const std::vector<const SlotPrefix *> slots = {&mine, &theirs};
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6};
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{1, 1}, prompt, "key 1\n"), 0);
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{1, 1}, prompt, "key 2\n"), 1);
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{0, 1}, prompt, "key 1\n"), 1) << "free, though nothing of it is reused";
+    EXPECT_EQ(choose_slot(slots, std::vector<char>{1, 1}, prompt, "key 1\nsalt"), 0) << "no match anywhere: the least recently used";
+    PrefixStore store(1 << 20);
+    store.put(std::vector<int32_t>{1, 2, 3, 4}, fake_rows(4, 10), "key 2\n");
+    EXPECT_FALSE(store.find(prompt, 0, "key 1\n"));
+    EXPECT_FALSE(store.find(prompt, 0, "key 2\nsalt"));
+    ASSERT_TRUE(store.find(prompt, 0, "key 2\n"));
+    EXPECT_EQ(store.find(prompt, 0, "key 2\n")->n, 4u);
+    store.put(std::vector<int32_t>{1, 2, 3}, fake_rows(3, 10), "key 1\n");  // a prefix of another scope's entry is kept
+    EXPECT_EQ(store.stats().entries, 2u);
+    EXPECT_EQ(store.find(prompt, 0, "key 1\n")->n, 3u);
 }
 
 // Catches: a slot's history lost when another conversation takes it (the next turn prefilled

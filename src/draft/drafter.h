@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/forward.h"
@@ -114,9 +115,10 @@ public:
         (void)other;
         reset();
     }
-    // Earlier sequences (a server's) to look up like the prompt; false: this drafter does no lookup.
-    virtual bool use_suffix_cache(std::shared_ptr<SuffixCache> cache) {
-        (void)cache;
+    // Earlier sequences (a server's) to look up like the prompt, those kept under `scope` (the
+    // request's tenant and cache salt); false: this drafter does no lookup.
+    virtual bool use_suffix_cache(std::shared_ptr<SuffixCache> cache, const std::string & scope) {
+        (void)cache, (void)scope;
         return false;
     }
 };

@@ -52,7 +52,9 @@ public:
     // afresh, as on a cold start.
     int keep_prefix(int n_common, int n_prompt) override;
     void copy_state(const Drafter & other) override;
-    bool use_suffix_cache(std::shared_ptr<SuffixCache> cache) override { return lookup_.use_suffix_cache(std::move(cache)); }
+    bool use_suffix_cache(std::shared_ptr<SuffixCache> cache, const std::string & scope) override {
+        return lookup_.use_suffix_cache(std::move(cache), scope);
+    }
 
     // The learned chance that lookup's token at `depth` (1: the first below the root) continues the text.
     double step_prob(int depth) const;

@@ -12,8 +12,9 @@ NgramDrafter::NgramDrafter(int n_min, int n_max, std::shared_ptr<const std::vect
     if (n_min < 1 || n_max < n_min) throw Error("n-gram sizes must satisfy 1 <= min <= max (got " + std::to_string(n_min) + ", " + std::to_string(n_max) + ")");
 }
 
-bool NgramDrafter::use_suffix_cache(std::shared_ptr<SuffixCache> cache) {
+bool NgramDrafter::use_suffix_cache(std::shared_ptr<SuffixCache> cache, const std::string & scope) {
     cache_ = std::move(cache);
+    scope_ = scope;
     from_cache_ = {};
     return true;
 }
@@ -57,7 +58,7 @@ void NgramDrafter::start(const DraftRequest & req) {
             return;
         }
         if (!cache_) continue;
-        std::vector<int32_t> cached = cache_->continuation(suffix, req.budget.depth);
+        std::vector<int32_t> cached = cache_->continuation(suffix, req.budget.depth, scope_);
         cached.resize(proposable(cached).size());
         if (cached.empty()) continue;
         chain(cached);

@@ -6,6 +6,7 @@
 // stops before a markup token (Tokenizer::markup_tokens): at a reply's start the history's last
 // "\n" was followed by the next turn's "<|im_start|>", which the reply does not hold.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "draft/drafter.h"
@@ -26,7 +27,7 @@ public:
         reset();
         return n_common;
     }
-    bool use_suffix_cache(std::shared_ptr<SuffixCache> cache) override;
+    bool use_suffix_cache(std::shared_ptr<SuffixCache> cache, const std::string & scope) override;
 
 private:
     // Counts how many of the last cache draft's tokens the round after it accepted: its first
@@ -39,6 +40,7 @@ private:
     std::shared_ptr<const std::vector<int32_t>> markup_;
     Draft draft_;
     std::shared_ptr<SuffixCache> cache_;
+    std::string scope_;  // the part of cache_ looked up
     struct CacheDraft {
         size_t root = 0;  // history size when drafted
         std::vector<int32_t> tokens;

@@ -4,11 +4,14 @@
 // a summary asked again, an agent's loop) gets the earlier continuation as a free draft.
 // Memory is bounded: at most max_tokens tokens are kept, and the index holds at most one entry
 // per kept token and n-gram length (n_min..n_max); the oldest sequences are evicted first.
+// Each sequence is kept under a scope (a server's tenant and cache salt), and a lookup finds only
+// the sequences of its own scope; one bound holds them all.
 // Thread-safe: every member takes the cache's mutex.
 #include <cstdint>
 #include <deque>
 #include <mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -20,11 +23,11 @@ public:
 
     SuffixCache(size_t max_tokens, int n_min, int n_max);
 
-    // A finished sequence; one longer than max_tokens is kept by its last max_tokens tokens.
-    void add(std::span<const int32_t> tokens);
-    // What followed `ngram` in the latest kept sequence holding it with a token after it, up to
-    // `depth` tokens; empty if none does (or its length is outside n_min..n_max).
-    std::vector<int32_t> continuation(std::span<const int32_t> ngram, int depth) const;
+    // A finished sequence of `scope`; one longer than max_tokens is kept by its last max_tokens tokens.
+    void add(std::span<const int32_t> tokens, const std::string & scope);
+    // What followed `ngram` in the latest kept sequence of `scope` holding it with a token after
+    // it, up to `depth` tokens; empty if none does (or its length is outside n_min..n_max).
+    std::vector<int32_t> continuation(std::span<const int32_t> ngram, int depth, const std::string & scope) const;
 
     // Drafts taken from the cache, and how many of their tokens verification accepted.
     void count_draft(size_t tokens);
@@ -45,8 +48,11 @@ private:
     struct Kept {
         uint64_t id = 0;
         std::vector<int32_t> tokens;
+        std::string scope;
     };
-    static uint64_t key(std::span<const int32_t> ngram);
+    // The index's key of an n-gram in a scope: scopes that share a key only overwrite each other's
+    // places (a lookup checks the kept sequence's scope and tokens).
+    static uint64_t key(std::span<const int32_t> ngram, uint64_t scope_hash);
     void evict_oldest();  // under mutex_
 
     const size_t max_tokens_;
@@ -55,7 +61,7 @@ private:
     std::deque<Kept> kept_;  // oldest first; ids consecutive
     uint64_t next_id_ = 0;
     size_t n_tokens_ = 0;
-    std::unordered_map<uint64_t, Place> index_;  // n-gram -> its latest place
+    std::unordered_map<uint64_t, Place> index_;  // (scope, n-gram) -> its latest place
     Stats stats_;
 };
 

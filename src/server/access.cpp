@@ -33,18 +33,21 @@ std::string host_name(const std::string & host) {
     return lower(host.substr(0, colon));
 }
 
-// Whether `presented` is one of `keys`, in a time that depends on the keys' lengths only: every
-// key is compared over its whole length, whatever matched before.
-bool key_matches(const std::vector<std::string> & keys, const std::string & presented) {
-    unsigned char any = 0;
-    for (const std::string & key : keys) {
+// The 1-based index of `presented` in `keys` (the first, when listed twice), 0 when it is none of
+// them, in a time that depends on the keys' lengths only: every key is compared over its whole
+// length, whatever matched before.
+size_t key_index(const std::vector<std::string> & keys, const std::string & presented) {
+    size_t found = 0;
+    for (size_t k = keys.size(); k-- > 0;) {
+        const std::string & key = keys[k];
         unsigned char diff = key.size() == presented.size() ? 0 : 1;
         for (size_t i = 0; i < key.size(); ++i) {
             diff |= static_cast<unsigned char>(key[i] ^ (presented.empty() ? 0 : presented[i % presented.size()]));
         }
-        any |= static_cast<unsigned char>(diff == 0);
+        const size_t match = 0 - static_cast<size_t>(diff == 0);  // all ones on a match
+        found = (found & ~match) | ((k + 1) & match);
     }
-    return any != 0;
+    return found;
 }
 
 // The key a request presents: "Authorization: Bearer KEY" (the scheme in any case), else "X-Api-Key: KEY".
@@ -114,7 +117,7 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
     const bool open_route = (method == "GET" || method == "HEAD") && (path == "/" || path == "/health");
     if (!policy.api_keys.empty() && !open_route) {
         const std::string key = presented_key(header);
-        if (key.empty() || !key_matches(policy.api_keys, key)) {
+        if (key.empty() || key_index(policy.api_keys, key) == 0) {
             d.refusal = refuse(401, "invalid_request_error", "invalid_api_key",
                                key.empty() ? "no API key: send it as 'Authorization: Bearer KEY'" : "the API key is not valid");
             d.headers.emplace_back("WWW-Authenticate", "Bearer");
@@ -130,6 +133,12 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
     // next request.
     if (d.refusal && (!header("Content-Length").empty() || !header("Transfer-Encoding").empty())) d.headers.emplace_back("Connection", "close");
     return d;
+}
+
+std::string tenant_of(const AccessPolicy & policy, const std::function<std::string(const char * name)> & header) {
+    if (policy.api_keys.empty()) return "anonymous";
+    const size_t index = key_index(policy.api_keys, presented_key(header));
+    return index == 0 ? "" : "key " + std::to_string(index);
 }
 
 AccessPolicy make_access_policy(const std::string & bind_host, std::vector<std::string> api_keys,

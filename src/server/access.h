@@ -38,6 +38,11 @@ struct AccessDecision {
 AccessDecision check_access(const AccessPolicy & policy, const std::string & method, const std::string & path,
                             const std::function<std::string(const char * name)> & header);
 
+// Whose caches a request may reuse (server/scheduler.h, Tenancy): "anonymous" on a server without
+// keys, else "key N" for the N-th key (1-based) the request presents, never the key itself; ""
+// when it presents none of them (check_access refuses it).
+std::string tenant_of(const AccessPolicy & policy, const std::function<std::string(const char * name)> & header);
+
 // The policy of a server bound to `bind_host` (the host check is on for a loopback address),
 // with the given keys, CORS origins and extra Host names. Throws Error naming a key, origin or
 // host name that cannot be one.

@@ -332,12 +332,18 @@ void HttpServer::Impl::routes() {
         if (!scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         send_json(res, 200, json{{"object", "list"}, {"data", json::array({{{"id", model_id}, {"object", "model"}, {"created", started}, {"owned_by", "specula"}}})}});
     });
-    on_get("/slots", [this](const httplib::Request &, httplib::Response & res) {
+    on_get("/slots", [this](const httplib::Request & req, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        const std::string tenant = tenant_of(access, [&req](const char * name) { return req.get_header_value(name); });
         json slots = json::array();
         for (const auto & slot : s->metrics().slot_states) {
-            slots.push_back({{"id", slot.id}, {"state", slot.busy ? "processing" : "idle"}, {"n_prompt", slot.n_prompt}, {"n_generated", slot.n_generated}, {"n_cached", slot.n_cached}, {"n_ctx", s->context_size()}});
+            json j = {{"id", slot.id}, {"state", slot.busy ? "processing" : "idle"}, {"n_ctx", s->context_size()}};
+            // Another tenant's request: its lengths are none of this key's business.
+            if (slot.tenant.empty() || slot.tenant == tenant) {
+                j["n_prompt"] = slot.n_prompt, j["n_generated"] = slot.n_generated, j["n_cached"] = slot.n_cached;
+            }
+            slots.push_back(std::move(j));
         }
         send_json(res, 200, slots);
     });
@@ -437,7 +443,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     for (const std::string & stop : chat.additional_stops) {
         if (std::find(r.stop.begin(), r.stop.end(), stop) == r.stop.end()) r.stop.push_back(stop);
     }
-    const std::vector<std::shared_ptr<Job>> jobs = s->submit_choices(std::move(prompt), gen, r.n, early_exit, r.stop);
+    Tenancy tenancy{tenant_of(access, [&req](const char * name) { return req.get_header_value(name); }), r.cache_salt};
+    const std::vector<std::shared_ptr<Job>> jobs = s->submit_choices(std::move(prompt), gen, r.n, early_exit, r.stop, std::move(tenancy));
     if (jobs.empty()) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
     const std::shared_ptr<Job> & job = jobs.front();
 

@@ -114,6 +114,14 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
         if (!v.is_string() || (v != "off" && v != "lossy" && v != "lossless")) must_be("specee", "\"off\", \"lossy\" or \"lossless\"", v);
         r.specee = v.get<std::string>();
     }
+    if (has(body, "cache_salt")) {
+        const json & v = body.at("cache_salt");
+        if (!v.is_string() || v.get_ref<const std::string &>().empty()) must_be("cache_salt", "a non-empty string", v);
+        r.cache_salt = v.get<std::string>();
+        if (r.cache_salt.size() > kMaxCacheSaltBytes) {
+            bad("cache_salt", "'cache_salt' is " + std::to_string(r.cache_salt.size()) + " bytes long, more than the limit of " + std::to_string(kMaxCacheSaltBytes));
+        }
+    }
     if (has(body, "specee_threshold")) r.specee_threshold = static_cast<float>(number(body, "specee_threshold", 0.0, 1.0));
     if (has(body, "stream")) r.stream = boolean(body.at("stream"), "stream");
     if (has(body, "stream_options")) {

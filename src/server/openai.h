@@ -54,7 +54,11 @@ struct Request {
     int top_logprobs = -1;
     std::string grammar;
     std::string grammar_field;  // "grammar" or "response_format": where the grammar came from
+    // vLLM's: the request reuses only cached prefixes and texts of requests of its tenant with the
+    // same salt (server/scheduler.h, Tenancy); "" without one. At most kMaxCacheSaltBytes.
+    std::string cache_salt;
 };
+inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
 // Parses and checks a body; throws ApiError naming the field: 400 for malformed JSON (nested more
 // than kJsonMaxDepth levels too, refused before it is built) and fields of the wrong type or value,

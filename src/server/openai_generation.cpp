@@ -172,7 +172,7 @@ void refuse_unknown_fields(const json & body, Endpoint endpoint) {
     static const std::set<std::string, std::less<>> common = {
         "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed",
         "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "repetition_penalty", "logit_bias", "stop", "logprobs",
-        "grammar", "response_format", "ignore_eos", "specee", "specee_threshold", "stream", "stream_options",
+        "grammar", "response_format", "ignore_eos", "specee", "specee_threshold", "stream", "stream_options", "cache_salt",
         // Metadata: accepted, with no effect on the generation (docs/server.md).
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
         // llama-server's: every request reuses what a slot's cache holds (server/slot_prefix.h), with the same output.

@@ -14,6 +14,7 @@
 #include <list>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/kv_cache.h"
@@ -31,18 +32,19 @@ public:
 
     // Whether an entry of n_tokens tokens whose rows take row_bytes fits the bound at all.
     bool fits(size_t n_tokens, size_t row_bytes) const { return entry_bytes(n_tokens, row_bytes) <= max_bytes_; }
-    // Keeps `tokens` with `rows` (the target's exact K/V of them) as the most recently used entry,
-    // replacing entries it extends, and evicts the least recently used until the bound holds. An
-    // entry that does not fit, or whose tokens begin a kept entry's, is not kept.
-    void put(std::span<const int32_t> tokens, KvCache::HostRows rows);
+    // Keeps `tokens` with `rows` (the target's exact K/V of them) as the most recently used entry
+    // of `scope` (whose requests may reuse it: Tenancy::scope), replacing entries of the scope it
+    // extends, and evicts the least recently used until the bound holds. An entry that does not
+    // fit, or whose tokens begin a kept entry's of the scope, is not kept.
+    void put(std::span<const int32_t> tokens, KvCache::HostRows rows, const std::string & scope);
     struct Match {
         size_t n = 0;                              // leading prompt tokens the entry's rows hold
         const KvCache::HostRows * rows = nullptr;  // valid until the next put()
     };
-    // The entry that shares the longest prefix with `prompt`, if that is longer than `than` and
-    // counts as a match (matched_prefix: more than a shared header). Counts a hit and makes the
-    // entry the most recently used.
-    std::optional<Match> find(std::span<const int32_t> prompt, size_t than);
+    // The entry of `scope` that shares the longest prefix with `prompt`, if that is longer than
+    // `than` and counts as a match (matched_prefix: more than a shared header). Counts a hit and
+    // makes the entry the most recently used.
+    std::optional<Match> find(std::span<const int32_t> prompt, size_t than, const std::string & scope);
 
     struct Stats {
         uint64_t bytes = 0, entries = 0, hits = 0, evictions = 0;
@@ -53,9 +55,10 @@ private:
     struct Entry {
         std::vector<int32_t> tokens;
         KvCache::HostRows rows;
+        std::string scope;
     };
     static size_t entry_bytes(size_t n_tokens, size_t row_bytes) { return n_tokens * sizeof(int32_t) + row_bytes; }
-    static size_t bytes_of(const Entry & e) { return entry_bytes(e.tokens.size(), e.rows.f16.size() * sizeof(uint16_t)); }
+    static size_t bytes_of(const Entry & e) { return entry_bytes(e.tokens.size(), e.rows.f16.size() * sizeof(uint16_t)) + e.scope.size(); }
     void erase(std::list<Entry>::iterator it);
 
     size_t max_bytes_;
@@ -63,11 +66,11 @@ private:
     Stats stats_;
 };
 
-// Before a request takes the slot: its rows go to the store unless the request keeps them all,
+// Before a request takes the slot: its rows go to the store, under the slot's scope, unless the request keeps them all,
 // i.e. unless they are a prefix of `prompt` (pass an empty prompt when the slot's rows are lost
 // whatever the prompt: a lossy SpecEE request, a further choice taking the first one's rows).
 void stash_prefix(PrefixStore & store, const SlotPrefix & prefix, const KvCache & cache, std::span<const int32_t> prompt);
-// Then: when the store holds a longer prefix of `prompt` than the slot, the slot takes its rows
+// Then: when the store holds a longer prefix of `prompt` than the slot, under the slot's scope, the slot takes its rows
 // (short of the prompt's last token, as reuse_prefix) and `drafter` (nullptr: none) is reset.
 void restore_prefix(PrefixStore & store, SlotPrefix & prefix, KvCache & cache, Drafter * drafter, std::span<const int32_t> prompt);
 

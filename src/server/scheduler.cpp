@@ -39,7 +39,7 @@ Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(t
         const DrafterSpec & spec = target.drafter.spec;
         auto cache = std::make_shared<SuffixCache>(options.suffix_cache_tokens, spec.ngram_min, spec.ngram_max);
         bool looked_up = false;
-        for (auto & slot : slots_) looked_up = (slot->drafter && slot->drafter->use_suffix_cache(cache)) || looked_up;
+        for (auto & slot : slots_) looked_up = (slot->drafter && slot->drafter->use_suffix_cache(cache, "")) || looked_up;
         if (looked_up) suffix_cache_ = std::move(cache);
     }
     std::vector<int32_t> probe = target.tokenizer->tokenize("The quick brown fox jumps over the lazy dog.");
@@ -101,6 +101,8 @@ Scheduler::~Scheduler() {
 
 int Scheduler::context_size() const { return target_.options.n_ctx; }
 
+std::string Scheduler::suffix_scope(const Job & job) const { return options_.shared_suffix_cache ? "" : job.tenancy_.scope(); }
+
 bool Scheduler::failed() const {
     std::lock_guard lock(mutex_);
     return !failure_.empty();
@@ -120,13 +122,13 @@ void Scheduler::fail_all(const std::string & failure) {
 }
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit,
-                                       std::vector<std::string> stop) {
-    std::vector<std::shared_ptr<Job>> jobs = submit_choices(std::move(prompt), options, 1, early_exit, std::move(stop));
+                                       std::vector<std::string> stop, Tenancy tenancy) {
+    std::vector<std::shared_ptr<Job>> jobs = submit_choices(std::move(prompt), options, 1, early_exit, std::move(stop), std::move(tenancy));
     return jobs.empty() ? nullptr : jobs.front();
 }
 
 std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
-                                                            EarlyExitRequest early_exit, std::vector<std::string> stop) {
+                                                            EarlyExitRequest early_exit, std::vector<std::string> stop, Tenancy tenancy) {
     if (n < 1 || n > options_.parallel) {
         throw Error("n: " + std::to_string(n) + " choices need as many slots, and the server has " + std::to_string(options_.parallel));
     }
@@ -147,6 +149,7 @@ std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t>
         GenerationOptions choice = options;
         choice.sampling.seed = options.sampling.seed + static_cast<uint64_t>(i);
         jobs.push_back(std::make_shared<Job>(prompt, choice, early_exit, stop));
+        jobs[i]->tenancy_ = tenancy;
         if (i > 0) jobs[i]->leader_ = jobs[0];
     }
     jobs[0]->choices_ = n;
@@ -184,7 +187,7 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         r.finish_reason = slot.ended_by_eog ? "stop" : "length";
         if (finished_normally) {
             ++metrics_.requests_finished;
-            if (suffix_cache_ && slot.sequence) suffix_cache_->add(slot.sequence->history());
+            if (suffix_cache_ && slot.sequence) suffix_cache_->add(slot.sequence->history(), suffix_scope(*slot.job));
         } else {
             ++metrics_.requests_cancelled;
             r.error = "cancelled";

@@ -42,6 +42,19 @@ struct SchedulerOptions {
     // Host bytes of slots' rows kept for later requests once other conversations take the slots
     // (server/prefix_store.h); 0: none.
     size_t cache_bytes = PrefixStore::kDefaultMaxBytes;
+    // Whether lookup drafts read every tenant's earlier requests (serve --shared-suffix-cache)
+    // rather than only those of the request's own tenant and cache salt (Tenancy).
+    bool shared_suffix_cache = false;
+};
+
+// Whose request a job is. The caches (a slot's rows, the prefix store, the suffix cache unless
+// shared) serve a request only what requests of the same tenant and cache salt left, and /slots
+// shows a tenant the figures of its own requests' slots only (docs/server.md, "Tenants").
+struct Tenancy {
+    std::string tenant = "anonymous";  // server/access.h, tenant_of: never a key itself
+    std::string cache_salt;            // the request's "cache_salt"; "" without one
+    // The caches' key: both in one string (a tenant's name holds no '\n').
+    std::string scope() const { return tenant + '\n' + cache_salt; }
 };
 
 // Where an emitted token came from, for the live page's colours (the stream's "specula" field).
@@ -109,6 +122,7 @@ private:
     const std::vector<int32_t> prompt_;
     const GenerationOptions options_;
     const EarlyExitRequest early_exit_;
+    Tenancy tenancy_;              // set by the scheduler's submit_choices before the job is queued
     int choices_ = 1;              // the first choice of a request: how many it has (Scheduler::submit_choices)
     std::shared_ptr<Job> leader_;  // a further choice: the first, whose prefilled prompt it takes
     std::atomic<bool> cancelled_{false};
@@ -163,6 +177,7 @@ struct SchedulerMetrics {
         int id = 0;
         bool busy = false;
         int n_prompt = 0, n_generated = 0, n_cached = 0;
+        std::string tenant;  // of the request the slot serves or last served ("" before its first)
     };
     std::vector<Slot> slot_states;
 };
@@ -182,15 +197,16 @@ public:
     // Lossless sequences share the step's target forward like any drafter's; a lossy sequence
     // runs its own layer segments on its cache stream after the shared forward, one token per step.
     // `stop`: the request's stop strings (Job).
+    // `tenancy`: whose request it is, whose cached prefixes and earlier texts it may reuse.
     std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {},
-                                std::vector<std::string> stop = {});
+                                std::vector<std::string> stop = {}, Tenancy tenancy = {});
     // A request's n choices (1 <= n <= the slots; Error otherwise): n jobs, choice i sampled with
     // seed + i. They start once n slots are free (the request waits in the queue until then, and
     // the requests behind it too); the first prefills the prompt, and the others then take its
     // cache rows and drafter state (KvCache::copy_from, Drafter::copy_state) instead of prefilling
     // it again (a lossy SpecEE request's choices each prefill). Empty when the queue is full.
     std::vector<std::shared_ptr<Job>> submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
-                                                     EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {});
+                                                     EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {}, Tenancy tenancy = {});
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
     // The target's rpc-server failed mid-run (Backend::set_remote_failure_handler): the requests
@@ -208,6 +224,8 @@ private:
     // of a further choice's first choice whose prefilled prompt it takes, else nullptr.
     bool may_start(const Job & job, int free_slots, Slot *& first) const;
     void release(Slot & slot, bool finished_normally);
+    // The part of the suffix cache a job's drafts read and its text goes to ("" for all when shared).
+    std::string suffix_scope(const Job & job) const;
     // Under mutex_, on the worker: copies each slot's counters to what metrics() reads, since its
     // cache and sequence change outside the mutex while a step runs.
     void publish_slots();
@@ -232,7 +250,8 @@ private:
     uint64_t admitted_ = 0;                  // requests admitted so far: each slot's last_used stamp
     std::unique_ptr<SpeculationGate> gate_;  // null: every step may draft
     // Finished sequences, added on the worker (release) and looked up by the slots' drafters on
-    // the worker; null when off or no drafter looks up. metrics() reads its counters (its own mutex).
+    // the worker, each under its job's scope (Tenancy; one scope when shared); null when off or no
+    // drafter looks up. metrics() reads its counters (its own mutex).
     std::shared_ptr<SuffixCache> suffix_cache_;
     std::unique_ptr<PrefixStore> store_;  // null when --cache-bytes is 0; used under mutex_
     std::thread worker_;

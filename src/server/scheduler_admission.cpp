@@ -27,15 +27,20 @@ void Scheduler::admit() {
         for (auto & slot : slots_) free.push_back(!slot->job);
         Slot * first = nullptr;
         if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return;
-        const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_);
+        const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_, queue_.front()->tenancy_.scope());
         if (chosen < 0) return;
         std::unique_ptr<Slot> & slot = slots_[chosen];
         std::shared_ptr<Job> job = queue_.front();
         queue_.pop_front();
         slot->prefix.last_used = ++admitted_;
-        // The slot's rows are lost to a lossy sequence and a further choice whatever their prompt.
-        const bool keeps_rows = !first && job->early_exit_.mode != EarlyExitMode::Lossy;
+        // The slot's rows are lost to a lossy sequence, a further choice and another scope's request
+        // whatever their prompt.
+        const std::string scope = job->tenancy_.scope();
+        const bool keeps_rows = !first && job->early_exit_.mode != EarlyExitMode::Lossy && slot->prefix.scope == scope;
         if (store_) stash_prefix(*store_, slot->prefix, *slot->cache, keeps_rows ? std::span<const int32_t>(job->prompt_) : std::span<const int32_t>());
+        if (slot->prefix.scope != scope) forget_prefix(slot->prefix, *slot->cache);
+        slot->prefix.scope = scope;
+        if (suffix_cache_) slot->drafter->use_suffix_cache(suffix_cache_, suffix_scope(*job));
         if (first) {
             const bool own_drafter = job->early_exit_.mode == EarlyExitMode::Off;  // SpecEE's drafter rebuilds itself
             share_prompt(slot->prefix, *slot->cache, own_drafter ? slot->drafter.get() : nullptr, *first->cache,

@@ -25,6 +25,7 @@ void Scheduler::publish_slots() {
     for (auto & slot : slots_) {
         SchedulerMetrics::Slot & p = slot->published;
         p.busy = slot->job != nullptr;
+        if (slot->job) p.tenant = slot->job->tenancy_.tenant;
         p.n_cached = slot->cache->size();
         p.n_prompt = slot->running() ? slot->stats().n_prompt : 0;
         p.n_generated = slot->running() ? slot->stats().n_generated : 0;

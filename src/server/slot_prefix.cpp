@@ -17,12 +17,13 @@ size_t matched_prefix(std::span<const int32_t> kept, std::span<const int32_t> pr
     return 2 * common >= prompt.size() || 2 * common >= kept.size() ? common : 0;
 }
 
-int choose_slot(std::span<const SlotPrefix * const> prefixes, std::span<const char> free, std::span<const int32_t> prompt) {
+int choose_slot(std::span<const SlotPrefix * const> prefixes, std::span<const char> free, std::span<const int32_t> prompt,
+                const std::string & scope) {
     int best = -1;
     size_t best_common = 0;
     for (size_t i = 0; i < prefixes.size(); ++i) {
         if (!free[i]) continue;
-        const size_t common = matched_prefix(prefixes[i]->tokens, prompt);
+        const size_t common = prefixes[i]->scope == scope ? matched_prefix(prefixes[i]->tokens, prompt) : 0;
         const bool longer = best < 0 || common > best_common;
         if (longer || (common == best_common && prefixes[i]->last_used < prefixes[best]->last_used)) {
             best = static_cast<int>(i);

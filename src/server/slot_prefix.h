@@ -6,6 +6,7 @@
 // drafter state only for the drafter that built it (another drafter is reset).
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace specula {
@@ -17,6 +18,7 @@ struct SlotPrefix {
     std::vector<int32_t> tokens;        // the stream's rows are the target's exact K/V of these tokens
     const Drafter * drafter = nullptr;  // the drafter whose state was built from them (nullptr: none)
     uint64_t last_used = 0;             // when the slot last took a request (least recently used first)
+    std::string scope;                  // whose rows they are: only a request of this scope reuses them (Tenancy::scope)
 };
 
 size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
@@ -27,9 +29,11 @@ size_t matched_prefix(std::span<const int32_t> kept, std::span<const int32_t> pr
 
 // Of the free slots, the index of the one whose tokens share the longest prefix with `prompt`,
 // counted when it covers half the prompt or half the slot's tokens (a shared BOS or template
-// header leaves another conversation's slot alone); ties and no match: the least recently used.
-// -1 when no slot is free.
-int choose_slot(std::span<const SlotPrefix * const> prefixes, std::span<const char> free, std::span<const int32_t> prompt);
+// header leaves another conversation's slot alone) and the slot's scope is `scope` (another
+// tenant's rows are never reused); ties and no match: the least recently used. -1 when no slot is
+// free.
+int choose_slot(std::span<const SlotPrefix * const> prefixes, std::span<const char> free, std::span<const int32_t> prompt,
+                const std::string & scope);
 
 // Before a request of `prompt` starts on the slot with `drafter` (nullptr: none): cuts the cache
 // to the common prefix, short of the prompt's last token (the first root), and resets the

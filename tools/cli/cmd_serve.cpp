@@ -55,6 +55,9 @@ void register_serve(CLI::App & app, Commands & commands) {
                     "tokens of earlier requests (prompts and outputs) kept for lookup drafts, the oldest evicted first; 0: off")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
+    sub->add_flag("--shared-suffix-cache", args->scheduler.shared_suffix_cache,
+                  "lookup drafts read every API key's earlier requests, not only the request's own key's (and cache_salt's): "
+                  "a shared repeat drafts for free, and its speed tells one key what another's requests said (docs/server.md, \"Tenants\")");
     sub->add_option("--cache-bytes", args->scheduler.cache_bytes,
                     "host memory for the KV rows of conversations whose slots others took, so that their next turns skip "
                     "the prefill; the least recently used evicted first; 0: off")
