@@ -241,6 +241,57 @@ TEST(ChatTemplate, AStreamedCallsArgumentsConcatenateToTheFinalOnes) {
     EXPECT_EQ(json::parse(arguments), json::parse(R"({"city": "Paris", "days": 12})"));
 }
 
+// A thinking template (tests/chat/think_template.jinja): with a reasoning format the reply's
+// thinking section becomes reasoning_content, whole and as it streams (a reasoning delta before
+// the content's, no tag in either); format none leaves it in the content; enable_thinking false
+// renders the template's empty thinking section, and a template that does not think parses
+// nothing. Catches reasoning left in the content, tags leaking into deltas, or thinking that
+// cannot be switched off.
+TEST(ChatTemplate, AThinkingTemplatesReasoningIsParsedOutAndSwitchable) {
+    Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const std::string body = R"({"messages": [{"role": "user", "content": "2 + 2?"}]})";
+    EXPECT_FALSE(tok.chat_template().render(chat_input(body)).parses_reasoning);  // Jinja chatml does not think
+    tok.set_chat_template(source_file("tests/chat/think_template.jinja"));
+    ChatInput input = chat_input(body);
+    input.reasoning = ReasoningFormat::Deepseek;
+    const ChatPrompt prompt = tok.chat_template().render(input);
+    ASSERT_TRUE(prompt.parses_reasoning);
+    const std::string reply = "<think>\nTwo and two.\n</think>\n\nIt is 4.";
+    const ChatReply whole = ChatTemplate::parse(prompt, reply, false);
+    EXPECT_EQ(whole.reasoning_content, "Two and two.\n");  // as llama.cpp's chat layer parses it
+    EXPECT_EQ(whole.content, "It is 4.");
+    openai::ReplyStream stream(prompt);
+    std::string reasoning, content;
+    bool content_before_reasoning_ended = false;
+    for (char c : reply) {
+        for (const json & d : stream.add(std::string(1, c))) {
+            reasoning += d.value("reasoning_content", "");
+            content += d.value("content", "");
+            content_before_reasoning_ended |= d.contains("content") && reasoning != whole.reasoning_content;
+        }
+    }
+    std::vector<json> last;
+    stream.finish("", &last);
+    for (const json & d : last) reasoning += d.value("reasoning_content", ""), content += d.value("content", "");
+    EXPECT_EQ(reasoning, whole.reasoning_content);
+    EXPECT_EQ(content, whole.content);
+    EXPECT_FALSE(content_before_reasoning_ended);
+
+    input.reasoning = ReasoningFormat::None;
+    const ChatPrompt unparsed = tok.chat_template().render(input);
+    EXPECT_FALSE(unparsed.parses_reasoning);
+    input.reasoning = ReasoningFormat::Deepseek;
+    EXPECT_FALSE(prompt.text.ends_with("</think>\n\n")) << prompt.text;
+    input.enable_thinking = false;
+    const ChatPrompt no_thinking = tok.chat_template().render(input);
+    EXPECT_TRUE(no_thinking.text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n")) << no_thinking.text;
+    const ChatReply answer = ChatTemplate::parse(no_thinking, "It is 4.", false);
+    EXPECT_EQ(answer.content, "It is 4.");
+    EXPECT_EQ(answer.reasoning_content, "");
+    EXPECT_EQ(reasoning_format_from_name("auto"), ReasoningFormat::Deepseek);
+    EXPECT_NE(test::error_message([] { reasoning_format_from_name("nothink"); }).find("none, auto, deepseek"), std::string::npos);
+}
+
 // The chat fields of a request: tool results (role "tool" with tool_call_id), assistant messages
 // of calls alone (content null), tools, tool_choice forms and parallel_tool_calls; each malformed
 // field refused with 400 naming it. Catches tool messages refused, or a bad one let through.

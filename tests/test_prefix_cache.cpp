@@ -416,7 +416,7 @@ TEST(PrefixCache, EngineGenerateReusesItsLastConversation) {
 // instead of taking the first one's rows and drafter state (its cached tokens would be 0), or
 // whose copied rows or drafter state differ from its own prefill (its text would differ from the
 // same request alone), with a draft model and an EAGLE-3 head; an n-choice request waits for n
-// free slots (one is busy when it arrives); more choices than slots are refused.
+// free slots (one is busy when it arrives); more choices than the slots and the queue hold are refused.
 TEST(PrefixCache, NChoicesPrefillThePromptOnceAndChoiceIEqualsTheRequestWithSeedPlusI) {
     for (DrafterKind kind : {DrafterKind::DraftModel, DrafterKind::Eagle3}) {
         SCOPED_TRACE(drafter_kind_name(kind));
@@ -437,7 +437,7 @@ TEST(PrefixCache, NChoicesPrefillThePromptOnceAndChoiceIEqualsTheRequestWithSeed
         }
         EXPECT_NE(alone[0], alone[1]);
         drain(*busy);
-        EXPECT_NE(test::error_message([&] { scheduler.submit_choices(prompt, fixed_length_options(4, 0.8f), 4); }), "<no error>");
+        EXPECT_NE(test::error_message([&] { scheduler.submit_choices(prompt, fixed_length_options(4, 0.8f), 12); }), "<no error>");
     }
 }
 

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "server/http_reply.h"
+#include "server/openai_chat.h"
 #include "server/openai_logprobs.h"
 
 namespace specula {
@@ -32,7 +33,7 @@ openai::ApiError failed(const Job::Result & result) { return openai::ApiError{50
 }  // namespace
 
 void respond_choices_whole(const httplib::Request & req, httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
-                           const openai::Completion & c, const std::atomic<bool> & ending) {
+                           const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending) {
     std::vector<std::string> texts(jobs.size());
     std::vector<std::vector<TokenLogprob>> logprobs(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -54,6 +55,11 @@ void respond_choices_whole(const httplib::Request & req, httplib::Response & res
         choice["index"] = i;
         size_t text_offset = 0;
         if (c.token_text) choice["logprobs"] = openai::logprobs(c, logprobs[i], text_offset);
+        if (parsed_as) {
+            json one = {{"choices", json::array({std::move(choice)})}};
+            openai::set_reply(one, ChatTemplate::parse(*parsed_as, texts[i], /*partial=*/false));
+            choice = std::move(one["choices"][0]);
+        }
         choices.push_back(std::move(choice));
     }
     response["choices"] = std::move(choices);
@@ -61,11 +67,15 @@ void respond_choices_whole(const httplib::Request & req, httplib::Response & res
 }
 
 void respond_choices_stream(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c,
-                            bool include_usage, const std::atomic<bool> & ending) {
+                            const std::shared_ptr<const ChatPrompt> & parsed_as, bool include_usage, const std::atomic<bool> & ending) {
     res.set_header("Cache-Control", "no-cache");
+    std::vector<std::shared_ptr<openai::ReplyStream>> replies(jobs.size());
+    if (parsed_as) {
+        for (auto & reply : replies) reply = std::make_shared<openai::ReplyStream>(*parsed_as);
+    }
     res.set_chunked_content_provider(
         "text/event-stream",
-        [jobs, c, include_usage, &ending](size_t, httplib::DataSink & sink) {
+        [jobs, c, replies, include_usage, &ending](size_t, httplib::DataSink & sink) {
             auto write = [&](const std::string & event) {
                 if (sink.write(event.data(), event.size())) return true;
                 cancel_all(jobs);  // the client went away: free the slots
@@ -103,7 +113,12 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                     std::vector<TokenOrigin> origins;
                     const auto wait = std::chrono::milliseconds(running == 1 ? 200 : 10);  // one waits, several are polled in turn
                     const Job::Wait w = jobs[i]->next(text, &origins, c.token_text ? &logprobs[i] : nullptr, wait);
-                    if (w == Job::Wait::Text) {
+                    if (w == Job::Wait::Text && replies[i]) {
+                        for (json & delta : replies[i]->add(text)) {
+                            if (!write(choice_chunk(openai::chunk_delta(c, std::move(delta)), i))) return false;
+                        }
+                        wrote = true;
+                    } else if (w == Job::Wait::Text) {
                         json tokens = json::array();
                         for (const TokenOrigin & o : origins) tokens.push_back({{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}});
                         if (!write(choice_chunk(openai::chunk_text(c, text, tokens), i))) return false;
@@ -111,6 +126,13 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                     } else if (w == Job::Wait::Ended) {
                         const Job::Result & result = jobs[i]->result();
                         if (!result.error.empty()) return end_stream(failed(result).body());
+                        if (replies[i]) {
+                            std::vector<json> deltas;
+                            replies[i]->finish("", &deltas);
+                            for (json & delta : deltas) {
+                                if (!write(choice_chunk(openai::chunk_delta(c, std::move(delta)), i))) return false;
+                            }
+                        }
                         if (!write(choice_chunk(openai::chunk_finish(c, result.finish_reason), i))) return false;
                         ended[i] = 1;
                         --running;

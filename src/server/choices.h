@@ -5,6 +5,8 @@
 // with the choice's index, the choices' chunks interleaved as their text comes. Usage counts the
 // prompt once and sums the choices' completion tokens; its cached_tokens and `speculation` are
 // the first choice's (the one that prefilled the prompt). A client gone cancels every choice.
+// `parsed_as`: each choice's reply parsed as this chat prompt's (reasoning; n > 1 is refused with
+// tools), or null.
 #include <httplib.h>
 
 #include <atomic>
@@ -13,12 +15,13 @@
 
 #include "server/openai.h"
 #include "server/scheduler.h"
+#include "tokenizer/chat_template.h"
 
 namespace specula {
 
 void respond_choices_whole(const httplib::Request & req, httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
-                           const openai::Completion & c, const std::atomic<bool> & ending);
+                           const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending);
 void respond_choices_stream(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c,
-                            bool include_usage, const std::atomic<bool> & ending);
+                            const std::shared_ptr<const ChatPrompt> & parsed_as, bool include_usage, const std::atomic<bool> & ending);
 
 }  // namespace specula

@@ -44,6 +44,7 @@ struct HttpServer::Impl {
     std::string index_page;  // served at "/"; empty: 404
     AccessPolicy access;
     SpecialTokens prompt_specials = SpecialTokens::Text;  // in completions prompts and chat contents
+    ReasoningFormat reasoning = ReasoningFormat::Deepseek;
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
     std::map<std::string, std::string> methods;  // path -> the methods it has routes for, for 405
@@ -94,7 +95,7 @@ int64_t unix_now() {
 // A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
 // status. While it waits the handler watches the connection, so that a client that went away
 // frees its slot at once rather than hold it for the whole generation.
-// `reply`: parses the reply for tool calls (a chat request with tools), or nullptr.
+// `reply`: parses the reply for tool calls or reasoning (openai::parses_reply), or nullptr.
 void respond_whole(const httplib::Request & req, httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c,
                    const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
     std::string text;
@@ -123,7 +124,7 @@ void respond_whole(const httplib::Request & req, httplib::Response & res, const 
 }
 
 // A streamed answer: server-sent events, a chunk per piece of text.
-// A reply parsed for tool calls (`reply` set) streams the content and calls' deltas the partial
+// A parsed reply (`reply` set) streams the reasoning, content and calls' deltas the partial
 // parses add, without the tokens extension (its tokens' texts would not make up the delta).
 void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c, bool include_usage,
                     const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
@@ -239,6 +240,8 @@ void HttpServer::set_index_page(std::string html) { impl_->index_page = std::mov
 void HttpServer::set_access_policy(const AccessPolicy & policy) { impl_->access = policy; }
 
 void HttpServer::set_special_tokens_in_prompt(bool parse) { impl_->prompt_specials = parse ? SpecialTokens::Parse : SpecialTokens::Text; }
+
+void HttpServer::set_reasoning_format(ReasoningFormat format) { impl_->reasoning = format; }
 
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
     {
@@ -400,6 +403,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         r = openai::parse_request(endpoint, req.body, model_id);
         try {
             if (endpoint == openai::Endpoint::Chat) {
+                r.chat.reasoning = reasoning;
                 Tokenizer::Chat rendered = t->tokenizer->tokenize_conversation(r.chat, prompt_specials);
                 prompt = std::move(rendered.tokens);
                 chat = std::move(rendered.prompt);
@@ -419,8 +423,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
                                    "invalid_request_error", r.grammar_field, ""};
         }
         if (r.n > 1 && openai::parses_tool_calls(r.chat)) throw openai::ApiError{400, "'n' above 1 cannot be combined with 'tools'", "invalid_request_error", "n", ""};
-        if (r.n > s->metrics().slots) {
-            throw openai::ApiError{400, "'n' is " + std::to_string(r.n) + ": each choice needs a slot, and this server has " + std::to_string(s->metrics().slots) + " (--parallel)",
+        if (r.n > s->capacity()) {
+            throw openai::ApiError{400, "'n' is " + std::to_string(r.n) + ": more choices than this server's slots and queue hold (" + std::to_string(s->capacity()) + ", --parallel + --queue)",
                                    "invalid_request_error", "n", ""};
         }
     } catch (const openai::ApiError & e) {
@@ -456,11 +460,12 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get()](int32_t id) { return tokenizer->piece(id); };
 
     if (jobs.size() > 1) {
-        if (r.stream) respond_choices_stream(res, jobs, c, r.include_usage, ending);
-        else respond_choices_whole(req, res, jobs, c, ending);
+        auto parsed_as = openai::parses_reply(r.chat, chat) ? std::make_shared<const ChatPrompt>(std::move(chat)) : nullptr;
+        if (r.stream) respond_choices_stream(res, jobs, c, parsed_as, r.include_usage, ending);
+        else respond_choices_whole(req, res, jobs, c, parsed_as, ending);
         return;
     }
-    auto reply = openai::parses_tool_calls(r.chat) ? std::make_shared<openai::ReplyStream>(std::move(chat)) : nullptr;
+    auto reply = openai::parses_reply(r.chat, chat) ? std::make_shared<openai::ReplyStream>(std::move(chat)) : nullptr;
     if (r.stream) respond_stream(res, job, c, r.include_usage, reply, ending);
     else respond_whole(req, res, job, c, reply, ending);
 }

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "tokenizer/chat_template.h"
+
 namespace specula {
 
 class Scheduler;
@@ -49,6 +51,9 @@ public:
     // becomes that token (serve --special-tokens-in-prompt); by default it is text, and only the
     // chat template's markup is control tokens.
     void set_special_tokens_in_prompt(bool parse);
+    // Where a thinking chat template's reasoning goes in chat replies (serve --reasoning-format):
+    // left in the content (None) or parsed into reasoning_content (the default).
+    void set_reasoning_format(ReasoningFormat format);
     // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
     // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
     // returns once every connection has closed.

@@ -150,6 +150,8 @@ ChatInput parse_chat(const json & body, const std::string & text) {
 
 bool parses_tool_calls(const ChatInput & input) { return !input.tools.empty() && input.tool_choice != ToolChoice::None; }
 
+bool parses_reply(const ChatInput & input, const ChatPrompt & prompt) { return parses_tool_calls(input) || prompt.parses_reasoning; }
+
 namespace {
 
 // What `now` adds to `sent`, where it extends it; else nothing (sent text cannot be taken back).
@@ -170,6 +172,11 @@ json tool_calls_json(const std::vector<ToolCall> & calls) {
 
 std::vector<json> reply_deltas(ChatReply & sent, const ChatReply & parsed, bool final) {
     std::vector<json> deltas;
+    const std::string reasoning = extension(sent.reasoning_content, parsed.reasoning_content);
+    if (!reasoning.empty()) {
+        deltas.push_back({{"reasoning_content", reasoning}});
+        sent.reasoning_content = parsed.reasoning_content;
+    }
     const std::string content = extension(sent.content, parsed.content);
     if (!content.empty()) {
         deltas.push_back({{"content", content}});
@@ -225,6 +232,7 @@ ChatReply ReplyStream::finish(const std::string & rest, std::vector<json> * delt
 void set_reply(json & response, const ChatReply & reply) {
     json & message = response["choices"][0]["message"];
     message["content"] = reply.content.empty() && !reply.tool_calls.empty() ? json(nullptr) : json(reply.content);
+    if (!reply.reasoning_content.empty()) message["reasoning_content"] = reply.reasoning_content;
     if (!reply.tool_calls.empty()) message["tool_calls"] = tool_calls_json(reply.tool_calls);
 }
 

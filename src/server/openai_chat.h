@@ -18,10 +18,12 @@ ChatInput parse_chat(const nlohmann::json & body, const std::string & text);
 
 // Whether replies to `input` are parsed for tool calls: tools offered and tool_choice not "none".
 bool parses_tool_calls(const ChatInput & input);
+// Whether replies are parsed at all: for tool calls, or for the reasoning of a template that thinks.
+bool parses_reply(const ChatInput & input, const ChatPrompt & prompt);
 
 // The stream's deltas from what the client holds (`sent`: content and calls as sent so far) to a
 // parse of the reply (`parsed`, its calls' ids set), as llama-server frames them; `sent` becomes
-// what the client then holds. Content goes as {"content"}; a call's first delta carries its index,
+// what the client then holds. Reasoning goes as {"reasoning_content"}, content as {"content"}; a call's first delta carries its index,
 // id, type, name and the arguments so far, later ones its index and the next piece of the
 // arguments. Sent text cannot be taken back: only what extends it is sent. A call of a partial
 // parse is announced once its arguments have begun (its name is then whole) or a call follows it;
@@ -47,7 +49,8 @@ private:
     std::vector<std::string> ids_;  // the ids made for calls the model wrote none for
 };
 
-// The reply into a chat response: message.content (null when only calls) and message.tool_calls; a
+// The reply into a chat response: message.reasoning_content (when there is reasoning),
+// message.content (null when only calls) and message.tool_calls; a
 // chunk of one of reply_deltas' deltas; finish_reason "tool_calls" when the model called a tool
 // and stopped.
 void set_reply(nlohmann::json & response, const ChatReply & reply);

@@ -103,6 +103,8 @@ int Scheduler::context_size() const { return target_.options.n_ctx; }
 
 std::string Scheduler::suffix_scope(const Job & job) const { return options_.shared_suffix_cache ? "" : job.tenancy_.scope(); }
 
+int Scheduler::capacity() const { return options_.parallel + options_.max_queued; }
+
 bool Scheduler::failed() const {
     std::lock_guard lock(mutex_);
     return !failure_.empty();
@@ -129,8 +131,8 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
 
 std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
                                                             EarlyExitRequest early_exit, std::vector<std::string> stop, Tenancy tenancy) {
-    if (n < 1 || n > options_.parallel) {
-        throw Error("n: " + std::to_string(n) + " choices need as many slots, and the server has " + std::to_string(options_.parallel));
+    if (n < 1 || n > capacity()) {
+        throw Error("n: " + std::to_string(n) + " choices, and the server's slots and queue hold " + std::to_string(capacity()));
     }
     if (prompt.empty()) throw Error("empty prompt");
     if (early_exit.mode != EarlyExitMode::Off && !target_.exit_predictor) throw Error("SpecEE needs exit predictors (serve --specee FILE)");

@@ -200,15 +200,18 @@ public:
     // `tenancy`: whose request it is, whose cached prefixes and earlier texts it may reuse.
     std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {},
                                 std::vector<std::string> stop = {}, Tenancy tenancy = {});
-    // A request's n choices (1 <= n <= the slots; Error otherwise): n jobs, choice i sampled with
-    // seed + i. They start once n slots are free (the request waits in the queue until then, and
-    // the requests behind it too); the first prefills the prompt, and the others then take its
-    // cache rows and drafter state (KvCache::copy_from, Drafter::copy_state) instead of prefilling
-    // it again (a lossy SpecEE request's choices each prefill). Empty when the queue is full.
+    // A request's n choices (1 <= n <= capacity(); Error otherwise): n jobs, choice i sampled with
+    // seed + i. The first starts once min(n, slots) slots are free (the request waits in the queue
+    // until then, and the requests behind it too); it prefills the prompt, and the choices that
+    // start while it has not yet generated take its cache rows and drafter state
+    // (KvCache::copy_from, Drafter::copy_state) instead of prefilling it again (a lossy SpecEE
+    // request's choices each prefill). Choices beyond the slots wait in the queue, in order, for
+    // slots the earlier ones free. Empty when the queue is full.
     std::vector<std::shared_ptr<Job>> submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
                                                      EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {}, Tenancy tenancy = {});
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
+    int capacity() const;      // requests or choices the slots and the queue hold
     // The target's rpc-server failed mid-run (Backend::set_remote_failure_handler): the requests
     // then in slots or queued, and every later one, end with the failure as their error, and the
     // worker thread stays parked in the forward that met it (the process must end without
@@ -219,8 +222,8 @@ private:
     struct Slot;
     void run();
     void admit();  // under mutex_: queued jobs into free slots
-    // Under mutex_: whether the queue's front job may start now (an n-choice request needs n free
-    // slots, and its further choices wait for the first one's prefill); sets `first` to the slot
+    // Under mutex_: whether the queue's front job may start now (an n-choice request needs
+    // min(n, slots) free slots, and its further choices wait for the first one's prefill); sets `first` to the slot
     // of a further choice's first choice whose prefilled prompt it takes, else nullptr.
     bool may_start(const Job & job, int free_slots, Slot *& first) const;
     void release(Slot & slot, bool finished_normally);

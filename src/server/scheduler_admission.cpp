@@ -118,7 +118,7 @@ void Scheduler::admit() {
 
 bool Scheduler::may_start(const Job & job, int free_slots, Slot *& first) const {
     first = nullptr;
-    if (job.choices_ > free_slots) return false;
+    if (std::min(job.choices_, options_.parallel) > free_slots) return false;
     if (!job.leader_) return true;
     for (const auto & slot : slots_) {
         if (slot->job != job.leader_ || !slot->sequence) continue;  // a lossy first choice shares nothing

@@ -85,6 +85,15 @@ void add_triggers(const std::vector<common_grammar_trigger> & triggers, ChatProm
     }
 }
 
+common_reasoning_format to_common(ReasoningFormat format) {
+    switch (format) {
+        case ReasoningFormat::Deepseek: return COMMON_REASONING_FORMAT_DEEPSEEK;
+        case ReasoningFormat::DeepseekLegacy: return COMMON_REASONING_FORMAT_DEEPSEEK_LEGACY;
+        case ReasoningFormat::None: break;
+    }
+    return COMMON_REASONING_FORMAT_NONE;
+}
+
 common_chat_tool_choice to_common(ToolChoice choice) {
     switch (choice) {
         case ToolChoice::None: return COMMON_CHAT_TOOL_CHOICE_NONE;
@@ -94,6 +103,13 @@ common_chat_tool_choice to_common(ToolChoice choice) {
     return COMMON_CHAT_TOOL_CHOICE_AUTO;
 }
 }  // namespace
+
+ReasoningFormat reasoning_format_from_name(const std::string & name) {
+    if (name == "none") return ReasoningFormat::None;
+    if (name == "auto" || name == "deepseek") return ReasoningFormat::Deepseek;
+    if (name == "deepseek-legacy") return ReasoningFormat::DeepseekLegacy;
+    throw Error("reasoning format \"" + name + "\": none, auto, deepseek or deepseek-legacy");
+}
 
 ChatTemplate::ChatTemplate(const llama_model * vocab_model, bool gemma_turns, const std::string & source)
     : templates_(nullptr, common_chat_templates_free) {
@@ -137,7 +153,8 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     for (const ChatTool & t : input.tools) in.tools.push_back({t.name, t.description, t.parameters});
     in.tool_choice = to_common(input.tool_choice);
     in.parallel_tool_calls = input.parallel_tool_calls;
-    in.reasoning_format = COMMON_REASONING_FORMAT_NONE;  // a reasoning section stays in the content, never dropped
+    in.reasoning_format = to_common(input.reasoning);
+    in.enable_thinking = input.enable_thinking;
     common_chat_params params;
     try {
         params = common_chat_templates_apply(templates_.get(), in);
@@ -155,7 +172,10 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     out.additional_stops = std::move(params.additional_stops);
     auto format = std::make_shared<ReplyFormat>();
     format->params = common_chat_parser_params(params);
-    format->params.reasoning_format = COMMON_REASONING_FORMAT_NONE;
+    // Without thinking markers the chat layer's parsers have no reasoning to take out: the reply
+    // is then all content, a "<think>" the model writes included, as with format None.
+    out.parses_reasoning = input.reasoning != ReasoningFormat::None && params.supports_thinking;
+    format->params.reasoning_format = out.parses_reasoning ? to_common(input.reasoning) : COMMON_REASONING_FORMAT_NONE;
     format->params.parse_tool_calls = !input.tools.empty() && input.tool_choice != ToolChoice::None;
     if (!params.parser.empty()) format->params.parser.load(params.parser);
     out.reply_format = std::move(format);
@@ -171,6 +191,7 @@ ChatReply ChatTemplate::parse(const ChatPrompt & prompt, const std::string & rep
         return {reply, {}};  // not the template's format: all of it is text
     }
     ChatReply out;
+    out.reasoning_content = std::move(msg.reasoning_content);
     out.content = std::move(msg.content);
     for (common_chat_tool_call & c : msg.tool_calls) out.tool_calls.push_back({std::move(c.id), std::move(c.name), std::move(c.arguments)});
     return out;

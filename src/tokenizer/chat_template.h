@@ -39,11 +39,23 @@ enum class ToolChoice {
     Required,  // at least one call (a named function: the tools cut to that one)
 };
 
+// Where a thinking model's reasoning goes (llama-server's --reasoning-format).
+enum class ReasoningFormat {
+    None,            // left in the content, unparsed
+    Deepseek,        // parsed out of the content into reasoning_content ("auto" is this one)
+    DeepseekLegacy,  // reasoning_content, and the thinking section kept in the content too
+};
+
+// llama-server's names: none, auto, deepseek, deepseek-legacy; throws Error naming the others.
+ReasoningFormat reasoning_format_from_name(const std::string & name);
+
 struct ChatInput {
     std::vector<ChatMessage> messages;
     std::vector<ChatTool> tools;
     ToolChoice tool_choice = ToolChoice::Auto;
     bool parallel_tool_calls = false;
+    ReasoningFormat reasoning = ReasoningFormat::None;
+    bool enable_thinking = true;  // the template's `enable_thinking`: false asks a thinking model not to think
 };
 
 // How one rendering's replies parse (the chat layer's parser for that template and tools).
@@ -59,12 +71,16 @@ struct ChatPrompt {
     std::vector<std::string> grammar_trigger_patterns;
     std::vector<int32_t> grammar_trigger_tokens;
     std::vector<std::string> additional_stops;  // stop strings the template's format asks for
+    // The reply is parsed for reasoning: a template that thinks (the chat layer found its thinking
+    // markers) with a reasoning format other than None.
+    bool parses_reasoning = false;
     std::shared_ptr<const ReplyFormat> reply_format;
 };
 
 struct ChatReply {
     std::string content;
     std::vector<ToolCall> tool_calls;
+    std::string reasoning_content;  // a thinking model's, when the reply is parsed for it
 };
 
 class ChatTemplate {
@@ -77,8 +93,8 @@ public:
     // Throws Error naming what the template cannot render (tools or tool calls on a template
     // without them, a malformed tool schema or call arguments, a template that fails).
     ChatPrompt render(const ChatInput & input, bool add_assistant = true) const;
-    // The reply (`partial`: so far, while it streams) as content and tool calls. Text the parser
-    // cannot place stays content, as llama.cpp's lenient parse keeps it.
+    // The reply (`partial`: so far, while it streams) as reasoning, content and tool calls. Text
+    // the parser cannot place stays content, as llama.cpp's lenient parse keeps it.
     static ChatReply parse(const ChatPrompt & prompt, const std::string & reply, bool partial);
     bool jinja() const { return jinja_; }
     // "jinja" or the built-in template's name.

@@ -1,6 +1,6 @@
 """The prefix cache and n choices through a running server: cached_tokens in usage and on /metrics,
 a conversation's next turn equal to the same turn on a fresh server, n choices equal to the single
-requests seeded seed + i (streamed too, chunks carrying their index), and the n that are refused."""
+requests seeded seed + i (streamed too, chunks carrying their index; more choices than slots queued), and the n that are refused."""
 import json
 import re
 import urllib.request
@@ -76,13 +76,38 @@ def test_n_choices_equal_the_requests_seeded_seed_plus_i_streamed_or_not():
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == three["usage"]["completion_tokens"]
 
 
-def test_more_choices_than_allowed_or_than_slots_are_refused():
+def test_more_choices_than_allowed_or_than_the_queue_holds_are_refused():
     with serve(*ARGS) as (_, base):
-        for n, text in ((9, "at most 8"), (0, "between 1 and 8"), (4, "this server has 3")):
+        for n, text in ((9, "at most 8"), (0, "between 1 and 8")):
             status, body = post(base, "/v1/completions", {"prompt": "x", "n": n})
             assert status == 400 and body["error"]["param"] == "n" and text in body["error"]["message"], body
-        status, body = post(base, "/v1/completions", {"prompt": "x", "n": 2, "max_tokens": 2})
-        assert status == 200 and len(body["choices"]) == 2, body
+    with serve(*ARGS, "--queue", "2") as (_, base):
+        status, body = post(base, "/v1/completions", {"prompt": "x", "n": 6})
+        assert status == 400 and body["error"]["param"] == "n" and "(5, --parallel + --queue)" in body["error"]["message"], body
+
+
+def test_choices_beyond_the_slots_are_queued_and_equal_the_requests_seeded_seed_plus_i():
+    body = {"messages": [{"role": "user", "content": "def main():"}], "max_tokens": 10, "temperature": 0.8, "seed": 40}
+    with serve(*ARGS) as (_, base):
+        alone = []
+        for i in range(7):
+            status, one = post(base, "/v1/chat/completions", {**body, "seed": 40 + i})
+            assert status == 200, one
+            alone.append(one["choices"][0]["message"]["content"])
+        status, seven = post(base, "/v1/chat/completions", {**body, "n": 7})
+        assert status == 200, seven
+        assert [c["index"] for c in seven["choices"]] == list(range(7))
+        assert [c["message"]["content"] for c in seven["choices"]] == alone
+        chunks = stream(base, {**body, "n": 7})
+        texts = [""] * 7
+        for chunk in chunks:
+            (choice,) = chunk["choices"]
+            texts[choice["index"]] += choice["delta"].get("content", "")
+        assert texts == alone
+        greedy = {"prompt": "def main():", "max_tokens": 10, "temperature": 0}
+        status, one = post(base, "/v1/completions", greedy)
+        status, five = post(base, "/v1/completions", {**greedy, "n": 5})
+        assert status == 200 and [c["text"] for c in five["choices"]] == [one["choices"][0]["text"]] * 5, five
 
 
 def test_alternating_conversations_on_one_slot_resume_from_the_prefix_store():

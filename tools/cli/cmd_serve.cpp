@@ -35,6 +35,7 @@ void register_serve(CLI::App & app, Commands & commands) {
         int port = 8080;
         size_t max_request_bytes = 4 << 20;
         bool special_tokens_in_prompt = false;
+        std::string reasoning_format = "auto";  // llama-server's default
         int max_connections = 256;
         double head_timeout = 10, request_timeout = 30, shutdown_timeout = 10;  // seconds
         std::vector<std::string> api_keys, cors_origins, allowed_hosts;
@@ -93,6 +94,12 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_flag("--special-tokens-in-prompt", args->special_tokens_in_prompt,
                   "text spelling a special token (\"<|im_start|>\") in a completions prompt or a chat message becomes that token; "
                   "by default it is text, and only the chat template's markup is control tokens");
+    sub->add_option("--reasoning-format", args->reasoning_format,
+                    "where a thinking chat template's reasoning goes: none (left in the content), deepseek or auto (parsed into "
+                    "message.reasoning_content, streamed as delta.reasoning_content), deepseek-legacy (reasoning_content, and left in "
+                    "the content too)")
+        ->check(CLI::IsMember({"none", "auto", "deepseek", "deepseek-legacy"}))
+        ->capture_default_str();
     add_engine_flags(sub, args->engine);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): requests choose \"specee\": \"lossy\" | \"lossless\" | \"off\"");
@@ -168,6 +175,7 @@ void register_serve(CLI::App & app, Commands & commands) {
             server.set_access_policy(access);
             server.set_index_page(report::live_page());
             server.set_special_tokens_in_prompt(args->special_tokens_in_prompt);
+            server.set_reasoning_format(reasoning_format_from_name(args->reasoning_format));
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
             std::fprintf(stderr, "specula: listening on http://%s:%d (loading %s)\n", args->host.c_str(), port, args->engine.model_path.c_str());
