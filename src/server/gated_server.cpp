@@ -20,9 +20,15 @@ using Clock = std::chrono::steady_clock;
 
 struct GatedServer::Waiting {
     socket_t sock;
-    Clock::time_point accepted;
-    std::string head;  // the bytes received so far: the head, and what followed it in the same reads
+    Clock::time_point accepted;  // or, kept alive, when its next request's first byte came
+    std::string head;            // the bytes received so far: the head, and what followed it in the same reads
+    bool idle = false;           // kept alive after a response, and no byte of a next request yet
+    size_t served = 0;           // requests answered on the connection so far
 };
+
+namespace {
+thread_local bool response_closes = false;  // the response just written said "Connection: close"
+}  // namespace
 
 namespace {
 
@@ -129,6 +135,8 @@ public:
         return size ? received_.data() + offset_ : nullptr;
     }
     void consume_buffered(size_t size) override { offset_ += size; }
+    // What the waiting room received past this request: the start of a pipelined next one.
+    std::string unread() const { return received_.substr(offset_); }
 
 private:
     const socket_t sock_;
@@ -170,6 +178,12 @@ GatedServer::GatedServer(int max_connections, RequestDeadlines deadlines, std::f
     // default ends them after 3 s), so that the next burst reuses them rather than start new ones.
     const size_t max_threads = static_cast<size_t>(max_connections_);
     workers_ = std::make_unique<httplib::ThreadPool>(std::min<size_t>(8, max_threads), max_threads, 0, 60);
+    // A kept-alive connection waits for its next request in the waiting room for up to the head
+    // deadline, as the Keep-Alive header says; cpp-httplib says "Connection: close" on errors.
+    keep_alive_timeout_sec_ = std::max<time_t>(1, std::chrono::duration_cast<std::chrono::seconds>(deadlines_.head).count());
+    set_post_routing_handler([](const httplib::Request &, httplib::Response & res) {
+        response_closes = res.get_header_value("Connection") == "close";
+    });
     waiting_room_ = std::thread([this] { waiting_room(); });
 }
 
@@ -208,9 +222,15 @@ std::string GatedServer::deadline_text() const { return seconds_text(deadlines_.
 // On the accept loop's thread (HandOver): counts the connection and parks it in the waiting room.
 bool GatedServer::process_and_close_socket(socket_t sock) {
     if (open_.fetch_add(1) >= max_connections_) {
-        refuse(sock, 503, "the server has " + std::to_string(max_connections_) + " connections open, its limit (serve --max-connections)");
-        closed();
-        return false;
+        // Idle kept-alive connections give way to new clients: the waiting room closes the
+        // longest idle one, so that they can never hold every connection.
+        std::lock_guard lock(mutex_);
+        if (idle_kept_ - evictions_ <= 0) {
+            refuse(sock, 503, "the server has " + std::to_string(max_connections_) + " connections open, its limit (serve --max-connections)");
+            closed();
+            return false;
+        }
+        ++evictions_;
     }
     {
         std::lock_guard lock(mutex_);
@@ -238,9 +258,29 @@ void GatedServer::waiting_room() {
     for (;;) {
         {
             std::lock_guard lock(mutex_);
-            for (auto & c : arrived_) waiting.push_back(std::move(c));
+            for (auto & c : arrived_) {
+                if (c->head.find("\r\n\r\n") != std::string::npos) {
+                    admit_locked(std::move(c));  // a pipelined request, already whole
+                } else {
+                    idle_kept_ += c->idle;
+                    waiting.push_back(std::move(c));
+                }
+            }
             arrived_.clear();
             if (!accepting_) break;
+            // The longest idle first: they are in the order they came back.
+            for (auto it = waiting.begin(); evictions_ > 0 && it != waiting.end();) {
+                if (!(*it)->idle) {
+                    ++it;
+                    continue;
+                }
+                ::close((*it)->sock);
+                closed();
+                --idle_kept_;
+                --evictions_;
+                it = waiting.erase(it);
+            }
+            evictions_ = std::min(evictions_, idle_kept_);  // a connection counted idle had a request come meanwhile
         }
         Clock::time_point next_deadline = Clock::now() + std::chrono::seconds(60);
         fds.assign(1, pollfd{wake_pipe_[0], POLLIN, 0});
@@ -262,7 +302,16 @@ void GatedServer::waiting_room() {
                 c->head.resize(kMaxHeadBytes);
                 const ssize_t n = ::recv(c->sock, c->head.data() + before, kMaxHeadBytes - before, MSG_DONTWAIT);
                 c->head.resize(before + std::max<ssize_t>(n, 0));
-                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {  // the client went away
+                const bool gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+                if (c->idle && (gone || n > 0)) {
+                    // A kept-alive connection's next request: its deadlines run from its first byte.
+                    std::lock_guard lock(mutex_);
+                    c->idle = false;
+                    --idle_kept_;
+                    evictions_ = std::min(evictions_, idle_kept_);
+                    c->accepted = now;
+                }
+                if (gone) {  // the client went away
                     ::close(c->sock);
                     closed();
                     continue;
@@ -278,7 +327,14 @@ void GatedServer::waiting_room() {
                 }
             }
             if (now >= c->accepted + deadlines_.head) {
-                refuse(c->sock, 408, "the request's head did not arrive within " + seconds_text(deadlines_.head));
+                if (c->idle) {  // no next request: closed as the Keep-Alive header announced, with no response
+                    std::lock_guard lock(mutex_);
+                    --idle_kept_;
+                    evictions_ = std::min(evictions_, idle_kept_);
+                    ::close(c->sock);
+                } else {
+                    refuse(c->sock, 408, "the request's head did not arrive within " + seconds_text(deadlines_.head));
+                }
                 closed();
                 continue;
             }
@@ -290,6 +346,8 @@ void GatedServer::waiting_room() {
         ::close(c->sock);
         closed();
     }
+    std::lock_guard lock(mutex_);
+    idle_kept_ = evictions_ = 0;
 }
 
 namespace {
@@ -305,12 +363,13 @@ std::string request_name(const std::string & head) {
 }  // namespace
 
 void GatedServer::admit(std::unique_ptr<Waiting> connection) {
-    std::list<Served>::iterator served;
-    {
-        std::lock_guard lock(mutex_);
-        ++serving_;
-        served = served_.insert(served_.end(), Served{request_name(connection->head), Clock::now()});
-    }
+    std::lock_guard lock(mutex_);
+    admit_locked(std::move(connection));
+}
+
+void GatedServer::admit_locked(std::unique_ptr<Waiting> connection) {
+    ++serving_;
+    const auto served = served_.insert(served_.end(), Served{request_name(connection->head), Clock::now()});
     std::shared_ptr<Waiting> c(std::move(connection));
     auto done = [this, served] {
         std::lock_guard lock(mutex_);
@@ -319,25 +378,38 @@ void GatedServer::admit(std::unique_ptr<Waiting> connection) {
     };
     const bool queued = workers_->enqueue([this, c, done] {
         timed_out_on_this_thread = false;
+        response_closes = false;
         ConnectionStream stream(c->sock, std::move(c->head), c->accepted + deadlines_.request, reads_cut_,
                                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_)));
         std::string remote_ip, local_ip;
         int remote_port = 0, local_port = 0;
         stream.get_remote_ip_and_port(remote_ip, remote_port);
         stream.get_local_ip_and_port(local_ip, local_port);
-        // One request per connection (the response says "Connection: close"): a connection kept
-        // alive would wait for its next request on a worker thread, out of the waiting room, which
-        // is what a slow client could then hold. A new connection costs little next to a generation.
+        // A connection kept alive waits for its next request back in the waiting room, never on
+        // this thread, so an idle or slow client holds a socket there as a new one does.
+        const bool last = ++c->served >= keep_alive_max_count_;
         bool connection_closed = false;
-        serve_guarded([&] { return process_request(stream, remote_ip, remote_port, local_ip, local_port, true, connection_closed, nullptr); });
-        close_gently(c->sock);
-        closed();
+        const bool answered = serve_guarded(
+            [&] { return process_request(stream, remote_ip, remote_port, local_ip, local_port, last, connection_closed, nullptr); });
+        bool kept = answered && !connection_closed && !last && !response_closes && !timed_out_on_this_thread;
+        if (kept) {
+            std::lock_guard lock(mutex_);
+            kept = accepting_;
+            if (kept) arrived_.push_back(std::make_unique<Waiting>(Waiting{c->sock, Clock::now(), stream.unread(), true, c->served}));
+        }
+        if (kept) {
+            wake_waiting_room();
+        } else {
+            close_gently(c->sock);
+            closed();
+        }
         done();
     });
     if (!queued) {  // the workers are shutting down
         ::close(c->sock);
         closed();
-        done();
+        served_.erase(served);  // under mutex_ already
+        if (--serving_ == 0) idle_.notify_all();
     }
 }
 

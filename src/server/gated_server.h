@@ -4,7 +4,9 @@
 // thread (the waiting room) until its head ends ("\r\n\r\n"), so a client that trickles its head
 // a byte at a time holds a socket, never a thread; a head still incomplete past its deadline gets
 // 408, one longer than the head limit 431. The head and body must have arrived by the request
-// deadline (408 after it), and open connections are capped (more get 503). For a graceful end:
+// deadline (408 after it), and open connections are capped (more get 503). A connection kept
+// alive goes back to the waiting room after each response, and idle there it gives way to a new
+// connection past the cap, or is closed at the head deadline. For a graceful end:
 // stop_accepting(), wait_idle() for the requests in flight, cut_reads(), join_workers().
 #include <httplib.h>
 
@@ -59,7 +61,8 @@ private:
     bool process_and_close_socket(socket_t sock) override;
     void waiting_room();
     void wake_waiting_room();
-    void admit(std::unique_ptr<Waiting> connection);  // to a worker thread
+    void admit(std::unique_ptr<Waiting> connection);         // to a worker thread
+    void admit_locked(std::unique_ptr<Waiting> connection);  // the same, under mutex_
     void refuse(socket_t sock, int status, const std::string & message);
     void closed();  // a connection ended
 
@@ -76,6 +79,8 @@ private:
         Clock::time_point since;
     };
     std::list<Served> served_;                       // under mutex_, one per connection on a worker thread
+    int idle_kept_ = 0;                              // kept-alive connections in the waiting room with no next request yet (under mutex_)
+    int evictions_ = 0;                              // of those, how many to close for new connections past the limit (under mutex_)
     std::vector<std::unique_ptr<Waiting>> arrived_;  // accepted, not yet in the waiting room (under mutex_)
     bool accepting_ = true;                          // under mutex_
     int wake_pipe_[2] = {-1, -1};

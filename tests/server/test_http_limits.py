@@ -1,6 +1,6 @@
 """`specula serve` against hostile or careless HTTP clients, through real sockets on 127.0.0.1: bodies
 over the limit whatever their framing, clients that trickle their request, oversized heads, more
-connections than the cap, unknown routes, and SIGTERM during a stream. After each attack the server
+connections than the cap, kept-alive connections left idle, unknown routes, and SIGTERM during a stream. After each attack the server
 must still answer /health and give a fixed greedy request the text it gave before. Each test
 states the breakage it catches; none asserts a time (the timeouts below only bound a failing run)."""
 import json
@@ -196,6 +196,73 @@ def test_connections_over_the_cap_get_503():
             except OSError:
                 time.sleep(0.1)
         assert greedy_text(base) == before
+
+
+def keep_alive_request(sock, path="/health"):
+    """A GET on `sock` that leaves the connection open; (status, headers lower-cased)."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+    sock.settimeout(20)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
+        body += sock.recv(65536)
+    return int(lines[0].split(" ")[1]), headers
+
+
+def test_a_kept_alive_connection_carries_several_requests():
+    # Catches: one request per connection ("Connection: close"), so that every request of an
+    # application pays a new connection; or a second request on the connection never answered.
+    with serve() as (_, base):
+        sock = socket.create_connection(("127.0.0.1", port_of(base)))
+        try:
+            for _ in range(3):
+                status, headers = keep_alive_request(sock)
+                assert status == 200 and headers.get("connection") != "close" and "keep-alive" in headers, headers
+            body = json.dumps({"prompt": "def f(x):", "max_tokens": 16, "temperature": 0}).encode()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            status, reply = read_response(sock)
+            assert status == 200 and reply["choices"][0]["text"] == greedy_text(base), reply
+        finally:
+            sock.close()
+
+
+def test_idle_kept_alive_connections_give_way_to_new_clients_and_close_at_the_head_deadline():
+    # Catches: idle kept-alive connections holding every connection (or a worker thread each), so
+    # that new clients get 503; an idle one answered with a 408 no request asked for; and a kept
+    # connection that trickles its next head escaping the head deadline.
+    with serve("--max-connections", "4", "--head-timeout", "1", "--request-timeout", "30") as (_, base):
+        before = greedy_text(base)
+        kept = [socket.create_connection(("127.0.0.1", port_of(base))) for _ in range(4)]
+        try:
+            for sock in kept:
+                assert keep_alive_request(sock)[0] == 200
+            for _ in range(3):  # more new clients than there are idle connections to spare: each served
+                fresh = socket.create_connection(("127.0.0.1", port_of(base)))
+                assert keep_alive_request(fresh)[0] == 200
+                kept.append(fresh)
+            # Left idle, each is closed without a response once the head deadline passes.
+            for sock in kept:
+                sock.settimeout(20)
+                try:
+                    assert sock.recv(4096) == b""
+                except ConnectionResetError:
+                    pass
+            trickler = socket.create_connection(("127.0.0.1", port_of(base)))
+            kept.append(trickler)
+            assert keep_alive_request(trickler)[0] == 200
+            trickler.sendall(b"GET /health HTTP/1.1\r\n")  # and never the rest of the head
+            assert read_status(trickler) == 408
+        finally:
+            for sock in kept:
+                sock.close()
+        assert health(base) == 200 and greedy_text(base) == before
 
 
 def test_unknown_routes_and_methods_get_an_openai_error():
