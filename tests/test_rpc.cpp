@@ -2,6 +2,7 @@
 // one machine runs, and the proof that non-CPU devices keep ggml's kernels. The test starts
 // llama.cpp's rpc-server on 127.0.0.1 itself.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <signal.h>
 #include <spawn.h>
@@ -22,6 +23,7 @@
 #include "runtime/forward.h"
 #include "runtime/kernels/matmul.h"
 #include "runtime/model.h"
+#include "server/http_server.h"
 #include "server/scheduler.h"
 #include "tokenizer/tokenizer.h"
 #include "kv_compaction_check.h"
@@ -347,6 +349,49 @@ TEST(RpcDeathTest, AServerKilledMidServeFailsItsRequestsAndTheServerStaysUp) {
         _Exit(0);  // as serve does: a target whose device failed is not torn down
     };
     EXPECT_EXIT(serve_while_one_dies(), testing::ExitedWithCode(0), "stopped answering mid-generation(.|\n)*still serving");
+}
+
+// A request that takes a slot saves the slot's earlier rows to the prefix store, over the network
+// when the cache is on an rpc-server. A server frozen then fails the requests after --rpc-timeout
+// and /health answers 503 naming the failure. Catches a slot's set-up that holds the scheduler's
+// lock while it waits on the network: the watchdog's failure and /health then wait for it forever
+// (the child's alarm ends the hang, and the test fails).
+TEST(RpcDeathTest, AServerFrozenWhileASlotIsSetUpFailsTheRequestsAndHealthSays503) {
+    RpcServer a;
+    ASSERT_TRUE(a.up()) << "rpc-server did not start: " << SPECULA_RPC_SERVER;
+    auto serve_while_it_freezes = [&] {
+        alarm(60);  // a hang ends the child, not the test run
+        EngineOptions o;
+        o.model_path = test::shipped_model("specula-target.gguf");
+        o.device = a.device();
+        o.n_ctx = 128;
+        o.n_threads = 1;
+        o.rpc_timeout = 1.0;
+        auto target = ModelBundle::open(o);
+        Scheduler scheduler(*target, SchedulerOptions{1, 4, 16});
+        HttpServer http(4, 1 << 16);
+        const int port = http.start("127.0.0.1", 0);
+        http.ready(*target, scheduler, "target");
+        GenerationOptions g;
+        g.n_predict = 4;
+        g.stop_at_end_of_generation = false;
+        std::string text;
+        auto first = scheduler.submit(target->tokenizer->tokenize("def main():\n    parser = argparse."), g);
+        while (first->next(text) != Job::Wait::Ended) {}
+        if (!first->result().error.empty()) _Exit(2);
+        a.freeze();
+        // Another conversation: the slot's rows go to the prefix store first.
+        auto second = scheduler.submit(target->tokenizer->tokenize("Once upon a time there was a"), g);
+        while (second->next(text) != Job::Wait::Ended) {}
+        if (second->result().error.find("did not answer within 1 s") == std::string::npos) _Exit(3);
+        httplib::Client client("127.0.0.1", port);
+        const httplib::Result health = client.Get("/health");
+        if (!health || health->status != 503 || health->body.find("did not answer within") == std::string::npos) _Exit(4);
+        std::fprintf(stderr, "health 503\n");
+        std::fflush(stderr);
+        _Exit(0);  // as serve does: a target whose device failed is not torn down
+    };
+    EXPECT_EXIT(serve_while_it_freezes(), testing::ExitedWithCode(0), "did not answer within 1 s(.|\n)*health 503");
 }
 
 // An rpc-server that stops answering without closing its connection (a frozen host) ends the run

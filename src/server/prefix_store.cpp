@@ -15,6 +15,7 @@ void PrefixStore::erase(std::list<Entry>::iterator it) {
 
 void PrefixStore::put(std::span<const int32_t> tokens, KvCache::HostRows rows, const std::string & scope) {
     if (tokens.empty() || !fits(tokens.size(), rows.f16.size() * sizeof(uint16_t))) return;
+    std::lock_guard lock(mutex_);
     for (auto it = entries_.begin(); it != entries_.end();) {
         if (it->scope != scope) {
             ++it;
@@ -34,6 +35,7 @@ void PrefixStore::put(std::span<const int32_t> tokens, KvCache::HostRows rows, c
 }
 
 std::optional<PrefixStore::Match> PrefixStore::find(std::span<const int32_t> prompt, size_t than, const std::string & scope) {
+    std::lock_guard lock(mutex_);
     auto best = entries_.end();
     size_t best_n = than;
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {

@@ -9,9 +9,12 @@
 // drafters read the history). The rows are exact for every mode that keeps a slot's rows: a lossy
 // SpecEE request's slot holds none (forget_prefix), so nothing of it is ever stored.
 // Bounded by max_bytes (rows and tokens); the least recently used entries are evicted first.
-// Not thread-safe: the scheduler uses it under its mutex.
+// Its own lock: the scheduler's worker saves and loads rows outside the scheduler's mutex (a
+// remote cache's copy can stall), while metrics() reads the stats from other threads. put() and
+// find() come from one thread (a Match stays valid until that thread's next put()).
 #include <cstdint>
 #include <list>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,7 +52,10 @@ public:
     struct Stats {
         uint64_t bytes = 0, entries = 0, hits = 0, evictions = 0;
     };
-    Stats stats() const { return stats_; }
+    Stats stats() const {
+        std::lock_guard lock(mutex_);
+        return stats_;
+    }
 
 private:
     struct Entry {
@@ -61,7 +67,8 @@ private:
     static size_t bytes_of(const Entry & e) { return entry_bytes(e.tokens.size(), e.rows.f16.size() * sizeof(uint16_t)) + e.scope.size(); }
     void erase(std::list<Entry>::iterator it);
 
-    size_t max_bytes_;
+    const size_t max_bytes_;
+    mutable std::mutex mutex_;  // entries_ and stats_
     std::list<Entry> entries_;  // most recently used first
     Stats stats_;
 };

@@ -229,7 +229,19 @@ void Scheduler::run() {
             return std::any_of(slots_.begin(), slots_.end(), [](auto & s) { return s->job != nullptr; });
         });
         if (stopping_) return;
-        admit();
+        const std::vector<Admitted> admitted = admit();
+        if (!admitted.empty()) {
+            // Setting a slot up moves rows over the network when the cache is on an rpc-server: a
+            // server that stops answering must not keep the lock from fail_all and metrics().
+            lock.unlock();
+            std::vector<std::string> errors;
+            for (const Admitted & a : admitted) errors.push_back(start(*a.slot, a.first));
+            lock.lock();
+            if (!failure_.empty()) return;  // fail_all ended every request
+            for (size_t i = 0; i < admitted.size(); ++i) {
+                if (!errors[i].empty()) fail_start(*admitted[i].slot, errors[i]);
+            }
+        }
         active.clear();
         sequences.clear();
         lossy.clear();

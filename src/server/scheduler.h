@@ -221,7 +221,18 @@ public:
 private:
     struct Slot;
     void run();
-    void admit();  // under mutex_: queued jobs into free slots
+    // A queued job given a free slot by admit(); `first`: the slot of its first choice whose
+    // prefilled prompt it takes, else nullptr.
+    struct Admitted {
+        Slot * slot;
+        Slot * first;
+    };
+    // Under mutex_: queued jobs into free slots (each slot's job set, its sequence not yet made).
+    std::vector<Admitted> admit();
+    // On the worker, without mutex_: sets an admitted slot up for its job (the prefix store's and
+    // a first choice's rows, the sequence). Returns the error that fails the job, "" on success.
+    std::string start(Slot & slot, Slot * first);
+    void fail_start(Slot & slot, const std::string & error);  // under mutex_: ends the job start() could not set up
     // Under mutex_: whether the queue's front job may start now (an n-choice request needs
     // min(n, slots) free slots, and its further choices wait for the first one's prefill); sets `first` to the slot
     // of a further choice's first choice whose prefilled prompt it takes, else nullptr.
@@ -256,7 +267,7 @@ private:
     // the worker, each under its job's scope (Tenancy; one scope when shared); null when off or no
     // drafter looks up. metrics() reads its counters (its own mutex).
     std::shared_ptr<SuffixCache> suffix_cache_;
-    std::unique_ptr<PrefixStore> store_;  // null when --cache-bytes is 0; used under mutex_
+    std::unique_ptr<PrefixStore> store_;  // null when --cache-bytes is 0; saved to and loaded from by the worker, outside mutex_
     std::thread worker_;
 };
 

@@ -10,7 +10,8 @@
 
 namespace specula {
 
-void Scheduler::admit() {
+std::vector<Scheduler::Admitted> Scheduler::admit() {
+    std::vector<Admitted> admitted;
     std::vector<const SlotPrefix *> prefixes;
     std::vector<char> free;
     for (auto & slot : slots_) prefixes.push_back(&slot->prefix);
@@ -22,98 +23,108 @@ void Scheduler::admit() {
             queue_.front()->finish(r);
             queue_.pop_front();
         }
-        if (queue_.empty()) return;
+        if (queue_.empty()) return admitted;
         free.clear();
         for (auto & slot : slots_) free.push_back(!slot->job);
         Slot * first = nullptr;
-        if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return;
+        if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return admitted;
         const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_, queue_.front()->tenancy_.scope());
-        if (chosen < 0) return;
-        std::unique_ptr<Slot> & slot = slots_[chosen];
-        std::shared_ptr<Job> job = queue_.front();
+        if (chosen < 0) return admitted;
+        Slot & slot = *slots_[chosen];
+        slot.job = queue_.front();
         queue_.pop_front();
-        slot->prefix.last_used = ++admitted_;
-        // The slot's rows are lost to a lossy sequence, a further choice and another scope's request
-        // whatever their prompt.
-        const std::string scope = job->tenancy_.scope();
-        const bool keeps_rows = !first && job->early_exit_.mode != EarlyExitMode::Lossy && slot->prefix.scope == scope;
-        if (store_) stash_prefix(*store_, slot->prefix, *slot->cache, keeps_rows ? std::span<const int32_t>(job->prompt_) : std::span<const int32_t>());
-        if (slot->prefix.scope != scope) forget_prefix(slot->prefix, *slot->cache);
-        slot->prefix.scope = scope;
-        if (suffix_cache_) slot->drafter->use_suffix_cache(suffix_cache_, suffix_scope(*job));
+        slot.prefix.last_used = ++admitted_;
+        admitted.push_back({&slot, first});
+    }
+}
+
+std::string Scheduler::start(Slot & slot, Slot * first) {
+    const std::shared_ptr<Job> job = slot.job;
+    // The slot's rows are lost to a lossy sequence, a further choice and another scope's request
+    // whatever their prompt.
+    const std::string scope = job->tenancy_.scope();
+    const bool keeps_rows = !first && job->early_exit_.mode != EarlyExitMode::Lossy && slot.prefix.scope == scope;
+    try {
+        if (store_) stash_prefix(*store_, slot.prefix, *slot.cache, keeps_rows ? std::span<const int32_t>(job->prompt_) : std::span<const int32_t>());
+        if (slot.prefix.scope != scope) forget_prefix(slot.prefix, *slot.cache);
+        slot.prefix.scope = scope;
+        if (suffix_cache_) slot.drafter->use_suffix_cache(suffix_cache_, suffix_scope(*job));
         if (first) {
             const bool own_drafter = job->early_exit_.mode == EarlyExitMode::Off;  // SpecEE's drafter rebuilds itself
-            share_prompt(slot->prefix, *slot->cache, own_drafter ? slot->drafter.get() : nullptr, *first->cache,
+            share_prompt(slot.prefix, *slot.cache, own_drafter ? slot.drafter.get() : nullptr, *first->cache,
                          own_drafter ? first->drafter.get() : nullptr, job->prompt_);
         }
-        try {
-            // The slot's policies carry what they measured of the machine from request to request
-            // (DraftLengthPolicy::begin_sequence): with fresh ones every request drafted blind
-            // in its first round, a tree at 8 clients, where no draft pays on a CPU.
-            if (target_.speculative && !slot->policy) {
-                slot->policy = target_.make_draft_policy();
-                slot->tree_size = target_.make_tree_size_policy();
-            }
-            if (slot->policy) slot->policy->begin_sequence();
-            if (slot->tree_size) slot->tree_size->begin_sequence();
-            Tokenizer & tok = *target_.tokenizer;
-            Slot * s = slot.get();
-            auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
-            // A round's tokens reach the job's consumer once its verification says where each came from.
-            auto on_round = [s](const RoundInfo & r) {
-                const size_t n_accepted = r.result->accepted.size();
-                const bool bonus = r.result->bonus;
-                s->job->publish([&](size_t i) {
-                    return std::pair<const char *, int>{i < n_accepted ? "accepted" : bonus ? "bonus"
-                                                                                            : "correction",
-                                                        static_cast<int>(i) + 1};
-                });
-            };
-            GenerationOptions options = job->options_;
-            if (options.top_logprobs >= 0) options.on_logprob = [s](const TokenLogprob & l) { s->logprob = l; };
-            const EarlyExitRequest & exit = job->early_exit_;
-            if (exit.mode == EarlyExitMode::Lossy) {
-                forget_prefix(slot->prefix, *slot->cache);  // the lossy sequence starts cold; its rows are never reused
-                if (!slot->exit_decoder) slot->exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get(),
-                                                                                                 target_.options.specee_online);
-                slot->exit_sequence = std::make_unique<EarlyExitSequence>(*slot->exit_decoder, *target_.runner, *slot->cache, *slot->drafter,
-                                                                          job->prompt_, options, exit.threshold, is_end, options_.prefill_chunk);
-            } else if (exit.mode == EarlyExitMode::Lossless) {
-                // Chains (engine/generation_mode.h): the tokens up to the first that did not exit.
-                if (!slot->exit_drafter) {
-                    slot->exit_drafter = target_.make_exit_drafter(target_.options.n_ctx, exit.threshold);
-                    slot->exit_policy = target_.make_draft_policy();
-                }
-                slot->exit_drafter->set_threshold(exit.threshold);
-                slot->exit_drafter->clear_exit_stats();
-                slot->exit_policy->begin_sequence();
-                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
-                reuse_prefix(slot->prefix, *slot->cache, slot->exit_drafter.get(), job->prompt_);
-                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot->cache, slot->exit_drafter.get(),
-                                                                                   slot->exit_policy.get(), nullptr, on_round),
-                                                            job->prompt_, options, is_end, options_.prefill_chunk);
-            } else {
-                // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
-                if (store_ && !first) restore_prefix(*store_, slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
-                reuse_prefix(slot->prefix, *slot->cache, slot->drafter.get(), job->prompt_);
-                slot->sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot->cache, slot->drafter.get(),
-                                                                                   slot->policy.get(), slot->tree_size.get(), on_round),
-                                                            job->prompt_, options, is_end, options_.prefill_chunk);
-            }
-            s->logprob.reset();
-            s->ended_by_eog = false;
-            s->seen = {};
-            slot->job = std::move(job);
-        } catch (const std::exception & e) {
-            ++metrics_.requests_failed;
-            Job::Result r;
-            r.error = e.what();
-            job->finish(r);
-            slot->sequence.reset();
-            slot->exit_sequence.reset();
-            forget_prefix(slot->prefix, *slot->cache);
+        // The slot's policies carry what they measured of the machine from request to request
+        // (DraftLengthPolicy::begin_sequence): with fresh ones every request drafted blind
+        // in its first round, a tree at 8 clients, where no draft pays on a CPU.
+        if (target_.speculative && !slot.policy) {
+            slot.policy = target_.make_draft_policy();
+            slot.tree_size = target_.make_tree_size_policy();
         }
+        if (slot.policy) slot.policy->begin_sequence();
+        if (slot.tree_size) slot.tree_size->begin_sequence();
+        Tokenizer & tok = *target_.tokenizer;
+        Slot * s = &slot;
+        auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
+        // A round's tokens reach the job's consumer once its verification says where each came from.
+        auto on_round = [s](const RoundInfo & r) {
+            const size_t n_accepted = r.result->accepted.size();
+            const bool bonus = r.result->bonus;
+            s->job->publish([&](size_t i) {
+                return std::pair<const char *, int>{i < n_accepted ? "accepted" : bonus ? "bonus"
+                                                                                        : "correction",
+                                                    static_cast<int>(i) + 1};
+            });
+        };
+        GenerationOptions options = job->options_;
+        if (options.top_logprobs >= 0) options.on_logprob = [s](const TokenLogprob & l) { s->logprob = l; };
+        const EarlyExitRequest & exit = job->early_exit_;
+        if (exit.mode == EarlyExitMode::Lossy) {
+            forget_prefix(slot.prefix, *slot.cache);  // the lossy sequence starts cold; its rows are never reused
+            if (!slot.exit_decoder) slot.exit_decoder = std::make_unique<EarlyExitDecoder>(*target_.model, *target_.runner, target_.exit_predictor.get(),
+                                                                                           target_.options.specee_online);
+            slot.exit_sequence = std::make_unique<EarlyExitSequence>(*slot.exit_decoder, *target_.runner, *slot.cache, *slot.drafter,
+                                                                     job->prompt_, options, exit.threshold, is_end, options_.prefill_chunk);
+        } else if (exit.mode == EarlyExitMode::Lossless) {
+            // Chains (engine/generation_mode.h): the tokens up to the first that did not exit.
+            if (!slot.exit_drafter) {
+                slot.exit_drafter = target_.make_exit_drafter(target_.options.n_ctx, exit.threshold);
+                slot.exit_policy = target_.make_draft_policy();
+            }
+            slot.exit_drafter->set_threshold(exit.threshold);
+            slot.exit_drafter->clear_exit_stats();
+            slot.exit_policy->begin_sequence();
+            if (store_ && !first) restore_prefix(*store_, slot.prefix, *slot.cache, slot.exit_drafter.get(), job->prompt_);
+            reuse_prefix(slot.prefix, *slot.cache, slot.exit_drafter.get(), job->prompt_);
+            slot.sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::SpeceeLossless, *slot.cache, slot.exit_drafter.get(),
+                                                                              slot.exit_policy.get(), nullptr, on_round),
+                                                       job->prompt_, options, is_end, options_.prefill_chunk);
+        } else {
+            // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
+            if (store_ && !first) restore_prefix(*store_, slot.prefix, *slot.cache, slot.drafter.get(), job->prompt_);
+            reuse_prefix(slot.prefix, *slot.cache, slot.drafter.get(), job->prompt_);
+            slot.sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot.cache, slot.drafter.get(),
+                                                                              slot.policy.get(), slot.tree_size.get(), on_round),
+                                                       job->prompt_, options, is_end, options_.prefill_chunk);
+        }
+        slot.logprob.reset();
+        slot.ended_by_eog = false;
+        slot.seen = {};
+        return "";
+    } catch (const std::exception & e) {
+        slot.sequence.reset();
+        slot.exit_sequence.reset();
+        forget_prefix(slot.prefix, *slot.cache);
+        return e.what();
     }
+}
+
+void Scheduler::fail_start(Slot & slot, const std::string & error) {
+    ++metrics_.requests_failed;
+    Job::Result r;
+    r.error = error;
+    slot.job->finish(r);
+    slot.job.reset();
 }
 
 bool Scheduler::may_start(const Job & job, int free_slots, Slot *& first) const {
@@ -121,7 +132,9 @@ bool Scheduler::may_start(const Job & job, int free_slots, Slot *& first) const 
     if (std::min(job.choices_, options_.parallel) > free_slots) return false;
     if (!job.leader_) return true;
     for (const auto & slot : slots_) {
-        if (slot->job != job.leader_ || !slot->sequence) continue;  // a lossy first choice shares nothing
+        if (slot->job != job.leader_) continue;
+        if (!slot->running()) return false;  // admitted with this one, not yet started
+        if (!slot->sequence) continue;       // a lossy first choice shares nothing
         if (slot->sequence->prefilling()) return false;
         if (slot->sequence->stats().speculation.rounds == 0) first = slot.get();  // the cache holds the prompt, and only it
     }
