@@ -241,6 +241,38 @@ TEST(ChatTemplate, AStreamedCallsArgumentsConcatenateToTheFinalOnes) {
     EXPECT_EQ(json::parse(arguments), json::parse(R"({"city": "Paris", "days": 12})"));
 }
 
+// A long reply streamed in small chunks is parsed a bounded number of times (each parse reads the
+// whole reply), and its deltas still make up the final parse: content, then the call's arguments.
+// Catches a parse per chunk (a 64 KiB reply would be parsed 16384 times) or a delta lost between parses.
+TEST(ChatTemplate, ALongStreamedReplyIsParsedABoundedNumberOfTimes) {
+    Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    tok.set_chat_template(source_file(kToolTemplate));
+    const std::string body = R"({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+                   {"type": "object", "properties": {"city": {"type": "string"}}}}}]})";
+    openai::ReplyStream stream(tok.chat_template().render(chat_input(body)));
+    std::string reply;
+    for (int i = 0; reply.size() < 65536; ++i) reply += "Line " + std::to_string(i) + " of the answer.\n";
+    reply += "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    std::vector<json> deltas;
+    for (size_t i = 0; i < reply.size(); i += 4) {
+        for (json & d : stream.add(reply.substr(i, 4))) deltas.push_back(std::move(d));
+    }
+    std::vector<json> last;
+    const ChatReply whole = stream.finish("", &last);
+    deltas.insert(deltas.end(), last.begin(), last.end());
+    EXPECT_LT(stream.parses(), 400u) << "chunks: " << reply.size() / 4;
+    std::string content, arguments;
+    for (const json & d : deltas) {
+        content += d.value("content", "");
+        if (d.contains("tool_calls")) arguments += d.at("tool_calls").at(0).at("function").at("arguments").get<std::string>();
+    }
+    ASSERT_EQ(whole.tool_calls.size(), 1u);
+    EXPECT_EQ(content, whole.content);
+    EXPECT_EQ(arguments, whole.tool_calls[0].arguments);
+    EXPECT_EQ(json::parse(arguments), json::parse(R"({"city": "Paris"})"));
+}
+
 // A thinking template (tests/chat/think_template.jinja): with a reasoning format the reply's
 // thinking section becomes reasoning_content, whole and as it streams (a reasoning delta before
 // the content's, no tag in either); format none leaves it in the content; enable_thinking false

@@ -1,5 +1,6 @@
 #include "server/openai_chat.h"
 
+#include <algorithm>
 #include <random>
 
 #include "common/json_limits.h"
@@ -203,6 +204,7 @@ std::vector<json> reply_deltas(ChatReply & sent, const ChatReply & parsed, bool 
 }
 
 ChatReply ReplyStream::parse(bool partial) {
+    ++parses_;
     ChatReply reply = ChatTemplate::parse(prompt_, text_, partial);
     for (size_t i = 0; i < reply.tool_calls.size(); ++i) {
         if (!reply.tool_calls[i].id.empty()) continue;
@@ -218,6 +220,11 @@ ChatReply ReplyStream::parse(bool partial) {
 
 std::vector<json> ReplyStream::add(const std::string & text) {
     text_ += text;
+    // Each parse reads the whole reply: parsing on every chunk would cost the square of its length.
+    // Parsed once it grew by a fraction since the last parse, a long reply costs a bounded multiple
+    // of one parse; finish() parses the whole of it whatever came since.
+    if (text_.size() - parsed_bytes_ < std::max<size_t>(1, parsed_bytes_ / kReparseFraction)) return {};
+    parsed_bytes_ = text_.size();
     return reply_deltas(sent_, parse(/*partial=*/true), /*final=*/false);
 }
 

@@ -32,19 +32,27 @@ std::vector<nlohmann::json> reply_deltas(ChatReply & sent, const ChatReply & par
 
 // A reply parsed for tool calls as it streams: add() gives the deltas the partial parse of the
 // text so far adds, finish() the whole reply (its calls' ids: the model's, else "call_N" made once
-// per call and kept for all its deltas) and the deltas it adds to what was sent.
+// per call and kept for all its deltas) and the deltas it adds to what was sent. add() parses once
+// the reply grew by 1/kReparseFraction since its last parse (else it gives no delta yet): a long
+// reply's partial parses then read about kReparseFraction + 1 times its length in all, not once
+// per chunk.
 class ReplyStream {
 public:
+    static constexpr size_t kReparseFraction = 32;
+
     explicit ReplyStream(ChatPrompt prompt) : prompt_(std::move(prompt)) {}
     std::vector<nlohmann::json> add(const std::string & text);
     // `rest`: text not given to add().
     ChatReply finish(const std::string & rest = "", std::vector<nlohmann::json> * deltas = nullptr);
+    size_t parses() const { return parses_; }  // of the reply so far, partial and whole
 
 private:
     ChatReply parse(bool partial);
 
     ChatPrompt prompt_;
-    std::string text_;              // the reply so far
+    std::string text_;         // the reply so far
+    size_t parsed_bytes_ = 0;  // of text_, at add()'s last parse
+    size_t parses_ = 0;
     ChatReply sent_;                // what the stream's deltas have sent
     std::vector<std::string> ids_;  // the ids made for calls the model wrote none for
 };

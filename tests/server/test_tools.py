@@ -84,6 +84,28 @@ def test_a_streamed_calls_arguments_come_in_pieces_that_make_the_whole_replys(cl
     assert "".join(d.function.arguments for d in deltas) == whole.message.tool_calls[0].function.arguments
 
 
+def test_a_long_streamed_reply_adds_up_to_the_unstreamed_one(client):
+    """Catches: a streamed reply parsed less often than on every chunk (its cost bounded) losing
+    or repeating a piece: its content and its calls (names, arguments) must be the unstreamed
+    reply's, for "auto" (free text, then calls) and "required" alike."""
+    for choice in ("auto", "required"):
+        request = dict(model="specula-target", messages=QUESTION, tools=[WEATHER], tool_choice=choice, max_tokens=400, temperature=0)
+        whole = client.chat.completions.create(**request).choices[0]
+        content, calls, finish = "", {}, None
+        for chunk in client.chat.completions.create(**request, stream=True):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                for d in c.delta.tool_calls or []:
+                    entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                    entry["name"] += d.function.name or ""
+                    entry["arguments"] += d.function.arguments or ""
+                finish = c.finish_reason or finish
+        assert finish == whole.finish_reason, choice
+        assert content == (whole.message.content or ""), choice
+        expected = [{"name": t.function.name, "arguments": t.function.arguments} for t in whole.message.tool_calls or []]
+        assert [calls[i] for i in sorted(calls)] == expected, choice
+
+
 def test_parallel_tool_calls_false_ends_the_reply_after_one_call(client):
     """Catches: parallel_tool_calls false not enforced: the random-weight model, unbiased, would go
     on writing call blocks until max_tokens (finish_reason "length")."""
