@@ -12,8 +12,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/json_limits.h"
+#include "constrain/grammar_guard.h"
 #include "json-schema-to-grammar.h"
 #include "llama-grammar.h"
+#include "llama-vocab.h"
 #include "runtime/library_log.h"
 #include "specula/error.h"
 #include "tokenizer/tokenizer.h"
@@ -126,10 +129,39 @@ ForcedText forced_text(const llama_grammar & grammar) {
             next = e->value;
             first = false;
         }
-        append_utf8(forced.text, next);
         llama_grammar_accept(walk.get(), next);
+        if (walk->stacks.size() > kMaxGrammarStacks) return forced;  // no further than decoding may go
+        append_utf8(forced.text, next);
     }
     return forced;
+}
+
+// libllama's accept of `token`, checked a byte at a time: libllama's own checks nothing until the
+// token's last character, by which time a grammar that keeps several parses open (`"a" x "b" |
+// "a" x "c"`) may have doubled its stacks with each character; and it aborts the process on an
+// end of generation the grammar does not allow here.
+void accept_token(llama_grammar & grammar, int32_t token) {
+    const auto complete = [](const llama_grammar_stack & stack) { return stack.empty(); };
+    if (llama_vocab_is_eog(grammar.vocab, token)) {
+        if (std::none_of(grammar.stacks.begin(), grammar.stacks.end(), complete)) throw std::runtime_error("the grammar is not complete here");
+        return;
+    }
+    const std::string & piece = grammar.vocab->token_to_piece(token);
+    const auto at_token = [](const llama_grammar_stack & stack) {
+        return !stack.empty() && (stack.back()->type == LLAMA_GRETYPE_TOKEN || stack.back()->type == LLAMA_GRETYPE_TOKEN_NOT);
+    };
+    if (piece.empty() || piece[0] == 0 || std::any_of(grammar.stacks.begin(), grammar.stacks.end(), at_token)) {  // no characters, or a token-id rule
+        llama_grammar_accept_token(grammar, token, piece);
+    } else {
+        for (const char byte : piece) {
+            if (byte == 0) break;                                     // libllama reads the piece as a C string
+            llama_grammar_accept_str(grammar, std::string(1, byte));  // throws when no stack takes it
+            if (grammar.stacks.size() > kMaxGrammarStacks) break;
+        }
+    }
+    if (grammar.stacks.size() > kMaxGrammarStacks) {
+        throw Error("the grammar exceeds a limit: more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once");
+    }
 }
 
 // libllama's grammar (its apply masks a candidate array, its accept advances the stacks), with
@@ -169,7 +201,9 @@ public:
 
     void accept(int32_t token) override {
         try {
-            llama_grammar_accept_impl(*grammar_, token);
+            accept_token(*grammar_, token);
+        } catch (const Error &) {
+            throw;
         } catch (const std::exception & e) {
             throw Error(std::string("token ") + std::to_string(token) + " does not follow the grammar: " + e.what());
         }
@@ -233,9 +267,10 @@ private:
 
 // libllama's GBNF parser prints why a grammar does not parse on stderr, not to its log, yet the
 // reason belongs in the Error, and stderr is shared with the server's other threads. Its
-// rule-by-rule entry point throws the reason, so the grammar is parsed here rule by rule first (with
-// the undefined-rule check parse() adds): a grammar that reaches libllama's parse() parses.
-std::string gbnf_syntax_error(const llama_vocab * vocab, const std::string & gbnf) {
+// rule-by-rule entry point throws the reason, so the grammar is parsed here rule by rule (with the
+// undefined-rule check parse() adds), and libllama builds the grammar from these rules. Throws
+// Error naming the problem.
+llama_grammar_parser parse_gbnf(const llama_vocab * vocab, const std::string & gbnf) {
     const auto skip_space = [](const char * pos) {  // the grammar's leading blanks, newlines and comments
         while (*pos == ' ' || *pos == '\t' || *pos == '\r' || *pos == '\n' || *pos == '#') {
             if (*pos == '#') {
@@ -251,33 +286,48 @@ std::string gbnf_syntax_error(const llama_vocab * vocab, const std::string & gbn
         for (const char * pos = skip_space(gbnf.c_str()); *pos;) pos = parser.parse_rule(pos);
     } catch (const std::exception & e) {
         const std::string what = e.what();  // "expecting ... at <the rest of the grammar>": its first line
-        return what.substr(0, what.find('\n'));
+        throw Error("the grammar does not parse as GBNF: " + what.substr(0, what.find('\n')));
     }
     for (const auto & [name, id] : parser.symbol_ids) {
-        if (id >= parser.rules.size() || parser.rules[id].empty()) return "Undefined rule identifier '" + name + "'";
+        if (id >= parser.rules.size() || parser.rules[id].empty()) throw Error("the grammar does not parse as GBNF: Undefined rule identifier '" + name + "'");
     }
-    return {};
+    if (parser.rules.empty()) throw Error("the grammar does not parse as GBNF: it has no rule");
+    return parser;
 }
 
 }  // namespace
 
 std::unique_ptr<LogitsState> make_grammar_state(const Tokenizer & tokenizer, const std::string & gbnf) {
+    check_gbnf_limits(gbnf);  // before libllama's parser, which recurses once per parenthesis
+    const llama_grammar_parser parser = parse_gbnf(tokenizer.vocabulary(), gbnf);
+    const auto root = parser.symbol_ids.find("root");
+    if (root == parser.symbol_ids.end()) throw Error("the grammar does not parse as GBNF: it has no 'root' rule");
+    check_gbnf_rules(parser, root->second);  // before libllama's left-recursion check, which is exponential
     capture_library_log();
     take_library_errors();
-    const std::string syntax = gbnf_syntax_error(tokenizer.vocabulary(), gbnf);
-    if (!syntax.empty()) throw Error("the grammar does not parse as GBNF: " + syntax);
-    GrammarPtr grammar(llama_grammar_init_impl(tokenizer.vocabulary(), gbnf.c_str(), "root", false, nullptr, 0, nullptr, 0));
-    const std::string logged = take_library_errors();  // no root rule, left recursion
+    std::vector<const llama_grammar_element *> rules = parser.c_rules();
+    GrammarPtr grammar(llama_grammar_init_impl(tokenizer.vocabulary(), rules.data(), rules.size(), root->second));
+    const std::string logged = take_library_errors();
     if (!grammar) throw Error("the grammar does not parse as GBNF" + (logged.empty() ? std::string() : ": " + logged));
     return std::make_unique<GrammarState>(std::move(grammar), tokenizer, std::make_shared<MaskCache>());
 }
 
 std::string json_schema_to_gbnf(const std::string & schema_json) {
+    nlohmann::json schema;
     try {
-        return json_schema_to_grammar(common_json::parse(schema_json), /*force_gbnf=*/true);
+        schema = parse_json(schema_json);
     } catch (const std::exception & e) {
         throw Error(std::string("the JSON schema cannot be compiled to a grammar: ") + e.what());
     }
+    check_json_schema_limits(schema);  // llama.cpp's converter recurses per value and expands "$ref"s
+    std::string gbnf;
+    try {
+        gbnf = json_schema_to_grammar(common_json::parse(schema_json), /*force_gbnf=*/true);
+    } catch (const std::exception & e) {
+        throw Error(std::string("the JSON schema cannot be compiled to a grammar: ") + e.what());
+    }
+    check_gbnf_limits(gbnf);
+    return gbnf;
 }
 
 std::unique_ptr<LogitsState> make_logits_state(const SamplingParams & params, const std::string & gbnf, std::span<const int32_t> history,
