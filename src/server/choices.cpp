@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "server/gated_server.h"
 #include "server/http_reply.h"
 #include "server/openai_chat.h"
 #include "server/openai_logprobs.h"
@@ -32,7 +33,7 @@ openai::ApiError failed(const Job::Result & result) { return openai::ApiError{50
 
 }  // namespace
 
-void respond_choices_whole(const httplib::Request & req, httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
+void respond_choices_whole(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
                            const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending) {
     std::vector<std::string> texts(jobs.size());
     std::vector<std::vector<TokenLogprob>> logprobs(jobs.size());
@@ -42,7 +43,7 @@ void respond_choices_whole(const httplib::Request & req, httplib::Response & res
                 cancel_all(jobs);
                 return send_error(res, shutting_down_error());
             }
-            if (req.is_connection_closed()) return cancel_all(jobs);  // nobody reads the answer
+            if (GatedServer::client_gone()) return cancel_all(jobs);  // nobody reads the answer
         }
     }
     for (const auto & job : jobs) {

@@ -19,7 +19,7 @@
 
 namespace specula {
 
-void respond_choices_whole(const httplib::Request & req, httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
+void respond_choices_whole(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
                            const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending);
 void respond_choices_stream(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c,
                             const std::shared_ptr<const ChatPrompt> & parsed_as, bool include_usage, const std::atomic<bool> & ending);

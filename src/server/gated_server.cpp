@@ -96,10 +96,26 @@ public:
         return false;
     }
     bool wait_writable() const override { return wait_for(sock_, POLLOUT, static_cast<int>(write_timeout_.count())); }
-    bool is_peer_alive() const override {
-        if (!wait_for(sock_, POLLIN, 0)) return true;
+    bool is_peer_alive() const override { return !client_gone(); }
+    // Whether the client closed the connection or reset it. The end of its data alone is no sign:
+    // a client may shut its sending side after the request (shutdown(SHUT_WR)) and still read.
+    // Such an end could be either; before anything of the response went, the response's first
+    // bytes go early ("HTTP/1.1 " starts every response), which a half-closed client reads as
+    // the answer's start and a closed socket answers with a reset, seen by the next call.
+    bool client_gone() const {
+        pollfd p{sock_, POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) return false;
+        if (p.revents & (POLLERR | POLLHUP)) return true;  // reset, or both sides shut
         char byte;
-        return ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+        const ssize_t n = ::recv(sock_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n > 0) return false;  // the start of a pipelined request
+        if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+        if (!wrote_ && sent_early_ == 0) {
+            const ssize_t sent = ::send(sock_, kResponseStart, sizeof kResponseStart - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (sent < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+            sent_early_ = static_cast<size_t>(sent);
+        }
+        return false;
     }
     ssize_t read(char * ptr, size_t size) override {
         if (is_readable()) {
@@ -115,8 +131,13 @@ public:
         return n;
     }
     ssize_t write(const char * ptr, size_t size) override {
+        wrote_ = true;
+        const size_t early = std::min(size, sent_early_);  // client_gone() sent these bytes already
+        sent_early_ -= early;
+        if (early == size) return static_cast<ssize_t>(size);
         if (!wait_writable()) return -1;
-        return ::send(sock_, ptr, size, MSG_NOSIGNAL);
+        const ssize_t n = ::send(sock_, ptr + early, size - early, MSG_NOSIGNAL);
+        return n < 0 ? n : n + static_cast<ssize_t>(early);
     }
     void get_remote_ip_and_port(std::string & ip, int & port) const override {
         sockaddr_storage a{};
@@ -146,7 +167,12 @@ private:
     const std::atomic<bool> & cut_;
     const std::chrono::milliseconds write_timeout_;
     const Clock::time_point start_;
+    static constexpr char kResponseStart[] = "HTTP/1.1 ";
+    mutable bool wrote_ = false;     // write() was called: the response has begun
+    mutable size_t sent_early_ = 0;  // bytes of kResponseStart client_gone() sent that write() skips
 };
+
+thread_local const ConnectionStream * stream_on_this_thread = nullptr;
 
 // Closes after the response: first the sending side, then, after reading briefly what the client
 // still sends (a body not read), the socket, so that the close resets no response in flight.
@@ -216,6 +242,8 @@ void GatedServer::join_workers() {
 }
 
 bool GatedServer::request_timed_out() { return timed_out_on_this_thread; }
+
+bool GatedServer::client_gone() { return stream_on_this_thread && stream_on_this_thread->client_gone(); }
 
 std::string GatedServer::deadline_text() const { return seconds_text(deadlines_.request); }
 
@@ -381,6 +409,7 @@ void GatedServer::admit_locked(std::unique_ptr<Waiting> connection) {
         response_closes = false;
         ConnectionStream stream(c->sock, std::move(c->head), c->accepted + deadlines_.request, reads_cut_,
                                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::seconds(write_timeout_sec_) + std::chrono::microseconds(write_timeout_usec_)));
+        stream_on_this_thread = &stream;
         std::string remote_ip, local_ip;
         int remote_port = 0, local_port = 0;
         stream.get_remote_ip_and_port(remote_ip, remote_port);
@@ -391,6 +420,7 @@ void GatedServer::admit_locked(std::unique_ptr<Waiting> connection) {
         bool connection_closed = false;
         const bool answered = serve_guarded(
             [&] { return process_request(stream, remote_ip, remote_port, local_ip, local_port, last, connection_closed, nullptr); });
+        stream_on_this_thread = nullptr;
         bool kept = answered && !connection_closed && !last && !response_closes && !timed_out_on_this_thread;
         if (kept) {
             std::lock_guard lock(mutex_);

@@ -53,6 +53,9 @@ public:
     std::vector<std::string> in_flight();
     // The request on this thread timed out reading its head or body (for the error handler).
     static bool request_timed_out();
+    // The client of the request on this thread closed its connection or reset it: nobody reads
+    // the answer. A client that only shut its sending side (a half close) still reads: not gone.
+    static bool client_gone();
     // The request deadline as error messages give it ("30 s").
     std::string deadline_text() const;
 

@@ -94,9 +94,10 @@ int64_t unix_now() {
 
 // A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
 // status. While it waits the handler watches the connection, so that a client that went away
-// frees its slot at once rather than hold it for the whole generation.
+// (closed or reset; not one that only shut its sending side) frees its slot at once rather than
+// hold it for the whole generation.
 // `reply`: parses the reply for tool calls or reasoning (openai::parses_reply), or nullptr.
-void respond_whole(const httplib::Request & req, httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c,
+void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, const openai::Completion & c,
                    const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
     std::string text;
     std::vector<TokenLogprob> logprobs;
@@ -105,7 +106,7 @@ void respond_whole(const httplib::Request & req, httplib::Response & res, const 
             job->cancel();
             return send_error(res, shutting_down_error());
         }
-        if (req.is_connection_closed()) {
+        if (GatedServer::client_gone()) {
             job->cancel();  // nobody reads the answer
             return;
         }
@@ -462,12 +463,12 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     if (jobs.size() > 1) {
         auto parsed_as = openai::parses_reply(r.chat, chat) ? std::make_shared<const ChatPrompt>(std::move(chat)) : nullptr;
         if (r.stream) respond_choices_stream(res, jobs, c, parsed_as, r.include_usage, ending);
-        else respond_choices_whole(req, res, jobs, c, parsed_as, ending);
+        else respond_choices_whole(res, jobs, c, parsed_as, ending);
         return;
     }
     auto reply = openai::parses_reply(r.chat, chat) ? std::make_shared<openai::ReplyStream>(std::move(chat)) : nullptr;
     if (r.stream) respond_stream(res, job, c, r.include_usage, reply, ending);
-    else respond_whole(req, res, job, c, reply, ending);
+    else respond_whole(res, job, c, reply, ending);
 }
 
 }  // namespace specula

@@ -73,3 +73,40 @@ def greedy_text(base):
     status, body = post(base, "/v1/completions", GREEDY)
     assert status == 200, body
     return body["choices"][0]["text"]
+
+
+def port_of(base):
+    return int(base.rsplit(":", 1)[1])
+
+
+def read_response(sock, timeout=20):
+    """(status, body as JSON) of a Content-Length response on `sock`."""
+    sock.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection inside the body"
+        body += chunk
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def get_json(url):
+    with urllib.request.urlopen(url) as r:
+        return json.loads(r.read())
+
+
+def wait_for(condition, deadline_s=120):
+    """Polls `condition` until it holds or a deadline far beyond any machine's need passes;
+    returns whether it held. The tests wait on what the server shows, not on elapsed time."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()

@@ -12,16 +12,12 @@ import time
 import urllib.error
 import urllib.request
 
-from serving import greedy_text, serve
+from serving import greedy_text, port_of, read_response, serve
 
 
 def health(base, timeout=10):
     with urllib.request.urlopen(base + "/health", timeout=timeout) as r:
         return r.status
-
-
-def port_of(base):
-    return int(base.rsplit(":", 1)[1])
 
 
 def read_status(sock, timeout=20):
@@ -37,23 +33,6 @@ def read_status(sock, timeout=20):
     except ConnectionResetError:
         pass
     return int(data.split(b" ")[1]) if data.startswith(b"HTTP/1.1 ") else None
-
-
-def read_response(sock, timeout=20):
-    """(status, body as JSON) of a Content-Length response on `sock`."""
-    sock.settimeout(timeout)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"the server closed the connection after {data!r}"
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "the server closed the connection inside the body"
-        body += chunk
-    return int(head.split(b" ")[1]), json.loads(body)
 
 
 def test_a_body_over_the_limit_gets_413_whatever_its_framing():

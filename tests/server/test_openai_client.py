@@ -15,7 +15,7 @@ import urllib.request
 import openai
 import pytest
 
-from serving import DRAFT, ROOT, SMOLLM2, serve
+from serving import DRAFT, ROOT, SMOLLM2, get_json, serve, wait_for
 
 MODEL = "specula-target"
 CTX = 512
@@ -30,22 +30,6 @@ def server():
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def get_json(url):
-    with urllib.request.urlopen(url) as r:
-        return json.loads(r.read())
-
-
-def wait_for(condition, deadline_s=120):
-    """Polls `condition` until it holds or a deadline far beyond any machine's need passes;
-    returns whether it held. The tests wait on what the server shows, not on elapsed time."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 MESSAGES = [{"role": "user", "content": "How do I open a file in Python?"}]
