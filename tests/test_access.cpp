@@ -195,32 +195,35 @@ TEST(Access, PreflightsOfAllowedOriginsAreAnsweredWithoutTheKey) {
     EXPECT_EQ(header_of(keyless, "Access-Control-Allow-Origin"), "http://localhost:3000");
 }
 
-// Catches DNS rebinding: a page on evil.example whose name resolves to 127.0.0.1 is its own
-// origin, so only the Host tells it from the server's own page.
-TEST(Access, OnALoopbackBindOnlyLoopbackOrAllowedHostsAreAnswered) {
-    const AccessPolicy loopback = make_access_policy("127.0.0.1", {}, {}, {"Specula.Example:443"});
-    EXPECT_TRUE(loopback.loopback_hosts_only);
+// Catches DNS rebinding: a page on evil.example whose name resolves to the server's address is
+// its own origin, so only the Host tells it from the server's own page; on every bind, loopback or
+// not (a LAN address can be rebound as 127.0.0.1 can), and --allowed-host honoured on each.
+TEST(Access, OnEveryBindOnlyLoopbackAddressedOrAllowedHostsAreAnswered) {
     const auto with_host = [&](const AccessPolicy & p, const std::string & host, Headers h = {}) {
         h["Host"] = host;
         return decide(p, "GET", "/v1/models", h);
     };
-    for (const char * host : {"localhost", "LOCALHOST:8080", "127.0.0.1", "127.1.2.3:80", "[::1]", "[::1]:8080", "specula.example", "specula.example:8080"}) {
-        EXPECT_FALSE(with_host(loopback, host).refusal) << host;
+    for (const char * bind : {"127.0.0.1", "0.0.0.0", "::", "192.0.2.7"}) {
+        SCOPED_TRACE(bind);
+        const AccessPolicy policy = make_access_policy(bind, {}, {}, {"Specula.Example:443"});
+        EXPECT_EQ(policy.loopback_bind, std::string(bind) == "127.0.0.1");
+        for (const char * host : {"localhost", "LOCALHOST:8080", "127.0.0.1", "127.1.2.3:80", "[::1]", "[::1]:8080", "specula.example",
+                                  "specula.example:8080", "192.0.2.7:8080", "10.0.0.1", "[2001:db8::7]:80", "0.0.0.0"}) {
+            EXPECT_FALSE(with_host(policy, host).refusal) << host;
+        }
+        for (const char * host : {"evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.evil.example", "192.0.2.7.nip.example"}) {
+            const AccessDecision d = with_host(policy, host);
+            ASSERT_EQ(status_of(d), 403) << host;
+            EXPECT_EQ(d.refusal->code, "host_not_allowed");
+        }
+        const AccessDecision rebound = with_host(policy, "evil.example:8080", {{"Origin", "http://evil.example:8080"}});
+        EXPECT_EQ(status_of(rebound), 403) << "the rebound page's origin equals its Host";
+        EXPECT_FALSE(with_host(policy, "").refusal) << "HTTP/1.0 clients send no Host; no browser omits it";
     }
-    for (const char * host : {"evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.evil.example", "128.0.0.1", "[::2]:8080", "0.0.0.0"}) {
-        const AccessDecision d = with_host(loopback, host);
-        ASSERT_EQ(status_of(d), 403) << host;
-        EXPECT_EQ(d.refusal->code, "host_not_allowed");
-    }
-    const AccessDecision rebound = with_host(loopback, "evil.example:8080", {{"Origin", "http://evil.example:8080"}});
-    EXPECT_EQ(status_of(rebound), 403) << "the rebound page's origin equals its Host";
-    EXPECT_FALSE(with_host(loopback, "").refusal) << "HTTP/1.0 clients send no Host; no browser omits it";
-
-    for (const char * bind : {"0.0.0.0", "::", "192.0.2.7"}) {
-        const AccessPolicy exposed = make_access_policy(bind, {}, {}, {});
-        EXPECT_FALSE(exposed.loopback_hosts_only) << bind;
-        EXPECT_FALSE(with_host(exposed, "specula.example").refusal) << bind;
-    }
+    EXPECT_FALSE(with_host(make_access_policy("0.0.0.0", {}, {}, {"*"}), "any.example").refusal);
+    char own[256] = "";
+    ASSERT_EQ(::gethostname(own, sizeof own - 1), 0);
+    EXPECT_FALSE(with_host(make_access_policy("0.0.0.0", {}, {}, {}), own).refusal) << "the machine's own name";
 }
 
 TEST(Access, LoopbackNames) {

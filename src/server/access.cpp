@@ -1,6 +1,7 @@
 #include "server/access.h"
 
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -58,6 +59,12 @@ std::string presented_key(const std::function<std::string(const char *)> & heade
     return trim(header("X-Api-Key"));
 }
 
+bool is_ip_address(const std::string & name) {
+    in_addr v4{};
+    in6_addr v6{};
+    return inet_pton(AF_INET, name.c_str(), &v4) == 1 || inet_pton(AF_INET6, name.c_str(), &v6) == 1;
+}
+
 // "application/json" with any parameters ("; charset=utf-8"), in any case.
 bool is_json(const std::string & content_type) { return lower(trim(content_type.substr(0, content_type.find(';')))) == "application/json"; }
 
@@ -80,14 +87,18 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
                             const std::function<std::string(const char * name)> & header) {
     AccessDecision d;
     const std::string host = header("Host");
-    // A page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) reaches
-    // the server as its own origin, but its Host is still that site's name. A request without a
+    // A page of another site whose name was made to resolve to the server's address (DNS
+    // rebinding: 127.0.0.1, or a LAN address) reaches the server as its own origin, but its Host
+    // is still that site's name; an address typed as such cannot be rebound. A request without a
     // Host (HTTP/1.0) comes from no browser.
-    if (policy.loopback_hosts_only && !host.empty()) {
+    if (!host.empty()) {
         const std::string name = host_name(host);
-        if (!is_loopback_name(name) && std::find(policy.allowed_hosts.begin(), policy.allowed_hosts.end(), name) == policy.allowed_hosts.end()) {
+        const auto & allowed = policy.allowed_hosts;
+        const bool answered = is_loopback_name(name) || is_ip_address(name) || std::find(allowed.begin(), allowed.end(), name) != allowed.end() ||
+                              std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+        if (!answered) {
             d.refusal = refuse(403, "permission_error", "host_not_allowed",
-                               "the Host '" + host + "' is not this server's: bound to a loopback address, it answers localhost, 127.x.x.x and [::1] (--allowed-host NAME adds a name)");
+                               "the Host '" + host + "' is not this server's: it answers localhost, IP addresses and this machine's name (--allowed-host NAME adds a name)");
             return d;
         }
     }
@@ -164,9 +175,12 @@ AccessPolicy make_access_policy(const std::string & bind_host, std::vector<std::
         if (host.empty() || host.find_first_of("/ \t") != std::string::npos) {
             throw Error("--allowed-host '" + host + "' is not a host name (e.g. specula.example)");
         }
-        p.allowed_hosts.push_back(host_name(host));
+        p.allowed_hosts.push_back(host == "*" ? host : host_name(host));
     }
-    p.loopback_hosts_only = is_loopback_name(bind_host);
+    // The machine's own name: how the hosts of a network reach a server bound to every interface.
+    char own[256] = "";
+    if (::gethostname(own, sizeof own - 1) == 0 && own[0] != '\0') p.allowed_hosts.push_back(lower(own));
+    p.loopback_bind = is_loopback_name(bind_host);
     return p;
 }
 

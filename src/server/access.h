@@ -1,6 +1,6 @@
 #pragma once
 // Who may use `specula serve`: API keys, which web pages may call it (CORS, Origin), which Host
-// names it answers on a loopback bind (against DNS rebinding), and that API bodies are JSON. Pure
+// names it answers (against DNS rebinding), and that API bodies are JSON. Pure
 // decisions on a request's method, path and headers; server/http_server.cpp applies them before
 // routing. docs/server.md, "Access".
 #include <functional>
@@ -20,10 +20,10 @@ struct AccessPolicy {
     // Origins whose pages may call the server (scheme://host[:port], lower case; "*": any). A
     // request with another Origin, not the server's own, is refused.
     std::vector<std::string> cors_origins;
-    // The server is bound to a loopback address: only requests whose Host is a loopback name or
-    // address, or one of allowed_hosts (lower case, without port), are answered.
-    bool loopback_hosts_only = false;
+    // Host names answered besides loopback names and IP addresses (lower case, without port; "*":
+    // any name). A request with another Host is refused, whatever the address bound.
     std::vector<std::string> allowed_hosts;
+    bool loopback_bind = false;  // bound to a loopback address: only this machine can connect
 };
 
 // What to do with a request: refuse it, answer a CORS preflight (204), or route it; `headers` go
@@ -43,9 +43,9 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
 // when it presents none of them (check_access refuses it).
 std::string tenant_of(const AccessPolicy & policy, const std::function<std::string(const char * name)> & header);
 
-// The policy of a server bound to `bind_host` (the host check is on for a loopback address),
-// with the given keys, CORS origins and extra Host names. Throws Error naming a key, origin or
-// host name that cannot be one.
+// The policy of a server bound to `bind_host`, with the given keys, CORS origins and extra Host
+// names (to which the machine's own name is added). Throws Error naming a key, origin or host
+// name that cannot be one.
 AccessPolicy make_access_policy(const std::string & bind_host, std::vector<std::string> api_keys,
                                 const std::vector<std::string> & cors_origins, const std::vector<std::string> & allowed_hosts);
 

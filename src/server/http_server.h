@@ -45,7 +45,8 @@ public:
     // The HTML served at "/" (the live page, tools/report/live.html); none: "/" answers 404.
     void set_index_page(std::string html);
     // Who may use the server: API keys, CORS origins, Host names (server/access.h); before start().
-    // Without one: no key, no CORS, no Host check, foreign origins and non-JSON POSTs refused.
+    // Without one: no key, no CORS, Host names other than loopback names and IP addresses, foreign
+    // origins and non-JSON POSTs refused.
     void set_access_policy(const AccessPolicy & policy);
     // Whether text spelling a special token in a completions prompt or a chat message's content
     // becomes that token (serve --special-tokens-in-prompt); by default it is text, and only the

@@ -170,6 +170,23 @@ def test_a_foreign_host_on_a_loopback_bind_gets_403():
         assert_healthy(base)
 
 
+# Catches the Host check left to loopback binds: bound to every interface without a key, a
+# rebound page's requests (Host: its own name) were answered, and --allowed-host was ignored.
+def test_a_foreign_host_on_any_bind_gets_403_and_allowed_hosts_apply():
+    with serve("--host", "0.0.0.0", "--allowed-host", "specula.example") as (proc, base):
+        port = urllib.parse.urlsplit(base).port
+        for host in (f"evil.example:{port}", "evil.example"):
+            status, _, body = request(base, "POST", "/v1/chat/completions", json.dumps(CHAT),
+                                      {"Host": host, "Origin": f"http://{host}", "Content-Type": "application/json"})
+            assert status == 403, (host, body)
+            assert_openai_error(body, "host_not_allowed")
+        for host in (f"specula.example:{port}", f"localhost:{port}", f"192.0.2.7:{port}", f"[2001:db8::7]:{port}"):
+            assert request(base, "GET", "/v1/models", headers={"Host": host})[0] == 200, host
+        assert_healthy(base)
+    with serve("--host", "0.0.0.0", "--allowed-host", "*") as (_, base):
+        assert request(base, "GET", "/v1/models", headers={"Host": "any.example"})[0] == 200
+
+
 # Catches a flag value that can never match accepted silently: the server must not start.
 def test_bad_access_flags_are_refused_naming_them():
     for args, says in ((["--cors-origin", "http://localhost:3000/"], "is not an origin"),

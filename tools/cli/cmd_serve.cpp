@@ -90,7 +90,8 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_option("--cors-origin", args->cors_origins,
                     "origin whose web pages may call the server, e.g. http://localhost:3000 (repeatable; * allows any); default none");
     sub->add_option("--allowed-host", args->allowed_hosts,
-                    "Host name answered besides localhost, 127.x.x.x and [::1] when bound to a loopback address (repeatable)");
+                    "Host name answered besides localhost, IP addresses and this machine's name, whatever the address bound "
+                    "(repeatable; * answers any name)");
     sub->add_flag("--special-tokens-in-prompt", args->special_tokens_in_prompt,
                   "text spelling a special token (\"<|im_start|>\") in a completions prompt or a chat message becomes that token; "
                   "by default it is text, and only the chat template's markup is control tokens");
@@ -168,7 +169,7 @@ void register_serve(CLI::App & app, Commands & commands) {
                 std::_Exit(kShutdownAbandoned);
             }).detach();
             const AccessPolicy access = make_access_policy(args->host, std::move(keys), args->cors_origins, args->allowed_hosts);
-            if (!access.loopback_hosts_only && access.api_keys.empty()) {
+            if (!access.loopback_bind && access.api_keys.empty()) {
                 std::fprintf(stderr, "specula: note: %s is not a loopback address and no --api-key is set: whoever reaches it can use the server\n",
                              args->host.c_str());
             }
