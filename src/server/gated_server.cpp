@@ -150,6 +150,7 @@ public:
         if (::getsockname(sock_, reinterpret_cast<sockaddr *>(&a), &len) == 0) address_of(a, ip, port);
     }
     socket_t socket() const override { return sock_; }
+    Clock::time_point read_deadline() const { return read_deadline_; }
     time_t duration() const override { return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start_).count(); }
     const char * buffered_data(size_t & size) const override {
         size = received_.size() - offset_;
@@ -244,6 +245,8 @@ void GatedServer::join_workers() {
 bool GatedServer::request_timed_out() { return timed_out_on_this_thread; }
 
 bool GatedServer::client_gone() { return stream_on_this_thread && stream_on_this_thread->client_gone(); }
+
+Clock::time_point GatedServer::request_deadline() { return stream_on_this_thread ? stream_on_this_thread->read_deadline() : Clock::time_point::max(); }
 
 std::string GatedServer::deadline_text() const { return seconds_text(deadlines_.request); }
 

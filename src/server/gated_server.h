@@ -56,6 +56,9 @@ public:
     // The client of the request on this thread closed its connection or reset it: nobody reads
     // the answer. A client that only shut its sending side (a half close) still reads: not gone.
     static bool client_gone();
+    // The request deadline of the request on this thread (from its connection's accept, or its
+    // first byte on a kept-alive one); time_point::max() off a served connection's thread.
+    static Clock::time_point request_deadline();
     // The request deadline as error messages give it ("30 s").
     std::string deadline_text() const;
 

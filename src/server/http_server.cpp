@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "specula/error.h"
@@ -48,8 +50,17 @@ struct HttpServer::Impl {
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
     std::map<std::string, std::string> methods;  // path -> the methods it has routes for, for 405
+    // Request-side computations on threads of their own (within_deadline), those whose request
+    // gave up waiting included; at most max_preparing at once.
+    const int max_preparing;
+    std::mutex preparing_mutex;
+    std::condition_variable preparing_ended;
+    int preparing = 0;  // under preparing_mutex
 
     void routes();
+    template <class T>
+    T within_deadline(std::function<T()> work);
+    void wait_preparations();
     void on_get(const std::string & path, httplib::Server::Handler handler);
     void on_post(const std::string & path, httplib::Server::Handler handler);
     // The OpenAI error object of an error cpp-httplib answers itself (unknown route, bad framing, ...).
@@ -202,7 +213,69 @@ HttpServer::Impl::Impl(int max_connections, size_t max_body_bytes, RequestDeadli
           const char * type = status == 503 ? "unavailable_error" : "invalid_request_error";
           return openai::wire(openai::ApiError{status, message, type, "", ""}.body());
       }),
-      max_request_bytes(max_body_bytes) {}
+      max_request_bytes(max_body_bytes),
+      max_preparing(max_connections) {}
+
+// Parsing a body, rendering a chat template and tokenizing a prompt cannot be interrupted (a
+// 4 MiB prompt takes seconds to tokenize), so they run on a thread of their own while the handler
+// waits for them until the request deadline (--request-timeout): a request that outlasts it gets
+// 408 and frees its handler thread and connection, and its computation ends unheard. Those still
+// running count against max_preparing (503 past it), so abandoned ones cannot pile up.
+template <class T>
+T HttpServer::Impl::within_deadline(std::function<T()> work) {
+    struct Outcome {
+        std::mutex mutex;
+        std::condition_variable ended;
+        std::optional<T> value;
+        std::exception_ptr error;
+        bool done = false;
+    };
+    {
+        std::lock_guard lock(preparing_mutex);
+        if (preparing >= max_preparing) {
+            throw openai::ApiError{503, "the server is busy: " + std::to_string(preparing) + " requests are being prepared (parsed, tokenized)",
+                                   "unavailable_error", "", ""};
+        }
+        ++preparing;
+    }
+    auto outcome = std::make_shared<Outcome>();
+    std::thread([this, outcome, work = std::move(work)] {
+        std::optional<T> value;
+        std::exception_ptr error;
+        try {
+            value = work();
+        } catch (...) {
+            error = std::current_exception();
+        }
+        {
+            std::lock_guard lock(outcome->mutex);
+            outcome->value = std::move(value);
+            outcome->error = error;
+            outcome->done = true;
+            outcome->ended.notify_all();
+        }
+        std::lock_guard lock(preparing_mutex);
+        --preparing;
+        preparing_ended.notify_all();
+    }).detach();
+    const GatedServer::Clock::time_point deadline = GatedServer::request_deadline();
+    std::unique_lock lock(outcome->mutex);
+    const auto done = [&] { return outcome->done; };
+    if (deadline == GatedServer::Clock::time_point::max()) outcome->ended.wait(lock, done);
+    else if (!outcome->ended.wait_until(lock, deadline, done)) {
+        throw openai::ApiError{408,
+                               "the request could not be prepared (its body parsed, its chat template rendered, its prompt tokenized) within " +
+                                   http.deadline_text() + " of its arrival (--request-timeout): send a shorter prompt",
+                               "invalid_request_error", "", "request_timeout"};
+    }
+    if (outcome->error) std::rethrow_exception(outcome->error);
+    return std::move(*outcome->value);
+}
+
+void HttpServer::Impl::wait_preparations() {
+    std::unique_lock lock(preparing_mutex);
+    preparing_ended.wait(lock, [this] { return preparing == 0; });
+}
 
 HttpServer::HttpServer(int max_connections, size_t max_request_bytes, RequestDeadlines deadlines)
     : impl_(std::make_unique<Impl>(max_connections, max_request_bytes, deadlines)) {
@@ -259,6 +332,7 @@ void HttpServer::shutdown(std::chrono::milliseconds grace) {
         impl_->http.cut_reads();
     }
     impl_->http.join_workers();  // the requests still in flight end within a step (`ending`)
+    impl_->wait_preparations();  // they use the tokenizer, which the caller releases next
     impl_->join_listener();
     {
         std::lock_guard lock(impl_->shutdown_mutex);
@@ -373,7 +447,7 @@ void HttpServer::Impl::routes() {
             ModelBundle * t = target;
             if (!t || !scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
             try {
-                send_json(res, 200, answer(*t->tokenizer, req.body));
+                send_json(res, 200, within_deadline<json>([answer, t, body = req.body] { return answer(*t->tokenizer, body); }));
             } catch (const openai::ApiError & e) {
                 send_error(res, e);
             }
@@ -395,42 +469,56 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     Scheduler * s = scheduler;
     ModelBundle * t = target;
     if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
-    openai::Request r;
-    std::vector<int32_t> prompt;
-    ChatPrompt chat;
-    GenerationOptions gen;
-    EarlyExitRequest early_exit;
+    struct Prepared {
+        openai::Request r;
+        std::vector<int32_t> prompt;
+        ChatPrompt chat;
+        int n_predict = 0;
+        EarlyExitRequest early_exit;
+    };
+    Prepared p;
     try {
-        r = openai::parse_request(endpoint, req.body, model_id);
-        try {
-            if (endpoint == openai::Endpoint::Chat) {
-                r.chat.reasoning = reasoning;
-                Tokenizer::Chat rendered = t->tokenizer->tokenize_conversation(r.chat, prompt_specials);
-                prompt = std::move(rendered.tokens);
-                chat = std::move(rendered.prompt);
-            } else {
-                prompt = t->tokenizer->tokenize(r.prompt, true, prompt_specials);
+        p = within_deadline<Prepared>([this, endpoint, s, t, body = req.body, reasoning = reasoning, specials = prompt_specials] {
+            Prepared p;
+            openai::Request & r = p.r;
+            r = openai::parse_request(endpoint, body, model_id);
+            try {
+                if (endpoint == openai::Endpoint::Chat) {
+                    r.chat.reasoning = reasoning;
+                    Tokenizer::Chat rendered = t->tokenizer->tokenize_conversation(r.chat, specials);
+                    p.prompt = std::move(rendered.tokens);
+                    p.chat = std::move(rendered.prompt);
+                } else {
+                    p.prompt = t->tokenizer->tokenize(r.prompt, true, specials);
+                }
+            } catch (const std::exception & e) {
+                throw openai::ApiError{400, std::string("cannot tokenize the prompt: ") + e.what(), "invalid_request_error",
+                                       endpoint == openai::Endpoint::Chat ? "messages" : "prompt", ""};
             }
-        } catch (const std::exception & e) {
-            throw openai::ApiError{400, std::string("cannot tokenize the prompt: ") + e.what(), "invalid_request_error",
-                                   endpoint == openai::Endpoint::Chat ? "messages" : "prompt", ""};
-        }
-        if (prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
-        gen.n_predict = openai::tokens_to_generate(r, prompt.size(), s->context_size());
-        early_exit = early_exit_request(r, *t);
-        openai::check_generation(r, *t->tokenizer);
-        if (!r.grammar.empty() && openai::parses_tool_calls(r.chat) && !chat.grammar.empty()) {
-            throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with tool calls ('tools', 'tool_choice'), which have a grammar of their own",
-                                   "invalid_request_error", r.grammar_field, ""};
-        }
-        if (r.n > 1 && openai::parses_tool_calls(r.chat)) throw openai::ApiError{400, "'n' above 1 cannot be combined with 'tools'", "invalid_request_error", "n", ""};
-        if (r.n > s->capacity()) {
-            throw openai::ApiError{400, "'n' is " + std::to_string(r.n) + ": more choices than this server's slots and queue hold (" + std::to_string(s->capacity()) + ", --parallel + --queue)",
-                                   "invalid_request_error", "n", ""};
-        }
+            if (p.prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
+            p.n_predict = openai::tokens_to_generate(r, p.prompt.size(), s->context_size());
+            p.early_exit = early_exit_request(r, *t);
+            openai::check_generation(r, *t->tokenizer);
+            if (!r.grammar.empty() && openai::parses_tool_calls(r.chat) && !p.chat.grammar.empty()) {
+                throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with tool calls ('tools', 'tool_choice'), which have a grammar of their own",
+                                       "invalid_request_error", r.grammar_field, ""};
+            }
+            if (r.n > 1 && openai::parses_tool_calls(r.chat)) throw openai::ApiError{400, "'n' above 1 cannot be combined with 'tools'", "invalid_request_error", "n", ""};
+            if (r.n > s->capacity()) {
+                throw openai::ApiError{400, "'n' is " + std::to_string(r.n) + ": more choices than this server's slots and queue hold (" + std::to_string(s->capacity()) + ", --parallel + --queue)",
+                                       "invalid_request_error", "n", ""};
+            }
+            return p;
+        });
     } catch (const openai::ApiError & e) {
         return send_error(res, e);
     }
+    openai::Request & r = p.r;
+    std::vector<int32_t> & prompt = p.prompt;
+    ChatPrompt & chat = p.chat;
+    GenerationOptions gen;
+    gen.n_predict = p.n_predict;
+    const EarlyExitRequest early_exit = p.early_exit;
     gen.sampling = r.sampling;
     if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
     gen.stop_at_end_of_generation = !r.ignore_eos;

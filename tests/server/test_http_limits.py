@@ -35,6 +35,24 @@ def read_status(sock, timeout=20):
     return int(data.split(b" ")[1]) if data.startswith(b"HTTP/1.1 ") else None
 
 
+def test_a_prompt_that_cannot_be_prepared_within_the_request_timeout_gets_408():
+    # Catches: a prompt's tokenization (uninterruptible, seconds for a few MiB) holding its handler
+    # thread past --request-timeout, answered whenever it ends. Three MiB take far longer than
+    # 0.2 s to tokenize on any machine; the server must answer the next request meanwhile.
+    with serve("--head-timeout", "0.2", "--request-timeout", "0.2", "--max-request-bytes", str(4 << 20)) as (_, base):
+        before = greedy_text(base)
+        sock = socket.create_connection(("127.0.0.1", port_of(base)))
+        data = json.dumps({"prompt": "hello world " * ((3 << 20) // 12), "max_tokens": 1}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(data) + data)
+        status, body = read_response(sock, timeout=120)
+        sock.close()
+        assert status == 408, body
+        assert body["error"]["code"] == "request_timeout" and "could not be prepared" in body["error"]["message"], body
+        assert health(base) == 200
+        assert greedy_text(base) == before
+
+
 def test_a_body_over_the_limit_gets_413_whatever_its_framing():
     # Catches: the body limit checked against Content-Length only, so that a 10 MiB chunked body
     # (or one with no length at all) is read whole and answered 400.

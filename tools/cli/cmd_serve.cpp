@@ -76,7 +76,8 @@ void register_serve(CLI::App & app, Commands & commands) {
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     sub->add_option("--request-timeout", args->request_timeout,
-                    "seconds a client has, from connecting, to send its whole request, body included (else 408)")
+                    "seconds a request has, from connecting, to arrive whole, body included, and be prepared (parsed, its chat template "
+                    "rendered, its prompt tokenized) (else 408)")
         ->check(CLI::PositiveNumber)
         ->capture_default_str();
     sub->add_option("--shutdown-timeout", args->shutdown_timeout,
