@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     const std::string body(reinterpret_cast<const char *>(data), size);
     for (auto endpoint : {specula::openai::Endpoint::Chat, specula::openai::Endpoint::Completions}) {
         try {
-            specula::openai::parse_request(endpoint, body, "model");
+            specula::openai::parse_request(endpoint, body, {{"model"}});
         } catch (const specula::openai::ApiError & e) {
             if (e.status != 400 && e.status != 404) std::abort();
             (void)specula::openai::wire(e.body());

@@ -336,7 +336,7 @@ TEST(ChatTemplate, RequestsCarryToolMessagesAndRefuseMalformedOnes) {
         {"role": "tool", "tool_call_id": "c1", "content": "18 C"}],
         "tools": [{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "other"}}],
         "tool_choice": "required", "parallel_tool_calls": false})",
-                                                    "m");
+                                                    {{"m"}});
     ASSERT_EQ(r.chat.messages.size(), 4u);
     EXPECT_EQ(r.chat.messages[0].role, "system");
     ASSERT_EQ(r.chat.messages[2].tool_calls.size(), 1u);
@@ -349,7 +349,7 @@ TEST(ChatTemplate, RequestsCarryToolMessagesAndRefuseMalformedOnes) {
 
     const auto refused_param = [](const std::string & body) {
         try {
-            openai::parse_request(openai::Endpoint::Chat, body, "m");
+            openai::parse_request(openai::Endpoint::Chat, body, {{"m"}});
         } catch (const openai::ApiError & e) {
             EXPECT_EQ(e.status, 400);
             return e.param;

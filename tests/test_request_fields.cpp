@@ -79,7 +79,7 @@ using openai::Endpoint;
 const std::string kChat = R"({"messages": [{"role": "user", "content": "hi"}], )";
 const std::string kCompletion = R"({"prompt": "x", )";
 
-openai::Request parsed(Endpoint e, const std::string & body) { return openai::parse_request(e, body, "specula-target"); }
+openai::Request parsed(Endpoint e, const std::string & body) { return openai::parse_request(e, body, {{"specula-target"}}); }
 
 // The refusal of a body, or status 0 when it was accepted.
 openai::ApiError refusal(Endpoint e, const std::string & body) {
@@ -91,12 +91,15 @@ openai::ApiError refusal(Endpoint e, const std::string & body) {
     return openai::ApiError{0, "accepted", "", "", ""};
 }
 
-// Catches: stop strings refused, dropped, or accepted beyond OpenAI's four or empty.
-TEST(RequestFields, StopIsAStringOrUpToFourNonEmptyStrings) {
+// Catches: stop strings refused, dropped, or accepted beyond the limit of 16 or empty.
+TEST(RequestFields, StopIsAStringOrUpToSixteenNonEmptyStrings) {
     EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("stop": "\n"})").stop, std::vector<std::string>{"\n"});
     EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("stop": ["a", "bc"]})").stop, (std::vector<std::string>{"a", "bc"}));
     EXPECT_TRUE(parsed(Endpoint::Completions, kCompletion + R"("stop": []})").stop.empty());
-    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop": ["a", "b", "c", "d", "e"]})").param, "stop");
+    std::string sixteen = R"("stop": ["s0")";
+    for (int i = 1; i < 16; ++i) sixteen += ", \"s" + std::to_string(i) + "\"";
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + sixteen + "]}").stop.size(), 16u);  // lm-eval's tasks send more than OpenAI's 4
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + sixteen + R"(, "s16"]})").param, "stop");
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop": ["a", ""]})").param, "stop");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("stop": [1]})").param, "stop");
     EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("stop": ")" + std::string(1024, 'a') + "\"}").stop.at(0).size(), 1024u);
@@ -160,20 +163,79 @@ TEST(RequestFields, LogprobsAreChatsFlagAndCountOrCompletionsCount) {
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logprobs": true, "top_logprobs": 21})").param, "top_logprobs");
     EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("logprobs": 2})").top_logprobs, 2);
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("logprobs": 6})").param, "logprobs");
-    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("top_logprobs": 2})").param, "top_logprobs");
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("top_logprobs": 2})").ignored_fields, std::vector<std::string>{"top_logprobs"});
 }
 
-// Catches: a field the server does not implement silently ignored, or documented metadata refused.
-TEST(RequestFields, AnUnknownFieldIsRefusedNamingItAndMetadataIsAccepted) {
-    for (const char * field : {"audio", "modalities", "prediction", "n_probs", "frobnicate"}) {
-        const openai::ApiError e = refusal(Endpoint::Chat, kChat + "\"" + field + "\": 1}");
-        EXPECT_EQ(e.status, 400) << field;
-        EXPECT_EQ(e.param, field);
-        EXPECT_NE(e.message.find(std::string("'") + field + "' is not supported"), std::string::npos) << e.message;
+// Catches: a field the server does not read refused (other servers accept it), or accepted
+// without being named; --strict-fields not refusing it; documented metadata refused.
+TEST(RequestFields, AnUnknownFieldIsNamedAndRefusedOnlyWhenStrict) {
+    const openai::Request r = parsed(Endpoint::Chat, kChat + R"("audio": 1, "user": "u1", "frobnicate": {"x": 1}, "prediction": null})");
+    EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"audio", "frobnicate"}));
+    EXPECT_TRUE(parsed(Endpoint::Chat, kChat + R"("user": "u1", "metadata": {"k": "v"}, "store": false})").ignored_fields.empty());
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("messages": []})").ignored_fields, std::vector<std::string>{"messages"});
+    const openai::Accepted strict{{"specula-target"}, true};
+    for (const char * field : {"audio", "modalities", "frobnicate"}) {
+        try {
+            openai::parse_request(Endpoint::Chat, kChat + "\"" + field + "\": 1}", strict);
+            ADD_FAILURE() << field << " accepted with strict fields";
+        } catch (const openai::ApiError & e) {
+            EXPECT_EQ(e.status, 400) << field;
+            EXPECT_EQ(e.param, field);
+            EXPECT_NE(e.message.find(std::string("'") + field + "' is not supported"), std::string::npos) << e.message;
+        }
     }
-    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("messages": []})").param, "messages");
+    EXPECT_TRUE(openai::parse_request(Endpoint::Chat, kChat + R"("user": "u1", "audio": null})", strict).ignored_fields.empty());
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("echo": true})").param, "echo");
-    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("user": "u1", "metadata": {"k": "v"}, "store": false, "audio": null})").status, 0);
+}
+
+// Catches: llama-server's and vLLM's own fields refused, dropped, or read into the wrong setting.
+TEST(RequestFields, OtherServersFieldsAreRead) {
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_predict": 7})").max_tokens, 7);
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_predict": -1})").max_tokens, -1);
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_predict": 7, "max_tokens": 3})").max_tokens, 3);
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("n_predict": 0})").param, "n_predict");
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_probs": 3})").top_logprobs, 3);
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("n_probs": 12})").top_logprobs, 12);
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("n_probs": 0})").top_logprobs, -1);
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("n_probs": 21})").param, "n_probs");
+    const openai::Request vllm = parsed(Endpoint::Completions, kCompletion + R"("min_tokens": 5, "max_tokens": 9, "stop_token_ids": [2, 7], "skip_special_tokens": true})");
+    EXPECT_EQ(vllm.min_tokens, 5);
+    EXPECT_EQ(vllm.stop_token_ids, (std::vector<int32_t>{2, 7}));
+    EXPECT_TRUE(vllm.ignored_fields.empty());
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("min_tokens": 10, "max_tokens": 9})").param, "min_tokens");
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop_token_ids": [-1]})").param, "stop_token_ids[0]");
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop_token_ids": 2})").param, "stop_token_ids");
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("skip_special_tokens": false})").param, "skip_special_tokens");
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    try {
+        openai::check_generation(parsed(Endpoint::Completions, kCompletion + R"("stop_token_ids": [)" + std::to_string(tok.n_vocab()) + "]}"), tok);
+        ADD_FAILURE() << "a stop token outside the vocabulary was accepted";
+    } catch (const openai::ApiError & e) {
+        EXPECT_EQ(e.param, "stop_token_ids");
+    }
+    const openai::Request chat = parsed(Endpoint::Chat, kChat + R"("chat_template_kwargs": {"enable_thinking": false, "style": {"terse": true}}, "reasoning_effort": "low"})");
+    EXPECT_FALSE(chat.chat.enable_thinking);
+    EXPECT_EQ(chat.chat.template_kwargs.at("style"), R"({"terse":true})");
+    EXPECT_EQ(chat.chat.template_kwargs.at("reasoning_effort"), R"("low")");
+    EXPECT_TRUE(chat.ignored_fields.empty());
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("chat_template_kwargs": [1]})").param, "chat_template_kwargs");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("chat_template_kwargs": {"enable_thinking": "no"}})").param, "chat_template_kwargs.enable_thinking");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("reasoning_effort": "max"})").param, "reasoning_effort");
+}
+
+// Catches: an alias refused, the response's model not the name asked for, another name served.
+TEST(RequestFields, TheModelIsAnyServedNameAndEchoed) {
+    const openai::Accepted names{{"first", "second"}, false};
+    EXPECT_EQ(openai::parse_request(Endpoint::Chat, kChat + R"("model": "second"})", names).model, "second");
+    EXPECT_EQ(openai::parse_request(Endpoint::Chat, kChat + "\"n\": 1}", names).model, "first");
+    try {
+        openai::parse_request(Endpoint::Chat, kChat + R"("model": "third"})", names);
+        ADD_FAILURE() << "an unserved model was accepted";
+    } catch (const openai::ApiError & e) {
+        EXPECT_EQ(e.status, 404);
+        EXPECT_EQ(e.code, "model_not_found");
+        EXPECT_NE(e.message.find("\"second\""), std::string::npos) << e.message;
+    }
 }
 
 // Catches: response_format ignored, a schema that does not compile accepted, or a grammar and a

@@ -428,7 +428,7 @@ TEST(Scheduler, SpecEELossyRequestGivesGeneratesTextWithNeighbours) {
 
 openai::ApiError refusal(openai::Endpoint e, const std::string & body) {
     try {
-        openai::parse_request(e, body, "specula-target");
+        openai::parse_request(e, body, {{"specula-target"}});
     } catch (const openai::ApiError & error) {
         return error;
     }
@@ -454,7 +454,7 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": 5})").param, "prompt");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "max_tokens": 0})").param, "max_tokens");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "max_tokens": 4, "model": "specula-target", "seed": 3})").status, 0);
-    const openai::Request r = openai::parse_request(Endpoint::Chat, "{" + hi + R"(, "stream": true, "stream_options": {"include_usage": true}, "temperature": 0})", "m");
+    const openai::Request r = openai::parse_request(Endpoint::Chat, "{" + hi + R"(, "stream": true, "stream_options": {"include_usage": true}, "temperature": 0})", {{"m"}});
     EXPECT_TRUE(r.stream && r.include_usage);
     EXPECT_EQ(r.sampling.temperature, 0.0f);
     EXPECT_EQ(r.chat.messages.at(0).content, "hi");
@@ -524,7 +524,7 @@ TEST(OpenAi, AFieldOfTheWrongTypeIsA400NamingTheFieldAndItsType) {
     for (const auto & c : cases) {
         openai::ApiError e{0, "accepted", "", "", ""};
         try {
-            openai::parse_request(c.endpoint, c.body, "specula-target");
+            openai::parse_request(c.endpoint, c.body, {{"specula-target"}});
         } catch (const openai::ApiError & error) {
             e = error;
         } catch (const std::exception & other) {
@@ -609,7 +609,7 @@ TEST(HttpEdge, HostileRequestsGetErrorsAndTheServerKeepsItsGreedyText) {
     constexpr size_t kLimit = 64 << 10;
     HttpServer server(16, kLimit);
     const int port = server.start("127.0.0.1", 0);
-    server.ready(*target, scheduler, "specula-target");
+    server.ready(*target, scheduler, {"specula-target"});
     httplib::Client client("127.0.0.1", port);
     client.set_read_timeout(60, 0);
     auto post = [&](const std::string & body, const char * path = "/v1/completions") {
@@ -677,7 +677,7 @@ TEST(HttpEdge, SpecEERequestFieldsAreCheckedWith400NamingTheField) {
         Scheduler scheduler(*target, SchedulerOptions{1, 2, 64});
         HttpServer server(8, 1 << 16);
         const int port = server.start("127.0.0.1", 0);
-        server.ready(*target, scheduler, "specula-target");
+        server.ready(*target, scheduler, {"specula-target"});
         const auto [status, error] = post_to(port, R"({"prompt": "x", "specee": "lossless"})");
         EXPECT_EQ(status, 400);
         EXPECT_EQ(error["error"]["param"], "specee") << error.dump();
@@ -690,7 +690,7 @@ TEST(HttpEdge, SpecEERequestFieldsAreCheckedWith400NamingTheField) {
     Scheduler scheduler(*target, SchedulerOptions{1, 2, 64});
     HttpServer server(8, 1 << 16);
     const int port = server.start("127.0.0.1", 0);
-    server.ready(*target, scheduler, "specula-target");
+    server.ready(*target, scheduler, {"specula-target"});
     const auto [status, error] = post_to(port, R"({"prompt": "x", "specee": "lossy", "temperature": 0.7})");
     EXPECT_EQ(status, 400);
     EXPECT_EQ(error["error"]["param"], "specee") << error.dump();

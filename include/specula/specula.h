@@ -62,6 +62,11 @@ struct GenerationOptions {
     int top_logprobs = -1;       // -1: no logprobs; else on_logprob gets each token with this many alternatives (0..20)
     LogprobObserver on_logprob;  // called before the token's sink
     bool stop_at_end_of_generation = true;
+    // With stop_at_end_of_generation: more tokens that end the generation as the model's end
+    // tokens do (a request's stop_token_ids), and how many tokens are generated before any of them
+    // may be drawn (banned until then, as vLLM's min_tokens).
+    std::vector<int32_t> stop_tokens;
+    int min_tokens = 0;
     bool chat = false;       // text prompts: wrap the prompt as a user message in the model's chat template
     RoundObserver on_round;  // speculative runs: called after each round; the reports are built only when set
     ExitObserver on_exit;    // SpecEE's lossy mode: called after each token

@@ -82,7 +82,7 @@ GenerationStats Engine::generate(std::span<const int32_t> tokens, const Generati
         throw Error("prompt is " + std::to_string(tokens.size()) + " tokens, longer than the " + std::to_string(t.options.n_ctx) + "-token context");
     }
     KvCache & cache = *impl_->cache;
-    auto is_end = [&](int32_t tok) { return t.tokenizer->is_end_of_generation(tok); };
+    auto is_end = [&](int32_t tok) { return ends_generation(options, *t.tokenizer, tok); };
     const GenerationMode mode = t.generation_mode();
     if (mode == GenerationMode::Plain) {
         impl_->keep_common_prefix(tokens);

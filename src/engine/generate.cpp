@@ -1,5 +1,6 @@
 #include "engine/generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -10,6 +11,7 @@
 #include "constrain/lazy_grammar.h"
 #include "sample/logits_state.h"
 #include "sample/sampler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula {
 
@@ -23,17 +25,29 @@ std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options
     if (options.top_logprobs < -1 || options.top_logprobs > kMaxTopLogprobs) {
         throw Error("top_logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", not " + std::to_string(options.top_logprobs));
     }
+    std::vector<std::unique_ptr<LogitsState>> states;
     if (!options.grammar_lazy) {
         if (!options.grammar_trigger_patterns.empty() || !options.grammar_trigger_tokens.empty()) throw Error("grammar triggers are given but the grammar is not lazy");
-        return make_logits_state(options.sampling, options.grammar, history, tokenizer);
+        if (auto state = make_logits_state(options.sampling, options.grammar, history, tokenizer)) states.push_back(std::move(state));
+    } else {
+        if (options.grammar.empty()) throw Error("a lazy grammar is asked for without a grammar");
+        if (!tokenizer) throw Error("a grammar needs the model's vocabulary: this generation has no tokenizer");
+        if (auto values = make_logits_state(options.sampling, "", history, tokenizer)) states.push_back(std::move(values));
+        states.push_back(make_lazy_grammar_state(*tokenizer, options.grammar, options.grammar_trigger_patterns, options.grammar_trigger_tokens));
     }
-    if (options.grammar.empty()) throw Error("a lazy grammar is asked for without a grammar");
-    if (!tokenizer) throw Error("a grammar needs the model's vocabulary: this generation has no tokenizer");
-    std::vector<std::unique_ptr<LogitsState>> states;
-    if (auto values = make_logits_state(options.sampling, "", history, tokenizer)) states.push_back(std::move(values));
-    states.push_back(make_lazy_grammar_state(*tokenizer, options.grammar, options.grammar_trigger_patterns, options.grammar_trigger_tokens));
+    if (options.min_tokens > 0 && options.stop_at_end_of_generation) {
+        if (!tokenizer) throw Error("min_tokens needs the model's vocabulary: this generation has no tokenizer");
+        std::vector<int32_t> ends = tokenizer->end_of_generation_tokens();
+        ends.insert(ends.end(), options.stop_tokens.begin(), options.stop_tokens.end());
+        states.push_back(make_min_tokens_state(std::move(ends), options.min_tokens));
+    }
+    if (states.empty()) return nullptr;
     if (states.size() == 1) return std::move(states.front());
     return std::make_unique<LogitsStates>(std::move(states));
+}
+
+bool ends_generation(const GenerationOptions & options, const Tokenizer & tokenizer, int32_t token) {
+    return tokenizer.is_end_of_generation(token) || std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end();
 }
 
 void check_lossy_early_exit_options(const GenerationOptions & options) {
@@ -42,6 +56,7 @@ void check_lossy_early_exit_options(const GenerationOptions & options) {
                          : !s.logit_bias.empty()                                                                 ? "logit bias"
                          : s.repeat_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f ? "penalties"
                          : options.top_logprobs >= 0 || options.on_logprob                                       ? "logprobs"
+                         : options.min_tokens > 0                                                                ? "min_tokens"
                                                                                                                  : nullptr;
     if (asked) throw Error(std::string("SpecEE's lossy mode does not support ") + asked + ": use the lossless mode");
 }

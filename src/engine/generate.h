@@ -17,9 +17,13 @@ class ModelRunner;
 class Tokenizer;
 
 // What `options` asks of the target's logits after `history` (the whole prompt): penalties and
-// logit bias, then the grammar over `tokenizer`'s vocabulary. nullptr when nothing is asked.
+// logit bias, then the grammar over `tokenizer`'s vocabulary, and the end tokens banned for the
+// first options.min_tokens tokens. nullptr when nothing is asked.
 // Throws Error for options out of range (top_logprobs too) and for a grammar that does not parse.
 std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options, std::span<const int32_t> history, const Tokenizer * tokenizer);
+// Whether `token` ends a generation under `options` (read with stop_at_end_of_generation): one
+// of `tokenizer`'s end-of-generation tokens or of options.stop_tokens.
+bool ends_generation(const GenerationOptions & options, const Tokenizer & tokenizer, int32_t token);
 // SpecEE's lossy mode emits exited tokens from no processed target row: throws Error naming what
 // `options` asks that it cannot honour (penalties, logit bias, a grammar, logprobs).
 void check_lossy_early_exit_options(const GenerationOptions & options);

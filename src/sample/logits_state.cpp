@@ -1,5 +1,6 @@
 #include "sample/logits_state.h"
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -71,11 +72,34 @@ private:
     std::unordered_map<int32_t, int> count_;  // occurrences in window_
 };
 
+class MinTokensState final : public LogitsState {
+public:
+    MinTokensState(std::vector<int32_t> tokens, int min_tokens) : tokens_(std::move(tokens)), left_(min_tokens) {}
+    std::unique_ptr<LogitsState> clone() const override { return std::make_unique<MinTokensState>(*this); }
+    void apply_values(std::span<float>) const override {}
+    void apply_bans(std::span<float> logits) const override {
+        if (left_ <= 0) return;
+        for (int32_t t : tokens_) {
+            if (t >= 0 && static_cast<size_t>(t) < logits.size()) logits[t] = -INFINITY;
+        }
+    }
+    bool allows(int32_t token) const override { return left_ <= 0 || std::find(tokens_.begin(), tokens_.end(), token) == tokens_.end(); }
+    void accept(int32_t) override { --left_; }
+
+private:
+    std::vector<int32_t> tokens_;
+    int left_;  // tokens still to accept before the ban lifts
+};
+
 void check_finite(float value, const char * name) {
     if (!std::isfinite(value)) throw Error(std::string(name) + " must be a finite number");
 }
 
 }  // namespace
+
+std::unique_ptr<LogitsState> make_min_tokens_state(std::vector<int32_t> tokens, int min_tokens) {
+    return std::make_unique<MinTokensState>(std::move(tokens), min_tokens);
+}
 
 std::unique_ptr<LogitsState> make_penalty_state(const SamplingParams & p, std::span<const int32_t> history, int n_vocab) {
     check_finite(p.repeat_penalty, "repeat_penalty");

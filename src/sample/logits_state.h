@@ -43,6 +43,9 @@ public:
 // apply() for a biased token past its row); nullptr when the settings process nothing.
 std::unique_ptr<LogitsState> make_penalty_state(const SamplingParams & params, std::span<const int32_t> history, int n_vocab);
 
+// Bans `tokens` (a sequence's end tokens) until min_tokens tokens are accepted after the history.
+std::unique_ptr<LogitsState> make_min_tokens_state(std::vector<int32_t> tokens, int min_tokens);
+
 // The argmax of apply(logits), `logits` the raw row (overwritten), without banning over the whole
 // row where it can: the values processed, the likeliest tokens are tried against allows() in turn
 // (bans only lower tokens to -inf, so the first allowed is the processed row's argmax, ties by

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <regex>
+#include <string_view>
 
 #include "specula/error.h"
 
@@ -68,6 +70,20 @@ bool is_ip_address(const std::string & name) {
 // "application/json" with any parameters ("; charset=utf-8"), in any case.
 bool is_json(const std::string & content_type) { return lower(trim(content_type.substr(0, content_type.find(';')))) == "application/json"; }
 
+// A comma-separated list of HTTP header names (RFC 9110 tokens), spaces around the commas allowed.
+bool header_names(const std::string & list) {
+    constexpr size_t kMaxBytes = 2048;
+    if (list.empty() || list.size() > kMaxBytes) return false;
+    bool name = false;  // the current item has a character of a name
+    for (char c : list) {
+        const bool token = std::isalnum(static_cast<unsigned char>(c)) || std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+        if (token) name = true;
+        else if (c == ',' && name) name = false;
+        else if (c != ' ' && c != '\t') return false;
+    }
+    return name;
+}
+
 openai::ApiError refuse(int status, const std::string & type, const std::string & code, const std::string & message) {
     return openai::ApiError{status, message, type, "", code};
 }
@@ -120,7 +136,11 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
         if (method == "OPTIONS" && !header("Access-Control-Request-Method").empty()) {
             d.preflight = true;
             d.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            d.headers.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Api-Key");
+            // The headers the page's script will send, as it asks for them (the openai npm SDK's
+            // x-stainless-*); a list that is not header names gets the ones the server reads.
+            const std::string asked = header("Access-Control-Request-Headers");
+            d.headers.emplace_back("Access-Control-Allow-Headers", header_names(asked) ? asked : "Authorization, Content-Type, X-Api-Key");
+            d.headers.emplace_back("Vary", "Access-Control-Request-Headers");
             d.headers.emplace_back("Access-Control-Max-Age", "600");
             return d;
         }

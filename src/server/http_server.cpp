@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -42,8 +43,8 @@ struct HttpServer::Impl {
     std::atomic<bool> ending{false};                // past the shutdown's grace: requests end now
     std::atomic<ModelBundle *> target{nullptr};
     std::atomic<Scheduler *> scheduler{nullptr};
-    std::string model_id;
-    std::string index_page;  // served at "/"; empty: 404
+    openai::Accepted accepted;  // the served names (the first answered by default), strict fields
+    std::string index_page;     // served at "/"; empty: 404
     AccessPolicy access;
     SpecialTokens prompt_specials = SpecialTokens::Text;  // in completions prompts and chat contents
     ReasoningFormat reasoning = ReasoningFormat::Deepseek;
@@ -206,6 +207,19 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         return true; }, [job](bool) { job->cancel(); });
 }
 
+// Fields other servers read and this one does not: served, and named where the client and the
+// operator can see them (--strict-fields refuses them instead).
+void note_ignored(const httplib::Request & req, httplib::Response & res, const std::vector<std::string> & fields) {
+    std::string names;
+    for (const std::string & f : fields) names += (names.empty() ? "" : ", ") + f;
+    // A name is the client's text: control and non-ASCII bytes would break the header (or forge one).
+    for (char & ch : names) {
+        if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+    }
+    res.set_header("X-Specula-Ignored-Fields", names);
+    std::fprintf(stderr, "specula: %s %s: ignored fields: %s\n", req.method.c_str(), req.path.c_str(), names.c_str());
+}
+
 }  // namespace
 
 HttpServer::Impl::Impl(int max_connections, size_t max_body_bytes, RequestDeadlines deadlines)
@@ -303,11 +317,14 @@ int HttpServer::start(const std::string & host, int port) {
     return bound;
 }
 
-void HttpServer::ready(ModelBundle & target, Scheduler & scheduler, const std::string & model_id) {
-    impl_->model_id = model_id;
+void HttpServer::ready(ModelBundle & target, Scheduler & scheduler, std::vector<std::string> model_ids) {
+    if (model_ids.empty()) throw Error("the server needs a model name");
+    impl_->accepted.models = std::move(model_ids);
     impl_->target = &target;
     impl_->scheduler = &scheduler;
 }
+
+void HttpServer::set_strict_fields(bool strict) { impl_->accepted.strict_fields = strict; }
 
 void HttpServer::set_index_page(std::string html) { impl_->index_page = std::move(html); }
 
@@ -408,7 +425,9 @@ void HttpServer::Impl::routes() {
     });
     on_get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
         if (!scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
-        send_json(res, 200, json{{"object", "list"}, {"data", json::array({{{"id", model_id}, {"object", "model"}, {"created", started}, {"owned_by", "specula"}}})}});
+        json data = json::array();
+        for (const std::string & id : accepted.models) data.push_back({{"id", id}, {"object", "model"}, {"created", started}, {"owned_by", "specula"}});
+        send_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}});
     });
     on_get("/slots", [this](const httplib::Request & req, httplib::Response & res) {
         Scheduler * s = scheduler;
@@ -481,7 +500,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         p = within_deadline<Prepared>([this, endpoint, s, t, body = req.body, reasoning = reasoning, specials = prompt_specials] {
             Prepared p;
             openai::Request & r = p.r;
-            r = openai::parse_request(endpoint, body, model_id);
+            r = openai::parse_request(endpoint, body, accepted);
             try {
                 if (endpoint == openai::Endpoint::Chat) {
                     r.chat.reasoning = reasoning;
@@ -499,6 +518,10 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
             p.n_predict = openai::tokens_to_generate(r, p.prompt.size(), s->context_size());
             p.early_exit = early_exit_request(r, *t);
             openai::check_generation(r, *t->tokenizer);
+            if (r.ignore_eos && (!r.stop_token_ids.empty() || r.min_tokens > 0)) {
+                const char * field = r.stop_token_ids.empty() ? "min_tokens" : "stop_token_ids";
+                throw openai::ApiError{400, std::string("'") + field + "' cannot be combined with 'ignore_eos', which no token ends", "invalid_request_error", field, ""};
+            }
             if (!r.grammar.empty() && openai::parses_tool_calls(r.chat) && !p.chat.grammar.empty()) {
                 throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with tool calls ('tools', 'tool_choice'), which have a grammar of their own",
                                        "invalid_request_error", r.grammar_field, ""};
@@ -514,6 +537,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         return send_error(res, e);
     }
     openai::Request & r = p.r;
+    if (!r.ignored_fields.empty()) note_ignored(req, res, r.ignored_fields);
     std::vector<int32_t> & prompt = p.prompt;
     ChatPrompt & chat = p.chat;
     GenerationOptions gen;
@@ -522,6 +546,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     gen.sampling = r.sampling;
     if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
     gen.stop_at_end_of_generation = !r.ignore_eos;
+    gen.stop_tokens = r.stop_token_ids;
+    gen.min_tokens = r.min_tokens;
     gen.top_logprobs = r.top_logprobs;
     gen.grammar = r.grammar;
     // The chat layer's grammar of the calls: from the reply's first token for tool_choice required
@@ -545,7 +571,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.endpoint = endpoint;
     c.id = (endpoint == openai::Endpoint::Chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     c.created = unix_now();
-    c.model = model_id;
+    c.model = r.model;
     if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get()](int32_t id) { return tokenizer->piece(id); };
 
     if (jobs.size() > 1) {

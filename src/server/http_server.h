@@ -40,8 +40,12 @@ public:
     // Throws Error when the address cannot be bound.
     int start(const std::string & host, int port);
     // From now on requests go to `scheduler`, generating with `target`'s tokenizer; both must
-    // outlive the server (or stop() first).
-    void ready(ModelBundle & target, Scheduler & scheduler, const std::string & model_id);
+    // outlive the server (or stop() first). `model_ids`: the names requests may give as `model`
+    // (serve --alias), all listed by /v1/models; the first is the one answered when none is given.
+    void ready(ModelBundle & target, Scheduler & scheduler, std::vector<std::string> model_ids);
+    // Whether a request field the server does not read is refused with 400 (serve --strict-fields)
+    // rather than ignored, named in the log and in the X-Specula-Ignored-Fields header.
+    void set_strict_fields(bool strict);
     // The HTML served at "/" (the live page, tools/report/live.html); none: "/" answers 404.
     void set_index_page(std::string html);
     // Who may use the server: API keys, CORS origins, Host names (server/access.h); before start().

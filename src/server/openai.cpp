@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include "common/json_limits.h"
 #include "server/openai_chat.h"
@@ -60,7 +61,7 @@ std::string cut(const std::string & message) {
     return message.size() > kShown ? message.substr(0, kShown) + "..." : message;
 }
 
-Request parse_body(Endpoint endpoint, const std::string & text, const std::string & model_id) {
+Request parse_body(Endpoint endpoint, const std::string & text, const Accepted & accepted) {
     json body;
     try {
         body = parse_json(text);
@@ -70,16 +71,24 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
         bad("", "malformed JSON in the request body: " + cut(e.what()));
     }
     if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
-    refuse_unknown_fields(body, endpoint);
     Request r;
+    r.ignored_fields = unknown_fields(body, endpoint);
+    if (accepted.strict_fields && !r.ignored_fields.empty()) {
+        const std::string & name = r.ignored_fields.front();
+        bad(name, "'" + name + "' is not supported" + (endpoint == Endpoint::Chat ? "" : " by /v1/completions"));
+    }
     r.endpoint = endpoint;
     r.sampling.temperature = 1.0f;  // OpenAI's default
+    r.model = accepted.models.empty() ? "" : accepted.models.front();
     if (has(body, "model")) {
         const json & model = body.at("model");
         if (!model.is_string()) must_be("model", "a string", model);
-        if (model.get<std::string>() != model_id) {  // OpenAI's and vLLM's answer
-            throw ApiError{404, "the model " + json_quoted(model.get<std::string>()) + " does not exist: this server serves " + json_quoted(model_id),
-                           "invalid_request_error", "model", "model_not_found"};
+        r.model = model.get<std::string>();
+        if (std::find(accepted.models.begin(), accepted.models.end(), r.model) == accepted.models.end()) {  // OpenAI's and vLLM's answer
+            std::string served;
+            for (const std::string & name : accepted.models) served += (served.empty() ? "" : ", ") + json_quoted(name);
+            throw ApiError{404, "the model " + json_quoted(r.model) + " does not exist: this server serves " + served, "invalid_request_error", "model",
+                           "model_not_found"};
         }
     }
     if (endpoint == Endpoint::Chat) {
@@ -95,8 +104,14 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
             must_be("prompt", "a string (one prompt per request)", p);
         }
     }
-    const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (has(body, max_key)) r.max_tokens = static_cast<int>(integer(body, max_key, 1, std::numeric_limits<int32_t>::max()));
+    // llama-server's n_predict, -1 unset, where the body has neither of OpenAI's names.
+    const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : has(body, "max_tokens") ? "max_tokens"
+                                                                                                                  : "n_predict";
+    if (has(body, max_key)) {
+        const int64_t lo = max_key == std::string_view("n_predict") ? -1 : 1;
+        r.max_tokens = static_cast<int>(integer(body, max_key, lo, std::numeric_limits<int32_t>::max()));
+        if (r.max_tokens == 0) must_be(max_key, "-1 (until the context is full) or at least 1", body.at(max_key));
+    }
     if (has(body, "n")) r.n = static_cast<int>(integer(body, "n", 1, kMaxChoices));
     if (has(body, "temperature")) r.sampling.temperature = static_cast<float>(number(body, "temperature", 0.0, 2.0));
     if (has(body, "top_p")) r.sampling.top_p = static_cast<float>(number(body, "top_p", 0.0, 1.0));
@@ -135,9 +150,9 @@ Request parse_body(Endpoint endpoint, const std::string & text, const std::strin
 
 }  // namespace
 
-Request parse_request(Endpoint endpoint, const std::string & text, const std::string & model_id) {
+Request parse_request(Endpoint endpoint, const std::string & text, const Accepted & accepted) {
     try {
-        return parse_body(endpoint, text, model_id);
+        return parse_body(endpoint, text, accepted);
     } catch (const json::exception & e) {  // a type error the checks above missed: still the client's, never a 500
         bad("", "the request body could not be read: " + cut(e.what()));
     }

@@ -47,7 +47,7 @@ struct Request {
     // "lossy" or "lossless"; the threshold within 0..1, or < 0 when unset (the predictors' own).
     std::string specee;
     float specee_threshold = -1.0f;
-    // server/openai_generation.h: stop strings (up to 4, none empty); logprobs: -1 none, else the
+    // server/openai_generation.h: stop strings (up to 16, none empty); logprobs: -1 none, else the
     // alternatives per token (chat top_logprobs 0..20, completions logprobs 0..5); the GBNF of
     // `grammar` or of response_format's schema.
     std::vector<std::string> stop;
@@ -57,13 +57,31 @@ struct Request {
     // vLLM's: the request reuses only cached prefixes and texts of requests of its tenant with the
     // same salt (server/scheduler.h, Tenancy); "" without one. At most kMaxCacheSaltBytes.
     std::string cache_salt;
+    // The name the response's `model` echoes: the one the request gave, else the first served.
+    std::string model;
+    // vLLM's: end tokens are banned until min_tokens tokens are generated; stop_token_ids end the
+    // generation as the model's own end tokens do (their text not in the reply).
+    int min_tokens = 0;
+    std::vector<int32_t> stop_token_ids;
+    // Top-level fields the server does not read, accepted unless --strict-fields (parse_request):
+    // the server names them in its log and in the X-Specula-Ignored-Fields header.
+    std::vector<std::string> ignored_fields;
 };
 inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
+// What a server accepts: the names its model answers to (`serve --alias`; the first is the
+// default), and whether a field it does not read is refused (`serve --strict-fields`) or ignored
+// and named in Request::ignored_fields.
+struct Accepted {
+    std::vector<std::string> models;
+    bool strict_fields = false;
+};
+
 // Parses and checks a body; throws ApiError naming the field: 400 for malformed JSON (nested more
-// than kJsonMaxDepth levels too, refused before it is built) and fields of the wrong type or value,
-// 404 model_not_found for another model than `model_id`, the one served (a request may omit it).
-Request parse_request(Endpoint endpoint, const std::string & body, const std::string & model_id);
+// than kJsonMaxDepth levels too, refused before it is built), fields of the wrong type or value and
+// (strict_fields) fields it does not read, 404 model_not_found for a model not among
+// `accepted.models` (a request may omit it).
+Request parse_request(Endpoint endpoint, const std::string & body, const Accepted & accepted);
 
 // The tokens the request may generate with a prompt of n_prompt tokens in a context of n_ctx:
 // max_tokens, or when unset the rest of the context. Throws a 400 naming both lengths when they

@@ -146,6 +146,21 @@ ChatInput parse_chat(const json & body, const std::string & text) {
     }
     chat.parallel_tool_calls = has(body, "parallel_tool_calls") ? boolean(body.at("parallel_tool_calls"), "parallel_tool_calls") : true;
     if (has(body, "tool_choice")) apply_tool_choice(body.at("tool_choice"), chat);
+    // vLLM's and llama-server's variables for the template; enable_thinking among them is also
+    // the chat layer's own switch (a thinking template's empty thinking section).
+    if (has(body, "chat_template_kwargs")) {
+        const json & kwargs = body.at("chat_template_kwargs");
+        if (!kwargs.is_object()) must_be("chat_template_kwargs", "an object of the template's variables", kwargs);
+        for (const auto & [name, value] : kwargs.items()) chat.template_kwargs[name] = value.dump();
+        if (kwargs.contains("enable_thinking")) chat.enable_thinking = boolean(kwargs.at("enable_thinking"), "chat_template_kwargs.enable_thinking");
+    }
+    if (has(body, "reasoning_effort")) {  // OpenAI's, which templates such as gpt-oss's read
+        const json & effort = body.at("reasoning_effort");
+        if (!effort.is_string() || (effort != "none" && effort != "minimal" && effort != "low" && effort != "medium" && effort != "high")) {
+            must_be("reasoning_effort", "\"none\", \"minimal\", \"low\", \"medium\" or \"high\"", effort);
+        }
+        chat.template_kwargs.emplace("reasoning_effort", effort.dump());
+    }
     return chat;
 }
 

@@ -18,7 +18,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr size_t kMaxStops = 4;  // OpenAI's limit
+// OpenAI's limit is 4; llama-server and vLLM take any number, and lm-eval's tasks send more.
+constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxStopTokenIds = 64;
 // The held-back text can grow to a stop string's length, and matching costs up to its square per
 // token: a bound keeps a hostile stop string cheap.
 constexpr size_t kMaxStopBytes = 1024;
@@ -76,7 +78,13 @@ void parse_logit_bias(const json & body, Request & r) {
 }
 
 // Chat: logprobs (bool) and top_logprobs (0..20, only with logprobs); completions: logprobs (0..5).
+// llama-server's n_probs (0: none, else 1..20 alternatives) where neither is given.
 void parse_logprobs(const json & body, Endpoint endpoint, Request & r) {
+    if (has(body, "n_probs") && !has(body, "logprobs")) {
+        const int n = static_cast<int>(integer(body, "n_probs", 0, 20));
+        if (n > 0) r.top_logprobs = n;
+        return;
+    }
     if (endpoint == Endpoint::Completions) {
         if (has(body, "logprobs")) r.top_logprobs = static_cast<int>(integer(body, "logprobs", 0, 5));
         return;
@@ -148,6 +156,25 @@ void parse_generation(const json & body, Request & r) {
         r.grammar_field = "grammar";
     }
     if (has(body, "response_format")) parse_response_format(body, r);
+    if (has(body, "min_tokens")) r.min_tokens = static_cast<int>(integer(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
+    if (r.max_tokens >= 0 && r.min_tokens > r.max_tokens) {
+        bad("min_tokens", "'min_tokens' (" + std::to_string(r.min_tokens) + ") is more than the most tokens asked for (" + std::to_string(r.max_tokens) + ")");
+    }
+    if (has(body, "stop_token_ids")) {
+        const json & ids = body.at("stop_token_ids");
+        if (!ids.is_array() || ids.size() > kMaxStopTokenIds) must_be("stop_token_ids", "an array of up to " + std::to_string(kMaxStopTokenIds) + " token ids", ids);
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const json & id = ids[i];
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+                must_be("stop_token_ids[" + std::to_string(i) + "]", "a token id", id);
+            }
+            r.stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+        }
+    }
+    // The reply's text never holds control tokens (the end token's included): vLLM's default.
+    if (has(body, "skip_special_tokens") && !boolean(body.at("skip_special_tokens"), "skip_special_tokens")) {
+        bad("skip_special_tokens", "'skip_special_tokens': false is not supported: replies never hold special tokens' text");
+    }
     if (r.endpoint == Endpoint::Completions && has(body, "echo") && boolean(body.at("echo"), "echo")) {
         bad("echo", "'echo' is not supported: the response holds the completion alone");
     }
@@ -159,6 +186,11 @@ void check_generation(const Request & r, const Tokenizer & tokenizer) {
             bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
         }
     }
+    for (int32_t id : r.stop_token_ids) {
+        if (id >= tokenizer.n_vocab()) {
+            bad("stop_token_ids", "'stop_token_ids' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
+        }
+    }
     if (r.grammar.empty()) return;
     try {
         make_grammar_state(tokenizer, r.grammar);
@@ -167,25 +199,28 @@ void check_generation(const Request & r, const Tokenizer & tokenizer) {
     }
 }
 
-void refuse_unknown_fields(const json & body, Endpoint endpoint) {
+std::vector<std::string> unknown_fields(const json & body, Endpoint endpoint) {
     // Read by parse_request (openai.cpp, openai_chat.cpp and the functions above).
     static const std::set<std::string, std::less<>> common = {
-        "model", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p", "top_k", "min_p", "seed",
+        "model", "max_tokens", "max_completion_tokens", "n_predict", "n", "temperature", "top_p", "top_k", "min_p", "seed",
         "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "repetition_penalty", "logit_bias", "stop", "logprobs",
-        "grammar", "response_format", "ignore_eos", "specee", "specee_threshold", "stream", "stream_options", "cache_salt",
+        "n_probs", "grammar", "response_format", "min_tokens", "stop_token_ids", "skip_special_tokens", "ignore_eos", "specee",
+        "specee_threshold", "stream", "stream_options", "cache_salt",
         // Metadata: accepted, with no effect on the generation (docs/server.md).
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
         // llama-server's: every request reuses what a slot's cache holds (server/slot_prefix.h), with the same output.
         "cache_prompt"};
-    static const std::set<std::string, std::less<>> chat = {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"};
+    static const std::set<std::string, std::less<>> chat = {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+                                                            "chat_template_kwargs", "reasoning_effort"};
     static const std::set<std::string, std::less<>> completions = {"prompt", "echo"};
     const auto & own = endpoint == Endpoint::Chat ? chat : completions;
+    std::vector<std::string> unknown;
     for (const auto & [key, value] : body.items()) {
         if (common.count(key) || own.count(key)) continue;
         if (value.is_null()) continue;  // OpenAI's clients send unset fields as null
-        const std::string name = key.size() > 40 ? key.substr(0, 40) + "..." : key;
-        bad(name, "'" + name + "' is not supported" + (endpoint == Endpoint::Chat ? "" : " by /v1/completions"));
+        unknown.push_back(key.size() > 40 ? key.substr(0, 40) + "..." : key);
     }
+    return unknown;
 }
 
 }  // namespace specula::openai

@@ -1,7 +1,10 @@
 #pragma once
 // The generation fields of a request body beyond its prompt and sampling transforms: penalties,
 // logit_bias, stop, logprobs, grammar and response_format; and the rule that every top-level field
-// is read, accepted as metadata (docs/server.md) or refused, never silently ignored.
+// is read, accepted as metadata (docs/server.md), or named as ignored (refused with --strict-fields).
+#include <string>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "server/openai.h"
@@ -20,8 +23,8 @@ void parse_generation(const nlohmann::json & body, Request & r);
 // it. Throws ApiError 400 naming the id, or the grammar's problem.
 void check_generation(const Request & r, const Tokenizer & tokenizer);
 
-// Throws ApiError 400 "'FIELD' is not supported" for a top-level field that is neither read by
-// parse_request nor metadata without effect on the generation (`user`, `metadata`, `store`, ...).
-void refuse_unknown_fields(const nlohmann::json & body, Endpoint endpoint);
+// The top-level fields that are neither read by parse_request nor metadata without effect on the
+// generation (`user`, `metadata`, `store`, ...), in the body's order (names cut to 40 bytes).
+std::vector<std::string> unknown_fields(const nlohmann::json & body, Endpoint endpoint);
 
 }  // namespace specula::openai

@@ -65,7 +65,7 @@ std::string Scheduler::start(Slot & slot, Slot * first) {
         if (slot.tree_size) slot.tree_size->begin_sequence();
         Tokenizer & tok = *target_.tokenizer;
         Slot * s = &slot;
-        auto is_end = [&tok](int32_t t) { return tok.is_end_of_generation(t); };
+        auto is_end = [&tok, job](int32_t t) { return ends_generation(job->options_, tok, t); };
         // A round's tokens reach the job's consumer once its verification says where each came from.
         auto on_round = [s](const RoundInfo & r) {
             const size_t n_accepted = r.result->accepted.size();

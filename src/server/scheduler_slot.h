@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "engine/generate.h"
 #include "engine/sequence.h"
 #include "engine/specee.h"
 #include "runtime/kv_cache.h"
@@ -37,7 +38,7 @@ struct Scheduler::Slot {
     std::optional<TokenLogprob> logprob;  // the next emitted token's (on_logprob comes before its sink)
     // A token the sequence emitted, into the job (the sequence's sink); false stops the sequence.
     bool take(const Tokenizer & tok, int32_t t) {
-        const bool end = job->options_.stop_at_end_of_generation && tok.is_end_of_generation(t);
+        const bool end = job->options_.stop_at_end_of_generation && ends_generation(job->options_, tok, t);
         ended_by_eog = ended_by_eog || end;
         std::optional<TokenLogprob> taken = std::move(logprob);
         logprob.reset();

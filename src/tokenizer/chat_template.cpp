@@ -155,6 +155,7 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     in.parallel_tool_calls = input.parallel_tool_calls;
     in.reasoning_format = to_common(input.reasoning);
     in.enable_thinking = input.enable_thinking;
+    in.chat_template_kwargs = input.template_kwargs;
     common_chat_params params;
     try {
         params = common_chat_templates_apply(templates_.get(), in);

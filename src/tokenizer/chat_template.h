@@ -5,6 +5,7 @@
 // content and tool calls. A file without a template gets llama.cpp's built-in one its vocabulary's
 // turn tokens name ("gemma"), rendered by libllama without tools, else llama.cpp's Jinja chatml.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,9 @@ struct ChatInput {
     bool parallel_tool_calls = false;
     ReasoningFormat reasoning = ReasoningFormat::None;
     bool enable_thinking = true;  // the template's `enable_thinking`: false asks a thinking model not to think
+    // More variables for the template, each a JSON value's text by name (a request's
+    // chat_template_kwargs and reasoning_effort).
+    std::map<std::string, std::string> template_kwargs;
 };
 
 // How one rendering's replies parse (the chat layer's parser for that template and tools).

@@ -68,6 +68,7 @@ Tokenizer::Tokenizer(const std::string & gguf_path) {
             if (text && *text) control_texts_.emplace_back(text);
         }
         if ((attr & LLAMA_TOKEN_ATTR_CONTROL) && !llama_vocab_is_eog(vocab_, t)) markup_tokens_.push_back(t);
+        if (llama_vocab_is_eog(vocab_, t)) end_tokens_.push_back(t);
     }
 }
 

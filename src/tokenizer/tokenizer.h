@@ -46,6 +46,8 @@ public:
     // The control tokens that do not end generation, sorted: a chat template's turn markup
     // ("<|im_start|>"), which a reply does not hold, so prompt lookup never proposes them.
     const std::vector<int32_t> & markup_tokens() const { return markup_tokens_; }
+    // The tokens is_end_of_generation() is true of, sorted.
+    const std::vector<int32_t> & end_of_generation_tokens() const { return end_tokens_; }
     int n_vocab() const;
     // The vocabulary's identity: token count and a hash of every token's text.
     uint64_t fingerprint() const;
@@ -85,6 +87,7 @@ private:
     const llama_vocab * vocab_ = nullptr;
     std::vector<std::string> control_texts_;  // the texts that Parse turns into tokens and Text does not
     std::vector<int32_t> markup_tokens_;
+    std::vector<int32_t> end_tokens_;
     // Looked up by string_view (the hash is transparent): a grammar's forced text is matched
     // prefix by prefix without a copy per prefix.
     struct PieceHash {

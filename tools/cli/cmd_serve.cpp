@@ -40,6 +40,8 @@ void register_serve(CLI::App & app, Commands & commands) {
         double head_timeout = 10, request_timeout = 30, shutdown_timeout = 10;  // seconds
         std::vector<std::string> api_keys, cors_origins, allowed_hosts;
         std::string api_key_file;
+        std::vector<std::string> aliases;
+        bool strict_fields = false;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
@@ -93,6 +95,13 @@ void register_serve(CLI::App & app, Commands & commands) {
     sub->add_option("--allowed-host", args->allowed_hosts,
                     "Host name answered besides localhost, IP addresses and this machine's name, whatever the address bound "
                     "(repeatable; * answers any name)");
+    sub->add_option("--alias", args->aliases,
+                    "name requests may give as 'model', listed by /v1/models (repeatable or comma-separated, as vLLM's "
+                    "--served-model-name; the first is answered when a request names none); default: the model file's name")
+        ->delimiter(',');
+    sub->add_flag("--strict-fields", args->strict_fields,
+                  "refuse (400) a request field the server does not read; by default it is ignored, named in the log and in the "
+                  "X-Specula-Ignored-Fields response header");
     sub->add_flag("--special-tokens-in-prompt", args->special_tokens_in_prompt,
                   "text spelling a special token (\"<|im_start|>\") in a completions prompt or a chat message becomes that token; "
                   "by default it is text, and only the chat template's markup is control tokens");
@@ -177,6 +186,10 @@ void register_serve(CLI::App & app, Commands & commands) {
             server.set_access_policy(access);
             server.set_index_page(report::live_page());
             server.set_special_tokens_in_prompt(args->special_tokens_in_prompt);
+            server.set_strict_fields(args->strict_fields);
+            for (const std::string & alias : args->aliases) {
+                if (alias.empty()) throw Error("--alias: a model name cannot be empty");
+            }
             server.set_reasoning_format(reasoning_format_from_name(args->reasoning_format));
             const int port = server.start(args->host, args->port);
             // Tests and scripts read this line for the port.
@@ -184,7 +197,8 @@ void register_serve(CLI::App & app, Commands & commands) {
             std::unique_ptr<ModelBundle> target = ModelBundle::open(args->engine);
             auto scheduler_ptr = std::make_unique<Scheduler>(*target, args->scheduler);
             Scheduler & scheduler = *scheduler_ptr;
-            server.ready(*target, scheduler, std::filesystem::path(args->engine.model_path).stem().string());
+            server.ready(*target, scheduler,
+                         args->aliases.empty() ? std::vector<std::string>{std::filesystem::path(args->engine.model_path).stem().string()} : args->aliases);
             *loaded = true;
             const DrafterSpec & drafter = target->drafter.spec;
             const std::string drafting = drafter.kind == DrafterKind::None    ? "no drafter"

@@ -1,0 +1,157 @@
+"""Apps written for llama-server or vLLM against `specula serve`, through real sockets: model
+aliases, the request fields those servers read, unknown fields named rather than refused (and
+refused under --strict-fields), and CORS preflights asking for the headers SDKs send. Servers on
+the bundled 15.7M target. Each test states the breakage it catches."""
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from serving import post, serve
+
+PROMPT = "def f(x):"
+
+# A chatml template that shows the variables a request can give it (chat_template_kwargs,
+# reasoning_effort, enable_thinking) in the prompt, so that their effect is its length.
+TEMPLATE = """{%- for message in messages -%}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}{%- endfor -%}
+{%- if style is defined -%}{{- 'Style: ' + style + '\\n' -}}{%- endif -%}
+{%- if reasoning_effort is defined -%}{{- 'Effort: ' + reasoning_effort + '\\n' -}}{%- endif -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"""
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    path = tmp_path_factory.mktemp("compat") / "template.jinja"
+    path.write_text(TEMPLATE)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def aliased(template):
+    with serve("-c", "512", "--alias", "gpt-4o-mini,local", "--alias", "third", "--chat-template", template) as (proc, base):
+        yield proc, base
+
+
+def request(base, method, path, body=None, headers=None):
+    """(status, headers, parsed JSON body or None) of one request."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={**({"Content-Type": "application/json"} if data else {}), **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            raw = r.read()
+            return r.status, r.headers, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, e.headers, json.loads(raw) if raw else None
+
+
+def complete(base, **fields):
+    status, body = post(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, **fields})
+    assert status == 200, body
+    return body
+
+
+def test_every_alias_is_served_listed_and_echoed(aliased):
+    # Catches: --alias not parsed as a list (comma-separated, repeated), an alias refused, the
+    # response naming another model than the one asked for, /v1/models listing the file's name.
+    _, base = aliased
+    status, _, models = request(base, "GET", "/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == ["gpt-4o-mini", "local", "third"], models
+    for name in ("gpt-4o-mini", "local", "third"):
+        body = complete(base, model=name, max_tokens=2)
+        assert body["model"] == name, body
+    status, body = post(base, "/v1/chat/completions", {"model": "local", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert status == 200 and body["model"] == "local", body
+    assert complete(base, max_tokens=2)["model"] == "gpt-4o-mini"  # none named: the first
+    status, body = post(base, "/v1/completions", {"model": "specula-target", "prompt": PROMPT, "max_tokens": 2})
+    assert status == 404 and body["error"]["code"] == "model_not_found", body
+
+
+def test_unknown_fields_are_served_and_named_in_a_header_and_the_log(aliased):
+    # Catches: a field other servers accept refused with 400, or dropped without a word.
+    proc, base = aliased
+    status, headers, body = request(base, "POST", "/v1/completions",
+                                    {"prompt": PROMPT, "max_tokens": 2, "frobnicate": 1, "typical_p": 0.9, "user": "u"})
+    assert status == 200, body
+    assert headers["X-Specula-Ignored-Fields"] == "frobnicate, typical_p"
+    deadline = time.time() + 10
+    while not any("ignored fields: frobnicate, typical_p" in line for line in proc.log) and time.time() < deadline:
+        time.sleep(0.1)
+    assert any("POST /v1/completions: ignored fields: frobnicate, typical_p" in line for line in proc.log), proc.log
+    status, headers, body = request(base, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "user": "u"})
+    assert status == 200 and headers.get("X-Specula-Ignored-Fields") is None
+
+
+def test_strict_fields_refuses_them_by_name():
+    # Catches: --strict-fields not restoring the 400 naming the field.
+    with serve("-c", "256", "--strict-fields") as (_, base):
+        status, body = post(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "frobnicate": 1})
+        assert status == 400 and body["error"]["param"] == "frobnicate" and "'frobnicate' is not supported" in body["error"]["message"], body
+        status, body = post(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "n_predict": 2, "min_tokens": 1})
+        assert status == 200, body
+
+
+def test_llama_servers_n_predict_and_n_probs(aliased):
+    # Catches: n_predict not bounding the completion, n_probs not giving the alternatives.
+    _, base = aliased
+    status, body = post(base, "/v1/completions", {"prompt": PROMPT, "n_predict": 3, "n_probs": 2, "temperature": 0})
+    assert status == 200 and body["usage"]["completion_tokens"] == 3, body
+    assert all(len(alternatives) == 2 for alternatives in body["choices"][0]["logprobs"]["top_logprobs"]), body
+
+
+def test_stop_token_ids_end_the_text_and_min_tokens_bans_them(aliased):
+    # Catches: stop_token_ids not ending the generation (or their text in the reply), min_tokens
+    # not keeping the end tokens away until that many tokens are generated.
+    _, base = aliased
+    full = complete(base)
+    text = full["choices"][0]["text"]
+    status, ids = post(base, "/tokenize", {"content": text, "with_pieces": True})
+    assert status == 200, ids
+    pieces = ids["tokens"]
+    # A token whose first use in the greedy text is a few tokens in, so that the text before it is
+    # the reply when it stops the generation.
+    k = next(i for i in range(2, len(pieces)) if all(p["id"] != pieces[i]["id"] for p in pieces[:i]))
+    stop_id = pieces[k]["id"]
+    cut = complete(base, stop_token_ids=[stop_id])
+    assert cut["choices"][0]["finish_reason"] == "stop", cut
+    assert text.startswith(cut["choices"][0]["text"]) and len(cut["choices"][0]["text"]) < len(text), (cut, text)
+    held = complete(base, stop_token_ids=[stop_id], min_tokens=k + 4, max_tokens=k + 4)
+    assert held["usage"]["completion_tokens"] == k + 4 and held["choices"][0]["finish_reason"] == "length", held
+    status, body = post(base, "/v1/completions", {"prompt": PROMPT, "stop_token_ids": [10**8]})
+    assert status == 400 and body["error"]["param"] == "stop_token_ids", body
+
+
+def test_chat_template_kwargs_and_reasoning_effort_reach_the_template(aliased):
+    # Catches: chat_template_kwargs or reasoning_effort refused or never given to the template,
+    # enable_thinking among them not switching the chat layer's thinking.
+    _, base = aliased
+    messages = [{"role": "user", "content": "hi"}]
+
+    def prompt_tokens(**fields):
+        status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 1, **fields})
+        assert status == 200, body
+        return body["usage"]["prompt_tokens"]
+
+    plain = prompt_tokens()
+    assert prompt_tokens(chat_template_kwargs={"style": "terse"}) > plain
+    assert prompt_tokens(reasoning_effort="low") > plain
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) > plain
+    status, body = post(base, "/v1/chat/completions", {"messages": messages, "reasoning_effort": "extreme"})
+    assert status == 400 and body["error"]["param"] == "reasoning_effort", body
+
+
+def test_a_preflight_gets_the_headers_it_asks_for():
+    # Catches: a preflight answered with a fixed list of headers, which the browser then refuses
+    # for the openai npm SDK's x-stainless-* headers (the request is never sent).
+    origin = "http://localhost:5173"
+    asked = "authorization, content-type, x-stainless-arch, x-stainless-os, x-stainless-retry-count"
+    with serve("-c", "256", "--cors-origin", origin) as (_, base):
+        status, headers, _ = request(base, "OPTIONS", "/v1/chat/completions",
+                                     headers={"Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked})
+        assert status == 204
+        assert headers["Access-Control-Allow-Headers"] == asked
+        assert headers["Access-Control-Allow-Origin"] == origin
