@@ -3,6 +3,7 @@
 // against plain decoding with the same processing: the same tokens at T = 0, the same logprobs,
 // and the processed target's law at T > 0 (chi-square, with broken controls that must fail).
 #include <gtest/gtest.h>
+#include <llama.h>
 
 #include <atomic>
 #include <chrono>
@@ -404,6 +405,87 @@ TEST(LazyGrammar, IsFreeBeforeItsTriggerConstrainedAfterAndClonesKeepTheTriggerS
     EXPECT_NE(test::error_message([&] { state->apply(row); }).find("does not follow the grammar"), std::string::npos);
     EXPECT_NE(test::error_message([&] { make_lazy_grammar_state(tok, R"(root ::= "a")", {}, {}); }).find("needs a trigger"), std::string::npos);
     EXPECT_NE(test::error_message([&] { make_lazy_grammar_state(tok, R"(root ::= "a")", {"(unclosed"}, {}); }).find("does not parse as a regex"), std::string::npos);
+}
+
+// Whether libllama's own lazy sampler allows `token` now.
+bool reference_allows(llama_sampler * sampler, int32_t token) {
+    llama_token_data one{token, 0.0f, 0.0f};
+    llama_token_data_array array{&one, 1, -1, false};
+    llama_sampler_apply(sampler, &array);
+    return one.logit != -INFINITY;
+}
+
+// The awaiting state searches only the new text and a window before it, yet triggers where
+// libllama's sampler (which searches all the text on every token) does, at the same token and
+// with the same grammar state after: a word, a pattern whose group starts the grammar, a pattern
+// anchored at the text's start, a trigger token, each behind text longer than the search window
+// and at its start. Catches a trigger missed across a token boundary or the window's edge, a
+// match replayed from the wrong token, or an anchored pattern matched mid-text.
+TEST(LazyGrammar, TheIncrementalTriggerSearchTriggersWhereLibllamasDoes) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    std::string filler;
+    for (int i = 0; filler.size() < 3000; ++i) filler += "word" + std::to_string(i % 7) + (i % 5 ? " " : ",\n");
+    struct Case {
+        const char * gbnf;
+        std::vector<std::string> patterns;
+        std::string after;  // the text after the filler (or alone)
+    };
+    const std::vector<Case> cases = {
+        {R"(root ::= "<call>" [0-9]+ "</call>")", {"<call>"}, "see <call>12</call>"},
+        {R"(root ::= " to" [0-9]+)", {"<start>assistant(\\s+to)"}, "<start>assistant to42"},
+        {R"(root ::= [ ]* "<call>" [0-9]+)", {"^\\s*<call>"}, "  <call>7"},
+        {R"(root ::= "<call>" [0-9]+)", {"<never>", "<call>"}, "<cal <call>12"},
+    };
+    const std::vector<int32_t> probes = {token_of(tok, "a"), token_of(tok, "1"), token_of(tok, " "), token_of(tok, "<")};
+    for (const Case & c : cases) {
+        for (const bool behind_filler : {false, true}) {
+            SCOPED_TRACE(c.patterns.back() + (behind_filler ? " behind the filler" : " at the start"));
+            const std::vector<int32_t> text = tok.tokenize((behind_filler ? filler : "") + c.after, false);
+            const auto state = make_lazy_grammar_state(tok, c.gbnf, c.patterns, {});
+            std::vector<const char *> patterns;
+            for (const std::string & p : c.patterns) patterns.push_back(p.c_str());
+            llama_sampler * reference = llama_sampler_init_grammar_lazy_patterns(tok.vocabulary(), c.gbnf, "root", patterns.data(), patterns.size(), nullptr, 0);
+            ASSERT_NE(reference, nullptr);
+            bool constrained = false;
+            for (size_t i = 0; i < text.size(); ++i) {
+                state->accept(text[i]);
+                try {
+                    llama_sampler_accept(reference, text[i]);
+                } catch (const std::exception &) {
+                    break;  // the text strays from the grammar: both fail alike from here
+                }
+                for (int32_t p : probes) {
+                    const bool expected = reference_allows(reference, p);
+                    ASSERT_EQ(state->allows(p), expected) << "token " << p << " after " << i + 1 << " of " << text.size();
+                    constrained = constrained || !expected;
+                }
+            }
+            llama_sampler_free(reference);
+            EXPECT_TRUE(constrained || (c.patterns[0][0] == '^' && behind_filler)) << "the trigger was never reached";
+        }
+    }
+    const auto by_token = make_lazy_grammar_state(tok, R"(root ::= "a" [0-9]+)", {}, {token_of(tok, "a")});
+    for (int32_t t : tok.tokenize(filler, false)) by_token->accept(t);
+    EXPECT_TRUE(by_token->allows(token_of(tok, "a")));
+    by_token->accept(token_of(tok, "a"));
+    EXPECT_FALSE(by_token->allows(token_of(tok, "a")));
+    EXPECT_TRUE(by_token->allows(token_of(tok, "1")));
+}
+
+// A reply of a quarter MiB before its trigger: each token's search reads a bounded window, where
+// libllama's would read the whole reply (the square of its length in all: this test would then
+// run for many minutes; and libstdc++'s recursive std::regex can overflow the stack on a long text).
+TEST(LazyGrammar, ALongReplyIsSearchedForItsTriggerInBoundedWindows) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    std::string reply;
+    for (int i = 0; reply.size() < (256u << 10); ++i) reply += "line " + std::to_string(i) + " of the reply\n";
+    std::vector<int32_t> text = tok.tokenize(reply + "<start>assistant to", false);
+    const auto state = make_lazy_grammar_state(tok, R"(root ::= " to" [0-9]+)", {"<call>", "^\\s*<tool>[\\s\\S]*$", "<start>assistant(\\s+to)"}, {});
+    for (size_t i = 0; i + 1 < text.size(); ++i) state->accept(text[i]);
+    EXPECT_TRUE(state->allows(token_of(tok, "a"))) << "free before the trigger";
+    state->accept(text.back());
+    EXPECT_FALSE(state->allows(token_of(tok, "a")));
+    EXPECT_TRUE(state->allows(token_of(tok, "1")));
 }
 
 // A tree over the bundled vocabulary: the grammar bans node 3 ("a" after "a") at its parent;

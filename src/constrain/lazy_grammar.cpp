@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <optional>
 #include <regex>
+#include <span>
 
 #include "constrain/grammar.h"
 #include "specula/error.h"
@@ -20,13 +22,82 @@ struct SamplerFree {
 };
 using SamplerPtr = std::unique_ptr<llama_sampler, SamplerFree>;
 
-// The sampler's apply leaves a row alone while it awaits its trigger and masks it after; its
-// accept buffers the text until a trigger matches, then feeds the grammar from the match on.
+// A trigger pattern as the awaiting state searches for it. libllama's lazy sampler runs std::regex
+// over all the text since the reply began on every token: the square of the reply's length, and
+// libstdc++'s recursive regex can overflow the stack on a long text. Here a plain word (a pattern
+// that escapes every special character, as the chat layer makes of a trigger word) is found with
+// std::string::find in the new text and the word's length before it; another pattern is searched
+// in the last kRegexWindow bytes before the new text and the new text; one anchored at the text's
+// start ('^') is tried while the whole text is within kRegexWindow. A match longer than the window
+// is the only one libllama would find that this does not.
+struct Trigger {
+    static constexpr size_t kRegexWindow = 1024;
+
+    std::string pattern;
+    std::optional<std::string> word;  // the pattern is this text, its special characters escaped
+    std::regex regex;                 // when it is not
+    bool anchored = false;            // begins with '^': matched from the text's start
+    bool whole = false;               // ...and ends with '$': the whole text must match (as libllama)
+
+    explicit Trigger(const std::string & p) : pattern(p), word(plain_word(p)) {
+        if (word) return;
+        regex = std::regex(p);
+        anchored = !p.empty() && p.front() == '^';
+        whole = anchored && p.back() == '$';
+    }
+
+    // Where the first match in `text` starts, searched from `from` on for a plain word or an
+    // unanchored pattern; npos when none. `text` begins at the text's start when `anchored`.
+    size_t find(const std::string & text, size_t from) const {
+        if (word) return text.find(*word, from);
+        std::smatch m;
+        const bool found = whole ? std::regex_match(text.begin() + from, text.end(), m, regex)
+                                 : std::regex_search(text.begin() + from, text.end(), m, regex);
+        return found ? from + static_cast<size_t>(m.position(0)) : std::string::npos;
+    }
+
+    static std::optional<std::string> plain_word(const std::string & p) {
+        static const std::string special = ".^$|()*+?[]{}\\";
+        std::string out;
+        for (size_t i = 0; i < p.size(); ++i) {
+            if (p[i] == '\\' && i + 1 < p.size() && special.find(p[i + 1]) != std::string::npos) out += p[++i];
+            else if (special.find(p[i]) == std::string::npos) out += p[i];
+            else return std::nullopt;
+        }
+        return out.empty() ? std::nullopt : std::optional<std::string>(out);
+    }
+};
+
+struct Triggers {
+    const llama_vocab * vocab;
+    std::string gbnf;
+    std::vector<Trigger> patterns;
+    std::vector<int32_t> tokens;
+    size_t keep = 0;  // bytes before the new text that a search may need
+};
+
+// The grammar, made by libllama from the trigger on: a lazy sampler of the trigger alone, given the
+// tokens from the one where the match starts, triggers as it would have on the whole text.
+SamplerPtr triggered(const Triggers & t, const char * pattern, const int32_t * token, std::span<const int32_t> replay) {
+    SamplerPtr sampler(llama_sampler_init_grammar_lazy_patterns(t.vocab, t.gbnf.c_str(), "root", &pattern, pattern ? 1 : 0, token, token ? 1 : 0));
+    if (!sampler) throw Error("the lazy grammar cannot be made");
+    for (int32_t r : replay) llama_sampler_accept(sampler.get(), r);
+    return sampler;
+}
+
+// Free until a trigger (a pattern found in the output's text, or a trigger token), then masked
+// by libllama's grammar from the trigger on. Awaiting, it keeps the text's tail a search needs
+// and the tokens that spelled it.
 class LazyGrammarState final : public LogitsState {
 public:
-    LazyGrammarState(SamplerPtr sampler, int n_tokens) : sampler_(std::move(sampler)), n_tokens_(n_tokens) {}
+    LazyGrammarState(std::shared_ptr<const Triggers> triggers, int n_tokens) : triggers_(std::move(triggers)), n_tokens_(n_tokens) {}
     std::unique_ptr<LogitsState> clone() const override {
-        auto copy = std::make_unique<LazyGrammarState>(SamplerPtr(llama_sampler_clone(sampler_.get())), n_tokens_);
+        auto copy = std::make_unique<LazyGrammarState>(triggers_, n_tokens_);
+        if (sampler_) copy->sampler_.reset(llama_sampler_clone(sampler_.get()));
+        copy->tail_ = tail_;
+        copy->tail_tokens_ = tail_tokens_;
+        copy->tail_starts_ = tail_starts_;
+        copy->tail_at_ = tail_at_;
         copy->broken_ = broken_;
         return copy;
     }
@@ -35,6 +106,7 @@ public:
 
     void apply_bans(std::span<float> logits) const override {
         if (!broken_.empty()) throw Error(broken_);
+        if (!sampler_) return;  // awaiting its trigger: free
         const int n = std::min<int>(n_tokens_, static_cast<int>(logits.size()));
         candidates_.resize(n);
         for (int i = 0; i < n; ++i) candidates_[i] = llama_token_data{i, logits[i], 0.0f};
@@ -51,6 +123,7 @@ public:
 
     bool allows(int32_t token) const override {
         if (token < 0 || token >= n_tokens_ || !broken_.empty()) return false;
+        if (!sampler_) return true;
         llama_token_data one{token, 0.0f, 0.0f};
         llama_token_data_array array{&one, 1, -1, false};
         llama_sampler_apply(sampler_.get(), &array);
@@ -63,15 +136,65 @@ public:
     void accept(int32_t token) override {
         if (!broken_.empty()) return;
         try {
-            llama_sampler_accept(sampler_.get(), token);
+            if (sampler_) llama_sampler_accept(sampler_.get(), token);
+            else await(token);
         } catch (const std::exception & e) {
             broken_ = "token " + std::to_string(token) + " does not follow the grammar: " + e.what();
         }
     }
 
 private:
-    SamplerPtr sampler_;
+    void await(int32_t token) {
+        const Triggers & t = *triggers_;
+        if (std::find(t.tokens.begin(), t.tokens.end(), token) != t.tokens.end()) {
+            sampler_ = triggered(t, nullptr, &token, std::span(&token, 1));
+            return;
+        }
+        char buf[256];
+        int32_t n = llama_token_to_piece(t.vocab, token, buf, sizeof buf, 0, /*special=*/true);  // as libllama's buffer spells it
+        std::string big;
+        if (n < 0) {
+            big.resize(-n);
+            n = llama_token_to_piece(t.vocab, token, big.data(), static_cast<int32_t>(big.size()), 0, true);
+        }
+        const size_t before = tail_.size();
+        tail_tokens_.push_back(token);
+        tail_starts_.push_back(before);
+        tail_.append(big.empty() ? buf : big.data(), std::max(n, 0));
+        const bool whole_text = tail_at_ == 0 && tail_.size() <= Trigger::kRegexWindow;
+        for (const Trigger & trigger : t.patterns) {
+            if (trigger.anchored && !whole_text) continue;
+            const size_t reach = trigger.word ? trigger.word->size() - 1 : Trigger::kRegexWindow;
+            const size_t at = trigger.find(tail_, trigger.anchored ? 0 : before - std::min(before, reach));
+            if (at == std::string::npos) continue;
+            // From the token the match starts in: libllama finds it there again, and replays it.
+            const size_t first = static_cast<size_t>(std::upper_bound(tail_starts_.begin(), tail_starts_.end(), at) - tail_starts_.begin()) - 1;
+            const std::vector<int32_t> replay(tail_tokens_.begin() + (trigger.anchored ? 0 : first), tail_tokens_.end());
+            sampler_ = triggered(t, trigger.pattern.c_str(), nullptr, replay);
+            tail_.clear(), tail_tokens_.clear(), tail_starts_.clear();
+            return;
+        }
+        // The tokens whose text no later search reaches go; an anchored pattern needs the whole
+        // text while it fits the window.
+        size_t drop = 0;
+        const size_t keep = whole_text ? Trigger::kRegexWindow : t.keep;
+        while (drop + 1 < tail_starts_.size() && tail_.size() - tail_starts_[drop + 1] >= keep) ++drop;
+        if (drop == 0) return;
+        const size_t cut = tail_starts_[drop];
+        tail_.erase(0, cut);
+        tail_tokens_.erase(tail_tokens_.begin(), tail_tokens_.begin() + drop);
+        tail_starts_.erase(tail_starts_.begin(), tail_starts_.begin() + drop);
+        for (size_t & start : tail_starts_) start -= cut;
+        tail_at_ += cut;
+    }
+
+    std::shared_ptr<const Triggers> triggers_;
     int n_tokens_;
+    SamplerPtr sampler_;  // null while awaiting the trigger
+    std::string tail_;    // awaiting: the end of the text so far, from the start of tail_tokens_' first
+    std::vector<int32_t> tail_tokens_;
+    std::vector<size_t> tail_starts_;                   // each tail token's first byte in tail_
+    size_t tail_at_ = 0;                                // bytes of the text before tail_
     std::string broken_;                                // why the grammar cannot go on; empty: it can
     mutable std::vector<llama_token_data> candidates_;  // apply_bans()'s scratch
 };
@@ -92,12 +215,15 @@ std::unique_ptr<LogitsState> make_lazy_grammar_state(const Tokenizer & tokenizer
     for (int32_t token : trigger_tokens) {
         if (token < 0 || token >= tokenizer.n_vocab()) throw Error("the grammar's trigger token " + std::to_string(token) + " is not in the vocabulary");
     }
-    std::vector<const char *> patterns;
-    for (const std::string & p : trigger_patterns) patterns.push_back(p.c_str());
-    SamplerPtr sampler(llama_sampler_init_grammar_lazy_patterns(tokenizer.vocabulary(), gbnf.c_str(), "root", patterns.data(), patterns.size(),
-                                                                trigger_tokens.data(), trigger_tokens.size()));
-    if (!sampler) throw Error("the lazy grammar cannot be made");
-    return std::make_unique<LazyGrammarState>(std::move(sampler), tokenizer.n_vocab());
+    auto triggers = std::make_shared<Triggers>();
+    triggers->vocab = tokenizer.vocabulary();
+    triggers->gbnf = gbnf;
+    triggers->tokens = trigger_tokens;
+    for (const std::string & p : trigger_patterns) {
+        const Trigger & t = triggers->patterns.emplace_back(p);
+        triggers->keep = std::max(triggers->keep, t.word ? t.word->size() : Trigger::kRegexWindow + 1);
+    }
+    return std::make_unique<LazyGrammarState>(std::move(triggers), tokenizer.n_vocab());
 }
 
 }  // namespace specula
