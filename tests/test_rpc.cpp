@@ -371,7 +371,7 @@ TEST(RpcDeathTest, AServerFrozenWhileASlotIsSetUpFailsTheRequestsAndHealthSays50
         Scheduler scheduler(*target, SchedulerOptions{1, 4, 16});
         HttpServer http(4, 1 << 16);
         const int port = http.start("127.0.0.1", 0);
-        http.ready(*target, scheduler, "target");
+        http.ready(*target, scheduler, {"target"});
         GenerationOptions g;
         g.n_predict = 4;
         g.stop_at_end_of_generation = false;
