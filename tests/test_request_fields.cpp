@@ -185,7 +185,30 @@ TEST(RequestFields, AnUnknownFieldIsNamedAndRefusedOnlyWhenStrict) {
         }
     }
     EXPECT_TRUE(openai::parse_request(Endpoint::Chat, kChat + R"("user": "u1", "audio": null})", strict).ignored_fields.empty());
-    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("echo": true})").param, "echo");
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("echo": true})").ignored_fields, std::vector<std::string>{});
+    EXPECT_EQ(parsed(Endpoint::Llama, kCompletion + R"("echo": true})").ignored_fields, std::vector<std::string>{"echo"});  // not llama-server's
+}
+
+// Catches: token-id prompts refused or read as text, ids that are no token accepted, echo dropped
+// or taken with logprobs it cannot give for the prompt.
+TEST(RequestFields, APromptIsTextOrTokenIdsAndEchoIsRead) {
+    EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": [5, 7, 9]})").prompt_tokens, (std::vector<int32_t>{5, 7, 9}));
+    EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": [[5, 7]]})").prompt_tokens, (std::vector<int32_t>{5, 7}));
+    EXPECT_EQ(parsed(Endpoint::Llama, R"({"prompt": ["abc"]})").prompt, "abc");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, -1]})").param, "prompt");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": []})").param, "prompt");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, "a"]})").param, "prompt");
+    EXPECT_TRUE(parsed(Endpoint::Completions, kCompletion + R"("echo": true})").echo);
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("echo": true, "logprobs": 1})").param, "echo");
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    EXPECT_NO_THROW(openai::check_generation(parsed(Endpoint::Completions, R"({"prompt": [1, 2]})"), tok));
+    try {
+        openai::check_generation(parsed(Endpoint::Completions, R"({"prompt": [1, )" + std::to_string(tok.n_vocab()) + "]}"), tok);
+        ADD_FAILURE() << "a prompt token outside the vocabulary was accepted";
+    } catch (const openai::ApiError & e) {
+        EXPECT_EQ(e.param, "prompt");
+        EXPECT_NE(e.message.find("prompt[1]"), std::string::npos) << e.message;
+    }
 }
 
 // Catches: llama-server's and vLLM's own fields refused, dropped, or read into the wrong setting.

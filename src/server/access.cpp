@@ -145,7 +145,7 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
             return d;
         }
     }
-    const bool open_route = (method == "GET" || method == "HEAD") && (path == "/" || path == "/health");
+    const bool open_route = (method == "GET" || method == "HEAD") && (path == "/" || path == "/health" || path == "/v1/health");
     if (!policy.api_keys.empty() && !open_route) {
         const std::string key = presented_key(header);
         if (key.empty() || key_index(policy.api_keys, key) == 0) {

@@ -104,6 +104,12 @@ int64_t unix_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// A response's or chunk's logprobs: its choice's, or llama-server's completion_probabilities.
+void set_logprobs(const openai::Completion & c, json & j, json logprobs) {
+    if (c.endpoint == openai::Endpoint::Llama) j["completion_probabilities"] = std::move(logprobs["content"]);
+    else j["choices"][0]["logprobs"] = std::move(logprobs);
+}
+
 // A non-streamed answer: one JSON object, sent whole once the generation has ended, with its true
 // status. While it waits the handler watches the connection, so that a client that went away
 // (closed or reset; not one that only shut its sending side) frees its slot at once rather than
@@ -127,7 +133,7 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
     if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
     json response = openai::response(c, text, result.finish_reason, result.stats);
     size_t text_offset = 0;
-    if (c.token_text) response["choices"][0]["logprobs"] = openai::logprobs(c, logprobs, text_offset);
+    if (c.token_text) set_logprobs(c, response, openai::logprobs(c, logprobs, text_offset));
     if (reply) {
         const ChatReply parsed = reply->finish(text);
         openai::set_reply(response, parsed);
@@ -154,7 +160,7 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         std::vector<TokenLogprob> logprobs;
         size_t text_offset = 0;
         auto with_logprobs = [&](json chunk) {
-            if (c.token_text && !logprobs.empty()) chunk["choices"][0]["logprobs"] = openai::logprobs(c, logprobs, text_offset);
+            if (c.token_text && !logprobs.empty()) set_logprobs(c, chunk, openai::logprobs(c, logprobs, text_offset));
             logprobs.clear();
             return chunk;
         };
@@ -199,7 +205,9 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
                 }
                 finish_reason = openai::finish_reason(parsed, result.finish_reason);
             }
-            if (!write(openai::sse(with_logprobs(openai::chunk_finish(c, finish_reason))))) return false;
+            // llama-server's /completion ends with its whole answer's fields, without the text sent.
+            json last = c.endpoint == openai::Endpoint::Llama ? openai::response(c, "", finish_reason, result.stats) : openai::chunk_finish(c, finish_reason);
+            if (!write(openai::sse(with_logprobs(std::move(last))))) return false;
             if (include_usage && !write(openai::sse(openai::chunk_usage(c, result.stats)))) return false;
         }
         write("data: [DONE]\n\n");
@@ -416,13 +424,15 @@ void HttpServer::Impl::routes() {
         else if (d.preflight) res.status = 204;
         return d.refusal || d.preflight ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
     });
-    on_get("/health", [this](const httplib::Request &, httplib::Response & res) {
+    auto health = [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_json(res, 503, json{{"status", "loading"}});
         const std::string failure = s->metrics().failure;
         if (!failure.empty()) return send_json(res, 503, json{{"status", "error"}, {"error", failure}});
         send_json(res, 200, json{{"status", "ok"}});
-    });
+    };
+    on_get("/health", health);
+    on_get("/v1/health", health);  // llama-server's second name
     on_get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
         if (!scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         json data = json::array();
@@ -460,6 +470,45 @@ void HttpServer::Impl::routes() {
     });
     on_post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
     on_post("/v1/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Completions, req, res); });
+    // llama-server's own routes: /completion (and its second name) answering in its shape, /props,
+    // /apply-template.
+    for (const char * path : {"/completion", "/completions"}) {
+        on_post(path, [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Llama, req, res); });
+    }
+    on_get("/props", [this](const httplib::Request &, httplib::Response & res) {
+        Scheduler * s = scheduler;
+        ModelBundle * t = target;
+        if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        const int slots = static_cast<int>(s->metrics().slot_states.size());
+        json settings{{"id", 0}, {"n_ctx", s->context_size()}, {"speculative", t->speculative}, {"is_processing", false}, {"params", {{"n_predict", -1}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0}, {"min_p", 0.0}, {"seed", -1}}}};
+        send_json(res, 200,
+                  json{{"default_generation_settings", std::move(settings)},
+                       {"n_ctx", s->context_size()},
+                       {"total_slots", slots},
+                       {"model_alias", accepted.models.front()},
+                       {"model_path", t->options.model_path},
+                       {"modalities", {{"vision", false}, {"audio", false}}},
+                       {"chat_template", t->tokenizer->chat_template().source()},
+                       {"build_info", "specula"}});
+    });
+    on_post("/apply-template", [this](const httplib::Request & req, httplib::Response & res) {
+        ModelBundle * t = target;
+        if (!t || !scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        try {
+            openai::Request r = openai::parse_request(openai::Endpoint::Chat, req.body, accepted);
+            r.chat.reasoning = reasoning;
+            std::string prompt;
+            try {
+                prompt = t->tokenizer->chat_template().render(r.chat).text;
+            } catch (const std::exception & e) {
+                throw openai::ApiError{400, std::string("cannot render the messages: ") + e.what(), "invalid_request_error", "messages", ""};
+            }
+            if (!r.ignored_fields.empty()) note_ignored(req, res, r.ignored_fields);
+            send_json(res, 200, json{{"prompt", prompt}});
+        } catch (const openai::ApiError & e) {
+            send_error(res, e);
+        }
+    });
     // llama-server's token routes (server/token_routes.h), under the same access checks.
     for (const auto & route : {std::pair{"/tokenize", &openai::tokenize}, std::pair{"/detokenize", &openai::detokenize}}) {
         on_post(route.first, [this, answer = route.second](const httplib::Request & req, httplib::Response & res) {
@@ -507,6 +556,8 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
                     Tokenizer::Chat rendered = t->tokenizer->tokenize_conversation(r.chat, specials);
                     p.prompt = std::move(rendered.tokens);
                     p.chat = std::move(rendered.prompt);
+                } else if (!r.prompt_tokens.empty()) {
+                    p.prompt = r.prompt_tokens;
                 } else {
                     p.prompt = t->tokenizer->tokenize(r.prompt, true, specials);
                 }
@@ -526,6 +577,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
                 throw openai::ApiError{400, "'" + r.grammar_field + "' cannot be combined with tool calls ('tools', 'tool_choice'), which have a grammar of their own",
                                        "invalid_request_error", r.grammar_field, ""};
             }
+            if (r.n > 1 && endpoint == openai::Endpoint::Llama) throw openai::ApiError{400, "'n' above 1 is not supported by /completion: use /v1/completions", "invalid_request_error", "n", ""};
             if (r.n > 1 && openai::parses_tool_calls(r.chat)) throw openai::ApiError{400, "'n' above 1 cannot be combined with 'tools'", "invalid_request_error", "n", ""};
             if (r.n > s->capacity()) {
                 throw openai::ApiError{400, "'n' is " + std::to_string(r.n) + ": more choices than this server's slots and queue hold (" + std::to_string(s->capacity()) + ", --parallel + --queue)",
@@ -572,6 +624,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.id = (endpoint == openai::Endpoint::Chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     c.created = unix_now();
     c.model = r.model;
+    if (r.echo) c.echo = r.prompt_tokens.empty() ? r.prompt : t->tokenizer->detokenize(r.prompt_tokens);
     if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get()](int32_t id) { return tokenizer->piece(id); };
 
     if (jobs.size() > 1) {

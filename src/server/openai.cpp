@@ -61,6 +61,21 @@ std::string cut(const std::string & message) {
     return message.size() > kShown ? message.substr(0, kShown) + "..." : message;
 }
 
+// A string or token ids, either alone or as the one item of an array (OpenAI's and vLLM's
+// batch form, with one prompt).
+void parse_prompt(const json & p, Request & r) {
+    const json & one = p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array()) ? p[0] : p;
+    if (one.is_string()) {
+        r.prompt = one.get<std::string>();
+        return;
+    }
+    const bool ids = one.is_array() && !one.empty() && std::all_of(one.begin(), one.end(), [](const json & x) {
+                         return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+                     });
+    if (!ids) must_be("prompt", "a string or an array of token ids (one prompt per request)", p);
+    r.prompt_tokens = one.get<std::vector<int32_t>>();
+}
+
 Request parse_body(Endpoint endpoint, const std::string & text, const Accepted & accepted) {
     json body;
     try {
@@ -75,7 +90,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
     r.ignored_fields = unknown_fields(body, endpoint);
     if (accepted.strict_fields && !r.ignored_fields.empty()) {
         const std::string & name = r.ignored_fields.front();
-        bad(name, "'" + name + "' is not supported" + (endpoint == Endpoint::Chat ? "" : " by /v1/completions"));
+        bad(name, "'" + name + "' is not supported" + (endpoint == Endpoint::Completions ? " by /v1/completions" : ""));
     }
     r.endpoint = endpoint;
     r.sampling.temperature = 1.0f;  // OpenAI's default
@@ -95,14 +110,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
         r.chat = parse_chat(body, text);
     } else {
         if (!body.contains("prompt")) bad("prompt", "'prompt' is required");
-        const json & p = body.at("prompt");
-        if (p.is_string()) {
-            r.prompt = p.get<std::string>();
-        } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-            r.prompt = p[0].get<std::string>();
-        } else {
-            must_be("prompt", "a string (one prompt per request)", p);
-        }
+        parse_prompt(body.at("prompt"), r);
     }
     // llama-server's n_predict, -1 unset, where the body has neither of OpenAI's names.
     const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : has(body, "max_tokens") ? "max_tokens"
@@ -203,13 +211,45 @@ json speculation(const GenerationStats & s) {
     return j;
 }
 
+namespace {
+// llama-server's /completion answer: the whole one (stop: true, with the counts and timings), or
+// a stream's text chunk.
+json llama_response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats) {
+    auto per_second = [](int n, double seconds) { return seconds > 0 ? n / seconds : 0.0; };
+    const int prompt_n = stats.n_prompt - stats.n_cached;
+    json timings{{"cache_n", stats.n_cached},
+                 {"prompt_n", prompt_n},
+                 {"prompt_ms", stats.prompt_seconds * 1000},
+                 {"prompt_per_token_ms", prompt_n > 0 ? stats.prompt_seconds * 1000 / prompt_n : 0.0},
+                 {"prompt_per_second", per_second(prompt_n, stats.prompt_seconds)},
+                 {"predicted_n", stats.n_generated},
+                 {"predicted_ms", stats.generation_seconds * 1000},
+                 {"predicted_per_token_ms", stats.n_generated > 0 ? stats.generation_seconds * 1000 / stats.n_generated : 0.0},
+                 {"predicted_per_second", per_second(stats.n_generated, stats.generation_seconds)}};
+    return json{{"index", 0},
+                {"content", text},
+                {"id_slot", -1},
+                {"stop", true},
+                {"model", c.model},
+                {"tokens_predicted", stats.n_generated},
+                {"tokens_evaluated", stats.n_prompt},
+                {"tokens_cached", stats.n_cached},
+                {"truncated", false},
+                {"stop_type", finish_reason == "length" ? "limit" : "eos"},
+                {"stopping_word", ""},
+                {"timings", std::move(timings)},
+                {"speculation", speculation(stats)}};
+}
+}  // namespace
+
 json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats) {
+    if (c.endpoint == Endpoint::Llama) return llama_response(c, text, finish_reason, stats);
     json j = envelope(c, false);
     json choice{{"index", 0}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
     if (c.endpoint == Endpoint::Chat) {
         choice["message"] = json{{"role", "assistant"}, {"content", text}};
     } else {
-        choice["text"] = text;
+        choice["text"] = c.echo + text;
     }
     j["choices"] = json::array({choice});
     j["usage"] = usage(stats);
@@ -219,6 +259,7 @@ json response(const Completion & c, const std::string & text, const std::string 
 
 namespace {
 json chunk(const Completion & c, const std::string & text, bool first, const std::string & finish_reason) {
+    if (c.endpoint == Endpoint::Llama) return json{{"index", 0}, {"content", text}, {"stop", false}};
     json j = envelope(c, true);
     json choice{{"index", 0}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
     if (c.endpoint == Endpoint::Chat) {
@@ -227,7 +268,7 @@ json chunk(const Completion & c, const std::string & text, bool first, const std
         if (first || !text.empty()) delta["content"] = text;
         choice["delta"] = delta;
     } else {
-        choice["text"] = text;
+        choice["text"] = first ? c.echo : text;
     }
     j["choices"] = json::array({choice});
     return j;

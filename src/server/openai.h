@@ -26,7 +26,8 @@ struct ApiError {
 
 enum class Endpoint {
     Chat,
-    Completions
+    Completions,
+    Llama,  // llama-server's /completion: a completions request answered in its own shape
 };
 
 // Most choices a request may ask for ('n'): each takes a slot (server/choices.h).
@@ -34,9 +35,13 @@ inline constexpr int kMaxChoices = 8;
 
 struct Request {
     Endpoint endpoint = Endpoint::Completions;
-    int n = 1;            // choices; choice i is sampled with seed + i
-    ChatInput chat;       // chat: messages, tools, tool_choice
-    std::string prompt;   // completions
+    int n = 1;           // choices; choice i is sampled with seed + i
+    ChatInput chat;      // chat: messages, tools, tool_choice
+    std::string prompt;  // completions
+    // Completions: the prompt as token ids (instead of `prompt`), and whether the reply's text
+    // starts with the prompt's (echo).
+    std::vector<int32_t> prompt_tokens;
+    bool echo = false;
     int max_tokens = -1;  // -1: until the context is full
     SamplingParams sampling;
     bool seeded = false;      // the client gave a seed
@@ -94,6 +99,7 @@ struct Completion {
     std::string id;
     int64_t created = 0;
     std::string model;
+    std::string echo;  // completions: the text each choice's text starts with (the prompt's, with echo)
     // A token's text, for the logprobs of a request that asked for them (server/openai_logprobs.h);
     // empty: it did not.
     std::function<std::string(int32_t)> token_text;

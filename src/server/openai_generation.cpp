@@ -175,15 +175,20 @@ void parse_generation(const json & body, Request & r) {
     if (has(body, "skip_special_tokens") && !boolean(body.at("skip_special_tokens"), "skip_special_tokens")) {
         bad("skip_special_tokens", "'skip_special_tokens': false is not supported: replies never hold special tokens' text");
     }
-    if (r.endpoint == Endpoint::Completions && has(body, "echo") && boolean(body.at("echo"), "echo")) {
-        bad("echo", "'echo' is not supported: the response holds the completion alone");
-    }
+    if (r.endpoint == Endpoint::Completions && has(body, "echo")) r.echo = boolean(body.at("echo"), "echo");
+    if (r.echo && r.top_logprobs >= 0) bad("echo", "'echo' with 'logprobs' is not supported: the prompt's tokens get no logprobs");
 }
 
 void check_generation(const Request & r, const Tokenizer & tokenizer) {
     for (const auto & [id, bias] : r.sampling.logit_bias) {
         if (id >= tokenizer.n_vocab()) {
             bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
+        }
+    }
+    for (size_t i = 0; i < r.prompt_tokens.size(); ++i) {
+        if (r.prompt_tokens[i] >= tokenizer.n_vocab()) {
+            bad("prompt", "'prompt[" + std::to_string(i) + "]' is the token " + std::to_string(r.prompt_tokens[i]) + ", outside the vocabulary (0.." +
+                              std::to_string(tokenizer.n_vocab() - 1) + ")");
         }
     }
     for (int32_t id : r.stop_token_ids) {
@@ -213,7 +218,9 @@ std::vector<std::string> unknown_fields(const json & body, Endpoint endpoint) {
     static const std::set<std::string, std::less<>> chat = {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                                                             "chat_template_kwargs", "reasoning_effort"};
     static const std::set<std::string, std::less<>> completions = {"prompt", "echo"};
-    const auto & own = endpoint == Endpoint::Chat ? chat : completions;
+    static const std::set<std::string, std::less<>> llama = {"prompt"};
+    const auto & own = endpoint == Endpoint::Chat ? chat : endpoint == Endpoint::Completions ? completions
+                                                                                             : llama;
     std::vector<std::string> unknown;
     for (const auto & [key, value] : body.items()) {
         if (common.count(key) || own.count(key)) continue;

@@ -28,12 +28,18 @@ json chat_entry(const Completion & c, int32_t token, float logprob) {
 }  // namespace
 
 json logprobs(const Completion & c, const std::vector<TokenLogprob> & tokens, size_t & text_offset) {
-    if (c.endpoint == Endpoint::Chat) {
+    if (c.endpoint != Endpoint::Completions) {
+        // llama-server's /completion: the same entries with each token's id.
+        auto entry_of = [&](int32_t id, float logprob) {
+            json e = chat_entry(c, id, logprob);
+            if (c.endpoint == Endpoint::Llama) e["id"] = id;
+            return e;
+        };
         json content = json::array();
         for (const TokenLogprob & t : tokens) {
-            json entry = chat_entry(c, t.token, t.logprob);
+            json entry = entry_of(t.token, t.logprob);
             json top = json::array();
-            for (const auto & [id, logprob] : t.top) top.push_back(chat_entry(c, id, logprob));
+            for (const auto & [id, logprob] : t.top) top.push_back(entry_of(id, logprob));
             entry["top_logprobs"] = std::move(top);
             content.push_back(std::move(entry));
         }

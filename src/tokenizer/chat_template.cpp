@@ -183,6 +183,8 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     return out;
 }
 
+std::string ChatTemplate::source() const { return jinja_ ? common_chat_templates_source(templates_.get()) : builtin_; }
+
 ChatReply ChatTemplate::parse(const ChatPrompt & prompt, const std::string & reply, bool partial) {
     if (!prompt.reply_format) return {reply, {}};
     common_chat_msg msg;

@@ -103,6 +103,8 @@ public:
     bool jinja() const { return jinja_; }
     // "jinja" or the built-in template's name.
     std::string name() const { return jinja_ ? "jinja" : builtin_; }
+    // The Jinja source, or the built-in template's name.
+    std::string source() const;
 
 private:
     std::unique_ptr<common_chat_templates, void (*)(common_chat_templates *)> templates_;

@@ -155,3 +155,65 @@ def test_a_preflight_gets_the_headers_it_asks_for():
         assert status == 204
         assert headers["Access-Control-Allow-Headers"] == asked
         assert headers["Access-Control-Allow-Origin"] == origin
+
+
+def stream_events(base, path, body):
+    """The JSON of each `data:` event of a streamed answer, [DONE] left out."""
+    req = urllib.request.Request(base + path, data=json.dumps({**body, "stream": True}).encode(), headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    return events
+
+
+def test_llama_servers_completion_route_answers_in_its_shape(aliased):
+    # Catches: /completion missing, or answering in OpenAI's shape (llama-server's clients read
+    # content, tokens_predicted, tokens_evaluated, stop, timings), its stream not adding up.
+    _, base = aliased
+    text = complete(base, max_tokens=8)["choices"][0]["text"]
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0})
+    assert status == 200, body
+    assert body["content"] == text and body["tokens_predicted"] == 8 and body["stop"] is True and body["stop_type"] == "limit", body
+    status, ids = post(base, "/tokenize", {"content": PROMPT, "add_special": True})
+    assert body["tokens_evaluated"] == len(ids["tokens"]), (body, ids)
+    assert body["timings"]["predicted_n"] == 8 and body["timings"]["prompt_n"] + body["timings"]["cache_n"] == len(ids["tokens"]), body
+    events = stream_events(base, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0})
+    assert "".join(e["content"] for e in events) == text
+    assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 8 and all(e["stop"] is False for e in events[:-1]), events
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 3, "n_probs": 2, "temperature": 0})
+    probs = body["completion_probabilities"]
+    assert len(probs) == 3 and all(len(p["top_logprobs"]) == 2 and isinstance(p["id"], int) for p in probs), body
+
+
+def test_props_v1_health_and_apply_template(aliased, template):
+    # Catches: llama-server's /props, /v1/health or /apply-template missing, or /props not naming
+    # the context, slots, model file and template the server runs with.
+    _, base = aliased
+    status, _, props = request(base, "GET", "/props")
+    assert status == 200, props
+    assert props["n_ctx"] == 512 and props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 1, props
+    assert props["model_path"].endswith("specula-target.gguf") and props["chat_template"] == TEMPLATE, props
+    status, _, health = request(base, "GET", "/v1/health")
+    assert status == 200 and health == {"status": "ok"}
+    status, body = post(base, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and body == {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"}, body
+    status, body = post(base, "/apply-template", {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"style": "x"}})
+    assert status == 200 and "Style: x" in body["prompt"], body
+
+
+def test_token_id_prompts_and_echo(aliased):
+    # Catches: a prompt of token ids refused or read otherwise than its text, an id that is no
+    # token reaching the engine, echo refused or not starting the text with the prompt.
+    _, base = aliased
+    text = complete(base)["choices"][0]["text"]
+    status, ids = post(base, "/tokenize", {"content": PROMPT, "add_special": True})
+    assert complete(base, prompt=ids["tokens"])["choices"][0]["text"] == text
+    assert complete(base, prompt=[ids["tokens"]])["choices"][0]["text"] == text
+    status, body = post(base, "/v1/completions", {"prompt": [1, 10**6], "max_tokens": 2})
+    assert status == 400 and body["error"]["param"] == "prompt" and "prompt[1]" in body["error"]["message"], body
+    assert complete(base, echo=True)["choices"][0]["text"] == PROMPT + text
+    events = stream_events(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "echo": True})
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == PROMPT + text
