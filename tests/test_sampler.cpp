@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <numeric>
 
@@ -309,6 +310,41 @@ TEST(Sampler, DrawsWithoutReplacementAreDistinctAndFollowTheDistribution) {
         chi2 += std::pow(first[j] - n * p[j], 2) / (n * p[j]) + std::pow(second[j] - n * e2, 2) / (n * e2);
     }
     EXPECT_LT(chi2, 22.5);  // 4 dof, p = 0.0002
+}
+
+// llama.cpp's "infill" sampler (llama_sampler_infill_apply) on a few tokens: its three outcomes.
+TEST(Sampler, InfillMergesPrefixesDropsTheUnlikelyAndFallsBackToTheEndToken) {
+    auto v = std::make_shared<InfillVocabulary>();
+    v->pieces = {"a", "ab", "x", "", "y", "", "z", "w"};
+    v->end_of_generation = {0, 0, 0, 0, 0, 1, 0, 0};
+    v->end_token = 5;
+    SamplingParams params;
+    params.temperature = 1.0f;
+    params.infill = v;
+    std::vector<float> p;
+    // "a" takes "ab"'s probability; "x" and "y" fall below 0.2; the end token stays.
+    const float ninf = -INFINITY;
+    processed_probs(std::vector<float>{2.0f, 1.5f, 1.0f, ninf, -3.0f, -5.0f, ninf, ninf}, params, p);
+    const double e[] = {std::exp(2.0), std::exp(1.5), std::exp(1.0), std::exp(-3.0), std::exp(-5.0)};
+    const double z = e[0] + e[1] + e[2] + e[3] + e[4];
+    const double kept = (e[0] + e[1]) / z + e[4] / z;
+    EXPECT_NEAR(p[0], (e[0] + e[1]) / z / kept, 1e-6);
+    EXPECT_NEAR(p[5], e[4] / z / kept, 1e-6);
+    EXPECT_EQ(p[1], 0.0f);
+    EXPECT_EQ(p[2], 0.0f);
+    EXPECT_EQ(p[4], 0.0f);
+    // End-of-generation tokens above a third of the average candidate: only they remain.
+    processed_probs(std::vector<float>{2.0f, ninf, 1.0f, ninf, 0.0f, 1.0f, 0.5f, ninf}, params, p);
+    EXPECT_EQ(p, (std::vector<float>{0, 0, 0, 0, 0, 1, 0, 0}));
+    // No text candidate reaches 0.2: the end token alone.
+    processed_probs(std::vector<float>{0.0f, ninf, 0.0f, ninf, 0.0f, -30.0f, 0.0f, ninf}, params, p);
+    EXPECT_NEAR(p[0] + p[2] + p[4] + p[6], 1.0, 1e-6);  // four of 1/4: all kept
+    processed_probs(std::vector<float>{0.0f, ninf, 0.0f, 0.0f, 0.0f, -30.0f, 0.0f, 0.0f}, params, p);
+    EXPECT_EQ(p, (std::vector<float>{0, 0, 0, 0, 0, 1, 0, 0}));
+    // Greedy requests are untouched: the argmax is what the sampler would keep.
+    params.temperature = 0.0f;
+    processed_probs(std::vector<float>{2.0f, 1.5f, 1.0f, ninf, -3.0f, -5.0f, ninf, ninf}, params, p);
+    EXPECT_EQ(p, (std::vector<float>{1, 0, 0, 0, 0, 0, 0, 0}));
 }
 
 }  // namespace

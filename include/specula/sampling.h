@@ -1,9 +1,12 @@
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
 namespace specula {
+
+struct InfillVocabulary;  // sample/sampler.h
 
 struct SamplingParams {
     float temperature = 0.0f;  // 0 = greedy (argmax)
@@ -20,6 +23,8 @@ struct SamplingParams {
     float frequency_penalty = 0.0f;                     // subtracted per occurrence
     int penalty_last_n = 64;                            // the last tokens the penalties look at; -1: the whole context
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the token's logit; -inf bans it
+    // llama.cpp's "infill" sampler after the transforms above, at T > 0 (sample/sampler.h); null: off.
+    std::shared_ptr<const InfillVocabulary> infill;
 
     bool greedy() const { return temperature <= 0.0f; }
 };

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "common/fast_exp.h"
 
@@ -211,6 +212,60 @@ int32_t argmax(std::span<const float> logits) { return best_loops().argmax(logit
 SoftmaxStats softmax_stats(std::span<const float> logits, std::vector<float> & scratch) { return best_loops().softmax_stats(logits, scratch); }
 void processed_probs(std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs) {
     best_loops().processed_probs(logits, params, probs);
+    if (params.infill && !params.greedy()) apply_infill(*params.infill, probs);
+}
+
+void apply_infill(const InfillVocabulary & v, std::vector<float> & probs) {
+    // A compact draft vocabulary's row: drafts are proposals, verified against the target's
+    // transformed distribution all the same.
+    if (probs.size() != v.pieces.size()) return;
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < probs.size(); ++i) {
+        if (probs[i] > 0.0f) ids.push_back(static_cast<int32_t>(i));
+    }
+    // Most likely first, as llama.cpp's candidates after top-k (ties by id).
+    std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+    const size_t n = ids.size();
+    std::vector<double> p(n);
+    double p_txt = 0.0, p_eog = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        p[i] = probs[ids[i]];
+        (v.end_of_generation[ids[i]] ? p_eog : p_txt) += p[i];
+    }
+    for (int32_t id : ids) probs[id] = 0.0f;
+    std::vector<char> keep(n, 0);
+    if (3.0 * p_eog * static_cast<double>(n) > p_txt) {
+        for (size_t i = 0; i < n; ++i) keep[i] = v.end_of_generation[ids[i]];
+    } else {
+        std::vector<char> merged(n, 0);
+        for (size_t i0 = 0; i0 < n; ++i0) {
+            const std::string & a = v.pieces[ids[i0]];
+            for (size_t i1 = 0; i1 < n && !merged[i0]; ++i1) {
+                if (i0 == i1 || merged[i1]) continue;
+                const std::string & b = v.pieces[ids[i1]];
+                if (a.empty() || a.size() > b.size() || b.compare(0, a.size(), a) != 0) continue;
+                const bool into_i1 = p[i1] > p[i0];
+                const size_t dst = into_i1 ? i1 : i0, src = into_i1 ? i0 : i1;
+                p[dst] += p[src];
+                p[src] = 0.0;
+                merged[src] = 1;
+            }
+        }
+        bool text = false;
+        for (size_t i = 0; i < n; ++i) {
+            keep[i] = v.end_of_generation[ids[i]] || p[i] >= 0.2;
+            text = text || (keep[i] && !v.end_of_generation[ids[i]]);
+        }
+        if (!text) {
+            probs[v.end_token] = 1.0f;
+            return;
+        }
+    }
+    double total = 0.0;
+    for (size_t i = 0; i < n; ++i) total += keep[i] ? p[i] : 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        if (keep[i]) probs[ids[i]] = static_cast<float>(p[i] / total);
+    }
 }
 
 SoftmaxStats softmax_stats_on(SamplerPath path, std::span<const float> logits, std::vector<float> & scratch) {
@@ -219,6 +274,7 @@ SoftmaxStats softmax_stats_on(SamplerPath path, std::span<const float> logits, s
 int32_t argmax_on(SamplerPath path, std::span<const float> logits) { return loops_of(path).argmax(logits); }
 void processed_probs_on(SamplerPath path, std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs) {
     loops_of(path).processed_probs(logits, params, probs);
+    if (params.infill && !params.greedy()) apply_infill(*params.infill, probs);
 }
 
 std::vector<int32_t> top_k_ids(std::span<const float> scores, int k) {

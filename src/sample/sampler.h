@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "specula/sampling.h"
@@ -28,6 +29,21 @@ float max_value(std::span<const float> values);  // -inf if empty
 // then temperature on the survivors. Writes a full-vocabulary distribution (zeros off support).
 // Greedy params give a one-hot distribution at the argmax.
 void processed_probs(std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs);
+
+// What llama.cpp's "infill" sampler (llama_sampler_init_infill) reads of the vocabulary: with
+// SamplingParams::infill set, processed_probs ends with its transform of the truncated
+// distribution. When end-of-generation tokens weigh more than a third of the average candidate,
+// only they remain; else candidates whose piece begins another's give their probability to the
+// more likely of the two, candidates below 0.2 are dropped (end-of-generation tokens are kept),
+// and with no text candidate left, `end_token` alone. Candidates are compared pairwise: the
+// server lets it follow a top-k of at most kMaxInfillCandidates.
+struct InfillVocabulary {
+    static constexpr int kMaxInfillCandidates = 1024;
+    std::vector<std::string> pieces;      // per token, as streamed (a control token's is empty)
+    std::vector<char> end_of_generation;  // per token
+    int32_t end_token = -1;               // EOT, else EOS
+};
+void apply_infill(const InfillVocabulary & vocabulary, std::vector<float> & probs);
 
 // Of softmax(logits) at temperature 1: the log normaliser relative to the max logit, and the
 // entropy in nats. -inf logits (tokens a compact draft vocabulary cannot propose) weigh nothing,

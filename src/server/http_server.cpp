@@ -16,6 +16,7 @@
 #include "server/choices.h"
 #include "server/gated_server.h"
 #include "server/http_reply.h"
+#include "server/infill.h"
 #include "server/metrics_text.h"
 #include "server/openai.h"
 #include "server/openai_chat.h"
@@ -57,6 +58,8 @@ struct HttpServer::Impl {
     std::mutex preparing_mutex;
     std::condition_variable preparing_ended;
     int preparing = 0;  // under preparing_mutex
+    std::once_flag infill_vocabulary_built;
+    std::shared_ptr<const InfillVocabulary> infill_vocabulary;  // the "infill" sampler's, built on first use
 
     void routes();
     template <class T>
@@ -76,6 +79,17 @@ void send_json(httplib::Response & res, int status, const json & j) {
 }
 void send_error(httplib::Response & res, const openai::ApiError & e) { send_json(res, e.status, e.body()); }
 openai::ApiError shutting_down_error() { return openai::ApiError{503, "the server is shutting down", "unavailable_error", "", ""}; }
+
+void note_ignored(const httplib::Request & req, httplib::Response & res, const std::vector<std::string> & fields) {
+    std::string names;
+    for (const std::string & f : fields) names += (names.empty() ? "" : ", ") + f;
+    // A name is the client's text: control and non-ASCII bytes would break the header (or forge one).
+    for (char & ch : names) {
+        if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+    }
+    res.set_header("X-Specula-Ignored-Fields", names);
+    std::fprintf(stderr, "specula: %s %s: ignored fields: %s\n", req.method.c_str(), req.path.c_str(), names.c_str());
+}
 
 namespace {
 // The request's SpecEE mode and threshold: what it asked for, else the server's default (the
@@ -213,19 +227,6 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         write("data: [DONE]\n\n");
         sink.done();
         return true; }, [job](bool) { job->cancel(); });
-}
-
-// Fields other servers read and this one does not: served, and named where the client and the
-// operator can see them (--strict-fields refuses them instead).
-void note_ignored(const httplib::Request & req, httplib::Response & res, const std::vector<std::string> & fields) {
-    std::string names;
-    for (const std::string & f : fields) names += (names.empty() ? "" : ", ") + f;
-    // A name is the client's text: control and non-ASCII bytes would break the header (or forge one).
-    for (char & ch : names) {
-        if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
-    }
-    res.set_header("X-Specula-Ignored-Fields", names);
-    std::fprintf(stderr, "specula: %s %s: ignored fields: %s\n", req.method.c_str(), req.path.c_str(), names.c_str());
 }
 
 }  // namespace
@@ -521,6 +522,25 @@ void HttpServer::Impl::routes() {
             }
         });
     }
+    // llama-server's fill-in-the-middle route for editor plugins (server/infill.h).
+    on_post("/infill", [this](const httplib::Request & req, httplib::Response & res) {
+        Scheduler * s = scheduler;
+        ModelBundle * t = target;
+        if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        const Tenancy tenancy{tenant_of(access, [&req](const char * name) { return req.get_header_value(name); }), ""};
+        auto vocabulary = [this, t] {
+            std::call_once(infill_vocabulary_built, [&] { infill_vocabulary = infill::make_vocabulary(*t->tokenizer); });
+            return infill_vocabulary;
+        };
+        const infill::Server server{*s, *t, accepted, prompt_specials, tenancy, ending, vocabulary};
+        infill::Prepared p;
+        try {
+            p = within_deadline<infill::Prepared>([server, body = req.body] { return infill::prepare(body, server); });
+        } catch (const openai::ApiError & e) {
+            return send_error(res, e);
+        }
+        infill::answer(req, res, server, std::move(p));
+    });
     http.set_exception_handler([](const httplib::Request &, httplib::Response & res, std::exception_ptr ep) {
         std::string what = "internal error";
         try {

@@ -24,8 +24,44 @@ Job::Wait Job::next(std::string & text, std::vector<TokenOrigin> * origins, std:
 }
 
 bool Job::take(const std::string & piece, std::optional<TokenLogprob> logprob) {
-    round_.push_back({piece.size(), stops_.empty() ? piece : stops_.push(piece), std::move(logprob)});
-    return !stops_.stopped();
+    if (!limits_.any()) {
+        round_.push_back({piece.size(), stops_.empty() ? piece : stops_.push(piece), std::move(logprob)});
+        return !stops_.stopped();
+    }
+    std::string text = piece;
+    const bool within = within_limits(text);
+    round_.push_back({text.size(), stops_.empty() ? text : stops_.push(text), std::move(logprob)});
+    return within && !stops_.stopped();
+}
+
+bool Job::within_limits(std::string & text) {
+    const auto now = std::chrono::steady_clock::now();
+    if (tokens_taken_++ == 0) {
+        first_token_at_ = now;
+        if (limits_.max_prompt.count() > 0 && now - admitted_at_ > limits_.max_prompt) return !(limited_ = true);
+    }
+    if (limits_.n_indent > 0) {
+        for (size_t i = 0; i < text.size(); ++i) {
+            const char c = text[i];
+            if (c == '\n') {
+                ++newlines_, line_blanks_ = 0, line_indent_known_ = false;
+            } else if (newlines_ == 0 || line_indent_known_) {
+                continue;  // the first line is the cursor's, whatever its indentation
+            } else if (c == ' ' || c == '\t') {
+                ++line_blanks_;
+            } else {
+                line_indent_known_ = true;
+                if (line_blanks_ < limits_.n_indent) {
+                    text.resize(i);
+                    return !(limited_ = true);
+                }
+            }
+        }
+    }
+    if (limits_.max_predict.count() > 0 && text.find('\n') != std::string::npos && now - first_token_at_ > limits_.max_predict) {
+        return !(limited_ = true);
+    }
+    return true;
 }
 
 void Job::publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of) {
@@ -65,7 +101,9 @@ void Job::release(const std::string & text) {
 void Job::finish(Result result) {
     std::lock_guard lock(mutex_);
     if (stops_.stopped()) result.finish_reason = "stop";
-    else release(stops_.flush());            // the end of the text that could have begun a stop string is text
+    else release(stops_.flush());  // the end of the text that could have begun a stop string is text
+    if (stops_.stopped()) result.stop_type = "word", result.stopping_word = stops_.matched();
+    else result.stop_type = result.finish_reason == "stop" && !limited_ ? "eos" : "limit";
     const std::string rest = utf8_.flush();  // an unfinished character at the end is what the model produced
     if (!rest.empty()) pending_origins_.push_back({rest, partial_origin_.kind, partial_origin_.depth});
     pending_ += rest;

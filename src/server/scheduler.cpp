@@ -124,15 +124,20 @@ void Scheduler::fail_all(const std::string & failure) {
 }
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit,
-                                       std::vector<std::string> stop, Tenancy tenancy) {
-    std::vector<std::shared_ptr<Job>> jobs = submit_choices(std::move(prompt), options, 1, early_exit, std::move(stop), std::move(tenancy));
+                                       std::vector<std::string> stop, Tenancy tenancy, TextLimits limits, int id_slot) {
+    std::vector<std::shared_ptr<Job>> jobs =
+        submit_choices(std::move(prompt), options, 1, early_exit, std::move(stop), std::move(tenancy), limits, id_slot);
     return jobs.empty() ? nullptr : jobs.front();
 }
 
 std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
-                                                            EarlyExitRequest early_exit, std::vector<std::string> stop, Tenancy tenancy) {
+                                                            EarlyExitRequest early_exit, std::vector<std::string> stop, Tenancy tenancy,
+                                                            TextLimits limits, int id_slot) {
     if (n < 1 || n > capacity()) {
         throw Error("n: " + std::to_string(n) + " choices, and the server's slots and queue hold " + std::to_string(capacity()));
+    }
+    if (id_slot < -1 || id_slot >= options_.parallel || (id_slot >= 0 && n > 1)) {
+        throw Error("slot " + std::to_string(id_slot) + ": not one of the " + std::to_string(options_.parallel) + " slots (--parallel), or with more than one choice");
     }
     if (prompt.empty()) throw Error("empty prompt");
     if (early_exit.mode != EarlyExitMode::Off && !target_.exit_predictor) throw Error("SpecEE needs exit predictors (serve --specee FILE)");
@@ -152,6 +157,8 @@ std::vector<std::shared_ptr<Job>> Scheduler::submit_choices(std::vector<int32_t>
         choice.sampling.seed = options.sampling.seed + static_cast<uint64_t>(i);
         jobs.push_back(std::make_shared<Job>(prompt, choice, early_exit, stop));
         jobs[i]->tenancy_ = tenancy;
+        jobs[i]->limits_ = limits;
+        jobs[i]->slot_ = id_slot;
         if (i > 0) jobs[i]->leader_ = jobs[0];
     }
     jobs[0]->choices_ = n;
@@ -183,6 +190,7 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         Job::Result r;
         r.stats = st;
         r.n_generated = st.n_generated;
+        r.slot = slot.id;
         const int n_layer = target_.model->config().n_layer;
         if (slot.exit_sequence) r.stats.early_exit = slot.exit_sequence->exit_stats().summary(n_layer);
         if (slot.sequence && slot.job->early_exit_.mode == EarlyExitMode::Lossless) r.stats.early_exit = slot.exit_drafter->exit_stats().summary(n_layer);
@@ -253,6 +261,10 @@ void Scheduler::run() {
             }
             if (slot->exit_sequence) {
                 lossy.push_back(slot.get());
+                continue;
+            }
+            if (slot->sequence->done()) {
+                release(*slot, true);  // nothing to compute: n_predict 0 with the prompt's rows already cached
                 continue;
             }
             active.push_back(slot.get());

@@ -76,6 +76,19 @@ struct EarlyExitRequest {
     float threshold = 1.0f;
 };
 
+// llama-server's limits on an /infill request's text (server/infill.h), checked at every token the
+// sequence emits, accepted drafts included: the sequence stops at the token that ends the text.
+struct TextLimits {
+    // > 0: a line after the text's first newline whose first non-blank character comes after fewer
+    // blanks (spaces, tabs) ends the text before that character.
+    int n_indent = 0;
+    // > 0: past this long after the first token, the text ends at the next token holding a newline.
+    std::chrono::milliseconds max_predict{0};
+    // > 0: when the prompt took longer than this from the slot's admission, the text ends at its first token.
+    std::chrono::milliseconds max_prompt{0};
+    bool any() const { return n_indent > 0 || max_predict.count() > 0 || max_prompt.count() > 0; }
+};
+
 // One request's life, shared by the HTTP handler (consumer) and the scheduler (producer).
 class Job {
 public:
@@ -85,7 +98,12 @@ public:
 
     struct Result {
         std::string finish_reason;  // "stop" (end of generation or a stop string) | "length"
-        std::string error;          // non-empty: the job failed
+        // llama-server's stop_type: "eos" (end of generation), "word" (stopping_word, a stop
+        // string), "limit" (n_predict, the context or a TextLimits rule)
+        std::string stop_type;
+        std::string stopping_word;
+        std::string error;  // non-empty: the job failed
+        int slot = -1;      // the slot that ran it
         GenerationStats stats;
         int n_generated = 0;
     };
@@ -115,6 +133,8 @@ private:
     // publish(): where the tokens taken since the last publish came from (origin_of(i): the i-th's
     // kind and depth), which makes their released text and logprobs the consumer's.
     bool take(const std::string & piece, std::optional<TokenLogprob> logprob);
+    // The TextLimits' verdict on a token's text, which it may cut short; false: the text ends here.
+    bool within_limits(std::string & text);
     void publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of);
     void finish(Result result);
     void release(const std::string & text);  // under mutex_: the next bytes of the held tokens' text
@@ -123,6 +143,8 @@ private:
     const GenerationOptions options_;
     const EarlyExitRequest early_exit_;
     Tenancy tenancy_;              // set by the scheduler's submit_choices before the job is queued
+    TextLimits limits_;            // likewise
+    int slot_ = -1;                // likewise: the slot the request asked for (id_slot), or -1 for any
     int choices_ = 1;              // the first choice of a request: how many it has (Scheduler::submit_choices)
     std::shared_ptr<Job> leader_;  // a further choice: the first, whose prefilled prompt it takes
     std::atomic<bool> cancelled_{false};
@@ -149,6 +171,11 @@ private:
     TokenOrigin partial_origin_{"", "bonus", 0};  // the token whose bytes utf8_ holds back
     bool finished_ = false;
     Result result_;
+    // Worker side, for limits_: when the slot took the job and emitted its first token, the lines
+    // begun and whether the current one's indentation is known yet.
+    std::chrono::steady_clock::time_point admitted_at_, first_token_at_;
+    int tokens_taken_ = 0, newlines_ = 0, line_blanks_ = 0;
+    bool line_indent_known_ = false, limited_ = false;
 };
 
 // Counters for /metrics and /slots (a consistent copy).
@@ -198,17 +225,21 @@ public:
     // runs its own layer segments on its cache stream after the shared forward, one token per step.
     // `stop`: the request's stop strings (Job).
     // `tenancy`: whose request it is, whose cached prefixes and earlier texts it may reuse.
+    // `limits`, `id_slot`: as submit_choices.
     std::shared_ptr<Job> submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit = {},
-                                std::vector<std::string> stop = {}, Tenancy tenancy = {});
+                                std::vector<std::string> stop = {}, Tenancy tenancy = {}, TextLimits limits = {}, int id_slot = -1);
     // A request's n choices (1 <= n <= capacity(); Error otherwise): n jobs, choice i sampled with
     // seed + i. The first starts once min(n, slots) slots are free (the request waits in the queue
     // until then, and the requests behind it too); it prefills the prompt, and the choices that
     // start while it has not yet generated take its cache rows and drafter state
     // (KvCache::copy_from, Drafter::copy_state) instead of prefilling it again (a lossy SpecEE
     // request's choices each prefill). Choices beyond the slots wait in the queue, in order, for
-    // slots the earlier ones free. Empty when the queue is full.
+    // slots the earlier ones free. Empty when the queue is full. `limits`: the request's
+    // TextLimits; `id_slot`: the slot a one-choice request must run in (-1: any), for which it waits
+    // at the queue's head (Error for a slot that does not exist).
     std::vector<std::shared_ptr<Job>> submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
-                                                     EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {}, Tenancy tenancy = {});
+                                                     EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {}, Tenancy tenancy = {},
+                                                     TextLimits limits = {}, int id_slot = -1);
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
     int capacity() const;      // requests or choices the slots and the queue hold

@@ -28,11 +28,16 @@ std::vector<Scheduler::Admitted> Scheduler::admit() {
         for (auto & slot : slots_) free.push_back(!slot->job);
         Slot * first = nullptr;
         if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return admitted;
+        const int pinned = queue_.front()->slot_;
+        if (pinned >= 0) {
+            for (size_t i = 0; i < free.size(); ++i) free[i] = free[i] && static_cast<int>(i) == pinned;
+        }
         const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_, queue_.front()->tenancy_.scope());
         if (chosen < 0) return admitted;
         Slot & slot = *slots_[chosen];
         slot.job = queue_.front();
         queue_.pop_front();
+        slot.job->admitted_at_ = std::chrono::steady_clock::now();
         slot.prefix.last_used = ++admitted_;
         admitted.push_back({&slot, first});
     }

@@ -18,7 +18,10 @@ std::string StopStrings::push(std::string_view piece) {
     // The earliest complete stop string. Every match starts inside held_: released text never
     // ends with the start of one (below).
     size_t first = std::string::npos;
-    for (const std::string & s : stops_) first = std::min(first, held_.find(s));
+    for (const std::string & s : stops_) {
+        const size_t at = held_.find(s);
+        if (at < first) first = at, matched_ = s;
+    }
     if (first != std::string::npos) {
         stopped_ = true;
         std::string released = held_.substr(0, first);

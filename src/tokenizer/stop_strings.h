@@ -21,11 +21,13 @@ public:
     // At the end of the generation: the text still held back (none after a stop).
     std::string flush();
     bool stopped() const { return stopped_; }
+    const std::string & matched() const { return matched_; }  // the stop string that stopped the text, or ""
     bool empty() const { return stops_.empty(); }
 
 private:
     std::vector<std::string> stops_;
     std::string held_;
+    std::string matched_;
     bool stopped_ = false;
 };
 
