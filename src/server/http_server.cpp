@@ -434,12 +434,18 @@ void HttpServer::Impl::routes() {
     };
     on_get("/health", health);
     on_get("/v1/health", health);  // llama-server's second name
-    on_get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
+    // An entry per name (as clients look for theirs among the ids), each with llama-server's
+    // `aliases`: all the names.
+    auto models = [this](const httplib::Request &, httplib::Response & res) {
         if (!scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         json data = json::array();
-        for (const std::string & id : accepted.models) data.push_back({{"id", id}, {"object", "model"}, {"created", started}, {"owned_by", "specula"}});
+        for (const std::string & id : accepted.models) {
+            data.push_back({{"id", id}, {"object", "model"}, {"created", started}, {"owned_by", "specula"}, {"aliases", accepted.models}});
+        }
         send_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}});
-    });
+    };
+    on_get("/v1/models", models);
+    on_get("/models", models);  // llama-server's second name
     on_get("/slots", [this](const httplib::Request & req, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
@@ -469,7 +475,9 @@ void HttpServer::Impl::routes() {
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         res.set_content(prometheus(s->metrics()), "text/plain; version=0.0.4");
     });
-    on_post("/v1/chat/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
+    for (const char * path : {"/v1/chat/completions", "/chat/completions"}) {  // llama-server answers both
+        on_post(path, [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Chat, req, res); });
+    }
     on_post("/v1/completions", [this](const httplib::Request & req, httplib::Response & res) { completion(openai::Endpoint::Completions, req, res); });
     // llama-server's own routes: /completion (and its second name) answering in its shape, /props,
     // /apply-template.

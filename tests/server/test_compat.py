@@ -61,6 +61,9 @@ def test_every_alias_is_served_listed_and_echoed(aliased):
     _, base = aliased
     status, _, models = request(base, "GET", "/v1/models")
     assert status == 200 and [m["id"] for m in models["data"]] == ["gpt-4o-mini", "local", "third"], models
+    assert all(m["aliases"] == ["gpt-4o-mini", "local", "third"] for m in models["data"]), models
+    status, _, same = request(base, "GET", "/models")  # llama-server's second name
+    assert status == 200 and same["data"] == models["data"], same
     for name in ("gpt-4o-mini", "local", "third"):
         body = complete(base, model=name, max_tokens=2)
         assert body["model"] == name, body
@@ -189,13 +192,15 @@ def test_llama_servers_completion_route_answers_in_its_shape(aliased):
 
 
 def test_props_v1_health_and_apply_template(aliased, template):
-    # Catches: llama-server's /props, /v1/health or /apply-template missing, or /props not naming
+    # Catches: llama-server's /props, /chat/completions, /v1/health or /apply-template missing, or /props not naming
     # the context, slots, model file and template the server runs with.
     _, base = aliased
     status, _, props = request(base, "GET", "/props")
     assert status == 200, props
     assert props["n_ctx"] == 512 and props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 1, props
     assert props["model_path"].endswith("specula-target.gguf") and props["chat_template"] == TEMPLATE, props
+    status, body = post(base, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert status == 200 and body["object"] == "chat.completion", body  # llama-server's name without /v1
     status, _, health = request(base, "GET", "/v1/health")
     assert status == 200 and health == {"status": "ok"}
     status, body = post(base, "/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
