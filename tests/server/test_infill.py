@@ -197,3 +197,15 @@ def test_model_without_fim_tokens():
     with serve(model=SMOLLM2) as (_, base):
         status, body = post(base, "/infill", {"input_prefix": "def f(", "input_suffix": ")\n"})
         assert status == 400 and "fill-in-the-middle" in body["error"]["message"], body
+
+
+def test_typing_a_line_reuses_the_prompt(plain, lookup):
+    """The layout puts what an editor keeps (extra context, the file above the cursor) first, so the
+    request at the next line's end evaluates little more than that line, and its text is a cold request's."""
+    above = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(12))
+    first = {"input_prefix": above, "input_suffix": "\n", "input_extra": EXTRA, "prompt": "def g(x):", "n_predict": 8, **GREEDY}
+    second = {**first, "input_prefix": above + "def g(x):\n", "prompt": "    y = x * 2"}
+    infill(plain, **first)
+    warm = infill(plain, **second)
+    assert warm["timings"]["prompt_n"] < warm["tokens_evaluated"] // 4, warm["timings"]
+    assert warm["content"] == infill(lookup, **second)["content"]  # a server that never saw `first`

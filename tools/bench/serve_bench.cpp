@@ -9,6 +9,7 @@
 #include "bench_util.h"
 #include "common/progress.h"
 #include "serve_common.h"
+#include "serve_fim.h"
 #include "serve_replay.h"
 #include "runtime/backend.h"
 #include "specula/error.h"
@@ -231,6 +232,7 @@ int run_client_sweep(ServeBenchOptions & o) {
 int run_serve_bench(const ServeBenchOptions & options) {
     ServeBenchOptions o = options;
     validate_servers(o);
+    if (!o.fim.empty()) return run_fim(o);
     if (o.multi_turn) return run_multi_turn(o);
     if (!o.dataset.empty()) return run_rate_sweep(o);
     return run_client_sweep(o);

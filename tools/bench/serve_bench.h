@@ -32,6 +32,12 @@ struct ServeBenchOptions {
     bool multi_turn = false;
     int turns = 8;          // multi-turn: turns per conversation
     int conversations = 8;  // multi-turn: conversations, `slots` at a time
+
+    // Editor sessions against /infill instead (serve_fim.h): a folder of source files.
+    std::string fim;
+    int fim_files = 3;     // files typed
+    int fim_lines = 24;    // lines typed per file, a request at each line's end
+    int fim_predict = 32;  // n_predict of each request
 };
 
 // The same concurrent streaming workload through HTTP on 127.0.0.1 against `specula serve` (plain
@@ -41,7 +47,7 @@ struct ServeBenchOptions {
 // tok/s, per-request tok/s and time to first token, median and spread over reps. A chat prompt
 // set goes through /v1/chat/completions (each server applies the model's chat template), any
 // other through /v1/completions. With `dataset`: the request-rate sweep or, with `multi_turn`,
-// the multi-turn conversations of serve_replay.h instead.
+// the multi-turn conversations of serve_replay.h instead; with `fim`, the editor sessions of serve_fim.h.
 int run_serve_bench(const ServeBenchOptions & options);
 
 }  // namespace specula::bench

@@ -61,7 +61,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     serve->add_option("--servers", v->servers, "servers to run: specula, llama-server")->delimiter(',')->capture_default_str();
     serve->add_option("-t,--threads", v->threads, "threads for both servers (0 = physical cores)")->capture_default_str();
     serve->add_option("--draft-max", v->draft_max, "longest draft per round (both servers)")->capture_default_str();
-    serve->add_option("-c,--ctx-size", v->n_ctx, "context per slot (0 = 512 for the client sweep, 2048 for --dataset, 4096 for --multi-turn)")
+    serve->add_option("-c,--ctx-size", v->n_ctx, "context per slot (0 = 512 for the client sweep, 2048 for --dataset, 4096 for --multi-turn and --fim)")
         ->capture_default_str();
     serve->add_option("--specula-bin", v->specula_bin, "specula binary to serve with (default: this one)");
     serve->add_option("--llama-server-bin", v->llama_server_bin, "llama-server binary (default: build/bin/llama-server)");
@@ -105,6 +105,15 @@ void register_bench(CLI::App & app, Commands & commands) {
     for (CLI::Option * c : rate_sweep) c->needs(dataset)->excludes(multi_turn);
     for (CLI::Option * c : conversation) c->needs(multi_turn);
     for (CLI::Option * c : replay) c->needs(dataset);
+    // Editor sessions against /infill.
+    CLI::Option * fim = serve->add_option("--fim", v->fim, "a folder of source files: editor sessions against /infill (llama.vscode's and llama.vim's requests)");
+    const std::vector<CLI::Option *> fim_options = {
+        serve->add_option("--fim-files", v->fim_files, "fim: files typed")->capture_default_str(),
+        serve->add_option("--fim-lines", v->fim_lines, "fim: lines typed per file, a request at each line's end")->capture_default_str(),
+        serve->add_option("--fim-predict", v->fim_predict, "fim: n_predict of each request")->capture_default_str()};
+    fim->excludes(dataset);
+    for (CLI::Option * c : client_sweep) c->excludes(fim);
+    for (CLI::Option * c : fim_options) c->needs(fim);
     serve->callback([v, &commands] { commands.run = [v] { return bench::run_serve_bench(*v); }; });
 
     auto r = std::make_shared<bench::RpcBenchOptions>();
