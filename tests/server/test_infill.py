@@ -209,3 +209,16 @@ def test_typing_a_line_reuses_the_prompt(plain, lookup):
     warm = infill(plain, **second)
     assert warm["timings"]["prompt_n"] < warm["tokens_evaluated"] // 4, warm["timings"]
     assert warm["content"] == infill(lookup, **second)["content"]  # a server that never saw `first`
+
+
+def test_stream(plain):
+    """Server-sent events: content pieces with stop false, then the whole reply's fields with stop true."""
+    fields = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": EXTRA, "n_predict": 24, **GREEDY}
+    whole = infill(plain, **fields)
+    req = urllib.request.Request(plain + "/infill", data=json.dumps({**fields, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().split("\n\n") if line.startswith("data: ")]
+    assert events and all(not e["stop"] for e in events[:-1]) and events[-1]["stop"]
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert events[-1]["tokens_predicted"] == whole["tokens_predicted"] and events[-1]["stop_type"] == whole["stop_type"]
