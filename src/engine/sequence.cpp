@@ -96,9 +96,8 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     if (done()) throw Error("draft: the sequence is done");
     const auto t0 = clock_type::now();
     if (t_start_ == clock_type::time_point{}) t_start_ = t0;
-    in_prefill_block_ = prefilling();
-    drafting_ = false;
-    if (in_prefill_block_) {
+    round_ = Round{.prefill_block = prefilling()};
+    if (round_.prefill_block) {
         // The prompt minus its last token goes into the cache; the last token is the first root.
         const int n = std::min(chunk_, run_.n_prompt - 1 - prefilled_);
         block_ = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), p_.cache.size(), {});
@@ -108,53 +107,51 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     }
     if (t_gen_ == clock_type::time_point{}) t_gen_ = t0;
 
-    base_ = p_.cache.size();
-    RoundState state{.depth = base_,
-                     .room = p_.cache.capacity() - base_ - 1,
+    round_.base = p_.cache.size();
+    RoundState state{.depth = round_.base,
+                     .room = p_.cache.capacity() - round_.base - 1,
                      .tokens_left = options_.n_predict - emitted_ - 1,
                      .step = step,
                      .may_draft = may_draft};
-    free_ = Draft{};
     if (p_.drafter) {
         state.free_draft = [this](const TreeBudget & budget) {
-            free_ = p_.drafter->free_draft(DraftRequest{history_, budget, &options_.sampling, &rng_, logits_state_.get()});
-            return &free_.tree;
+            round_.free = p_.drafter->free_draft(DraftRequest{history_, budget, &options_.sampling, &rng_, logits_state_.get()});
+            return &round_.free.tree;
         };
     }
-    plan_ = policy_.plan(state);
-    draft_ = Draft{};
-    if (p_.drafter && plan_.drafts()) {
-        p_.drafter->start(DraftRequest{history_, plan_.budget, &options_.sampling, &rng_, logits_state_.get()});
-        drafting_ = true;
-    } else if (plan_.use_free_draft) {
-        draft_ = std::move(free_);
+    round_.plan = policy_.plan(state);
+    if (p_.drafter && round_.plan.drafts()) {
+        p_.drafter->start(DraftRequest{history_, round_.plan.budget, &options_.sampling, &rng_, logits_state_.get()});
+        round_.drafting = true;
+    } else if (round_.plan.use_free_draft) {
+        round_.draft = std::move(round_.free);
     }
-    plan_ms_ = ms_since(t0);
-    return drafting_ ? p_.drafter : nullptr;
+    round_.plan_ms = ms_since(t0);
+    return round_.drafting ? p_.drafter : nullptr;
 }
 
 // Draft, second half: the draft taken, cut to the cache's room and sized by the round policy;
 // then [root, draft nodes] as the block of the target's forward.
 const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> level_ms) {
-    if (in_prefill_block_) return block_;
+    if (round_.prefill_block) return block_;
     const auto t0 = clock_type::now();
-    if (drafting_) {
+    if (round_.drafting) {
         if (p_.drafter->pending()) throw Error("block: the draft is still waiting for a forward");
-        draft_ = p_.drafter->take();
+        round_.draft = p_.drafter->take();
     }
     // Grafted drafts can outgrow the budget the model drafted to; the cache holds `room` more rows.
-    prune_draft(draft_, p_.cache.capacity() - base_ - 1);
-    const int drafted = draft_.tree.size();
-    draft_ms += plan_ms_;
-    draft_level_ms_.assign(level_ms.begin(), level_ms.end());
-    prune_draft(draft_, policy_.size_draft(draft_.tree, model_nodes(draft_), draft_ms, draft_level_ms_));
+    prune_draft(round_.draft, p_.cache.capacity() - round_.base - 1);
+    const int drafted = round_.draft.tree.size();
+    draft_ms += round_.plan_ms;
+    round_.level_ms.assign(level_ms.begin(), level_ms.end());
+    prune_draft(round_.draft, policy_.size_draft(round_.draft.tree, model_nodes(round_.draft), draft_ms, round_.level_ms));
     // The decision is for observers only: not built (strings and all) when nobody observes.
-    if (p_.on_round) decision_ = policy_.decision(drafted, draft_.tree.size());
-    draft_ms_ = draft_ms + ms_since(t0);
+    if (p_.on_round) round_.decision = policy_.decision(drafted, round_.draft.tree.size());
+    round_.draft_ms = draft_ms + ms_since(t0);
 
     // Nodes the request's processing bans can never be accepted: the forward leaves them out.
-    path_.begin(draft_.tree, logits_state_.get());
-    block_ = tree_batch(history_.back(), draft_.tree, base_, path_.skipped(), node_row_);
+    path_.begin(round_.draft.tree, logits_state_.get());
+    block_ = tree_batch(history_.back(), round_.draft.tree, round_.base, path_.skipped(), round_.node_row);
     block_.tap_layers = feature_layers_;
     last_rows_ = block_.n_tokens();
     return block_;
@@ -165,7 +162,7 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
 void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & sink, int step_rows, bool verify_only_step) {
     if (step_rows < 0) step_rows = block_.n_tokens();
     last_tokens_ = 0;
-    if (in_prefill_block_) return commit_prompt_chunk();
+    if (round_.prefill_block) return commit_prompt_chunk();
 
     const auto tv = clock_type::now();
     const VerifyResult result = verify();
@@ -173,14 +170,14 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
     const double verify_ms = forward_ms + ms_since(tv);
     if (p_.drafter) {
         gather_features(out_, kept, features_);
-        p_.drafter->accept(Acceptance{static_cast<int>(history_.size() + result.accepted.size()), base_, features_});
+        p_.drafter->accept(Acceptance{static_cast<int>(history_.size() + result.accepted.size()), round_.base, features_});
     }
     emit(result, sink);
-    policy_.observe(RoundOutcome{.tree = draft_.tree,
-                                 .model_nodes = model_nodes(draft_),
+    policy_.observe(RoundOutcome{.tree = round_.draft.tree,
+                                 .model_nodes = model_nodes(round_.draft),
                                  .accepted = result.accepted,
-                                 .mean_entropy = draft_.mean_entropy,
-                                 .draft_ms = draft_ms_,
+                                 .mean_entropy = round_.draft.mean_entropy,
+                                 .draft_ms = round_.draft_ms,
                                  .verify_ms = verify_ms,
                                  .forward_ms = forward_ms,
                                  .step_rows = step_rows,
@@ -202,15 +199,15 @@ void Sequence::commit_prompt_chunk() {
 // The draft against the target's logits of the block: the accepted path and the target's next token.
 // Each node's row processed with the state after its path (verify/path_logits.h).
 VerifyResult Sequence::verify() {
-    path_.set_rows(out_.logits, out_.n_vocab, node_row_);
-    return verify_(draft_.tree, path_.view(), rng_);
+    path_.set_rows(out_.logits, out_.n_vocab, round_.node_row);
+    return verify_(round_.draft.tree, path_.view(), rng_);
 }
 
 // The cache keeps the root's and the accepted path's rows (returned, block rows); the rejected nodes' rows go.
 std::vector<int> Sequence::keep_accepted(const VerifyResult & result) {
     std::vector<int> kept{0};
-    for (int node : result.accepted) kept.push_back(node_row_[node + 1]);
-    p_.cache.compact(base_, kept);
+    for (int node : result.accepted) kept.push_back(round_.node_row[node + 1]);
+    p_.cache.compact(round_.base, kept);
     return kept;
 }
 
@@ -220,7 +217,7 @@ std::vector<int> Sequence::keep_accepted(const VerifyResult & result) {
 void Sequence::emit(const VerifyResult & result, const std::function<bool(int32_t)> & sink) {
     std::vector<int32_t> tokens;
     std::vector<std::span<const float>> rows;
-    for (int node : result.accepted) tokens.push_back(draft_.tree.token[node]);
+    for (int node : result.accepted) tokens.push_back(round_.draft.tree.token[node]);
     tokens.push_back(result.next_token);
     if (options_.on_logprob) {
         for (size_t k = 0; k < tokens.size(); ++k) rows.push_back(path_.row(k == 0 ? TokenTree::kRoot : result.accepted[k - 1]));
@@ -242,25 +239,25 @@ void Sequence::emit(const VerifyResult & result, const std::function<bool(int32_
 // The round into the sequence's statistics and to its observer.
 void Sequence::account(const VerifyResult & result, double forward_ms, double verify_ms, double commit_ms) {
     SpeculationStats & spec = run_.speculation;
-    spec.add_round(draft_.tree.size(), draft_.tree.max_depth(), static_cast<int>(result.accepted.size()));
+    spec.add_round(round_.draft.tree.size(), round_.draft.tree.max_depth(), static_cast<int>(result.accepted.size()));
     spec.forward_ms += forward_ms;
-    spec.draft_ms += draft_ms_;
-    spec.draft_forwards += static_cast<int>(draft_level_ms_.size());
-    for (double ms : draft_level_ms_) spec.draft_level_ms += ms;
+    spec.draft_ms += round_.draft_ms;
+    spec.draft_forwards += static_cast<int>(round_.level_ms.size());
+    for (double ms : round_.level_ms) spec.draft_level_ms += ms;
     spec.commit_ms += commit_ms;
     if (p_.on_round) {
         p_.on_round(RoundInfo{.round = spec.rounds - 1,
-                              .base = base_,
+                              .base = round_.base,
                               .draft_length = policy_.asked(),
-                              .draft_ms = draft_ms_,
+                              .draft_ms = round_.draft_ms,
                               .verify_ms = verify_ms,
                               .forward_ms = forward_ms,
                               .commit_ms = commit_ms,
-                              .draft = &draft_,
+                              .draft = &round_.draft,
                               .result = &result,
                               .history = history_,
-                              .decision = decision_,
-                              .draft_level_ms = draft_level_ms_});
+                              .decision = round_.decision,
+                              .draft_level_ms = round_.level_ms});
     }
     run_.n_generated = emitted_;
     run_.generation_seconds = ms_since(t_gen_) / 1000.0;

@@ -134,7 +134,6 @@ private:
     // The request's logit processing after history_ (nullptr: none), and the round's rows under it.
     std::unique_ptr<LogitsState> logits_state_;
     PathLogits path_;
-    std::vector<int> node_row_;  // [n + 1] the block row of the root and of each draft node (-1: skipped)
     std::vector<float> logprob_scratch_;
     RoundPolicy policy_;
     std::vector<int32_t> history_;
@@ -144,19 +143,26 @@ private:
     int emitted_ = 0;
     bool stopped_ = false;
     GenerationStats run_;
-    // The current round, from draft() to commit().
-    RoundPlan plan_;
-    bool drafting_ = false;
-    double plan_ms_ = 0.0;
+    // What one round carries from draft() through block() to commit(), and nothing longer: a new
+    // round starts from an empty one.
+    struct Round {
+        bool prefill_block = false;  // the block is a prompt chunk: nothing drafted or verified
+        RoundPlan plan;
+        bool drafting = false;  // the drafter was started (its draft is taken in block())
+        double plan_ms = 0.0;
+        int base = 0;  // the target cache's size before the round: the root's position
+        Draft draft;
+        Draft free;  // the drafter's free draft offered this round (RoundState::free_draft), until used
+        double draft_ms = 0.0;
+        std::vector<double> level_ms;  // the drafter's levels (ms, this sequence's share)
+        RoundDecision decision;        // built only when the round is observed
+        std::vector<int> node_row;     // [n + 1] the block row of the root and of each draft node (-1: skipped)
+    };
+    Round round_;
+    // Buffers reused round after round: the target's block and its output (a verify block's
+    // logits are megabytes).
     ForwardBatch block_;
     ForwardOutput out_;
-    Draft draft_;
-    Draft free_;  // the drafter's free draft offered this round (RoundState::free_draft), until used
-    int base_ = 0;
-    double draft_ms_ = 0.0;
-    std::vector<double> draft_level_ms_;  // this round's drafter levels (ms, this sequence's share)
-    RoundDecision decision_;
-    bool in_prefill_block_ = false;
     int last_rows_ = 0, last_tokens_ = 0;
     std::chrono::steady_clock::time_point t_start_{}, t_gen_{};
 };

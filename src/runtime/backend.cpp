@@ -162,9 +162,13 @@ void on_ggml_abort(const char * message) {
 
 }  // namespace
 
-Backend::Backend(const BackendOptions & opts) {
-    // Options are checked before any ggml backend exists: a throwing constructor runs no destructor.
-    const std::vector<std::string> names = split_list(opts.device);
+namespace {
+bool only_local_cpu(const std::vector<std::string> & names) { return names.size() == 1 && names[0] == "cpu"; }
+
+// The device list's own errors, before any ggml backend exists (a throwing constructor runs no
+// destructor): empty or repeated entries, --split without a list, specula's kernels or attention
+// asked for where they cannot run.
+void check_device_list(const BackendOptions & opts, const std::vector<std::string> & names) {
     for (size_t i = 0; i < names.size(); ++i) {
         if (names[i].empty()) throw Error("--device '" + opts.device + "': an empty entry in the device list");
         for (size_t j = 0; j < i; ++j) {
@@ -172,7 +176,7 @@ Backend::Backend(const BackendOptions & opts) {
         }
     }
     if (!opts.split.empty() && names.size() == 1) throw Error("--split needs a list of devices (--device cpu,RPC[host:port],...)");
-    const bool on_cpu = names.size() == 1 && names[0] == "cpu";
+    const bool on_cpu = only_local_cpu(names);
     const bool lists_cpu = std::find(names.begin(), names.end(), "cpu") != names.end();
     if (!lists_cpu && opts.kernels == Kernels::Specula) {
         throw Error("specula's own kernels run on the local CPU only; device '" + opts.device +
@@ -183,9 +187,38 @@ Backend::Backend(const BackendOptions & opts) {
         throw Error("specula's attention runs for a target on the local CPU alone; device '" + opts.device +
                     "' takes --attention flash or matmul (or auto)");
     }
+}
+}  // namespace
+
+Backend::Backend(const BackendOptions & opts) {
+    const std::vector<std::string> names = split_list(opts.device);
+    check_device_list(opts, names);
+    choose_kernels(opts, names);
+    capture_library_log();  // ggml's info lines (e.g. per-tensor repacking) are noise for users
+    ggml_backend_dev_t cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!cpu_dev) throw Error("ggml has no CPU backend");
+    try {
+        open_devices(opts, names, cpu_dev);
+        split_ = layer_shares(opts.split, devices_);
+        if (remote()) start_remote(opts, cpu_dev);
+        for (const Device & d : devices_) matmul_bufts_.push_back(weight_buffer_types(d, cpu_dev));
+        set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
+        if (!only_local_cpu(names)) describe_placement();
+    } catch (...) {
+        stop_watchdog();
+        for (ggml_backend_t b : backends_) ggml_backend_free(b);
+        backends_.clear();
+        throw;
+    }
+}
+
+// Whose kernels compute the matmuls and which attention kernel runs, and the run summary's line.
+// "auto" never runs slower than ggml: without a SIMD body for this CPU, specula's portable loops
+// would, so ggml's kernels (NEON, AVX, ...) take the matmuls and the attention.
+void Backend::choose_kernels(const BackendOptions & opts, const std::vector<std::string> & names) {
+    const bool on_cpu = only_local_cpu(names);
+    const bool lists_cpu = std::find(names.begin(), names.end(), "cpu") != names.end();
     kernels::check_cpu_path_override();
-    // "auto" never runs slower than ggml: without a SIMD body for this CPU, specula's portable
-    // loops would, so ggml's kernels (NEON, AVX, ...) take the matmuls and the attention.
     const kernels::CpuPath path = kernels::detected_cpu_path();
     const bool simd = path != kernels::CpuPath::Generic;
     own_kernels_ = lists_cpu && (opts.kernels == Kernels::Specula || (opts.kernels == Kernels::Auto && simd));
@@ -212,82 +245,75 @@ Backend::Backend(const BackendOptions & opts) {
         case Attention::Matmul: attention_ = AttentionKernel::Matmul; break;
         case Attention::Specula: attention_ = AttentionKernel::Specula; break;
     }
-    capture_library_log();  // ggml's info lines (e.g. per-tensor repacking) are noise for users
-    ggml_backend_dev_t cpu_dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (!cpu_dev) throw Error("ggml has no CPU backend");
+}
 
-    auto free_all = [&] {
-        stop_watchdog();
-        for (ggml_backend_t b : backends_) ggml_backend_free(b);
-        backends_.clear();
-    };
-    try {
-        for (const std::string & name : names) {
-            if (name == "cpu") {
-                devices_.push_back({name, nullptr, cpu_dev, true});
-                continue;
-            }
-            ggml_backend_dev_t dev = name.rfind("RPC[", 0) == 0 ? rpc_device(name) : ggml_backend_dev_by_name(name.c_str());
-            if (!dev) {
-                std::string available;
-                for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-                    available += std::string(available.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
-                }
-                throw Error("device '" + name + "' not found (this build has: " + available + ")");
-            }
-            for (const Device & d : devices_) {
-                if (d.dev == dev) throw Error("--device '" + opts.device + "': " + name + " is the same device as " + d.name);
-            }
-            ggml_backend_t b = ggml_backend_dev_init(dev, nullptr);
-            if (!b) throw Error("could not initialise device '" + name + "'");
-            backends_.push_back(b);
-            devices_.push_back({name, b, dev, false});
+// Each listed device initialised once (the local CPU's backend shared by its entries), then the
+// CPU's own backend, last in backends_.
+void Backend::open_devices(const BackendOptions & opts, const std::vector<std::string> & names, ggml_backend_dev_t cpu_dev) {
+    for (const std::string & name : names) {
+        if (name == "cpu") {
+            devices_.push_back({name, nullptr, cpu_dev, true});
+            continue;
         }
-        cpu_ = ggml_backend_dev_init(cpu_dev, nullptr);
-        if (!cpu_) throw Error("could not initialise the CPU backend");
-        backends_.push_back(cpu_);
-        for (Device & d : devices_) {
-            if (d.cpu) d.backend = cpu_;
-        }
-        split_ = layer_shares(opts.split, devices_);
-        if (remote()) {
-            // A write to a closed socket must fail, not kill the process silently with SIGPIPE.
-            std::signal(SIGPIPE, SIG_IGN);
-            ggml_set_abort_callback(on_ggml_abort);
-            if (!(opts.remote_timeout_s > 0.0)) throw Error("the rpc-server timeout must be positive");
-            remote_timeout_s_ = opts.remote_timeout_s;
-            watchdog_ = std::thread([this] { watch_remote_waits(); });
-            for (size_t i = 0; i < devices_.size(); ++i) {
-                if (devices_[i].cpu) io_device_ = static_cast<int>(i);
+        ggml_backend_dev_t dev = name.rfind("RPC[", 0) == 0 ? rpc_device(name) : ggml_backend_dev_by_name(name.c_str());
+        if (!dev) {
+            std::string available;
+            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+                available += std::string(available.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
             }
-            if (!devices_[io_device_].cpu) {  // no "cpu" entry: the embedding and head get one of their own
-                devices_.push_back({"cpu", cpu_, cpu_dev, true});
-                split_.push_back(0.0);
-                io_device_ = static_cast<int>(devices_.size()) - 1;
-            }
+            throw Error("device '" + name + "' not found (this build has: " + available + ")");
         }
-
         for (const Device & d : devices_) {
-            std::vector<std::pair<ggml_backend_dev_t, ggml_backend_buffer_type_t>> bufts;
-            if (!d.cpu) bufts.push_back({d.dev, ggml_backend_dev_buffer_type(d.dev)});
-            if (d.cpu && backends_.size() == 1) {
-                // Repacked layouts (e.g. Q4_0 -> 8x8 interleaved) are what make ggml's CPU matmuls fast.
-                ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu_dev);
-                auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
-                    ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
-                if (get_extra) {
-                    for (ggml_backend_buffer_type_t * p = get_extra(cpu_dev); p && *p; ++p) bufts.push_back({cpu_dev, *p});
-                }
-            }
-            bufts.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
-            matmul_bufts_.push_back(std::move(bufts));
+            if (d.dev == dev) throw Error("--device '" + opts.device + "': " + name + " is the same device as " + d.name);
         }
-        set_n_threads(opts.n_threads > 0 ? opts.n_threads : default_thread_count());
-        if (!on_cpu) describe_placement();
-    } catch (...) {
-        free_all();
-        throw;
+        ggml_backend_t b = ggml_backend_dev_init(dev, nullptr);
+        if (!b) throw Error("could not initialise device '" + name + "'");
+        backends_.push_back(b);
+        devices_.push_back({name, b, dev, false});
     }
+    cpu_ = ggml_backend_dev_init(cpu_dev, nullptr);
+    if (!cpu_) throw Error("could not initialise the CPU backend");
+    backends_.push_back(cpu_);
+    for (Device & d : devices_) {
+        if (d.cpu) d.backend = cpu_;
+    }
+}
+
+// With an rpc-server in the list: its failures end the run with one line, its waits are watched,
+// and the embedding and the head run on a local CPU entry (one of their own if none is listed).
+void Backend::start_remote(const BackendOptions & opts, ggml_backend_dev_t cpu_dev) {
+    // A write to a closed socket must fail, not kill the process silently with SIGPIPE.
+    std::signal(SIGPIPE, SIG_IGN);
+    ggml_set_abort_callback(on_ggml_abort);
+    if (!(opts.remote_timeout_s > 0.0)) throw Error("the rpc-server timeout must be positive");
+    remote_timeout_s_ = opts.remote_timeout_s;
+    watchdog_ = std::thread([this] { watch_remote_waits(); });
+    for (size_t i = 0; i < devices_.size(); ++i) {
+        if (devices_[i].cpu) io_device_ = static_cast<int>(i);
+    }
+    if (!devices_[io_device_].cpu) {
+        devices_.push_back({"cpu", cpu_, cpu_dev, true});
+        split_.push_back(0.0);
+        io_device_ = static_cast<int>(devices_.size()) - 1;
+    }
+}
+
+// The buffer types a device's matmul weights may take, preferred first.
+std::vector<std::pair<ggml_backend_dev_t, ggml_backend_buffer_type_t>> Backend::weight_buffer_types(const Device & d,
+                                                                                                    ggml_backend_dev_t cpu_dev) const {
+    std::vector<std::pair<ggml_backend_dev_t, ggml_backend_buffer_type_t>> bufts;
+    if (!d.cpu) bufts.push_back({d.dev, ggml_backend_dev_buffer_type(d.dev)});
+    if (d.cpu && backends_.size() == 1) {
+        // Repacked layouts (e.g. Q4_0 -> 8x8 interleaved) are what make ggml's CPU matmuls fast.
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu_dev);
+        auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+            ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+        if (get_extra) {
+            for (ggml_backend_buffer_type_t * p = get_extra(cpu_dev); p && *p; ++p) bufts.push_back({cpu_dev, *p});
+        }
+    }
+    bufts.push_back({cpu_dev, ggml_backend_dev_buffer_type(cpu_dev)});
+    return bufts;
 }
 
 Backend::~Backend() {

@@ -120,6 +120,12 @@ public:
     };
 
 private:
+    // The constructor's steps, in order.
+    void choose_kernels(const BackendOptions & opts, const std::vector<std::string> & names);
+    void open_devices(const BackendOptions & opts, const std::vector<std::string> & names, ggml_backend_device * cpu_dev);
+    void start_remote(const BackendOptions & opts, ggml_backend_device * cpu_dev);
+    std::vector<std::pair<ggml_backend_device *, ggml_backend_buffer_type *>> weight_buffer_types(const Device & d,
+                                                                                                  ggml_backend_device * cpu_dev) const;
     void watch_remote_waits();
     void describe_placement();  // the run summary of a device list
     void stop_watchdog();
