@@ -10,7 +10,13 @@ mapfile -t files < <(git ls-files 'src/*.cpp' 'src/*.h' 'src/*.inc' 'tools/*.cpp
 fix=0
 if [ "${1:-}" = "--fix" ]; then fix=1; shift; fi
 if [ $# -gt 0 ]; then
-  for f in "$@"; do [ -f "$f" ] || { echo "check_format: no such file: $f" >&2; exit 1; }; done
+  for f in "$@"; do
+    [ -f "$f" ] || { echo "check_format: no such file: $f" >&2; exit 1; }
+    case "$f" in
+      *.cpp | *.h | *.inc) ;;
+      *) echo "check_format: $f is not C++ (.cpp, .h, .inc): clang-format would rewrite it as C++" >&2; exit 1 ;;
+    esac
+  done
   files=("$@")
 fi
 if [ "$fix" = 1 ]; then
