@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
     g_scheduler = new specula::Scheduler(*g_bundle, specula::SchedulerOptions{});
     g_server = new specula::HttpServer(4, 1 << 16, kDeadlines);
     g_port = g_server->start("127.0.0.1", 0);
-    g_server->ready(*g_bundle, *g_scheduler, "model");
+    g_server->ready(*g_bundle, *g_scheduler, {"model"});
     return 0;
 }
 
