@@ -8,6 +8,7 @@
 
 #include "constrain/grammar.h"
 #include "constrain/grammar_guard.h"
+#include "engine/generate.h"
 #include "sample/logits_state.h"
 #include "specula/error.h"
 #include "tokenizer/tokenizer.h"
@@ -64,6 +65,10 @@ TEST(GrammarGuard, LeftRecursionIsRefusedThroughRulesThatMayBeEmpty) {
     EXPECT_EQ(refusal("root ::= root \"a\" | \"b\""), "the grammar is left-recursive: rule 'root' can begin with itself");
     EXPECT_EQ(refusal("root ::= x root \"a\" | \"b\"\nx ::= y\ny ::= \"\" | \"c\""), "the grammar is left-recursive: rule 'root' can begin with itself");
     EXPECT_NO_THROW(make_grammar_state(tokenizer(), "root ::= x \"a\" root | \"b\"\nx ::= y\ny ::= \"\" | \"c\""));
+    // A rule that begins with itself as its alternative's last element repeats a stack, which
+    // libllama drops (llama.cpp's tool-call grammars repeat optional blanks so).
+    const auto blanks = make_grammar_state(tokenizer(), "root ::= \"a\" ws \"b\"\nws ::= sp ws | \"\"\nsp ::= \" \"?");
+    for (const char * piece : {"a", " ", " ", "b"}) blanks->accept(token_of(piece));
 }
 
 // Catches: {m,n} with m > n (libllama loops ~2^64 times), and repetitions that expand without bound.
@@ -132,6 +137,22 @@ TEST(GrammarGuard, JsonSchemasAreBounded) {
     }
     EXPECT_EQ(test::error_message([&] { json_schema_to_gbnf(long_names); }), "the grammar exceeds a limit: larger than 256 KiB");
     EXPECT_NE(test::error_message([] { json_schema_to_gbnf(std::string(100, '[') + std::string(100, ']')); }).find("nested more than 64"), std::string::npos);
+}
+
+// Catches: the grammar compiled again for each choice and sequence (on the scheduler's thread)
+// instead of cloned from the request's compiled one: the text here does not even parse.
+TEST(GrammarGuard, AGenerationStartsFromTheCompiledGrammar) {
+    GenerationOptions options;
+    options.grammar = "root ::= (";
+    GenerationOptions yes;
+    yes.grammar = R"(root ::= "yes")";
+    options.compiled_grammar = compile_grammar(yes, &tokenizer());
+    const auto state = logits_processing(options, {}, &tokenizer());
+    ASSERT_NE(state, nullptr);
+    EXPECT_TRUE(state->allows(token_of("y")));
+    EXPECT_FALSE(state->allows(token_of("n")));
+    options.compiled_grammar.reset();
+    EXPECT_NE(test::error_message([&] { logits_processing(options, {}, &tokenizer()); }).find("does not parse as GBNF"), std::string::npos);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 
 namespace specula {
 
+class LogitsState;  // src/sample/logits_state.h
+
 struct EngineOptions {
     std::string model_path;
     DrafterSpec drafter;                                   // none = plain decoding
@@ -59,6 +61,9 @@ struct GenerationOptions {
     bool grammar_lazy = false;
     std::vector<std::string> grammar_trigger_patterns;
     std::vector<int32_t> grammar_trigger_tokens;
+    // The grammar above compiled once (compile_grammar, engine/generate.h), each generation and
+    // each choice starting from a clone of it; null: compiled when the generation starts.
+    std::shared_ptr<const LogitsState> compiled_grammar;
     int top_logprobs = -1;       // -1: no logprobs; else on_logprob gets each token with this many alternatives (0..20)
     LogprobObserver on_logprob;  // called before the token's sink
     bool stop_at_end_of_generation = true;

@@ -201,26 +201,50 @@ void check_gbnf_rules(const llama_grammar_parser & parser, size_t root) {
         }
     }
 
-    // The rules each can begin with (past rules that may be empty): a cycle is left recursion,
-    // which libllama cannot run. Sorted (Kahn), each rule after those that begin with it.
-    std::vector<std::vector<size_t>> begins(n), begun_by(n);
-    std::vector<size_t> indegree(n, 0);
+    const auto left_recursive = [&](size_t r) {
+        std::string name = std::to_string(r);
+        for (const auto & [symbol, id] : parser.symbol_ids) {
+            if (id == r) name = symbol;
+        }
+        throw Error("the grammar is left-recursive: rule '" + name + "' can begin with itself");
+    };
+    const auto has_empty_alternative = [&](size_t r) {
+        return std::any_of(alts_of[r].begin(), alts_of[r].end(), [&](size_t a) { return alts[a].begin == alts[a].end; });
+    };
+
+    // The rules each alternative can begin with, past rules that may be empty (`begins`), and
+    // past rules with an empty alternative only (`direct`: the ones libllama's check follows).
+    struct Edge {
+        size_t to;
+        bool last;  // the reference ends its alternative
+    };
+    std::vector<std::vector<Edge>> begins(n);
+    std::vector<std::vector<size_t>> begun_by(n), direct(n), direct_by(n);
     for (const Alt & alt : alts) {
+        bool followed = true;
         for (size_t i = alt.begin; i < alt.end; ++i) {
             const llama_grammar_element & e = rules[alt.rule][i];
             if (e.type != LLAMA_GRETYPE_RULE_REF) break;
-            begins[alt.rule].push_back(e.value);
+            begins[alt.rule].push_back({e.value, i + 1 == alt.end});
             begun_by[e.value].push_back(alt.rule);
-            ++indegree[e.value];
+            if (followed) direct[alt.rule].push_back(e.value), direct_by[e.value].push_back(alt.rule);
+            followed = followed && has_empty_alternative(e.value);
             if (!nullable[e.value]) break;
         }
     }
-    std::vector<size_t> order;
+
+    // libllama refuses a cycle of `direct` itself, but only after walking, from every rule, each
+    // of its leftmost paths without remembering what it walked. Sorted (Kahn), its steps are
+    // counted from the last rule back.
+    std::vector<size_t> indegree(n, 0), order;
+    for (size_t r = 0; r < n; ++r) {
+        for (size_t x : direct[r]) ++indegree[x];
+    }
     for (size_t r = 0; r < n; ++r) {
         if (indegree[r] == 0) order.push_back(r);
     }
     for (size_t k = 0; k < order.size(); ++k) {
-        for (size_t x : begins[order[k]]) {
+        for (size_t x : direct[order[k]]) {
             if (--indegree[x] == 0) order.push_back(x);
         }
     }
@@ -230,53 +254,87 @@ void check_gbnf_rules(const llama_grammar_parser & parser, size_t root) {
         std::vector<char> seen(n, 0);
         while (!seen[r]) {
             seen[r] = 1;
-            r = *std::find_if(begun_by[r].begin(), begun_by[r].end(), [&](size_t p) { return indegree[p] > 0; });
+            r = *std::find_if(direct_by[r].begin(), direct_by[r].end(), [&](size_t p) { return indegree[p] > 0; });
         }
-        std::string name = std::to_string(r);
-        for (const auto & [symbol, id] : parser.symbol_ids) {
-            if (id == r) name = symbol;
-        }
-        throw Error("the grammar is left-recursive: rule '" + name + "' can begin with itself");
+        left_recursive(r);
     }
-
-    // libllama's own check walks, from every rule, each leftmost path of references (past those
-    // with an empty alternative) without remembering what it walked: its steps, counted on the
-    // sorted rules from the last.
     std::vector<size_t> steps(n, 0);
     size_t total_steps = 0;
     for (size_t k = n; k-- > 0;) {
         const size_t r = order[k];
         size_t s = rules[r].size();
-        for (size_t a : alts_of[r]) {
-            for (size_t i = alts[a].begin; i < alts[a].end; ++i) {
-                const llama_grammar_element & e = rules[r][i];
-                if (e.type != LLAMA_GRETYPE_RULE_REF) break;
-                s = saturating_add(s, steps[e.value], kCap);
-                const bool empty_alternative = std::any_of(alts_of[e.value].begin(), alts_of[e.value].end(), [&](size_t b) { return alts[b].begin == alts[b].end; });
-                if (!empty_alternative) break;
-            }
-        }
+        for (size_t x : direct[r]) s = saturating_add(s, steps[x], kCap);
         steps[r] = s;
         total_steps = saturating_add(total_steps, s, kCap);
     }
     if (total_steps > kMaxLeftRecursionCheck) exceeds("rules that branch into more than " + std::to_string(kMaxLeftRecursionCheck) + " leftmost paths");
 
-    // The parse stacks a rule opens, at most: one per way to its first character (or its end).
-    // `from(a, i)`: the stacks from element i of alternative a on.
-    std::vector<size_t> opens(n, 0);
-    const auto from = [&](const Alt & alt, size_t i) {
-        size_t stacks = 0;
-        for (; i < alt.end; ++i) {
-            const llama_grammar_element & e = rules[alt.rule][i];
-            if (e.type != LLAMA_GRETYPE_RULE_REF) return saturating_add(stacks, 1, kCap);
-            stacks = saturating_add(stacks, opens[e.value], kCap);
-            if (!nullable[e.value]) return stacks;
+    // The cycles of `begins` (its strongly connected components, Kosaraju's, iterative; numbered
+    // sources first). A rule reached again with more of its alternative after it pushes that rest
+    // each time: libllama's stacks grow without end. Reached again as an alternative's last element,
+    // it only repeats a stack libllama has, which it drops.
+    std::vector<size_t> finished;
+    std::vector<char> visited(n, 0);
+    std::vector<std::pair<size_t, size_t>> walk;  // (rule, its next edge)
+    for (size_t start = 0; start < n; ++start) {
+        if (visited[start]) continue;
+        visited[start] = 1;
+        walk.push_back({start, 0});
+        while (!walk.empty()) {
+            const size_t v = walk.back().first;
+            if (walk.back().second < begins[v].size()) {
+                const size_t w = begins[v][walk.back().second++].to;
+                if (!visited[w]) visited[w] = 1, walk.push_back({w, 0});
+            } else {
+                finished.push_back(v);
+                walk.pop_back();
+            }
         }
-        return saturating_add(stacks, 1, kCap);
-    };
+    }
+    constexpr size_t kNone = static_cast<size_t>(-1);
+    std::vector<size_t> component(n, kNone);
+    std::vector<std::vector<size_t>> members;
     for (size_t k = n; k-- > 0;) {
-        const size_t r = order[k];
-        for (size_t a : alts_of[r]) opens[r] = saturating_add(opens[r], from(alts[a], alts[a].begin), kCap);
+        if (component[finished[k]] != kNone) continue;
+        const size_t c = members.size();
+        members.emplace_back();
+        std::vector<size_t> todo_c{finished[k]};
+        component[finished[k]] = c;
+        while (!todo_c.empty()) {
+            const size_t v = todo_c.back();
+            todo_c.pop_back();
+            members[c].push_back(v);
+            for (size_t p : begun_by[v]) {
+                if (component[p] == kNone) component[p] = c, todo_c.push_back(p);
+            }
+        }
+    }
+    for (size_t r = 0; r < n; ++r) {
+        for (const Edge & e : begins[r]) {
+            if (component[e.to] == component[r] && !e.last) left_recursive(r);
+        }
+    }
+
+    // The parse stacks a rule opens, at most: one per way to its first character (or its end),
+    // a cycle's rules together (each opens what any of them does). Counted sinks first.
+    std::vector<size_t> opens(n, 0);
+    for (size_t c = members.size(); c-- > 0;) {
+        size_t stacks = 0;
+        for (size_t m : members[c]) {
+            for (size_t a : alts_of[m]) {
+                size_t i = alts[a].begin;
+                for (; i < alts[a].end; ++i) {
+                    const llama_grammar_element & e = rules[m][i];
+                    if (e.type != LLAMA_GRETYPE_RULE_REF || component[e.value] == c) break;
+                    stacks = saturating_add(stacks, opens[e.value], kCap);
+                    if (!nullable[e.value]) break;
+                }
+                const bool reached_end = i == alts[a].end;
+                const bool at_character = i < alts[a].end && rules[m][i].type != LLAMA_GRETYPE_RULE_REF;
+                if (reached_end || at_character) stacks = saturating_add(stacks, 1, kCap);
+            }
+        }
+        for (size_t m : members[c]) opens[m] = stacks;
     }
     if (root < n && opens[root] > kMaxGrammarStacks) exceeds("more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at its start");
     // After a character, the rest of its alternative opens the stacks (counted from its end back).

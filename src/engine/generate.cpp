@@ -21,20 +21,27 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
+std::shared_ptr<const LogitsState> compile_grammar(const GenerationOptions & options, const Tokenizer * tokenizer) {
+    if (!options.grammar_lazy && (!options.grammar_trigger_patterns.empty() || !options.grammar_trigger_tokens.empty())) {
+        throw Error("grammar triggers are given but the grammar is not lazy");
+    }
+    if (options.grammar.empty()) {
+        if (options.grammar_lazy) throw Error("a lazy grammar is asked for without a grammar");
+        return nullptr;
+    }
+    if (!tokenizer) throw Error("a grammar needs the model's vocabulary: this generation has no tokenizer");
+    if (!options.grammar_lazy) return make_grammar_state(*tokenizer, options.grammar);
+    return make_lazy_grammar_state(*tokenizer, options.grammar, options.grammar_trigger_patterns, options.grammar_trigger_tokens);
+}
+
 std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options, std::span<const int32_t> history, const Tokenizer * tokenizer) {
     if (options.top_logprobs < -1 || options.top_logprobs > kMaxTopLogprobs) {
         throw Error("top_logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", not " + std::to_string(options.top_logprobs));
     }
     std::vector<std::unique_ptr<LogitsState>> states;
-    if (!options.grammar_lazy) {
-        if (!options.grammar_trigger_patterns.empty() || !options.grammar_trigger_tokens.empty()) throw Error("grammar triggers are given but the grammar is not lazy");
-        if (auto state = make_logits_state(options.sampling, options.grammar, history, tokenizer)) states.push_back(std::move(state));
-    } else {
-        if (options.grammar.empty()) throw Error("a lazy grammar is asked for without a grammar");
-        if (!tokenizer) throw Error("a grammar needs the model's vocabulary: this generation has no tokenizer");
-        if (auto values = make_logits_state(options.sampling, "", history, tokenizer)) states.push_back(std::move(values));
-        states.push_back(make_lazy_grammar_state(*tokenizer, options.grammar, options.grammar_trigger_patterns, options.grammar_trigger_tokens));
-    }
+    if (auto values = make_logits_state(options.sampling, "", history, tokenizer)) states.push_back(std::move(values));
+    const std::shared_ptr<const LogitsState> grammar = options.compiled_grammar ? options.compiled_grammar : compile_grammar(options, tokenizer);
+    if (grammar) states.push_back(grammar->clone());
     if (options.min_tokens > 0 && options.stop_at_end_of_generation) {
         if (!tokenizer) throw Error("min_tokens needs the model's vocabulary: this generation has no tokenizer");
         std::vector<int32_t> ends = tokenizer->end_of_generation_tokens();

@@ -20,6 +20,11 @@ class Tokenizer;
 // logit bias, then the grammar over `tokenizer`'s vocabulary, and the end tokens banned for the
 // first options.min_tokens tokens. nullptr when nothing is asked.
 // Throws Error for options out of range (top_logprobs too) and for a grammar that does not parse.
+// options.grammar (lazy or not, with its triggers) compiled over `tokenizer`'s vocabulary, the state
+// at its start; nullptr without a grammar. Throws Error naming the problem (a limit of
+// constrain/grammar_guard.h, a syntax error, triggers without a lazy grammar).
+std::shared_ptr<const LogitsState> compile_grammar(const GenerationOptions & options, const Tokenizer * tokenizer);
+// options.compiled_grammar is cloned where set, else the grammar is compiled here.
 std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options, std::span<const int32_t> history, const Tokenizer * tokenizer);
 // Whether `token` ends a generation under `options` (read with stop_at_end_of_generation): one
 // of `tokenizer`'s end-of-generation tokens or of options.stop_tokens.

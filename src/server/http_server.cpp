@@ -11,6 +11,7 @@
 #include <random>
 
 #include "specula/error.h"
+#include "engine/generate.h"
 #include "engine/model_bundle.h"
 #include "server/access.h"
 #include "server/choices.h"
@@ -571,6 +572,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         ChatPrompt chat;
         int n_predict = 0;
         EarlyExitRequest early_exit;
+        std::shared_ptr<const LogitsState> grammar;
     };
     Prepared p;
     try {
@@ -596,7 +598,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
             if (p.prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
             p.n_predict = openai::tokens_to_generate(r, p.prompt.size(), s->context_size());
             p.early_exit = early_exit_request(r, *t);
-            openai::check_generation(r, *t->tokenizer);
+            p.grammar = openai::check_generation(r, *t->tokenizer);  // compiled once, here, not under the scheduler's lock
             if (r.ignore_eos && (!r.stop_token_ids.empty() || r.min_tokens > 0)) {
                 const char * field = r.stop_token_ids.empty() ? "min_tokens" : "stop_token_ids";
                 throw openai::ApiError{400, std::string("'") + field + "' cannot be combined with 'ignore_eos', which no token ends", "invalid_request_error", field, ""};
@@ -630,6 +632,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     gen.min_tokens = r.min_tokens;
     gen.top_logprobs = r.top_logprobs;
     gen.grammar = r.grammar;
+    gen.compiled_grammar = p.grammar;
     // The chat layer's grammar of the calls: from the reply's first token for tool_choice required
     // or a named function, lazily (from the model's first call marker on) for "auto".
     if (openai::parses_tool_calls(r.chat) && !chat.grammar.empty()) {
@@ -637,6 +640,11 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         gen.grammar_lazy = chat.grammar_lazy;
         gen.grammar_trigger_patterns = chat.grammar_trigger_patterns;
         gen.grammar_trigger_tokens = chat.grammar_trigger_tokens;
+        try {
+            gen.compiled_grammar = compile_grammar(gen, t->tokenizer.get());
+        } catch (const Error & e) {
+            return send_error(res, openai::ApiError{400, std::string("'tools': the tool calls' grammar: ") + e.what(), "invalid_request_error", "tools", ""});
+        }
     }
     // The template format's own stop strings, beside (not counted among) the client's.
     for (const std::string & stop : chat.additional_stops) {

@@ -4,7 +4,9 @@
 #include <random>
 
 #include "common/json_limits.h"
+#include "constrain/grammar_guard.h"
 #include "server/openai_fields.h"
+#include "specula/error.h"
 
 namespace specula::openai {
 
@@ -102,6 +104,11 @@ ChatTool tool(const json & t, const nlohmann::ordered_json & ordered, size_t i) 
     if (has(f, "parameters")) {
         const json & p = f.at("parameters");
         if (!p.is_object()) must_be(param + ".function.parameters", "a JSON schema object", p);
+        try {
+            check_json_schema_limits(p);  // before llama.cpp's chat layer compiles it to the calls' grammar
+        } catch (const Error & e) {
+            bad(param + ".function.parameters", "'" + param + ".function.parameters': " + e.what());
+        }
         if (!p.empty()) out.parameters = ordered.at("function").at("parameters").dump();
     }
     return out;

@@ -179,7 +179,7 @@ void parse_generation(const json & body, Request & r) {
     if (r.echo && r.top_logprobs >= 0) bad("echo", "'echo' with 'logprobs' is not supported: the prompt's tokens get no logprobs");
 }
 
-void check_generation(const Request & r, const Tokenizer & tokenizer) {
+std::shared_ptr<const LogitsState> check_generation(const Request & r, const Tokenizer & tokenizer) {
     for (const auto & [id, bias] : r.sampling.logit_bias) {
         if (id >= tokenizer.n_vocab()) {
             bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
@@ -196,9 +196,9 @@ void check_generation(const Request & r, const Tokenizer & tokenizer) {
             bad("stop_token_ids", "'stop_token_ids' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
         }
     }
-    if (r.grammar.empty()) return;
+    if (r.grammar.empty()) return nullptr;
     try {
-        make_grammar_state(tokenizer, r.grammar);
+        return make_grammar_state(tokenizer, r.grammar);
     } catch (const Error & e) {
         bad(r.grammar_field, "'" + r.grammar_field + "': " + e.what());
     }

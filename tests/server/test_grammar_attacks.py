@@ -1,0 +1,93 @@
+"""Grammars, JSON schemas and tool definitions built to crash or hang libllama's GBNF engine, sent
+to a real `specula serve` (the bundled target; with --draft, so that drafts walk the grammar too):
+each is answered 400 naming the limit, or ends with an error, and the server answers the same
+greedy request afterwards. Each test states the breakage it catches."""
+import os
+
+import pytest
+
+from serving import DRAFT, ROOT, greedy_text, post, serve
+
+TEMPLATE = os.path.join(ROOT, "tests", "chat", "tool_template.jinja")
+
+
+def chain_schema(n):
+    """n $defs, each an anyOf that names the next twice."""
+    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"$ref": "#/$defs/d0", "$defs": defs}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serve("--draft", DRAFT, "--parallel", "2", "--chat-template", TEMPLATE) as (proc, base):
+        yield proc, base, greedy_text(base)
+
+
+def refused(server, body, path="/v1/completions"):
+    """The 400's message; the server must still be alive and give the same greedy text."""
+    proc, base, before = server
+    if path == "/v1/completions":
+        body = {"prompt": "x", "max_tokens": 8, **body}
+    status, reply = post(base, path, body)
+    assert status == 400, reply
+    assert reply["error"]["type"] == "invalid_request_error"
+    assert proc.poll() is None, "the server died"
+    assert greedy_text(base) == before
+    return reply["error"]
+
+
+def test_parentheses_nested_200000_deep_are_a_400(server):
+    # Catches: libllama's parser recursing once per parenthesis (SIGSEGV: the server died).
+    error = refused(server, {"grammar": "root ::= " + "(" * 200000 + '"a"' + ")" * 200000})
+    assert error["param"] == "grammar"
+    assert "the grammar exceeds a limit: larger than 256 KiB" in error["message"]
+    error = refused(server, {"grammar": "root ::= " + "(" * 100 + '"a"' + ")" * 100})
+    assert "the grammar exceeds a limit: nesting deeper than 64" in error["message"]
+
+
+def test_rules_that_name_the_next_twice_are_a_400(server):
+    # Catches: libllama's left-recursion check walking 2^60 paths on the HTTP thread (a hang),
+    # from a grammar and from response_format's schema.
+    rules = "".join(f"a{i} ::= a{i + 1} | a{i + 1}\n" for i in range(60)) + 'a60 ::= "x"\nroot ::= a0\n'
+    error = refused(server, {"grammar": rules})
+    assert "the grammar exceeds a limit: rules that branch into more than" in error["message"]
+    schema = {"type": "json_schema", "json_schema": {"name": "chain", "schema": chain_schema(60)}}
+    error = refused(server, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "response_format": schema}, "/v1/chat/completions")
+    assert error["param"] == "response_format"
+    assert "the grammar exceeds a limit" in error["message"]
+
+
+def test_a_repetition_whose_minimum_exceeds_its_maximum_is_a_400(server):
+    # Catches: {5,3} reaching libllama, which loops ~2^64 times making its rules.
+    error = refused(server, {"grammar": 'root ::= "a"{5,3}'})
+    assert "repetition {5,3} has its minimum above its maximum" in error["message"]
+
+
+def test_tool_schemas_are_bounded(server):
+    # Catches: a tool's parameters compiled by the chat layer without limits (its time and memory
+    # grow with the square of an object's optional properties).
+    properties = {f"p{i}": {"type": "integer"} for i in range(300)}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": properties}}}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "tools": [tool], "tool_choice": "required"}
+    error = refused(server, body, "/v1/chat/completions")
+    assert error["param"] == "tools[0].function.parameters"
+    assert "more than 256 optional properties" in error["message"]
+    refs = chain_schema(24)  # 2^24 paths: past the limit, and a prompt within the context
+    parameters = {"type": "object", "properties": {"x": {"$ref": refs["$ref"]}}, "required": ["x"], "$defs": refs["$defs"]}
+    chain = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    error = refused(server, {**body, "tools": [chain]}, "/v1/chat/completions")
+    assert error["param"] == "tools"
+    assert "the grammar exceeds a limit" in error["message"]
+
+
+def test_stacks_that_double_with_every_character_end_the_request_with_an_error(server):
+    # Catches: "a" root "b" | "a" root "c" doubling libllama's stacks with every "a" (and the forced
+    # text walking 64 of them at once) until the server ran out of memory.
+    proc, base, before = server
+    status, reply = post(base, "/v1/completions", {"prompt": "x", "max_tokens": 64, "temperature": 0,
+                                                   "grammar": 'root ::= "a" root "b" | "a" root "c"'})
+    assert status == 500, reply  # as the server answers a grammar that fails while generating
+    assert reply["error"]["message"] == "the grammar exceeds a limit: more than 1024 parse stacks at once"
+    assert proc.poll() is None, "the server died"
+    assert greedy_text(base) == before
