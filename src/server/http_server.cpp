@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "specula/error.h"
 #include "engine/generate.h"
@@ -273,8 +274,11 @@ T HttpServer::Impl::within_deadline(std::function<T()> work) {
         }
         {
             std::lock_guard lock(outcome->mutex);
+            // Moved, not copied: the handler then holds the only reference to the exception, so
+            // that its last release is on the thread that reads it (ThreadSanitizer cannot see the
+            // uninstrumented libstdc++'s atomic reference count order a release on this thread).
             outcome->value = std::move(value);
-            outcome->error = error;
+            outcome->error = std::move(error);
             outcome->done = true;
             outcome->ended.notify_all();
         }
@@ -292,7 +296,7 @@ T HttpServer::Impl::within_deadline(std::function<T()> work) {
                                    http.deadline_text() + " of its arrival (--request-timeout): send a shorter prompt",
                                "invalid_request_error", "", "request_timeout"};
     }
-    if (outcome->error) std::rethrow_exception(outcome->error);
+    if (outcome->error) std::rethrow_exception(std::exchange(outcome->error, nullptr));
     return std::move(*outcome->value);
 }
 
