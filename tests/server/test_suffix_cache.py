@@ -24,7 +24,7 @@ def completion(base):
 
 
 def test_a_repeated_request_is_drafted_from_the_earlier_one_and_gives_the_plain_text():
-    with serve("--no-speculation-gate") as (_, base):  # no drafter: plain decoding
+    with serve("--no-spec") as (_, base):  # plain decoding
         plain = completion(base)
     with serve(*ARGS) as (_, base):
         first = completion(base)

@@ -190,6 +190,8 @@ std::vector<std::string> server_argv(const ServeBenchOptions & o, const Config &
             a.insert(a.end(), {"--draft-max", std::to_string(o.draft_max)});
             std::istringstream extra(o.specula_args);
             for (std::string arg; extra >> arg;) a.push_back(arg);
+        } else {
+            a.push_back("--no-spec");  // without a drafter serve drafts by prompt lookup
         }
         return a;
     }

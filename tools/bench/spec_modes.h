@@ -51,6 +51,7 @@ inline const std::vector<Mode> kModes = {
     {"specula-draft-heuristic", Kind::SpeculaDraft, DraftPolicyKind::Heuristic},
     {"specula-draft-cost", Kind::SpeculaDraft, DraftPolicyKind::Cost},
     {"specula-ngram", Kind::SpeculaNgram, DraftPolicyKind::Fixed},
+    {"specula-ngram-cost", Kind::SpeculaNgram, DraftPolicyKind::Cost},  // generate's and serve's default without a drafter
     {"llamacpp-spec", Kind::LlamaSpec},
     {"llamacpp-spec-fa-off", Kind::LlamaSpec, DraftPolicyKind::Fixed, TreeShape::Chain, false},
     {"llamacpp-plain", Kind::LlamaPlain},

@@ -33,6 +33,7 @@ void register_chat(CLI::App & app, Commands & commands) {
         EngineOptions engine;
         GenerationOptions gen;
         std::string system;
+        bool no_spec = false;
     };
     auto args = std::make_shared<Args>();
     args->gen.n_predict = 512;
@@ -43,10 +44,10 @@ void register_chat(CLI::App & app, Commands & commands) {
     sub->add_option("-n,--n-predict", args->gen.n_predict, "most tokens per reply")->capture_default_str();
     sub->add_option("-c,--ctx-size", args->engine.n_ctx, "context size in tokens (the whole conversation)")->capture_default_str();
     add_sampling_flags(sub, args->gen.sampling);
-    add_engine_flags(sub, args->engine);
+    add_engine_flags(sub, args->engine, args->no_spec);
     sub->callback([args, &commands] {
         commands.run = [args] {
-            if (args->engine.model_path.empty()) use_default_model(args->engine);
+            choose_model_and_drafter(args->engine, args->no_spec);
             auto engine = Engine::open(args->engine);
             std::vector<std::pair<std::string, std::string>> conversation;
             if (!args->system.empty()) conversation.emplace_back("system", args->system);

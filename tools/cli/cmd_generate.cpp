@@ -62,6 +62,7 @@ void register_generate(CLI::App & app, Commands & commands) {
         std::string trace_path;
         std::string grammar_path, schema_path;
         std::vector<std::string> stop;
+        bool no_spec = false;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("generate", "generate text from a prompt, streaming it to stdout");
@@ -75,7 +76,7 @@ void register_generate(CLI::App & app, Commands & commands) {
     auto * grammar = sub->add_option("--grammar-file", args->grammar_path, "constrain the output to this GBNF grammar (llama.cpp's format)");
     sub->add_option("--json-schema", args->schema_path, "constrain the output to JSON that this JSON-schema file describes")->excludes(grammar);
     sub->add_option("--stop", args->stop, "end the output where this text starts, itself not printed (repeatable)");
-    add_engine_flags(sub, args->engine);
+    add_engine_flags(sub, args->engine, args->no_spec);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): lossy early exit at T=0 with the EAGLE-3 head's top 4 as candidates");
     sub->add_flag("--specee-lossless", args->engine.specee_lossless,
@@ -98,7 +99,8 @@ void register_generate(CLI::App & app, Commands & commands) {
             const auto messages = args->messages_path.empty() ? std::vector<std::pair<std::string, std::string>>{} : read_messages(args->messages_path);
             if (!messages.empty()) args->gen.chat = true;
             // The default model is an instruct model: a chat.
-            if (args->engine.model_path.empty()) use_default_model(args->engine), args->gen.chat = true;
+            if (args->engine.model_path.empty()) args->gen.chat = true;
+            choose_model_and_drafter(args->engine, args->no_spec);
             args->gen.grammar = output_grammar(args->grammar_path, args->schema_path);
             auto engine = Engine::open(args->engine);
             std::unique_ptr<TraceWriter> trace;
@@ -122,6 +124,7 @@ void register_generate(CLI::App & app, Commands & commands) {
             std::fprintf(stderr, "\n[specula] prompt %d tok, %.1f tok/s | generated %d tok, %.1f tok/s\n", s.n_prompt,
                          s.prompt_tok_s(), s.n_generated, s.generation_tok_s());
             std::fprintf(stderr, "[specula] kernels: %s\n", s.kernels.c_str());
+            std::fprintf(stderr, "[specula] mode: %s\n", decoding_mode(args->engine).c_str());
             if (s.speculative) std::fprintf(stderr, "[specula] %s\n", format_summary(s.speculation).c_str());
             if (s.speculative && s.speculation.rounds > 0) std::fprintf(stderr, "[specula] %s\n", format_time_split(s).c_str());
             if (!s.early_exit.empty()) std::fprintf(stderr, "[specula] %s\n", s.early_exit.c_str());

@@ -42,6 +42,7 @@ void register_serve(CLI::App & app, Commands & commands) {
         std::string api_key_file;
         std::vector<std::string> aliases;
         bool strict_fields = false;
+        bool no_spec = false;
     };
     auto args = std::make_shared<Args>();
     CLI::App * sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
@@ -111,7 +112,7 @@ void register_serve(CLI::App & app, Commands & commands) {
                     "the content too)")
         ->check(CLI::IsMember({"none", "auto", "deepseek", "deepseek-legacy"}))
         ->capture_default_str();
-    add_engine_flags(sub, args->engine);
+    add_engine_flags(sub, args->engine, args->no_spec);
     sub->add_option("--specee", args->engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): requests choose \"specee\": \"lossy\" | \"lossless\" | \"off\"");
     sub->add_flag("--specee-lossless", args->engine.specee_lossless, "requests that name no SpecEE mode get the lossless one (default: off)");
@@ -121,7 +122,7 @@ void register_serve(CLI::App & app, Commands & commands) {
     commands.run = nullptr;
     sub->callback([args, &commands] {
         commands.run = [args] {
-            if (args->engine.model_path.empty()) use_default_model(args->engine);
+            choose_model_and_drafter(args->engine, args->no_spec);
             std::vector<std::string> keys = args->api_keys;
             if (!args->api_key_file.empty()) {
                 for (std::string & key : read_api_keys(args->api_key_file)) keys.push_back(std::move(key));
@@ -200,13 +201,9 @@ void register_serve(CLI::App & app, Commands & commands) {
             server.ready(*target, scheduler,
                          args->aliases.empty() ? std::vector<std::string>{std::filesystem::path(args->engine.model_path).stem().string()} : args->aliases);
             *loaded = true;
-            const DrafterSpec & drafter = target->drafter.spec;
-            const std::string drafting = drafter.kind == DrafterKind::None    ? "no drafter"
-                                         : drafter.kind == DrafterKind::Ngram ? "drafting by n-grams"
-                                                                              : "drafting with " + drafter.path;
-            const std::string specee = target->exit_predictor ? ", SpecEE predictors " + args->engine.specee_path : "";
-            std::fprintf(stderr, "specula: ready: %d slots of %d tokens, %s%s\n", args->scheduler.parallel, args->engine.n_ctx, drafting.c_str(),
-                         specee.c_str());
+            const bool suffix_cache = args->engine.drafter.kind == DrafterKind::Ngram && args->scheduler.suffix_cache_tokens > 0;
+            std::fprintf(stderr, "specula: ready: %d slots of %d tokens, %s%s\n", args->scheduler.parallel, args->engine.n_ctx,
+                         decoding_mode(args->engine).c_str(), suffix_cache ? " and the suffix cache" : "");
             if (!server.wait()) {
                 std::fprintf(stderr, "specula: the listening socket failed (accept); exiting\n");
                 server.stop();

@@ -35,17 +35,42 @@ std::string read_chat_template(const std::string & path) {
 
 }  // namespace
 
-void use_default_model(EngineOptions & engine) {
-    const std::string path = model_cache_dir() + "/" + kDefaultModel;
-    if (!std::filesystem::exists(path)) {
-        const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
-        std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
-        if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
-            throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
+void choose_model_and_drafter(EngineOptions & engine, bool no_spec) {
+    if (no_spec) {
+        if (engine.drafter.kind != DrafterKind::None) throw Error("--no-spec decodes plainly: drop --draft, --eagle, --eagle3 or --ngram");
+        if (!engine.specee_path.empty()) throw Error("--no-spec decodes plainly: drop --specee");
+        if (engine.drafter.lookup.value_or(false)) throw Error("--no-spec decodes plainly: drop --lookup");
+    }
+    if (engine.model_path.empty()) {
+        const std::string path = model_cache_dir() + "/" + kDefaultModel;
+        if (!std::filesystem::exists(path)) {
+            const std::string fetch = std::string(SPECULA_SOURCE_DIR) + "/scripts/fetch_models.sh";
+            std::fprintf(stderr, "[specula] no -m given and %s is absent: running %s\n", path.c_str(), fetch.c_str());
+            if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
+                throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
+            }
+        }
+        engine.model_path = path;
+        if (engine.drafter.kind == DrafterKind::None && !no_spec) {
+            engine.drafter = {DrafterKind::Eagle3, std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead};
         }
     }
-    engine.model_path = path;
-    if (engine.drafter.kind == DrafterKind::None) engine.drafter = {DrafterKind::Eagle3, std::string(SPECULA_SOURCE_DIR) + "/" + kDefaultHead};
+    // --lookup without a model drafter and --specee without a head keep their own errors.
+    const bool asks_for_model_drafter = engine.drafter.lookup.value_or(false) || !engine.specee_path.empty();
+    if (engine.drafter.kind == DrafterKind::None && !no_spec && !asks_for_model_drafter) engine.drafter.kind = DrafterKind::Ngram;
+}
+
+std::string decoding_mode(const EngineOptions & engine) {
+    const DrafterSpec & d = engine.drafter;
+    const std::string specee = engine.specee_path.empty() ? "" : ", SpecEE predictors " + engine.specee_path;
+    switch (d.kind) {
+        case DrafterKind::None: return "plain decoding (no drafter)";
+        case DrafterKind::Ngram: return "speculative, drafting by prompt lookup (n-grams)";
+        case DrafterKind::DraftModel: return "speculative, drafting with " + d.path + " (draft model)";
+        case DrafterKind::Eagle: return "speculative, drafting with " + d.path + " (EAGLE head)" + specee;
+        case DrafterKind::Eagle3: return "speculative, drafting with " + d.path + " (EAGLE-3 head)" + specee;
+    }
+    return {};
 }
 
 void add_sampling_flags(CLI::App * sub, SamplingParams & s) {
@@ -60,7 +85,7 @@ void add_sampling_flags(CLI::App * sub, SamplingParams & s) {
     sub->add_option("--penalty-last-n", s.penalty_last_n, "the recent tokens the penalties count, prompt included (-1 = all)")->capture_default_str();
 }
 
-void add_engine_flags(CLI::App * sub, EngineOptions & e) {
+void add_engine_flags(CLI::App * sub, EngineOptions & e, bool & no_spec) {
     sub->add_option("-t,--threads", e.n_threads, "CPU threads (0 = physical cores)")->capture_default_str();
     sub->add_option("--device", e.device,
                     "ggml device: cpu, CUDA0 / Metal / Vulkan0 in such a build, RPC[host:port] (an rpc-server), or a comma-separated "
@@ -83,7 +108,9 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e) {
         "--eagle3", [&d](const std::string & p) { choose_drafter(d, DrafterKind::Eagle3, p); },
         "EAGLE-3 head GGUF for the target, llama.cpp layout (default tree: dynamic)");
     sub->add_flag_callback(
-        "--ngram", [&d] { choose_drafter(d, DrafterKind::Ngram, ""); }, "draft by prompt lookup (n-gram matching)");
+        "--ngram", [&d] { choose_drafter(d, DrafterKind::Ngram, ""); },
+        "draft by prompt lookup (n-gram matching; the default without a drafter)");
+    sub->add_flag("--no-spec", no_spec, "plain decoding: no drafter, not even prompt lookup");
     sub->add_flag_callback(
         "--lookup", [&d] { d.lookup = true; },
         "with --draft, --eagle or --eagle3: graft prompt-lookup continuations into each draft (default: on for trees the policy sizes)");

@@ -19,13 +19,21 @@ void add_choice(CLI::App * sub, const std::string & name, Enum & out, Enum (*par
         name, [&out, parse](const std::string & value) { out = parse(value); }, help);
 }
 
-void add_engine_flags(CLI::App * sub, EngineOptions & engine);
+// no_spec: set by --no-spec (plain decoding), read by choose_model_and_drafter.
+void add_engine_flags(CLI::App * sub, EngineOptions & engine, bool & no_spec);
 // The sampling flags of the commands that generate (--temp ... --seed, the penalties).
 void add_sampling_flags(CLI::App * sub, SamplingParams & sampling);
 
-// No -m: SmolLM2-135M-Instruct from the model cache scripts/fetch_models.sh fills (same variable,
-// same default), fetched on first use, drafting with its EAGLE-3 head from models/ unless another
-// drafter was chosen. Throws Error when the model cannot be fetched.
-void use_default_model(EngineOptions & engine);
+// What the flags left to defaults. No -m: SmolLM2-135M-Instruct from the model cache
+// scripts/fetch_models.sh fills (same variable, same default), fetched on first use, drafting with
+// its EAGLE-3 head from models/ unless another drafter was chosen. No drafter: prompt lookup
+// (n-gram chains, and in a server the suffix cache of earlier requests), whose drafts cost no
+// forward and which the cost policy verifies only where they pay, so that speculation is the
+// default for any model. --no-spec: plain decoding (an error beside a drafter or SpecEE). Throws
+// Error when the model cannot be fetched or the flags contradict each other.
+void choose_model_and_drafter(EngineOptions & engine, bool no_spec);
+// How `engine` (as choose_model_and_drafter left it) decodes, for generate's and serve's mode lines:
+// "plain decoding (no drafter)", "speculative, drafting by prompt lookup (n-grams)", ...
+std::string decoding_mode(const EngineOptions & engine);
 
 }  // namespace specula::cli
