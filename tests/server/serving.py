@@ -79,8 +79,8 @@ def port_of(base):
     return int(base.rsplit(":", 1)[1])
 
 
-def read_response(sock, timeout=20):
-    """(status, body as JSON) of a Content-Length response on `sock`."""
+def read_message(sock, timeout=20):
+    """(status, headers lower-cased, body bytes) of a Content-Length response on `sock`."""
     sock.settimeout(timeout)
     data = b""
     while b"\r\n\r\n" not in data:
@@ -88,12 +88,19 @@ def read_response(sock, timeout=20):
         assert chunk, f"the server closed the connection after {data!r}"
         data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
-    while len(body) < length:
+    lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
         chunk = sock.recv(65536)
         assert chunk, "the server closed the connection inside the body"
         body += chunk
-    return int(head.split(b" ")[1]), json.loads(body)
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def read_response(sock, timeout=20):
+    """(status, body as JSON) of a Content-Length response on `sock`."""
+    status, _, body = read_message(sock, timeout)
+    return status, json.loads(body)
 
 
 def get_json(url):

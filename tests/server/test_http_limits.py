@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from serving import greedy_text, port_of, read_response, serve
+from serving import greedy_text, port_of, read_message, read_response, serve
 
 
 def health(base, timeout=10):
@@ -198,18 +198,8 @@ def test_connections_over_the_cap_get_503():
 def keep_alive_request(sock, path="/health"):
     """A GET on `sock` that leaves the connection open; (status, headers lower-cased)."""
     sock.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
-    sock.settimeout(20)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"the server closed the connection after {data!r}"
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    lines = head.decode().split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    while len(body) < int(headers.get("content-length", 0)):
-        body += sock.recv(65536)
-    return int(lines[0].split(" ")[1]), headers
+    status, headers, _ = read_message(sock)
+    return status, headers
 
 
 def test_a_kept_alive_connection_carries_several_requests():
