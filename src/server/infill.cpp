@@ -133,13 +133,7 @@ void parse_sampling(const json & body, Request & r) {
 }
 
 Request parse_body(const std::string & text, const openai::Accepted & accepted) {
-    json body;
-    try {
-        body = parse_json(text);
-    } catch (const std::exception & e) {
-        bad("", std::string("malformed JSON in the request body: ") + std::string(e.what()).substr(0, 200));
-    }
-    if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
+    const json body = openai::body_object(text);
     static const std::set<std::string, std::less<>> fields = {
         "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "max_tokens", "n_indent", "t_max_prompt_ms",
         "t_max_predict_ms", "samplers", "cache_prompt", "stream", "id_slot", "temperature", "top_k", "top_p", "min_p", "seed",

@@ -24,6 +24,17 @@ json ApiError::body() const {
 
 void bad(const std::string & param, const std::string & message) { throw ApiError{400, message, "invalid_request_error", param, ""}; }
 
+nlohmann::json body_object(const std::string & text) {
+    nlohmann::json body;
+    try {
+        body = parse_json(text);
+    } catch (const std::exception & e) {
+        bad("", std::string("malformed JSON in the request body: ") + std::string(e.what()).substr(0, 200));
+    }
+    if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
+    return body;
+}
+
 void must_be(const std::string & param, const std::string & what, const json & got) {
     bad(param, "'" + param + "' must be " + what + ", got " + json_kind(got));
 }

@@ -9,6 +9,9 @@
 namespace specula::openai {
 
 [[noreturn]] void bad(const std::string & param, const std::string & message);
+// A request body that must be a JSON object (the routes beside the OpenAI ones): malformed JSON
+// or another JSON type is a 400.
+nlohmann::json body_object(const std::string & text);
 // A field of the wrong type or value: "'param' must be WHAT, got KIND".
 [[noreturn]] void must_be(const std::string & param, const std::string & what, const nlohmann::json & got);
 bool boolean(const nlohmann::json & v, const std::string & param);

@@ -16,13 +16,7 @@ namespace {
 
 // The body as an object holding no field but `fields`.
 json body_object(const std::string & text, const std::set<std::string> & fields) {
-    json body;
-    try {
-        body = parse_json(text);
-    } catch (const std::exception & e) {
-        bad("", std::string("malformed JSON in the request body: ") + std::string(e.what()).substr(0, 200));
-    }
-    if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
+    json body = openai::body_object(text);
     for (const auto & [key, value] : body.items()) {
         if (!fields.count(key)) bad(key.substr(0, 40), "'" + key.substr(0, 40) + "' is not supported");
     }
