@@ -211,6 +211,22 @@ def test_typing_a_line_reuses_the_prompt(plain, lookup):
     assert warm["content"] == infill(lookup, **second)["content"]  # a server that never saw `first`
 
 
+def test_a_line_inserted_above_the_cursor_recomputes_from_it(plain, lookup):
+    """Rows before an inserted line are reused; from the insertion on, every row is recomputed (their
+    context changed), so the text is a cold request's and not a shifted cache's."""
+    head = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(12))
+    tail = "".join(f"def h{i}(x):\n    return x * {i}\n\n\n" for i in range(4))
+    first = {"input_prefix": head + tail, "input_suffix": "\n", "input_extra": EXTRA, "prompt": "def g(x):", "n_predict": 8, **GREEDY}
+    second = {**first, "input_prefix": head + "import math\n" + tail}
+    infill(plain, **first)
+    warm = infill(plain, **second)
+    after_insertion = len(tokens(plain, "import math\n" + tail + "def g(x):")) + len(tokens(plain, "\n")) + 3  # + FIM_SUF, FIM_MID
+    assert warm["tokens_evaluated"] - warm["timings"]["prompt_n"] >= len(tokens(plain, head)) - 1, warm["timings"]  # the head reused
+    # From the insertion on, everything recomputed (no shifted rows); nothing before it.
+    assert after_insertion - 3 <= warm["timings"]["prompt_n"] <= after_insertion + 2, warm["timings"]
+    assert warm["content"] == infill(lookup, **second)["content"]  # a server that never saw `first`
+
+
 def test_stream(plain):
     """Server-sent events: content pieces with stop false, then the whole reply's fields with stop true."""
     fields = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": EXTRA, "n_predict": 24, **GREEDY}
