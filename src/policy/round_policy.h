@@ -17,6 +17,9 @@
 //   step: one target forward; in `specula serve` it carries the rounds (and prompt chunks) of
 //     several sequences, so its time is every sequence's.
 //   row: one token of a forward's batch; a round alone verifies n draft nodes in n + 1 rows.
+//   plain step (plain round): a round that drafts nothing; its forward carries the root's row
+//     alone and emits one token.
+//   load: the number of sequences decoding in a step.
 //   verify-cost curve: the measured ms of a target forward of b rows at one context depth,
 //     refitted from every round's timing (VerifyCost, verify_cost.h).
 //   plain rate: tokens per ms of the step without this sequence's draft: one token per one-row
@@ -41,6 +44,8 @@
 //   draft, explore, skip: a tree round's plan (TreeSizePolicy::Round): the full budget; one level
 //     and one node, now and then in place of a skip, to notice a text turning predictable; no model
 //     draft at all (the free draft, or a plain step).
+//   probe: a chain's explore: a one-token draft now and then while the cost policy's best length
+//     is 0 (DraftLengthPolicy).
 //   catch-up: a drafter's first level after rounds it did not draft (or a sequence's first) reads
 //     every token emitted since, so that round is not timed as a usual one.
 //   gate: the server's choice, per window of steps and load, whether a step's sequences may draft
