@@ -24,12 +24,24 @@ json ApiError::body() const {
 
 void bad(const std::string & param, const std::string & message) { throw ApiError{400, message, "invalid_request_error", param, ""}; }
 
-nlohmann::json body_object(const std::string & text) {
-    nlohmann::json body;
+namespace {
+
+// A parser's message quotes what it last read, which can be most of the body.
+std::string cut(const std::string & message) {
+    constexpr size_t kShown = 200;
+    return message.size() > kShown ? message.substr(0, kShown) + "..." : message;
+}
+
+}  // namespace
+
+json body_object(const std::string & text) {
+    json body;
     try {
         body = parse_json(text);
-    } catch (const std::exception & e) {
-        bad("", std::string("malformed JSON in the request body: ") + std::string(e.what()).substr(0, 200));
+    } catch (const Error & e) {  // nested deeper than the limit
+        bad("", std::string("malformed JSON in the request body: ") + e.what());
+    } catch (const json::exception & e) {  // parse_error, and out_of_range for numbers such as 1E999 (fuzz_openai_request)
+        bad("", "malformed JSON in the request body: " + cut(e.what()));
     }
     if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
     return body;
@@ -66,12 +78,6 @@ int64_t integer(const json & body, const char * key, int64_t lo, int64_t hi) {
 
 namespace {
 
-// A parser's message quotes what it last read, which can be most of the body.
-std::string cut(const std::string & message) {
-    constexpr size_t kShown = 200;
-    return message.size() > kShown ? message.substr(0, kShown) + "..." : message;
-}
-
 // A string or token ids, either alone or as the one item of an array (OpenAI's and vLLM's
 // batch form, with one prompt).
 void parse_prompt(const json & p, Request & r) {
@@ -88,15 +94,7 @@ void parse_prompt(const json & p, Request & r) {
 }
 
 Request parse_body(Endpoint endpoint, const std::string & text, const Accepted & accepted) {
-    json body;
-    try {
-        body = parse_json(text);
-    } catch (const Error & e) {  // nested deeper than the limit
-        bad("", std::string("malformed JSON in the request body: ") + e.what());
-    } catch (const json::exception & e) {  // parse_error, and out_of_range for numbers such as 1E999 (fuzz_openai_request)
-        bad("", "malformed JSON in the request body: " + cut(e.what()));
-    }
-    if (!body.is_object()) bad("", "the request body must be a JSON object, got " + json_kind(body));
+    const json body = body_object(text);
     Request r;
     r.ignored_fields = unknown_fields(body, endpoint);
     if (accepted.strict_fields && !r.ignored_fields.empty()) {

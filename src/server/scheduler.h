@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -260,6 +261,11 @@ private:
     };
     // Under mutex_: queued jobs into free slots (each slot's job set, its sequence not yet made).
     std::vector<Admitted> admit();
+    // Under mutex_: ends the cancelled jobs at the queue's front (their clients left while they waited).
+    void drop_cancelled_queued();
+    // Under mutex_: the free slot the queue's front job starts in now (its id_slot's, else the one
+    // holding most of its prompt; prefixes: every slot's), or -1 while it must wait; `first` as may_start sets it.
+    int slot_for_front(std::span<const SlotPrefix * const> prefixes, Slot *& first) const;
     // On the worker, without mutex_: sets an admitted slot up for its job (the prefix store's and
     // a first choice's rows, the sequence). Returns the error that fails the job, "" on success.
     std::string start(Slot & slot, Slot * first);

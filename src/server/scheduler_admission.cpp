@@ -10,29 +10,36 @@
 
 namespace specula {
 
+void Scheduler::drop_cancelled_queued() {
+    while (!queue_.empty() && queue_.front()->cancelled()) {
+        ++metrics_.requests_cancelled;
+        Job::Result r;
+        r.error = "cancelled";
+        queue_.front()->finish(r);
+        queue_.pop_front();
+    }
+}
+
+int Scheduler::slot_for_front(std::span<const SlotPrefix * const> prefixes, Slot *& first) const {
+    const Job & job = *queue_.front();
+    std::vector<char> free;
+    for (auto & slot : slots_) free.push_back(!slot->job);
+    if (!may_start(job, static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return -1;
+    if (job.slot_ >= 0) {
+        for (size_t i = 0; i < free.size(); ++i) free[i] = free[i] && static_cast<int>(i) == job.slot_;
+    }
+    return choose_slot(prefixes, free, job.prompt_, job.tenancy_.scope());
+}
+
 std::vector<Scheduler::Admitted> Scheduler::admit() {
     std::vector<Admitted> admitted;
     std::vector<const SlotPrefix *> prefixes;
-    std::vector<char> free;
     for (auto & slot : slots_) prefixes.push_back(&slot->prefix);
     for (;;) {
-        while (!queue_.empty() && queue_.front()->cancelled()) {
-            ++metrics_.requests_cancelled;
-            Job::Result r;
-            r.error = "cancelled";
-            queue_.front()->finish(r);
-            queue_.pop_front();
-        }
+        drop_cancelled_queued();
         if (queue_.empty()) return admitted;
-        free.clear();
-        for (auto & slot : slots_) free.push_back(!slot->job);
         Slot * first = nullptr;
-        if (!may_start(*queue_.front(), static_cast<int>(std::count(free.begin(), free.end(), 1)), first)) return admitted;
-        const int pinned = queue_.front()->slot_;
-        if (pinned >= 0) {
-            for (size_t i = 0; i < free.size(); ++i) free[i] = free[i] && static_cast<int>(i) == pinned;
-        }
-        const int chosen = choose_slot(prefixes, free, queue_.front()->prompt_, queue_.front()->tenancy_.scope());
+        const int chosen = slot_for_front(prefixes, first);
         if (chosen < 0) return admitted;
         Slot & slot = *slots_[chosen];
         slot.job = queue_.front();
