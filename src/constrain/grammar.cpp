@@ -14,6 +14,7 @@
 
 #include "common/json_limits.h"
 #include "constrain/grammar_guard.h"
+#include "constrain/grammar_mask.h"
 #include "json-schema-to-grammar.h"
 #include "llama-grammar.h"
 #include "llama-vocab.h"
@@ -164,14 +165,14 @@ void accept_token(llama_grammar & grammar, int32_t token) {
     }
 }
 
-// libllama's grammar (its apply masks a candidate array, its accept advances the stacks), with
-// whole-row masks cached per position.
+// libllama's grammar, its stacks advanced by accept_token() and its allowed tokens found by a
+// budgeted walk of the vocabulary's trie (grammar_mask.h), with whole-row masks cached per position.
 class GrammarState final : public LogitsState {
 public:
-    GrammarState(GrammarPtr grammar, const Tokenizer & tokenizer, std::shared_ptr<MaskCache> cache)
-        : grammar_(std::move(grammar)), tokenizer_(&tokenizer), n_tokens_(tokenizer.n_vocab()), cache_(std::move(cache)) {}
+    GrammarState(GrammarPtr grammar, const Tokenizer & tokenizer, std::shared_ptr<const VocabularyTrie> trie, std::shared_ptr<MaskCache> cache)
+        : grammar_(std::move(grammar)), tokenizer_(&tokenizer), n_tokens_(tokenizer.n_vocab()), trie_(std::move(trie)), cache_(std::move(cache)) {}
     std::unique_ptr<LogitsState> clone() const override {
-        auto copy = std::make_unique<GrammarState>(GrammarPtr(llama_grammar_clone_impl(*grammar_)), *tokenizer_, cache_);
+        auto copy = std::make_unique<GrammarState>(GrammarPtr(llama_grammar_clone_impl(*grammar_)), *tokenizer_, trie_, cache_);
         copy->key_ = key_;
         return copy;
     }
@@ -193,10 +194,7 @@ public:
     bool allows(int32_t token) const override {
         if (token < 0 || token >= n_tokens_) return false;
         if (const std::vector<uint64_t> * cached = cache_->find(key())) return bit(*cached, token);
-        llama_token_data one{token, 0.0f, 0.0f};
-        llama_token_data_array array{&one, 1, -1, false};
-        llama_grammar_apply_impl(*grammar_, &array);
-        return one.logit != -INFINITY;
+        return grammar_allows(*grammar_, *trie_, token);
     }
 
     void accept(int32_t token) override {
@@ -222,10 +220,14 @@ public:
         while (!rest.empty() && static_cast<int>(tokens.size()) < max_tokens) {
             int32_t token = -1;
             size_t length = std::min(rest.size(), kMaxPieceBytes);
-            for (; length > 0; --length) {
-                token = tokenizer_->token_spelling(rest.substr(0, length));
-                if (token >= 0 && walk->allows(token)) break;
-                token = -1;
+            try {
+                for (; length > 0; --length) {
+                    token = tokenizer_->token_spelling(rest.substr(0, length));
+                    if (token >= 0 && walk->allows(token)) break;
+                    token = -1;
+                }
+            } catch (const Error &) {  // a limit: the row's mask reports it, a draft stops short of it
+                break;
             }
             // A last token of letters or digits may be the start of a longer one that the free text
             // after it continues ("na" of "name"): it is left to the drafter.
@@ -243,26 +245,19 @@ private:
         if (key_.empty()) key_ = position_key(*grammar_);
         return key_;
     }
-    // The tokens the grammar allows here, one bit each: one whole-vocabulary pass per position.
+    // The tokens the grammar allows here, one bit each: one walk of the vocabulary's trie per
+    // position (grammar_mask.h), which lends the grammar's stacks and puts them back.
     const std::vector<uint64_t> & mask() const {
         if (const std::vector<uint64_t> * cached = cache_->find(key())) return *cached;
-        candidates_.resize(n_tokens_);
-        for (int i = 0; i < n_tokens_; ++i) candidates_[i] = llama_token_data{i, 0.0f, 0.0f};
-        llama_token_data_array array{candidates_.data(), candidates_.size(), -1, false};
-        llama_grammar_apply_impl(*grammar_, &array);
-        std::vector<uint64_t> allowed((n_tokens_ + 63) / 64, 0);
-        for (int i = 0; i < n_tokens_; ++i) {
-            if (candidates_[i].logit != -INFINITY) allowed[i >> 6] |= uint64_t{1} << (i & 63);
-        }
-        return cache_->insert(key(), std::move(allowed));
+        return cache_->insert(key(), grammar_mask(*grammar_, *trie_, n_tokens_));
     }
 
     GrammarPtr grammar_;
     const Tokenizer * tokenizer_;
     int n_tokens_;
+    std::shared_ptr<const VocabularyTrie> trie_;
     std::shared_ptr<MaskCache> cache_;
-    mutable std::string key_;                           // position_key() of the current position; empty: not yet made
-    mutable std::vector<llama_token_data> candidates_;  // mask()'s scratch
+    mutable std::string key_;  // position_key() of the current position; empty: not yet made
 };
 
 // libllama's GBNF parser prints why a grammar does not parse on stderr, not to its log, yet the
@@ -309,7 +304,7 @@ std::unique_ptr<LogitsState> make_grammar_state(const Tokenizer & tokenizer, con
     GrammarPtr grammar(llama_grammar_init_impl(tokenizer.vocabulary(), rules.data(), rules.size(), root->second));
     const std::string logged = take_library_errors();
     if (!grammar) throw Error("the grammar does not parse as GBNF" + (logged.empty() ? std::string() : ": " + logged));
-    return std::make_unique<GrammarState>(std::move(grammar), tokenizer, std::make_shared<MaskCache>());
+    return std::make_unique<GrammarState>(std::move(grammar), tokenizer, vocabulary_trie(tokenizer), std::make_shared<MaskCache>());
 }
 
 std::string json_schema_to_gbnf(const std::string & schema_json) {

@@ -3,12 +3,15 @@ to a real `specula serve` (the bundled target; with --draft, so that drafts walk
 each is answered 400 naming the limit, or ends with an error, and the server answers the same
 greedy request afterwards. Each test states the breakage it catches."""
 import os
+import re
+import urllib.request
 
 import pytest
 
 from serving import DRAFT, ROOT, greedy_text, post, serve
 
 TEMPLATE = os.path.join(ROOT, "tests", "chat", "tool_template.jinja")
+SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expanduser("~/.cache/specula/models"), "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def chain_schema(n):
@@ -91,3 +94,23 @@ def test_stacks_that_double_with_every_character_end_the_request_with_an_error(s
     assert reply["error"]["message"] == "the grammar exceeds a limit: more than 1024 parse stacks at once"
     assert proc.poll() is None, "the server died"
     assert greedy_text(base) == before
+
+
+def test_an_ambiguous_whitespace_grammar_is_answered():
+    # Catches: libllama's token step following each parse of a run of spaces apart, 2^L steps for a
+    # token of L spaces (SmolLM2's vocabulary has runs of 16 and more): the request pinned a core.
+    if not os.path.exists(SMOLLM2):
+        pytest.skip(f"{SMOLLM2} is absent: run scripts/fetch_models.sh")
+    with serve("--parallel", "2", model=SMOLLM2) as (proc, base):
+        before = greedy_text(base)
+        status, reply = post(base, "/v1/completions", {"prompt": "Indent:", "max_tokens": 16, "temperature": 0,
+                                                       "grammar": 'root ::= (" " | "  ")* "x"'})
+        if status == 200:
+            assert re.fullmatch(r" *x?", reply["choices"][0]["text"]), reply
+        else:
+            assert status == 400, reply
+            assert reply["error"]["message"].startswith("the grammar exceeds a limit"), reply
+        assert proc.poll() is None, "the server died"
+        with urllib.request.urlopen(base + "/health") as r:
+            assert r.status == 200
+        assert greedy_text(base) == before
