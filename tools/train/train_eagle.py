@@ -319,27 +319,30 @@ def grown_ffn(state, head, init_path):
     return state
 
 
-def train_on_features(a, log):
-    """A real target: its features and top-k distributions read from target_features.py's files."""
+def read_features(a):
+    """The --feats files (memory-mapped: the features stay in the page cache, shared by runs side by
+    side on the same files), checked to be of the same layers: (their first file, the layers, the
+    training sequences with their weights' repeats, each reply token's count over them)."""
     try:
         files = weighted_feats(a.feats)
     except ValueError as e:
         sys.exit(f"train_eagle: error: {e}")
-    # memory-mapped: the features stay in the page cache, shared by runs side by side on the same files
     parts = [(torch.load(f, mmap=True), w) for f, w in files]
     data = parts[0][0]
     layers = data["layers"]
     if any(p["layers"] != layers for p, _ in parts):
         sys.exit("train_eagle: error: the --feats files were extracted at different layers")
     train = [s for p, w in parts for s in p["seqs"] if s["split"] == "train" for _ in range(w)]
-    n_vocab = data["config"]["vocab_size"]
-    counts = torch.zeros(n_vocab, dtype=torch.long)
+    counts = torch.zeros(data["config"]["vocab_size"], dtype=torch.long)
     for s in train:
         counts.index_add_(0, s["ids"][s["n_prompt"]:], torch.ones(len(s["ids"]) - s["n_prompt"], dtype=torch.long))
-    if a.kind == "eagle1":
-        a.vocab = n_vocab  # drafts over the target's own logits
-    resumed = load_resume(a, layers) if a.resume else None
-    init = load_init(a, layers) if a.init else None
+    return data, layers, train, counts
+
+
+def draft_vocabulary(a, counts, init, resumed):
+    """The draft vocabulary d2t (target ids, ascending), a.vocab set to its size: the --init head's
+    (grown by --init_grow_vocab, re-chosen by --init_new_vocab), the resumed run's, or the --vocab
+    most frequent reply tokens."""
     def by_count():  # reply tokens, most frequent first (ties: lower id)
         return sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
     if init is not None and "d2t" in init and a.init_grow_vocab:
@@ -347,34 +350,35 @@ def train_on_features(a, log):
         if a.vocab < len(kept):
             sys.exit(f"train_eagle: error: --init_grow_vocab: --vocab {a.vocab} is smaller than the head's {len(kept)} tokens")
         others = [i for i in by_count() if i not in kept]
-        d2t = torch.tensor(sorted(kept | set(others[:a.vocab - len(kept)])))
-    elif init is not None and "d2t" in init and not a.init_new_vocab:
+        return torch.tensor(sorted(kept | set(others[:a.vocab - len(kept)])))
+    if init is not None and "d2t" in init and not a.init_new_vocab:
         d2t = init["d2t"]
-        a.vocab = len(d2t)
     elif resumed is not None and "d2t" in resumed:
         d2t = resumed["d2t"]  # the head's output rows belong to this vocabulary, whatever the new data's counts
-        a.vocab = len(d2t)
     else:
-        d2t = torch.tensor(sorted(by_count()[:a.vocab]))
-    t2d = torch.full((len(counts),), -1, dtype=torch.long)
-    t2d[d2t] = torch.arange(a.vocab)
-    coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
-    print(f"{len(train)} training sequences, {sum(len(s['ids']) for s in train)} tokens; draft vocabulary {a.vocab} covers {coverage:.4f} of reply tokens", flush=True)
+        return torch.tensor(sorted(by_count()[:a.vocab]))
+    a.vocab = len(d2t)
+    return d2t
 
-    c = LlamaConfig(**{**data["config"], "vocab_size": a.vocab, "n_layers": 1})
+
+def head_config(a, target_config):
+    """The head's shape: the target's width over the draft vocabulary, one layer, --heads, --kv_heads
+    and --ffn where given."""
+    c = LlamaConfig(**{**target_config, "vocab_size": a.vocab, "n_layers": 1})
     c.n_heads, c.n_kv_heads, c.ffn_dim = a.heads or c.n_heads, a.kv_heads or c.n_kv_heads, a.ffn or c.ffn_dim
     if c.dim % c.n_heads or c.n_heads % c.n_kv_heads or (c.dim // c.n_heads) % 16:
         sys.exit(f"train_eagle: error: width {c.dim} with {c.n_heads} heads / {c.n_kv_heads} KV heads: the head size must be "
                  "a whole multiple of 16 and the heads a multiple of the KV heads")
-    ROPE_BASE[0] = c.rope_base
-    if not data["config"]["tie_embeddings"]:
-        sys.exit("train_eagle: error: expects a target with tied embeddings (its lm_head is token_embd)")
-    w = load_gguf_tensors(a.model, ["token_embd.weight", "output_norm.weight"])
+    return c
+
+
+def new_head(a, c, layers, w, d2t):
+    """A fresh head started from the target's tensors w, and for EAGLE-1 the target's frozen output
+    norm (None for EAGLE-3)."""
     head = Eagle3Head(c, layers) if a.kind == "eagle3" else Eagle1Head(c)
     for mod in head.modules():
         if isinstance(mod, torch.nn.Linear):
             torch.nn.init.normal_(mod.weight, std=0.02)
-    target_norm = None
     if a.kind == "eagle3":
         with torch.no_grad():  # lm_head and final norm start from the target's (rows of the draft vocabulary)
             head.output.weight.copy_(w["token_embd.weight"][d2t])
@@ -382,28 +386,150 @@ def train_on_features(a, log):
             # fc starts as "take the high tap": g begins in the target's own hidden space (a short CPU
             # budget gets far less out of a random fc)
             head.fc.weight[:, 2 * c.dim:] += torch.eye(c.dim)
-    else:
-        with torch.no_grad():  # fc starts as "take the feature": x begins as the target's own hidden state
-            head.fc.weight[:, c.dim:] += torch.eye(c.dim)
-        target_norm = torch.nn.RMSNorm(c.dim, eps=c.norm_eps, elementwise_affine=True)
-        target_norm.weight = torch.nn.Parameter(w["output_norm.weight"], requires_grad=False)
+        return head, None
+    with torch.no_grad():  # fc starts as "take the feature": x begins as the target's own hidden state
+        head.fc.weight[:, c.dim:] += torch.eye(c.dim)
+    target_norm = torch.nn.RMSNorm(c.dim, eps=c.norm_eps, elementwise_affine=True)
+    target_norm.weight = torch.nn.Parameter(w["output_norm.weight"], requires_grad=False)
+    return head, target_norm
+
+
+def load_init_weights(a, head, c, init, d2t):
+    """The --init head's weights into head: its output rows carried to a re-chosen or grown draft
+    vocabulary, its FFN widened by --init_grow_ffn."""
+    if (a.init_new_vocab or a.init_grow_vocab) and "d2t" in init:  # carry the trained rows of the tokens both vocabularies have
+        old_row = {int(t): i for i, t in enumerate(init["d2t"])}
+        # New rows start at zero, not from the target's embedding: the trained rows have left the
+        # embedding's directions, and copied rows would take the argmax from them before any step.
+        out = torch.zeros_like(head.output.weight.detach())
+        kept = [(j, old_row[int(t)]) for j, t in enumerate(d2t) if int(t) in old_row]
+        out[[j for j, _ in kept]] = init["state_dict"]["output.weight"][[i for _, i in kept]].to(out.dtype)
+        init["state_dict"] = {**init["state_dict"], "output.weight": out}
+        print(f"draft vocabulary re-chosen: {len(kept)} of {a.vocab} rows kept from {a.init}", flush=True)
+    if a.init_grow_ffn:
+        init["state_dict"] = grown_ffn(init["state_dict"], head, a.init)
+    try:
+        head.load_state_dict(init["state_dict"])
+    except RuntimeError as e:
+        sys.exit(f"train_eagle: error: --init {a.init} does not fit a head of {c.__dict__}: {e}")
+    print(f"initialized from {a.init}", flush=True)
+
+
+def resume_from(a, resumed, c, head, opt, g, budget_s):
+    """The resumed run's head, optimizer and data order; (step, epoch, seconds trained). Refuses a
+    run whose --minutes or --steps it has already reached."""
+    if resumed["config"] != c.__dict__:
+        sys.exit(f"train_eagle: error: {a.resume} is a head of another shape ({resumed['config']}), not {c.__dict__}")
+    head.load_state_dict(resumed["state_dict"])
+    opt.load_state_dict(resumed["optimizer"])
+    g.set_state(resumed["generator"])
+    step, epoch, elapsed0 = resumed["step"], resumed["epoch"], resumed["elapsed_s"]
+    print(f"resumed {a.resume}: step {step}, epoch {epoch}, {elapsed0 / 60:.1f} minutes trained", flush=True)
+    if elapsed0 >= budget_s:
+        sys.exit(f"train_eagle: error: {a.resume} has trained {elapsed0 / 60:.1f} minutes already: give a larger --minutes to extend it")
+    if step >= a.max_steps:
+        sys.exit(f"train_eagle: error: {a.resume} has trained {step} steps already: give a larger --steps to extend it")
+    return step, epoch, elapsed0
+
+
+def feature_batch(a, c, seqs):
+    """target_features.py's sequences padded to the longest: (tokens, features, final hidden states,
+    top-k ids, top-k probabilities, the positions scored)."""
+    T = max(len(s["ids"]) for s in seqs)
+    B = len(seqs)
+    x = torch.zeros(B, T, dtype=torch.long)
+    feat = torch.zeros(B, T, (3 if a.kind == "eagle3" else 1) * c.dim)
+    hfin = torch.zeros(B, T, c.dim)
+    K = seqs[0]["top_ids"].shape[1]
+    top_ids = torch.zeros(B, T, K, dtype=torch.long)
+    top_p = torch.zeros(B, T, K)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        n = len(s["ids"])
+        x[b, :n] = s["ids"]; hfin[b, :n] = s["hfin"].float()
+        feat[b, :n] = s["feat"].float() if a.kind == "eagle3" else hfin[b, :n]
+        top_ids[b, :n] = s["top_ids"].long(); top_p[b, :n] = s["top_logp"].float().exp()
+        valid[b, :n] = True
+        valid[b, :max(0, s["n_prompt"] - 2)] = False  # score the reply (and the turn's last prompt tokens) only
+    return x, feat, hfin, top_ids, top_p, valid
+
+
+def feature_loss(a, head, embd, target_norm, d2t, t2d, batch, train_mode=True):
+    """unrolled_loss on a feature_batch: soft cross-entropy against the target's top-k over the draft
+    vocabulary (EAGLE-1: plus the smooth L1 to the target's next state); (loss, top-1 agreement by step)."""
+    x, feat, hfin, top_ids, top_p, valid = batch
+
+    def score(k, lo, n, lq, out):
+        ids = top_ids[:, 1 + k + lo:1 + k + n]
+        p = top_p[:, 1 + k + lo:1 + k + n]
+        d = t2d[ids]
+        m = valid[:, 1 + k + lo:1 + k + n]
+        ce = -(p * (d >= 0) * lq.gather(-1, d.clamp(min=0))).sum(-1)
+        loss = (ce * m).sum() / m.sum().clamp(min=1)
+        if a.kind == "eagle1":
+            # In units of the target state's RMS: SmolLM2's final hidden states are large, and a raw
+            # smooth L1 (~80 at the start) drowned the cross-entropy that drafting depends on.
+            want = hfin[:, 1 + k + lo:1 + k + n]
+            rms = want.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-3)
+            reg = F.smooth_l1_loss(out / rms, want / rms, reduction="none").mean(-1)
+            loss = (reg * m).sum() / m.sum().clamp(min=1) + 0.1 * loss
+        agree = (d2t[lq.argmax(-1)] == ids[..., 0]) & m
+        return loss, agree.sum().item() / max(1, m.sum().item())
+
+    # The first head index any step scores: step k at index t is scored at position t + 1 + k,
+    # and a sequence's first scored position is its first valid one.
+    first_valid = valid.float().argmax(1).min().item()
+    lo = max(0, min(first_valid - a.ttt_steps, x.shape[1] - 1 - a.ttt_steps))
+    return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score, train_mode, lo)
+
+
+def evaluate_heldout(a, log, heldout, step, make_batch, run):
+    """Loss and top-1 agreement by training-time-test step on the held-out sequences, weighted by
+    tokens, overall and per prompt category, logged and printed."""
+    if not heldout:
+        return
+    by_category = {}
+    for s in heldout:
+        by_category.setdefault(s["category"], []).append(s)
+    sums = {}  # category -> [tokens, loss * tokens, agreement by step * tokens]
+    with torch.no_grad():
+        for cat, seqs in by_category.items():
+            for i in range(0, len(seqs), 16):
+                batch = make_batch(seqs[i:i + 16])
+                n = batch[-1].sum().item()
+                loss, accs = run(batch, train_mode=False)
+                tot, loss_sum, acc_sum = sums.get(cat, (0, 0.0, [0.0] * len(accs)))
+                sums[cat] = (tot + n, loss_sum + loss.item() * n, [x + n * v for x, v in zip(acc_sum, accs)])
+    tot = sum(v[0] for v in sums.values())
+    acc_sum = [sum(v[2][k] for v in sums.values()) for k in range(len(next(iter(sums.values()))[2]))]
+    rec = {"event": "heldout", "model": a.name, "step": step, "sequences": len(heldout),
+           "loss": round(sum(v[1] for v in sums.values()) / tot, 4), "top1_agree_by_step": [round(v / tot, 4) for v in acc_sum],
+           "top1_agree_by_category": {c: [round(x / v[0], 4) for x in v[2]] for c, v in sorted(sums.items())}}
+    log.write(json.dumps(rec) + "\n"); log.flush()
+    print(rec, flush=True)
+
+
+def train_on_features(a, log):
+    """A real target: its features and top-k distributions read from target_features.py's files."""
+    data, layers, train, counts = read_features(a)
+    if a.kind == "eagle1":
+        a.vocab = len(counts)  # drafts over the target's own logits
+    resumed = load_resume(a, layers) if a.resume else None
+    init = load_init(a, layers) if a.init else None
+    d2t = draft_vocabulary(a, counts, init, resumed)
+    t2d = torch.full((len(counts),), -1, dtype=torch.long)
+    t2d[d2t] = torch.arange(a.vocab)
+    coverage = counts[d2t].sum().item() / max(1, counts.sum().item())
+    print(f"{len(train)} training sequences, {sum(len(s['ids']) for s in train)} tokens; draft vocabulary {a.vocab} covers {coverage:.4f} of reply tokens", flush=True)
+
+    c = head_config(a, data["config"])
+    ROPE_BASE[0] = c.rope_base
+    if not data["config"]["tie_embeddings"]:
+        sys.exit("train_eagle: error: expects a target with tied embeddings (its lm_head is token_embd)")
+    w = load_gguf_tensors(a.model, ["token_embd.weight", "output_norm.weight"])
+    head, target_norm = new_head(a, c, layers, w, d2t)
     if init is not None:
-        if (a.init_new_vocab or a.init_grow_vocab) and "d2t" in init:  # carry the trained rows of the tokens both vocabularies have
-            old_row = {int(t): i for i, t in enumerate(init["d2t"])}
-            # New rows start at zero, not from the target's embedding: the trained rows have left the
-            # embedding's directions, and copied rows would take the argmax from them before any step.
-            out = torch.zeros_like(head.output.weight.detach())
-            kept = [(j, old_row[int(t)]) for j, t in enumerate(d2t) if int(t) in old_row]
-            out[[j for j, _ in kept]] = init["state_dict"]["output.weight"][[i for _, i in kept]].to(out.dtype)
-            init["state_dict"] = {**init["state_dict"], "output.weight": out}
-            print(f"draft vocabulary re-chosen: {len(kept)} of {a.vocab} rows kept from {a.init}", flush=True)
-        if a.init_grow_ffn:
-            init["state_dict"] = grown_ffn(init["state_dict"], head, a.init)
-        try:
-            head.load_state_dict(init["state_dict"])
-        except RuntimeError as e:
-            sys.exit(f"train_eagle: error: --init {a.init} does not fit a head of {c.__dict__}: {e}")
-        print(f"initialized from {a.init}", flush=True)
+        load_init_weights(a, head, c, init, d2t)
     embd = torch.nn.Embedding.from_pretrained(w["token_embd.weight"])  # frozen: the engine feeds the target's
     nparam = sum(p.numel() for p in head.parameters())
     print(f"{a.kind} head: {nparam / 1e6:.2f}M params", flush=True)
@@ -412,89 +538,20 @@ def train_on_features(a, log):
     step, epoch, elapsed0 = 0, 0, 0.0
     budget_s = a.minutes * 60 if a.minutes is not None else math.inf  # with --steps, --minutes only caps the time
     if resumed is not None:
-        if resumed["config"] != c.__dict__:
-            sys.exit(f"train_eagle: error: {a.resume} is a head of another shape ({resumed['config']}), not {c.__dict__}")
-        head.load_state_dict(resumed["state_dict"])
-        opt.load_state_dict(resumed["optimizer"])
-        g.set_state(resumed["generator"])
-        step, epoch, elapsed0 = resumed["step"], resumed["epoch"], resumed["elapsed_s"]
-        print(f"resumed {a.resume}: step {step}, epoch {epoch}, {elapsed0 / 60:.1f} minutes trained", flush=True)
-        if elapsed0 >= budget_s:
-            sys.exit(f"train_eagle: error: {a.resume} has trained {elapsed0 / 60:.1f} minutes already: give a larger --minutes to extend it")
-        if step >= a.max_steps:
-            sys.exit(f"train_eagle: error: {a.resume} has trained {step} steps already: give a larger --steps to extend it")
+        step, epoch, elapsed0 = resume_from(a, resumed, c, head, opt, g, budget_s)
 
     def make_batch(seqs):
-        T = max(len(s["ids"]) for s in seqs)
-        B = len(seqs)
-        x = torch.zeros(B, T, dtype=torch.long)
-        feat = torch.zeros(B, T, (3 if a.kind == "eagle3" else 1) * c.dim)
-        hfin = torch.zeros(B, T, c.dim)
-        K = seqs[0]["top_ids"].shape[1]
-        top_ids = torch.zeros(B, T, K, dtype=torch.long)
-        top_p = torch.zeros(B, T, K)
-        valid = torch.zeros(B, T, dtype=torch.bool)
-        for b, s in enumerate(seqs):
-            n = len(s["ids"])
-            x[b, :n] = s["ids"]; hfin[b, :n] = s["hfin"].float()
-            feat[b, :n] = s["feat"].float() if a.kind == "eagle3" else hfin[b, :n]
-            top_ids[b, :n] = s["top_ids"].long(); top_p[b, :n] = s["top_logp"].float().exp()
-            valid[b, :n] = True
-            valid[b, :max(0, s["n_prompt"] - 2)] = False  # score the reply (and the turn's last prompt tokens) only
-        return x, feat, hfin, top_ids, top_p, valid
+        return feature_batch(a, c, seqs)
 
-    def run(x, feat, hfin, top_ids, top_p, valid, train_mode=True):
-        def score(k, lo, n, lq, out):
-            ids = top_ids[:, 1 + k + lo:1 + k + n]
-            p = top_p[:, 1 + k + lo:1 + k + n]
-            d = t2d[ids]
-            m = valid[:, 1 + k + lo:1 + k + n]
-            ce = -(p * (d >= 0) * lq.gather(-1, d.clamp(min=0))).sum(-1)
-            loss = (ce * m).sum() / m.sum().clamp(min=1)
-            if a.kind == "eagle1":
-                # In units of the target state's RMS: SmolLM2's final hidden states are large, and a raw
-                # smooth L1 (~80 at the start) drowned the cross-entropy that drafting depends on.
-                want = hfin[:, 1 + k + lo:1 + k + n]
-                rms = want.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-3)
-                reg = F.smooth_l1_loss(out / rms, want / rms, reduction="none").mean(-1)
-                loss = (reg * m).sum() / m.sum().clamp(min=1) + 0.1 * loss
-            agree = (d2t[lq.argmax(-1)] == ids[..., 0]) & m
-            return loss, agree.sum().item() / max(1, m.sum().item())
-
-        # The first head index any step scores: step k at index t is scored at position t + 1 + k,
-        # and a sequence's first scored position is its first valid one.
-        first_valid = valid.float().argmax(1).min().item()
-        lo = max(0, min(first_valid - a.ttt_steps, x.shape[1] - 1 - a.ttt_steps))
-        return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score, train_mode, lo)
+    def run(batch, train_mode=True):
+        return feature_loss(a, head, embd, target_norm, d2t, t2d, batch, train_mode)
 
     heldout = [] if not a.heldout else [s for s in torch.load(a.heldout, mmap=True)["seqs"] if s["split"] == "heldout"]
     if a.heldout and not heldout:
         sys.exit(f"train_eagle: error: --heldout {a.heldout} has no held-out sequence (target_features.py --split heldout)")
 
     def evaluate(step):
-        """Loss and top-1 agreement by training-time-test step on the held-out sequences, weighted by
-        tokens, overall and per prompt category."""
-        if not heldout:
-            return
-        by_category = {}
-        for s in heldout:
-            by_category.setdefault(s["category"], []).append(s)
-        sums = {}  # category -> [tokens, loss * tokens, agreement by step * tokens]
-        with torch.no_grad():
-            for cat, seqs in by_category.items():
-                for i in range(0, len(seqs), 16):
-                    batch = make_batch(seqs[i:i + 16])
-                    n = batch[-1].sum().item()
-                    loss, accs = run(*batch, train_mode=False)
-                    tot, loss_sum, acc_sum = sums.get(cat, (0, 0.0, [0.0] * len(accs)))
-                    sums[cat] = (tot + n, loss_sum + loss.item() * n, [x + n * v for x, v in zip(acc_sum, accs)])
-        tot = sum(v[0] for v in sums.values())
-        acc_sum = [sum(v[2][k] for v in sums.values()) for k in range(len(next(iter(sums.values()))[2]))]
-        rec = {"event": "heldout", "model": a.name, "step": step, "sequences": len(heldout),
-               "loss": round(sum(v[1] for v in sums.values()) / tot, 4), "top1_agree_by_step": [round(v / tot, 4) for v in acc_sum],
-               "top1_agree_by_category": {c: [round(x / v[0], 4) for x in v[2]] for c, v in sorted(sums.items())}}
-        log.write(json.dumps(rec) + "\n"); log.flush()
-        print(rec, flush=True)
+        evaluate_heldout(a, log, heldout, step, make_batch, run)
 
     def save(step):
         ck = {"config": c.__dict__, "state_dict": head.state_dict(), "target_hidden_size": c.dim, "step": step, "args": vars(a),
@@ -522,7 +579,7 @@ def train_on_features(a, log):
             lr = budget_cosine_lr(a.lr, a.warmup, step, steps=a.steps, frac=el / budget_s)
             for gr in opt.param_groups:
                 gr["lr"] = lr
-            loss, accs = run(*make_batch([train[j] for j in perm[i:i + a.batch]]))
+            loss, accs = run(make_batch([train[j] for j in perm[i:i + a.batch]]))
             gn = optimizer_step(opt, head, loss)
             step += 1
             rec = {"model": a.name, "step": step, "epoch": epoch, "loss": round(loss.item(), 4),
