@@ -10,6 +10,8 @@
 //               when no draft pays, with a one-token probe now and then (less often the more
 //               sequences the step holds, never where even a draft accepted whole cannot pay) so
 //               that a drafter that starts to agree is noticed.
+// The terms (round, step, row, plain step, StepShare, promised, gamma, free draft, explore, skip,
+// probe, gate, ...) are those defined at the top of policy/round_policy.h.
 #include <memory>
 #include <string>
 #include <vector>

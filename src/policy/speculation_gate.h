@@ -15,6 +15,8 @@
 // decode steps do not show: prompts prefill in more, smaller steps). The other arm is tried again
 // every kExploreClose-th window while the rates are within kClose, every kExploreFar-th otherwise;
 // each look that confirms the choice doubles that period (up to 2^kMaxBackoff), a change resets it.
+// The terms (round, step, row, plain step, StepShare, promised, gamma, free draft, explore, skip,
+// probe, gate, ...) are those defined at the top of policy/round_policy.h.
 #include <array>
 #include <vector>
 

@@ -5,6 +5,8 @@
 // probabilities) tokens, for draft time + verify(n + 1) ms. The policy picks the n with the most
 // tokens per millisecond on the measured verify-cost curve, and learns gamma, the ratio of what
 // the target accepted to what the draft's probabilities promised, from the rounds so far.
+// The terms (round, step, row, plain step, StepShare, promised, gamma, free draft, explore, skip,
+// probe, gate, ...) are those defined at the top of policy/round_policy.h.
 #include <algorithm>
 #include <array>
 #include <span>

@@ -13,6 +13,8 @@
 // that all verify the same rows at one depth fit any split of their time between the two terms;
 // the measured prior keeps the depth term there, so an extra row deep in a long context is not
 // priced as cheap as at the measured depth.
+// The terms (round, step, row, plain step, StepShare, promised, gamma, free draft, explore, skip,
+// probe, gate, ...) are those defined at the top of policy/round_policy.h.
 #include <algorithm>
 #include <cstddef>
 #include <vector>
