@@ -564,6 +564,22 @@ TEST(SmolLM2Drafters, GenerateWithoutModelIsTheDefaultRun) {
     EXPECT_NE(fail_err.find("specula: error: the default model " + empty + "/SmolLM2-135M-Instruct.Q4_1.gguf could not be fetched"),
               std::string::npos)
         << fail_err;
+    // A file of the default model's name that is not the pinned file: refused, not run.
+    const std::string tampered = test::scratch_file("tampered-model-cache");
+    std::filesystem::create_directories(tampered);
+    std::filesystem::copy_file(path, tampered + "/SmolLM2-135M-Instruct.Q4_1.gguf", std::filesystem::copy_options::overwrite_existing);
+    {
+        std::fstream f(tampered + "/SmolLM2-135M-Instruct.Q4_1.gguf", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(-1, std::ios::end);
+        const char last = static_cast<char>(f.get());
+        f.seekp(-1, std::ios::end);
+        f.put(static_cast<char>(last ^ 1));  // the last tensor's last byte: the file still loads, only its hash tells
+    }
+    const auto [bad_code, bad_err] = run("SPECULA_MODEL_CACHE=" + tampered);
+    EXPECT_EQ(bad_code, 1) << bad_err;
+    EXPECT_NE(bad_err.find("specula: error: the default model " + tampered + "/SmolLM2-135M-Instruct.Q4_1.gguf has sha256 "), std::string::npos)
+        << bad_err;
+    EXPECT_NE(bad_err.find("not the pinned b179c9523d0e"), std::string::npos) << bad_err;
 }
 
 // `--chat` (and Engine::tokenize(text, true), the server's chat route): the template's text is

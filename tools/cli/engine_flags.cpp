@@ -6,15 +6,22 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
-#include "specula/error.h"
 #include "common/model_cache.h"
+#include "specula/error.h"
 #include "specula/specula.h"
+
+extern "C" {
+#include "hash/sha256/sha256.h"  // llama.cpp's vendored SHA-256
+}
 
 namespace specula::cli {
 namespace {
 
-constexpr const char * kDefaultModel = "SmolLM2-135M-Instruct.Q4_1.gguf";
+// scripts/fetch_models.sh's smollm2_gguf and smollm2_sha256 (tools/cli/CMakeLists.txt reads them).
+constexpr const char * kDefaultModel = SPECULA_DEFAULT_MODEL;
+constexpr const char * kDefaultModelSha256 = SPECULA_DEFAULT_MODEL_SHA256;
 constexpr const char * kDefaultHead = "models/smollm2-eagle3.gguf";
 
 // --draft / --eagle / --eagle3 / --ngram: each names the one drafter.
@@ -33,6 +40,26 @@ std::string read_chat_template(const std::string & path) {
     return text.str();
 }
 
+std::string sha256_of_file(const std::string & path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("cannot read " + path);
+    sha256_t state;
+    sha256_init(&state);
+    std::vector<char> chunk(1 << 20);
+    while (in) {
+        in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+        sha256_update(&state, reinterpret_cast<const unsigned char *>(chunk.data()), static_cast<size_t>(in.gcount()));
+    }
+    unsigned char digest[SHA256_DIGEST_SIZE];
+    sha256_final(&state, digest);
+    std::string hex;
+    for (const unsigned char byte : digest) {
+        hex += "0123456789abcdef"[byte >> 4];
+        hex += "0123456789abcdef"[byte & 15];
+    }
+    return hex;
+}
+
 }  // namespace
 
 void choose_model_and_drafter(EngineOptions & engine, bool no_spec) {
@@ -49,6 +76,12 @@ void choose_model_and_drafter(EngineOptions & engine, bool no_spec) {
             if (std::system(fetch.c_str()) != 0 || !std::filesystem::exists(path)) {
                 throw Error("the default model " + path + " could not be fetched (see the line above); pass -m MODEL.gguf");
             }
+        }
+        // The cache is a directory anyone may write to: the file the run trusts by name is checked
+        // against the pin, as fetch_models.sh checks what it downloads.
+        if (const std::string actual = sha256_of_file(path); actual != kDefaultModelSha256) {
+            throw Error("the default model " + path + " has sha256 " + actual + ", not the pinned " + kDefaultModelSha256 +
+                        ": delete it and run scripts/fetch_models.sh, or pass -m MODEL.gguf");
         }
         engine.model_path = path;
         if (engine.drafter.kind == DrafterKind::None && !no_spec) {
