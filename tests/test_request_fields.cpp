@@ -189,17 +189,29 @@ TEST(RequestFields, AnUnknownFieldIsNamedAndRefusedOnlyWhenStrict) {
     EXPECT_EQ(parsed(Endpoint::Llama, kCompletion + R"("echo": true})").ignored_fields, std::vector<std::string>{"echo"});  // not llama-server's
 }
 
-// Catches: token-id prompts refused or read as text, ids that are no token accepted, echo dropped
-// or taken with logprobs it cannot give for the prompt.
-TEST(RequestFields, APromptIsTextOrTokenIdsAndEchoIsRead) {
-    EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": [5, 7, 9]})").prompt_tokens, (std::vector<int32_t>{5, 7, 9}));
-    EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": [[5, 7]]})").prompt_tokens, (std::vector<int32_t>{5, 7}));
-    EXPECT_EQ(parsed(Endpoint::Llama, R"({"prompt": ["abc"]})").prompt, "abc");
+// Catches: token-id prompts refused or read as text, a batch refused, read as one prompt or out of
+// order, ids that are no token accepted, echo dropped, prompt logprobs asked for in a stream.
+TEST(RequestFields, APromptIsTextTokenIdsOrABatchAndEchoIsRead) {
+    EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": [5, 7, 9]})").prompts.at(0).tokens, (std::vector<int32_t>{5, 7, 9}));
+    EXPECT_EQ(parsed(Endpoint::Completions, R"({"prompt": [[5, 7]]})").prompts.at(0).tokens, (std::vector<int32_t>{5, 7}));
+    EXPECT_EQ(parsed(Endpoint::Llama, R"({"prompt": ["abc"]})").prompts.at(0).text, "abc");
+    const openai::Request batch = parsed(Endpoint::Completions, R"({"prompt": ["a", [5, 7], "b"]})");
+    ASSERT_EQ(batch.prompts.size(), 3u);
+    EXPECT_EQ(batch.prompts[0].text, "a");
+    EXPECT_EQ(batch.prompts[1].tokens, (std::vector<int32_t>{5, 7}));
+    EXPECT_EQ(batch.prompts[2].text, "b");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, -1]})").param, "prompt");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": []})").param, "prompt");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, "a"]})").param, "prompt");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": ["a", []]})").param, "prompt");
+    nlohmann::json many = {{"prompt", std::vector<std::string>(openai::kMaxPrompts + 1, "a")}};
+    EXPECT_EQ(refusal(Endpoint::Completions, many.dump()).param, "prompt");
     EXPECT_TRUE(parsed(Endpoint::Completions, kCompletion + R"("echo": true})").echo);
-    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("echo": true, "logprobs": 1})").param, "echo");
+    const openai::Request scored = parsed(Endpoint::Completions, kCompletion + R"("echo": true, "logprobs": 1, "max_tokens": 0})");
+    EXPECT_TRUE(scored.echo);
+    EXPECT_EQ(scored.top_logprobs, 1);
+    EXPECT_EQ(scored.max_tokens, 0);
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("echo": true, "logprobs": 1, "stream": true})").param, "echo");
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
     EXPECT_NO_THROW(openai::check_generation(parsed(Endpoint::Completions, R"({"prompt": [1, 2]})"), tok));
     try {
@@ -209,6 +221,12 @@ TEST(RequestFields, APromptIsTextOrTokenIdsAndEchoIsRead) {
         EXPECT_EQ(e.param, "prompt");
         EXPECT_NE(e.message.find("prompt[1]"), std::string::npos) << e.message;
     }
+    try {
+        openai::check_generation(parsed(Endpoint::Completions, R"({"prompt": ["a", [1, )" + std::to_string(tok.n_vocab()) + "]]}"), tok);
+        ADD_FAILURE() << "a batch's prompt token outside the vocabulary was accepted";
+    } catch (const openai::ApiError & e) {
+        EXPECT_NE(e.message.find("prompt[1][1]"), std::string::npos) << e.message;
+    }
 }
 
 // Catches: llama-server's and vLLM's own fields refused, dropped, or read into the wrong setting.
@@ -216,7 +234,8 @@ TEST(RequestFields, OtherServersFieldsAreRead) {
     EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_predict": 7})").max_tokens, 7);
     EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_predict": -1})").max_tokens, -1);
     EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_predict": 7, "max_tokens": 3})").max_tokens, 3);
-    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("n_predict": 0})").param, "n_predict");
+    EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_predict": 0})").max_tokens, 0);  // the prompt alone
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("n_predict": 0})").param, "n_predict");
     EXPECT_EQ(parsed(Endpoint::Completions, kCompletion + R"("n_probs": 3})").top_logprobs, 3);
     EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("n_probs": 12})").top_logprobs, 12);
     EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("n_probs": 0})").top_logprobs, -1);

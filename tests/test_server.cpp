@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <filesystem>
 #include <limits>
@@ -15,6 +17,7 @@
 
 #include "specula/error.h"
 #include "distribution.h"
+#include "llama_peer.h"
 #include "common/model_cache.h"
 #include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"
@@ -342,6 +345,61 @@ TEST(Scheduler, TokenOriginsSpellTheTextAndTellDraftsFromTargetTokens) {
     EXPECT_LE(accepted, job->result().stats.speculation.accepted);
 }
 
+// The prompt's logprobs (echo with logprobs: lm-eval's loglikelihood) are the target's: libllama's
+// log-softmax of the same prompt within tolerance, and the logprobs its tokens got when they were
+// generated (the same rows, so equal). The prompt runs on a slot that holds all of it but its last
+// token, in prefill chunks of 7. Catches: a token scored by its own row rather than the one before
+// it, a cached prefix's rows left unscored, a chunk's rows missed, the alternatives not asked for.
+TEST(Scheduler, PromptLogprobsAreTheTargetsAndTheGeneratedTokensOwn) {
+    for (bool speculative : {false, true}) {
+        SCOPED_TRACE(speculative ? "draft model" : "no drafter");
+        auto target = open_target(speculative);
+        Scheduler scheduler(*target, SchedulerOptions{1, 4, 7});
+        const std::vector<int32_t> prompt = target->tokenizer->tokenize(kPrompts[0]);
+        GenerationOptions g = fixed_length_options(20);
+        g.top_logprobs = 2;
+        auto generating = scheduler.submit(prompt, g);
+        std::vector<TokenLogprob> generated;
+        std::string text;
+        while (generating->next(text, nullptr, &generated) != Job::Wait::Ended) {
+        }
+        ASSERT_EQ(generated.size(), 20u);
+        std::vector<int32_t> history = prompt;
+        for (const TokenLogprob & l : generated) history.push_back(l.token);
+
+        GenerationOptions scoring = fixed_length_options(0);
+        scoring.prompt_logprobs = 3;
+        auto scored = scheduler.submit(history, scoring);
+        drain(*scored);
+        const std::vector<TokenLogprob> & logprobs = scored->result().prompt_logprobs;
+        ASSERT_EQ(logprobs.size(), history.size() - 1);
+        EXPECT_EQ(scored->result().stats.n_cached, 0);
+        for (size_t i = 0; i < generated.size(); ++i) {
+            const TokenLogprob & l = logprobs[prompt.size() - 1 + i];
+            EXPECT_EQ(l.token, generated[i].token) << i;
+            EXPECT_NEAR(l.logprob, generated[i].logprob, 1e-4) << i;
+            ASSERT_EQ(l.top.size(), 3u);
+            EXPECT_EQ(l.top[0].first, generated[i].top[0].first) << i;
+        }
+
+        LlamaPeer peer(target->options.model_path, 256, 1, target->backend->flash_attention());
+        const std::vector<float> logits = peer.decode(history, true);
+        const int V = peer.n_vocab();
+        double max_diff = 0.0;
+        for (size_t i = 0; i + 1 < history.size(); ++i) {
+            const float * row = logits.data() + i * V;
+            const float top = *std::max_element(row, row + V);
+            double sum = 0.0;
+            for (int j = 0; j < V; ++j) sum += std::exp(double(row[j]) - top);
+            const double expected = double(row[history[i + 1]]) - top - std::log(sum);
+            EXPECT_EQ(logprobs[i].token, history[i + 1]);
+            max_diff = std::max(max_diff, std::fabs(expected - logprobs[i].logprob));
+        }
+        EXPECT_LT(max_diff, 5e-3);
+        std::printf("prompt logprobs against libllama: max |diff| %.2e over %zu tokens\n", max_diff, history.size() - 1);
+    }
+}
+
 // A fixture Gemma 3 target (3 layers, tied Q8_0 head) with a random EAGLE-3 head and exit
 // predictors at layers 1 and 3 whose probability is 0.5 everywhere: a request's threshold 0.4
 // exits every token at layer 1 (drafts and lossy tokens far from the target's), 0.6 never exits.
@@ -452,7 +510,8 @@ TEST(OpenAi, BadRequestsAreRefusedWith400NamingTheField) {
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "stop": [""]})").param, "stop");
     EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "stream_options": {"include_usage": true}})").param, "stream_options");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": 5})").param, "prompt");
-    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "max_tokens": 0})").param, "max_tokens");
+    EXPECT_EQ(refusal(Endpoint::Chat, "{" + hi + R"(, "max_tokens": 0})").param, "max_tokens");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "max_tokens": -1})").param, "max_tokens");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": "x", "max_tokens": 4, "model": "specula-target", "seed": 3})").status, 0);
     const openai::Request r = openai::parse_request(Endpoint::Chat, "{" + hi + R"(, "stream": true, "stream_options": {"include_usage": true}, "temperature": 0})", {{"m"}});
     EXPECT_TRUE(r.stream && r.include_usage);

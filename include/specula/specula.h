@@ -66,6 +66,12 @@ struct GenerationOptions {
     std::shared_ptr<const LogitsState> compiled_grammar;
     int top_logprobs = -1;       // -1: no logprobs; else on_logprob gets each token with this many alternatives (0..20)
     LogprobObserver on_logprob;  // called before the token's sink
+    // -1: none; else on_prompt_logprob gets each prompt token after the first, in order, with its
+    // log-probability under the target's raw logits of the row before it and this many
+    // alternatives (0..20), as the prompt prefills (lm-eval's loglikelihood). Every prompt row is
+    // then computed: what a cache held of the prompt is dropped.
+    int prompt_logprobs = -1;
+    LogprobObserver on_prompt_logprob;
     bool stop_at_end_of_generation = true;
     // With stop_at_end_of_generation: more tokens that end the generation as the model's end
     // tokens do (a request's stop_token_ids), and how many tokens are generated before any of them

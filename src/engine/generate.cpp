@@ -38,6 +38,9 @@ std::unique_ptr<LogitsState> logits_processing(const GenerationOptions & options
     if (options.top_logprobs < -1 || options.top_logprobs > kMaxTopLogprobs) {
         throw Error("top_logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", not " + std::to_string(options.top_logprobs));
     }
+    if (options.prompt_logprobs < -1 || options.prompt_logprobs > kMaxTopLogprobs) {
+        throw Error("prompt_logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) + ", not " + std::to_string(options.prompt_logprobs));
+    }
     std::vector<std::unique_ptr<LogitsState>> states;
     if (auto values = make_logits_state(options.sampling, "", history, tokenizer)) states.push_back(std::move(values));
     const std::shared_ptr<const LogitsState> grammar = options.compiled_grammar ? options.compiled_grammar : compile_grammar(options, tokenizer);
@@ -62,7 +65,7 @@ void check_lossy_early_exit_options(const GenerationOptions & options) {
     const char * asked = !options.grammar.empty()                                                                ? "a grammar"
                          : !s.logit_bias.empty()                                                                 ? "logit bias"
                          : s.repeat_penalty != 1.0f || s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f ? "penalties"
-                         : options.top_logprobs >= 0 || options.on_logprob                                       ? "logprobs"
+                         : options.top_logprobs >= 0 || options.on_logprob || options.prompt_logprobs >= 0       ? "logprobs"
                          : options.min_tokens > 0                                                                ? "min_tokens"
                                                                                                                  : nullptr;
     if (asked) throw Error(std::string("SpecEE's lossy mode does not support ") + asked + ": use the lossless mode");

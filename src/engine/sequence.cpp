@@ -75,6 +75,7 @@ Sequence::Sequence(SequenceParts parts, std::span<const int32_t> prompt, const G
             return sp.greedy() ? verify_greedy(t, l) : verify_sampled(t, l, sp, r);
         };
     }
+    if (options_.prompt_logprobs >= 0 && options_.on_prompt_logprob) p_.cache.rollback(0);  // every prompt row's logits are asked for
     if (p_.drafter) {
         p_.cache.rollback(std::clamp(p_.drafter->keep_prefix(p_.cache.size(), run_.n_prompt), 0, p_.cache.size()));
         feature_layers_ = p_.drafter->feature_layers();
@@ -100,7 +101,12 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     if (round_.prefill_block) {
         // The prompt minus its last token goes into the cache; the last token is the first root.
         const int n = std::min(chunk_, run_.n_prompt - 1 - prefilled_);
-        block_ = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), p_.cache.size(), {});
+        std::vector<int32_t> logit_rows;
+        if (options_.prompt_logprobs >= 0 && options_.on_prompt_logprob) {
+            logit_rows.resize(n);
+            for (int i = 0; i < n; ++i) logit_rows[i] = i;
+        }
+        block_ = ForwardBatch::causal(std::span(history_).subspan(prefilled_, n), p_.cache.size(), std::move(logit_rows));
         block_.tap_layers = feature_layers_;
         last_rows_ = 0;
         return nullptr;
@@ -192,6 +198,11 @@ void Sequence::commit_prompt_chunk() {
     for (int i = 0; i < n; ++i) rows[i] = i;
     gather_features(out_, rows, features_);
     if (p_.drafter) p_.drafter->accept(Acceptance{p_.cache.size(), prefilled_, features_});
+    // Row i's logits predict the prompt's token after it, the chunk's i + 1-th.
+    for (size_t i = 0; i < block_.logit_rows.size(); ++i) {
+        const std::span<const float> row(out_.logits.data() + i * out_.n_vocab, out_.n_vocab);
+        options_.on_prompt_logprob(token_logprob(row, history_[prefilled_ + i + 1], options_.prompt_logprobs, logprob_scratch_));
+    }
     prefilled_ += n;
     if (!prefilling()) run_.prompt_seconds = ms_since(t_start_) / 1000.0;
 }

@@ -17,21 +17,37 @@ void cancel_all(const std::vector<std::shared_ptr<Job>> & jobs) {
     for (const auto & job : jobs) job->cancel();
 }
 
-// The first choice's statistics with every choice's completion tokens.
-GenerationStats summed(const std::vector<std::shared_ptr<Job>> & jobs) {
+// The first choice's statistics with every choice's completion tokens and every prompt's tokens
+// (each prompt's first choice has them; `n` choices a prompt).
+GenerationStats summed(const std::vector<std::shared_ptr<Job>> & jobs, size_t n) {
     GenerationStats stats = jobs[0]->result().stats;
-    for (size_t i = 1; i < jobs.size(); ++i) stats.n_generated += jobs[i]->result().stats.n_generated;
+    for (size_t i = 1; i < jobs.size(); ++i) {
+        const GenerationStats & other = jobs[i]->result().stats;
+        stats.n_generated += other.n_generated;
+        if (i % n == 0) stats.n_prompt += other.n_prompt, stats.n_cached += other.n_cached;
+    }
     return stats;
 }
 
 json with_index(json chunk, size_t i) {
-    chunk["choices"][0]["index"] = i;
+    if (chunk.contains("choices")) chunk["choices"][0]["index"] = i;
+    else chunk["index"] = i;  // llama-server's /completion
     return chunk;
 }
+
+const Job & leader_of(const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c, size_t i) { return *jobs[i - i % c.n]; }
 
 openai::ApiError failed(const Job::Result & result) { return openai::ApiError{500, result.error, "server_error", "", ""}; }
 
 }  // namespace
+
+json choice_logprobs(const openai::Completion & c, const Job & leader, const std::vector<TokenLogprob> & tokens) {
+    size_t text_offset = 0;
+    if (!c.echo_logprobs) return openai::logprobs(c, tokens, text_offset);
+    json j = openai::prompt_logprobs(c, leader.prompt(), leader.result().prompt_logprobs, text_offset);
+    openai::append_logprobs(j, openai::logprobs(c, tokens, text_offset));
+    return j;
+}
 
 void respond_choices_whole(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
                            const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending) {
@@ -49,13 +65,19 @@ void respond_choices_whole(httplib::Response & res, const std::vector<std::share
     for (const auto & job : jobs) {
         if (!job->result().error.empty()) return send_error(res, failed(job->result()));
     }
-    json response = openai::response(c, texts[0], jobs[0]->result().finish_reason, summed(jobs));
+    if (c.endpoint == openai::Endpoint::Llama) {
+        json answers = json::array();
+        for (size_t i = 0; i < jobs.size(); ++i) {
+            answers.push_back(openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats, i));
+            if (c.token_text) answers.back()["completion_probabilities"] = choice_logprobs(c, *jobs[i], logprobs[i])["content"];
+        }
+        return send_json(res, 200, answers);
+    }
+    json response = openai::response(c, texts[0], jobs[0]->result().finish_reason, summed(jobs, c.n));
     json choices = json::array();
     for (size_t i = 0; i < jobs.size(); ++i) {
-        json choice = openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats)["choices"][0];
-        choice["index"] = i;
-        size_t text_offset = 0;
-        if (c.token_text) choice["logprobs"] = openai::logprobs(c, logprobs[i], text_offset);
+        json choice = openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats, i)["choices"][0];
+        if (c.token_text) choice["logprobs"] = choice_logprobs(c, leader_of(jobs, c, i), logprobs[i]);
         if (parsed_as) {
             json one = {{"choices", json::array({std::move(choice)})}};
             openai::set_reply(one, ChatTemplate::parse(*parsed_as, texts[i], /*partial=*/false));
@@ -91,14 +113,18 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
             };
             const size_t n = jobs.size();
             for (size_t i = 0; i < n; ++i) {
-                if (!write(openai::sse(with_index(openai::chunk_start(c), i)))) return false;
+                if (!write(openai::sse(openai::chunk_start(c, i)))) return false;
             }
             std::vector<std::vector<TokenLogprob>> logprobs(n);
             std::vector<size_t> text_offset(n, 0);
             // A choice's chunk with the logprobs of its tokens released since its last chunk.
             auto choice_chunk = [&](json chunk, size_t i) {
                 chunk = with_index(std::move(chunk), i);
-                if (c.token_text && !logprobs[i].empty()) chunk["choices"][0]["logprobs"] = openai::logprobs(c, logprobs[i], text_offset[i]);
+                if (c.token_text && !logprobs[i].empty()) {
+                    json values = openai::logprobs(c, logprobs[i], text_offset[i]);
+                    if (c.endpoint == openai::Endpoint::Llama) chunk["completion_probabilities"] = std::move(values["content"]);
+                    else chunk["choices"][0]["logprobs"] = std::move(values);
+                }
                 logprobs[i].clear();
                 return openai::sse(chunk);
             };
@@ -134,7 +160,10 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                                 if (!write(choice_chunk(openai::chunk_delta(c, std::move(delta)), i))) return false;
                             }
                         }
-                        if (!write(choice_chunk(openai::chunk_finish(c, result.finish_reason), i))) return false;
+                        // llama-server's /completion ends each prompt's stream with its whole answer's fields.
+                        json last = c.endpoint == openai::Endpoint::Llama ? openai::response(c, "", result.finish_reason, result.stats, i)
+                                                                          : openai::chunk_finish(c, result.finish_reason);
+                        if (!write(choice_chunk(std::move(last), i))) return false;
                         ended[i] = 1;
                         --running;
                         wrote = true;
@@ -148,7 +177,7 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                     last_write = now;
                 }
             }
-            if (include_usage && !write(openai::sse(openai::chunk_usage(c, summed(jobs))))) return false;
+            if (include_usage && !write(openai::sse(openai::chunk_usage(c, summed(jobs, c.n))))) return false;
             write("data: [DONE]\n\n");
             sink.done();
             return true;

@@ -4,7 +4,9 @@
 // first chunk (its role, for chat), its text deltas and its last chunk (its finish_reason), each
 // with the choice's index, the choices' chunks interleaved as their text comes. Usage counts the
 // prompt once and sums the choices' completion tokens; its cached_tokens and `speculation` are
-// the first choice's (the one that prefilled the prompt). A client gone cancels every choice.
+// the first choice's (the one that prefilled the prompt). A completions batch is its prompts' choices
+// in order (choice k answers prompt k / c.n), its usage summing every prompt; llama-server's
+// /completion answers a batch with an array of its objects. A client gone cancels every choice.
 // `parsed_as`: each choice's reply parsed as this chat prompt's (reasoning; n > 1 is refused with
 // tools), or null.
 #include <httplib.h>
@@ -18,6 +20,10 @@
 #include "tokenizer/chat_template.h"
 
 namespace specula {
+
+// A choice's logprobs object for `tokens`, its generated tokens' logprobs: with echo and logprobs
+// (c.echo_logprobs) its prompt's first, from `leader`, the first choice of its prompt, which has ended.
+nlohmann::json choice_logprobs(const openai::Completion & c, const Job & leader, const std::vector<TokenLogprob> & tokens);
 
 void respond_choices_whole(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
                            const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending);

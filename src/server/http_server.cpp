@@ -148,8 +148,7 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
     const Job::Result & result = job->result();
     if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
     json response = openai::response(c, text, result.finish_reason, result.stats);
-    size_t text_offset = 0;
-    if (c.token_text) set_logprobs(c, response, openai::logprobs(c, logprobs, text_offset));
+    if (c.token_text) set_logprobs(c, response, choice_logprobs(c, *job, logprobs));
     if (reply) {
         const ChatReply parsed = reply->finish(text);
         openai::set_reply(response, parsed);
@@ -572,7 +571,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
     struct Prepared {
         openai::Request r;
-        std::vector<int32_t> prompt;
+        std::vector<std::vector<int32_t>> prompts;  // chat: one
         ChatPrompt chat;
         int n_predict = 0;
         EarlyExitRequest early_exit;
@@ -588,19 +587,22 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
                 if (endpoint == openai::Endpoint::Chat) {
                     r.chat.reasoning = reasoning;
                     Tokenizer::Chat rendered = t->tokenizer->tokenize_conversation(r.chat, specials);
-                    p.prompt = std::move(rendered.tokens);
+                    p.prompts.push_back(std::move(rendered.tokens));
                     p.chat = std::move(rendered.prompt);
-                } else if (!r.prompt_tokens.empty()) {
-                    p.prompt = r.prompt_tokens;
                 } else {
-                    p.prompt = t->tokenizer->tokenize(r.prompt, true, specials);
+                    for (const openai::Prompt & prompt : r.prompts) {
+                        p.prompts.push_back(prompt.tokens.empty() ? t->tokenizer->tokenize(prompt.text, true, specials) : prompt.tokens);
+                    }
                 }
             } catch (const std::exception & e) {
                 throw openai::ApiError{400, std::string("cannot tokenize the prompt: ") + e.what(), "invalid_request_error",
                                        endpoint == openai::Endpoint::Chat ? "messages" : "prompt", ""};
             }
-            if (p.prompt.empty()) throw openai::ApiError{400, "the prompt is empty", "invalid_request_error", "prompt", ""};
-            p.n_predict = openai::tokens_to_generate(r, p.prompt.size(), s->context_size());
+            for (size_t k = 0; k < p.prompts.size(); ++k) {
+                const std::string which = p.prompts.size() > 1 ? " 'prompt[" + std::to_string(k) + "]'" : "";
+                if (p.prompts[k].empty()) throw openai::ApiError{400, "the prompt" + which + " is empty", "invalid_request_error", "prompt", ""};
+                p.n_predict = openai::tokens_to_generate(r, p.prompts[k].size(), s->context_size());
+            }
             p.early_exit = early_exit_request(r, *t);
             p.grammar = openai::check_generation(r, *t->tokenizer);  // compiled once, here, not under the scheduler's lock
             if (r.ignore_eos && (!r.stop_token_ids.empty() || r.min_tokens > 0)) {
@@ -613,9 +615,11 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
             }
             if (r.n > 1 && endpoint == openai::Endpoint::Llama) throw openai::ApiError{400, "'n' above 1 is not supported by /completion: use /v1/completions", "invalid_request_error", "n", ""};
             if (r.n > 1 && openai::parses_tool_calls(r.chat)) throw openai::ApiError{400, "'n' above 1 cannot be combined with 'tools'", "invalid_request_error", "n", ""};
-            if (r.n > s->capacity()) {
-                throw openai::ApiError{400, "'n' is " + std::to_string(r.n) + ": more choices than this server's slots and queue hold (" + std::to_string(s->capacity()) + ", --parallel + --queue)",
-                                       "invalid_request_error", "n", ""};
+            const size_t choices = static_cast<size_t>(r.n) * p.prompts.size();
+            if (choices > static_cast<size_t>(s->capacity())) {
+                const std::string asked = p.prompts.size() > 1 ? std::to_string(p.prompts.size()) + " prompts x 'n' " + std::to_string(r.n) : "'n' is " + std::to_string(r.n);
+                throw openai::ApiError{400, asked + ": more choices than this server's slots and queue hold (" + std::to_string(s->capacity()) + ", --parallel + --queue)",
+                                       "invalid_request_error", p.prompts.size() > 1 ? "prompt" : "n", ""};
             }
             return p;
         });
@@ -624,7 +628,6 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     }
     openai::Request & r = p.r;
     if (!r.ignored_fields.empty()) note_ignored(req, res, r.ignored_fields);
-    std::vector<int32_t> & prompt = p.prompt;
     ChatPrompt & chat = p.chat;
     GenerationOptions gen;
     gen.n_predict = p.n_predict;
@@ -635,6 +638,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     gen.stop_tokens = r.stop_token_ids;
     gen.min_tokens = r.min_tokens;
     gen.top_logprobs = r.top_logprobs;
+    if (r.echo) gen.prompt_logprobs = r.top_logprobs;
     gen.grammar = r.grammar;
     gen.compiled_grammar = p.grammar;
     // The chat layer's grammar of the calls: from the reply's first token for tool_choice required
@@ -655,8 +659,16 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         if (std::find(r.stop.begin(), r.stop.end(), stop) == r.stop.end()) r.stop.push_back(stop);
     }
     Tenancy tenancy{tenant_of(access, [&req](const char * name) { return req.get_header_value(name); }), r.cache_salt};
-    const std::vector<std::shared_ptr<Job>> jobs = s->submit_choices(std::move(prompt), gen, r.n, early_exit, r.stop, std::move(tenancy));
-    if (jobs.empty()) return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
+    // A batch's prompts in order, each with its n choices: choice k answers prompt k / n.
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (std::vector<int32_t> & prompt : p.prompts) {
+        std::vector<std::shared_ptr<Job>> choices = s->submit_choices(std::move(prompt), gen, r.n, early_exit, r.stop, tenancy);
+        if (choices.empty()) {
+            for (const auto & job : jobs) job->cancel();
+            return send_error(res, openai::ApiError{503, "the server is busy: every slot and the queue are full", "server_error", "", "queue_full"});
+        }
+        jobs.insert(jobs.end(), choices.begin(), choices.end());
+    }
     const std::shared_ptr<Job> & job = jobs.front();
 
     openai::Completion c;
@@ -664,7 +676,11 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.id = (endpoint == openai::Endpoint::Chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     c.created = unix_now();
     c.model = r.model;
-    if (r.echo) c.echo = r.prompt_tokens.empty() ? r.prompt : t->tokenizer->detokenize(r.prompt_tokens);
+    c.n = r.n;
+    if (r.echo) {
+        for (const openai::Prompt & prompt : r.prompts) c.echo.push_back(prompt.tokens.empty() ? prompt.text : t->tokenizer->detokenize(prompt.tokens));
+    }
+    c.echo_logprobs = r.echo && r.top_logprobs >= 0;
     if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get()](int32_t id) { return tokenizer->piece(id); };
 
     if (jobs.size() > 1) {

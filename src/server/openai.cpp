@@ -78,19 +78,23 @@ int64_t integer(const json & body, const char * key, int64_t lo, int64_t hi) {
 
 namespace {
 
-// A string or token ids, either alone or as the one item of an array (OpenAI's and vLLM's
-// batch form, with one prompt).
+bool token_ids(const json & p) {
+    return p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json & x) {
+               return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+           });
+}
+
+// A string or token ids, or OpenAI's and vLLM's batch: an array of up to kMaxPrompts of either.
 void parse_prompt(const json & p, Request & r) {
-    const json & one = p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array()) ? p[0] : p;
-    if (one.is_string()) {
-        r.prompt = one.get<std::string>();
+    auto one = [](const json & x) { return x.is_string() ? Prompt{x.get<std::string>(), {}} : Prompt{"", x.get<std::vector<int32_t>>()}; };
+    if (p.is_string() || token_ids(p)) {
+        r.prompts = {one(p)};
         return;
     }
-    const bool ids = one.is_array() && !one.empty() && std::all_of(one.begin(), one.end(), [](const json & x) {
-                         return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
-                     });
-    if (!ids) must_be("prompt", "a string or an array of token ids (one prompt per request)", p);
-    r.prompt_tokens = one.get<std::vector<int32_t>>();
+    const bool batch = p.is_array() && !p.empty() && p.size() <= kMaxPrompts &&
+                       std::all_of(p.begin(), p.end(), [](const json & x) { return x.is_string() || token_ids(x); });
+    if (!batch) must_be("prompt", "a string, an array of token ids, or an array of up to " + std::to_string(kMaxPrompts) + " of either (a batch)", p);
+    for (const json & x : p) r.prompts.push_back(one(x));
 }
 
 Request parse_body(Endpoint endpoint, const std::string & text, const Accepted & accepted) {
@@ -125,9 +129,11 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
     const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : has(body, "max_tokens") ? "max_tokens"
                                                                                                                   : "n_predict";
     if (has(body, max_key)) {
-        const int64_t lo = max_key == std::string_view("n_predict") ? -1 : 1;
+        // Completions may ask for none: the prompt alone (its logprobs with echo, a cached prompt).
+        const int64_t lo = max_key == std::string_view("n_predict") ? -1 : endpoint == Endpoint::Chat ? 1
+                                                                                                      : 0;
         r.max_tokens = static_cast<int>(integer(body, max_key, lo, std::numeric_limits<int32_t>::max()));
-        if (r.max_tokens == 0) must_be(max_key, "-1 (until the context is full) or at least 1", body.at(max_key));
+        if (r.max_tokens == 0 && endpoint == Endpoint::Chat) must_be(max_key, "-1 (until the context is full) or at least 1", body.at(max_key));
     }
     if (has(body, "n")) r.n = static_cast<int>(integer(body, "n", 1, kMaxChoices));
     if (has(body, "temperature")) r.sampling.temperature = static_cast<float>(number(body, "temperature", 0.0, 2.0));
@@ -162,6 +168,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
         if (!r.stream) bad("stream_options", "'stream_options' is only allowed with 'stream': true");
         if (so.contains("include_usage")) r.include_usage = boolean(so.at("include_usage"), "stream_options.include_usage");
     }
+    if (r.stream && r.echo && r.top_logprobs >= 0) bad("echo", "'echo' with 'logprobs' (the prompt's logprobs) is not supported in streams: set 'stream': false");
     return r;
 }
 
@@ -189,6 +196,10 @@ int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx) {
 }
 
 namespace {
+const std::string & echo_of(const Completion & c, size_t choice) {
+    static const std::string none;
+    return c.echo.empty() ? none : c.echo.at(choice / c.n);
+}
 const char * object_name(Endpoint e, bool chunk) {
     if (e == Endpoint::Chat) return chunk ? "chat.completion.chunk" : "chat.completion";
     return "text_completion";
@@ -251,14 +262,18 @@ json llama_response(const Completion & c, const std::string & text, const std::s
 }
 }  // namespace
 
-json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats) {
-    if (c.endpoint == Endpoint::Llama) return llama_response(c, text, finish_reason, stats);
+json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats, size_t choice_index) {
+    if (c.endpoint == Endpoint::Llama) {
+        json j = llama_response(c, text, finish_reason, stats);
+        j["index"] = choice_index;
+        return j;
+    }
     json j = envelope(c, false);
-    json choice{{"index", 0}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
+    json choice{{"index", choice_index}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
     if (c.endpoint == Endpoint::Chat) {
         choice["message"] = json{{"role", "assistant"}, {"content", text}};
     } else {
-        choice["text"] = c.echo + text;
+        choice["text"] = echo_of(c, choice_index) + text;
     }
     j["choices"] = json::array({choice});
     j["usage"] = usage(stats);
@@ -267,24 +282,24 @@ json response(const Completion & c, const std::string & text, const std::string 
 }
 
 namespace {
-json chunk(const Completion & c, const std::string & text, bool first, const std::string & finish_reason) {
-    if (c.endpoint == Endpoint::Llama) return json{{"index", 0}, {"content", text}, {"stop", false}};
+json chunk(const Completion & c, const std::string & text, bool first, const std::string & finish_reason, size_t choice_index = 0) {
+    if (c.endpoint == Endpoint::Llama) return json{{"index", choice_index}, {"content", text}, {"stop", false}};
     json j = envelope(c, true);
-    json choice{{"index", 0}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
+    json choice{{"index", choice_index}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
     if (c.endpoint == Endpoint::Chat) {
         json delta = json::object();
         if (first) delta["role"] = "assistant";
         if (first || !text.empty()) delta["content"] = text;
         choice["delta"] = delta;
     } else {
-        choice["text"] = first ? c.echo : text;
+        choice["text"] = first ? echo_of(c, choice_index) : text;
     }
     j["choices"] = json::array({choice});
     return j;
 }
 }  // namespace
 
-json chunk_start(const Completion & c) { return chunk(c, "", true, ""); }
+json chunk_start(const Completion & c, size_t choice) { return chunk(c, "", true, "", choice); }
 json chunk_text(const Completion & c, const std::string & text, const json & tokens) {
     json j = chunk(c, text, false, "");
     if (tokens.is_array()) j["specula"] = json{{"tokens", tokens}};

@@ -32,17 +32,24 @@ enum class Endpoint {
 
 // Most choices a request may ask for ('n'): each takes a slot (server/choices.h).
 inline constexpr int kMaxChoices = 8;
+// Most prompts in a completions batch; their choices together must also fit the slots and queue.
+inline constexpr size_t kMaxPrompts = 256;
+
+// A completions prompt: a text, or token ids (`tokens` non-empty).
+struct Prompt {
+    std::string text;
+    std::vector<int32_t> tokens;
+};
 
 struct Request {
     Endpoint endpoint = Endpoint::Completions;
-    int n = 1;           // choices; choice i is sampled with seed + i
-    ChatInput chat;      // chat: messages, tools, tool_choice
-    std::string prompt;  // completions
-    // Completions: the prompt as token ids (instead of `prompt`), and whether the reply's text
-    // starts with the prompt's (echo).
-    std::vector<int32_t> prompt_tokens;
+    int n = 1;       // choices; choice i is sampled with seed + i
+    ChatInput chat;  // chat: messages, tools, tool_choice
+    // Completions: the prompts (one, or OpenAI's batch), each answered with n choices, and whether
+    // each choice's text starts with its prompt's (echo; with logprobs, the prompt's tokens get theirs).
+    std::vector<Prompt> prompts;
     bool echo = false;
-    int max_tokens = -1;  // -1: until the context is full
+    int max_tokens = -1;  // -1: until the context is full; 0 (completions): the prompt alone
     SamplingParams sampling;
     bool seeded = false;      // the client gave a seed
     bool ignore_eos = false;  // extension: keep generating past end-of-generation tokens
@@ -99,18 +106,25 @@ struct Completion {
     std::string id;
     int64_t created = 0;
     std::string model;
-    std::string echo;  // completions: the text each choice's text starts with (the prompt's, with echo)
+    // Completions: choice k answers prompt k / n; with echo, echo[p] is the text prompt p's
+    // choices' texts start with, and with echo_logprobs their logprobs start with the prompt's.
+    int n = 1;
+    std::vector<std::string> echo;
+    bool echo_logprobs = false;
     // A token's text, for the logprobs of a request that asked for them (server/openai_logprobs.h);
     // empty: it did not.
     std::function<std::string(int32_t)> token_text;
 };
 nlohmann::json usage(const GenerationStats & stats);
 nlohmann::json speculation(const GenerationStats & stats);
-nlohmann::json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats);
-// First chunk (chat: the role), a text delta, the last chunk of the choice, the usage chunk.
+// The response of choice `choice` (its index; llama-server's /completion: its object).
+nlohmann::json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats,
+                        size_t choice = 0);
+// First chunk (chat: the role; completions: the echo of choice `choice`'s prompt), a text delta,
+// the last chunk of the choice, the usage chunk.
 // A text delta carries the extension {"specula": {"tokens": tokens}} (docs/server.md) when
 // `tokens` is an array: each token's text and origin; OpenAI clients ignore the field.
-nlohmann::json chunk_start(const Completion & c);
+nlohmann::json chunk_start(const Completion & c, size_t choice = 0);
 nlohmann::json chunk_text(const Completion & c, const std::string & text, const nlohmann::json & tokens = nullptr);
 nlohmann::json chunk_finish(const Completion & c, const std::string & finish_reason);
 nlohmann::json chunk_usage(const Completion & c, const GenerationStats & stats);

@@ -176,7 +176,6 @@ void parse_generation(const json & body, Request & r) {
         bad("skip_special_tokens", "'skip_special_tokens': false is not supported: replies never hold special tokens' text");
     }
     if (r.endpoint == Endpoint::Completions && has(body, "echo")) r.echo = boolean(body.at("echo"), "echo");
-    if (r.echo && r.top_logprobs >= 0) bad("echo", "'echo' with 'logprobs' is not supported: the prompt's tokens get no logprobs");
 }
 
 std::shared_ptr<const LogitsState> check_generation(const Request & r, const Tokenizer & tokenizer) {
@@ -185,10 +184,14 @@ std::shared_ptr<const LogitsState> check_generation(const Request & r, const Tok
             bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
         }
     }
-    for (size_t i = 0; i < r.prompt_tokens.size(); ++i) {
-        if (r.prompt_tokens[i] >= tokenizer.n_vocab()) {
-            bad("prompt", "'prompt[" + std::to_string(i) + "]' is the token " + std::to_string(r.prompt_tokens[i]) + ", outside the vocabulary (0.." +
-                              std::to_string(tokenizer.n_vocab() - 1) + ")");
+    for (size_t k = 0; k < r.prompts.size(); ++k) {
+        const std::vector<int32_t> & ids = r.prompts[k].tokens;
+        const std::string name = r.prompts.size() > 1 ? "prompt[" + std::to_string(k) + "]" : "prompt";
+        for (size_t i = 0; i < ids.size(); ++i) {
+            if (ids[i] >= tokenizer.n_vocab()) {
+                bad("prompt", "'" + name + "[" + std::to_string(i) + "]' is the token " + std::to_string(ids[i]) + ", outside the vocabulary (0.." +
+                                  std::to_string(tokenizer.n_vocab() - 1) + ")");
+            }
         }
     }
     for (int32_t id : r.stop_token_ids) {

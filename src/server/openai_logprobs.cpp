@@ -25,6 +25,21 @@ json chat_entry(const Completion & c, int32_t token, float logprob) {
     return json{{"token", text}, {"logprob", logprob}, {"bytes", bytes_of(text)}};
 }
 
+// A token's entries in a completion's logprobs; without its logprob (a prompt's first token,
+// which no row predicts) they are null.
+void add_completion_entry(const Completion & c, json & j, int32_t token, const TokenLogprob * t, size_t & text_offset) {
+    const std::string text = c.token_text(token);
+    j["tokens"].push_back(text);
+    j["token_logprobs"].push_back(t ? json(t->logprob) : json(nullptr));
+    json top = t ? json::object() : json(nullptr);
+    if (t) {
+        for (const auto & [id, logprob] : t->top) top.emplace(c.token_text(id), logprob);  // first (most likely) of equal texts kept
+    }
+    j["top_logprobs"].push_back(std::move(top));
+    j["text_offset"].push_back(text_offset);
+    text_offset += characters(text);
+}
+
 }  // namespace
 
 json logprobs(const Completion & c, const std::vector<TokenLogprob> & tokens, size_t & text_offset) {
@@ -45,18 +60,21 @@ json logprobs(const Completion & c, const std::vector<TokenLogprob> & tokens, si
         }
         return json{{"content", std::move(content)}, {"refusal", nullptr}};
     }
-    json texts = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
-    for (const TokenLogprob & t : tokens) {
-        const std::string text = c.token_text(t.token);
-        texts.push_back(text);
-        values.push_back(t.logprob);
-        json top = json::object();
-        for (const auto & [id, logprob] : t.top) top.emplace(c.token_text(id), logprob);  // first (most likely) of equal texts kept
-        tops.push_back(std::move(top));
-        offsets.push_back(text_offset);
-        text_offset += characters(text);
+    json j = json{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+    for (const TokenLogprob & t : tokens) add_completion_entry(c, j, t.token, &t, text_offset);
+    return j;
+}
+
+json prompt_logprobs(const Completion & c, std::span<const int32_t> prompt, const std::vector<TokenLogprob> & logprobs, size_t & text_offset) {
+    json j = json{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+    for (size_t i = 0; i < prompt.size(); ++i) add_completion_entry(c, j, prompt[i], i > 0 && i - 1 < logprobs.size() ? &logprobs[i - 1] : nullptr, text_offset);
+    return j;
+}
+
+void append_logprobs(json & into, const json & more) {
+    for (const char * key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+        for (const json & x : more.at(key)) into.at(key).push_back(x);
     }
-    return json{{"tokens", std::move(texts)}, {"token_logprobs", std::move(values)}, {"top_logprobs", std::move(tops)}, {"text_offset", std::move(offsets)}};
 }
 
 }  // namespace specula::openai

@@ -3,6 +3,8 @@
 // [{token, logprob, bytes}]}]}, a completion choice's {tokens, token_logprobs, top_logprobs:
 // [{text: logprob}], text_offset}. A stream chunk carries its own tokens' entries.
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -15,5 +17,10 @@ namespace specula::openai {
 // counts characters from `text_offset`, the length of the choice's text before these tokens,
 // which it advances past them (a stream's chunks continue where the last one ended).
 nlohmann::json logprobs(const Completion & c, const std::vector<TokenLogprob> & tokens, size_t & text_offset);
+// Completions' logprobs of a prompt's tokens (echo with logprobs): the first token's null (no row
+// predicts it), each later one's from `logprobs` (GenerationOptions::prompt_logprobs' order).
+nlohmann::json prompt_logprobs(const Completion & c, std::span<const int32_t> prompt, const std::vector<TokenLogprob> & logprobs, size_t & text_offset);
+// Completions' logprobs: `more`'s tokens after `into`'s.
+void append_logprobs(nlohmann::json & into, const nlohmann::json & more);
 
 }  // namespace specula::openai

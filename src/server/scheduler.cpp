@@ -195,6 +195,7 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         if (slot.exit_sequence) r.stats.early_exit = slot.exit_sequence->exit_stats().summary(n_layer);
         if (slot.sequence && slot.job->early_exit_.mode == EarlyExitMode::Lossless) r.stats.early_exit = slot.exit_drafter->exit_stats().summary(n_layer);
         r.finish_reason = slot.ended_by_eog ? "stop" : "length";
+        r.prompt_logprobs = std::move(slot.prompt_logprobs);
         if (finished_normally) {
             ++metrics_.requests_finished;
             if (suffix_cache_ && slot.sequence) suffix_cache_->add(slot.sequence->history(), suffix_scope(*slot.job));

@@ -107,6 +107,8 @@ public:
         int slot = -1;      // the slot that ran it
         GenerationStats stats;
         int n_generated = 0;
+        // With GenerationOptions::prompt_logprobs, the first choice's: the prompt's tokens after the first.
+        std::vector<TokenLogprob> prompt_logprobs;
     };
     // Waits up to `timeout` for new text or the end. Text: the new text (whole UTF-8 characters
     // only; none when only logprobs came) was appended to `text`. Ended: the job has ended and all
@@ -123,6 +125,7 @@ public:
     Wait next(std::string & text, std::vector<TokenOrigin> * origins = nullptr, std::vector<TokenLogprob> * logprobs = nullptr,
               std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
     const Result & result() const { return result_; }
+    const std::vector<int32_t> & prompt() const { return prompt_; }
     // The client went away: the scheduler frees the slot at its next step.
     void cancel() { cancelled_ = true; }
     bool cancelled() const { return cancelled_; }

@@ -90,6 +90,9 @@ std::string Scheduler::start(Slot & slot, Slot * first) {
         };
         GenerationOptions options = job->options_;
         if (options.top_logprobs >= 0) options.on_logprob = [s](const TokenLogprob & l) { s->logprob = l; };
+        // A request's choices share one prompt: its first computes the prompt's logprobs, the others reuse its rows.
+        if (options.prompt_logprobs >= 0 && !job->leader_) options.on_prompt_logprob = [s](const TokenLogprob & l) { s->prompt_logprobs.push_back(l); };
+        else options.prompt_logprobs = -1;
         const EarlyExitRequest & exit = job->early_exit_;
         if (exit.mode == EarlyExitMode::Lossy) {
             forget_prefix(slot.prefix, *slot.cache);  // the lossy sequence starts cold; its rows are never reused
@@ -120,6 +123,7 @@ std::string Scheduler::start(Slot & slot, Slot * first) {
                                                        job->prompt_, options, is_end, options_.prefill_chunk);
         }
         slot.logprob.reset();
+        slot.prompt_logprobs.clear();
         slot.ended_by_eog = false;
         slot.seen = {};
         return "";

@@ -35,7 +35,8 @@ struct Scheduler::Slot {
     const GenerationStats & stats() const { return exit_sequence ? exit_sequence->stats() : sequence->stats(); }
     bool running() const { return sequence || exit_sequence; }
     bool ended_by_eog = false;
-    std::optional<TokenLogprob> logprob;  // the next emitted token's (on_logprob comes before its sink)
+    std::optional<TokenLogprob> logprob;        // the next emitted token's (on_logprob comes before its sink)
+    std::vector<TokenLogprob> prompt_logprobs;  // the job's prompt tokens' after the first (on_prompt_logprob), for its result
     // A token the sequence emitted, into the job (the sequence's sink); false stops the sequence.
     bool take(const Tokenizer & tok, int32_t t) {
         const bool end = job->options_.stop_at_end_of_generation && ends_generation(job->options_, tok, t);

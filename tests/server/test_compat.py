@@ -222,3 +222,63 @@ def test_token_id_prompts_and_echo(aliased):
     assert complete(base, echo=True)["choices"][0]["text"] == PROMPT + text
     events = stream_events(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "echo": True})
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == PROMPT + text
+
+
+def test_a_batch_of_prompts_gets_each_prompts_choices_in_order(aliased):
+    # Catches: a batch refused or answered for its first prompt only, choices out of OpenAI's
+    # order (prompt k's choice j at index k * n + j), a prompt answered with another's text, usage
+    # counting one prompt, llama-server's /completion answering a batch with one object.
+    _, base = aliased
+    status, ids = post(base, "/tokenize", {"content": "class A:", "add_special": True})
+    prompts = [PROMPT, ids["tokens"], "import os"]
+    alone = [complete(base, prompt=p, max_tokens=12) for p in prompts]
+    body = complete(base, prompt=prompts, max_tokens=12, n=2)
+    assert [c["index"] for c in body["choices"]] == list(range(6)), body
+    for k, choice in enumerate(body["choices"]):
+        assert choice["text"] == alone[k // 2]["choices"][0]["text"], (k, body)
+    assert body["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone), body
+    assert body["usage"]["completion_tokens"] == 2 * sum(a["usage"]["completion_tokens"] for a in alone), body
+    events = stream_events(base, "/v1/completions", {"prompt": prompts, "max_tokens": 12, "temperature": 0})
+    texts = ["", "", ""]
+    for e in events:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == [a["choices"][0]["text"] for a in alone], events
+    status, answers = post(base, "/completion", {"prompt": prompts, "n_predict": 12, "temperature": 0})
+    assert status == 200 and [a["index"] for a in answers] == [0, 1, 2], answers
+    assert [a["content"] for a in answers] == texts, answers
+    status, body = post(base, "/v1/completions", {"prompt": [PROMPT, [1, 10**6]], "max_tokens": 2})
+    assert status == 400 and "prompt[1][1]" in body["error"]["message"], body
+    status, body = post(base, "/v1/completions", {"prompt": [PROMPT] * 40, "max_tokens": 2, "n": 2})
+    assert status == 400 and body["error"]["param"] == "prompt", body
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(aliased):
+    # Catches: prompt tokens without logprobs or shifted by one (a token scored by its own row),
+    # the first token not null, a cached prefix left unscored, logprobs other than those the same
+    # tokens get when generated, max_tokens 0 refused, a batch's choices scored with one prompt.
+    _, base = aliased
+    status, ids = post(base, "/tokenize", {"content": PROMPT, "add_special": True})
+    status, generated = post(base, "/completion", {"prompt": PROMPT, "n_predict": 8, "n_probs": 1, "temperature": 0})
+    assert status == 200, generated
+    gen = generated["completion_probabilities"]
+    scored = ids["tokens"] + [g["id"] for g in gen]
+    body = complete(base, prompt=scored, max_tokens=0, echo=True, logprobs=1)
+    choice = body["choices"][0]
+    lp = choice["logprobs"]
+    assert body["usage"]["completion_tokens"] == 0 and len(lp["tokens"]) == len(scored), body
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None, lp
+    assert all(isinstance(x, float) for x in lp["token_logprobs"][1:]), lp
+    for g, value, top in zip(gen, lp["token_logprobs"][len(ids["tokens"]):], lp["top_logprobs"][len(ids["tokens"]):]):
+        assert abs(value - g["logprob"]) < 1e-4, (g, value)
+        assert abs(max(top.values()) - value) < 1e-6, (g, top)  # greedy tokens: each is its row's most likely
+    assert choice["text"].endswith(generated["content"]), choice
+    # lm-eval's loglikelihood request: a batch of token lists, echo, logprobs 1, one token generated.
+    body = complete(base, prompt=[scored, ids["tokens"]], max_tokens=1, echo=True, logprobs=1)
+    first, second = body["choices"]
+    assert len(first["logprobs"]["token_logprobs"]) == len(scored) + 1, first
+    assert first["logprobs"]["token_logprobs"][:-1] == lp["token_logprobs"], first
+    assert len(second["logprobs"]["token_logprobs"]) == len(ids["tokens"]) + 1, second
+    assert abs(second["logprobs"]["token_logprobs"][-1] - gen[0]["logprob"]) < 1e-4, second
+    status, body = post(base, "/v1/completions", {"prompt": PROMPT, "echo": True, "logprobs": 1, "stream": True})
+    assert status == 400 and body["error"]["param"] == "echo", body
