@@ -247,7 +247,10 @@ TEST(RequestFields, OtherServersFieldsAreRead) {
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("min_tokens": 10, "max_tokens": 9})").param, "min_tokens");
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop_token_ids": [-1]})").param, "stop_token_ids[0]");
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("stop_token_ids": 2})").param, "stop_token_ids");
-    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("skip_special_tokens": false})").param, "skip_special_tokens");
+    EXPECT_FALSE(vllm.special_token_text);
+    EXPECT_TRUE(parsed(Endpoint::Completions, kCompletion + R"("skip_special_tokens": false})").special_token_text);
+    EXPECT_FALSE(parsed(Endpoint::Chat, kChat + R"("max_tokens": 2})").special_token_text);
+    EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("skip_special_tokens": 0})").param, "skip_special_tokens");
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
     try {
         openai::check_generation(parsed(Endpoint::Completions, kCompletion + R"("stop_token_ids": [)" + std::to_string(tok.n_vocab()) + "]}"), tok);

@@ -73,6 +73,10 @@ struct GenerationOptions {
     int prompt_logprobs = -1;
     LogprobObserver on_prompt_logprob;
     bool stop_at_end_of_generation = true;
+    // Text outputs (a PieceSink, the server's replies) render control tokens as their text
+    // (`<|im_start|>`), vLLM's skip_special_tokens: false; else as nothing. A token that ends the
+    // generation never gets its text.
+    bool special_token_text = false;
     // With stop_at_end_of_generation: more tokens that end the generation as the model's end
     // tokens do (a request's stop_token_ids), and how many tokens are generated before any of them
     // may be drawn (banned until then, as vLLM's min_tokens).

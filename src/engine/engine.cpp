@@ -150,7 +150,9 @@ GenerationStats Engine::generate(std::span<const int32_t> prompt, const Generati
     Utf8Stream utf8;
     bool more = true;
     GenerationStats stats = generate(prompt, options, [&](int32_t token) {
-        const std::string text = utf8.push(piece(token));
+        const Tokenizer & tok = *impl_->target->tokenizer;
+        const bool end = options.stop_at_end_of_generation && ends_generation(options, tok, token);
+        const std::string text = utf8.push(end ? std::string() : tok.piece(token, options.special_token_text));
         return more = text.empty() || sink(text);
     });
     if (const std::string rest = utf8.flush(); more && !rest.empty()) sink(rest);

@@ -635,6 +635,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     gen.sampling = r.sampling;
     if (!r.seeded) gen.sampling.seed = std::random_device{}() ^ (next_id.load() << 32);
     gen.stop_at_end_of_generation = !r.ignore_eos;
+    gen.special_token_text = r.special_token_text;
     gen.stop_tokens = r.stop_token_ids;
     gen.min_tokens = r.min_tokens;
     gen.top_logprobs = r.top_logprobs;
@@ -681,7 +682,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
         for (const openai::Prompt & prompt : r.prompts) c.echo.push_back(prompt.tokens.empty() ? prompt.text : t->tokenizer->detokenize(prompt.tokens));
     }
     c.echo_logprobs = r.echo && r.top_logprobs >= 0;
-    if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get()](int32_t id) { return tokenizer->piece(id); };
+    if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get(), special = r.special_token_text](int32_t id) { return tokenizer->piece(id, special); };
 
     if (jobs.size() > 1) {
         auto parsed_as = openai::parses_reply(r.chat, chat) ? std::make_shared<const ChatPrompt>(std::move(chat)) : nullptr;

@@ -217,12 +217,6 @@ json nested_values(const std::vector<std::string> & paths, const json & j) {
     return out;
 }
 
-std::string control_piece(const llama_vocab * vocab, int32_t token) {
-    char buf[256];
-    const int32_t n = llama_token_to_piece(vocab, token, buf, sizeof(buf), 0, /*special=*/true);
-    return n > 0 ? std::string(buf, n) : std::string();
-}
-
 json timings(const GenerationStats & s) {
     const int evaluated = s.n_prompt - s.n_cached;
     const double prompt_ms = s.prompt_seconds * 1000.0, predicted_ms = s.generation_seconds * 1000.0;
@@ -367,7 +361,7 @@ void answer(const httplib::Request & req, httplib::Response & res, const Server 
     auto final_json = [r, prompt = std::move(prompt), model = r.model, n_ctx, &tok](const std::string & content, const Job::Result & result) {
         const GenerationStats & st = result.stats;
         std::string prompt_text;
-        for (int32_t t : prompt) prompt_text += control_piece(tok.vocabulary(), t);
+        for (int32_t t : prompt) prompt_text += tok.piece(t, /*special=*/true);
         json j{{"index", 0},
                {"content", content},
                {"tokens", json::array()},

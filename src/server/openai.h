@@ -51,8 +51,9 @@ struct Request {
     bool echo = false;
     int max_tokens = -1;  // -1: until the context is full; 0 (completions): the prompt alone
     SamplingParams sampling;
-    bool seeded = false;      // the client gave a seed
-    bool ignore_eos = false;  // extension: keep generating past end-of-generation tokens
+    bool seeded = false;              // the client gave a seed
+    bool ignore_eos = false;          // extension: keep generating past end-of-generation tokens
+    bool special_token_text = false;  // vLLM's skip_special_tokens: false (GenerationOptions::special_token_text)
     bool stream = false;
     bool include_usage = false;
     // Extension (docs/specee.md): SpecEE per request. "" (unset: the server's default), "off",

@@ -171,10 +171,8 @@ void parse_generation(const json & body, Request & r) {
             r.stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
         }
     }
-    // The reply's text never holds control tokens (the end token's included): vLLM's default.
-    if (has(body, "skip_special_tokens") && !boolean(body.at("skip_special_tokens"), "skip_special_tokens")) {
-        bad("skip_special_tokens", "'skip_special_tokens': false is not supported: replies never hold special tokens' text");
-    }
+    // vLLM's default: the reply's text holds no control token's text; false renders them (never the end token's).
+    if (has(body, "skip_special_tokens")) r.special_token_text = !boolean(body.at("skip_special_tokens"), "skip_special_tokens");
     if (r.endpoint == Endpoint::Completions && has(body, "echo")) r.echo = boolean(body.at("echo"), "echo");
 }
 

@@ -91,12 +91,12 @@ std::vector<int32_t> Tokenizer::tokenize(const std::string & text, bool add_bos,
     return out;
 }
 
-std::string Tokenizer::piece(int32_t token) const {
+std::string Tokenizer::piece(int32_t token, bool special) const {
     char buf[256];
-    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, /*special=*/false);
+    int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof(buf), 0, special);
     if (n < 0) {
         std::string big(-n, '\0');
-        n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, false);
+        n = llama_token_to_piece(vocab_, token, big.data(), static_cast<int32_t>(big.size()), 0, special);
         return big.substr(0, std::max(n, 0));
     }
     return std::string(buf, n);

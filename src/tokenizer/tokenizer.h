@@ -37,7 +37,8 @@ public:
     // -p, benchmarks' prompt sets); Text for text from outside (a server request's prompt), which
     // then cannot forge the model's markup.
     std::vector<int32_t> tokenize(const std::string & text, bool add_bos = true, SpecialTokens specials = SpecialTokens::Parse) const;
-    std::string piece(int32_t token) const;
+    // A token's bytes; a control token's own text (`<|im_start|>`) with `special`, else nothing.
+    std::string piece(int32_t token, bool special = false) const;
     // The token whose piece is exactly `text` (a control token never), or -1; where several spell
     // it, the lowest id that is not a byte token. The table of pieces is built on first use.
     int32_t token_spelling(std::string_view text) const;

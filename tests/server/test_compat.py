@@ -282,3 +282,25 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(aliased):
     assert abs(second["logprobs"]["token_logprobs"][-1] - gen[0]["logprob"]) < 1e-4, second
     status, body = post(base, "/v1/completions", {"prompt": PROMPT, "echo": True, "logprobs": 1, "stream": True})
     assert status == 400 and body["error"]["param"] == "echo", body
+
+
+def test_skip_special_tokens_false_renders_control_tokens(aliased):
+    # Catches: skip_special_tokens false refused or ignored, control tokens' text in replies by
+    # default, the end token's text returned, logprobs' tokens named otherwise than the text, the
+    # field changing which tokens a speculative server generates (its text against a plain one's).
+    _, base = aliased
+    bos = {"1": 100}  # <s>, a control token of the bundled vocabulary that does not end the generation
+    body = complete(base, max_tokens=3, logit_bias=bos)
+    assert body["choices"][0]["text"] == "" and body["usage"]["completion_tokens"] == 3, body
+    body = complete(base, max_tokens=3, logit_bias=bos, skip_special_tokens=False, logprobs=1)
+    assert body["choices"][0]["text"] == "<s><s><s>", body
+    assert body["choices"][0]["logprobs"]["tokens"] == ["<s>"] * 3, body
+    status, chat = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0,
+                                                       "logit_bias": bos, "skip_special_tokens": False})
+    assert status == 200 and chat["choices"][0]["message"]["content"] == "<s><s>", chat
+    body = complete(base, logit_bias={"2": 100}, skip_special_tokens=False)
+    assert body["choices"][0]["text"] == "" and body["choices"][0]["finish_reason"] == "stop", body
+    text = complete(base, max_tokens=40)["choices"][0]["text"]
+    assert complete(base, max_tokens=40, skip_special_tokens=False)["choices"][0]["text"] == text
+    with serve("-c", "512", "--no-spec") as (_, plain):
+        assert complete(plain, max_tokens=40, skip_special_tokens=False)["choices"][0]["text"] == text
