@@ -86,4 +86,34 @@ std::vector<float> llama_eagle3_logits(const std::string & target_path, const st
     return out;
 }
 
+std::vector<float> llama_embedding(const std::string & path, std::span<const int32_t> tokens, embeddings::Pooling pooling) {
+    init_llama_backend();
+    const int n = static_cast<int>(tokens.size());
+    std::unique_ptr<llama_model, decltype(&llama_model_free)> model(llama_model_load_from_file(path.c_str(), llama_model_default_params()), &llama_model_free);
+    if (!model) throw Error("libllama could not load " + path);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = std::max(n, 64), cp.n_batch = cp.n_ctx, cp.n_ubatch = cp.n_ctx, cp.n_threads = 1, cp.n_threads_batch = 1;
+    cp.embeddings = true;
+    cp.pooling_type = pooling == embeddings::Pooling::Mean   ? LLAMA_POOLING_TYPE_MEAN
+                      : pooling == embeddings::Pooling::Last ? LLAMA_POOLING_TYPE_LAST
+                                                             : LLAMA_POOLING_TYPE_CLS;
+    std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(model.get(), cp), &llama_free);
+    if (!ctx) throw Error("libllama could not create an embeddings context");
+    llama_batch batch = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; ++i) {
+        batch.token[i] = tokens[i];
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = 1;
+    }
+    batch.n_tokens = n;
+    const int rc = llama_decode(ctx.get(), batch);
+    llama_batch_free(batch);
+    if (rc != 0) throw Error("llama_decode (embeddings) failed");
+    const float * e = llama_get_embeddings_seq(ctx.get(), 0);
+    if (!e) throw Error("libllama gave no pooled embedding");
+    return std::vector<float>(e, e + llama_model_n_embd(model.get()));
+}
+
 }  // namespace specula

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "llama_peer.h"
+#include "server/embeddings.h"
 
 namespace specula {
 
@@ -31,5 +32,9 @@ private:
 std::vector<float> llama_eagle3_logits(const std::string & target_path, const std::string & head_path,
                                        std::span<const int32_t> tokens, std::span<const float> features, bool flash_attn,
                                        int & n_vocab);
+
+// libllama's pooled embedding of `tokens` (a context with embeddings on and that pooling type, as
+// llama-server computes /v1/embeddings): [n_embd], not normalised.
+std::vector<float> llama_embedding(const std::string & path, std::span<const int32_t> tokens, embeddings::Pooling pooling);
 
 }  // namespace specula

@@ -17,7 +17,7 @@
 
 #include "specula/error.h"
 #include "distribution.h"
-#include "llama_peer.h"
+#include "llama_oracle.h"
 #include "common/model_cache.h"
 #include "engine/model_bundle.h"
 #include "runtime/kv_cache.h"
@@ -398,6 +398,43 @@ TEST(Scheduler, PromptLogprobsAreTheTargetsAndTheGeneratedTokensOwn) {
         EXPECT_LT(max_diff, 5e-3);
         std::printf("prompt logprobs against libllama: max |diff| %.2e over %zu tokens\n", max_diff, history.size() - 1);
     }
+}
+
+// Embeddings are libllama's: the target's final hidden states after its output norm, pooled as
+// llama.cpp pools them (a context with embeddings on: mean, last, cls), L2-normalised; computed in
+// prefill chunks of 7 between the steps of a generating neighbour, whose text stays its own.
+// Catches: the state before the norm, rows pooled otherwise or lost between chunks, the
+// neighbour's rows or cache mixed in, a scheduler without --embeddings computing them.
+TEST(Scheduler, EmbeddingsAreLibllamasPooledNormalisedFinalHiddenStates) {
+    auto target = open_target(false);
+    const std::vector<int32_t> tokens = target->tokenizer->tokenize(kPrompts[2] + kPrompts[3]);
+    const std::vector<int32_t> one = {tokens[1]};
+    const std::string alone = with_neighbours(*target, 1, 0, fixed_length_options(40));
+    for (auto pooling : {embeddings::Pooling::Mean, embeddings::Pooling::Last, embeddings::Pooling::Cls}) {
+        SCOPED_TRACE(embeddings::pooling_name(pooling));
+        SchedulerOptions o{2, 4, 7};
+        o.embeddings = true;
+        o.pooling = pooling;
+        Scheduler scheduler(*target, o);
+        auto job = scheduler.submit(target->tokenizer->tokenize(kPrompts[0]), fixed_length_options(40));
+        const std::vector<std::vector<float>> vectors = scheduler.embed({tokens, one}).get();
+        EXPECT_EQ(drain(*job), alone);
+        ASSERT_EQ(vectors.size(), 2u);
+        for (size_t k = 0; k < 2; ++k) {
+            std::vector<float> expected = llama_embedding(target->options.model_path, k == 0 ? tokens : one, pooling);
+            ASSERT_EQ(vectors[k].size(), expected.size());
+            double norm = 0.0, ours = 0.0;
+            for (float x : expected) norm += double(x) * x;
+            for (float x : vectors[k]) ours += double(x) * x;
+            EXPECT_NEAR(ours, 1.0, 1e-5);
+            double max_diff = 0.0;
+            for (size_t j = 0; j < expected.size(); ++j) max_diff = std::max(max_diff, std::fabs(expected[j] / std::sqrt(norm) - vectors[k][j]));
+            EXPECT_LT(max_diff, 5e-4) << k;
+            std::printf("embedding %zu against libllama: max |diff| %.2e\n", k, max_diff);
+        }
+    }
+    Scheduler plain(*target, SchedulerOptions{1, 4, 7});
+    EXPECT_THROW(plain.embed({tokens}).get(), Error);
 }
 
 // A fixture Gemma 3 target (3 layers, tied Q8_0 head) with a random EAGLE-3 head and exit

@@ -16,6 +16,7 @@
 #include "engine/model_bundle.h"
 #include "server/access.h"
 #include "server/choices.h"
+#include "server/embeddings.h"
 #include "server/gated_server.h"
 #include "server/http_reply.h"
 #include "server/infill.h"
@@ -51,6 +52,7 @@ struct HttpServer::Impl {
     AccessPolicy access;
     SpecialTokens prompt_specials = SpecialTokens::Text;  // in completions prompts and chat contents
     ReasoningFormat reasoning = ReasoningFormat::Deepseek;
+    bool embeddings = false;  // /v1/embeddings answers
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
     std::map<std::string, std::string> methods;  // path -> the methods it has routes for, for 405
@@ -347,6 +349,8 @@ void HttpServer::set_special_tokens_in_prompt(bool parse) { impl_->prompt_specia
 
 void HttpServer::set_reasoning_format(ReasoningFormat format) { impl_->reasoning = format; }
 
+void HttpServer::set_embeddings(bool on) { impl_->embeddings = on; }
+
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
     {
         std::unique_lock lock(impl_->shutdown_mutex);
@@ -534,6 +538,36 @@ void HttpServer::Impl::routes() {
             }
         });
     }
+    // OpenAI's embeddings, and llama-server's second name (server/embeddings.h).
+    auto embed = [this](const httplib::Request & req, httplib::Response & res) {
+        Scheduler * s = scheduler;
+        ModelBundle * t = target;
+        if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        if (!embeddings) {
+            return send_error(res, openai::ApiError{501, "this server computes no embeddings: start it with --embeddings", "not_supported_error", "", ""});
+        }
+        embeddings::Request r;
+        try {
+            r = within_deadline<embeddings::Request>([this, s, t, body = req.body, specials = prompt_specials] {
+                return embeddings::parse(body, accepted, *t->tokenizer, specials, s->context_size());
+            });
+        } catch (const openai::ApiError & e) {
+            return send_error(res, e);
+        }
+        if (!r.ignored_fields.empty()) note_ignored(req, res, r.ignored_fields);
+        std::future<std::vector<std::vector<float>>> answer = s->embed(r.inputs);
+        while (answer.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
+            if (ending) return send_error(res, shutting_down_error());
+            if (GatedServer::client_gone()) return;  // the worker finishes it; nobody reads it
+        }
+        try {
+            send_json(res, 200, embeddings::response(r, answer.get()));
+        } catch (const std::exception & e) {
+            send_error(res, openai::ApiError{500, e.what(), "server_error", "", ""});
+        }
+    };
+    on_post("/v1/embeddings", embed);
+    on_post("/embeddings", embed);
     // llama-server's fill-in-the-middle route for editor plugins (server/infill.h).
     on_post("/infill", [this](const httplib::Request & req, httplib::Response & res) {
         Scheduler * s = scheduler;

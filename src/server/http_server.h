@@ -59,6 +59,9 @@ public:
     // Where a thinking chat template's reasoning goes in chat replies (serve --reasoning-format):
     // left in the content (None) or parsed into reasoning_content (the default).
     void set_reasoning_format(ReasoningFormat format);
+    // Whether /v1/embeddings answers (serve --embeddings; the scheduler's SchedulerOptions::embeddings
+    // must agree), else 501 naming the flag.
+    void set_embeddings(bool on);
     // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
     // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
     // returns once every connection has closed.

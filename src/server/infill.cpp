@@ -147,18 +147,7 @@ Request parse_body(const std::string & text, const openai::Accepted & accepted) 
         if (accepted.strict_fields) bad(name, "'" + name + "' is not supported by /infill");
         r.ignored_fields.push_back(name);
     }
-    r.model = accepted.models.empty() ? "" : accepted.models.front();
-    if (has(body, "model")) {
-        const json & model = body.at("model");
-        if (!model.is_string()) must_be("model", "a string", model);
-        r.model = model.get<std::string>();
-        if (std::find(accepted.models.begin(), accepted.models.end(), r.model) == accepted.models.end()) {
-            std::string served;
-            for (const std::string & name : accepted.models) served += (served.empty() ? "" : ", ") + json_quoted(name);
-            throw ApiError{404, "the model " + json_quoted(r.model) + " does not exist: this server serves " + served, "invalid_request_error", "model",
-                           "model_not_found"};
-        }
-    }
+    r.model = checked_model(body, accepted);
     r.input_prefix = text_field(body, "input_prefix", true);
     r.input_suffix = text_field(body, "input_suffix", true);
     r.prompt = text_field(body, "prompt", false);

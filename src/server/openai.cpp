@@ -47,6 +47,20 @@ json body_object(const std::string & text) {
     return body;
 }
 
+std::string checked_model(const json & body, const Accepted & accepted) {
+    if (!has(body, "model")) return accepted.models.empty() ? "" : accepted.models.front();
+    const json & model = body.at("model");
+    if (!model.is_string()) must_be("model", "a string", model);
+    const std::string name = model.get<std::string>();
+    if (std::find(accepted.models.begin(), accepted.models.end(), name) == accepted.models.end()) {  // OpenAI's and vLLM's answer
+        std::string served;
+        for (const std::string & m : accepted.models) served += (served.empty() ? "" : ", ") + json_quoted(m);
+        throw ApiError{404, "the model " + json_quoted(name) + " does not exist: this server serves " + served, "invalid_request_error", "model",
+                       "model_not_found"};
+    }
+    return name;
+}
+
 void must_be(const std::string & param, const std::string & what, const json & got) {
     bad(param, "'" + param + "' must be " + what + ", got " + json_kind(got));
 }
@@ -107,18 +121,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
     }
     r.endpoint = endpoint;
     r.sampling.temperature = 1.0f;  // OpenAI's default
-    r.model = accepted.models.empty() ? "" : accepted.models.front();
-    if (has(body, "model")) {
-        const json & model = body.at("model");
-        if (!model.is_string()) must_be("model", "a string", model);
-        r.model = model.get<std::string>();
-        if (std::find(accepted.models.begin(), accepted.models.end(), r.model) == accepted.models.end()) {  // OpenAI's and vLLM's answer
-            std::string served;
-            for (const std::string & name : accepted.models) served += (served.empty() ? "" : ", ") + json_quoted(name);
-            throw ApiError{404, "the model " + json_quoted(r.model) + " does not exist: this server serves " + served, "invalid_request_error", "model",
-                           "model_not_found"};
-        }
-    }
+    r.model = checked_model(body, accepted);
     if (endpoint == Endpoint::Chat) {
         r.chat = parse_chat(body, text);
     } else {

@@ -16,6 +16,10 @@ nlohmann::json body_object(const std::string & text);
 [[noreturn]] void must_be(const std::string & param, const std::string & what, const nlohmann::json & got);
 bool boolean(const nlohmann::json & v, const std::string & param);
 bool has(const nlohmann::json & body, const char * key);  // present and not null
+struct Accepted;
+// The request's `model`, one of the served names (none given: the first); another: 404
+// model_not_found, as OpenAI and vLLM answer.
+std::string checked_model(const nlohmann::json & body, const Accepted & accepted);
 // body[key] as a finite number within lo..hi, or an integer within lo..hi.
 double number(const nlohmann::json & body, const char * key, double lo, double hi);
 int64_t integer(const nlohmann::json & body, const char * key, int64_t lo, int64_t hi);

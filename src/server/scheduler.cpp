@@ -35,6 +35,7 @@ Scheduler::Scheduler(ModelBundle & target, SchedulerOptions options) : target_(t
         slots_.push_back(std::move(slot));
     }
     if (options.cache_bytes > 0) store_ = std::make_unique<PrefixStore>(options.cache_bytes);
+    if (options.embeddings) start_embeddings();
     if (options.suffix_cache_tokens > 0) {
         const DrafterSpec & spec = target.drafter.spec;
         auto cache = std::make_shared<SuffixCache>(options.suffix_cache_tokens, spec.ngram_min, spec.ngram_max);
@@ -97,6 +98,7 @@ Scheduler::~Scheduler() {
     for (auto & slot : slots_) {
         if (slot->job) slot->job->finish(stopped);
     }
+    for (EmbedRequest & q : embed_queue_) q.done.set_exception(std::make_exception_ptr(Error(stopped.error)));
 }
 
 int Scheduler::context_size() const { return target_.options.n_ctx; }
@@ -121,6 +123,8 @@ void Scheduler::fail_all(const std::string & failure) {
     }
     for (auto & job : queue_) job->finish(r), ++metrics_.requests_failed;
     queue_.clear();
+    for (EmbedRequest & q : embed_queue_) q.done.set_exception(std::make_exception_ptr(Error(failure)));
+    embed_queue_.clear();
 }
 
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationOptions & options, EarlyExitRequest early_exit,
@@ -234,10 +238,18 @@ void Scheduler::run() {
     StepResult last_step;
     for (;;) {
         cv_.wait(lock, [&] {
-            if (stopping_ || !queue_.empty()) return true;
+            if (stopping_ || !queue_.empty() || !embed_queue_.empty()) return true;
             return std::any_of(slots_.begin(), slots_.end(), [](auto & s) { return s->job != nullptr; });
         });
         if (stopping_) return;
+        if (!embed_queue_.empty()) {
+            std::deque<EmbedRequest> requests = std::move(embed_queue_);
+            embed_queue_.clear();
+            lock.unlock();
+            run_embeddings(requests);
+            lock.lock();
+            if (!failure_.empty()) return;  // fail_all ended every request
+        }
         const std::vector<Admitted> admitted = admit();
         if (!admitted.empty()) {
             // Setting a slot up moves rows over the network when the cache is on an rpc-server: a

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,7 @@
 
 #include "draft/suffix_cache.h"
 #include "policy/speculation_gate.h"
+#include "server/embeddings.h"
 #include "server/prefix_store.h"
 #include "specula/specula.h"
 #include "tokenizer/stop_strings.h"
@@ -26,6 +28,7 @@
 
 namespace specula {
 
+class KvCache;
 struct ModelBundle;
 struct StepResult;
 
@@ -46,6 +49,10 @@ struct SchedulerOptions {
     // Whether lookup drafts read every tenant's earlier requests (serve --shared-suffix-cache)
     // rather than only those of the request's own tenant and cache salt (Tenancy).
     bool shared_suffix_cache = false;
+    // Embeddings (serve --embeddings): embed() computes them in a KV stream of their own, pooled
+    // this way; false: embed() refuses.
+    bool embeddings = false;
+    embeddings::Pooling pooling = embeddings::Pooling::Mean;
 };
 
 // Whose request a job is. The caches (a slot's rows, the prefix store, the suffix cache unless
@@ -244,6 +251,12 @@ public:
     std::vector<std::shared_ptr<Job>> submit_choices(std::vector<int32_t> prompt, const GenerationOptions & options, int n,
                                                      EarlyExitRequest early_exit = {}, std::vector<std::string> stop = {}, Tenancy tenancy = {},
                                                      TextLimits limits = {}, int id_slot = -1);
+    // Each input's embedding (SchedulerOptions::embeddings): the target's final hidden states after
+    // its output norm, pooled and L2-normalised (server/embeddings.h). The worker computes them
+    // between steps, in prefill chunks, in a KV stream of their own; the future fails with Error
+    // without --embeddings, for an input that is empty or longer than the context, or when the
+    // server stops first.
+    std::future<std::vector<std::vector<float>>> embed(std::vector<std::vector<int32_t>> inputs);
     SchedulerMetrics metrics() const;
     int context_size() const;  // tokens per slot
     int capacity() const;      // requests or choices the slots and the queue hold
@@ -278,6 +291,13 @@ private:
     // of a further choice's first choice whose prefilled prompt it takes, else nullptr.
     bool may_start(const Job & job, int free_slots, Slot *& first) const;
     void release(Slot & slot, bool finished_normally);
+    struct EmbedRequest {
+        std::vector<std::vector<int32_t>> inputs;
+        std::promise<std::vector<std::vector<float>>> done;
+    };
+    void start_embeddings();  // the embeddings' KV stream and the output norm's weights
+    // On the worker, without mutex_: the requests' forwards in embed_cache_, their answers set.
+    void run_embeddings(std::deque<EmbedRequest> & requests);
     // The part of the suffix cache a job's drafts read and its text goes to ("" for all when shared).
     std::string suffix_scope(const Job & job) const;
     // Under mutex_, on the worker: copies each slot's counters to what metrics() reads, since its
@@ -307,7 +327,10 @@ private:
     // the worker, each under its job's scope (Tenancy; one scope when shared); null when off or no
     // drafter looks up. metrics() reads its counters (its own mutex).
     std::shared_ptr<SuffixCache> suffix_cache_;
-    std::unique_ptr<PrefixStore> store_;  // null when --cache-bytes is 0; saved to and loaded from by the worker, outside mutex_
+    std::unique_ptr<PrefixStore> store_;    // null when --cache-bytes is 0; saved to and loaded from by the worker, outside mutex_
+    std::deque<EmbedRequest> embed_queue_;  // under mutex_
+    std::unique_ptr<KvCache> embed_cache_;  // the embeddings' stream (null without them), the worker's
+    std::vector<float> output_norm_;        // the target's output norm weights, for the embeddings
     std::thread worker_;
 };
 

@@ -304,3 +304,40 @@ def test_skip_special_tokens_false_renders_control_tokens(aliased):
     assert complete(base, max_tokens=40, skip_special_tokens=False)["choices"][0]["text"] == text
     with serve("-c", "512", "--no-spec") as (_, plain):
         assert complete(plain, max_tokens=40, skip_special_tokens=False)["choices"][0]["text"] == text
+
+
+def test_embeddings_through_the_openai_client(aliased):
+    # Catches: /v1/embeddings missing or answering without --embeddings, vectors not unit length,
+    # inputs answered out of order or a token-id input read otherwise than its text, base64 other
+    # than the float32 bytes the client decodes, usage not counting the inputs' tokens, the pooling
+    # flag ignored, a too-long input reaching the engine.
+    import base64
+    import struct
+
+    import openai
+    _, base = aliased
+    status, body = post(base, "/v1/embeddings", {"input": "hi"})
+    assert status == 501 and "--embeddings" in body["error"]["message"], body
+    with serve("-c", "64", "--embeddings") as (_, mean), serve("-c", "64", "--embeddings", "--pooling", "last") as (_, last):
+        client = openai.OpenAI(base_url=mean + "/v1", api_key="unused", max_retries=0, timeout=120)
+        status, ids = post(mean, "/tokenize", {"content": "class A:", "add_special": True})
+        got = client.embeddings.create(model="specula-target", input=[PROMPT, "class A:", ids["tokens"]])
+        vectors = [d.embedding for d in got.data]
+        assert [d.index for d in got.data] == [0, 1, 2] and len(vectors[0]) > 8
+        for v in vectors:
+            assert abs(sum(x * x for x in v) - 1.0) < 1e-4
+        assert vectors[0] != vectors[1] and max(abs(a - b) for a, b in zip(vectors[1], vectors[2])) < 1e-6
+        assert got.usage.prompt_tokens == got.usage.total_tokens == 2 * len(ids["tokens"]) + len(post(mean, "/tokenize", {"content": PROMPT, "add_special": True})[1]["tokens"])
+        one = client.embeddings.create(model="specula-target", input=PROMPT).data[0].embedding
+        assert max(abs(a - b) for a, b in zip(one, vectors[0])) < 1e-6
+        status, raw = post(mean, "/v1/embeddings", {"input": PROMPT, "encoding_format": "base64"})
+        decoded = struct.unpack(f"<{len(one)}f", base64.b64decode(raw["data"][0]["embedding"]))
+        assert max(abs(a - b) for a, b in zip(decoded, one)) < 1e-6
+        status, via_llama = post(mean, "/embeddings", {"input": PROMPT})
+        assert status == 200 and via_llama["data"][0]["embedding"] == post(mean, "/v1/embeddings", {"input": PROMPT})[1]["data"][0]["embedding"]
+        lasting = openai.OpenAI(base_url=last + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert max(abs(a - b) for a, b in zip(lasting.embeddings.create(model="specula-target", input=PROMPT).data[0].embedding, one)) > 1e-3
+        status, body = post(mean, "/v1/embeddings", {"input": ["ok", "word " * 100]})
+        assert status == 400 and body["error"]["param"] == "input" and "input[1]" in body["error"]["message"], body
+        status, body = post(mean, "/v1/embeddings", {"input": [], "model": "specula-target"})
+        assert status == 400 and body["error"]["param"] == "input", body

@@ -41,6 +41,7 @@ struct ServeArgs {
     std::vector<std::string> aliases;
     bool strict_fields = false;
     bool no_spec = false;
+    std::string pooling = "mean";
 };
 
 // Slots, the queue, prefill chunks, the speculation gate and the caches: the scheduler's options.
@@ -115,6 +116,12 @@ void add_request_flags(CLI::App * sub, ServeArgs & a) {
                     "message.reasoning_content, streamed as delta.reasoning_content), deepseek-legacy (reasoning_content, and left in "
                     "the content too)")
         ->check(CLI::IsMember({"none", "auto", "deepseek", "deepseek-legacy"}))
+        ->capture_default_str();
+    sub->add_flag("--embeddings", a.scheduler.embeddings,
+                  "answer /v1/embeddings (and /embeddings): the target's final hidden states after its output norm, pooled by "
+                  "--pooling and L2-normalised; without it those routes answer 501");
+    sub->add_option("--pooling", a.pooling, "how --embeddings pools an input's rows: mean, last (the last token's) or cls (the first token's)")
+        ->check(CLI::IsMember({"mean", "last", "cls"}))
         ->capture_default_str();
 }
 
@@ -192,6 +199,7 @@ void configure(HttpServer & server, const ServeArgs & args, std::vector<std::str
         if (alias.empty()) throw Error("--alias: a model name cannot be empty");
     }
     server.set_reasoning_format(reasoning_format_from_name(args.reasoning_format));
+    server.set_embeddings(args.scheduler.embeddings);
 }
 
 // Listens at once (the port line), then loads the model and serves until a stop signal; the exit
@@ -218,6 +226,7 @@ int serve(ServeArgs & args) {
     // Tests and scripts read this line for the port.
     std::fprintf(stderr, "specula: listening on http://%s:%d (loading %s)\n", args.host.c_str(), port, args.engine.model_path.c_str());
     std::unique_ptr<ModelBundle> target = ModelBundle::open(args.engine);
+    args.scheduler.pooling = embeddings::pooling_from_name(args.pooling);
     auto scheduler_ptr = std::make_unique<Scheduler>(*target, args.scheduler);
     Scheduler & scheduler = *scheduler_ptr;
     server.ready(*target, scheduler,
