@@ -231,6 +231,45 @@ TEST(Forward, MalformedBatchesAreRefused) {
     EXPECT_EQ(small.size(), 0);
 }
 
+// A trimmed vocabulary's logits are the full forward's columns of its ids, bit for bit: packed
+// weights (q4_0, q8_0 tied to the embeddings) run as row slices of one op, ggml's (f32) as slices
+// whose outputs are joined. The scattered ids need several slices and a partial last group.
+TEST(Forward, TrimmedVocabularyLogitsAreTheFullLogitsOfItsIds) {
+    for (const std::string variant : {"llama_gqa_f32", "llama_q4_0", "llama_q4_1_tied"}) {
+        Fixture f(variant);
+        const int V = f.model->config().n_vocab;
+        std::vector<int32_t> ids(1000);
+        std::iota(ids.begin(), ids.end(), 0);
+        for (int32_t t : {2, 5000, 5001, 17000, V - 1}) ids.push_back(t);
+        ModelRunner trimmed(*f.model, ids);
+        const std::span<const int32_t> kept = trimmed.logit_ids();
+        ASSERT_TRUE(std::is_sorted(kept.begin(), kept.end())) << variant;
+        for (int32_t t : ids) EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), t)) << variant << " id " << t;
+        EXPECT_LT(kept.size(), 1200u) << variant;  // 16-row groups, not the whole vocabulary
+        const ForwardBatch b = ForwardBatch::causal(kPrefix, 0, {2, 4});
+        auto full_cache = f.cache(), trimmed_cache = f.cache();
+        const ForwardOutput full = f.runner->forward(b, *full_cache);
+        const ForwardOutput part = trimmed.forward(b, *trimmed_cache);
+        ASSERT_EQ(part.n_vocab, static_cast<int>(kept.size())) << variant;
+        for (size_t r = 0; r < 2; ++r) {
+            std::vector<float> want;
+            for (int32_t t : kept) want.push_back(full.logits_row(r)[t]);
+            EXPECT_EQ(max_abs_diff(part.logits_row(r), want), 0.0) << variant << " row " << r;
+        }
+    }
+}
+
+TEST(Forward, TrimmedVocabulariesOfNoIdOrIdsOutsideTheVocabularyAreRefused) {
+    Fixture f("llama_q4_0");
+    EXPECT_EQ(test::error_message([&] { ModelRunner(*f.model, std::vector<int32_t>{}); }),
+              "ModelRunner: a trimmed vocabulary needs at least one logit id");
+    EXPECT_EQ(test::error_message([&] { ModelRunner(*f.model, std::vector<int32_t>{1, 32000}); }),
+              "ModelRunner: logit id 32000 outside the 32000-token vocabulary");
+    std::vector<int32_t> all(f.model->config().n_vocab);
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_TRUE(ModelRunner(*f.model, all).logit_ids().empty());  // every group: the plain runner
+}
+
 // Catches features taken at the wrong positions (a chunk's start, the cache's size) or from the
 // wrong logits rows, and a wrong log-softmax or ranking: chunked features must equal, at every
 // position, what one-token forwards give, with the log-probabilities and ranking recomputed here.

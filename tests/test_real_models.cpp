@@ -24,6 +24,7 @@
 #include "draft/draft_model_drafter.h"
 #include "draft/eagle_drafter.h"
 #include "draft/ngram.h"
+#include "engine/drafter_factory.h"
 #include "engine/generate.h"
 #include "engine/specee.h"
 #include "engine/sequence.h"
@@ -526,6 +527,23 @@ TEST(QwenCoderPair, GreedyDraftModelSpeculationEqualsPlainAndAcceptsDrafts) {
     auto draft = Model::load(draft_path, t.backend);
     // Floors well below what the sibling is accepted at (about 2.5 of 4 drafted tokens a round).
     const DrafterCase cases[] = {{"draft-0.5b", [&] { return std::make_unique<DraftModelDrafter>(*draft, 512); }, 1.0, 1.0}};
+    expect_greedy_speculation_equals_plain("qwen-coder-pair", t, chat_prompts(target), cases);
+}
+
+// The same pair with the draft's logits over a trimmed vocabulary (the first 32768 ids and the
+// control tokens; the 0.5B's 151,936-row output matrix is a third of what it reads per token): the
+// text stays plain's and the draft is accepted about as often.
+TEST(QwenCoderPair, GreedySpeculationWithATrimmedDraftVocabularyEqualsPlainAndAcceptsDrafts) {
+    const std::string target = model_cache_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+    const std::string draft_path = cached_model_path(kModels[2]);
+    for (const std::string & path : {target, draft_path}) {
+        if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent: run scripts/fetch_models.sh qwen-coder";
+    }
+    LoadedTarget t(target);
+    const DrafterFactory trimmed =
+        DrafterFactory::open({DrafterKind::DraftModel, draft_path, 1, 3, false, 32768}, t.backend, *t.model, Tokenizer(target));
+    ASSERT_FALSE(trimmed.draft_logit_ids.empty());
+    const DrafterCase cases[] = {{"draft-0.5b-32k", [&] { return trimmed.make(512); }, 1.0, 1.0}};
     expect_greedy_speculation_equals_plain("qwen-coder-pair", t, chat_prompts(target), cases);
 }
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "draft/lookup_graft.h"
 #include "draft/ngram.h"
 #include "runtime/eagle_head.h"
+#include "runtime/kv_cache.h"
 #include "runtime/exit_predictor.h"
 #include "verify/verify.h"
 #include "specee_predictor.h"
@@ -174,6 +177,47 @@ TEST(Speculative, SampledChainsThreeDeepFollowTheTargetDistributionAndBrokenVeri
             EXPECT_GT(bstat, chi2_critical(bdof)) << broken_name;
         }
     }
+}
+
+// A draft model with a trimmed vocabulary (ids 0-15 of 24) at T > 0, chains and a tree: drafts
+// are drawn from its softmax over those ids, and the q the verifier reads is that one, zero on the
+// other ids. A verifier reading q as if the draft had kept some probability on the dropped ids
+// (its softmax over the whole vocabulary, modelled by moving 40% of q there) must fail.
+TEST(Speculative, SampledDraftsOfATrimmedDraftVocabularyFollowTheTargetDistributionAndABrokenQFails) {
+    Tiny t(24);
+    const std::vector<int32_t> prefix = {1, 2, 3, 1, 2};
+    std::vector<int32_t> ids(16);
+    std::iota(ids.begin(), ids.end(), 0);
+    auto runner = std::make_shared<ModelRunner>(*t.draft, ids);
+    ASSERT_EQ(runner->logit_ids().size(), 16u);
+    DraftModelDrafter trimmed(*t.draft, runner, std::make_unique<KvCache>(t.backend, t.draft->config(), 64));
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    const auto joint = t.exact_joint(prefix, sp);
+    const int runs = 6000;
+    int drafted_outside = 0;
+    auto on_round = [&](const RoundInfo & r) {
+        for (int32_t tok : r.draft->tree.token) drafted_outside += tok >= 16;
+    };
+    for (const TreeBudget & tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 3, 2, 6}}) {
+        auto [stat, dof] = t.chi2(trimmed, prefix, sp, joint, runs, nullptr, tree, on_round);
+        std::printf("[distribution] trimmed draft vocabulary, %s: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape), stat, dof,
+                    chi2_critical(dof));
+        EXPECT_LT(stat, chi2_critical(dof)) << tree_shape_name(tree.shape);
+    }
+    EXPECT_EQ(drafted_outside, 0);
+    auto spread_q = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+        TokenTree wrong = tree;
+        for (std::vector<float> & q : wrong.q) {
+            if (q.empty()) continue;
+            for (size_t i = 0; i < q.size(); ++i) q[i] = i < 16 ? 0.6f * q[i] : 0.4f / static_cast<float>(q.size() - 16);
+        }
+        return verify_sampled(wrong, l, sp, rng);
+    };
+    auto [bstat, bdof] = t.chi2(trimmed, prefix, sp, joint, runs, spread_q);
+    std::printf("[distribution] trimmed draft vocabulary, q spread over the dropped ids: chi2 = %.1f (critical %.1f)\n", bstat,
+                chi2_critical(bdof));
+    EXPECT_GT(bstat, chi2_critical(bdof)) << "the distribution test cannot tell a q other than the one drafts were drawn from";
 }
 
 // EAGLE-1 and EAGLE-3 heads at T > 0, chains, dynamic and static trees: their drafts carry the

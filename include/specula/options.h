@@ -60,6 +60,10 @@ struct DrafterSpec {
     // default for EAGLE heads), whose pricing keeps lookup's nodes only where they pay; off for
     // chains and fixed-size trees.
     std::optional<bool> lookup = std::nullopt;
+    // DraftModel: the draft's logits cover token ids [0, vocab) (BPE ids follow merge rank, so
+    // frequency) plus the vocabulary's control and end-of-generation tokens; its LM head reads
+    // only those rows. 0: the whole vocabulary.
+    int vocab = 0;
 };
 
 }  // namespace specula

@@ -45,6 +45,8 @@ void DraftModelDrafter::resume() {
     pending_forward_.done();
     TreeGrower & g = *grower_;
     const std::span<const int> frontier = g.frontier();
+    // A trimmed vocabulary's logits: proposals and q over its ids alone, q zero elsewhere.
+    const DraftVocabulary vocab{runner_->logit_ids(), runner_->network().shape().n_vocab};
     std::vector<Expansion> ex;
     for (size_t i = 0; i < frontier.size(); ++i) {
         if (frontier[i] != TokenTree::kRoot) {
@@ -52,7 +54,7 @@ void DraftModelDrafter::resume() {
             slot_of_[frontier[i]] = pending_forward_.first_slot() + static_cast<int>(i);
         }
         const LogitsState * allowed = path_states_.after(frontier[i], g.tree().parent, g.tree().token);
-        ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, {}, allowed));
+        ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, vocab, allowed));
     }
     g.expand(ex);
     const int L = static_cast<int>(req_.history.size());

@@ -17,6 +17,10 @@ void check_drafter_spec(const DrafterSpec & spec) {
     const std::string kind = drafter_kind_name(spec.kind);
     if (takes_file && spec.path.empty()) throw Error("the " + kind + " drafter needs a GGUF path");
     if (!takes_file && !spec.path.empty()) throw Error("the " + kind + " drafter takes no file, but was given " + spec.path);
+    if (spec.vocab < 0) throw Error("the draft vocabulary (--draft-vocab) must be 0 (all) or a token count, not " + std::to_string(spec.vocab));
+    if (spec.vocab > 0 && spec.kind != DrafterKind::DraftModel) {
+        throw Error("a trimmed draft vocabulary (--draft-vocab) is for a draft model (--draft), not the " + kind + " drafter");
+    }
     if (spec.lookup.value_or(false) && !takes_file) {
         throw Error("prompt lookup (--lookup) grafts into a model drafter's trees: add --draft, --eagle or --eagle3" +
                     std::string(spec.kind == DrafterKind::Ngram ? " (--ngram drafts by lookup alone)" : ""));
@@ -63,6 +67,15 @@ DrafterFactory DrafterFactory::open(const DrafterSpec & spec, Backend & backend,
                 throw Error("draft model " + spec.path + " has a different vocabulary (" + std::to_string(draft_vocab.n_vocab()) +
                             " tokens) than the target (" + std::to_string(target_vocab.n_vocab()) + " tokens)");
             }
+            if (spec.vocab > 0 && spec.vocab < s.draft_model->config().n_vocab) {
+                // The first ids plus what chat templates and FIM prompts use, which BPE numbers last.
+                for (int32_t t = 0; t < spec.vocab; ++t) s.draft_logit_ids.push_back(t);
+                for (const auto * extra : {&target_vocab.markup_tokens(), &target_vocab.end_of_generation_tokens()}) {
+                    for (int32_t t : *extra) {
+                        if (t >= spec.vocab) s.draft_logit_ids.push_back(t);
+                    }
+                }
+            }
             break;
         }
         case DrafterKind::Eagle:
@@ -85,7 +98,8 @@ std::vector<std::unique_ptr<Drafter>> DrafterFactory::make_group(int n_ctx, int 
     std::vector<std::unique_ptr<Drafter>> group;
     switch (spec.kind) {
         case DrafterKind::DraftModel: {
-            auto runner = std::make_shared<ModelRunner>(*draft_model);
+            auto runner = draft_logit_ids.empty() ? std::make_shared<ModelRunner>(*draft_model)
+                                                  : std::make_shared<ModelRunner>(*draft_model, draft_logit_ids);
             auto streams = KvCache::pool(draft_model->backend(), draft_model->config(), n_ctx, n);
             for (auto & s : streams) group.push_back(std::make_unique<DraftModelDrafter>(*draft_model, runner, std::move(s)));
             break;

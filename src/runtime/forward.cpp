@@ -12,6 +12,8 @@
 #include "runtime/kv_cache.h"
 #include "runtime/arch/graph.h"
 #include "runtime/backend.h"
+#include "runtime/kernels/packed_matrix.h"
+#include "runtime/model.h"
 #include "runtime/network.h"
 
 namespace specula {
@@ -90,6 +92,73 @@ struct ModelRunner::Graph {
 
 ModelRunner::ModelRunner(const Network & network) : net_(network) {
     graph_size_ = std::max<size_t>(2048, static_cast<size_t>(network.shape().n_layer) * 48 + 128);
+}
+
+struct ModelRunner::OutputSlices {
+    ggml_context * ctx = nullptr;
+    std::vector<std::unique_ptr<kernels::PackedMatrix>> parts;  // the packed slices' descriptions
+    std::vector<ggml_tensor *> slices;
+    OutputSlices() = default;
+    OutputSlices(const OutputSlices &) = delete;
+    OutputSlices & operator=(const OutputSlices &) = delete;
+    ~OutputSlices() {
+        if (ctx) ggml_free(ctx);
+    }
+};
+
+namespace {
+
+// One packed op takes at most this many weights (a ggml op's sources, the activations one of them).
+constexpr size_t kMaxOutputSlices = GGML_MAX_SRC - 1;
+
+// The row ranges [begin, end) of the 16-row groups holding `ids`: runs of adjacent groups, the
+// runs with the narrowest gaps between them joined until at most kMaxOutputSlices remain.
+std::vector<std::pair<int64_t, int64_t>> covering_rows(std::span<const int32_t> ids, int64_t n_rows) {
+    std::vector<int64_t> groups;
+    for (const int32_t t : ids) {
+        if (t < 0 || t >= n_rows) throw Error("ModelRunner: logit id " + std::to_string(t) + " outside the " + std::to_string(n_rows) + "-token vocabulary");
+        groups.push_back(t / kernels::kGroupRows);
+    }
+    std::sort(groups.begin(), groups.end());
+    groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (const int64_t g : groups) {
+        if (!runs.empty() && runs.back().second == g) {
+            ++runs.back().second;
+        } else {
+            runs.emplace_back(g, g + 1);
+        }
+    }
+    while (runs.size() > kMaxOutputSlices) {
+        size_t join = 0;
+        for (size_t i = 1; i + 1 < runs.size(); ++i) {
+            if (runs[i + 1].first - runs[i].second < runs[join + 1].first - runs[join].second) join = i;
+        }
+        runs[join].second = runs[join + 1].second;
+        runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(join) + 1);
+    }
+    for (auto & [begin, end] : runs) {
+        begin *= kernels::kGroupRows;
+        end = std::min(end * kernels::kGroupRows, n_rows);
+    }
+    return runs;
+}
+
+}  // namespace
+
+ModelRunner::ModelRunner(const Model & model, std::span<const int32_t> ids) : ModelRunner(static_cast<const Network &>(model)) {
+    const int64_t n_vocab = model.config().n_vocab;
+    if (ids.empty()) throw Error("ModelRunner: a trimmed vocabulary needs at least one logit id");
+    const std::vector<std::pair<int64_t, int64_t>> rows = covering_rows(ids, n_vocab);
+    if (rows.size() == 1 && rows[0].first == 0 && rows[0].second == n_vocab) return;
+    slices_ = std::make_unique<OutputSlices>();
+    slices_->ctx = ggml_init(ggml_init_params{ggml_tensor_overhead() * rows.size(), nullptr, true});
+    if (!slices_->ctx) throw Error("ModelRunner: could not create the output slices' context");
+    for (const auto & [begin, end] : rows) {
+        slices_->parts.push_back(std::make_unique<kernels::PackedMatrix>());
+        slices_->slices.push_back(kernels::weight_rows(slices_->ctx, model.weights().output, begin, end, *slices_->parts.back()));
+        for (int64_t t = begin; t < end; ++t) logit_ids_.push_back(static_cast<int32_t>(t));
+    }
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -233,6 +302,7 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     if (want_logits) {
         in.out_rows = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, key.n_out);
         ggml_set_input(in.out_rows);
+        if (slices_) in.output_slices = slices_->slices;
     }
     g->out = net_.build_graph(g->ctx, g->gf, cache, in, b, layer_end);
     for (ggml_tensor * t : g->out.taps) {
@@ -342,13 +412,13 @@ void hide_outside_window(std::vector<ggml_fp16_t> & mask, std::span<const BatchP
 // Each part's rows straight from the graph's outputs into its ForwardOutput, whose buffers the
 // caller keeps between forwards: a verify block's logits are megabytes, and a fresh buffer for
 // them costs page faults on every forward.
-void read_outputs(std::span<const BatchPart> parts, std::span<const int> row_begin, const GraphOutputs & g, const NetworkShape & c) {
-    const size_t E = c.n_embd, V = c.n_vocab;
+void read_outputs(std::span<const BatchPart> parts, std::span<const int> row_begin, const GraphOutputs & g, const NetworkShape & c, size_t V) {
+    const size_t E = c.n_embd;
     size_t logit_row = 0;
     for (size_t p = 0; p < parts.size(); ++p) {
         const ForwardBatch & b = *parts[p].batch;
         ForwardOutput & out = *parts[p].out;
-        out.n_vocab = c.n_vocab;
+        out.n_vocab = static_cast<int>(V);
         out.n_embd = c.n_embd;
         const size_t rows = b.n_tokens(), first = row_begin[p];
         const size_t n_out = g.logits ? b.logit_rows.size() : 0;
@@ -409,7 +479,7 @@ void ModelRunner::run_graph(std::span<const BatchPart> parts, std::span<const in
     }
 
     if (ggml_backend_sched_graph_compute(g.sched, g.gf) != GGML_STATUS_SUCCESS) throw Error("forward: graph compute failed");
-    read_outputs(parts, m.row_begin, g.out, c);
+    read_outputs(parts, m.row_begin, g.out, c, logit_ids_.empty() ? static_cast<size_t>(c.n_vocab) : logit_ids_.size());
 }
 
 }  // namespace specula

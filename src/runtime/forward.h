@@ -10,6 +10,7 @@
 namespace specula {
 
 class KvCache;
+class Model;
 class Network;
 
 // Which rows of the new block each row may attend to. What a row sees of the cache is set by
@@ -93,6 +94,11 @@ struct BatchPart {
 class ModelRunner {
 public:
     explicit ModelRunner(const Network & network);
+    // A language model's runner whose logits cover only some token ids (a draft model's trimmed
+    // vocabulary): its LM head reads those rows of the output weight alone. It computes whole
+    // 16-row groups, so the logit columns (logit_ids(), ascending) may hold a few ids more than
+    // `ids`; their values have the bits a full forward gives. Ids covering every group: all ids.
+    ModelRunner(const Model & model, std::span<const int32_t> ids);
     ~ModelRunner();
     ModelRunner(const ModelRunner &) = delete;
     ModelRunner & operator=(const ModelRunner &) = delete;
@@ -109,6 +115,8 @@ public:
     void forward_parts(std::span<const BatchPart> parts);
 
     const Network & network() const { return net_; }
+    // The token id of each logit column; empty: column i is id i (the whole vocabulary).
+    std::span<const int32_t> logit_ids() const { return logit_ids_; }
     // Graphs built so far: a forward of a shape the runner keeps builds none.
     size_t graphs_built() const { return graphs_built_; }
     // The graphs that every runner of the process keeps, and their compute buffers' bytes (at most
@@ -118,12 +126,15 @@ public:
 
 private:
     struct Graph;
+    struct OutputSlices;
     void check(const ForwardBatch & b, const KvCache & cache) const;
     void run_graph(std::span<const BatchPart> parts, std::span<const int> first_slots, bool want_logits, int layer_end);
     const Network & net_;
     size_t graph_size_ = 0;
     Graph & graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end);
     std::vector<std::unique_ptr<Graph>> graphs_;  // most recently used last
+    std::unique_ptr<OutputSlices> slices_;        // the output weight's rows of logit_ids_
+    std::vector<int32_t> logit_ids_;
     size_t graphs_built_ = 0;
     // Enough for a tree run's verify sizes plus its draft shapes; each holds its compute buffers.
     static constexpr size_t kMaxGraphs = 32;

@@ -173,7 +173,9 @@ SpeculaRig::SpeculaRig(const SpecBenchOptions & o, int n_ctx)
     tree = drafting_rules(e, DrafterKind::DraftModel).tree;
     auto assemble = [&](DrafterFactory & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path,
                         bool lookup = false) {
-        source = DrafterFactory::open(DrafterSpec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max, lookup}, backend, *target, vocab);
+        DrafterSpec spec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max, lookup};
+        if (kind == DrafterKind::DraftModel) spec.vocab = o.draft_vocab;
+        source = DrafterFactory::open(spec, backend, *target, vocab);
         drafter = source.make(n_ctx);
     };
     if (!o.draft.empty()) assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
@@ -242,9 +244,11 @@ CostCurve measure_cost_curve(SpeculaRig & rig, const std::vector<Prompt> & promp
     }
     if (!rig.draft.draft_model) return c;
     // A separate runner and cache: the drafter's own are private, and this leaves them untouched.
-    ModelRunner draft_runner(*rig.draft.draft_model);
+    const std::vector<int32_t> & ids = rig.draft.draft_logit_ids;
+    std::unique_ptr<ModelRunner> draft_runner = ids.empty() ? std::make_unique<ModelRunner>(*rig.draft.draft_model)
+                                                            : std::make_unique<ModelRunner>(*rig.draft.draft_model, ids);
     KvCache draft_cache(rig.backend, rig.draft.draft_model->config(), rig.cache.capacity());
-    c.draft_ms_per_token = forward_cost(draft_runner, draft_cache, probe, c.depth, 1)[0];
+    c.draft_ms_per_token = forward_cost(*draft_runner, draft_cache, probe, c.depth, 1)[0];
     return c;
 }
 

@@ -99,7 +99,9 @@ std::string decoding_mode(const EngineOptions & engine) {
     switch (d.kind) {
         case DrafterKind::None: return "plain decoding (no drafter)";
         case DrafterKind::Ngram: return "speculative, drafting by prompt lookup (n-grams)";
-        case DrafterKind::DraftModel: return "speculative, drafting with " + d.path + " (draft model)";
+        case DrafterKind::DraftModel:
+            return "speculative, drafting with " + d.path + " (draft model" +
+                   (d.vocab > 0 ? ", logits over the first " + std::to_string(d.vocab) + " token ids and the control tokens" : "") + ")";
         case DrafterKind::Eagle: return "speculative, drafting with " + d.path + " (EAGLE head)" + specee;
         case DrafterKind::Eagle3: return "speculative, drafting with " + d.path + " (EAGLE-3 head)" + specee;
     }
@@ -151,6 +153,10 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e, bool & no_spec) {
         "--no-lookup", [&d] { d.lookup = false; }, "draft with the model alone (no prompt-lookup graft)");
     sub->add_option("--ngram-min", d.ngram_min, "shortest n-gram to match")->capture_default_str();
     sub->add_option("--ngram-max", d.ngram_max, "longest n-gram to match")->capture_default_str();
+    sub->add_option("--draft-vocab", d.vocab,
+                    "with --draft: the draft model's logits over the first N token ids plus the control and end-of-generation tokens "
+                    "(its LM head reads only those rows; the target still decides every token); 0 = the whole vocabulary")
+        ->capture_default_str();
     sub->add_option("--draft-max", e.draft_max, "longest draft per round")->capture_default_str();
     add_choice(sub, "--draft-policy", e.draft_policy, parse_draft_policy, "draft length policy: cost (default) | heuristic | fixed");
     sub->add_option_function<std::string>(
