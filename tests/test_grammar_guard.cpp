@@ -5,9 +5,11 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "constrain/grammar.h"
 #include "constrain/grammar_guard.h"
+#include "constrain/lazy_grammar.h"
 #include "engine/generate.h"
 #include "sample/logits_state.h"
 #include "specula/error.h"
@@ -116,6 +118,22 @@ TEST(GrammarGuard, StacksBeyondTheBudgetEndDecodingWithAnError) {
     }
     ASSERT_GE(eog, 0);
     EXPECT_NE(test::error_message([&] { open->accept(eog); }).find("does not follow the grammar"), std::string::npos);
+}
+
+// Catches: a lazy grammar run by libllama's sampler once triggered, whose stacks doubled with each
+// "a" after the trigger without a limit (to the process's memory).
+TEST(GrammarGuard, ALazyGrammarKeepsTheLimitsAfterItsTrigger) {
+    const auto state = make_lazy_grammar_state(tokenizer(), "root ::= \"<\" body\nbody ::= \"a\" body \"b\" | \"a\" body \"c\" | \"d\"", {"<"}, {});
+    std::vector<float> row(tokenizer().n_vocab());
+    EXPECT_EQ(test::error_message([&] { state->apply_bans(row); }), "<no error>");  // free before the trigger
+    state->accept(token_of("<"));
+    EXPECT_FALSE(state->allows(token_of("b")));
+    std::string message = "<no error>";
+    for (int i = 0; i < 12 && message == "<no error>"; ++i) {
+        state->accept(token_of("a"));
+        message = test::error_message([&] { state->apply_bans(row); });
+    }
+    EXPECT_EQ(message, "the grammar exceeds a limit: more than 1024 parse stacks at once");
 }
 
 // Catches: schemas whose size or "$ref"s are unbounded, and schema grammars past the text limit.

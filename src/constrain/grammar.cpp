@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -137,17 +138,11 @@ ForcedText forced_text(const llama_grammar & grammar) {
     return forced;
 }
 
-// libllama's accept of `token`, checked a byte at a time: libllama's own checks nothing until the
-// token's last character, by which time a grammar that keeps several parses open (`"a" x "b" |
-// "a" x "c"`) may have doubled its stacks with each character; and it aborts the process on an
-// end of generation the grammar does not allow here.
-void accept_token(llama_grammar & grammar, int32_t token) {
-    const auto complete = [](const llama_grammar_stack & stack) { return stack.empty(); };
-    if (llama_vocab_is_eog(grammar.vocab, token)) {
-        if (std::none_of(grammar.stacks.begin(), grammar.stacks.end(), complete)) throw std::runtime_error("the grammar is not complete here");
-        return;
-    }
-    const std::string & piece = grammar.vocab->token_to_piece(token);
+// libllama's accept of `piece` (all or, where a lazy grammar's trigger matched, the end of
+// `token`'s), checked a byte at a time: libllama's own checks nothing until the piece's last
+// character, by which time a grammar that keeps several parses open (`"a" x "b" | "a" x "c"`) may
+// have doubled its stacks with each character.
+void accept_piece(llama_grammar & grammar, int32_t token, const std::string & piece) {
     const auto at_token = [](const llama_grammar_stack & stack) {
         return !stack.empty() && (stack.back()->type == LLAMA_GRETYPE_TOKEN || stack.back()->type == LLAMA_GRETYPE_TOKEN_NOT);
     };
@@ -163,6 +158,17 @@ void accept_token(llama_grammar & grammar, int32_t token) {
     if (grammar.stacks.size() > kMaxGrammarStacks) {
         throw Error("the grammar exceeds a limit: more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once");
     }
+}
+
+// accept_piece of the token's piece; libllama's own accept aborts the process on an end of
+// generation the grammar does not allow here.
+void accept_token(llama_grammar & grammar, int32_t token) {
+    const auto complete = [](const llama_grammar_stack & stack) { return stack.empty(); };
+    if (llama_vocab_is_eog(grammar.vocab, token)) {
+        if (std::none_of(grammar.stacks.begin(), grammar.stacks.end(), complete)) throw std::runtime_error("the grammar is not complete here");
+        return;
+    }
+    accept_piece(grammar, token, grammar.vocab->token_to_piece(token));
 }
 
 // libllama's grammar, its stacks advanced by accept_token() and its allowed tokens found by a
@@ -198,14 +204,10 @@ public:
     }
 
     void accept(int32_t token) override {
-        try {
-            accept_token(*grammar_, token);
-        } catch (const Error &) {
-            throw;
-        } catch (const std::exception & e) {
-            throw Error(std::string("token ") + std::to_string(token) + " does not follow the grammar: " + e.what());
-        }
-        key_.clear();
+        advance(token, [&] { accept_token(*grammar_, token); });
+    }
+    void accept_text(int32_t token, const std::string & piece) {
+        advance(token, [&] { accept_piece(*grammar_, token, piece); });
     }
 
     // The forced text spelled greedily by the longest token the grammar takes at each step: its
@@ -241,6 +243,16 @@ public:
     }
 
 private:
+    void advance(int32_t token, const std::function<void()> & step) {
+        try {
+            step();
+        } catch (const Error &) {
+            throw;
+        } catch (const std::exception & e) {
+            throw Error(std::string("token ") + std::to_string(token) + " does not follow the grammar: " + e.what());
+        }
+        key_.clear();
+    }
     const std::string & key() const {
         if (key_.empty()) key_ = position_key(*grammar_);
         return key_;
@@ -305,6 +317,12 @@ std::unique_ptr<LogitsState> make_grammar_state(const Tokenizer & tokenizer, con
     const std::string logged = take_library_errors();
     if (!grammar) throw Error("the grammar does not parse as GBNF" + (logged.empty() ? std::string() : ": " + logged));
     return std::make_unique<GrammarState>(std::move(grammar), tokenizer, vocabulary_trie(tokenizer), std::make_shared<MaskCache>());
+}
+
+void accept_grammar_text(LogitsState & state, int32_t token, const std::string & piece) {
+    auto * grammar = dynamic_cast<GrammarState *>(&state);
+    if (!grammar) throw std::logic_error("accept_grammar_text: not a grammar state");
+    grammar->accept_text(token, piece);
 }
 
 std::string json_schema_to_gbnf(const std::string & schema_json) {

@@ -20,6 +20,11 @@ class Tokenizer;
 // padded beyond it) are banned.
 std::unique_ptr<LogitsState> make_grammar_state(const Tokenizer & tokenizer, const std::string & gbnf);
 
+// Advances `state` (made by make_grammar_state) by `piece`: the part of `token`'s piece from where
+// a lazy grammar's trigger matched on, as libllama's lazy grammar takes it, with no end-of-
+// generation check. Throws Error as accept() does.
+void accept_grammar_text(LogitsState & state, int32_t token, const std::string & piece);
+
 // GBNF accepting the JSON texts the schema describes (as JSON text, or parsed). Throws Error with
 // the reason for a schema it cannot compile. The schema crosses as text: llama.cpp's converter
 // reads its own JSON type (common_json).

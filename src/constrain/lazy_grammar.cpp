@@ -10,17 +10,14 @@
 #include <span>
 
 #include "constrain/grammar.h"
+#include "llama-grammar.h"
+#include "llama-vocab.h"
 #include "specula/error.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
 
 namespace {
-
-struct SamplerFree {
-    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
-};
-using SamplerPtr = std::unique_ptr<llama_sampler, SamplerFree>;
 
 // A trigger pattern as the awaiting state searches for it. libllama's lazy sampler runs std::regex
 // over all the text since the reply began on every token: the square of the reply's length, and
@@ -34,14 +31,15 @@ struct Trigger {
     static constexpr size_t kRegexWindow = 1024;
 
     std::string pattern;
-    std::optional<std::string> word;  // the pattern is this text, its special characters escaped
-    std::regex regex;                 // when it is not
-    bool anchored = false;            // begins with '^': matched from the text's start
-    bool whole = false;               // ...and ends with '$': the whole text must match (as libllama)
+    std::optional<std::string> word;         // the pattern is this text, its special characters escaped
+    std::regex regex;                        // when it is not
+    bool anchored = false;                   // begins with '^': matched from the text's start
+    bool whole = false;                      // ...and ends with '$': the whole text must match (as libllama)
+    llama_grammar_trigger_pattern libllama;  // libllama's search, which places the grammar's start in the replayed text
 
-    explicit Trigger(const std::string & p) : pattern(p), word(plain_word(p)) {
+    explicit Trigger(const std::string & p) : pattern(p), word(plain_word(p)), libllama{p, std::regex(p)} {
         if (word) return;
-        regex = std::regex(p);
+        regex = libllama.regex;
         anchored = !p.empty() && p.front() == '^';
         whole = anchored && p.back() == '$';
     }
@@ -70,30 +68,50 @@ struct Trigger {
 
 struct Triggers {
     const llama_vocab * vocab;
-    std::string gbnf;
+    std::unique_ptr<LogitsState> start;  // the grammar at its start (make_grammar_state), cloned at each trigger
     std::vector<Trigger> patterns;
     std::vector<int32_t> tokens;
     size_t keep = 0;  // bytes before the new text that a search may need
 };
 
-// The grammar, made by libllama from the trigger on: a lazy sampler of the trigger alone, given the
-// tokens from the one where the match starts, triggers as it would have on the whole text.
-SamplerPtr triggered(const Triggers & t, const char * pattern, const int32_t * token, std::span<const int32_t> replay) {
-    SamplerPtr sampler(llama_sampler_init_grammar_lazy_patterns(t.vocab, t.gbnf.c_str(), "root", &pattern, pattern ? 1 : 0, token, token ? 1 : 0));
-    if (!sampler) throw Error("the lazy grammar cannot be made");
-    for (int32_t r : replay) llama_sampler_accept(sampler.get(), r);
-    return sampler;
+// The grammar from the trigger on, as libllama's lazy grammar makes it: given `token` (a trigger
+// token), or the `replay` tokens from the one where `pattern`'s match starts, it searches their
+// text token by token and, once it matches, takes the text from the match's start (the rest of
+// the token it starts in), then each later token whole. Each under the grammar state's limits.
+std::unique_ptr<LogitsState> triggered(const Triggers & t, const Trigger * pattern, std::span<const int32_t> replay) {
+    std::unique_ptr<LogitsState> grammar = t.start->clone();
+    if (!pattern) {
+        accept_grammar_text(*grammar, replay[0], t.vocab->token_to_piece(replay[0]));
+        return grammar;
+    }
+    std::string text;
+    std::vector<size_t> starts;  // each replayed token's first byte in `text`
+    size_t k = 0, at = std::string::npos;
+    for (; k < replay.size() && at == std::string::npos; ++k) {
+        starts.push_back(text.size());
+        text += t.vocab->token_to_piece(replay[k]);
+        at = pattern->libllama.find(text);
+    }
+    if (at == std::string::npos) throw Error("the grammar's trigger pattern \"" + pattern->pattern + "\" does not match again from the token its match starts in");
+    for (size_t i = 0; i < k; ++i) {
+        const size_t end = i + 1 < k ? starts[i + 1] : text.size();
+        if (end <= at) continue;
+        const size_t from = std::max(starts[i], at);
+        accept_grammar_text(*grammar, replay[i], text.substr(from, end - from));
+    }
+    for (; k < replay.size(); ++k) grammar->accept(replay[k]);
+    return grammar;
 }
 
-// Free until a trigger (a pattern found in the output's text, or a trigger token), then masked
-// by libllama's grammar from the trigger on. Awaiting, it keeps the text's tail a search needs
+// Free until a trigger (a pattern found in the output's text, or a trigger token), then a grammar
+// state (make_grammar_state: byte-checked accept, stacks limit, budgeted mask) from the trigger on. Awaiting, it keeps the text's tail a search needs
 // and the tokens that spelled it.
 class LazyGrammarState final : public LogitsState {
 public:
     LazyGrammarState(std::shared_ptr<const Triggers> triggers, int n_tokens) : triggers_(std::move(triggers)), n_tokens_(n_tokens) {}
     std::unique_ptr<LogitsState> clone() const override {
         auto copy = std::make_unique<LazyGrammarState>(triggers_, n_tokens_);
-        if (sampler_) copy->sampler_.reset(llama_sampler_clone(sampler_.get()));
+        if (grammar_) copy->grammar_ = grammar_->clone();
         copy->tail_ = tail_;
         copy->tail_tokens_ = tail_tokens_;
         copy->tail_starts_ = tail_starts_;
@@ -106,28 +124,12 @@ public:
 
     void apply_bans(std::span<float> logits) const override {
         if (!broken_.empty()) throw Error(broken_);
-        if (!sampler_) return;  // awaiting its trigger: free
-        const int n = std::min<int>(n_tokens_, static_cast<int>(logits.size()));
-        candidates_.resize(n);
-        for (int i = 0; i < n; ++i) candidates_[i] = llama_token_data{i, logits[i], 0.0f};
-        llama_token_data_array array{candidates_.data(), candidates_.size(), -1, false};
-        llama_sampler_apply(sampler_.get(), &array);
-        bool any = false;
-        for (int i = 0; i < n; ++i) {
-            logits[i] = candidates_[i].logit;
-            any = any || logits[i] != -INFINITY;
-        }
-        for (size_t i = n; i < logits.size(); ++i) logits[i] = -INFINITY;
-        if (!any) throw Error("the grammar allows no token here");
+        if (grammar_) grammar_->apply_bans(logits);  // else awaiting its trigger: free
     }
 
     bool allows(int32_t token) const override {
         if (token < 0 || token >= n_tokens_ || !broken_.empty()) return false;
-        if (!sampler_) return true;
-        llama_token_data one{token, 0.0f, 0.0f};
-        llama_token_data_array array{&one, 1, -1, false};
-        llama_sampler_apply(sampler_.get(), &array);
-        return one.logit != -INFINITY;
+        return !grammar_ || grammar_->allows(token);
     }
 
     // Free text before the trigger may not follow the grammar from the trigger's match on. Plain
@@ -136,8 +138,10 @@ public:
     void accept(int32_t token) override {
         if (!broken_.empty()) return;
         try {
-            if (sampler_) llama_sampler_accept(sampler_.get(), token);
+            if (grammar_) grammar_->accept(token);
             else await(token);
+        } catch (const Error & e) {
+            broken_ = e.what();
         } catch (const std::exception & e) {
             broken_ = "token " + std::to_string(token) + " does not follow the grammar: " + e.what();
         }
@@ -147,7 +151,7 @@ private:
     void await(int32_t token) {
         const Triggers & t = *triggers_;
         if (std::find(t.tokens.begin(), t.tokens.end(), token) != t.tokens.end()) {
-            sampler_ = triggered(t, nullptr, &token, std::span(&token, 1));
+            grammar_ = triggered(t, nullptr, std::span(&token, 1));
             return;
         }
         char buf[256];
@@ -170,7 +174,7 @@ private:
             // From the token the match starts in: libllama finds it there again, and replays it.
             const size_t first = static_cast<size_t>(std::upper_bound(tail_starts_.begin(), tail_starts_.end(), at) - tail_starts_.begin()) - 1;
             const std::vector<int32_t> replay(tail_tokens_.begin() + (trigger.anchored ? 0 : first), tail_tokens_.end());
-            sampler_ = triggered(t, trigger.pattern.c_str(), nullptr, replay);
+            grammar_ = triggered(t, &trigger, replay);
             tail_.clear(), tail_tokens_.clear(), tail_starts_.clear();
             return;
         }
@@ -190,13 +194,12 @@ private:
 
     std::shared_ptr<const Triggers> triggers_;
     int n_tokens_;
-    SamplerPtr sampler_;  // null while awaiting the trigger
-    std::string tail_;    // awaiting: the end of the text so far, from the start of tail_tokens_' first
+    std::unique_ptr<LogitsState> grammar_;  // null while awaiting the trigger
+    std::string tail_;                      // awaiting: the end of the text so far, from the start of tail_tokens_' first
     std::vector<int32_t> tail_tokens_;
-    std::vector<size_t> tail_starts_;                   // each tail token's first byte in tail_
-    size_t tail_at_ = 0;                                // bytes of the text before tail_
-    std::string broken_;                                // why the grammar cannot go on; empty: it can
-    mutable std::vector<llama_token_data> candidates_;  // apply_bans()'s scratch
+    std::vector<size_t> tail_starts_;  // each tail token's first byte in tail_
+    size_t tail_at_ = 0;               // bytes of the text before tail_
+    std::string broken_;               // why the grammar cannot go on; empty: it can
 };
 
 }  // namespace
@@ -204,7 +207,7 @@ private:
 std::unique_ptr<LogitsState> make_lazy_grammar_state(const Tokenizer & tokenizer, const std::string & gbnf, const std::vector<std::string> & trigger_patterns,
                                                      const std::vector<int32_t> & trigger_tokens) {
     if (trigger_patterns.empty() && trigger_tokens.empty()) throw Error("a lazy grammar needs a trigger pattern or token");
-    make_grammar_state(tokenizer, gbnf);  // throws naming why the GBNF does not parse
+    std::unique_ptr<LogitsState> start = make_grammar_state(tokenizer, gbnf);  // throws naming why the GBNF does not parse
     for (const std::string & pattern : trigger_patterns) {
         try {
             std::regex{pattern};
@@ -217,7 +220,7 @@ std::unique_ptr<LogitsState> make_lazy_grammar_state(const Tokenizer & tokenizer
     }
     auto triggers = std::make_shared<Triggers>();
     triggers->vocab = tokenizer.vocabulary();
-    triggers->gbnf = gbnf;
+    triggers->start = std::move(start);
     triggers->tokens = trigger_tokens;
     for (const std::string & p : trigger_patterns) {
         const Trigger & t = triggers->patterns.emplace_back(p);
