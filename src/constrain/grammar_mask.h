@@ -24,16 +24,16 @@ inline constexpr size_t kMaxMaskSteps = size_t{1} << 22;
 // and shared by every grammar over it. End-of-generation tokens and empty pieces are not in it.
 struct VocabularyTrie {
     struct Node {
-        uint32_t end;             // the first node past this one's subtree (nodes are in preorder)
-        uint32_t tokens_begin;    // this subtree's tokens: tokens[tokens_begin, tokens_end), those
-        uint32_t tokens_here;     // whose piece ends at this node first, up to tokens_here
+        uint32_t end;           // the first node past this one's subtree (nodes are in preorder)
+        uint32_t tokens_begin;  // this subtree's tokens: tokens[tokens_begin, tokens_end), those
+        uint32_t tokens_here;   // whose piece ends at this node first, up to tokens_here
         uint32_t tokens_end;
-        uint32_t depth;           // bytes from the root
-        uint8_t byte;             // the byte from the parent
+        uint32_t depth;  // bytes from the root
+        uint8_t byte;    // the byte from the parent
     };
-    std::vector<Node> nodes;      // nodes[0]: the root, the empty prefix
-    std::vector<int32_t> tokens;  // token ids sorted by piece
-    std::vector<uint32_t> rank;   // each token's index in `tokens`; kAbsent when not in the trie
+    std::vector<Node> nodes;          // nodes[0]: the root, the empty prefix
+    std::vector<int32_t> tokens;      // token ids sorted by piece
+    std::vector<uint32_t> rank;       // each token's index in `tokens`; kAbsent when not in the trie
     std::vector<int32_t> end_tokens;  // the end-of-generation tokens, allowed where a stack is empty
     static constexpr uint32_t kAbsent = UINT32_MAX;
 };
