@@ -156,7 +156,7 @@ void accept_piece(llama_grammar & grammar, int32_t token, const std::string & pi
         }
     }
     if (grammar.stacks.size() > kMaxGrammarStacks) {
-        throw Error("the grammar exceeds a limit: more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once");
+        throw GrammarError("the grammar exceeds a limit: more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once");
     }
 }
 
@@ -194,7 +194,7 @@ public:
             any = any || logits[i] != -INFINITY;
         }
         for (size_t i = n; i < logits.size(); ++i) logits[i] = -INFINITY;
-        if (!any) throw Error("the grammar allows no token of the vocabulary here (nor the end of generation)");
+        if (!any) throw GrammarError("the grammar allows no token of the vocabulary here (nor the end of generation)");
     }
 
     bool allows(int32_t token) const override {
@@ -249,7 +249,7 @@ private:
         } catch (const Error &) {
             throw;
         } catch (const std::exception & e) {
-            throw Error(std::string("token ") + std::to_string(token) + " does not follow the grammar: " + e.what());
+            throw GrammarError(std::string("token ") + std::to_string(token) + " does not follow the grammar: " + e.what());
         }
         key_.clear();
     }

@@ -12,7 +12,7 @@ namespace specula {
 
 namespace {
 
-[[noreturn]] void exceeds(const std::string & what) { throw Error("the grammar exceeds a limit: " + what); }
+[[noreturn]] void exceeds(const std::string & what) { throw GrammarError("the grammar exceeds a limit: " + what); }
 
 size_t saturating_add(size_t a, size_t b, size_t cap) { return std::min(cap, std::min(a, cap) + std::min(b, cap)); }
 size_t saturating_mul(size_t a, size_t b, size_t cap) { return a != 0 && b > cap / a ? cap : std::min(cap, a * b); }

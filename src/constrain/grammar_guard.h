@@ -9,9 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "specula/error.h"
+
 struct llama_grammar_parser;
 
 namespace specula {
+
+// A client's grammar that cannot go on at a point of its output: past one of the limits below or
+// grammar_mask.h's, or allowing no token there (nor the end of generation). The request's fault,
+// not the server's: serve answers it 400 (streamed: an error event) and its other requests go on.
+struct GrammarError : Error {
+    using Error::Error;
+};
 
 inline constexpr size_t kMaxGrammarBytes = 256 * 1024;
 inline constexpr int kMaxGrammarNesting = 64;     // groups "(...)" inside one another

@@ -72,7 +72,7 @@ std::shared_ptr<const VocabularyTrie> build_trie(const llama_vocab & vocab, int 
     return trie;
 }
 
-[[noreturn]] void exceeds(const std::string & what) { throw Error("the grammar exceeds a limit: " + what); }
+[[noreturn]] void exceeds(const std::string & what) { throw GrammarError("the grammar exceeds a limit: " + what); }
 
 // A UTF-8 decoder's state between bytes, as libllama's decode_utf8 keeps it: the character so far
 // and the bytes it still needs. While a token continues the character the grammar's last token

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "constrain/grammar.h"
+#include "constrain/grammar_guard.h"
 #include "llama-grammar.h"
 #include "llama-vocab.h"
 #include "specula/error.h"
@@ -123,7 +124,7 @@ public:
     void apply_values(std::span<float>) const override {}  // a grammar only bans
 
     void apply_bans(std::span<float> logits) const override {
-        if (!broken_.empty()) throw Error(broken_);
+        if (!broken_.empty()) throw GrammarError(broken_);
         if (grammar_) grammar_->apply_bans(logits);  // else awaiting its trigger: free
     }
 

@@ -53,8 +53,7 @@ void DraftModelDrafter::resume() {
             if (static_cast<int>(slot_of_.size()) < g.tree().size()) slot_of_.resize(g.tree().size(), -1);
             slot_of_[frontier[i]] = pending_forward_.first_slot() + static_cast<int>(i);
         }
-        const LogitsState * allowed = path_states_.after(frontier[i], g.tree().parent, g.tree().token);
-        ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, vocab, allowed));
+        ex.push_back(propose_on_path(path_states_, frontier[i], g.tree().parent, g.tree().token, out_.logits_row(i), g.n_children()[i], req_, probs_, vocab));
     }
     g.expand(ex);
     const int L = static_cast<int>(req_.history.size());

@@ -142,8 +142,7 @@ void EagleDrafter::resume() {
         for (size_t i = 0; i < frontier.size(); ++i) {
             slot_of_[frontier[i]] = pending_forward_.first_slot() + static_cast<int>(i);
             proposer_hidden_[frontier[i]].assign(out_.hidden_out.begin() + i * E, out_.hidden_out.begin() + (i + 1) * E);
-            const LogitsState * allowed = path_states_.after(frontier[i], g.tree().parent, g.tree().token);
-            ex.push_back(propose_children(out_.logits_row(i), g.n_children()[i], req_, probs_, vocab, allowed));
+            ex.push_back(propose_on_path(path_states_, frontier[i], g.tree().parent, g.tree().token, out_.logits_row(i), g.n_children()[i], req_, probs_, vocab));
         }
     }
     g.expand(ex);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "constrain/grammar_guard.h"
+
 namespace specula {
 
 namespace {
@@ -80,6 +82,15 @@ ForwardBatch frontier_batch(const TokenTree & tree, std::span<const int> frontie
         b.cached_visible.push_back(std::move(ancestors));
     }
     return b;
+}
+
+Expansion propose_on_path(PathStates & paths, int node, std::span<const int> parent, std::span<const int32_t> token, std::span<const float> logits,
+                          int n_children, const DraftRequest & req, std::vector<float> & scratch, const DraftVocabulary & vocab) {
+    try {
+        return propose_children(logits, n_children, req, scratch, vocab, paths.after(node, parent, token));
+    } catch (const GrammarError &) {
+        return {};
+    }
 }
 
 }  // namespace specula

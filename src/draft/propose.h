@@ -27,6 +27,13 @@ inline constexpr int kMaskedCandidates = 64;
 Expansion propose_children(std::span<const float> logits, int n_children, const DraftRequest & req, std::vector<float> & scratch,
                            const DraftVocabulary & vocab = {}, const LogitsState * allowed = nullptr);
 
+// propose_children with `allowed` the request's state after frontier node `node` (paths.after over
+// the tree's parent and token arrays), proposing nothing there when that path's grammar is past a
+// limit (GrammarError): a draft is never a decision, and the verifier meets the limit where the
+// target goes.
+Expansion propose_on_path(PathStates & paths, int node, std::span<const int> parent, std::span<const int32_t> token, std::span<const float> logits,
+                          int n_children, const DraftRequest & req, std::vector<float> & scratch, const DraftVocabulary & vocab = {});
+
 // One tree level as one block: frontier node i at position_base + depth, seeing the first
 // visible_prefix cache slots, its ancestors' slots (slot_of, from earlier levels) and itself.
 ForwardBatch frontier_batch(const TokenTree & tree, std::span<const int> frontier, int position_base, int visible_prefix,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "specula/error.h"
+#include "constrain/grammar_guard.h"
 #include "runtime/kv_cache.h"
 
 namespace specula {
@@ -299,7 +300,8 @@ RoundReport round_report(const RoundInfo & r) {
 }
 
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
-                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous, bool may_draft) {
+                          const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous, bool may_draft,
+                          std::vector<std::pair<size_t, std::string>> * grammar_failures) {
     StepResult step;
     const int n = static_cast<int>(sequences.size());
     const int decoding = static_cast<int>(std::count_if(sequences.begin(), sequences.end(), [](const Sequence * s) { return !s->prefilling(); }));
@@ -309,11 +311,23 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     // drafter ran forwards is charged an equal share of the time.
     std::vector<Drafter *> drafters;
     std::vector<char> runs_forwards(sequences.size(), 0);
+    std::vector<char> failed(sequences.size(), 0);
+    // A sequence whose grammar cannot go on leaves the step, when the caller takes its failure.
+    const auto isolate = [&](size_t i, const std::function<void()> & f) {
+        if (!grammar_failures) return f();
+        try {
+            f();
+        } catch (const GrammarError & e) {
+            failed[i] = 1;
+            grammar_failures->emplace_back(i, e.what());
+        }
+    };
     for (size_t i = 0; i < sequences.size(); ++i) {
         Sequence & s = *sequences[i];
         const StepShare share = estimate_step_share(previous.verify_rows, previous.tokens, s.last_rows(), s.last_tokens(), n - 1,
                                                     decoding - (s.prefilling() ? 0 : 1));
-        Drafter * d = s.draft(share, may_draft);
+        Drafter * d = nullptr;
+        isolate(i, [&] { d = s.draft(share, may_draft); });
         if (d && d->pending()) {
             drafters.push_back(d);
             runs_forwards[i] = 1;
@@ -332,20 +346,25 @@ StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequ
     bool verify_only = true;
     for (size_t i = 0; i < sequences.size(); ++i) {
         Sequence * s = sequences[i];
+        if (failed[i]) continue;
         parts.push_back(BatchPart{runs_forwards[i] ? &s->block(draft_share, level_share) : &s->block(0.0), &s->cache(), &s->output()});
         step.rows += parts.back().batch->n_tokens();
         if (!s->prefilling()) step.verify_rows += parts.back().batch->n_tokens();
         verify_only = verify_only && !s->prefilling();
     }
+    if (parts.empty()) return step;  // every sequence's grammar failed
     const auto t0 = clock_type::now();
     target.forward_parts(parts);
     step.forward_ms = ms_since(t0);
 
     // Verify and commit, each sequence on its own block's logits.
     for (size_t i = 0; i < sequences.size(); ++i) {
-        sequences[i]->commit(
-            step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows, verify_only);
-        step.tokens += sequences[i]->last_tokens();
+        if (failed[i]) continue;
+        isolate(i, [&] {
+            sequences[i]->commit(
+                step.forward_ms, [&](int32_t t) { return sink(i, t); }, step.rows, verify_only);
+            step.tokens += sequences[i]->last_tokens();
+        });
     }
     return step;
 }

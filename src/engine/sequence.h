@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "draft/drafter.h"
@@ -180,9 +181,12 @@ struct StepResult {
     int drafting = 0;        // sequences whose drafters ran forwards
     int draft_forwards = 0;  // forwards those drafters' drafts took together (batched: one per tree level)
 };
+// `grammar_failures` (may be null: the GrammarError is thrown) gets (i, message) for each sequence
+// whose grammar could not go on (constrain/grammar_guard.h: GrammarError) while it drafted or
+// committed: the step leaves it out and goes on with the others; the caller ends it.
 StepResult step_sequences(ModelRunner & target, std::span<Sequence * const> sequences,
                           const std::function<bool(size_t, int32_t)> & sink, const StepResult & previous = {},
-                          bool may_draft = true);
+                          bool may_draft = true, std::vector<std::pair<size_t, std::string>> * grammar_failures = nullptr);
 
 // One sequence from prompt to end on `target`: its steps, alone.
 GenerationStats generate_speculative(ModelRunner & target, const SequenceParts & parts, std::span<const int32_t> prompt,

@@ -37,9 +37,12 @@ json with_index(json chunk, size_t i) {
 
 const Job & leader_of(const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c, size_t i) { return *jobs[i - i % c.n]; }
 
-openai::ApiError failed(const Job::Result & result) { return openai::ApiError{500, result.error, "server_error", "", ""}; }
-
 }  // namespace
+
+openai::ApiError job_error(const Job::Result & result) {
+    if (result.client_error) return openai::ApiError{400, result.error, "invalid_request_error", "", ""};
+    return openai::ApiError{500, result.error, "server_error", "", ""};
+}
 
 json choice_logprobs(const openai::Completion & c, const Job & leader, const std::vector<TokenLogprob> & tokens) {
     size_t text_offset = 0;
@@ -63,7 +66,7 @@ void respond_choices_whole(httplib::Response & res, const std::vector<std::share
         }
     }
     for (const auto & job : jobs) {
-        if (!job->result().error.empty()) return send_error(res, failed(job->result()));
+        if (!job->result().error.empty()) return send_error(res, job_error(job->result()));
     }
     if (c.endpoint == openai::Endpoint::Llama) {
         json answers = json::array();
@@ -152,7 +155,7 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                         wrote = true;
                     } else if (w == Job::Wait::Ended) {
                         const Job::Result & result = jobs[i]->result();
-                        if (!result.error.empty()) return end_stream(failed(result).body());
+                        if (!result.error.empty()) return end_stream(job_error(result).body());
                         if (replies[i]) {
                             std::vector<json> deltas;
                             replies[i]->finish("", &deltas);

@@ -25,6 +25,10 @@ namespace specula {
 // (c.echo_logprobs) its prompt's first, from `leader`, the first choice of its prompt, which has ended.
 nlohmann::json choice_logprobs(const openai::Completion & c, const Job & leader, const std::vector<TokenLogprob> & tokens);
 
+// A failed job's answer: 400 when the request's own grammar could not go on (a limit, no token
+// allowed), else 500.
+openai::ApiError job_error(const Job::Result & result);
+
 void respond_choices_whole(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs,
                            const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending);
 void respond_choices_stream(httplib::Response & res, const std::vector<std::shared_ptr<Job>> & jobs, const openai::Completion & c,

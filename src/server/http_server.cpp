@@ -148,7 +148,7 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
         }
     }
     const Job::Result & result = job->result();
-    if (!result.error.empty()) return send_error(res, openai::ApiError{500, result.error, "server_error", "", ""});
+    if (!result.error.empty()) return send_error(res, job_error(result));
     json response = openai::response(c, text, result.finish_reason, result.stats);
     if (c.token_text) set_logprobs(c, response, choice_logprobs(c, *job, logprobs));
     if (reply) {
@@ -211,7 +211,7 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         }
         const Job::Result & result = job->result();
         if (!result.error.empty()) {
-            write(openai::sse(openai::ApiError{500, result.error, "server_error", "", ""}.body()));
+            write(openai::sse(job_error(result).body()));
         } else {
             std::string finish_reason = result.finish_reason;
             if (reply) {

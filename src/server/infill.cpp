@@ -9,6 +9,7 @@
 #include "engine/model_bundle.h"
 #include "llama.h"
 #include "sample/sampler.h"
+#include "server/choices.h"
 #include "server/http_reply.h"
 #include "server/openai.h"
 #include "server/openai_fields.h"
@@ -394,7 +395,7 @@ void answer(const httplib::Request & req, httplib::Response & res, const Server 
             }
         }
         const Job::Result & result = job->result();
-        if (!result.error.empty()) return send_error(res, ApiError{500, result.error, "server_error", "", ""});
+        if (!result.error.empty()) return send_error(res, job_error(result));
         return send_json(res, 200, final_json(text, result));
     }
     res.set_header("Cache-Control", "no-cache");
@@ -430,7 +431,7 @@ void answer(const httplib::Request & req, httplib::Response & res, const Server 
             if (!write(json{{"index", 0}, {"content", text}, {"tokens", json::array()}, {"stop", false}, {"tokens_predicted", predicted}})) return false;
         }
         const Job::Result & result = job->result();
-        if (!result.error.empty()) write(ApiError{500, result.error, "server_error", "", ""}.body());
+        if (!result.error.empty()) write(job_error(result).body());
         else write(final_json("", result));
         sink.done();
         return true; }, [job](bool) { job->cancel(); });

@@ -5,6 +5,7 @@
 #include <future>
 
 #include "specula/error.h"
+#include "constrain/grammar_guard.h"
 #include "engine/sequence.h"
 #include "engine/model_bundle.h"
 #include "engine/specee.h"
@@ -217,11 +218,12 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
     slot.job.reset();
 }
 
-void Scheduler::fail_step(const std::vector<Slot *> & slots, const std::string & failure) {
+void Scheduler::fail_step(const std::vector<Slot *> & slots, const std::string & failure, bool client_error) {
     for (Slot * s : slots) {
         ++metrics_.requests_failed;
         Job::Result r;
         r.error = failure;
+        r.client_error = client_error;
         s->job->finish(r);
         s->sequence.reset();
         s->exit_sequence.reset();
@@ -289,6 +291,7 @@ void Scheduler::run() {
         lock.unlock();
         StepResult step;
         std::string failure;
+        std::vector<std::pair<size_t, std::string>> grammar_failures;  // (index in active, message)
         const int decoding = static_cast<int>(std::count_if(sequences.begin(), sequences.end(), [](const Sequence * s) { return !s->prefilling(); }));
         const bool may_draft = !gate_ || decoding == 0 || gate_->allow(decoding);
         Tokenizer & tok = *target_.tokenizer;
@@ -296,7 +299,7 @@ void Scheduler::run() {
             const auto t_step = std::chrono::steady_clock::now();
             try {
                 step = step_sequences(
-                    *target_.runner, sequences, [&](size_t i, int32_t t) { return active[i]->take(tok, t); }, last_step, may_draft);
+                    *target_.runner, sequences, [&](size_t i, int32_t t) { return active[i]->take(tok, t); }, last_step, may_draft, &grammar_failures);
                 last_step = step;
                 if (gate_ && decoding > 0) {
                     gate_->observe(decoding, step.tokens, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_step).count(),
@@ -306,7 +309,7 @@ void Scheduler::run() {
                 failure = e.what();
             }
         }
-        std::vector<std::string> lossy_failure(lossy.size());
+        std::vector<std::pair<std::string, bool>> lossy_failure(lossy.size());  // (message, the request's grammar)
         int lossy_tokens = 0;
         for (size_t i = 0; i < lossy.size(); ++i) {
             Slot & s = *lossy[i];
@@ -315,15 +318,26 @@ void Scheduler::run() {
                 if (!e) continue;
                 ++lossy_tokens;
                 s.job->publish([e](size_t) { return std::pair<const char *, int>{e->exit_layer >= 0 ? "exit" : "bonus", std::max(e->exit_layer, 0)}; });
+            } catch (const GrammarError & e) {
+                lossy_failure[i] = {e.what(), true};
             } catch (const std::exception & e) {
-                lossy_failure[i] = e.what();
+                lossy_failure[i] = {e.what(), false};
             }
         }
         lock.lock();
         if (!failure_.empty()) return;  // fail_all ended every request; a late step's results go nowhere
 
         for (size_t i = 0; i < lossy.size(); ++i) {
-            if (!lossy_failure[i].empty()) fail_step({lossy[i]}, lossy_failure[i]);
+            if (!lossy_failure[i].first.empty()) fail_step({lossy[i]}, lossy_failure[i].first, lossy_failure[i].second);
+        }
+        if (!grammar_failures.empty()) {  // those requests end, the others' step goes on
+            std::vector<char> gone(active.size(), 0);
+            for (const auto & [i, message] : grammar_failures) fail_step({active[i]}, message, true), gone[i] = 1;
+            std::vector<Slot *> rest;
+            for (size_t i = 0; i < active.size(); ++i) {
+                if (!gone[i]) rest.push_back(active[i]);
+            }
+            active = std::move(rest);
         }
         const int busy = static_cast<int>(sequences.size() + lossy.size());
         if (!failure.empty()) {

@@ -110,8 +110,9 @@ public:
         // string), "limit" (n_predict, the context or a TextLimits rule)
         std::string stop_type;
         std::string stopping_word;
-        std::string error;  // non-empty: the job failed
-        int slot = -1;      // the slot that ran it
+        std::string error;          // non-empty: the job failed
+        bool client_error = false;  // ...by the request's own grammar (GrammarError): answered 400
+        int slot = -1;              // the slot that ran it
         GenerationStats stats;
         int n_generated = 0;
         // With GenerationOptions::prompt_logprobs, the first choice's: the prompt's tokens after the first.
@@ -306,7 +307,7 @@ private:
     // From the failing thread: records the failure, ends every request in a slot or the queue.
     void fail_all(const std::string & failure);
     // Under mutex_, after a step. Ends the slots' requests with `failure` (a 5xx), freeing the slots.
-    void fail_step(const std::vector<Slot *> & slots, const std::string & failure);
+    void fail_step(const std::vector<Slot *> & slots, const std::string & failure, bool client_error = false);
     // Under mutex_: counts a step in the metrics (busy: the slots that decoded in it; gated:
     // drafting was off) and releases the slots whose generation ended.
     void account_step(const std::vector<Slot *> & active, const std::vector<Slot *> & lossy, int busy, const StepResult & step,

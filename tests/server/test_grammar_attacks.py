@@ -2,6 +2,8 @@
 to a real `specula serve` (the bundled target; with --draft, so that drafts walk the grammar too):
 each is answered 400 naming the limit, or ends with an error, and the server answers the same
 greedy request afterwards. Each test states the breakage it catches."""
+import concurrent.futures
+import json
 import os
 import re
 import urllib.request
@@ -84,15 +86,37 @@ def test_tool_schemas_are_bounded(server):
     assert "the grammar exceeds a limit" in error["message"]
 
 
-def test_stacks_that_double_with_every_character_end_the_request_with_an_error(server):
+def stream_events(base, path, body):
+    """The JSON of each `data:` event of a streamed answer, [DONE] left out."""
+    req = urllib.request.Request(base + path, data=json.dumps({**body, "stream": True}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return [json.loads(line[6:]) for line in (raw.decode().strip() for raw in r) if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def test_a_grammar_limit_met_while_generating_is_the_clients_error(server):
     # Catches: "a" root "b" | "a" root "c" doubling libllama's stacks with every "a" (and the forced
-    # text walking 64 of them at once) until the server ran out of memory.
+    # text walking 64 of them at once) until the server ran out of memory; and the limit, met while
+    # generating, answered as the server's failure (500) rather than the request's (400).
     proc, base, before = server
-    status, reply = post(base, "/v1/completions", {"prompt": "x", "max_tokens": 64, "temperature": 0,
-                                                   "grammar": 'root ::= "a" root "b" | "a" root "c"'})
-    assert status == 500, reply  # as the server answers a grammar that fails while generating
-    assert reply["error"]["message"] == "the grammar exceeds a limit: more than 1024 parse stacks at once"
+    body = {"prompt": "x", "max_tokens": 64, "temperature": 0, "grammar": 'root ::= "a" root "b" | "a" root "c"'}
+    limit = "the grammar exceeds a limit: more than 1024 parse stacks at once"
+    status, reply = post(base, "/v1/completions", body)
+    assert status == 400, reply
+    assert reply["error"] == {**reply["error"], "message": limit, "type": "invalid_request_error"}
+    errors = [e["error"] for e in stream_events(base, "/v1/completions", body) if "error" in e]
+    assert [(e["message"], e["type"]) for e in errors] == [(limit, "invalid_request_error")]
+    # A request stepped beside it goes on: only the request whose grammar failed ends.
+    neighbour = {"prompt": "def f(x):", "max_tokens": 48, "temperature": 0}
+    alone = post(base, "/v1/completions", neighbour)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(post, base, "/v1/completions", neighbour)
+        failed = pool.submit(post, base, "/v1/completions", body)
+        assert failed.result()[0] == 400
+        assert beside.result()[0] == 200
+        assert beside.result()[1]["choices"][0]["text"] == alone[1]["choices"][0]["text"]
     assert proc.poll() is None, "the server died"
+    with urllib.request.urlopen(base + "/health") as r:
+        assert r.status == 200
     assert greedy_text(base) == before
 
 
