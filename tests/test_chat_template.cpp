@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/model_cache.h"
+#include "constrain/grammar.h"
 #include "draft/ngram.h"
 #include "engine/drafter_factory.h"
 #include "runtime/backend.h"
@@ -39,7 +40,7 @@ ChatInput chat_input(const std::string & body) { return openai::parse_chat(json:
 // The renderings of tests/chat/conversations.json by llama.cpp's own server (/apply-template;
 // scripts/chat_renderings.py made tests/chat/renderings.json): SmolLM2 with the Jinja template in
 // its file (a system prompt and two turns; no system, where its template adds its own; a tool call
-// and its result, refused: its template shows neither) and with tests/chat/tool_template.jinja
+// and its result, in the generic tool format: its template shows neither) and with tests/chat/tool_template.jinja
 // given as --chat-template would; Gemma 3's file has no template, so llama.cpp's built-in gemma
 // (system folded into the first user turn, contents trimmed). Catches a rendering of specula's
 // that differs from llama.cpp's: libllama's fixed templates for a file with its own Jinja
@@ -58,9 +59,9 @@ TEST(ChatTemplate, RendersConversationsAsLlamaCppsServer) {
         for (const auto & [conversation, body] : conversations.items()) {
             SCOPED_TRACE(conversation);
             if (!expected.contains(conversation)) {
-                // A template without tools (SmolLM2's, the built-in gemma) would drop them from
-                // the prompt, as llama-server does: refused, the way out named.
-                EXPECT_NE(test::error_message([&] { tok.chat_template().render(chat_input(body.dump())); }).find("--chat-template FILE"), std::string::npos);
+                // A template without tools (SmolLM2's, the built-in gemma), which llama-server of
+                // the pinned version renders without them: the generic tool format's instead.
+                EXPECT_NE(tok.chat_template().render(chat_input(body.dump())).text.find("Respond in JSON format"), std::string::npos);
                 continue;
             }
             EXPECT_EQ(tok.chat_template().render(chat_input(body.dump())).text, expected.at(conversation).get<std::string>());
@@ -158,6 +159,55 @@ TEST(ChatTemplate, ATemplateFileRendersToolsAndParsesTheirCalls) {
     EXPECT_EQ(json::parse(reply.tool_calls[0].arguments), json::parse(R"({"city": "Paris"})"));
     EXPECT_EQ(reply.content, "");
     EXPECT_NE(test::error_message([&] { tok.set_chat_template("{% if %}"); }).find("does not parse as Jinja"), std::string::npos);
+}
+
+// A template that describes no tools (llama.cpp's Jinja chatml of the bundled target) gets the
+// generic tool format: the tools and the JSON reply asked for in the system message, earlier calls
+// and results written as that JSON, a grammar of the reply from its first token (compiling over
+// the vocabulary), and the reply's JSON parsed back into calls or content. Catches tools still
+// refused or dropped unsaid, a grammar that lets text precede or replace a required call, a call
+// parsed with other arguments, a partial reply parsed as text, tool_choice none describing tools.
+TEST(ChatTemplate, ATemplateWithoutToolsGetsTheGenericToolFormat) {
+    Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])";
+    const std::string ask = R"({"messages": [{"role": "user", "content": "Weather in Paris?"}], )" + tools;
+    const ChatPrompt required = tok.chat_template().render(chat_input(ask + R"(, "tool_choice": "required", "parallel_tool_calls": false})"));
+    EXPECT_EQ(required.text.rfind("<|im_start|>system\nYou can call any of the following tools", 0), 0u) << required.text;
+    EXPECT_NE(required.text.find("\"name\": \"get_weather\""), std::string::npos) << required.text;
+    EXPECT_NE(required.text.find("Respond in JSON format, with `tool_call`"), std::string::npos) << required.text;
+    EXPECT_FALSE(required.grammar_lazy);
+    EXPECT_EQ(required.grammar.find("response"), std::string::npos) << required.grammar;
+    EXPECT_NO_THROW(make_grammar_state(tok, required.grammar));
+    const ChatPrompt any = tok.chat_template().render(chat_input(ask + "}"));
+    EXPECT_NE(any.grammar.find("response"), std::string::npos) << any.grammar;
+    EXPECT_NE(any.grammar.find("tool_calls"), std::string::npos) << any.grammar;  // parallel calls by default
+
+    const ChatReply call = ChatTemplate::parse(required, R"({"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}})", false);
+    ASSERT_EQ(call.tool_calls.size(), 1u);
+    EXPECT_EQ(call.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(json::parse(call.tool_calls[0].arguments), json::parse(R"({"city": "Paris"})"));
+    EXPECT_EQ(call.content, "");
+    const ChatReply calls = ChatTemplate::parse(any, R"({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]})", false);
+    ASSERT_EQ(calls.tool_calls.size(), 2u);
+    EXPECT_EQ(json::parse(calls.tool_calls[1].arguments), json::parse(R"({"city": "Rome"})"));
+    const ChatReply answer = ChatTemplate::parse(any, R"({"response": "Sunny."})", false);
+    EXPECT_TRUE(answer.tool_calls.empty());
+    EXPECT_EQ(answer.content, "Sunny.");
+    EXPECT_EQ(ChatTemplate::parse(any, R"({"response": "Sun)", true).content, "");
+    EXPECT_EQ(ChatTemplate::parse(any, "plain words", false).content, "plain words");
+
+    const ChatPrompt history = tok.chat_template().render(chat_input(R"({"messages": [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}], )" +
+                                                                     tools + "}"));
+    EXPECT_EQ(history.text.rfind("<|im_start|>system\nBe brief.\n\nYou can call", 0), 0u) << history.text;
+    EXPECT_NE(history.text.find("<|im_start|>assistant\n{\n  \"tool_calls\": [\n    {\n      \"name\": \"get_weather\""), std::string::npos) << history.text;
+    EXPECT_NE(history.text.find("<|im_start|>user\n{\n  \"tool_response\": {\n    \"tool_call_id\": \"call_1\",\n    \"content\": \"18 C\""), std::string::npos) << history.text;
+    const ChatPrompt none = tok.chat_template().render(chat_input(ask + R"(, "tool_choice": "none"})"));
+    EXPECT_EQ(none.text, "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n");
+    EXPECT_TRUE(none.grammar.empty());
 }
 
 // parallel_tool_calls false: one call block, then the reply's end (the chat layer's grammar of

@@ -4,6 +4,8 @@
 #include <map>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 #include "chat.h"
 #include "common.h"
 #include "json-schema-to-grammar.h"
@@ -14,6 +16,7 @@ namespace specula {
 
 struct ReplyFormat {
     common_chat_parser_params params;
+    bool generic = false;  // the generic tool format's JSON reply (generic_tools below)
 };
 
 namespace {
@@ -85,6 +88,99 @@ void add_triggers(const std::vector<common_grammar_trigger> & triggers, ChatProm
     }
 }
 
+// Tools for a template that describes none: llama.cpp's generic format (COMMON_CHAT_FORMAT_GENERIC
+// of its later versions, which the pinned chat layer lacks). The tools are described in the system
+// message and the reply is one JSON object the grammar forces from its first token:
+// {"tool_call": {"name", "arguments"}} ({"tool_calls": [...]} when several calls may come) or,
+// unless a call is required, {"response": "..."}; parse_generic reads it back. Earlier calls and
+// tool results become that JSON too (as llama.cpp's template polyfills write them), the results in
+// user messages, since such a template knows no tool role.
+using ojson = nlohmann::ordered_json;
+
+ojson call_json(const ToolCall & c) {
+    ojson call{{"name", c.name}, {"arguments", ojson::parse(c.arguments)}};
+    if (!c.id.empty()) call["id"] = c.id;
+    return call;
+}
+
+std::vector<ChatMessage> generic_messages(const ChatInput & input) {
+    ojson tools = ojson::array();
+    for (const ChatTool & t : input.tools) {
+        tools.push_back({{"type", "function"},
+                         {"function", {{"name", t.name}, {"description", t.description}, {"parameters", ojson::parse(t.parameters)}}}});
+    }
+    const std::string calls = input.parallel_tool_calls ? "`tool_calls` (requests to call tools)" : "`tool_call` (a request to call a tool)";
+    const std::string instruction = "You can call any of the following tools to satisfy the user's requests: " + tools.dump(2) +
+                                    "\n\nRespond in JSON format, " +
+                                    (input.tool_choice == ToolChoice::Required ? "with " + calls : "either with " + calls + " or with `response` reply to the user's request");
+    std::vector<ChatMessage> out;
+    for (const ChatMessage & m : input.messages) {
+        ChatMessage shown = m;
+        if (!m.tool_calls.empty()) {
+            ojson content;
+            if (m.tool_calls.size() == 1 && !input.parallel_tool_calls) {
+                content["tool_call"] = call_json(m.tool_calls[0]);
+            } else {
+                for (const ToolCall & c : m.tool_calls) content["tool_calls"].push_back(call_json(c));
+            }
+            shown.content = content.dump(2);
+            shown.tool_calls.clear();
+        } else if (m.role == "tool") {
+            shown.role = "user";
+            shown.content = ojson{{"tool_response", {{"tool_call_id", m.tool_call_id}, {"content", m.content}}}}.dump(2);
+            shown.tool_call_id.clear();
+        }
+        out.push_back(std::move(shown));
+    }
+    if (!out.empty() && out.front().role == "system") out.front().content += "\n\n" + instruction;
+    else out.insert(out.begin(), ChatMessage{"system", instruction, {}, ""});
+    return out;
+}
+
+std::string generic_grammar(const ChatInput & input) {
+    ojson each = ojson::array();
+    for (const ChatTool & t : input.tools) {
+        each.push_back({{"type", "object"},
+                        {"properties", {{"name", {{"type", "string"}, {"const", t.name}}}, {"arguments", ojson::parse(t.parameters)}}},
+                        {"required", {"name", "arguments"}}});
+    }
+    const ojson call = each.size() == 1 ? each[0] : ojson{{"anyOf", each}};
+    const ojson calls = input.parallel_tool_calls
+                            ? ojson{{"type", "object"}, {"properties", {{"tool_calls", {{"type", "array"}, {"items", call}, {"minItems", 1}}}}}, {"required", {"tool_calls"}}}
+                            : ojson{{"type", "object"}, {"properties", {{"tool_call", call}}}, {"required", {"tool_call"}}};
+    const ojson schema = input.tool_choice == ToolChoice::Required
+                             ? calls
+                             : ojson{{"anyOf", {calls, {{"type", "object"}, {"properties", {{"response", {{"type", "string"}}}}}, {"required", {"response"}}}}}};
+    return json_schema_to_grammar(common_json::parse(schema.dump()), /*force_gbnf=*/true);
+}
+
+// The generic format's reply: calls, or the response as content; a reply that is not such an
+// object stays content (a partial one nothing yet: its JSON is not whole).
+ChatReply parse_generic(const std::string & reply, bool partial) {
+    ojson j;
+    try {
+        j = ojson::parse(reply);
+    } catch (const std::exception &) {
+        return partial ? ChatReply{} : ChatReply{reply, {}, {}};
+    }
+    ChatReply out;
+    auto take = [&out](const ojson & c) {
+        if (!c.is_object()) return;
+        const ojson args = c.value("arguments", ojson::object());
+        out.tool_calls.push_back({c.value("id", std::string()), c.value("name", std::string()), args.is_string() ? args.get<std::string>() : args.dump()});
+    };
+    if (j.is_object() && j.contains("tool_calls") && j.at("tool_calls").is_array()) {
+        for (const ojson & c : j.at("tool_calls")) take(c);
+    } else if (j.is_object() && j.contains("tool_call")) {
+        take(j.at("tool_call"));
+    } else if (j.is_object() && j.contains("response")) {
+        out.content = j.at("response").is_string() ? j.at("response").get<std::string>() : j.at("response").dump();
+    } else {
+        out.content = reply;
+    }
+    return out;
+}
+
 common_reasoning_format to_common(ReasoningFormat format) {
     switch (format) {
         case ReasoningFormat::Deepseek: return COMMON_REASONING_FORMAT_DEEPSEEK;
@@ -136,21 +232,27 @@ ChatTemplate::ChatTemplate(const llama_model * vocab_model, bool gemma_turns, co
 ChatTemplate::~ChatTemplate() = default;
 
 ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) const {
-    // What the template cannot show would vanish from the prompt unsaid (llama.cpp's chat layer of
-    // this version adds no generic tool prompt): refused instead.
+    // A template without tools gets the generic format; with tool_choice none the tools go unsaid.
+    const bool generic = !input.tools.empty() && !describes_tools_ && input.tool_choice != ToolChoice::None;
     const std::string which = jinja_ ? "the chat template" : "llama.cpp's built-in \"" + builtin_ + "\" template (the model has none of its own)";
-    const std::string way_out = ": give a Jinja template with tool support (--chat-template FILE)";
-    if (!input.tools.empty() && !describes_tools_) throw Error("tools: " + which + " describes no tools" + way_out);
-    for (size_t i = 0; i < input.messages.size(); ++i) {
-        if (!input.messages[i].tool_calls.empty() && !shows_tool_calls_) {
-            throw Error("messages[" + std::to_string(i) + "].tool_calls: " + which + " shows no tool calls" + way_out);
+    if (!generic) {
+        for (size_t i = 0; i < input.messages.size(); ++i) {
+            if (!input.messages[i].tool_calls.empty() && !shows_tool_calls_) {
+                throw Error("messages[" + std::to_string(i) + "].tool_calls: " + which + " shows no tool calls: give 'tools' (the generic tool format) or a Jinja template with tool support (--chat-template FILE)");
+            }
         }
     }
     common_chat_templates_inputs in;
     in.use_jinja = jinja_;
     in.add_generation_prompt = add_assistant;
-    for (const ChatMessage & m : input.messages) in.messages.push_back(to_common(m));
-    for (const ChatTool & t : input.tools) in.tools.push_back({t.name, t.description, t.parameters});
+    try {
+        for (const ChatMessage & m : generic ? generic_messages(input) : input.messages) in.messages.push_back(to_common(m));
+    } catch (const ojson::exception & e) {
+        throw Error(std::string("tools: a tool's parameters or a call's arguments are not JSON: ") + e.what());
+    }
+    if (describes_tools_) {
+        for (const ChatTool & t : input.tools) in.tools.push_back({t.name, t.description, t.parameters});
+    }
     in.tool_choice = to_common(input.tool_choice);
     in.parallel_tool_calls = input.parallel_tool_calls;
     in.reasoning_format = to_common(input.reasoning);
@@ -164,6 +266,18 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     }
     ChatPrompt out;
     out.text = std::move(params.prompt);
+    if (generic) {
+        auto format = std::make_shared<ReplyFormat>();
+        format->generic = true;
+        try {
+            out.grammar = generic_grammar(input);
+        } catch (const std::exception & e) {
+            throw Error(std::string("tools: the generic tool format's grammar: ") + e.what());
+        }
+        out.additional_stops = std::move(params.additional_stops);
+        out.reply_format = std::move(format);
+        return out;
+    }
     // A lazy grammar (tool choice auto) reads the reply from its trigger on, which the generation
     // prompt never holds: it stays as the chat layer made it.
     out.grammar = params.grammar_lazy ? params.grammar : grammar_of_reply(params.grammar, params.generation_prompt);
@@ -187,6 +301,7 @@ std::string ChatTemplate::source() const { return jinja_ ? common_chat_templates
 
 ChatReply ChatTemplate::parse(const ChatPrompt & prompt, const std::string & reply, bool partial) {
     if (!prompt.reply_format) return {reply, {}};
+    if (prompt.reply_format->generic) return parse_generic(reply, partial);
     common_chat_msg msg;
     try {
         msg = common_chat_parse(reply, partial, prompt.reply_format->params);

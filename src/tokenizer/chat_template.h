@@ -94,8 +94,10 @@ public:
     ChatTemplate(const llama_model * vocab_model, bool gemma_turns, const std::string & source);
     ~ChatTemplate();
 
-    // Throws Error naming what the template cannot render (tools or tool calls on a template
-    // without them, a malformed tool schema or call arguments, a template that fails).
+    // Tools for a template that describes none take llama.cpp's generic format (the tools in the
+    // system message, a JSON reply forced by the grammar, parsed back into calls). Throws Error
+    // naming what the template cannot render (tool calls in the messages of a template that shows
+    // none, without tools; a malformed tool schema or call arguments; a template that fails).
     ChatPrompt render(const ChatInput & input, bool add_assistant = true) const;
     // The reply (`partial`: so far, while it streams) as reasoning, content and tool calls. Text
     // the parser cannot place stays content, as llama.cpp's lenient parse keeps it.

@@ -341,3 +341,29 @@ def test_embeddings_through_the_openai_client(aliased):
         assert status == 400 and body["error"]["param"] == "input" and "input[1]" in body["error"]["message"], body
         status, body = post(mean, "/v1/embeddings", {"input": [], "model": "specula-target"})
         assert status == 400 and body["error"]["param"] == "input", body
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}
+
+
+def test_tools_with_a_template_without_tool_markup_use_the_generic_format(aliased):
+    # Catches: tools refused (or dropped unsaid) for a template that describes none, a required
+    # call not forced into the generic format's JSON, the JSON not parsed back into tool_calls,
+    # auto's reply neither a call nor content, a call's result not rendered back into the prompt.
+    import openai
+    _, base = aliased
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    got = client.chat.completions.create(model="local", messages=messages, tools=[WEATHER], tool_choice="required",
+                                         parallel_tool_calls=False, temperature=0, max_tokens=300)
+    choice = got.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, got
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Oslo"), got
+    auto = client.chat.completions.create(model="local", messages=messages, tools=[WEATHER], temperature=0, max_tokens=300)
+    assert auto.choices[0].message.tool_calls or auto.choices[0].message.content, auto
+    follow = messages + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                         {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
+    status, body = post(base, "/apply-template", {"messages": follow, "tools": [WEATHER]})
+    assert status == 200 and '"tool_response"' in body["prompt"] and "Respond in JSON format" in body["prompt"], body
