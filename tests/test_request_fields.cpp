@@ -268,8 +268,13 @@ TEST(RequestFields, OtherServersFieldsAreRead) {
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("reasoning_effort": "max"})").param, "reasoning_effort");
 }
 
-// Catches: an alias refused, the response's model not the name asked for, another name served.
+// Catches: an alias refused, the response's model not the name asked for, another name served
+// (unless --any-model, which answers and echoes it).
 TEST(RequestFields, TheModelIsAnyServedNameAndEchoed) {
+    const openai::Accepted any{{"first"}, false, true};
+    EXPECT_EQ(openai::parse_request(Endpoint::Chat, kChat + R"("model": "gpt-3.5-turbo"})", any).model, "gpt-3.5-turbo");
+    EXPECT_EQ(openai::parse_request(Endpoint::Chat, kChat + "\"n\": 1}", any).model, "first");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("model": 5})").param, "model");
     const openai::Accepted names{{"first", "second"}, false};
     EXPECT_EQ(openai::parse_request(Endpoint::Chat, kChat + R"("model": "second"})", names).model, "second");
     EXPECT_EQ(openai::parse_request(Endpoint::Chat, kChat + "\"n\": 1}", names).model, "first");

@@ -351,6 +351,8 @@ void HttpServer::set_reasoning_format(ReasoningFormat format) { impl_->reasoning
 
 void HttpServer::set_embeddings(bool on) { impl_->embeddings = on; }
 
+void HttpServer::set_any_model(bool any) { impl_->accepted.any_model = any; }
+
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
     {
         std::unique_lock lock(impl_->shutdown_mutex);

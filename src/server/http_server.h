@@ -62,6 +62,9 @@ public:
     // Whether /v1/embeddings answers (serve --embeddings; the scheduler's SchedulerOptions::embeddings
     // must agree), else 501 naming the flag.
     void set_embeddings(bool on);
+    // Whether a request naming a model the server does not serve is answered (serve --any-model,
+    // llama-server's way; the response echoes the name) rather than refused with 404.
+    void set_any_model(bool any);
     // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
     // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
     // returns once every connection has closed.

@@ -52,7 +52,7 @@ std::string checked_model(const json & body, const Accepted & accepted) {
     const json & model = body.at("model");
     if (!model.is_string()) must_be("model", "a string", model);
     const std::string name = model.get<std::string>();
-    if (std::find(accepted.models.begin(), accepted.models.end(), name) == accepted.models.end()) {  // OpenAI's and vLLM's answer
+    if (!accepted.any_model && std::find(accepted.models.begin(), accepted.models.end(), name) == accepted.models.end()) {  // OpenAI's and vLLM's answer
         std::string served;
         for (const std::string & m : accepted.models) served += (served.empty() ? "" : ", ") + json_quoted(m);
         throw ApiError{404, "the model " + json_quoted(name) + " does not exist: this server serves " + served, "invalid_request_error", "model",

@@ -88,6 +88,7 @@ inline constexpr size_t kMaxCacheSaltBytes = 1024;
 struct Accepted {
     std::vector<std::string> models;
     bool strict_fields = false;
+    bool any_model = false;  // serve --any-model: a name not among `models` is answered too, as llama-server answers any
 };
 
 // Parses and checks a body; throws ApiError naming the field: 400 for malformed JSON (nested more

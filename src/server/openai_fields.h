@@ -18,7 +18,7 @@ bool boolean(const nlohmann::json & v, const std::string & param);
 bool has(const nlohmann::json & body, const char * key);  // present and not null
 struct Accepted;
 // The request's `model`, one of the served names (none given: the first); another: 404
-// model_not_found, as OpenAI and vLLM answer.
+// model_not_found, as OpenAI and vLLM answer, or with accepted.any_model that name, echoed.
 std::string checked_model(const nlohmann::json & body, const Accepted & accepted);
 // body[key] as a finite number within lo..hi, or an integer within lo..hi.
 double number(const nlohmann::json & body, const char * key, double lo, double hi);

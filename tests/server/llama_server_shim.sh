@@ -7,7 +7,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 specula="${SPECULA_CLI:-$root/build/bin/specula}"
-args=(serve -m "${SHIM_MODEL:-$root/models/specula-target.gguf}")
+# llama-server answers whatever model a request names (the suite names OpenAI's): --any-model.
+args=(serve -m "${SHIM_MODEL:-$root/models/specula-target.gguf}" --any-model)
 threads=1
 ctx=""
 slots=1
@@ -18,13 +19,15 @@ while [ $# -gt 0 ]; do
     --port | --host | --alias | --api-key | --reasoning-format) args+=("$flag" "$1"); shift ;;
     --parallel) slots="$1"; args+=(--parallel "$1"); shift ;;
     --ctx-size) ctx="$1"; shift ;;  # llama-server's is all the slots' together, specula's -c each slot's
+    --embedding | --embeddings) args+=(--embeddings) ;;
+    --pooling) case "$1" in mean | last | cls) args+=(--pooling "$1") ;; esac; shift ;;  # none and rank: not specula's
     --threads) threads="$1"; shift ;;
     --chat-template-file) args+=(--chat-template "$1"); shift ;;
     --cors-origins) IFS=, read -ra origins <<<"$1"; for o in "${origins[@]}"; do args+=(--cors-origin "$o"); done; shift ;;
     # Flags with a value that specula has no counterpart for (the model's file or repository is
     # replaced by the local model above; a built-in template's name cannot be given).
     --temp | --seed | --model | --model-url | --hf-repo | --hf-file | --model-draft | --models-dir | --models-max | --models-preset | \
-      --batch-size | --ubatch-size | --n-gpu-layers | --pooling | --tags | -ctk | -ctv | -fa | --n-predict | --slot-save-path | \
+      --batch-size | --ubatch-size | --n-gpu-layers | --tags | -ctk | -ctv | -fa | --n-predict | --slot-save-path | \
       --grp-attn-n | --grp-attn-w | --lora | --spec-type | --spec-draft-n-max | --spec-draft-n-min | --spec-synth-len | \
       --spec-synth-rates | --reasoning | --chat-template | --mmproj-url | --media-path | --sleep-idle-seconds | --cache-ram | \
       --tools | --tools-runtime | --mcp-servers-config | --mcp-servers-json) shift ;;

@@ -367,3 +367,14 @@ def test_tools_with_a_template_without_tool_markup_use_the_generic_format(aliase
                          {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
     status, body = post(base, "/apply-template", {"messages": follow, "tools": [WEATHER]})
     assert status == 200 and '"tool_response"' in body["prompt"] and "Respond in JSON format" in body["prompt"], body
+
+
+def test_any_model_answers_whatever_name_a_request_gives():
+    # Catches: --any-model not parsed, a name it should answer refused, the response's model not
+    # the name asked for (llama-server's behaviour, which apps and its own tests rely on).
+    import openai
+    with serve("-c", "256", "--any-model") as (_, base):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        got = client.chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert got.model == "gpt-3.5-turbo", got
+        assert complete(base, model="davinci-002", max_tokens=2)["model"] == "davinci-002"

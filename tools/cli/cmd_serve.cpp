@@ -42,6 +42,7 @@ struct ServeArgs {
     bool strict_fields = false;
     bool no_spec = false;
     std::string pooling = "mean";
+    bool any_model = false;
 };
 
 // Slots, the queue, prefill chunks, the speculation gate and the caches: the scheduler's options.
@@ -105,6 +106,9 @@ void add_request_flags(CLI::App * sub, ServeArgs & a) {
                     "name requests may give as 'model', listed by /v1/models (repeatable or comma-separated, as vLLM's "
                     "--served-model-name; the first is answered when a request names none); default: the model file's name")
         ->delimiter(',');
+    sub->add_flag("--any-model", a.any_model,
+                  "answer a request whatever 'model' it names, echoing that name, as llama-server does; by default a name that is "
+                  "not served (--alias) gets 404 model_not_found, as OpenAI and vLLM answer");
     sub->add_flag("--strict-fields", a.strict_fields,
                   "refuse (400) a request field the server does not read; by default it is ignored, named in the log and in the "
                   "X-Specula-Ignored-Fields response header");
@@ -200,6 +204,7 @@ void configure(HttpServer & server, const ServeArgs & args, std::vector<std::str
     }
     server.set_reasoning_format(reasoning_format_from_name(args.reasoning_format));
     server.set_embeddings(args.scheduler.embeddings);
+    server.set_any_model(args.any_model);
 }
 
 // Listens at once (the port line), then loads the model and serves until a stop signal; the exit
