@@ -3,7 +3,9 @@
 # runs each for a fixed time on its seed corpus (written by fuzz_seeds) plus every input kept in
 # fuzz/regressions/<target>/ (crashes found so far). Prints executions, time and findings per
 # target; a finding (crash, sanitizer report, leak, timeout, allocation over the limit) is written to
-# build-fuzz/findings/ and makes the script fail.
+# build-fuzz/findings/ and makes the script fail. A target with fuzz/dictionaries/<target>.dict gets
+# its tokens. Without clang, the test suite's ASan + UBSan tree mutates the targets of client input
+# for 25 s each (fuzz/replay_main.cpp's --mutate, no coverage feedback; docs/validation.md).
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [cmake configure args...]    default 600 s; CI smoke: 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +34,11 @@ for target in "${targets[@]}"; do
   # targets), or kept in fuzz/regressions/<target>/ (request bodies, whole HTTP requests).
   cp -r "$out/seeds/$target/." "$corpus/"
   log="$out/$target.log"
+  dict=()
+  if [ -f "fuzz/dictionaries/$target.dict" ]; then dict=(-dict="fuzz/dictionaries/$target.dict"); fi
   # -malloc_limit_mb: inputs are at most -max_len bytes, so no single allocation may approach this.
   if ! "build-fuzz/fuzz/fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
-         -max_len=262144 -print_final_stats=1 -artifact_prefix="build-fuzz/findings/$target-" \
+         -max_len=262144 -print_final_stats=1 -artifact_prefix="build-fuzz/findings/$target-" "${dict[@]}" \
          "$corpus" "fuzz/regressions/$target" >"$log" 2>&1; then
     status=1
   fi

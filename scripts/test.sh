@@ -2,7 +2,10 @@
 # README command 2: set up, build, run the whole test suite under ASan + UBSan; then the scheduler
 # and the server under ThreadSanitizer; then the server's memory under load in the uninstrumented
 # build users run. The suite replays every fuzz target's seed corpus and fuzz/regressions/
-# (fuzz/replay_main.cpp); mutating inputs is scripts/fuzz.sh's, not CI's.
+# (fuzz/replay_main.cpp), and under ASan + UBSan mutates the inputs of the targets that take a
+# client's input (openai_request, http_request) for 25 s each (fuzz_mutate_<target>,
+# findings in build-asan/fuzz/findings/). Longer runs: scripts/fuzz.sh (libFuzzer, clang, coverage
+# guided), or docs/validation.md's command for the ASan tree's binaries.
 # The suite runs once, sanitized: on a 2-core machine a second, uninstrumented run (its build and
 # its tests) would cost CI many minutes for what the sanitized run already checks (the SIMD matmul
 # bodies run fully optimised there too). `scripts/build.sh` then `ctest --test-dir build` runs it
