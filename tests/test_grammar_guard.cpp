@@ -108,7 +108,7 @@ TEST(GrammarGuard, StacksBeyondTheBudgetEndDecodingWithAnError) {
     const int32_t a = token_of("a");
     std::string message = "<no error>";
     for (int i = 0; i < 64 && message == "<no error>"; ++i) message = test::error_message([&] { state->accept(a); });
-    EXPECT_EQ(message, "the grammar exceeds a limit: more than 1024 parse stacks at once");
+    EXPECT_TRUE(message.starts_with("the grammar exceeds a limit: more than 1024 parse stacks at once (")) << message;
 
     const auto open = make_grammar_state(tokenizer(), "root ::= \"ab\"");
     open->accept(a);
@@ -133,7 +133,7 @@ TEST(GrammarGuard, ALazyGrammarKeepsTheLimitsAfterItsTrigger) {
         state->accept(token_of("a"));
         message = test::error_message([&] { state->apply_bans(row); });
     }
-    EXPECT_EQ(message, "the grammar exceeds a limit: more than 1024 parse stacks at once");
+    EXPECT_TRUE(message.starts_with("the grammar exceeds a limit: more than 1024 parse stacks at once (")) << message;
 }
 
 // Catches: schemas whose size or "$ref"s are unbounded, and schema grammars past the text limit.

@@ -88,7 +88,7 @@ bool same_masks(const Tokenizer & tok, llama_grammar & grammar, const std::strin
         // Only where a token libllama allows takes the stacks past the limit, checked a byte at
         // a time as the grammar state accepts it.
         const std::string what = e.what();
-        limited = what == "the grammar exceeds a limit: more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once" &&
+        limited = what.starts_with("the grammar exceeds a limit: more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once") &&
                   std::any_of(expected.begin(), expected.end(), [](uint64_t w) { return w != 0; });
         bool explained = false;
         for (int32_t t = 0; t < n && limited && !explained; ++t) {
@@ -247,10 +247,63 @@ TEST(GrammarMask, LimitsEndTheMaskWithAnError) {
     for (int i = 0; i < 8; ++i) llama_grammar_accept_impl(*g, tok.token_spelling("a"));  // 2^8 stacks; "aaa" would make 2^11
     const size_t stacks = llama_grammar_get_stacks(g.get()).size();
     const std::string message = test::error_message([&] { grammar_mask(*g, *vocabulary_trie(tok), tok.n_vocab()); });
-    EXPECT_TRUE(message == "the grammar exceeds a limit: more than 1024 parse stacks at once" ||
+    EXPECT_TRUE(message.starts_with("the grammar exceeds a limit: more than 1024 parse stacks at once (") ||
                 message.starts_with("the grammar exceeds a limit: more than " + std::to_string(kMaxMaskSteps) + " parse-stack steps"))
         << message;
     EXPECT_EQ(llama_grammar_get_stacks(g.get()).size(), stacks);  // the grammar's own stacks put back
+}
+
+// Catches: a mask without its step budget, and the budget's end being anything but the client's
+// GrammarError naming it. 300 alternatives that each take any text keep 301 stacks (under the
+// stacks limit) through every character, and the walk steps them on each distinct character of
+// Qwen2's vocabulary: ~600 steps a character, past the budget well before the walk's end.
+TEST(GrammarMask, TheStepBudgetEndsAMaskWithAGrammarError) {
+    std::string gbnf = "root ::= .*";
+    for (int i = 1; i < 300; ++i) gbnf += " | .*";
+    const auto state = make_grammar_state(qwen2(), gbnf);  // within every limit checked when it compiles
+    std::vector<float> row(qwen2().n_vocab());
+    std::string message = "<no error>";
+    try {
+        state->apply_bans(row);
+    } catch (const GrammarError & e) {
+        message = e.what();
+    }
+    EXPECT_EQ(message, "the grammar exceeds a limit: more than 4194304 parse-stack steps to find the tokens it allows");
+}
+
+// Catches: the stacks limit's message not naming the construct that reaches it. Alternatives that
+// begin alike around a recursive rule keep a stack per parse, 2^n after n levels, whose tails all
+// differ ("b" or "c" each level), so merging equal stacks cannot help. The first mask is found;
+// the walk of a later one over tokens of several "a"s reaches the limit, which ends it.
+TEST(GrammarMask, AmbiguousNestingEndsAtTheStacksLimitNamingTheConstruct) {
+    const Tokenizer & tok = qwen2();
+    const auto state = make_grammar_state(tok, "root ::= x\nx ::= \"a\" x \"b\" | \"a\" x \"c\" | \"d\"");
+    std::vector<float> row(tok.n_vocab());
+    const int32_t a = tok.token_spelling("a");
+    int depth = 0;
+    std::string message = "<no error>";
+    for (; depth < 16 && message == "<no error>"; ++depth) {
+        message = test::error_message([&] {
+            state->apply_bans(row);
+            state->accept(a);
+        });
+    }
+    EXPECT_GE(depth, 2) << message;  // the first mask is found
+    EXPECT_LE(depth, 11) << message;
+    EXPECT_EQ(message,
+              "the grammar exceeds a limit: more than 1024 parse stacks at once (one per way the text so far parses: an ambiguous rule such as "
+              "x ::= \"a\" x \"b\" | \"a\" x \"c\" doubles them at each level of nesting; factor the alternatives' common beginning out: "
+              "x ::= \"a\" x (\"b\" | \"c\"))");
+    // The rewrite the message suggests keeps one stack per level: 16 levels, every mask found.
+    const auto factored = make_grammar_state(tok, "root ::= x\nx ::= \"a\" x (\"b\" | \"c\") | \"d\"");
+    for (int i = 0; i < 16; ++i) {
+        EXPECT_EQ(test::error_message([&] {
+                      factored->apply_bans(row);
+                      factored->accept(a);
+                  }),
+                  "<no error>")
+            << "level " << i;
+    }
 }
 
 }  // namespace

@@ -155,9 +155,7 @@ void accept_piece(llama_grammar & grammar, int32_t token, const std::string & pi
             if (grammar.stacks.size() > kMaxGrammarStacks) break;
         }
     }
-    if (grammar.stacks.size() > kMaxGrammarStacks) {
-        throw GrammarError("the grammar exceeds a limit: more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once");
-    }
+    if (grammar.stacks.size() > kMaxGrammarStacks) too_many_stacks();
 }
 
 // accept_piece of the token's piece; libllama's own accept aborts the process on an end of

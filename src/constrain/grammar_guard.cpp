@@ -348,6 +348,12 @@ void check_gbnf_rules(const llama_grammar_parser & parser, size_t root) {
     }
 }
 
+void too_many_stacks() {
+    exceeds("more than " + std::to_string(kMaxGrammarStacks) +
+            " parse stacks at once (one per way the text so far parses: an ambiguous rule such as x ::= \"a\" x \"b\" | \"a\" x \"c\" "
+            "doubles them at each level of nesting; factor the alternatives' common beginning out: x ::= \"a\" x (\"b\" | \"c\"))");
+}
+
 void check_json_schema_limits(const nlohmann::json & schema) {
     size_t nodes = 0, refs = 0;
     std::vector<const nlohmann::json *> todo{&schema};

@@ -45,6 +45,13 @@ void check_gbnf_limits(std::string_view gbnf);
 // more than kMaxLeftRecursionCheck steps over. `root` is the start rule's id.
 void check_gbnf_rules(const llama_grammar_parser & parser, size_t root);
 
+// Throws the GrammarError of a grammar holding more than kMaxGrammarStacks parse stacks while it
+// runs (accepting a token, or a mask's walk). libllama keeps one stack per way the text so far
+// parses and merges only equal ones; alternatives that begin alike around a recursive rule
+// (x ::= "a" x "b" | "a" x "c") leave stacks whose tails differ, 2^n of them after n levels, so
+// neither merging nor expanding later helps: the message names the construct and its rewrite.
+[[noreturn]] void too_many_stacks();
+
 // A JSON schema's size: at most kMaxSchemaNodes values, kMaxSchemaRefs "$ref"s and
 // kMaxSchemaOptionalProperties optional properties an object. Throws Error
 // ("the JSON schema exceeds a limit: more than 20000 values").

@@ -181,7 +181,7 @@ private:
         grammar_.stacks = sets_[set].stacks;
         llama_grammar_accept(&grammar_, chr);
         count(grammar_.stacks.size());
-        if (grammar_.stacks.size() > kMaxGrammarStacks) exceeds("more than " + std::to_string(kMaxGrammarStacks) + " parse stacks at once");
+        if (grammar_.stacks.size() > kMaxGrammarStacks) too_many_stacks();
         const uint32_t next = grammar_.stacks.empty() ? kNone : intern(std::move(grammar_.stacks));
         next_.emplace(key, next);
         return next;

@@ -99,7 +99,10 @@ def test_a_grammar_limit_met_while_generating_is_the_clients_error(server):
     # generating, answered as the server's failure (500) rather than the request's (400).
     proc, base, before = server
     body = {"prompt": "x", "max_tokens": 64, "temperature": 0, "grammar": 'root ::= "a" root "b" | "a" root "c"'}
-    limit = "the grammar exceeds a limit: more than 1024 parse stacks at once"
+    limit = (
+        "the grammar exceeds a limit: more than 1024 parse stacks at once (one per way the text so far parses: an ambiguous rule such as "
+        'x ::= "a" x "b" | "a" x "c" doubles them at each level of nesting; factor the alternatives\' common beginning out: x ::= "a" x ("b" | "c"))'
+    )
     status, reply = post(base, "/v1/completions", body)
     assert status == 400, reply
     assert reply["error"] == {**reply["error"], "message": limit, "type": "invalid_request_error"}
