@@ -76,6 +76,9 @@ TEST(GrammarGuard, LeftRecursionIsRefusedThroughRulesThatMayBeEmpty) {
 // Catches: {m,n} with m > n (libllama loops ~2^64 times), and repetitions that expand without bound.
 TEST(GrammarGuard, RepetitionsAreBounded) {
     EXPECT_EQ(refusal("root ::= \"a\"{5,3}"), "the grammar exceeds a limit: repetition {5,3} has its minimum above its maximum");
+    // libllama's parser reads \xf4 as the first byte of 4, taking the quote after it into the
+    // character: the literal ends at the third quote and {5,2} repeats it (2^64 copies).
+    EXPECT_EQ(refusal("root ::= \"\xf4\"xx\" {5,2} \"a\""), "the grammar exceeds a limit: repetition {5,2} has its minimum above its maximum");
     EXPECT_EQ(refusal("root ::= (\"ab\"{100}){100}"), "the grammar exceeds a limit: a repetition expands to more than 4096 symbols");
     EXPECT_EQ(refusal("root ::= \"abcdefgh\"{1000}"), "the grammar exceeds a limit: a repetition expands to more than 4096 symbols");
     EXPECT_NO_THROW(make_grammar_state(tokenizer(), "root ::= [a-z]{1,2000} \"a\"{0,100000}"));

@@ -306,5 +306,34 @@ TEST(GrammarMask, AmbiguousNestingEndsAtTheStacksLimitNamingTheConstruct) {
     }
 }
 
+// Catches: the bounded step giving other stacks than libllama's accept (or another order), and not
+// stopping past the stacks limit. Stacks that double with each "a" are stepped both ways.
+TEST(GrammarMask, TheBoundedCharacterStepIsLibllamasUntilTheLimit) {
+    const Tokenizer & tok = qwen2();
+    GrammarPtr ours(llama_grammar_init_impl(tok.vocabulary(), R"(root ::= "a" root "b" | "a" root "c" | "d")", "root", false, nullptr, 0, nullptr, 0));
+    GrammarPtr theirs(llama_grammar_clone_impl(*ours));
+    // Each grammar's stacks as (rule, offset) pairs: a clone has its own copy of the rules.
+    const auto positions = [](const llama_grammar & g) {
+        std::vector<std::vector<std::pair<size_t, ptrdiff_t>>> out;
+        for (const llama_grammar_stack & stack : g.stacks) {
+            out.emplace_back();
+            for (const llama_grammar_element * e : stack) {
+                for (size_t r = 0; r < g.rules.size(); ++r) {
+                    if (e >= g.rules[r].data() && e < g.rules[r].data() + g.rules[r].size()) out.back().emplace_back(r, e - g.rules[r].data());
+                }
+            }
+        }
+        return out;
+    };
+    int steps = 0;
+    for (; steps < 16 && accept_char_within_limit(*ours, 'a'); ++steps) {
+        llama_grammar_accept(theirs.get(), 'a');
+        ASSERT_EQ(positions(*ours), positions(*theirs)) << "after " << steps + 1 << " characters";
+    }
+    EXPECT_EQ(steps, 8);  // 3 * 2^n stacks after n, past 1024 at the ninth
+    EXPECT_GT(ours->stacks.size(), kMaxGrammarStacks);
+    EXPECT_LE(ours->stacks.size(), 2 * kMaxGrammarStacks);  // stopped at the first stack past the limit
+}
+
 }  // namespace
 }  // namespace specula

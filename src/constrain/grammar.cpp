@@ -131,8 +131,7 @@ ForcedText forced_text(const llama_grammar & grammar) {
             next = e->value;
             first = false;
         }
-        llama_grammar_accept(walk.get(), next);
-        if (walk->stacks.size() > kMaxGrammarStacks) return forced;  // no further than decoding may go
+        if (!accept_char_within_limit(*walk, next)) return forced;  // no further than decoding may go
         append_utf8(forced.text, next);
     }
     return forced;

@@ -63,11 +63,20 @@ void check_gbnf_limits(std::string_view g) {
     const auto skip_blanks = [&](size_t & i) {
         while (i < g.size() && (g[i] == ' ' || g[i] == '\t')) ++i;
     };
-    // A literal's or class's body up to `close`, escapes skipped; its character count.
+    // A literal's or class's body up to `close`, escapes skipped; its character count. Each
+    // character spans the bytes libllama's parser reads for it: as many as its first byte's UTF-8
+    // length says, whatever they are, so that a quote or bracket inside one ends nothing.
     const auto body = [&](size_t & i, char close) {
+        static constexpr int kUtf8Length[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
         size_t n = 0;
-        for (; i < g.size() && g[i] != close; ++i, ++n) {
-            if (g[i] == '\\') ++i;
+        for (; i < g.size() && g[i] != close; ++n) {
+            if (g[i] == '\\') {
+                i += 2;
+                continue;
+            }
+            const size_t end = i + kUtf8Length[static_cast<uint8_t>(g[i]) >> 4];
+            for (++i; i < end && i < g.size() && g[i] != '\0'; ++i) {
+            }
         }
         ++i;
         return n;

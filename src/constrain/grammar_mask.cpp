@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -179,9 +180,8 @@ private:
         if (const auto it = next_.find(key); it != next_.end()) return it->second;
         count(sets_[set].stacks.size());
         grammar_.stacks = sets_[set].stacks;
-        llama_grammar_accept(&grammar_, chr);
+        if (!accept_char_within_limit(grammar_, chr)) too_many_stacks();
         count(grammar_.stacks.size());
-        if (grammar_.stacks.size() > kMaxGrammarStacks) too_many_stacks();
         const uint32_t next = grammar_.stacks.empty() ? kNone : intern(std::move(grammar_.stacks));
         next_.emplace(key, next);
         return next;
@@ -310,6 +310,26 @@ std::vector<uint64_t> grammar_mask(llama_grammar & grammar, const VocabularyTrie
     Walk walk(grammar, trie, n_tokens, -1);
     walk.run();
     return std::move(walk.allowed());
+}
+
+bool accept_char_within_limit(llama_grammar & grammar, uint32_t chr) {
+    if (grammar.stacks.size() <= 1) {  // nothing to merge across stacks
+        llama_grammar_accept(&grammar, chr);
+        return grammar.stacks.size() <= kMaxGrammarStacks;
+    }
+    const llama_grammar_stacks stacks = std::move(grammar.stacks);
+    llama_grammar_stacks out;
+    std::set<llama_grammar_stack> seen;  // libllama keeps the first of equal stacks, in this order
+    for (const llama_grammar_stack & stack : stacks) {
+        grammar.stacks.assign(1, stack);
+        llama_grammar_accept(&grammar, chr);
+        for (llama_grammar_stack & next : grammar.stacks) {
+            if (seen.insert(next).second) out.push_back(std::move(next));
+        }
+        if (out.size() > kMaxGrammarStacks) break;
+    }
+    grammar.stacks = std::move(out);
+    return grammar.stacks.size() <= kMaxGrammarStacks;
 }
 
 bool grammar_allows(llama_grammar & grammar, const VocabularyTrie & trie, int32_t token) {

@@ -47,6 +47,13 @@ std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer & tokenize
 // than kMaxGrammarStacks stacks.
 std::vector<uint64_t> grammar_mask(llama_grammar & grammar, const VocabularyTrie & trie, int n_tokens);
 
+// libllama's llama_grammar_accept of the character `chr` on `grammar`'s stacks, with the same
+// result, but stepping one stack at a time and stopping (false, the stacks then partial) once the
+// stacks it makes exceed kMaxGrammarStacks. libllama's accept deduplicates its output by a linear
+// search of all of it: 1024 stacks that each open 200 alternatives cost it 4*10^10 comparisons
+// before the limit could be checked.
+bool accept_char_within_limit(llama_grammar & grammar, uint32_t chr);
+
 // Whether libllama's step allows `token`: the walk along its piece alone. Throws as grammar_mask.
 bool grammar_allows(llama_grammar & grammar, const VocabularyTrie & trie, int32_t token);
 
