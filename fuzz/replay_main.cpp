@@ -7,8 +7,8 @@
 // With --mutate SECONDS it then mutates those inputs for that long, without coverage feedback:
 // stacked byte edits, repeats of a range (deep nesting, long alternations), splices of two inputs
 // and tokens of a dictionary, from a PRNG seeded by --seed so that a run can be repeated. An input
-// that crashes the target, trips a sanitizer or runs past --timeout is written to --findings
-// before the process dies, and its path printed.
+// that crashes the target, trips a sanitizer or runs past --timeout (10 s; replays: only when
+// given) is written to --findings before the process dies, and its path printed.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -222,13 +222,11 @@ private:
     const size_t max_len_;
 };
 
-// A mutant is kept for the handlers and timed; a replayed input that fails is its file already.
+// A mutant is kept for the handlers; a replayed input that fails is its file already.
 void run(const Bytes & bytes, bool mutant, unsigned timeout_seconds) {
     static const uint8_t kNoBytes = 0;  // libFuzzer never passes a null pointer, even for an empty input
-    if (mutant) {
-        g_current = &bytes;
-        ::alarm(timeout_seconds);
-    }
+    g_current = mutant ? &bytes : nullptr;
+    ::alarm(timeout_seconds);
     LLVMFuzzerTestOneInput(bytes.empty() ? &kNoBytes : bytes.data(), bytes.size());
     ::alarm(0);
     g_current = nullptr;
@@ -236,7 +234,7 @@ void run(const Bytes & bytes, bool mutant, unsigned timeout_seconds) {
 
 [[noreturn]] void usage() {
     std::fprintf(stderr,
-                 "usage: %s [--mutate SECONDS --findings DIR [--seed N] [--dict FILE] [--max-len BYTES] [--timeout SECONDS]] "
+                 "usage: %s [--timeout SECONDS] [--mutate SECONDS --findings DIR [--seed N] [--dict FILE] [--max-len BYTES]] "
                  "FILE_OR_DIR...\n"
                  "  runs the fuzz target once on each input; with --mutate, then on mutations of them for SECONDS\n",
                  g_program);
@@ -251,7 +249,7 @@ int main(int argc, char ** argv) {
     uint64_t seed = 1;
     const char * dictionary_path = nullptr;
     size_t max_len = 16384;
-    unsigned timeout_seconds = 10;
+    int timeout_seconds = -1;  // none for a replay, 10 s a mutant, unless given
     std::vector<fs::path> inputs;
     bool any_path = false;
     for (int i = 1; i < argc; ++i) {
@@ -264,7 +262,7 @@ int main(int argc, char ** argv) {
             else if (arg == "--findings") g_findings = value;
             else if (arg == "--dict") dictionary_path = value;
             else if (arg == "--max-len") max_len = std::strtoull(value, nullptr, 10);
-            else if (arg == "--timeout") timeout_seconds = static_cast<unsigned>(std::atoi(value));
+            else if (arg == "--timeout") timeout_seconds = std::max(0, std::atoi(value));
             else usage();
             continue;
         }
@@ -299,14 +297,13 @@ int main(int argc, char ** argv) {
         }
     }
     const std::vector<Bytes> dictionary = dictionary_path ? read_dictionary(dictionary_path) : std::vector<Bytes>{};
-    if (mutate_seconds > 0) {
-        fs::create_directories(g_findings);
-        install_handlers(timeout_seconds);
-    }
+    if (timeout_seconds < 0) timeout_seconds = mutate_seconds > 0 ? 10 : 0;
+    if (mutate_seconds > 0) fs::create_directories(g_findings);
+    install_handlers(timeout_seconds);
     if (LLVMFuzzerInitialize) LLVMFuzzerInitialize(&argc, &argv);
     for (size_t i = 0; i < inputs.size(); ++i) {
         std::fprintf(stderr, "%s: %s (%zu bytes)\n", g_program, inputs[i].c_str(), corpus[i].size());
-        run(corpus[i], false, 0);
+        run(corpus[i], false, timeout_seconds);
     }
     size_t mutations = 0;
     if (mutate_seconds > 0) {

@@ -3,7 +3,7 @@
 # and the server under ThreadSanitizer; then the server's memory under load in the uninstrumented
 # build users run. The suite replays every fuzz target's seed corpus and fuzz/regressions/
 # (fuzz/replay_main.cpp), and under ASan + UBSan mutates the inputs of the targets that take a
-# client's input (openai_request, http_request) for 25 s each (fuzz_mutate_<target>,
+# client's input (grammar, openai_request, http_request) for 25 s each (fuzz_mutate_<target>,
 # findings in build-asan/fuzz/findings/). Longer runs: scripts/fuzz.sh (libFuzzer, clang, coverage
 # guided), or docs/validation.md's command for the ASan tree's binaries.
 # The suite runs once, sanitized: on a 2-core machine a second, uninstrumented run (its build and
