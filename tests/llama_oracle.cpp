@@ -14,6 +14,16 @@
 
 namespace specula {
 
+namespace {
+
+// One sequence at positions 0.., every row's logits (or embeddings) kept.
+void fill_one_sequence(llama_batch & batch, std::span<const int32_t> tokens) {
+    const int n = static_cast<int>(tokens.size());
+    fill_one_sequence(batch, tokens);
+}
+
+}  // namespace
+
 bool LayerCapture::eval(ggml_tensor * tensor, bool ask, void * user) {
     auto * self = static_cast<LayerCapture *>(user);
     int layer = -1;
@@ -61,15 +71,8 @@ std::vector<float> llama_eagle3_logits(const std::string & target_path, const st
     llama_batch dec = llama_batch_init(n, E, 1);
     // llama_batch_init allocates either tokens or embeddings; the eagle3 decoder takes both.
     dec.token = static_cast<llama_token *>(malloc(sizeof(llama_token) * n));
-    for (int i = 0; i < n; ++i) {
-        dec.token[i] = tokens[i];
-        std::copy(g + i * E, g + (i + 1) * E, dec.embd + i * E);
-        dec.pos[i] = i;
-        dec.n_seq_id[i] = 1;
-        dec.seq_id[i][0] = 0;
-        dec.logits[i] = 1;
-    }
-    dec.n_tokens = n;
+    fill_one_sequence(dec, tokens);
+    std::copy(g, g + static_cast<size_t>(n) * E, dec.embd);
     const int rc = llama_decode(ctx_dft.get(), dec);
     n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(tgt.get()));
     std::vector<float> out;
@@ -100,14 +103,7 @@ std::vector<float> llama_embedding(const std::string & path, std::span<const int
     std::unique_ptr<llama_context, decltype(&llama_free)> ctx(llama_init_from_model(model.get(), cp), &llama_free);
     if (!ctx) throw Error("libllama could not create an embeddings context");
     llama_batch batch = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; ++i) {
-        batch.token[i] = tokens[i];
-        batch.pos[i] = i;
-        batch.n_seq_id[i] = 1;
-        batch.seq_id[i][0] = 0;
-        batch.logits[i] = 1;
-    }
-    batch.n_tokens = n;
+    fill_one_sequence(batch, tokens);
     const int rc = llama_decode(ctx.get(), batch);
     llama_batch_free(batch);
     if (rc != 0) throw Error("llama_decode (embeddings) failed");
