@@ -3,7 +3,8 @@
   head indices before the first scored one (unrolled_loss's lo): the prompt positions are keyed at
   step 0 and computed no further. Both heads (EAGLE-3, EAGLE-1), a batch whose sequences start
   scoring at different positions, fp32;
-- --init_grow_ffn's widened head computes what the narrower one did.
+- --init_grow_ffn's widened head computes what the narrower one did;
+- a --vocab larger than the target's vocabulary is an error naming both sizes.
 Needs torch (tools/train/requirements.txt): exits 77 (skipped) without it.
 Usage: test_train_eagle.py [tools/train dir]."""
 import pathlib
@@ -84,6 +85,19 @@ for k, (lq_narrow, lq_wide) in enumerate(zip(*per_step)):
         failures.append(f"--init_grow_ffn: step {k}'s log-probabilities differ by up to {(lq_narrow - lq_wide).abs().max().item():.3g}")
 if wide.mlp.w_gate.weight[c.ffn_dim:].abs().sum() == 0:
     failures.append("--init_grow_ffn: the new units' gate rows are zero (they could never learn)")
+
+# A draft vocabulary larger than the target's is a clear error, not a shape error later.
+try:
+    train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=c.vocab_size + 1, init_grow_vocab=False, init_new_vocab=False),
+                                 torch.ones(c.vocab_size, dtype=torch.long), None, None)
+    failures.append(f"--vocab {c.vocab_size + 1} over a {c.vocab_size}-token target was accepted")
+except SystemExit as e:
+    if "larger than the target's vocabulary" not in str(e.code):
+        failures.append(f"--vocab too large: the error says {e.code!r}")
+d2t = train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=c.vocab_size, init_grow_vocab=False, init_new_vocab=False),
+                                   torch.ones(c.vocab_size, dtype=torch.long), None, None)
+if len(d2t) != c.vocab_size:
+    failures.append(f"--vocab {c.vocab_size} (the whole target vocabulary) gave {len(d2t)} tokens")
 
 for f in failures:
     print("FAIL:", f)

@@ -345,6 +345,9 @@ def draft_vocabulary(a, counts, init, resumed):
     most frequent reply tokens."""
     def by_count():  # reply tokens, most frequent first (ties: lower id)
         return sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
+    chosen_here = a.init_grow_vocab or not ((init is not None and "d2t" in init) or (resumed is not None and "d2t" in resumed))
+    if chosen_here and a.vocab > len(counts):
+        sys.exit(f"train_eagle: error: --vocab {a.vocab} is larger than the target's vocabulary ({len(counts)} tokens)")
     if init is not None and "d2t" in init and a.init_grow_vocab:
         kept = set(int(t) for t in init["d2t"])
         if a.vocab < len(kept):
