@@ -124,6 +124,49 @@ TEST(RequestFields, PenaltiesReachTheSamplingParameters) {
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("repeat_last_n": -2})").param, "repeat_last_n");
 }
 
+// Catches: the server's defaults (serve --temp, --seed, ...) not reaching a request that omits
+// the field, overriding one that gives it, or a server without them leaving OpenAI's defaults.
+TEST(RequestFields, AnOmittedSamplingFieldTakesTheServersDefault) {
+    const openai::Request plain = parsed(Endpoint::Completions, kCompletion + R"("n": 1})");
+    EXPECT_FLOAT_EQ(plain.sampling.temperature, 1.0f);  // OpenAI's
+    EXPECT_EQ(plain.sampling.top_k, 0);
+    EXPECT_FALSE(plain.seeded);
+    openai::Accepted server{{"specula-target"}};
+    server.defaults.temperature = 0.8f, server.defaults.top_k = 40, server.defaults.top_p = 0.95f, server.defaults.min_p = 0.05f;
+    server.defaults.repeat_penalty = 1.1f, server.defaults.presence_penalty = 0.25f, server.defaults.frequency_penalty = -0.5f;
+    server.defaults.penalty_last_n = 32, server.defaults.seed = 42;
+    for (const Endpoint e : {Endpoint::Chat, Endpoint::Completions, Endpoint::Llama}) {
+        const openai::Request r = openai::parse_request(e, (e == Endpoint::Chat ? kChat : kCompletion) + R"("n": 1})", server);
+        EXPECT_FLOAT_EQ(r.sampling.temperature, 0.8f);
+        EXPECT_EQ(r.sampling.top_k, 40);
+        EXPECT_FLOAT_EQ(r.sampling.top_p, 0.95f);
+        EXPECT_FLOAT_EQ(r.sampling.min_p, 0.05f);
+        EXPECT_FLOAT_EQ(r.sampling.repeat_penalty, 1.1f);
+        EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.25f);
+        EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -0.5f);
+        EXPECT_EQ(r.sampling.penalty_last_n, 32);
+        EXPECT_TRUE(r.seeded);
+        EXPECT_EQ(r.sampling.seed, 42u);
+    }
+    EXPECT_EQ(openai::tokens_to_generate(parsed(Endpoint::Completions, kCompletion + R"("n": 1})"), 10, 100), 90);  // until the context is full
+    server.defaults.max_tokens = 64;
+    const openai::Request capped = openai::parse_request(Endpoint::Completions, kCompletion + R"("n": 1})", server);
+    EXPECT_EQ(openai::tokens_to_generate(capped, 10, 100), 64);
+    EXPECT_EQ(openai::tokens_to_generate(capped, 60, 100), 40) << "the server's default is cut to the room left, not refused";
+    EXPECT_THROW(openai::tokens_to_generate(capped, 100, 100), openai::ApiError);
+    const openai::Request asked = openai::parse_request(Endpoint::Completions, kCompletion + R"("max_tokens": 50})", server);
+    EXPECT_EQ(openai::tokens_to_generate(asked, 10, 100), 50);
+    EXPECT_THROW(openai::tokens_to_generate(asked, 60, 100), openai::ApiError) << "a request's own max_tokens beyond the context is refused";
+    const openai::Request own = openai::parse_request(
+        Endpoint::Completions, kCompletion + R"("temperature": 0, "top_k": 3, "top_p": 0.5, "min_p": 0.1, "repeat_penalty": 1.0, "seed": 7})", server);
+    EXPECT_FLOAT_EQ(own.sampling.temperature, 0.0f);
+    EXPECT_EQ(own.sampling.top_k, 3);
+    EXPECT_FLOAT_EQ(own.sampling.top_p, 0.5f);
+    EXPECT_FLOAT_EQ(own.sampling.min_p, 0.1f);
+    EXPECT_FLOAT_EQ(own.sampling.repeat_penalty, 1.0f);
+    EXPECT_EQ(own.sampling.seed, 7u);
+}
+
 // Catches: logit_bias dropped, keys that are not token ids or biases beyond -100..100 accepted, an
 // id outside the vocabulary reaching the engine.
 TEST(RequestFields, LogitBiasIsTokenIdsToBiasesWithinTheVocabulary) {

@@ -353,6 +353,8 @@ void HttpServer::set_embeddings(bool on) { impl_->embeddings = on; }
 
 void HttpServer::set_any_model(bool any) { impl_->accepted.any_model = any; }
 
+void HttpServer::set_request_defaults(const openai::RequestDefaults & defaults) { impl_->accepted.defaults = defaults; }
+
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
     {
         std::unique_lock lock(impl_->shutdown_mutex);
@@ -499,7 +501,20 @@ void HttpServer::Impl::routes() {
         ModelBundle * t = target;
         if (!s || !t) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         const int slots = static_cast<int>(s->metrics().slot_states.size());
-        json settings{{"id", 0}, {"n_ctx", s->context_size()}, {"speculative", t->speculative}, {"is_processing", false}, {"params", {{"n_predict", -1}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0}, {"min_p", 0.0}, {"seed", -1}}}};
+        // What a request to the OpenAI routes that omits them gets (-1: a random seed, until the context is full).
+        bool seeded = false;
+        const SamplingParams d = openai::openai_sampling(accepted.defaults, seeded);
+        const json params{{"n_predict", accepted.defaults.max_tokens.value_or(-1)},
+                          {"temperature", d.temperature},
+                          {"top_k", d.top_k},
+                          {"top_p", d.top_p},
+                          {"min_p", d.min_p},
+                          {"repeat_penalty", d.repeat_penalty},
+                          {"repeat_last_n", d.penalty_last_n},
+                          {"presence_penalty", d.presence_penalty},
+                          {"frequency_penalty", d.frequency_penalty},
+                          {"seed", seeded ? json(d.seed) : json(-1)}};
+        json settings{{"id", 0}, {"n_ctx", s->context_size()}, {"speculative", t->speculative}, {"is_processing", false}, {"params", params}};
         send_json(res, 200,
                   json{{"default_generation_settings", std::move(settings)},
                        {"n_ctx", s->context_size()},

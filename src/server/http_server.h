@@ -18,6 +18,9 @@ namespace specula {
 class Scheduler;
 struct ModelBundle;
 struct AccessPolicy;
+namespace openai {
+struct RequestDefaults;
+}
 
 // How long a client may take to send its request, counted from the connection's accept: past a
 // deadline it gets 408 and the connection closes.
@@ -65,6 +68,9 @@ public:
     // Whether a request naming a model the server does not serve is answered (serve --any-model,
     // llama-server's way; the response echoes the name) rather than refused with 404.
     void set_any_model(bool any);
+    // What a request that omits a sampling field or its length gets (serve --temp, --seed,
+    // --n-predict, ...; the route's own default where unset).
+    void set_request_defaults(const openai::RequestDefaults & defaults);
     // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
     // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
     // returns once every connection has closed.

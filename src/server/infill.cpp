@@ -75,13 +75,15 @@ void parse_extra(const json & v, Request & r) {
 }
 
 // llama-server's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05 over the last 64
-// tokens' penalties), then the request's values, then `samplers`: a sampler it leaves out is off.
-void parse_sampling(const json & body, Request & r) {
+// tokens' penalties), then the server's (serve --temp ...), then the request's values, then
+// `samplers`: a sampler it leaves out is off.
+void parse_sampling(const json & body, const openai::RequestDefaults & defaults, Request & r) {
     SamplingParams & s = r.sampling;
     s.temperature = 0.8f;
     s.top_k = 40;
     s.top_p = 0.95f;
     s.min_p = 0.05f;
+    defaults.apply_sampling(s, r.seeded);
     if (has(body, "temperature")) s.temperature = static_cast<float>(number(body, "temperature", 0.0, 100.0));
     if (has(body, "top_k")) s.top_k = std::max(0, static_cast<int>(integer(body, "top_k", -1, 1 << 30)));
     if (has(body, "top_p")) s.top_p = static_cast<float>(number(body, "top_p", 0.0, 1.0));
@@ -154,15 +156,16 @@ Request parse_body(const std::string & text, const openai::Accepted & accepted) 
     r.prompt = text_field(body, "prompt", false);
     if (has(body, "input_extra")) parse_extra(body.at("input_extra"), r);
     if (has(body, "n_predict") && has(body, "max_tokens")) bad("max_tokens", "'max_tokens' and 'n_predict' cannot be combined");
+    if (accepted.defaults.max_tokens) r.n_predict = *accepted.defaults.max_tokens, r.n_predict_default = true;
     for (const char * key : {"n_predict", "max_tokens"}) {
-        if (has(body, key)) r.n_predict = static_cast<int>(integer(body, key, -1, std::numeric_limits<int32_t>::max()));
+        if (has(body, key)) r.n_predict = static_cast<int>(integer(body, key, -1, std::numeric_limits<int32_t>::max())), r.n_predict_default = false;
     }
     if (has(body, "n_indent")) r.limits.n_indent = static_cast<int>(integer(body, "n_indent", 0, 1 << 20));
     // llama-server's -1 (and 0): no limit.
     const int64_t day_ms = 86400000;
     if (has(body, "t_max_predict_ms")) r.limits.max_predict = std::chrono::milliseconds(std::max<int64_t>(0, integer(body, "t_max_predict_ms", -1, day_ms)));
     if (has(body, "t_max_prompt_ms")) r.limits.max_prompt = std::chrono::milliseconds(std::max<int64_t>(0, integer(body, "t_max_prompt_ms", -1, day_ms)));
-    parse_sampling(body, r);
+    parse_sampling(body, accepted.defaults, r);
     openai::Request generation;  // penalties, logit_bias, stop and grammar, read as /v1/completions reads them
     generation.endpoint = openai::Endpoint::Completions;
     generation.sampling = r.sampling;
@@ -313,6 +316,7 @@ Prepared prepare(const std::string & body, const Server & s) {
     p.prompt = build_prompt(tok, r, s.prompt_specials, s.scheduler.context_size());
     openai::Request sized;
     sized.max_tokens = r.n_predict < 0 ? -1 : std::max(r.n_predict, 1);  // the check needs room for one token at least
+    sized.max_tokens_default = r.n_predict_default;
     const int n = openai::tokens_to_generate(sized, p.prompt.size(), s.scheduler.context_size());
     gen.n_predict = r.n_predict == 0 ? 0 : n;
     gen.sampling = r.sampling;

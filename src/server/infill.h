@@ -38,7 +38,8 @@ struct Chunk {
 struct Request {
     std::string input_prefix, input_suffix, prompt;
     std::vector<Chunk> input_extra;
-    int n_predict = -1;  // -1: until the context is full
+    int n_predict = -1;              // -1: until the context is full
+    bool n_predict_default = false;  // the server's (serve --n-predict): cut to the room left, not refused
     SamplingParams sampling;
     bool seeded = false;
     bool infill_sampler = false;  // "infill" in `samplers`

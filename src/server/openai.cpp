@@ -90,6 +90,25 @@ int64_t integer(const json & body, const char * key, int64_t lo, int64_t hi) {
     return x;
 }
 
+void RequestDefaults::apply_sampling(SamplingParams & s, bool & seeded) const {
+    if (temperature) s.temperature = *temperature;
+    if (top_k) s.top_k = std::max(0, *top_k);  // <= 0 off, as a request's top_k
+    if (top_p) s.top_p = *top_p;
+    if (min_p) s.min_p = *min_p;
+    if (repeat_penalty) s.repeat_penalty = *repeat_penalty;
+    if (presence_penalty) s.presence_penalty = *presence_penalty;
+    if (frequency_penalty) s.frequency_penalty = *frequency_penalty;
+    if (penalty_last_n) s.penalty_last_n = *penalty_last_n;
+    if (seed) s.seed = *seed, seeded = true;
+}
+
+SamplingParams openai_sampling(const RequestDefaults & defaults, bool & seeded) {
+    SamplingParams s;
+    s.temperature = 1.0f;  // OpenAI's default
+    defaults.apply_sampling(s, seeded);
+    return s;
+}
+
 namespace {
 
 bool token_ids(const json & p) {
@@ -120,7 +139,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
         bad(name, "'" + name + "' is not supported" + (endpoint == Endpoint::Completions ? " by /v1/completions" : ""));
     }
     r.endpoint = endpoint;
-    r.sampling.temperature = 1.0f;  // OpenAI's default
+    r.sampling = openai_sampling(accepted.defaults, r.seeded);
     r.model = checked_model(body, accepted);
     if (endpoint == Endpoint::Chat) {
         r.chat = parse_chat(body, text);
@@ -131,7 +150,9 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
     // llama-server's n_predict, -1 unset, where the body has neither of OpenAI's names.
     const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : has(body, "max_tokens") ? "max_tokens"
                                                                                                                   : "n_predict";
+    if (accepted.defaults.max_tokens) r.max_tokens = *accepted.defaults.max_tokens, r.max_tokens_default = true;
     if (has(body, max_key)) {
+        r.max_tokens_default = false;
         // Completions may ask for none: the prompt alone (its logprobs with echo, a cached prompt).
         const int64_t lo = max_key == std::string_view("n_predict") ? -1 : endpoint == Endpoint::Chat ? 1
                                                                                                       : 0;
@@ -187,7 +208,7 @@ Request parse_request(Endpoint endpoint, const std::string & text, const Accepte
 
 int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx) {
     const int64_t room = static_cast<int64_t>(n_ctx) - static_cast<int64_t>(n_prompt);
-    const bool unset = r.max_tokens < 0;
+    const bool unset = r.max_tokens < 0 || r.max_tokens_default;
     if (unset ? room <= 0 : r.max_tokens > room) {
         throw ApiError{400,
                        "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) + " tokens" +
@@ -195,6 +216,7 @@ int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx) {
                        "invalid_request_error", unset ? (r.endpoint == Endpoint::Chat ? "messages" : "prompt") : "max_tokens",
                        "context_length_exceeded"};
     }
+    if (r.max_tokens_default && r.max_tokens >= 0) return static_cast<int>(std::min<int64_t>(room, r.max_tokens));
     return unset ? static_cast<int>(room) : r.max_tokens;
 }
 

@@ -3,6 +3,7 @@
 // responses, stream chunks and errors. No HTTP here (server/http_server.cpp), no scheduling.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,9 @@ struct Request {
     std::vector<Prompt> prompts;
     bool echo = false;
     int max_tokens = -1;  // -1: until the context is full; 0 (completions): the prompt alone
+    // max_tokens is the server's default (RequestDefaults::max_tokens), which a long prompt cuts
+    // to the room left rather than being refused for it.
+    bool max_tokens_default = false;
     SamplingParams sampling;
     bool seeded = false;              // the client gave a seed
     bool ignore_eos = false;          // extension: keep generating past end-of-generation tokens
@@ -82,14 +86,35 @@ struct Request {
 };
 inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
+// The server-wide request defaults (`serve --temp`, `--top-k`, `--top-p`, `--min-p`, `--seed`,
+// the penalties and `--n-predict`, as llama-server's flags): what a request that omits the field
+// gets, in place of its route's own default (OpenAI's on the OpenAI routes, llama-server's on
+// /infill). An unset one leaves the route's. They only choose the request's sampling options and
+// length: speculation stays exact under them as under the request's own.
+struct RequestDefaults {
+    std::optional<float> temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    std::optional<int> top_k, penalty_last_n;
+    std::optional<uint64_t> seed;  // a request without its own seed is then seeded with it (choice i: seed + i)
+    // The most tokens a request that names none generates, cut to the room its context leaves
+    // (llama-server's --n-predict); unset: until the context is full.
+    std::optional<int> max_tokens;
+    // Sets the sampling fields given on `s`; `seeded` when a seed is.
+    void apply_sampling(SamplingParams & s, bool & seeded) const;
+};
+
 // What a server accepts: the names its model answers to (`serve --alias`; the first is the
-// default), and whether a field it does not read is refused (`serve --strict-fields`) or ignored
-// and named in Request::ignored_fields.
+// default), whether a field it does not read is refused (`serve --strict-fields`) or ignored
+// and named in Request::ignored_fields, and what a request omitting a sampling field or its length gets.
 struct Accepted {
     std::vector<std::string> models;
     bool strict_fields = false;
     bool any_model = false;  // serve --any-model: a name not among `models` is answered too, as llama-server answers any
+    RequestDefaults defaults = {};
 };
+
+// The sampling an OpenAI route's request starts from before its own fields: OpenAI's temperature
+// 1, the rest off, then the server's defaults; `seeded` when they give a seed.
+SamplingParams openai_sampling(const RequestDefaults & defaults, bool & seeded);
 
 // Parses and checks a body; throws ApiError naming the field: 400 for malformed JSON (nested more
 // than kJsonMaxDepth levels too, refused before it is built), fields of the wrong type or value and
@@ -98,8 +123,9 @@ struct Accepted {
 Request parse_request(Endpoint endpoint, const std::string & body, const Accepted & accepted);
 
 // The tokens the request may generate with a prompt of n_prompt tokens in a context of n_ctx:
-// max_tokens, or when unset the rest of the context. Throws a 400 naming both lengths when they
-// do not fit (computed without overflow for every int max_tokens and any prompt size).
+// max_tokens (the server's default cut to the room left), or when unset the rest of the context.
+// Throws a 400 naming both lengths when they do not fit (computed without overflow for every int
+// max_tokens and any prompt size).
 int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx);
 
 // The completed request's response, its stream chunks, and the usage/speculation objects.

@@ -157,7 +157,7 @@ void parse_generation(const json & body, Request & r) {
     }
     if (has(body, "response_format")) parse_response_format(body, r);
     if (has(body, "min_tokens")) r.min_tokens = static_cast<int>(integer(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
-    if (r.max_tokens >= 0 && r.min_tokens > r.max_tokens) {
+    if (r.max_tokens >= 0 && !r.max_tokens_default && r.min_tokens > r.max_tokens) {
         bad("min_tokens", "'min_tokens' (" + std::to_string(r.min_tokens) + ") is more than the most tokens asked for (" + std::to_string(r.max_tokens) + ")");
     }
     if (has(body, "stop_token_ids")) {

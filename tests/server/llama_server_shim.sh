@@ -17,6 +17,9 @@ while [ $# -gt 0 ]; do
   shift
   case "$flag" in
     --port | --host | --alias | --api-key | --reasoning-format) args+=("$flag" "$1"); shift ;;
+    # The server-wide request defaults (a request that omits the field gets them).
+    --temp | --seed | --top-k | --top-p | --min-p | --repeat-penalty | --presence-penalty | --frequency-penalty | --n-predict) args+=("$flag" "$1"); shift ;;
+    --repeat-last-n) args+=(--penalty-last-n "$1"); shift ;;
     --parallel) slots="$1"; args+=(--parallel "$1"); shift ;;
     --ctx-size) ctx="$1"; shift ;;  # llama-server's is all the slots' together, specula's -c each slot's
     --embedding | --embeddings) args+=(--embeddings) ;;
@@ -26,8 +29,8 @@ while [ $# -gt 0 ]; do
     --cors-origins) IFS=, read -ra origins <<<"$1"; for o in "${origins[@]}"; do args+=(--cors-origin "$o"); done; shift ;;
     # Flags with a value that specula has no counterpart for (the model's file or repository is
     # replaced by the local model above; a built-in template's name cannot be given).
-    --temp | --seed | --model | --model-url | --hf-repo | --hf-file | --model-draft | --models-dir | --models-max | --models-preset | \
-      --batch-size | --ubatch-size | --n-gpu-layers | --tags | -ctk | -ctv | -fa | --n-predict | --slot-save-path | \
+    --model | --model-url | --hf-repo | --hf-file | --model-draft | --models-dir | --models-max | --models-preset | \
+      --batch-size | --ubatch-size | --n-gpu-layers | --tags | -ctk | -ctv | -fa | --slot-save-path | \
       --grp-attn-n | --grp-attn-w | --lora | --spec-type | --spec-draft-n-max | --spec-draft-n-min | --spec-synth-len | \
       --spec-synth-rates | --reasoning | --chat-template | --mmproj-url | --media-path | --sleep-idle-seconds | --cache-ram | \
       --tools | --tools-runtime | --mcp-servers-config | --mcp-servers-json) shift ;;

@@ -378,3 +378,30 @@ def test_any_model_answers_whatever_name_a_request_gives():
         got = client.chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
         assert got.model == "gpt-3.5-turbo", got
         assert complete(base, model="davinci-002", max_tokens=2)["model"] == "davinci-002"
+
+
+def test_server_wide_sampling_defaults_apply_where_a_request_omits_them():
+    # Catches: serve's --temp/--seed/--top-k (llama-server's server-wide defaults) not parsed, not
+    # reaching a request that omits the field, not shown by /props, or overriding a request's own.
+    # Plain decoding: under speculation a seed's sampled text also depends on the drafts, which the
+    # suffix cache changes from one request to the next (docs/server.md, "Independence").
+    with serve("-c", "256", "--no-spec", "--temp", "0.9", "--top-k", "20", "--seed", "42") as (_, base):
+        status, _, props = request(base, "GET", "/props")
+        params = props["default_generation_settings"]["params"]
+        assert status == 200 and params["temperature"] == pytest.approx(0.9) and params["top_k"] == 20 and params["seed"] == 42, props
+        omitted = {"prompt": PROMPT, "max_tokens": 24}
+        texts = [post(base, "/v1/completions", omitted)[1]["choices"][0]["text"] for _ in range(2)]
+        assert texts[0] == texts[1], texts  # seeded by the server: equal requests, equal texts
+        given = post(base, "/v1/completions", {**omitted, "temperature": 0.9, "top_k": 20, "seed": 42})[1]["choices"][0]["text"]
+        assert given == texts[0], (given, texts)
+    with serve("-c", "256", "--n-predict", "5") as (_, base):
+        assert complete(base, max_tokens=None)["usage"]["completion_tokens"] == 5
+        assert complete(base, max_tokens=7)["usage"]["completion_tokens"] == 7
+        # A prompt that leaves room for fewer than 5 tokens: the default is cut, not refused.
+        long_prompt = next(p for p in (" ".join(["word"] * k) for k in range(200, 256))
+                           if 256 - len(post(base, "/tokenize", {"content": p, "add_special": True})[1]["tokens"]) in range(1, 5))
+        status, body = post(base, "/v1/completions", {"prompt": long_prompt, "temperature": 0})
+        assert status == 200 and 0 < body["usage"]["completion_tokens"] <= 256 - body["usage"]["prompt_tokens"], body
+    with serve("-c", "256") as (_, base):  # without the flags: OpenAI's temperature 1, a random seed
+        _, _, props = request(base, "GET", "/props")
+        assert props["default_generation_settings"]["params"]["temperature"] == 1 and props["default_generation_settings"]["params"]["seed"] == -1, props

@@ -5,7 +5,9 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -15,6 +17,7 @@
 #include "report.h"
 #include "server/access.h"
 #include "server/http_server.h"
+#include "server/openai.h"
 #include "server/scheduler.h"
 #include "specula/error.h"
 
@@ -43,6 +46,7 @@ struct ServeArgs {
     bool no_spec = false;
     std::string pooling = "mean";
     bool any_model = false;
+    openai::RequestDefaults defaults;
 };
 
 // Slots, the queue, prefill chunks, the speculation gate and the caches: the scheduler's options.
@@ -129,6 +133,37 @@ void add_request_flags(CLI::App * sub, ServeArgs & a) {
         ->capture_default_str();
 }
 
+// The server-wide request defaults, under `generate`'s flag names (llama-server's but
+// --penalty-last-n, its --repeat-last-n): each only where a request omits the field.
+void add_request_default_flags(CLI::App * sub, openai::RequestDefaults & d) {
+    const std::string unset = " that omits it (default: the route's own: OpenAI's on /v1/*, llama-server's on /infill)";
+    auto real = [sub](const char * name, std::optional<float> & out, const std::string & help) {
+        return sub->add_option_function<float>(
+            name, [&out](float v) { out = v; }, help);
+    };
+    real("--temp", d.temperature, "temperature of a request" + unset + "; 0 = greedy")->check(CLI::Range(0.0, 100.0));
+    real("--top-p", d.top_p, "top-p of a request" + unset + "; 1 = off")->check(CLI::Range(0.0, 1.0));
+    real("--min-p", d.min_p, "min-p of a request" + unset + "; 0 = off")->check(CLI::Range(0.0, 1.0));
+    real("--repeat-penalty", d.repeat_penalty, "repeat penalty of a request" + unset + "; 1 = off")->check(CLI::PositiveNumber);
+    real("--presence-penalty", d.presence_penalty, "presence penalty of a request" + unset + "; 0 = off")->check(CLI::Range(-2.0, 2.0));
+    real("--frequency-penalty", d.frequency_penalty, "frequency penalty of a request" + unset + "; 0 = off")->check(CLI::Range(-2.0, 2.0));
+    sub->add_option_function<int>(
+        "--top-k", [&d](int v) { d.top_k = v; }, "top-k of a request" + unset + "; 0 = off");
+    sub->add_option_function<int>(
+           "--penalty-last-n", [&d](int v) { d.penalty_last_n = v; }, "the recent tokens the penalties count for a request" + unset + "; -1 = all")
+        ->check(CLI::Range(-1, std::numeric_limits<int32_t>::max()));
+    sub->add_option_function<int>(
+           "--n-predict", [&d](int v) { d.max_tokens = v == -1 ? std::nullopt : std::optional<int>(v); },
+           "most tokens a request that names none (max_tokens, n_predict) generates, cut to the room its context leaves; default "
+           "(and -1): until the context is full")
+        ->check(CLI::Range(-1, std::numeric_limits<int32_t>::max()))
+        ->check([](const std::string & v) { return v == "0" ? std::string("0 would generate nothing: -1 (until the context is full) or at least 1") : std::string(); });
+    // llama-server's -1: a random seed per request, as without the flag.
+    sub->add_option_function<int64_t>(
+        "--seed", [&d](int64_t v) { d.seed = v == -1 ? std::nullopt : std::optional<uint64_t>(static_cast<uint64_t>(v)); },
+        "seed of a request that omits it (choice i: seed + i), so that equal requests get equal texts; default (and -1): a random seed per request");
+}
+
 void add_specee_flags(CLI::App * sub, ServeArgs & a) {
     sub->add_option("--specee", a.engine.specee_path,
                     "SpecEE exit predictors GGUF (models/*-specee.gguf): requests choose \"specee\": \"lossy\" | \"lossless\" | \"off\"");
@@ -205,6 +240,7 @@ void configure(HttpServer & server, const ServeArgs & args, std::vector<std::str
     server.set_reasoning_format(reasoning_format_from_name(args.reasoning_format));
     server.set_embeddings(args.scheduler.embeddings);
     server.set_any_model(args.any_model);
+    server.set_request_defaults(args.defaults);
 }
 
 // Listens at once (the port line), then loads the model and serves until a stop signal; the exit
@@ -267,6 +303,7 @@ void register_serve(CLI::App & app, Commands & commands) {
     add_scheduler_flags(sub, *args);
     add_http_flags(sub, *args);
     add_request_flags(sub, *args);
+    add_request_default_flags(sub, args->defaults);
     add_engine_flags(sub, args->engine, args->no_spec);
     add_specee_flags(sub, *args);
     commands.run = nullptr;
