@@ -149,7 +149,9 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
     if (!policy.api_keys.empty() && !open_route) {
         const std::string key = presented_key(header);
         if (key.empty() || key_index(policy.api_keys, key) == 0) {
-            d.refusal = refuse(401, "invalid_request_error", "invalid_api_key",
+            // llama-server's type (its clients and test suite check it) with OpenAI's code: the
+            // openai clients raise AuthenticationError on the status alone.
+            d.refusal = refuse(401, "authentication_error", "invalid_api_key",
                                key.empty() ? "no API key: send it as 'Authorization: Bearer KEY'" : "the API key is not valid");
             d.headers.emplace_back("WWW-Authenticate", "Bearer");
         }

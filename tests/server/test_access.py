@@ -59,6 +59,7 @@ def test_the_right_key_works_and_a_wrong_key_is_refused():
             with pytest.raises(openai.AuthenticationError) as refused:
                 client(base, key).chat.completions.create(model="specula-target", **CHAT)
             assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+            assert refused.value.type == "authentication_error"  # llama-server's, which its clients and tests check
             assert_healthy(base)
         for path in ("/v1/models", "/metrics", "/metrics.json", "/slots"):
             status, headers, body = request(base, "GET", path)
