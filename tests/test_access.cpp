@@ -168,6 +168,23 @@ TEST(Access, ForeignOriginsAreRefusedUnlessAllowed) {
     EXPECT_EQ(header_of(d, "Access-Control-Allow-Origin"), "*");
 }
 
+// Catches --cors-origin localhost (llama-server's value) refused, a loopback page at another port
+// refused, or a foreign name that starts with "localhost" allowed.
+TEST(Access, TheLocalhostOriginAllowsEveryPageOfThisMachine) {
+    const AccessPolicy policy = make_access_policy("127.0.0.1", {}, {"localhost"}, {});
+    for (const char * origin : {"http://localhost", "http://localhost:8080", "http://127.0.0.1", "https://127.0.0.1:3000", "http://[::1]", "http://[::1]:3000"}) {
+        const AccessDecision d = decide(policy, "OPTIONS", "/v1/completions", {{"Origin", origin}, {"Access-Control-Request-Method", "POST"}});
+        EXPECT_TRUE(d.preflight) << origin;
+        EXPECT_EQ(header_of(d, "Access-Control-Allow-Origin"), origin);
+        EXPECT_FALSE(decide(policy, "POST", "/v1/completions", {{"Origin", origin}, {"Content-Type", "application/json"}}).refusal) << origin;
+    }
+    for (const char * origin : {"http://web.mydomain.fr", "http://notlocalhost", "http://localhost.evil.com", "localhost"}) {
+        const AccessDecision d = decide(policy, "OPTIONS", "/v1/completions", {{"Origin", origin}, {"Access-Control-Request-Method", "POST"}});
+        EXPECT_EQ(header_of(d, "Access-Control-Allow-Origin"), "<none>") << origin;
+        EXPECT_EQ(status_of(decide(policy, "POST", "/v1/completions", {{"Origin", origin}, {"Content-Type", "application/json"}})), 403) << origin;
+    }
+}
+
 // Catches a preflight refused for an allowed origin (or made to carry the key, which browsers
 // never send on one), answered for an origin nobody allowed, or allowing fewer headers than the
 // page's script asks for (the openai npm SDK's x-stainless-*: the browser then sends nothing).
@@ -190,12 +207,14 @@ TEST(Access, PreflightsOfAllowedOriginsAreAnsweredWithoutTheKey) {
             << malformed;
     }
 
+    // A foreign origin's preflight is answered as llama-server answers it, without the CORS
+    // headers that would let its page send the request.
     Headers foreign = preflight;
     foreign["Origin"] = "http://evil.example";
-    const AccessDecision refused = decide(policy, "OPTIONS", "/v1/chat/completions", foreign);
-    EXPECT_EQ(status_of(refused), 403);
-    EXPECT_FALSE(refused.preflight);
-    EXPECT_EQ(header_of(refused, "Access-Control-Allow-Origin"), "<none>");
+    const AccessDecision unlisted = decide(policy, "OPTIONS", "/v1/chat/completions", foreign);
+    EXPECT_FALSE(unlisted.refusal);
+    EXPECT_TRUE(unlisted.preflight);
+    EXPECT_TRUE(unlisted.headers.empty());
 
     // The actual request after the preflight still needs the key, and its 401 carries the CORS
     // header so that the page can read why.

@@ -61,6 +61,12 @@ std::string presented_key(const std::function<std::string(const char *)> & heade
     return trim(header("X-Api-Key"));
 }
 
+// An origin (scheme://host[:port]) whose host is a loopback name: a page served from this machine.
+bool is_loopback_origin(const std::string & origin) {
+    const size_t scheme_end = origin.find("://");
+    return scheme_end != std::string::npos && is_loopback_name(host_name(origin.substr(scheme_end + 3)));
+}
+
 bool is_ip_address(const std::string & name) {
     in_addr v4{};
     in6_addr v6{};
@@ -119,11 +125,17 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
         }
     }
     // A page's script sends its Origin; a foreign page's "simple" request (a form POST, text/plain)
-    // needs no preflight, so it is refused here rather than merely left unreadable.
+    // needs no preflight, so it is refused here rather than merely left unreadable. Its preflight
+    // is answered without CORS headers, as llama-server answers it: the browser then sends nothing.
     const std::string origin = lower(header("Origin"));
     const bool listed = !origin.empty() && std::any_of(policy.cors_origins.begin(), policy.cors_origins.end(), [&](const std::string & o) {
-        return o == "*" || o == origin;
+        return o == "*" || (o == "localhost" ? is_loopback_origin(origin) : o == origin);
     });
+    const bool preflight = method == "OPTIONS" && !header("Access-Control-Request-Method").empty();
+    if (!origin.empty() && !listed && preflight) {
+        d.preflight = true;
+        return d;
+    }
     if (!origin.empty() && !listed && origin != "http://" + lower(host) && origin != "https://" + lower(host)) {
         d.refusal = refuse(403, "permission_error", "origin_not_allowed",
                            "pages from the origin '" + origin + "' may not call this server (--cors-origin ORIGIN allows one)");
@@ -133,7 +145,7 @@ AccessDecision check_access(const AccessPolicy & policy, const std::string & met
         const bool any = std::find(policy.cors_origins.begin(), policy.cors_origins.end(), "*") != policy.cors_origins.end();
         d.headers.emplace_back("Access-Control-Allow-Origin", any ? "*" : origin);
         if (!any) d.headers.emplace_back("Vary", "Origin");
-        if (method == "OPTIONS" && !header("Access-Control-Request-Method").empty()) {
+        if (preflight) {
             d.preflight = true;
             d.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
             // The headers the page's script will send, as it asks for them (the openai npm SDK's
@@ -188,8 +200,10 @@ AccessPolicy make_access_policy(const std::string & bind_host, std::vector<std::
     const std::regex origin_form("[a-z][a-z0-9+.-]*://[^/?#\\s]+");
     for (const std::string & origin : cors_origins) {
         const std::string o = lower(origin);
-        if (o != "*" && o != "null" && !std::regex_match(o, origin_form)) {
-            throw Error("--cors-origin '" + origin + "' is not an origin: scheme://host[:port] without a path (e.g. http://localhost:3000), or *");
+        if (o != "*" && o != "null" && o != "localhost" && !std::regex_match(o, origin_form)) {
+            throw Error("--cors-origin '" + origin +
+                        "' is not an origin: scheme://host[:port] without a path (e.g. http://localhost:3000), "
+                        "localhost (any page of this machine) or *");
         }
         p.cors_origins.push_back(o);
     }

@@ -17,8 +17,9 @@ struct AccessPolicy {
     // Keys a request may present (Authorization: Bearer KEY, or X-Api-Key: KEY); empty: no key
     // needed. "/health" and the live page's HTML at "/" never need one.
     std::vector<std::string> api_keys;
-    // Origins whose pages may call the server (scheme://host[:port], lower case; "*": any). A
-    // request with another Origin, not the server's own, is refused.
+    // Origins whose pages may call the server (scheme://host[:port], lower case; "*": any;
+    // "localhost": any whose host is a loopback name, at any port, as llama-server's). A request
+    // with another Origin, not the server's own, is refused (its preflight answered without CORS).
     std::vector<std::string> cors_origins;
     // Host names answered besides loopback names and IP addresses (lower case, without port; "*":
     // any name). A request with another Host is refused, whatever the address bound.
@@ -26,8 +27,8 @@ struct AccessPolicy {
     bool loopback_bind = false;  // bound to a loopback address: only this machine can connect
 };
 
-// What to do with a request: refuse it, answer a CORS preflight (204), or route it; `headers` go
-// on the response in each case.
+// What to do with a request: refuse it, answer a CORS preflight (200, with the CORS headers only
+// for an allowed origin), or route it; `headers` go on the response in each case.
 struct AccessDecision {
     std::optional<openai::ApiError> refusal;
     bool preflight = false;

@@ -434,7 +434,7 @@ void HttpServer::Impl::routes() {
         const AccessDecision d = check_access(access, req.method, req.path, [&req](const char * name) { return req.get_header_value(name); });
         for (const auto & [name, value] : d.headers) res.set_header(name, value);
         if (d.refusal) send_error(res, *d.refusal);
-        else if (d.preflight) res.status = 204;
+        else if (d.preflight) res.status = 200;  // llama-server's; a preflight succeeds on any 2xx
         return d.refusal || d.preflight ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
     });
     auto health = [this](const httplib::Request &, httplib::Response & res) {

@@ -98,7 +98,8 @@ void add_http_flags(CLI::App * sub, ServeArgs & a) {
         ->envname("SPECULA_API_KEY");
     sub->add_option("--api-key-file", a.api_key_file, "file of API keys, one a line ('#' starts a comment line); kept out of the process list");
     sub->add_option("--cors-origin", a.cors_origins,
-                    "origin whose web pages may call the server, e.g. http://localhost:3000 (repeatable; * allows any); default none");
+                    "origin whose web pages may call the server, e.g. http://localhost:3000 (repeatable; localhost allows any page of this "
+                    "machine, at any port, as llama-server's --cors-origins localhost; * allows any); default none");
     sub->add_option("--allowed-host", a.allowed_hosts,
                     "Host name answered besides localhost, IP addresses and this machine's name, whatever the address bound "
                     "(repeatable; * answers any name)");
