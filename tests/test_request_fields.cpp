@@ -2,7 +2,9 @@
 // and the fields parse_request reads into a request (server/openai.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +82,9 @@ const std::string kChat = R"({"messages": [{"role": "user", "content": "hi"}], )
 const std::string kCompletion = R"({"prompt": "x", )";
 
 openai::Request parsed(Endpoint e, const std::string & body) { return openai::parse_request(e, body, {{"specula-target"}}); }
+
+// check_generation of a parsed request (which it completes: the logit_bias texts' tokens).
+void check(openai::Request r, const Tokenizer & tokenizer) { openai::check_generation(r, tokenizer); }
 
 // The refusal of a body, or status 0 when it was accepted.
 openai::ApiError refusal(Endpoint e, const std::string & body) {
@@ -172,7 +177,8 @@ TEST(RequestFields, AnOmittedSamplingFieldTakesTheServersDefault) {
 TEST(RequestFields, LogitBiasIsTokenIdsToBiasesWithinTheVocabulary) {
     const openai::Request r = parsed(Endpoint::Chat, kChat + R"("logit_bias": {"42": -100, "7": 2.5}})");
     EXPECT_EQ(r.sampling.logit_bias.size(), 2u);
-    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"hello": 1}})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"": 1}})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"99999999999": 1}})").param, "logit_bias");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"5": 101}})").param, "logit_bias");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": {"5": 1, "05": 2}})").param, "logit_bias");
     // llama-server's form: [[id, bias]], false banning the token.
@@ -181,19 +187,50 @@ TEST(RequestFields, LogitBiasIsTokenIdsToBiasesWithinTheVocabulary) {
     EXPECT_EQ(pairs.sampling.logit_bias[0], (std::pair<int32_t, float>{5, 1.5f}));
     EXPECT_EQ(pairs.sampling.logit_bias[1].second, -std::numeric_limits<float>::infinity());
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[5]]})").param, "logit_bias");
-    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [["hello", 1]]})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[-1, 1]]})").param, "logit_bias");
+    EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [["x", "1"]]})").param, "logit_bias");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[5, 1], [5, 2]]})").param, "logit_bias");
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
-    EXPECT_NO_THROW(openai::check_generation(r, tok));
+    EXPECT_NO_THROW(check(r, tok));
     const std::string unknown = std::to_string(tok.n_vocab());
     try {
-        openai::check_generation(parsed(Endpoint::Chat, kChat + R"("logit_bias": {")" + unknown + R"(": 1}})"), tok);
+        check(parsed(Endpoint::Chat, kChat + R"("logit_bias": {")" + unknown + R"(": 1}})"), tok);
         ADD_FAILURE() << "an id outside the vocabulary was accepted";
     } catch (const openai::ApiError & e) {
         EXPECT_EQ(e.status, 400);
         EXPECT_EQ(e.param, "logit_bias");
         EXPECT_NE(e.message.find(unknown), std::string::npos) << e.message;
     }
+}
+
+// Catches: llama-server's logit_bias keyed by text ([["text", bias]] and {"text": bias}) refused,
+// or not biasing every token of the text (without BOS, its special-token text as text), or a
+// token two texts share getting one text's bias only.
+TEST(RequestFields, LogitBiasKeyedByTextBiasesEachOfItsTokens) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const std::vector<int32_t> hello = tok.tokenize(" hello world", false, SpecialTokens::Text);
+    ASSERT_GE(hello.size(), 2u);
+    for (const std::string & form : {std::string(R"([[" hello world", -100], [7, 2]])"), std::string(R"({" hello world": false, "7": 2})")}) {
+        openai::Request r = parsed(Endpoint::Completions, kCompletion + R"("logit_bias": )" + form + "}");
+        openai::check_generation(r, tok);
+        EXPECT_TRUE(r.logit_bias_texts.empty());
+        std::vector<std::pair<int32_t, float>> want = {{7, 2.0f}};
+        const float ban = form.front() == '[' ? -100.0f : -std::numeric_limits<float>::infinity();
+        for (const int32_t id : hello) want.emplace_back(id, ban);
+        auto got = r.sampling.logit_bias;
+        std::sort(got.begin(), got.end());
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(got, want) << form;
+    }
+    openai::Request shared = parsed(Endpoint::Completions, kCompletion + R"("logit_bias": [[" hello", 1], [" hello world", 2]]})");
+    openai::check_generation(shared, tok);
+    float first = 0;
+    for (const auto & [id, bias] : shared.sampling.logit_bias) first += id == hello.front() ? bias : 0.0f;
+    EXPECT_FLOAT_EQ(first, 3.0f) << "both texts hold ' hello'";
+    openai::Request special = parsed(Endpoint::Completions, kCompletion + R"("logit_bias": {"<|im_start|>": -5}})");
+    openai::check_generation(special, tok);
+    const std::vector<int32_t> spelled = tok.tokenize("<|im_start|>", false, SpecialTokens::Text);
+    EXPECT_EQ(special.sampling.logit_bias.size(), std::set<int32_t>(spelled.begin(), spelled.end()).size());
 }
 
 // Catches: logprobs refused, or their two shapes (chat's flag and count, completions' count) mixed
@@ -256,16 +293,16 @@ TEST(RequestFields, APromptIsTextTokenIdsOrABatchAndEchoIsRead) {
     EXPECT_EQ(scored.max_tokens, 0);
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("echo": true, "logprobs": 1, "stream": true})").param, "echo");
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
-    EXPECT_NO_THROW(openai::check_generation(parsed(Endpoint::Completions, R"({"prompt": [1, 2]})"), tok));
+    EXPECT_NO_THROW(check(parsed(Endpoint::Completions, R"({"prompt": [1, 2]})"), tok));
     try {
-        openai::check_generation(parsed(Endpoint::Completions, R"({"prompt": [1, )" + std::to_string(tok.n_vocab()) + "]}"), tok);
+        check(parsed(Endpoint::Completions, R"({"prompt": [1, )" + std::to_string(tok.n_vocab()) + "]}"), tok);
         ADD_FAILURE() << "a prompt token outside the vocabulary was accepted";
     } catch (const openai::ApiError & e) {
         EXPECT_EQ(e.param, "prompt");
         EXPECT_NE(e.message.find("prompt[1]"), std::string::npos) << e.message;
     }
     try {
-        openai::check_generation(parsed(Endpoint::Completions, R"({"prompt": ["a", [1, )" + std::to_string(tok.n_vocab()) + "]]}"), tok);
+        check(parsed(Endpoint::Completions, R"({"prompt": ["a", [1, )" + std::to_string(tok.n_vocab()) + "]]}"), tok);
         ADD_FAILURE() << "a batch's prompt token outside the vocabulary was accepted";
     } catch (const openai::ApiError & e) {
         EXPECT_NE(e.message.find("prompt[1][1]"), std::string::npos) << e.message;
@@ -296,7 +333,7 @@ TEST(RequestFields, OtherServersFieldsAreRead) {
     EXPECT_EQ(refusal(Endpoint::Completions, kCompletion + R"("skip_special_tokens": 0})").param, "skip_special_tokens");
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
     try {
-        openai::check_generation(parsed(Endpoint::Completions, kCompletion + R"("stop_token_ids": [)" + std::to_string(tok.n_vocab()) + "]}"), tok);
+        check(parsed(Endpoint::Completions, kCompletion + R"("stop_token_ids": [)" + std::to_string(tok.n_vocab()) + "]}"), tok);
         ADD_FAILURE() << "a stop token outside the vocabulary was accepted";
     } catch (const openai::ApiError & e) {
         EXPECT_EQ(e.param, "stop_token_ids");
@@ -345,10 +382,10 @@ TEST(RequestFields, ResponseFormatBecomesAGrammar) {
               "response_format");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}})").param, "response_format");
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
-    EXPECT_NO_THROW(openai::check_generation(schema, tok));
-    EXPECT_NO_THROW(openai::check_generation(parsed(Endpoint::Completions, kCompletion + R"("grammar": "root ::= \"yes\" | \"no\""})"), tok));
+    EXPECT_NO_THROW(check(schema, tok));
+    EXPECT_NO_THROW(check(parsed(Endpoint::Completions, kCompletion + R"("grammar": "root ::= \"yes\" | \"no\""})"), tok));
     try {
-        openai::check_generation(parsed(Endpoint::Completions, kCompletion + R"("grammar": "root ::= ("})"), tok);
+        check(parsed(Endpoint::Completions, kCompletion + R"("grammar": "root ::= ("})"), tok);
         ADD_FAILURE() << "a grammar that does not parse was accepted";
     } catch (const openai::ApiError & e) {
         EXPECT_EQ(e.param, "grammar");

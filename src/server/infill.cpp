@@ -172,6 +172,7 @@ Request parse_body(const std::string & text, const openai::Accepted & accepted) 
     openai::parse_generation(body, generation);
     r.sampling = generation.sampling;
     r.stop = generation.stop;
+    r.logit_bias_texts = generation.logit_bias_texts;
     r.grammar = generation.grammar;
     if (has(body, "cache_prompt")) boolean(body.at("cache_prompt"), "cache_prompt");  // every request reuses cached rows (server/slot_prefix.h)
     if (has(body, "stream")) r.stream = boolean(body.at("stream"), "stream");
@@ -319,13 +320,14 @@ Prepared prepare(const std::string & body, const Server & s) {
     sized.max_tokens_default = r.n_predict_default;
     const int n = openai::tokens_to_generate(sized, p.prompt.size(), s.scheduler.context_size());
     gen.n_predict = r.n_predict == 0 ? 0 : n;
-    gen.sampling = r.sampling;
-    if (r.infill_sampler) gen.sampling.infill = s.infill_vocabulary();
     openai::Request checked;
     checked.sampling = r.sampling;
+    checked.logit_bias_texts = r.logit_bias_texts;
     checked.grammar = r.grammar;
     checked.grammar_field = "grammar";
     openai::check_generation(checked, tok);
+    gen.sampling = checked.sampling;  // with the texts' biases
+    if (r.infill_sampler) gen.sampling.infill = s.infill_vocabulary();
     const int slots = s.scheduler.metrics().slots;
     if (r.id_slot >= slots) {
         bad("id_slot", "'id_slot' is " + std::to_string(r.id_slot) + ": this server has " + std::to_string(slots) + " slots (--parallel), 0.." +

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <httplib.h>
@@ -48,6 +49,7 @@ struct Request {
     bool stream = false;
     int id_slot = -1;
     std::vector<std::string> stop;
+    std::vector<std::pair<std::string, float>> logit_bias_texts;  // openai::Request's: tokenized by prepare()
     std::string grammar;
     std::string model;                         // the name the reply echoes
     std::vector<std::string> ignored_fields;   // top-level fields not read (refused with --strict-fields)

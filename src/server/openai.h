@@ -68,6 +68,9 @@ struct Request {
     // alternatives per token (chat top_logprobs 0..20, completions logprobs 0..5); the GBNF of
     // `grammar` or of response_format's schema.
     std::vector<std::string> stop;
+    // llama-server's logit_bias keyed by text ([["text", bias]], {"text": bias}): each of the text's
+    // tokens gets the bias, once the tokenizer is known (check_generation moves them into sampling).
+    std::vector<std::pair<std::string, float>> logit_bias_texts;
     int top_logprobs = -1;
     std::string grammar;
     std::string grammar_field;  // "grammar" or "response_format": where the grammar came from

@@ -41,39 +41,46 @@ void parse_stop(const json & body, Request & r) {
 }
 
 // OpenAI's {"token id": bias} (ids as decimal strings), or llama-server's [[id, bias], ...] where
-// a bias of false bans the token. Biases within -100..100; the ids are checked against the
-// vocabulary where the tokenizer is known (check_generation).
+// a bias of false bans the token; in either, llama-server's text in place of an id biases each
+// token of the text (Request::logit_bias_texts). Biases within -100..100; the ids are checked
+// against the vocabulary, and the texts tokenized, where the tokenizer is known (check_generation).
 void parse_logit_bias(const json & body, Request & r) {
     const json & v = body.at("logit_bias");
-    if (!v.is_object() && !v.is_array()) must_be("logit_bias", "an object of token ids to biases (or [[id, bias], ...])", v);
+    if (!v.is_object() && !v.is_array()) must_be("logit_bias", "an object of token ids (or texts) to biases, or [[id or text, bias], ...]", v);
     std::set<int32_t> seen;
-    auto add = [&](int32_t id, const json & bias, const std::string & param) {
-        if (!seen.insert(id).second) bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + " twice");
-        if (bias == false) {
-            r.sampling.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
-            return;
-        }
+    auto value = [](const json & bias, const std::string & param) {
+        if (bias == false) return -std::numeric_limits<float>::infinity();
         if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100.0) {
-            bad("logit_bias", "'" + param + "' must be a number between -100 and 100, got " + json_kind(bias));
+            bad("logit_bias", "'" + param + "' must be a number between -100 and 100 (or false), got " + json_kind(bias));
         }
-        r.sampling.logit_bias.emplace_back(id, bias.get<float>());
+        return bias.get<float>();
+    };
+    auto add_id = [&](uint64_t id, const json & bias, const std::string & param) {
+        if (id > std::numeric_limits<int32_t>::max()) bad("logit_bias", "'" + param + "' names the token " + std::to_string(id) + ", outside any vocabulary");
+        if (!seen.insert(static_cast<int32_t>(id)).second) bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + " twice");
+        r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), value(bias, param));
+    };
+    auto add_text = [&](const std::string & text, const json & bias, const std::string & param) {
+        if (text.empty()) bad("logit_bias", "'" + param + "' names an empty text, which has no tokens");
+        r.logit_bias_texts.emplace_back(text, value(bias, param));
     };
     if (v.is_array()) {
         for (size_t i = 0; i < v.size(); ++i) {
             const std::string param = "logit_bias[" + std::to_string(i) + "]";
             const json & pair = v[i];
-            if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_integer() || pair[0].get<int64_t>() < 0 ||
-                pair[0].get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-                bad("logit_bias", "'" + param + "' must be [token id, bias], got " + json_kind(pair));
+            if (!pair.is_array() || pair.size() != 2 || !(pair[0].is_string() || pair[0].is_number_unsigned())) {
+                bad("logit_bias", "'" + param + "' must be [token id or text, bias], got " + json_kind(pair));
             }
-            add(static_cast<int32_t>(pair[0].get<int64_t>()), pair[1], param);
+            if (pair[0].is_string()) add_text(pair[0].get<std::string>(), pair[1], param);
+            else add_id(pair[0].get<uint64_t>(), pair[1], param);
         }
         return;
     }
     for (const auto & [key, bias] : v.items()) {
-        const bool digits = !key.empty() && key.size() <= 9 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!digits) bad("logit_bias", "'logit_bias' keys must be token ids (non-negative integers), got " + json_quoted(key));
-        add(std::stoi(key), bias, "logit_bias[" + json_quoted(key) + "]");
+        const std::string param = "logit_bias[" + json_quoted(key) + "]";
+        const bool digits = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits) add_text(key, bias, param);
+        else add_id(key.size() > 10 ? std::numeric_limits<uint64_t>::max() : std::stoull(key), bias, param);
     }
 }
 
@@ -176,7 +183,16 @@ void parse_generation(const json & body, Request & r) {
     if (r.endpoint == Endpoint::Completions && has(body, "echo")) r.echo = boolean(body.at("echo"), "echo");
 }
 
-std::shared_ptr<const LogitsState> check_generation(const Request & r, const Tokenizer & tokenizer) {
+std::shared_ptr<const LogitsState> check_generation(Request & r, const Tokenizer & tokenizer) {
+    // As llama-server's: the text tokenized as a prompt without BOS, its special-token text as
+    // text; a token that several texts hold gets each text's bias.
+    for (const auto & [text, bias] : r.logit_bias_texts) {
+        std::set<int32_t> tokens;
+        for (const int32_t id : tokenizer.tokenize(text, false, SpecialTokens::Text)) {
+            if (tokens.insert(id).second) r.sampling.logit_bias.emplace_back(id, bias);
+        }
+    }
+    r.logit_bias_texts.clear();
     for (const auto & [id, bias] : r.sampling.logit_bias) {
         if (id >= tokenizer.n_vocab()) {
             bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + ", outside the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");

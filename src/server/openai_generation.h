@@ -19,10 +19,11 @@ namespace specula::openai {
 // naming the field. A JSON schema that does not compile is refused with the reason.
 void parse_generation(const nlohmann::json & body, Request & r);
 
-// What needs the served model's vocabulary: logit_bias ids within it, the grammar compiled over
-// it, once per request (GenerationOptions::compiled_grammar; nullptr without a grammar). Throws
-// ApiError 400 naming the id, or the grammar's problem.
-std::shared_ptr<const LogitsState> check_generation(const Request & r, const Tokenizer & tokenizer);
+// What needs the served model's vocabulary: logit_bias texts tokenized into r.sampling.logit_bias,
+// logit_bias ids within it, the grammar compiled over it, once per request
+// (GenerationOptions::compiled_grammar; nullptr without a grammar). Throws ApiError 400 naming the
+// id, or the grammar's problem.
+std::shared_ptr<const LogitsState> check_generation(Request & r, const Tokenizer & tokenizer);
 
 // The top-level fields that are neither read by parse_request nor metadata without effect on the
 // generation (`user`, `metadata`, `store`, ...), in the body's order (names cut to 40 bytes).

@@ -177,6 +177,19 @@ def test_logit_bias_bans_a_token(plain):
     assert body["choices"][0]["text"] != first
 
 
+def test_logit_bias_keyed_by_text_bans_the_texts_tokens(plain):
+    # Catches: llama-server's logit_bias by text ({"text": bias}, [["text", bias]]) refused, or
+    # accepted and dropped (its tokens never biased).
+    first = complete(plain, max_tokens=1, logprobs=0)["choices"][0]["logprobs"]["tokens"][0]
+    texts = {first, first.lstrip()}
+    body = complete(plain, max_tokens=1, logit_bias={text: -100 for text in texts})
+    assert body["choices"][0]["text"] != first, body
+    status, body = post(plain, "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0, "logit_bias": [[text, False] for text in texts]})
+    assert status == 200 and body["content"] != first, body
+    status, body = post(plain, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "logit_bias": {"": -100}})
+    assert status == 400 and body["error"]["param"] == "logit_bias" and "empty text" in body["error"]["message"], body
+
+
 def test_response_format_json_schema_gives_json_that_validates(speculative):
     # Catches: response_format ignored, or a schema's grammar that lets the model write other text.
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}}, "required": ["ok", "n"],
