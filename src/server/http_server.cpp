@@ -485,6 +485,7 @@ void HttpServer::Impl::routes() {
     on_get("/metrics", [this](const httplib::Request &, httplib::Response & res) {
         Scheduler * s = scheduler;
         if (!s) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+        res.set_header("Process-Start-Time-Unix", std::to_string(started));  // llama-server's
         res.set_content(prometheus(s->metrics()), "text/plain; version=0.0.4");
     });
     for (const char * path : {"/v1/chat/completions", "/chat/completions"}) {  // llama-server answers both

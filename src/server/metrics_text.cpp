@@ -6,6 +6,38 @@ namespace specula {
 
 using nlohmann::json;
 
+namespace {
+
+// The same counters under llama-server's names and meanings (its `llamacpp:` metrics), for the
+// dashboards and alerts written for it: prompt tokens without the cached ones, decodes as steps
+// (one target forward each, drafts verified in it), the busy slots averaged over them.
+void llama_server_metrics(std::ostringstream & o, const SchedulerMetrics & m) {
+    auto metric = [&](const char * name, const char * type, const char * help, auto value) {
+        o << "# HELP llamacpp:" << name << ' ' << help << "\n# TYPE llamacpp:" << name << ' ' << type << "\nllamacpp:" << name << ' ' << value << '\n';
+    };
+    auto rate = [](uint64_t n, double seconds) { return seconds > 0 ? static_cast<double>(n) / seconds : 0.0; };
+    const uint64_t prefilled = m.prompt_tokens - m.prompt_tokens_cached;
+    uint64_t busy = 0;
+    for (size_t k = 0; k < m.busy_slots_steps.size(); ++k) busy += (k + 1) * m.busy_slots_steps[k];
+    metric("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens", prefilled);
+    metric("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache", m.prompt_tokens_cached);
+    metric("prompt_seconds_total", "counter", "Total time spent processing prompts", m.prompt_seconds);
+    metric("tokens_predicted_total", "counter", "Number of generation tokens processed", m.generated_tokens);
+    metric("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens", m.generation_seconds);
+    metric("n_decode_total", "counter", "Target forwards (scheduler steps, drafts verified in them)", m.steps);
+    metric("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)", m.longest_sequence);
+    metric("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated", m.draft_tokens);
+    metric("spec_decode_num_accepted_tokens_total", "counter", "Speculative: Total draft tokens accepted by the target model", m.accepted_tokens);
+    metric("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps", m.drafts);
+    metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s", rate(prefilled, m.prompt_seconds));
+    metric("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s", rate(m.generated_tokens, m.generation_seconds));
+    metric("requests_processing", "gauge", "Number of requests processing", m.processing);
+    metric("requests_deferred", "gauge", "Number of requests deferred", m.deferred);
+    metric("n_busy_slots_per_decode", "gauge", "Average number of busy slots per target forward", m.steps ? static_cast<double>(busy) / m.steps : 0.0);
+}
+
+}  // namespace
+
 std::string prometheus(const SchedulerMetrics & m) {
     std::ostringstream o;
     auto metric = [&](const char * name, const char * type, const char * help, auto value) {
@@ -58,6 +90,7 @@ std::string prometheus(const SchedulerMetrics & m) {
     for (size_t d = 0; d < m.accepted_at.size(); ++d) {
         o << "specula:spec_decode_num_accepted_tokens_per_pos_total{position=\"" << d << "\"} " << m.accepted_at[d] << '\n';
     }
+    llama_server_metrics(o, m);
     return o.str();
 }
 // The figures the live page shows, as JSON (the Prometheus text's twin for a browser).

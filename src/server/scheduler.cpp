@@ -189,6 +189,7 @@ void Scheduler::release(Slot & slot, bool finished_normally) {
         const GenerationStats & st = slot.stats();
         metrics_.prompt_tokens += st.n_prompt;
         metrics_.prompt_tokens_cached += st.n_cached;
+        metrics_.longest_sequence = std::max<uint64_t>(metrics_.longest_sequence, static_cast<uint64_t>(st.n_prompt + st.n_generated));
         metrics_.generated_tokens += st.n_generated;
         metrics_.prompt_seconds += st.prompt_seconds;
         metrics_.generation_seconds += st.generation_seconds;

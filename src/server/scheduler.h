@@ -198,6 +198,7 @@ struct SchedulerMetrics {
     uint64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
     uint64_t prompt_tokens = 0, generated_tokens = 0;
     uint64_t prompt_tokens_cached = 0;  // of prompt_tokens, those a slot's prefix cache held (not prefilled)
+    uint64_t longest_sequence = 0;      // the most tokens (prompt and generated) a finished request's sequence held
     double prompt_seconds = 0.0, generation_seconds = 0.0;
     uint64_t steps = 0;
     uint64_t gated_steps = 0;            // decoding steps in which the speculation gate allowed no drafts

@@ -405,3 +405,34 @@ def test_server_wide_sampling_defaults_apply_where_a_request_omits_them():
     with serve("-c", "256") as (_, base):  # without the flags: OpenAI's temperature 1, a random seed
         _, _, props = request(base, "GET", "/props")
         assert props["default_generation_settings"]["params"]["temperature"] == 1 and props["default_generation_settings"]["params"]["seed"] == -1, props
+
+
+def test_llama_servers_metric_names_beside_speculas():
+    # Catches: llama-server's llamacpp:* metrics missing (its dashboards and alerts find nothing),
+    # without their TYPE and HELP lines, or counting otherwise than it does (prompt tokens without
+    # the cached ones).
+    with serve("-c", "256") as (_, base):
+        usages = [complete(base, max_tokens=6)["usage"] for _ in range(2)]
+        assert usages[1]["prompt_tokens_details"]["cached_tokens"] > 0, usages
+        with urllib.request.urlopen(base + "/metrics") as r:
+            assert int(r.headers["Process-Start-Time-Unix"]) > 0
+            text = r.read().decode()
+    values, types = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE llamacpp:"):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+        elif line.startswith("llamacpp:"):
+            name, value = line.split(" ")
+            values[name] = float(value)
+            assert f"# HELP {name} " in text, name
+    counters = ["prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total", "tokens_predicted_seconds_total",
+                "n_decode_total", "n_tokens_max", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total"]
+    gauges = ["prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing", "requests_deferred", "n_busy_slots_per_decode"]
+    assert {n: types.get("llamacpp:" + n) for n in counters + gauges} == {**{n: "counter" for n in counters}, **{n: "gauge" for n in gauges}}, types
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    assert values["llamacpp:prompt_tokens_total"] == sum(u["prompt_tokens"] for u in usages) - cached, values
+    assert values["llamacpp:prompt_tokens_cached_total"] == cached, values
+    assert values["llamacpp:tokens_predicted_total"] == sum(u["completion_tokens"] for u in usages), values
+    assert values["llamacpp:n_tokens_max"] == max(u["total_tokens"] for u in usages), values
+    assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:requests_processing"] == 0, values
