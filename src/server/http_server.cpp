@@ -544,6 +544,30 @@ void HttpServer::Impl::routes() {
             send_error(res, e);
         }
     });
+    // llama-server's count of a chat request's prompt tokens: the body a chat completion takes,
+    // rendered and tokenized as that request's prompt would be, nothing generated.
+    for (const char * path : {"/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"}) {
+        on_post(path, [this](const httplib::Request & req, httplib::Response & res) {
+            ModelBundle * t = target;
+            if (!t || !scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
+            try {
+                auto [count, ignored] = within_deadline<std::pair<size_t, std::vector<std::string>>>(
+                    [this, t, body = req.body, reasoning = reasoning, specials = prompt_specials] {
+                        openai::Request r = openai::parse_request(openai::Endpoint::Chat, body, accepted);
+                        r.chat.reasoning = reasoning;
+                        try {
+                            return std::pair{t->tokenizer->tokenize_conversation(r.chat, specials).tokens.size(), r.ignored_fields};
+                        } catch (const std::exception & e) {
+                            throw openai::ApiError{400, std::string("cannot tokenize the prompt: ") + e.what(), "invalid_request_error", "messages", ""};
+                        }
+                    });
+                if (!ignored.empty()) note_ignored(req, res, ignored);
+                send_json(res, 200, json{{"input_tokens", count}});
+            } catch (const openai::ApiError & e) {
+                send_error(res, e);
+            }
+        });
+    }
     // llama-server's token routes (server/token_routes.h), under the same access checks.
     for (const auto & route : {std::pair{"/tokenize", &openai::tokenize}, std::pair{"/detokenize", &openai::detokenize}}) {
         on_post(route.first, [this, answer = route.second](const httplib::Request & req, httplib::Response & res) {

@@ -436,3 +436,17 @@ def test_llama_servers_metric_names_beside_speculas():
     assert values["llamacpp:tokens_predicted_total"] == sum(u["completion_tokens"] for u in usages), values
     assert values["llamacpp:n_tokens_max"] == max(u["total_tokens"] for u in usages), values
     assert values["llamacpp:n_decode_total"] > 0 and values["llamacpp:requests_processing"] == 0, values
+
+
+def test_input_tokens_counts_a_chat_requests_prompt(aliased):
+    # Catches: llama-server's /chat/completions/input_tokens missing, or counting another prompt
+    # than the chat request's (its template, BOS, tools).
+    _, base = aliased
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    status, chat = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert status == 200, chat
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        status, body = post(base, path, {"messages": messages})
+        assert status == 200 and body == {"input_tokens": chat["usage"]["prompt_tokens"]}, (path, body)
+    status, body = post(base, "/chat/completions/input_tokens", {"messages": "hi"})
+    assert status == 400 and body["error"]["param"] == "messages", body
