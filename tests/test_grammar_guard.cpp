@@ -3,7 +3,11 @@
 // they reach it, or stopped at the stacks budget while decoding.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +15,7 @@
 #include "constrain/grammar_guard.h"
 #include "constrain/lazy_grammar.h"
 #include "engine/generate.h"
+#include "tokenizer/chat_template.h"
 #include "sample/logits_state.h"
 #include "specula/error.h"
 #include "tokenizer/tokenizer.h"
@@ -174,6 +179,87 @@ TEST(GrammarGuard, AGenerationStartsFromTheCompiledGrammar) {
     EXPECT_FALSE(state->allows(token_of("n")));
     options.compiled_grammar.reset();
     EXPECT_NE(test::error_message([&] { logits_processing(options, {}, &tokenizer()); }).find("does not parse as GBNF"), std::string::npos);
+}
+
+// The tools of llama.cpp's server tests (tools/server/tests/unit/test_tool_call.py) under the
+// templates they give (the pinned sources' models/templates; "" the bundled target's own, which
+// gets the generic tool format), for tool_choice required and auto: the chat layer's grammar of
+// the calls compiles under the limits, and a walk of tokens its mask allows (seeded, triggered
+// first when lazy, by its trigger word) is accepted token for token. Catches a legitimate tool grammar refused (a
+// client's 400, or the 500 of an error the server did not expect) or a token the mask allows
+// that the grammar's accept then rejects.
+TEST(GrammarGuard, LlamaCppToolCallGrammarsAreServed) {
+    const char * templates[] = {"",
+                                "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+                                "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+                                "meetkai-functionary-medium-v3.1",
+                                "meetkai-functionary-medium-v3.2",
+                                "meta-llama-Llama-3.1-8B-Instruct",
+                                "meta-llama-Llama-3.2-3B-Instruct",
+                                "meta-llama-Llama-3.3-70B-Instruct",
+                                "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+                                "llama-cpp-deepseek-r1"};
+    const ChatTool tools[] = {
+        {"test", "", R"({"type": "object", "properties": {"success": {"type": "boolean", "const": true}}, "required": ["success"]})"},
+        {"python", "Runs code in an ipython interpreter and returns the result of the execution after 60 seconds.",
+         R"({"type": "object", "properties": {"code": {"type": "string", "description": "The code to run in the ipython interpreter."}}, "required": ["code"]})"},
+        {"get_current_weather", "Get the current weather in a given location",
+         R"({"type": "object", "properties": {"location": {"type": "string", "description": "The city and country/state, e.g. 'San Francisco, CA', or 'Paris, France'"}}, "required": ["location"]})"},
+    };
+    int walked = 0;
+    for (const char * name : templates) {
+        Tokenizer tok(test::shipped_model("specula-target.gguf"));
+        if (*name) {
+            std::ifstream in(std::string(SPECULA_VOCAB_DIR) + "/templates/" + name + ".jinja", std::ios::binary);
+            ASSERT_TRUE(in) << name;
+            std::ostringstream source;
+            source << in.rdbuf();
+            tok.set_chat_template(source.str());
+        }
+        for (const ChatTool & tool : tools) {
+            for (ToolChoice choice : {ToolChoice::Required, ToolChoice::Auto}) {
+                ChatInput input;
+                input.messages = {{"system", "You are a coding assistant."}, {"user", "Write an example"}};
+                input.tools = {tool};
+                input.tool_choice = choice;
+                const ChatPrompt prompt = tok.chat_template().render(input);
+                const std::string where = std::string(*name ? name : "the bundled target's") + ", " + tool.name + ", " +
+                                          (choice == ToolChoice::Required ? "required" : "auto") + ":\n" + prompt.grammar;
+                if (prompt.grammar.empty()) continue;
+                GenerationOptions options;
+                options.grammar = prompt.grammar;
+                options.grammar_lazy = prompt.grammar_lazy;
+                options.grammar_trigger_patterns = prompt.grammar_trigger_patterns;
+                options.grammar_trigger_tokens = prompt.grammar_trigger_tokens;
+                std::shared_ptr<const LogitsState> compiled;
+                ASSERT_EQ(test::error_message([&] { compiled = compile_grammar(options, &tok); }), "<no error>") << where;
+                const auto state = compiled->clone();
+                if (prompt.grammar_lazy) {  // triggered by its first pattern when that is a word (escaped by the chat layer)
+                    ASSERT_FALSE(prompt.grammar_trigger_patterns.empty()) << where;
+                    const std::string & pattern = prompt.grammar_trigger_patterns[0];
+                    if (std::regex_search(std::regex_replace(pattern, std::regex(R"(\\.)"), ""), std::regex(R"([.^$|()*+?\[\]{}])"))) continue;
+                    for (int32_t t : tok.tokenize(std::regex_replace(pattern, std::regex(R"(\\(.))"), "$1"), false, SpecialTokens::Text)) state->accept(t);
+                }
+                std::mt19937 random(7);
+                std::vector<float> row(tok.n_vocab());
+                for (int step = 0; step < 48; ++step) {
+                    std::fill(row.begin(), row.end(), 0.0f);
+                    ASSERT_EQ(test::error_message([&] { state->apply_bans(row); }), "<no error>") << "step " << step << ", " << where;
+                    std::vector<int32_t> allowed;
+                    for (int32_t t = 0; t < tok.n_vocab(); ++t) {
+                        if (row[t] == 0.0f && !tok.is_end_of_generation(t)) allowed.push_back(t);
+                    }
+                    if (allowed.empty()) break;  // only the end of generation
+                    const int32_t t = allowed[random() % allowed.size()];
+                    ASSERT_EQ(test::error_message([&] { state->accept(t); }), "<no error>") << "step " << step << ", token '" << tok.piece(t, true) << "', " << where;
+                }
+                ++walked;
+            }
+        }
+    }
+    // Most of the 60: a template that makes no grammar for a choice, or whose trigger is a pattern
+    // rather than a word, is only compiled.
+    EXPECT_GE(walked, 36);
 }
 
 }  // namespace
