@@ -190,6 +190,7 @@ TEST(RequestFields, LogitBiasIsTokenIdsToBiasesWithinTheVocabulary) {
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[-1, 1]]})").param, "logit_bias");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [["x", "1"]]})").param, "logit_bias");
     EXPECT_EQ(refusal(Endpoint::Chat, kChat + R"("logit_bias": [[5, 1], [5, 2]]})").param, "logit_bias");
+    EXPECT_EQ(parsed(Endpoint::Chat, kChat + R"("logit_bias": [[5, -100], [9, 1], [5, -100]]})").sampling.logit_bias.size(), 2u);  // /tokenize's ids repeat
     const Tokenizer tok(test::shipped_model("specula-target.gguf"));
     EXPECT_NO_THROW(check(r, tok));
     const std::string unknown = std::to_string(tok.n_vocab());

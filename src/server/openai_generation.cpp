@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <string_view>
 
@@ -47,7 +48,7 @@ void parse_stop(const json & body, Request & r) {
 void parse_logit_bias(const json & body, Request & r) {
     const json & v = body.at("logit_bias");
     if (!v.is_object() && !v.is_array()) must_be("logit_bias", "an object of token ids (or texts) to biases, or [[id or text, bias], ...]", v);
-    std::set<int32_t> seen;
+    std::map<int32_t, float> seen;  // id -> its bias: a repeat with the same bias is one entry (llama-server's lists repeat ids)
     auto value = [](const json & bias, const std::string & param) {
         if (bias == false) return -std::numeric_limits<float>::infinity();
         if (!bias.is_number() || !std::isfinite(bias.get<double>()) || std::fabs(bias.get<double>()) > 100.0) {
@@ -57,8 +58,10 @@ void parse_logit_bias(const json & body, Request & r) {
     };
     auto add_id = [&](uint64_t id, const json & bias, const std::string & param) {
         if (id > std::numeric_limits<int32_t>::max()) bad("logit_bias", "'" + param + "' names the token " + std::to_string(id) + ", outside any vocabulary");
-        if (!seen.insert(static_cast<int32_t>(id)).second) bad("logit_bias", "'logit_bias' names the token " + std::to_string(id) + " twice");
-        r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), value(bias, param));
+        const float b = value(bias, param);
+        const auto [at, added] = seen.emplace(static_cast<int32_t>(id), b);
+        if (!added && at->second != b) bad("logit_bias", "'logit_bias' gives the token " + std::to_string(id) + " two biases");
+        if (added) r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), b);
     };
     auto add_text = [&](const std::string & text, const json & bias, const std::string & param) {
         if (text.empty()) bad("logit_bias", "'" + param + "' names an empty text, which has no tokens");

@@ -175,6 +175,8 @@ def test_logit_bias_bans_a_token(plain):
     assert body["choices"][0]["text"] != first
     body = complete(plain, max_tokens=1, logit_bias=[[t, False] for t in banned])  # llama-server's form
     assert body["choices"][0]["text"] != first
+    body = complete(plain, max_tokens=1, logit_bias=[[t, -100] for t in banned] * 2)  # ids repeated, as /tokenize's of a text repeat
+    assert body["choices"][0]["text"] != first
 
 
 def test_logit_bias_keyed_by_text_bans_the_texts_tokens(plain):
