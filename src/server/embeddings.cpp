@@ -117,7 +117,8 @@ Request parse(const std::string & text, const openai::Accepted & accepted, const
         }
         if (tokens.empty()) openai::bad("input", "'" + name + "' is empty");
         if (static_cast<int64_t>(tokens.size()) > n_ctx) {
-            throw openai::ApiError{400, "'" + name + "' is " + std::to_string(tokens.size()) + " tokens; this model's context is " + std::to_string(n_ctx) + " tokens",
+            // "too large": llama-server's words, which its clients and test suite look for.
+            throw openai::ApiError{400, "'" + name + "' is " + std::to_string(tokens.size()) + " tokens, too large for this model's context of " + std::to_string(n_ctx) + " tokens",
                                    "invalid_request_error", "input", "context_length_exceeded"};
         }
         r.inputs.push_back(std::move(tokens));
