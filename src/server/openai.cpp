@@ -313,8 +313,10 @@ json chunk(const Completion & c, const std::string & text, bool first, const std
     json choice{{"index", choice_index}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
     if (c.endpoint == Endpoint::Chat) {
         json delta = json::object();
-        if (first) delta["role"] = "assistant";
-        if (first || !text.empty()) delta["content"] = text;
+        // The first delta is the role, its content null (llama-server's; OpenAI's "" is taken
+        // by llama-server's clients for a text delta, and OpenAI's clients read null as no text).
+        if (first) delta["role"] = "assistant", delta["content"] = nullptr;
+        else if (!text.empty()) delta["content"] = text;
         choice["delta"] = delta;
     } else {
         choice["text"] = first ? echo_of(c, choice_index) : text;

@@ -450,3 +450,13 @@ def test_input_tokens_counts_a_chat_requests_prompt(aliased):
         assert status == 200 and body == {"input_tokens": chat["usage"]["prompt_tokens"]}, (path, body)
     status, body = post(base, "/chat/completions/input_tokens", {"messages": "hi"})
     assert status == 400 and body["error"]["param"] == "messages", body
+
+
+def test_a_chat_streams_first_delta_is_the_role_without_content(aliased):
+    # Catches: a first delta with empty content (OpenAI sends ""), which llama-server's clients and
+    # test suite take for a text delta: llama-server's first delta is the role, content null.
+    _, base = aliased
+    events = stream_events(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    first = events[0]["choices"][0]["delta"]
+    assert first == {"role": "assistant", "content": None}, events[0]
+    assert all("role" not in e["choices"][0]["delta"] and e["choices"][0]["delta"].get("content") != "" for e in events[1:] if e["choices"]), events

@@ -67,7 +67,7 @@ def test_n_choices_equal_the_requests_seeded_seed_plus_i_streamed_or_not():
         for chunk in chunks[:-1]:
             (choice,) = chunk["choices"]
             i = choice["index"]
-            texts[i] += choice["delta"].get("content", "")
+            texts[i] += choice["delta"].get("content") or ""  # the first delta's is null
             roles[i] += "role" in choice["delta"]
             finished[i] = choice["finish_reason"] or finished[i]
         assert texts == [c["message"]["content"] for c in three["choices"]]
@@ -102,7 +102,7 @@ def test_choices_beyond_the_slots_are_queued_and_equal_the_requests_seeded_seed_
         texts = [""] * 7
         for chunk in chunks:
             (choice,) = chunk["choices"]
-            texts[choice["index"]] += choice["delta"].get("content", "")
+            texts[choice["index"]] += choice["delta"].get("content") or ""
         assert texts == alone
         greedy = {"prompt": "def main():", "max_tokens": 10, "temperature": 0}
         status, one = post(base, "/v1/completions", greedy)
