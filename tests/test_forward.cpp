@@ -11,6 +11,7 @@
 #include "llama_oracle.h"
 #include "runtime/backend.h"
 #include "runtime/forward.h"
+#include "runtime/kernels/packed_matrix.h"
 #include "runtime/model.h"
 #include "engine/verify_cost_probe.h"
 #include "target_features.h"
@@ -231,30 +232,36 @@ TEST(Forward, MalformedBatchesAreRefused) {
     EXPECT_EQ(small.size(), 0);
 }
 
-// A trimmed vocabulary's logits are the full forward's columns of its ids, bit for bit: packed
-// weights (q4_0, q8_0 tied to the embeddings) run as row slices of one op, ggml's (f32) as slices
-// whose outputs are joined. The scattered ids need several slices and a partial last group.
+// A trimmed vocabulary's logits are the full forward's columns of its ids: its LM head a copy of
+// those rows, each now beside other neighbours in its 16-row group. Bit for bit on specula's packed
+// kernels (q4_0, q4_1 of tied embeddings, q6_k), whose rows are computed each alone; ggml's f32
+// matmul, whose blocking follows the matrix's shape, agrees within float rounding. Scattered ids,
+// as a frequency-ranked vocabulary has, and a partial last group; an id given twice is kept once.
 TEST(Forward, TrimmedVocabularyLogitsAreTheFullLogitsOfItsIds) {
-    for (const std::string variant : {"llama_gqa_f32", "llama_q4_0", "llama_q4_1_tied"}) {
+    for (const std::string variant : {"llama_gqa_f32", "llama_q4_0", "llama_q4_1_tied", "llama_q6_k"}) {
         Fixture f(variant);
         const int V = f.model->config().n_vocab;
         std::vector<int32_t> ids(1000);
         std::iota(ids.begin(), ids.end(), 0);
+        for (int32_t t = 1003; t < V; t += 37) ids.push_back(t);
         for (int32_t t : {2, 5000, 5001, 17000, V - 1}) ids.push_back(t);
         ModelRunner trimmed(*f.model, ids);
         const std::span<const int32_t> kept = trimmed.logit_ids();
-        ASSERT_TRUE(std::is_sorted(kept.begin(), kept.end())) << variant;
-        for (int32_t t : ids) EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), t)) << variant << " id " << t;
-        EXPECT_LT(kept.size(), 1200u) << variant;  // 16-row groups, not the whole vocabulary
+        std::vector<int32_t> want_ids = ids;
+        std::sort(want_ids.begin(), want_ids.end());
+        want_ids.erase(std::unique(want_ids.begin(), want_ids.end()), want_ids.end());
+        ASSERT_EQ(std::vector<int32_t>(kept.begin(), kept.end()), want_ids) << variant;  // exactly the ids: the head reads no other row
         const ForwardBatch b = ForwardBatch::causal(kPrefix, 0, {2, 4});
         auto full_cache = f.cache(), trimmed_cache = f.cache();
         const ForwardOutput full = f.runner->forward(b, *full_cache);
         const ForwardOutput part = trimmed.forward(b, *trimmed_cache);
         ASSERT_EQ(part.n_vocab, static_cast<int>(kept.size())) << variant;
+        const bool packed = kernels::packed_matrix_of(f.model->weights().output) != nullptr;
+        EXPECT_EQ(packed, variant != "llama_gqa_f32");
         for (size_t r = 0; r < 2; ++r) {
             std::vector<float> want;
             for (int32_t t : kept) want.push_back(full.logits_row(r)[t]);
-            EXPECT_EQ(max_abs_diff(part.logits_row(r), want), 0.0) << variant << " row " << r;
+            EXPECT_LE(max_abs_diff(part.logits_row(r), want), packed ? 0.0 : 1e-5) << variant << " row " << r;
         }
     }
 }

@@ -72,32 +72,38 @@ TEST(Speculative, GreedyTreesEqualPlainDecoding) {
     EXPECT_GT(accepted_beyond_first_child, 0);  // side branches were accepted and compacted
 }
 
-// A draft model whose logits cover the first 16000 ids only (a trimmed draft vocabulary): it drafts
-// from those alone, chains and trees, and the target's verification keeps the output plain's.
+// A draft model whose logits cover some ids only (a trimmed draft vocabulary): the first 16000, or
+// scattered ids as a frequency-ranked file keeps (every third id and the prompts' tokens). It
+// drafts from those alone, chains and trees, and the target's verification keeps plain's output.
 TEST(Speculative, GreedyDraftsOfATrimmedDraftVocabularyEqualPlainDecoding) {
     Spec s;
     auto twin = Model::load(test::quantized_twin("llama_gqa_f32", "q4_0"), s.backend);
-    std::vector<int32_t> ids(16000);
-    std::iota(ids.begin(), ids.end(), 0);
-    DraftModelDrafter trimmed(*twin, std::make_shared<ModelRunner>(*twin, ids), std::make_unique<KvCache>(s.backend, twin->config(), 256));
-    int accepted = 0, drafted = 0;
-    auto on_round = [&](const RoundInfo & r) {
-        accepted += static_cast<int>(r.result->accepted.size());
-        for (int32_t t : r.draft->tree.token) {
-            ++drafted;
-            EXPECT_LT(t, 16000) << "a draft outside the trimmed vocabulary";
+    std::vector<int32_t> first(16000), scattered;
+    std::iota(first.begin(), first.end(), 0);
+    for (int32_t t = 0; t < twin->config().n_vocab; t += 3) scattered.push_back(t);
+    for (const auto & prompt : kPrompts) scattered.insert(scattered.end(), prompt.begin(), prompt.end());
+    for (const std::vector<int32_t> * ids : {&first, &scattered}) {
+        const auto runner = std::make_shared<ModelRunner>(*twin, *ids);
+        DraftModelDrafter trimmed(*twin, runner, std::make_unique<KvCache>(s.backend, twin->config(), 256));
+        int accepted = 0, drafted = 0;
+        auto on_round = [&](const RoundInfo & r) {
+            accepted += static_cast<int>(r.result->accepted.size());
+            for (int32_t t : r.draft->tree.token) {
+                ++drafted;
+                EXPECT_TRUE(std::binary_search(runner->logit_ids().begin(), runner->logit_ids().end(), t)) << "a draft outside the trimmed vocabulary";
+            }
+        };
+        for (const auto & prompt : kPrompts) {
+            const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+            for (int k : {1, 4, 8}) {
+                ASSERT_EQ(s.run(trimmed, DraftPolicyKind::Fixed, k, prompt, 40, {}, on_round), want) << "chain k=" << k;
+            }
+            const TreeBudget tree{TreeShape::Dynamic, 4, 3, 12};
+            ASSERT_EQ(s.run(trimmed, DraftPolicyKind::Fixed, 4, prompt, 40, {}, on_round, nullptr, nullptr, tree), want) << "tree";
         }
-    };
-    for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
-        for (int k : {1, 4, 8}) {
-            ASSERT_EQ(s.run(trimmed, DraftPolicyKind::Fixed, k, prompt, 40, {}, on_round), want) << "chain k=" << k;
-        }
-        const TreeBudget tree{TreeShape::Dynamic, 4, 3, 12};
-        ASSERT_EQ(s.run(trimmed, DraftPolicyKind::Fixed, 4, prompt, 40, {}, on_round, nullptr, nullptr, tree), want) << "tree";
+        EXPECT_GT(drafted, 0);
+        EXPECT_GT(accepted, 0);
     }
-    EXPECT_GT(drafted, 0);
-    EXPECT_GT(accepted, 0);
 }
 
 // A Gemma 3 target whose sliding window (8 positions) is far shorter than prompt + output: the

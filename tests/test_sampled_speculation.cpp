@@ -3,9 +3,9 @@
 // drafts, and a broken verifier fails the same test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -179,17 +179,18 @@ TEST(Speculative, SampledChainsThreeDeepFollowTheTargetDistributionAndBrokenVeri
     }
 }
 
-// A draft model with a trimmed vocabulary (ids 0-15 of 24) at T > 0, chains and a tree: drafts
-// are drawn from its softmax over those ids, and the q the verifier reads is that one, zero on the
-// other ids. A verifier reading q as if the draft had kept some probability on the dropped ids
-// (its softmax over the whole vocabulary, modelled by moving 40% of q there) must fail.
+// A draft model with a trimmed vocabulary (16 of 24 ids, scattered as a frequency-ranked file's
+// are) at T > 0, chains and a tree: drafts are drawn from its softmax over those ids, and the q the
+// verifier reads is that one, zero on the other ids. A verifier reading q as if the draft had kept
+// some probability on the dropped ids (its softmax over the whole vocabulary, modelled by moving
+// 40% of q there) must fail.
 TEST(Speculative, SampledDraftsOfATrimmedDraftVocabularyFollowTheTargetDistributionAndABrokenQFails) {
     Tiny t(24);
     const std::vector<int32_t> prefix = {1, 2, 3, 1, 2};
-    std::vector<int32_t> ids(16);
-    std::iota(ids.begin(), ids.end(), 0);
+    const std::vector<int32_t> ids = {0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18, 20, 21};
+    auto kept = [&](size_t id) { return std::binary_search(ids.begin(), ids.end(), static_cast<int32_t>(id)); };
     auto runner = std::make_shared<ModelRunner>(*t.draft, ids);
-    ASSERT_EQ(runner->logit_ids().size(), 16u);
+    ASSERT_EQ(std::vector<int32_t>(runner->logit_ids().begin(), runner->logit_ids().end()), ids);
     DraftModelDrafter trimmed(*t.draft, runner, std::make_unique<KvCache>(t.backend, t.draft->config(), 64));
     SamplingParams sp;
     sp.temperature = 1.0f;
@@ -197,7 +198,7 @@ TEST(Speculative, SampledDraftsOfATrimmedDraftVocabularyFollowTheTargetDistribut
     const int runs = 6000;
     int drafted_outside = 0;
     auto on_round = [&](const RoundInfo & r) {
-        for (int32_t tok : r.draft->tree.token) drafted_outside += tok >= 16;
+        for (int32_t tok : r.draft->tree.token) drafted_outside += !kept(static_cast<size_t>(tok));
     };
     for (const TreeBudget & tree : {TreeBudget{}, TreeBudget{TreeShape::Dynamic, 3, 2, 6}}) {
         auto [stat, dof] = t.chi2(trimmed, prefix, sp, joint, runs, nullptr, tree, on_round);
@@ -206,11 +207,12 @@ TEST(Speculative, SampledDraftsOfATrimmedDraftVocabularyFollowTheTargetDistribut
         EXPECT_LT(stat, chi2_critical(dof)) << tree_shape_name(tree.shape);
     }
     EXPECT_EQ(drafted_outside, 0);
-    auto spread_q = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+    auto spread_q = [&](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
         TokenTree wrong = tree;
         for (std::vector<float> & q : wrong.q) {
             if (q.empty()) continue;
-            for (size_t i = 0; i < q.size(); ++i) q[i] = i < 16 ? 0.6f * q[i] : 0.4f / static_cast<float>(q.size() - 16);
+            const float dropped = static_cast<float>(q.size() - ids.size());
+            for (size_t i = 0; i < q.size(); ++i) q[i] = kept(i) ? 0.6f * q[i] : 0.4f / dropped;
         }
         return verify_sampled(wrong, l, sp, rng);
     };

@@ -12,9 +12,10 @@
 #include "runtime/kv_cache.h"
 #include "runtime/arch/graph.h"
 #include "runtime/backend.h"
-#include "runtime/kernels/packed_matrix.h"
+#include "runtime/gguf_file.h"
 #include "runtime/model.h"
 #include "runtime/network.h"
+#include "runtime/weight_store.h"
 
 namespace specula {
 
@@ -94,71 +95,28 @@ ModelRunner::ModelRunner(const Network & network) : net_(network) {
     graph_size_ = std::max<size_t>(2048, static_cast<size_t>(network.shape().n_layer) * 48 + 128);
 }
 
-struct ModelRunner::OutputSlices {
-    ggml_context * ctx = nullptr;
-    std::vector<std::unique_ptr<kernels::PackedMatrix>> parts;  // the packed slices' descriptions
-    std::vector<ggml_tensor *> slices;
-    OutputSlices() = default;
-    OutputSlices(const OutputSlices &) = delete;
-    OutputSlices & operator=(const OutputSlices &) = delete;
-    ~OutputSlices() {
-        if (ctx) ggml_free(ctx);
-    }
+// The LM head of a trimmed vocabulary: a copy of the output weight's rows of its ids, placed and
+// packed as the model's own weight.
+struct ModelRunner::TrimmedHead {
+    WeightStore store;
+    ggml_tensor * output = nullptr;
 };
 
-namespace {
-
-// One packed op takes at most this many weights (a ggml op's sources, the activations one of them).
-constexpr size_t kMaxOutputSlices = GGML_MAX_SRC - 1;
-
-// The row ranges [begin, end) of the 16-row groups holding `ids`: runs of adjacent groups, the
-// runs with the narrowest gaps between them joined until at most kMaxOutputSlices remain.
-std::vector<std::pair<int64_t, int64_t>> covering_rows(std::span<const int32_t> ids, int64_t n_rows) {
-    std::vector<int64_t> groups;
-    for (const int32_t t : ids) {
-        if (t < 0 || t >= n_rows) throw Error("ModelRunner: logit id " + std::to_string(t) + " outside the " + std::to_string(n_rows) + "-token vocabulary");
-        groups.push_back(t / kernels::kGroupRows);
-    }
-    std::sort(groups.begin(), groups.end());
-    groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
-    std::vector<std::pair<int64_t, int64_t>> runs;
-    for (const int64_t g : groups) {
-        if (!runs.empty() && runs.back().second == g) {
-            ++runs.back().second;
-        } else {
-            runs.emplace_back(g, g + 1);
-        }
-    }
-    while (runs.size() > kMaxOutputSlices) {
-        size_t join = 0;
-        for (size_t i = 1; i + 1 < runs.size(); ++i) {
-            if (runs[i + 1].first - runs[i].second < runs[join + 1].first - runs[join].second) join = i;
-        }
-        runs[join].second = runs[join + 1].second;
-        runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(join) + 1);
-    }
-    for (auto & [begin, end] : runs) {
-        begin *= kernels::kGroupRows;
-        end = std::min(end * kernels::kGroupRows, n_rows);
-    }
-    return runs;
-}
-
-}  // namespace
-
 ModelRunner::ModelRunner(const Model & model, std::span<const int32_t> ids) : ModelRunner(static_cast<const Network &>(model)) {
-    const int64_t n_vocab = model.config().n_vocab;
+    const int32_t n_vocab = model.config().n_vocab;
     if (ids.empty()) throw Error("ModelRunner: a trimmed vocabulary needs at least one logit id");
-    const std::vector<std::pair<int64_t, int64_t>> rows = covering_rows(ids, n_vocab);
-    if (rows.size() == 1 && rows[0].first == 0 && rows[0].second == n_vocab) return;
-    slices_ = std::make_unique<OutputSlices>();
-    slices_->ctx = ggml_init(ggml_init_params{ggml_tensor_overhead() * rows.size(), nullptr, true});
-    if (!slices_->ctx) throw Error("ModelRunner: could not create the output slices' context");
-    for (const auto & [begin, end] : rows) {
-        slices_->parts.push_back(std::make_unique<kernels::PackedMatrix>());
-        slices_->slices.push_back(kernels::weight_rows(slices_->ctx, model.weights().output, begin, end, *slices_->parts.back()));
-        for (int64_t t = begin; t < end; ++t) logit_ids_.push_back(static_cast<int32_t>(t));
+    std::vector<int32_t> rows(ids.begin(), ids.end());
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    for (const int32_t t : {rows.front(), rows.back()}) {
+        if (t < 0 || t >= n_vocab) throw Error("ModelRunner: logit id " + std::to_string(t) + " outside the " + std::to_string(n_vocab) + "-token vocabulary");
     }
+    if (static_cast<int32_t>(rows.size()) == n_vocab) return;
+    const GgufFile file(model.path());
+    head_ = std::make_unique<TrimmedHead>();
+    head_->output = head_->store.want_rows(file, model.backend(), model.config().tied_output ? "token_embd.weight" : "output.weight", rows, Backend::kIo);
+    head_->store.load(file);
+    logit_ids_ = std::move(rows);
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -302,7 +260,7 @@ ModelRunner::Graph & ModelRunner::graph_for(const ForwardBatch & b, KvCache & ca
     if (want_logits) {
         in.out_rows = ggml_new_tensor_1d(g->ctx, GGML_TYPE_I32, key.n_out);
         ggml_set_input(in.out_rows);
-        if (slices_) in.output_slices = slices_->slices;
+        if (head_) in.output = head_->output;
     }
     g->out = net_.build_graph(g->ctx, g->gf, cache, in, b, layer_end);
     for (ggml_tensor * t : g->out.taps) {

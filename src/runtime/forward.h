@@ -95,9 +95,10 @@ class ModelRunner {
 public:
     explicit ModelRunner(const Network & network);
     // A language model's runner whose logits cover only some token ids (a draft model's trimmed
-    // vocabulary): its LM head reads those rows of the output weight alone. It computes whole
-    // 16-row groups, so the logit columns (logit_ids(), ascending) may hold a few ids more than
-    // `ids`; their values have the bits a full forward gives. Ids covering every group: all ids.
+    // vocabulary): its LM head is a copy of those rows of the output weight (read from the
+    // model's file), so it reads nothing else. The logit columns are `ids` sorted (logit_ids());
+    // on specula's kernels their values have the bits a full forward gives (ggml's matmul blocks
+    // by the matrix's shape: within float rounding). Ids covering the vocabulary: all ids.
     ModelRunner(const Model & model, std::span<const int32_t> ids);
     ~ModelRunner();
     ModelRunner(const ModelRunner &) = delete;
@@ -126,14 +127,14 @@ public:
 
 private:
     struct Graph;
-    struct OutputSlices;
+    struct TrimmedHead;
     void check(const ForwardBatch & b, const KvCache & cache) const;
     void run_graph(std::span<const BatchPart> parts, std::span<const int> first_slots, bool want_logits, int layer_end);
     const Network & net_;
     size_t graph_size_ = 0;
     Graph & graph_for(const ForwardBatch & b, KvCache & cache, int n_kv, bool want_logits, int layer_end);
     std::vector<std::unique_ptr<Graph>> graphs_;  // most recently used last
-    std::unique_ptr<OutputSlices> slices_;        // the output weight's rows of logit_ids_
+    std::unique_ptr<TrimmedHead> head_;           // the output weight's rows of logit_ids_
     std::vector<int32_t> logit_ids_;
     size_t graphs_built_ = 0;
     // Enough for a tree run's verify sizes plus its draft shapes; each holds its compute buffers.

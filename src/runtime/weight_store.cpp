@@ -1,5 +1,6 @@
 #include "runtime/weight_store.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -52,6 +53,32 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
         return nullptr;
     }
     check_weight(file, name, *meta, shape);
+    return declare(file, backend, name, meta, matmul, layer, {});
+}
+
+ggml_tensor * WeightStore::want_rows(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int32_t> rows, int layer) {
+    const ggml_tensor * meta = file.tensor_meta(name);
+    if (!meta) throw Error(file.path() + ": missing tensor " + name);
+    if (ggml_n_dims(meta) != 2) throw Error(file.path() + ": " + name + " is not a matrix");
+    if (rows.empty() || !std::is_sorted(rows.begin(), rows.end()) || std::adjacent_find(rows.begin(), rows.end()) != rows.end() ||
+        rows.front() < 0 || rows.back() >= meta->ne[1]) {
+        throw Error(file.path() + ": rows of " + name + " must be ascending, distinct and within its " + std::to_string(meta->ne[1]) + " rows");
+    }
+    ggml_context * ctx = ggml_init(ggml_init_params{ggml_tensor_overhead(), nullptr, true});
+    if (!ctx) throw Error("WeightStore: could not create a context");
+    ggml_tensor * gathered = ggml_new_tensor_2d(ctx, meta->type, meta->ne[0], static_cast<int64_t>(rows.size()));
+    try {
+        ggml_tensor * t = declare(file, backend, name, gathered, true, layer, std::move(rows));
+        ggml_free(ctx);
+        return t;
+    } catch (...) {
+        ggml_free(ctx);
+        throw;
+    }
+}
+
+ggml_tensor * WeightStore::declare(const GgufFile & file, Backend & backend, const std::string & name, ggml_tensor * meta, bool matmul,
+                                   int layer, std::vector<int32_t> rows) {
     auto context_for = [&](ggml_backend_buffer_type_t buft) {
         for (auto & [b, c] : ctx_by_buft_) {
             if (b == buft) return c;
@@ -79,7 +106,7 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
         packed->extra = &m;
         ggml_set_name(staging, name.c_str());
         ggml_set_name(packed, name.c_str());
-        declared_.push_back({name, staging});
+        declared_.push_back({name, staging, std::move(rows)});
         pending_.push_back({staging, packed});
         return packed;
     }
@@ -98,7 +125,7 @@ ggml_tensor * WeightStore::want(const GgufFile & file, Backend & backend, const 
     }
     ggml_tensor * t = ggml_dup_tensor(context_for(buft), meta);
     ggml_set_name(t, name.c_str());
-    declared_.push_back({name, t});
+    declared_.push_back({name, t, std::move(rows)});
     return t;
 }
 
@@ -121,7 +148,17 @@ void WeightStore::load(const GgufFile & file) {
         if (!staging) throw Error(file.path() + ": out of memory allocating weights to repack");
     }
     try {
-        for (auto & [name, t] : declared_) file.load_tensor_data(name, t);
+        for (const Declared & d : declared_) {
+            if (d.rows.empty()) {
+                file.load_tensor_data(d.name, d.tensor);
+                continue;
+            }
+            const std::vector<uint8_t> whole = file.read_tensor_bytes(d.name);
+            const size_t row_bytes = d.tensor->nb[1];
+            for (size_t i = 0; i < d.rows.size(); ++i) {
+                ggml_backend_tensor_set(d.tensor, whole.data() + static_cast<size_t>(d.rows[i]) * row_bytes, i * row_bytes, row_bytes);
+            }
+        }
     } catch (...) {
         if (staging) ggml_backend_buffer_free(staging);
         throw;

@@ -34,6 +34,11 @@ public:
     // weight may come back packed (kernels::packed_matrix_of tells); use it through linear().
     ggml_tensor * want(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int64_t> shape,
                        bool matmul, bool required, int layer = -1);
+    // A matmul weight made of some rows of matrix `name` (`rows`, ascending, in range), in that
+    // order, placed and packed as want() places the whole matrix (a trimmed LM head). Packed for
+    // specula's kernels, each output has the bits the whole matrix gives that row. Throws Error on
+    // a missing tensor or a row outside it.
+    ggml_tensor * want_rows(const GgufFile & file, Backend & backend, const std::string & name, std::vector<int32_t> rows, int layer);
     // Whether want(..., matmul = true, layer) would repack this tensor for specula's kernels.
     static bool packs(const Backend & backend, const ggml_tensor * meta, int layer = -1);
     // Allocates the buffers and reads every declared tensor from `file`.
@@ -41,9 +46,17 @@ public:
     size_t bytes() const { return bytes_; }
 
 private:
+    // Declares a tensor shaped as `meta` (the file's, or its gathered rows').
+    ggml_tensor * declare(const GgufFile & file, Backend & backend, const std::string & name, ggml_tensor * meta, bool matmul,
+                          int layer, std::vector<int32_t> rows);
     std::vector<std::pair<void *, ggml_context *>> ctx_by_buft_;
     std::vector<ggml_backend_buffer *> buffers_;
-    std::vector<std::pair<std::string, ggml_tensor *>> declared_;
+    struct Declared {
+        std::string name;
+        ggml_tensor * tensor;
+        std::vector<int32_t> rows;  // the file matrix's rows it holds, in order; empty: the whole tensor
+    };
+    std::vector<Declared> declared_;
     // Packing: the file's matrix is read into a staging tensor, repacked, and the staging freed.
     struct PendingPack {
         ggml_tensor * staging;

@@ -27,9 +27,9 @@ struct GraphInputs {
     ggml_tensor * out_rows = nullptr;         // I32 [n_out] rows to compute logits for (nullptr: none)
     int n_kv = 0;                             // cache slots visible to the attention (padded)
     AttentionKernel attention = AttentionKernel::Matmul;
-    // Row slices of the output weight whose stacked outputs are the logits (a trimmed
-    // vocabulary, ModelRunner's logit_ids); empty: the whole weight.
-    std::span<ggml_tensor * const> output_slices;
+    // The LM head's weight when the logits cover a trimmed vocabulary (ModelRunner's logit_ids:
+    // a copy of the output weight's rows of those ids); nullptr: the model's output weight.
+    ggml_tensor * output = nullptr;
 };
 
 struct GraphOutputs {
@@ -46,9 +46,6 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_
 // weight's [n_rows_i, n] output; fused, these are views of the stacked result (rows contiguous,
 // the stack's row stride), with the bits linear() gives.
 std::vector<ggml_tensor *> linear_stack(ggml_context * ctx, std::initializer_list<ggml_tensor *> ws, ggml_tensor * x);
-// Weights applied to the same input, their outputs stacked row-wise as one [sum n_rows_i, n]
-// tensor (one packed op when all are packed); each row has the bits linear() gives.
-ggml_tensor * linear_rows(ggml_context * ctx, std::span<ggml_tensor * const> ws, ggml_tensor * x);
 // [D * heads, n] as [D, heads, n] (a view where the rows sit in a wider stack).
 ggml_tensor * split_heads(ggml_context * ctx, ggml_tensor * t, int64_t D, int64_t heads);
 // Writes the block's k/v ([head_dim, heads, n], final form) into layer `il` of the cache and
@@ -66,7 +63,7 @@ ggml_tensor * attention(ggml_context * ctx, ggml_cgraph * gf, const ModelConfig 
 // SwiGLU feed-forward of a pre-normed input.
 ggml_tensor * feed_forward(ggml_context * ctx, const LayerWeights & L, ggml_tensor * h);
 // The end of a layer range at `x`: the hidden state when the range stops before the last layer,
-// else the logits of in.out_rows (output norm, LM head or its in.output_slices, the model's final
+// else the logits of in.out_rows (output norm, LM head or in.output, the model's final
 // soft-cap if it has one).
 void output_head(ggml_context * ctx, const Model & model, const GraphInputs & in, int layer_end, ggml_tensor * x, GraphOutputs & out);
 

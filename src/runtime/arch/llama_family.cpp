@@ -41,18 +41,6 @@ std::vector<ggml_tensor *> linear_stack(ggml_context * ctx, std::initializer_lis
     return out;
 }
 
-ggml_tensor * linear_rows(ggml_context * ctx, std::span<ggml_tensor * const> ws, ggml_tensor * x) {
-    if (std::all_of(ws.begin(), ws.end(), [](const ggml_tensor * w) { return kernels::packed_matrix_of(w) != nullptr; })) {
-        return kernels::packed_matmul(ctx, ws, x);
-    }
-    ggml_tensor * y = nullptr;
-    for (ggml_tensor * w : ws) {
-        ggml_tensor * part = linear(ctx, w, x);
-        y = y ? ggml_concat(ctx, y, part, 0) : part;
-    }
-    return y;
-}
-
 ggml_tensor * split_heads(ggml_context * ctx, ggml_tensor * t, int64_t D, int64_t heads) {
     if (ggml_is_contiguous(t)) return ggml_reshape_3d(ctx, t, D, heads, t->ne[1]);
     return ggml_view_3d(ctx, t, D, heads, t->ne[1], D * ggml_element_size(t), t->nb[1], 0);
@@ -169,7 +157,7 @@ void output_head(ggml_context * ctx, const Model & model, const GraphInputs & in
     if (!in.out_rows) return;
     x = ggml_get_rows(ctx, x, in.out_rows);  // [n_embd, n_out]
     x = rms_norm(ctx, x, w.output_norm, c.rms_eps);
-    ggml_tensor * logits = in.output_slices.empty() ? linear(ctx, w.output, x) : linear_rows(ctx, in.output_slices, x);  // [n_vocab, n_out]
+    ggml_tensor * logits = linear(ctx, in.output ? in.output : w.output, x);  // [n_vocab, n_out]
     if (c.final_logit_softcap > 0.0f) {
         logits = ggml_scale(ctx, logits, 1.0f / c.final_logit_softcap);
         logits = ggml_scale(ctx, ggml_tanh(ctx, logits), c.final_logit_softcap);

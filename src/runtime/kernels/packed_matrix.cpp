@@ -1,9 +1,6 @@
 #include "runtime/kernels/packed_matrix.h"
 
 #include <cstring>
-#include <string>
-
-#include "specula/error.h"
 
 namespace specula::kernels {
 
@@ -179,21 +176,6 @@ const PackedMatrix * packed_matrix_of(const ggml_tensor * w) {
     if (!w || w->type != GGML_TYPE_I8 || !w->extra) return nullptr;
     const auto * m = static_cast<const PackedMatrix *>(w->extra);
     return m->magic == PackedMatrix::kMagic ? m : nullptr;
-}
-
-ggml_tensor * weight_rows(ggml_context * ctx, ggml_tensor * w, int64_t begin, int64_t end, PackedMatrix & part) {
-    const PackedMatrix * m = packed_matrix_of(w);
-    const int64_t n_rows = m ? m->n_rows : w->ne[1];
-    if (begin < 0 || begin % kGroupRows != 0 || end <= begin || end > n_rows) {
-        throw Error("weight_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of a " + std::to_string(n_rows) +
-                    "-row weight");
-    }
-    if (!m) return ggml_view_2d(ctx, w, w->ne[0], end - begin, w->nb[1], static_cast<size_t>(begin) * w->nb[1]);
-    part = *m;
-    part.n_rows = end - begin;
-    ggml_tensor * v = ggml_view_2d(ctx, w, w->ne[0], part.n_groups(), w->nb[1], static_cast<size_t>(begin / kGroupRows) * w->nb[1]);
-    v->extra = &part;
-    return v;
 }
 
 }  // namespace specula::kernels

@@ -103,9 +103,4 @@ void pack_matrix(const PackedMatrix & m, const void * src, void * dst);
 // The PackedMatrix behind a weight tensor, or nullptr for an ordinary ggml weight.
 const PackedMatrix * packed_matrix_of(const ggml_tensor * w);
 
-// Rows [begin, end) of a 2-D weight as a weight of their own: a view made in `ctx`, `begin` a
-// multiple of kGroupRows (a packed group is never split). A packed weight's view carries `part`
-// (filled here), which must outlive the view. Each output row has the bits the whole weight gives.
-ggml_tensor * weight_rows(ggml_context * ctx, ggml_tensor * w, int64_t begin, int64_t end, PackedMatrix & part);
-
 }  // namespace specula::kernels
