@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <span>
 #include <sstream>
 #include <sys/wait.h>
@@ -64,6 +65,8 @@ const RealModel kModels[] = {
 };
 
 std::string cached_model_path(const RealModel & m) { return model_cache_dir() + "/" + m.file; }
+// models/'s frequency-ranked draft vocabulary for the Qwen2.5-Coder pair (models/README.md).
+constexpr const char * kQwenCoderDraftVocab = "qwen2.5-coder-draft-vocab.txt";
 std::string absent_reason(const std::string & path) {
     return path + " is absent: run scripts/fetch_models.sh (SPECULA_MODEL_CACHE sets the cache)";
 }
@@ -512,39 +515,70 @@ TEST(Gemma3Drafter, SampledOutputFollowsTheTargetDistribution) {
 
 // ---- The Qwen2.5-Coder code pair: the 1.5B target drafted by its 0.5B sibling ---------------
 
+// The pair's files, or a skip: scripts/test.sh fetches only the 0.5B (the 1.5B is 1.1 GB and
+// seconds per token under the sanitizers), so these run where `scripts/fetch_models.sh qwen-coder`
+// fetched both.
+class QwenCoderPair : public ::testing::Test {
+protected:
+    void SetUp() override {
+        for (const std::string & path : {target_path, draft_path}) {
+            if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent: run scripts/fetch_models.sh qwen-coder";
+        }
+        t = std::make_unique<LoadedTarget>(target_path);
+    }
+    // The 0.5B drafting over a trimmed vocabulary (DrafterSpec::vocab or vocab_file).
+    DrafterFactory trimmed_draft(int first_ids, const std::string & file) const {
+        DrafterSpec spec{DrafterKind::DraftModel, draft_path};
+        spec.vocab = first_ids;
+        spec.vocab_file = file;
+        DrafterFactory f = DrafterFactory::open(spec, t->backend, *t->model, Tokenizer(target_path));
+        EXPECT_FALSE(f.draft_logit_ids.empty());
+        return f;
+    }
+    const std::string target_path = model_cache_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+    const std::string draft_path = cached_model_path(kModels[2]);
+    std::unique_ptr<LoadedTarget> t;
+};
+
 // Greedy speculative decoding of Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) drafted by the 0.5B equals
 // plain decoding exactly (both forwards batch-invariant on specula's kernels), chain and dynamic
-// tree, with the draft model accepted as a sibling is. scripts/test.sh fetches only the 0.5B (the
-// 1.5B is 1.1 GB and seconds per token under the sanitizers), so this runs where
-// `scripts/fetch_models.sh qwen-coder` fetched both, and is skipped otherwise.
-TEST(QwenCoderPair, GreedyDraftModelSpeculationEqualsPlainAndAcceptsDrafts) {
-    const std::string target = model_cache_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
-    const std::string draft_path = cached_model_path(kModels[2]);
-    for (const std::string & path : {target, draft_path}) {
-        if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent: run scripts/fetch_models.sh qwen-coder";
-    }
-    LoadedTarget t(target);
-    auto draft = Model::load(draft_path, t.backend);
+// tree, with the draft model accepted as a sibling is.
+TEST_F(QwenCoderPair, GreedyDraftModelSpeculationEqualsPlainAndAcceptsDrafts) {
+    auto draft = Model::load(draft_path, t->backend);
     // Floors well below what the sibling is accepted at (about 2.5 of 4 drafted tokens a round).
     const DrafterCase cases[] = {{"draft-0.5b", [&] { return std::make_unique<DraftModelDrafter>(*draft, 512); }, 1.0, 1.0}};
-    expect_greedy_speculation_equals_plain("qwen-coder-pair", t, chat_prompts(target), cases);
+    expect_greedy_speculation_equals_plain("qwen-coder-pair", *t, chat_prompts(target_path), cases);
 }
 
-// The same pair with the draft's logits over a trimmed vocabulary (the first 32768 ids and the
-// control tokens; the 0.5B's 151,936-row output matrix is a third of what it reads per token): the
-// text stays plain's and the draft is accepted about as often.
-TEST(QwenCoderPair, GreedySpeculationWithATrimmedDraftVocabularyEqualsPlainAndAcceptsDrafts) {
-    const std::string target = model_cache_dir() + "/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
-    const std::string draft_path = cached_model_path(kModels[2]);
-    for (const std::string & path : {target, draft_path}) {
-        if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent: run scripts/fetch_models.sh qwen-coder";
+// The same pair with the draft's logits over a trimmed vocabulary (the 0.5B's 151,936-row output
+// matrix is a quarter of its weights): the first 32768 ids and the control tokens, and the
+// frequency-ranked file models/ ships for the pair. The text stays plain's and the draft is still
+// accepted.
+TEST_F(QwenCoderPair, GreedySpeculationWithATrimmedDraftVocabularyEqualsPlainAndAcceptsDrafts) {
+    const DrafterFactory first = trimmed_draft(32768, ""), frequent = trimmed_draft(0, test::shipped_model(kQwenCoderDraftVocab));
+    const DrafterCase cases[] = {{"draft-0.5b-first-32k", [&] { return first.make(512); }, 1.0, 1.0},
+                                 {"draft-0.5b-frequent", [&] { return frequent.make(512); }, 1.0, 1.0}};
+    expect_greedy_speculation_equals_plain("qwen-coder-pair", *t, chat_prompts(target_path), cases);
+}
+
+// The 0.5B's logits over the shipped frequency-ranked vocabulary are its full logits of those ids,
+// bit for bit, at every position of a chat prompt (its LM head a copy of scattered Q8_0 rows).
+TEST_F(QwenCoderPair, TheDraftsTrimmedLogitsAreItsFullLogitsOfTheKeptIds) {
+    auto draft = Model::load(draft_path, t->backend);
+    const DrafterFactory frequent = trimmed_draft(0, test::shipped_model(kQwenCoderDraftVocab));
+    ModelRunner full(*draft), trimmed(*draft, frequent.draft_logit_ids);
+    ASSERT_EQ(std::vector<int32_t>(trimmed.logit_ids().begin(), trimmed.logit_ids().end()), frequent.draft_logit_ids);
+    const std::vector<int32_t> prompt = chat_prompts(target_path).front();
+    std::vector<int32_t> rows(prompt.size());
+    std::iota(rows.begin(), rows.end(), 0);
+    KvCache full_cache(t->backend, draft->config(), 512), trimmed_cache(t->backend, draft->config(), 512);
+    const ForwardBatch b = ForwardBatch::causal(prompt, 0, rows);
+    const ForwardOutput want = full.forward(b, full_cache), got = trimmed.forward(b, trimmed_cache);
+    for (size_t r = 0; r < rows.size(); ++r) {
+        std::vector<float> kept;
+        for (int32_t id : trimmed.logit_ids()) kept.push_back(want.logits_row(r)[id]);
+        ASSERT_EQ(test::max_abs_diff(got.logits_row(r), kept), 0.0) << "row " << r;
     }
-    LoadedTarget t(target);
-    const DrafterFactory trimmed =
-        DrafterFactory::open({DrafterKind::DraftModel, draft_path, 1, 3, false, 32768}, t.backend, *t.model, Tokenizer(target));
-    ASSERT_FALSE(trimmed.draft_logit_ids.empty());
-    const DrafterCase cases[] = {{"draft-0.5b-32k", [&] { return trimmed.make(512); }, 1.0, 1.0}};
-    expect_greedy_speculation_equals_plain("qwen-coder-pair", t, chat_prompts(target), cases);
 }
 
 // `specula generate` without -m is the default run: SmolLM2-135M-Instruct from the model cache as a

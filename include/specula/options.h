@@ -60,10 +60,13 @@ struct DrafterSpec {
     // default for EAGLE heads), whose pricing keeps lookup's nodes only where they pay; off for
     // chains and fixed-size trees.
     std::optional<bool> lookup = std::nullopt;
-    // DraftModel: the draft's logits cover token ids [0, vocab) (BPE ids follow merge rank, so
-    // frequency) plus the vocabulary's control and end-of-generation tokens; its LM head reads
-    // only those rows. 0: the whole vocabulary.
+    // DraftModel, a trimmed draft vocabulary: the draft's logits cover only some token ids plus
+    // the vocabulary's control and end-of-generation tokens, and its LM head reads only those
+    // rows (draft/draft_vocabulary.h). vocab_file: the ids of a `specula draft-vocab` file (its
+    // corpus's most frequent tokens); vocab > 0: ids [0, vocab) (BPE numbers tokens by merge
+    // rank, a rougher frequency order). Neither: the whole vocabulary.
     int vocab = 0;
+    std::string vocab_file = {};
 };
 
 }  // namespace specula

@@ -1,5 +1,8 @@
 #include "engine/drafter_factory.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "specula/error.h"
 #include "draft/draft_model_drafter.h"
 #include "draft/eagle_drafter.h"
@@ -8,6 +11,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/eagle_head.h"
 #include "runtime/model.h"
+#include "tokenizer/draft_vocabulary.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -18,7 +22,11 @@ void check_drafter_spec(const DrafterSpec & spec) {
     if (takes_file && spec.path.empty()) throw Error("the " + kind + " drafter needs a GGUF path");
     if (!takes_file && !spec.path.empty()) throw Error("the " + kind + " drafter takes no file, but was given " + spec.path);
     if (spec.vocab < 0) throw Error("the draft vocabulary (--draft-vocab) must be 0 (all) or a token count, not " + std::to_string(spec.vocab));
-    if (spec.vocab > 0 && spec.kind != DrafterKind::DraftModel) {
+    if (spec.vocab > 0 && !spec.vocab_file.empty()) {
+        throw Error("a trimmed draft vocabulary (--draft-vocab) is a token count or a file, not both (" + std::to_string(spec.vocab) + " and " +
+                    spec.vocab_file + ")");
+    }
+    if ((spec.vocab > 0 || !spec.vocab_file.empty()) && spec.kind != DrafterKind::DraftModel) {
         throw Error("a trimmed draft vocabulary (--draft-vocab) is for a draft model (--draft), not the " + kind + " drafter");
     }
     if (spec.lookup.value_or(false) && !takes_file) {
@@ -67,15 +75,15 @@ DrafterFactory DrafterFactory::open(const DrafterSpec & spec, Backend & backend,
                 throw Error("draft model " + spec.path + " has a different vocabulary (" + std::to_string(draft_vocab.n_vocab()) +
                             " tokens) than the target (" + std::to_string(target_vocab.n_vocab()) + " tokens)");
             }
-            if (spec.vocab > 0 && spec.vocab < s.draft_model->config().n_vocab) {
-                // The first ids plus what chat templates and FIM prompts use, which BPE numbers last.
-                for (int32_t t = 0; t < spec.vocab; ++t) s.draft_logit_ids.push_back(t);
-                for (const auto * extra : {&target_vocab.markup_tokens(), &target_vocab.end_of_generation_tokens()}) {
-                    for (int32_t t : *extra) {
-                        if (t >= spec.vocab) s.draft_logit_ids.push_back(t);
-                    }
-                }
+            const int n_vocab = s.draft_model->config().n_vocab;
+            if (!spec.vocab_file.empty()) {
+                s.draft_logit_ids = with_control_tokens(read_draft_vocabulary(spec.vocab_file, target_vocab), target_vocab);
+            } else if (spec.vocab > 0) {
+                s.draft_logit_ids.resize(std::min(spec.vocab, n_vocab));
+                std::iota(s.draft_logit_ids.begin(), s.draft_logit_ids.end(), 0);
+                s.draft_logit_ids = with_control_tokens(std::move(s.draft_logit_ids), target_vocab);
             }
+            if (static_cast<int>(s.draft_logit_ids.size()) >= n_vocab) s.draft_logit_ids.clear();  // the whole vocabulary
             break;
         }
         case DrafterKind::Eagle:

@@ -53,7 +53,7 @@ struct DrafterFactory {
     std::unique_ptr<EagleHead> head;     // DrafterKind::Eagle / Eagle3
     // The target vocabulary's markup tokens, which prompt lookup never proposes.
     std::shared_ptr<const std::vector<int32_t>> markup_tokens;
-    // The token ids a trimmed draft vocabulary (DrafterSpec::vocab) keeps; empty: all.
+    // The token ids a trimmed draft vocabulary (DrafterSpec::vocab, vocab_file) keeps, ascending; empty: all.
     std::vector<int32_t> draft_logit_ids;
 };
 

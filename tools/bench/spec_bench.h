@@ -21,8 +21,9 @@ struct SpecBenchOptions {
     // the policies then decide on the same curve in both arms of an A/B comparison, where a
     // curve timed once at the start moves with the machine's load from run to run.
     std::string cost_curve_from;
-    // The draft model's trimmed vocabulary (DrafterSpec::vocab; 0: the whole vocabulary).
+    // The draft model's trimmed vocabulary (DrafterSpec::vocab, vocab_file; neither: the whole vocabulary).
     int draft_vocab = DrafterSpec{}.vocab;
+    std::string draft_vocab_file;
     std::string prompts;                    // prompt set (JSON); empty = tools/bench/prompts.json of the source tree
     std::string json_path;                  // write results as JSON
     std::string html_path;                  // write results as an HTML page (tools/report/)

@@ -174,7 +174,10 @@ SpeculaRig::SpeculaRig(const SpecBenchOptions & o, int n_ctx)
     auto assemble = [&](DrafterFactory & source, std::unique_ptr<Drafter> & drafter, DrafterKind kind, const std::string & path,
                         bool lookup = false) {
         DrafterSpec spec{kind, path, e.drafter.ngram_min, e.drafter.ngram_max, lookup};
-        if (kind == DrafterKind::DraftModel) spec.vocab = o.draft_vocab;
+        if (kind == DrafterKind::DraftModel) {
+            spec.vocab = o.draft_vocab;
+            spec.vocab_file = o.draft_vocab_file;
+        }
         source = DrafterFactory::open(spec, backend, *target, vocab);
         drafter = source.make(n_ctx);
     };

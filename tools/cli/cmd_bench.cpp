@@ -30,8 +30,7 @@ void register_bench(CLI::App & app, Commands & commands) {
     CLI::App * spec = bench->add_subcommand("spec", "speculative decoding by prompt category vs plain and llama.cpp");
     spec->add_option("-m,--model", s->model, "target model GGUF")->required();
     spec->add_option("--draft", s->draft, "draft model GGUF (same vocabulary): adds the draft-model modes and llama-speculative-simple with it");
-    spec->add_option("--draft-vocab", s->draft_vocab, "specula's draft model: logits over the first N token ids plus the control tokens (0 = all)")
-        ->capture_default_str();
+    add_draft_vocab_flag(spec, s->draft_vocab, s->draft_vocab_file, "specula's draft model");
     spec->add_option("--eagle", s->eagle, "EAGLE-1 head GGUF: adds EAGLE-1 chain/static/dynamic modes");
     spec->add_option("--eagle3", s->eagle3, "EAGLE-3 head GGUF: adds EAGLE-3 modes and llama.cpp's EAGLE-3");
     spec->add_option("--specee", s->specee, "SpecEE predictors GGUF (with --eagle3): adds the specee-lossy (T = 0) and specee-lossless modes");

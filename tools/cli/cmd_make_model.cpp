@@ -1,11 +1,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "commands.h"
+#include "corpus_counts.h"
 #include "specula/error.h"
 #include "eagle3_vocab.h"
 #include "model_writer.h"
@@ -84,37 +82,11 @@ void register_make_model(CLI::App & app, Commands & commands) {
     c->add_option("-o,--output", compact->out, "output GGUF path")->required();
     c->callback([compact, &commands] {
         commands.run = [compact] {
-            namespace fs = std::filesystem;
             const Tokenizer tok(compact->target);
-            std::vector<int64_t> counts(tok.n_vocab(), 0);
-            long long read = 0;
-            auto count_file = [&](const fs::path & p) {
-                if (read >= compact->max_bytes) return;
-                std::ifstream in(p, std::ios::binary);
-                std::stringstream text;
-                text << in.rdbuf();
-                const std::string s = text.str();
-                if (s.find('\0') != std::string::npos) return;  // binary (e.g. .pyc): not text
-                read += static_cast<long long>(s.size());
-                for (int32_t token : tok.tokenize(s, false)) ++counts[token];
-            };
-            for (const std::string & path : compact->corpus) {
-                if (!fs::exists(path)) throw Error(path + ": no such file or directory");
-                if (!fs::is_directory(path)) {
-                    count_file(path);
-                    continue;
-                }
-                std::vector<fs::path> files;  // sorted: the same corpus gives the same vocabulary
-                for (const auto & e : fs::recursive_directory_iterator(path)) {
-                    if (e.is_regular_file()) files.push_back(e.path());
-                }
-                std::sort(files.begin(), files.end());
-                for (const auto & f : files) count_file(f);
-            }
-            if (read == 0) throw Error("the corpus is empty");
-            const CompactVocabResult r = write_compact_eagle3(compact->head, counts, compact->keep, compact->out);
+            const CorpusCounts c = count_corpus_tokens(tok, {compact->corpus, {}, {}, compact->max_bytes});
+            const CompactVocabResult r = write_compact_eagle3(compact->head, c.counts, compact->keep, compact->out);
             std::printf("wrote %s: draft vocabulary %d of %d tokens, covering %.1f%% of %lld corpus bytes' tokens\n",
-                        compact->out.c_str(), r.kept, tok.n_vocab(), 100.0 * r.coverage, read);
+                        compact->out.c_str(), r.kept, tok.n_vocab(), 100.0 * r.coverage, static_cast<long long>(c.bytes));
             return 0;
         };
     });

@@ -21,5 +21,6 @@ void register_serve(CLI::App & app, Commands & commands);
 void register_report(CLI::App & app, Commands & commands);
 void register_specee(CLI::App & app, Commands & commands);
 void register_features(CLI::App & app, Commands & commands);
+void register_draft_vocab(CLI::App & app, Commands & commands);
 
 }  // namespace specula::cli

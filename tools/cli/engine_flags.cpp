@@ -101,11 +101,27 @@ std::string decoding_mode(const EngineOptions & engine) {
         case DrafterKind::Ngram: return "speculative, drafting by prompt lookup (n-grams)";
         case DrafterKind::DraftModel:
             return "speculative, drafting with " + d.path + " (draft model" +
-                   (d.vocab > 0 ? ", logits over the first " + std::to_string(d.vocab) + " token ids and the control tokens" : "") + ")";
+                   (d.vocab > 0 ? ", logits over the first " + std::to_string(d.vocab) + " token ids and the control tokens" : "") +
+                   (d.vocab_file.empty() ? "" : ", logits over the vocabulary of " + d.vocab_file) + ")";
         case DrafterKind::Eagle: return "speculative, drafting with " + d.path + " (EAGLE head)" + specee;
         case DrafterKind::Eagle3: return "speculative, drafting with " + d.path + " (EAGLE-3 head)" + specee;
     }
     return {};
+}
+
+void add_draft_vocab_flag(CLI::App * sub, int & count, std::string & file, const std::string & what) {
+    sub->add_option_function<std::string>(
+        "--draft-vocab",
+        [&count, &file](const std::string & value) {
+            const bool digits = !value.empty() && value.find_first_not_of("0123456789") == std::string::npos;
+            if (digits && value.size() > 9) throw Error("--draft-vocab " + value + ": not a token count");
+            count = digits ? std::stoi(value) : 0;
+            file = digits ? "" : value;
+        },
+        what +
+            ": the draft model's logits over a trimmed vocabulary, FILE (`specula draft-vocab` writes one: a corpus's most frequent "
+            "tokens) or the first N token ids, both with the control and end-of-generation tokens (its LM head reads only those rows; "
+            "the target still decides every token); 0 = the whole vocabulary");
 }
 
 void add_sampling_flags(CLI::App * sub, SamplingParams & s) {
@@ -153,10 +169,7 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e, bool & no_spec) {
         "--no-lookup", [&d] { d.lookup = false; }, "draft with the model alone (no prompt-lookup graft)");
     sub->add_option("--ngram-min", d.ngram_min, "shortest n-gram to match")->capture_default_str();
     sub->add_option("--ngram-max", d.ngram_max, "longest n-gram to match")->capture_default_str();
-    sub->add_option("--draft-vocab", d.vocab,
-                    "with --draft: the draft model's logits over the first N token ids plus the control and end-of-generation tokens "
-                    "(its LM head reads only those rows; the target still decides every token); 0 = the whole vocabulary")
-        ->capture_default_str();
+    add_draft_vocab_flag(sub, d.vocab, d.vocab_file, "with --draft");
     sub->add_option("--draft-max", e.draft_max, "longest draft per round")->capture_default_str();
     add_choice(sub, "--draft-policy", e.draft_policy, parse_draft_policy, "draft length policy: cost (default) | heuristic | fixed");
     sub->add_option_function<std::string>(

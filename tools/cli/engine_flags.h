@@ -19,6 +19,9 @@ void add_choice(CLI::App * sub, const std::string & name, Enum & out, Enum (*par
         name, [&out, parse](const std::string & value) { out = parse(value); }, help);
 }
 
+// --draft-vocab N|FILE (DrafterSpec::vocab, vocab_file): a value of digits alone is a count, any
+// other a file `specula draft-vocab` wrote (a file named by digits: ./NAME). `what` starts the help.
+void add_draft_vocab_flag(CLI::App * sub, int & count, std::string & file, const std::string & what);
 // no_spec: set by --no-spec (plain decoding), read by choose_model_and_drafter.
 void add_engine_flags(CLI::App * sub, EngineOptions & engine, bool & no_spec);
 // The sampling flags of the commands that generate (--temp ... --seed, the penalties).

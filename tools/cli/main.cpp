@@ -25,6 +25,7 @@ int main(int argc, char ** argv) {
     specula::cli::register_report(app, commands);
     specula::cli::register_specee(app, commands);
     specula::cli::register_features(app, commands);
+    specula::cli::register_draft_vocab(app, commands);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError & e) {

@@ -1,6 +1,5 @@
 #include "eagle3_vocab.h"
 
-#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -11,6 +10,7 @@
 #include "gguf.h"
 #include "gguf_edit.h"
 #include "runtime/gguf_file.h"
+#include "tokenizer/draft_vocabulary.h"
 
 namespace specula {
 
@@ -27,12 +27,8 @@ CompactVocabResult write_compact_eagle3(const std::string & head_path, std::span
     }
     if (keep < 1 || keep >= V) throw Error("--keep must be in [1, " + std::to_string(V - 1) + "]");
 
-    // The most frequent ids (ties: lower id), then in id order: d2t is ascending as in EAGLE-3's checkpoints.
-    std::vector<int64_t> ids(V);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return token_counts[a] > token_counts[b]; });
-    ids.resize(keep);
-    std::sort(ids.begin(), ids.end());
+    // In id order: d2t is ascending as in EAGLE-3's checkpoints.
+    const std::vector<int32_t> ids = most_frequent_ids(token_counts, keep);
     const double total = std::accumulate(token_counts.begin(), token_counts.end(), 0.0);
     double covered = 0.0;
     for (int64_t id : ids) covered += token_counts[id];
@@ -64,7 +60,7 @@ CompactVocabResult write_compact_eagle3(const std::string & head_path, std::span
     }
     ggml_tensor * d2t = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, keep);  // draft id -> target id
     ggml_set_name(d2t, "d2t");
-    std::memcpy(d2t->data, ids.data(), ids.size() * sizeof(int64_t));
+    for (int k = 0; k < keep; ++k) static_cast<int64_t *>(d2t->data)[k] = ids[k];
     gguf_add_tensor(out, d2t);
     write_gguf(out, ctx, out_path);
     return {keep, total > 0 ? covered / total : 0.0};
