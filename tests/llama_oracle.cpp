@@ -19,7 +19,14 @@ namespace {
 // One sequence at positions 0.., every row's logits (or embeddings) kept.
 void fill_one_sequence(llama_batch & batch, std::span<const int32_t> tokens) {
     const int n = static_cast<int>(tokens.size());
-    fill_one_sequence(batch, tokens);
+    for (int i = 0; i < n; ++i) {
+        batch.token[i] = tokens[i];
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = 1;
+    }
+    batch.n_tokens = n;
 }
 
 }  // namespace
