@@ -8,13 +8,18 @@ using nlohmann::json;
 
 namespace {
 
+// One Prometheus metric: its help and type lines, then its value, under `prefix` (specula: or llamacpp:).
+template <typename Value>
+void write_metric(std::ostringstream & o, const char * prefix, const char * name, const char * type, const char * help, Value value) {
+    o << "# HELP " << prefix << name << ' ' << help << "\n# TYPE " << prefix << name << ' ' << type << '\n'
+      << prefix << name << ' ' << value << '\n';
+}
+
 // The same counters under llama-server's names and meanings (its `llamacpp:` metrics), for the
 // dashboards and alerts written for it: prompt tokens without the cached ones, decodes as steps
 // (one target forward each, drafts verified in it), the busy slots averaged over them.
 void llama_server_metrics(std::ostringstream & o, const SchedulerMetrics & m) {
-    auto metric = [&](const char * name, const char * type, const char * help, auto value) {
-        o << "# HELP llamacpp:" << name << ' ' << help << "\n# TYPE llamacpp:" << name << ' ' << type << "\nllamacpp:" << name << ' ' << value << '\n';
-    };
+    auto metric = [&](const char * name, const char * type, const char * help, auto value) { write_metric(o, "llamacpp:", name, type, help, value); };
     auto rate = [](uint64_t n, double seconds) { return seconds > 0 ? static_cast<double>(n) / seconds : 0.0; };
     const uint64_t prefilled = m.prompt_tokens - m.prompt_tokens_cached;
     uint64_t busy = 0;
@@ -40,9 +45,7 @@ void llama_server_metrics(std::ostringstream & o, const SchedulerMetrics & m) {
 
 std::string prometheus(const SchedulerMetrics & m) {
     std::ostringstream o;
-    auto metric = [&](const char * name, const char * type, const char * help, auto value) {
-        o << "# HELP specula:" << name << ' ' << help << "\n# TYPE specula:" << name << ' ' << type << "\nspecula:" << name << ' ' << value << '\n';
-    };
+    auto metric = [&](const char * name, const char * type, const char * help, auto value) { write_metric(o, "specula:", name, type, help, value); };
     metric("requests_processing", "gauge", "Requests in slots.", m.processing);
     metric("requests_deferred", "gauge", "Requests waiting for a slot.", m.deferred);
     metric("requests_finished_total", "counter", "Requests completed.", m.requests_finished);
