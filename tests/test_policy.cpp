@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "engine/generation_mode.h"
+#include "policy/catch_up_gate.h"
 #include "policy/draft_length.h"
 #include "policy/round_policy.h"
 #include "policy/speculation_gate.h"
@@ -656,6 +657,72 @@ TEST(RoundPolicy, AClosedGateDraftsNothingAndAsksNoPolicy) {
     EXPECT_FALSE(plan.use_free_draft);
     EXPECT_EQ(offered, 0);
     EXPECT_EQ(round.decision(0, 0).why, "no draft: the server measured plain steps faster at this load");
+}
+
+TEST(RoundPolicy, AModelKeptOutVerifiesTheFreeDraftAlone) {
+    VerifyCostCurve cost{{10.0, 11.0, 12.0, 13.0, 14.0}, 100, 0.0};
+    const TreeBudget tree{TreeShape::Dynamic, 4, 2, 0};
+    RoundPolicies policies = make_round_policies(GenerationMode::Speculative, DraftPolicyKind::Cost, 4, tree, cost);
+    RoundPolicy round(tree, policies.length.get(), policies.tree_size.get());
+    const TokenTree lookup = TokenTree::chain(std::vector<int32_t>{7, 8});
+    int offered = 0;
+    auto free_draft = [&](const TreeBudget &) -> const TokenTree * { return ++offered, &lookup; };
+    const RoundPlan kept_out = round.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100, .model_draft = false, .free_draft = free_draft});
+    EXPECT_FALSE(kept_out.drafts());
+    EXPECT_TRUE(kept_out.use_free_draft);
+    EXPECT_EQ(offered, 1);
+    EXPECT_EQ(round.decision(0, 0).why, "no model draft: its catch-up on the prompt costs more than the request can save");
+    // Without a free draft the round verifies the root alone; a chain has no free draft to offer.
+    const RoundPlan plain = round.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100, .model_draft = false});
+    EXPECT_FALSE(plain.drafts());
+    EXPECT_FALSE(plain.use_free_draft);
+    auto fixed = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
+    RoundPolicy chain(TreeBudget{}, fixed.get(), nullptr);
+    const RoundPlan chain_plan = chain.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100, .model_draft = false, .free_draft = free_draft});
+    EXPECT_FALSE(chain_plan.drafts());
+    EXPECT_FALSE(chain_plan.use_free_draft);
+    // Allowed, the same state drafts with the model.
+    EXPECT_TRUE(chain.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100, .free_draft = free_draft}).drafts());
+}
+
+TEST(CatchUpGate, DraftsUntilMeasuredThenKeepsTheModelOutWhereTheCatchUpCannotPay) {
+    CatchUpGate gate(20.0);
+    EXPECT_TRUE(gate.allow(1000, 30));        // nothing measured
+    gate.observe_catch_up(1000, 3000.0);      // 3 ms per token caught up
+    EXPECT_TRUE(gate.allow(1000, 30));        // no drafting reply measured yet
+    gate.observe_reply(30, 30 * 14.0, true);  // drafting: 14 ms per token, 6 saved against the 20 ms forward
+    EXPECT_DOUBLE_EQ(gate.catch_up_ms_per_token(), 3.0);
+    EXPECT_DOUBLE_EQ(gate.ms_per_token(true), 14.0);
+    // 1,000 tokens to catch up (3,000 ms) against at most 30 replies' tokens x 6 ms: kept out.
+    EXPECT_FALSE(gate.allow(1000, 200));
+    // A short lag is cheap whatever the reply: allowed.
+    EXPECT_TRUE(gate.allow(CatchUpGate::kMinTimedLag - 1, 1));
+    // 400 tokens (1,200 ms) against a 30-token reply x 6 ms: still out; with a measured plain
+    // rate of 60 ms per token (a deep context), 30 x 46 ms = 1,380 ms pays for it.
+    EXPECT_FALSE(gate.allow(400, 1000));
+    gate.observe_reply(30, 30 * 60.0, false);
+    EXPECT_TRUE(gate.allow(400, 1000));
+    // Few tokens left cap the saving whatever the mean reply.
+    EXPECT_FALSE(gate.allow(400, 5));
+}
+
+TEST(CatchUpGate, LongRepliesPayForTheCatchUp) {
+    CatchUpGate gate(20.0);
+    gate.observe_catch_up(1000, 3000.0);
+    for (int i = 0; i < 5; ++i) gate.observe_reply(500, 500 * 14.0, true);
+    EXPECT_DOUBLE_EQ(gate.mean_reply(), 500.0);
+    EXPECT_TRUE(gate.allow(900, 4000));    // 500 x 6 ms = 3,000 ms saved against 2,700
+    EXPECT_FALSE(gate.allow(1100, 4000));  // against 3,300
+}
+
+TEST(CatchUpGate, DraftsOneRequestInEveryFewItKeepsOut) {
+    CatchUpGate gate(20.0);
+    gate.observe_catch_up(1000, 3000.0);
+    gate.observe_reply(20, 20 * 14.0, true);
+    int allowed = 0;
+    for (int i = 0; i < 4 * CatchUpGate::kExploreEvery; ++i) allowed += gate.allow(1000, 20);
+    EXPECT_EQ(allowed, 4);
+    EXPECT_THROW(CatchUpGate(0.0), Error);
 }
 
 TEST(RoundPolicy, AFixedTreeIsVerifiedWholeAndCutToTheRoom) {

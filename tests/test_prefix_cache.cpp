@@ -9,6 +9,7 @@
 #include "draft/eagle_drafter.h"
 #include "engine/model_bundle.h"
 #include "engine/sequence.h"
+#include "policy/catch_up_gate.h"
 #include "runtime/eagle_head.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
@@ -53,17 +54,21 @@ struct SequenceRun {
     std::vector<std::vector<int32_t>> drafts;  // per round, the verified tree's tokens
     std::vector<int32_t> history;
     int n_exact = 0, n_cached = 0, cache_rows = 0;
+    int draft_forwards = 0;
 };
 
 // One sequence on `cache` and `drafter` as they are; `stop_after` > 0: the client goes away after
 // that many tokens (the sink refuses the next one), else it runs to n_predict.
-SequenceRun run(ModelBundle & t, KvCache & cache, Drafter * drafter, std::span<const int32_t> prompt, const GenerationOptions & g, int stop_after = 0) {
+// `gate`: the request's catch-up gate (none: the drafter always catches up).
+SequenceRun run(ModelBundle & t, KvCache & cache, Drafter * drafter, std::span<const int32_t> prompt, const GenerationOptions & g, int stop_after = 0,
+                CatchUpGate * gate = nullptr) {
     SequenceRun r;
     auto record = [&](const RoundInfo & info) { r.drafts.push_back(info.draft->tree.token); };
     const RoundPolicies policies = t.make_round_policies(GenerationMode::Speculative);
+    SequenceParts parts = t.sequence_parts(GenerationMode::Speculative, cache, drafter, policies.length.get(), policies.tree_size.get(), record);
+    parts.catch_up = gate;
     Sequence seq(
-        t.sequence_parts(GenerationMode::Speculative, cache, drafter, policies.length.get(), policies.tree_size.get(), record), prompt, g,
-        [](int32_t) { return false; }, 16);
+        parts, prompt, g, [](int32_t) { return false; }, 16);
     Sequence * const one[1] = {&seq};
     while (!seq.done()) {
         step_sequences(*t.runner, one, [&](size_t, int32_t tok) {
@@ -76,6 +81,7 @@ SequenceRun run(ModelBundle & t, KvCache & cache, Drafter * drafter, std::span<c
     r.n_exact = seq.n_exact();
     r.n_cached = seq.stats().n_cached;
     r.cache_rows = cache.size();
+    r.draft_forwards = seq.stats().speculation.draft_forwards;
     return r;
 }
 
@@ -133,6 +139,31 @@ TEST(PrefixCache, ASequenceStoppedInsideAnAcceptedBlockHoldsRowsPastItsHistory) 
     const SequenceRun r = run(*t, *cache[0], drafter.get(), prompt, fixed_length_options(30, 0.0f), kStopInsideABlock);
     EXPECT_GT(r.cache_rows, static_cast<int>(r.history.size())) << "no longer stopped inside an accepted block: pick another stop";
     EXPECT_EQ(r.n_exact, static_cast<int>(r.history.size()));
+}
+
+// Catches: a request the catch-up gate keeps out that still runs its draft model (over the whole
+// prompt: the pass the gate exists to save), one that emits other tokens than a drafting request,
+// and a gate never told what requests cost (it would let every request draft).
+TEST(CatchUpGate, AKeptOutRequestRunsNoDrafterForwardAndEmitsWhatADraftingOneEmits) {
+    auto t = ModelBundle::open(bundle_options(DrafterKind::DraftModel));
+    std::string source;
+    for (int i = 0; i < 12; ++i) source += "def f" + std::to_string(i) + "(x):\n    return x + " + std::to_string(i) + "\n";
+    const std::vector<int32_t> prompt = t->tokenizer->tokenize(source);
+    ASSERT_GT(static_cast<int>(prompt.size()), CatchUpGate::kMinTimedLag);
+    auto caches = KvCache::pool(*t->backend, t->model->config(), kCtx, 2);
+    // A plain token priced at almost nothing: once measured, no reply can pay for a catch-up.
+    CatchUpGate gate(1e-6);
+    auto first_drafter = t->make_drafter(kCtx);
+    const SequenceRun first = run(*t, *caches[0], first_drafter.get(), prompt, fixed_length_options(8, 0.0f), 0, &gate);
+    EXPECT_GT(first.draft_forwards, 0) << "nothing measured yet: the first request drafts";
+    EXPECT_GT(gate.catch_up_ms_per_token(), 0.0);
+    EXPECT_GT(gate.ms_per_token(true), 0.0);
+    EXPECT_DOUBLE_EQ(gate.mean_reply(), 8.0);
+    auto second_drafter = t->make_drafter(kCtx);
+    const SequenceRun second = run(*t, *caches[1], second_drafter.get(), prompt, fixed_length_options(8, 0.0f), 0, &gate);
+    EXPECT_EQ(second.draft_forwards, 0);
+    EXPECT_EQ(second.tokens, first.tokens);
+    EXPECT_GT(gate.ms_per_token(false), 0.0);
 }
 
 // Catches: an EAGLE head whose prompt window moved between turns (a cold start keeps the last

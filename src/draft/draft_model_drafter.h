@@ -26,6 +26,11 @@ public:
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance & a) override;
     void reset() override { cache_->rollback(0); }
+    // The root is always fed again (start()), so at least one token.
+    int catch_up(std::span<const int32_t> history) const override {
+        const int L = static_cast<int>(history.size());
+        return L - std::min(cache_->size(), L - 1);
+    }
     // Its cache's rows of the common prefix are the draft model's own of those tokens; its first
     // draft catches up on the rest of the prompt itself.
     int keep_prefix(int n_common, int) override {

@@ -93,6 +93,12 @@ public:
     virtual Draft free_draft(const DraftRequest &) { return {}; }
     // After verification: anything the drafter cached past what is final must go.
     virtual void accept(const Acceptance & acceptance) = 0;
+    // Tokens of `history` the drafter would read before its first level if a draft started now:
+    // a draft model's pass over what its cache lacks (policy/catch_up_gate.h prices it).
+    virtual int catch_up(std::span<const int32_t> history) const {
+        (void)history;
+        return 0;
+    }
     // Target layers whose input hidden states the drafter needs (EAGLE); empty for none.
     virtual std::vector<int> feature_layers() const { return {}; }
     // Forget everything (a new sequence starts).

@@ -47,6 +47,7 @@ public:
     Draft free_draft(const DraftRequest & request) override;
     void accept(const Acceptance & acceptance) override { model_->accept(acceptance); }
     std::vector<int> feature_layers() const override { return model_->feature_layers(); }
+    int catch_up(std::span<const int32_t> history) const override { return model_->catch_up(history); }
     void reset() override;
     // The model drafter's state as its own keep_prefix() leaves it; lookup's learned chances start
     // afresh, as on a cold start.

@@ -116,6 +116,10 @@ std::unique_ptr<DraftLengthPolicy> ModelBundle::make_draft_policy() const {
     return specula::make_draft_policy(policy, options.draft_max, verify_cost_ms, verify_cost_depth, verify_cost_row_depth_ms);
 }
 
+std::unique_ptr<CatchUpGate> ModelBundle::make_catch_up_gate() const {
+    return verify_cost_ms.empty() ? nullptr : std::make_unique<CatchUpGate>(verify_cost_ms[0]);
+}
+
 std::unique_ptr<TreeSizePolicy> ModelBundle::make_tree_size_policy() const {
     return specula::make_tree_size_policy(tree, options.draft_max, verify_cost());
 }

@@ -12,6 +12,7 @@
 #include "draft/drafter.h"
 #include "engine/drafter_factory.h"
 #include "engine/generation_mode.h"
+#include "policy/catch_up_gate.h"
 #include "policy/draft_length.h"
 #include "policy/tree_size.h"
 #include "specula/specula.h"
@@ -70,6 +71,9 @@ struct ModelBundle {
     std::vector<std::unique_ptr<Drafter>> make_drafters(int n_ctx, int n) const;
     std::unique_ptr<DraftLengthPolicy> make_draft_policy() const;
     std::unique_ptr<TreeSizePolicy> make_tree_size_policy() const;
+    // A catch-up gate for a server slot's requests (policy/catch_up_gate.h); nullptr before the
+    // verify cost is measured.
+    std::unique_ptr<CatchUpGate> make_catch_up_gate() const;
 
     // The mode the options choose (Engine, `specula generate`): Plain without a drafter, a SpecEE
     // mode with exit predictors, else Speculative. A server picks SpecEE modes per request.

@@ -6,6 +6,7 @@
 
 #include "specula/error.h"
 #include "constrain/grammar_guard.h"
+#include "policy/catch_up_gate.h"
 #include "runtime/kv_cache.h"
 
 namespace specula {
@@ -120,6 +121,7 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
                      .tokens_left = options_.n_predict - emitted_ - 1,
                      .step = step,
                      .may_draft = may_draft};
+    state.model_draft = model_draft_allowed(std::min(state.room, state.tokens_left));
     if (p_.drafter) {
         state.free_draft = [this](const TreeBudget & budget) {
             round_.free = p_.drafter->free_draft(DraftRequest{history_, budget, &options_.sampling, &rng_, logits_state_.get()});
@@ -128,6 +130,7 @@ Drafter * Sequence::draft(const StepShare & step, bool may_draft) {
     }
     round_.plan = policy_.plan(state);
     if (p_.drafter && round_.plan.drafts()) {
+        if (catch_up_ms_ < 0.0) catch_up_lag_ = p_.drafter->catch_up(history_);
         p_.drafter->start(DraftRequest{history_, round_.plan.budget, &options_.sampling, &rng_, logits_state_.get()});
         round_.drafting = true;
     } else if (round_.plan.use_free_draft) {
@@ -155,6 +158,7 @@ const ForwardBatch & Sequence::block(double draft_ms, std::span<const double> le
     // The decision is for observers only: not built (strings and all) when nobody observes.
     if (p_.on_round) round_.decision = policy_.decision(drafted, round_.draft.tree.size());
     round_.draft_ms = draft_ms + ms_since(t0);
+    if (round_.drafting && catch_up_ms_ < 0.0) report_catch_up(round_.draft_ms);
 
     // Nodes the request's processing bans can never be accepted: the forward leaves them out.
     path_.begin(round_.draft.tree, logits_state_.get());
@@ -190,6 +194,29 @@ void Sequence::commit(double forward_ms, const std::function<bool(int32_t)> & si
                                  .step_rows = step_rows,
                                  .verify_only_step = verify_only_step});
     account(result, forward_ms, verify_ms, ms_since(tv));
+    if (done()) report_reply();
+}
+
+bool Sequence::model_draft_allowed(int tokens_left) {
+    if (catch_up_ == CatchUp::Undecided) {
+        const bool allowed = !p_.drafter || !p_.catch_up || p_.catch_up->allow(p_.drafter->catch_up(history_), tokens_left);
+        catch_up_ = allowed ? CatchUp::Allowed : CatchUp::KeptOut;
+    }
+    return catch_up_ == CatchUp::Allowed;
+}
+
+// The first drafting round's time is mostly the drafter's pass over what it lacked.
+void Sequence::report_catch_up(double draft_ms) {
+    catch_up_ms_ = draft_ms;
+    if (p_.catch_up) p_.catch_up->observe_catch_up(catch_up_lag_, draft_ms);
+}
+
+// The reply's rate after the catch-up, for the gate's next requests.
+void Sequence::report_reply() {
+    if (reply_reported_ || !p_.catch_up || catch_up_ == CatchUp::Undecided) return;
+    reply_reported_ = true;
+    const double ms = 1000.0 * run_.generation_seconds - std::max(0.0, catch_up_ms_);
+    p_.catch_up->observe_reply(emitted_, ms, catch_up_ == CatchUp::Allowed);
 }
 
 // The chunk's rows are in the cache; the drafter reads them (and their target features).

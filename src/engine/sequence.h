@@ -37,6 +37,7 @@
 
 namespace specula {
 
+class CatchUpGate;
 class KvCache;
 class Tokenizer;
 
@@ -67,6 +68,7 @@ struct SequenceParts {
     VerifyFn verify = {};                                  // empty = the standard verifier for the sampling params
     TreeSizePolicy * tree_size = nullptr;                  // trees: nodes verified per round (else tree.max_nodes)
     const Tokenizer * tokenizer = nullptr;                 // the vocabulary of GenerationOptions::grammar (none: no grammar)
+    CatchUpGate * catch_up = nullptr;                      // whether the drafter catches up on this request (nullptr: it does)
 };
 
 class Sequence {
@@ -125,6 +127,10 @@ private:
     std::vector<int> keep_accepted(const VerifyResult & result);
     void emit(const VerifyResult & result, const std::function<bool(int32_t)> & sink);
     void account(const VerifyResult & result, double forward_ms, double verify_ms, double commit_ms);
+    // The catch-up gate's choice at the first decoding round, and what the request tells it.
+    bool model_draft_allowed(int tokens_left);
+    void report_catch_up(double draft_ms);
+    void report_reply();
 
     SequenceParts p_;
     GenerationOptions options_;
@@ -143,6 +149,16 @@ private:
     int prefilled_ = 0;  // prompt tokens in the cache
     int emitted_ = 0;
     bool stopped_ = false;
+    // The catch-up gate's decision for this request (decided at its first decoding round), the
+    // lag it was made at, and the catch-up's time once the first drafting round took it.
+    enum class CatchUp {
+        Undecided,
+        Allowed,
+        KeptOut
+    } catch_up_ = CatchUp::Undecided;
+    int catch_up_lag_ = 0;
+    double catch_up_ms_ = -1.0;  // < 0: not taken yet
+    bool reply_reported_ = false;
     GenerationStats run_;
     // What one round carries from draft() through block() to commit(), and nothing longer: a new
     // round starts from an empty one.

@@ -22,6 +22,7 @@ RoundPlan RoundPolicy::plan(const RoundState & state) {
     if (length_) length_->at_depth(state.depth);
     if (tree_size_) tree_size_->at_depth(state.depth);
     gated_ = !state.may_draft;
+    kept_out_ = !state.model_draft;
     skipped_ = sized_ = false;
     sized_nodes_ = 0;
     promised_ = 0.0;
@@ -30,6 +31,14 @@ RoundPlan RoundPolicy::plan(const RoundState & state) {
     if (gated_) {
         asked_ = budget.depth = budget.max_nodes = 0;
         plan_ = RoundPlan{budget};
+    } else if (kept_out_) {
+        // The free draft alone, where a tree policy prices it (chains have none).
+        TreeBudget free_budget = budget;
+        free_budget.depth = free_budget.max_nodes = tree_size_ ? std::min(tree_size_->max_nodes(), state.room) : 0;
+        const TokenTree * free = state.free_draft && free_budget.depth > 0 ? state.free_draft(free_budget) : nullptr;
+        asked_ = budget.depth = budget.max_nodes = 0;
+        plan_ = RoundPlan{budget};
+        plan_.use_free_draft = free && !free->empty();
     } else if (budget.shape == TreeShape::Chain) {
         // The draft-length policy's length, as far as the cache and -n leave room.
         asked_ = length_ ? length_->next_length_in(state.step) : 0;
@@ -121,13 +130,16 @@ RoundDecision RoundPolicy::decision(int drafted_nodes, int verified_nodes) const
     }
     if (!chain && skipped_) d.why = "no draft: not expected to beat the step's plain rate";
     if (gated_) d.why = "no draft: the server measured plain steps faster at this load";
+    const char * kept_out_why = "no model draft: its catch-up on the prompt costs more than the request can save";
+    if (kept_out_) d.why = kept_out_why;
     if (sized_) {
-        char why[160];
+        char why[192];
         if (plan_.use_free_draft) {
             // Lookup's path probabilities are its chances divided by the calibration (LookupGraftDrafter):
             // times the calibration, they are the tokens the policy expects.
-            std::snprintf(why, sizeof(why), "no model draft: not expected to beat the step's plain rate; %d lookup nodes expected to give %.2f tokens",
-                          sized_nodes_, tree_size_->gamma() * promised_);
+            std::snprintf(why, sizeof(why), "%s; %d lookup nodes expected to give %.2f tokens",
+                          kept_out_ ? kept_out_why : "no model draft: not expected to beat the step's plain rate", sized_nodes_,
+                          tree_size_->gamma() * promised_);
         } else {
             std::snprintf(why, sizeof(why), "calibration %.2f (accepted/promised), min path prob %.3f, %d nodes promise %.2f tokens",
                           tree_size_->calibration(), plan_.budget.min_path_prob, sized_nodes_, promised_);

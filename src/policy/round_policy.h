@@ -50,6 +50,9 @@
 //     every token emitted since, so that round is not timed as a usual one.
 //   gate: the server's choice, per window of steps and load, whether a step's sequences may draft
 //     at all (SpeculationGate); a gated round plans no draft.
+//   catch-up gate: a request's choice, at its first decoding round, whether its model drafter
+//     catches up at all (CatchUpGate); kept out, every round of the request plans no model draft
+//     and verifies the free draft, if any, or the root alone.
 //   twin: a model made by `specula make-twin`, a small model's function in a bigger shape and
 //     weight type, so that a large target is benchmarked with the small model's drafter.
 #include <functional>
@@ -65,11 +68,12 @@ namespace specula {
 
 // Where the sequence stands as a round begins.
 struct RoundState {
-    int depth = 0;          // tokens in the target's cache: the position of the round's root
-    int room = 0;           // draft nodes the cache can still take past the root
-    int tokens_left = 0;    // tokens the sequence may still emit past the root's own (-n)
-    StepShare step = {};    // what the rest of a shared step carries
-    bool may_draft = true;  // false: the server measured plain steps faster at this load
+    int depth = 0;            // tokens in the target's cache: the position of the round's root
+    int room = 0;             // draft nodes the cache can still take past the root
+    int tokens_left = 0;      // tokens the sequence may still emit past the root's own (-n)
+    StepShare step = {};      // what the rest of a shared step carries
+    bool may_draft = true;    // false: the server measured plain steps faster at this load
+    bool model_draft = true;  // false: the catch-up gate kept the model drafter out of this request
     // A draft within the budget that costs no drafter forward (prompt lookup); its tree, or
     // nullptr / an empty tree for none. Empty function: the sequence has no drafter.
     std::function<const TokenTree *(const TreeBudget &)> free_draft = {};
@@ -121,9 +125,10 @@ private:
     RoundPlan plan_;
     StepShare step_;
     int asked_ = 0;
-    bool gated_ = false;    // the step allowed no drafts
-    bool skipped_ = false;  // the tree-size policy expected no model draft to pay
-    bool sized_ = false;    // size_draft priced the draft
+    bool gated_ = false;     // the step allowed no drafts
+    bool kept_out_ = false;  // the catch-up gate kept the model drafter out
+    bool skipped_ = false;   // the tree-size policy expected no model draft to pay
+    bool sized_ = false;     // size_draft priced the draft
     int sized_nodes_ = 0;
     double promised_ = 0.0;  // the verified nodes' summed path probabilities
 };

@@ -72,6 +72,7 @@ std::string Scheduler::start(Slot & slot, Slot * first) {
         if (target_.speculative && !slot.policy) {
             slot.policy = target_.make_draft_policy();
             slot.tree_size = target_.make_tree_size_policy();
+            slot.catch_up = target_.make_catch_up_gate();
         }
         if (slot.policy) slot.policy->begin_sequence();
         if (slot.tree_size) slot.tree_size->begin_sequence();
@@ -118,9 +119,10 @@ std::string Scheduler::start(Slot & slot, Slot * first) {
             // Without a drafter (a bundle that does not speculate) every round verifies the root alone.
             if (store_ && !first) restore_prefix(*store_, slot.prefix, *slot.cache, slot.drafter.get(), job->prompt_);
             reuse_prefix(slot.prefix, *slot.cache, slot.drafter.get(), job->prompt_);
-            slot.sequence = std::make_unique<Sequence>(target_.sequence_parts(GenerationMode::Speculative, *slot.cache, slot.drafter.get(),
-                                                                              slot.policy.get(), slot.tree_size.get(), on_round),
-                                                       job->prompt_, options, is_end, options_.prefill_chunk);
+            SequenceParts parts = target_.sequence_parts(GenerationMode::Speculative, *slot.cache, slot.drafter.get(), slot.policy.get(),
+                                                         slot.tree_size.get(), on_round);
+            parts.catch_up = slot.catch_up.get();
+            slot.sequence = std::make_unique<Sequence>(parts, job->prompt_, options, is_end, options_.prefill_chunk);
         }
         slot.logprob.reset();
         slot.prompt_logprobs.clear();

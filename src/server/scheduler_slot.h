@@ -8,6 +8,7 @@
 #include "engine/generate.h"
 #include "engine/sequence.h"
 #include "engine/specee.h"
+#include "policy/catch_up_gate.h"
 #include "runtime/kv_cache.h"
 #include "server/scheduler.h"
 #include "server/slot_prefix.h"
@@ -22,6 +23,7 @@ struct Scheduler::Slot {
     std::unique_ptr<Drafter> drafter;
     std::unique_ptr<DraftLengthPolicy> policy;
     std::unique_ptr<TreeSizePolicy> tree_size;
+    std::unique_ptr<CatchUpGate> catch_up;
     std::shared_ptr<Job> job;
     // SpecEE, made on the slot's first request that asks for it and kept: the lossy mode's
     // decoder and sequence (candidates from the slot's EAGLE-3 drafter), the lossless drafter
