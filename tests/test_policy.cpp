@@ -715,13 +715,16 @@ TEST(CatchUpGate, LongRepliesPayForTheCatchUp) {
     EXPECT_FALSE(gate.allow(1100, 4000));  // against 3,300
 }
 
-TEST(CatchUpGate, DraftsOneRequestInEveryFewItKeepsOut) {
+TEST(CatchUpGate, LooksAgainLessAndLessOftenWhileTheModelStaysOut) {
     CatchUpGate gate(20.0);
     gate.observe_catch_up(1000, 3000.0);
     gate.observe_reply(20, 20 * 14.0, true);
-    int allowed = 0;
-    for (int i = 0; i < 4 * CatchUpGate::kExploreEvery; ++i) allowed += gate.allow(1000, 20);
-    EXPECT_EQ(allowed, 4);
+    std::vector<int> allowed;
+    for (int i = 1; i <= 200; ++i) {
+        if (gate.allow(1000, 20)) allowed.push_back(i);
+    }
+    // Every 8th, then 16th, 32nd and 64th request kept out drafts.
+    EXPECT_EQ(allowed, (std::vector<int>{8, 24, 56, 120, 184}));
     EXPECT_THROW(CatchUpGate(0.0), Error);
 }
 

@@ -18,11 +18,14 @@ bool CatchUpGate::allow(int lag, int tokens_left) {
     const double reply = std::min(static_cast<double>(std::max(0, tokens_left)), replies_ > 0.0 ? mean_reply() : 1e9);
     const double saving = reply * (without_model - with_model);
     if (lag * catch_up_ms_per_token_ <= saving) {
-        kept_out_ = 0;
+        kept_out_ = backoff_ = 0;
         return true;
     }
-    if (++kept_out_ >= kExploreEvery) {
+    if (kept_out_ == 0 && explored_) backoff_ = std::min(backoff_ + 1, kMaxBackoff);  // the last look changed nothing
+    explored_ = false;
+    if (++kept_out_ >= (kExploreEvery << backoff_)) {
         kept_out_ = 0;
+        explored_ = true;
         return true;
     }
     return false;

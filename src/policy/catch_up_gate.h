@@ -11,8 +11,10 @@
 //   reply   min(tokens the request may still emit, the decayed mean of earlier replies).
 // A request whose cost exceeds its saving runs without the model: its rounds verify the free
 // draft (prompt lookup) or the root alone. Until the catch-up and a drafting request are measured
-// every request drafts; one request in kExploreEvery that the gate would keep out drafts anyway,
-// so that a text turning predictable (or a reply growing) is noticed.
+// every request drafts. Of the requests the gate would keep out, one in kExploreEvery drafts anyway,
+// so that a text turning predictable (or a reply growing) is noticed; each such look that leaves
+// the next request kept out doubles that period (up to kExploreEvery x 2^kMaxBackoff), and a
+// request the price lets in resets it.
 // The terms (round, catch-up, free draft, ...) are those defined at the top of policy/round_policy.h.
 
 namespace specula {
@@ -38,6 +40,7 @@ public:
 
     static constexpr int kMinTimedLag = 64;
     static constexpr int kExploreEvery = 8;
+    static constexpr int kMaxBackoff = 3;
     static constexpr double kKeep = 0.8;  // weight of what was measured before, per observation
 
 private:
@@ -48,7 +51,9 @@ private:
     double catch_up_ms_per_token_ = 0.0;
     Arm arm_[2];  // [0] without the model drafter, [1] with it
     double reply_tokens_ = 0.0, replies_ = 0.0;
-    int kept_out_ = 0;  // requests kept out since one drafted
+    int kept_out_ = 0;       // requests kept out since one drafted
+    int backoff_ = 0;        // the exploration period doubled this many times
+    bool explored_ = false;  // the last request was let in to look again
 };
 
 }  // namespace specula
