@@ -66,6 +66,10 @@ struct GenerationOptions {
     std::shared_ptr<const LogitsState> compiled_grammar;
     int top_logprobs = -1;       // -1: no logprobs; else on_logprob gets each token with this many alternatives (0..20)
     LogprobObserver on_logprob;  // called before the token's sink
+    // The logprobs on_logprob gets are those of the distribution each token was drawn from, after
+    // the sampler chain (truncation and temperature: token_post_sampling_logprob), rather than of
+    // the processed logits at temperature 1 (llama-server's post_sampling_probs).
+    bool post_sampling_logprobs = false;
     // -1: none; else on_prompt_logprob gets each prompt token after the first, in order, with its
     // log-probability under the target's raw logits of the row before it and this many
     // alternatives (0..20), as the prompt prefills (lm-eval's loglikelihood). Every prompt row is

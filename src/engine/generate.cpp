@@ -72,7 +72,10 @@ void check_lossy_early_exit_options(const GenerationOptions & options) {
 }
 
 void report_logprob(const GenerationOptions & options, std::span<const float> row, int32_t token, std::vector<float> & scratch) {
-    if (options.on_logprob) options.on_logprob(token_logprob(row, token, std::max(0, options.top_logprobs), scratch));
+    if (!options.on_logprob) return;
+    const int n_top = std::max(0, options.top_logprobs);
+    options.on_logprob(options.post_sampling_logprobs ? token_post_sampling_logprob(row, token, n_top, options.sampling, scratch)
+                                                      : token_logprob(row, token, n_top, scratch));
 }
 
 std::vector<float> prefill(ModelRunner & runner, KvCache & cache, std::span<const int32_t> prompt, int chunk) {

@@ -284,6 +284,8 @@ void Sequence::account(const VerifyResult & result, double forward_ms, double ve
     spec.draft_forwards += static_cast<int>(round_.level_ms.size());
     for (double ms : round_.level_ms) spec.draft_level_ms += ms;
     spec.commit_ms += commit_ms;
+    run_.n_generated = emitted_;  // before the observer, which may read stats()
+    run_.generation_seconds = ms_since(t_gen_) / 1000.0;
     if (p_.on_round) {
         p_.on_round(RoundInfo{.round = spec.rounds - 1,
                               .base = round_.base,
@@ -298,8 +300,7 @@ void Sequence::account(const VerifyResult & result, double forward_ms, double ve
                               .decision = round_.decision,
                               .draft_level_ms = round_.level_ms});
     }
-    run_.n_generated = emitted_;
-    run_.generation_seconds = ms_since(t_gen_) / 1000.0;
+    run_.generation_seconds = ms_since(t_gen_) / 1000.0;  // the observer's time too
 }
 
 RoundReport round_report(const RoundInfo & r) {

@@ -194,4 +194,14 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int n_t
     return r;
 }
 
+TokenLogprob token_post_sampling_logprob(std::span<const float> logits, int32_t token, int n_top, const SamplingParams & params, std::vector<float> & scratch) {
+    processed_probs(logits, params, scratch);
+    TokenLogprob r{token, std::log(scratch[token]), {}};
+    for (int32_t t : top_k_ids(scratch, n_top)) {
+        if (!(scratch[t] > 0.0f)) break;  // ranked last: off the distribution's support from here on
+        r.top.emplace_back(t, std::log(scratch[t]));
+    }
+    return r;
+}
+
 }  // namespace specula

@@ -90,5 +90,10 @@ private:
 // `token`'s log-probability in `logits` (a processed row) at temperature 1, and the n_top most
 // likely tokens with theirs (banned ones left out).
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int n_top, std::vector<float> & scratch);
+// The same after the sampler chain (llama-server's post_sampling_probs): `token`'s log-probability
+// in processed_probs(logits, params), the distribution it was drawn from (truncation and
+// temperature applied; greedy params: 1 at the argmax), and the n_top most likely tokens of it,
+// those of probability 0 left out (at T = 0 the argmax alone).
+TokenLogprob token_post_sampling_logprob(std::span<const float> logits, int32_t token, int n_top, const SamplingParams & params, std::vector<float> & scratch);
 
 }  // namespace specula
