@@ -283,8 +283,9 @@ TEST(RequestFields, APromptIsTextTokenIdsOrABatchAndEchoIsRead) {
     EXPECT_EQ(batch.prompts[2].text, "b");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, -1]})").param, "prompt");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": []})").param, "prompt");
-    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, "a"]})").param, "prompt");
     EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": ["a", []]})").param, "prompt");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, "a", 1.5]})").param, "prompt");
+    EXPECT_EQ(refusal(Endpoint::Completions, R"({"prompt": [5, true]})").param, "prompt");
     nlohmann::json many = {{"prompt", std::vector<std::string>(openai::kMaxPrompts + 1, "a")}};
     EXPECT_EQ(refusal(Endpoint::Completions, many.dump()).param, "prompt");
     EXPECT_TRUE(parsed(Endpoint::Completions, kCompletion + R"("echo": true})").echo);
@@ -307,6 +308,62 @@ TEST(RequestFields, APromptIsTextTokenIdsOrABatchAndEchoIsRead) {
         ADD_FAILURE() << "a batch's prompt token outside the vocabulary was accepted";
     } catch (const openai::ApiError & e) {
         EXPECT_NE(e.message.find("prompt[1][1]"), std::string::npos) << e.message;
+    }
+}
+
+// llama-server's prompt shapes (its tokenize_input_prompts): an array with ids at its top is one
+// prompt, texts among the ids each tokenized on their own with BOS only when first; an array
+// without is a batch of strings, ids, mixed arrays and {"prompt_string"} objects. Catches: a mixed
+// prompt refused or read as a batch, BOS before a later text, an object's other members (its
+// images) dropped without a word.
+TEST(RequestFields, PromptsMixTextAndTokenIdsAsLlamaServerReadsThem) {
+    const Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    auto tokens_of = [&](const openai::Prompt & p) { return openai::prompt_tokens(p, tok, SpecialTokens::Text); };
+    const std::vector<int32_t> text = tok.tokenize(" of life", false, SpecialTokens::Text);
+    const std::vector<int32_t> text_bos = tok.tokenize(" of life", true, SpecialTokens::Text);
+    auto concat = [](std::vector<std::vector<int32_t>> parts) {
+        std::vector<int32_t> all;
+        for (const auto & p : parts) all.insert(all.end(), p.begin(), p.end());
+        return all;
+    };
+    const openai::Request mixed = parsed(Endpoint::Llama, R"({"prompt": [5, 7, " of life", 9, " of life"]})");
+    ASSERT_EQ(mixed.prompts.size(), 1u);
+    EXPECT_EQ(tokens_of(mixed.prompts[0]), concat({{5, 7}, text, {9}, text}));
+    const openai::Request text_first = parsed(Endpoint::Completions, R"({"prompt": [" of life", 9]})");
+    ASSERT_EQ(text_first.prompts.size(), 1u);
+    EXPECT_EQ(tokens_of(text_first.prompts[0]), concat({text_bos, {9}}));
+    const openai::Request batch = parsed(Endpoint::Llama, R"({"prompt": [[5, 7], " of life", {"prompt_string": " of life"}, [5, " of life"], {"prompt_string": [" of life", 3]}]})");
+    ASSERT_EQ(batch.prompts.size(), 5u);
+    EXPECT_EQ(tokens_of(batch.prompts[0]), (std::vector<int32_t>{5, 7}));
+    EXPECT_EQ(tokens_of(batch.prompts[1]), text_bos);
+    EXPECT_EQ(tokens_of(batch.prompts[2]), text_bos);
+    EXPECT_EQ(tokens_of(batch.prompts[3]), concat({{5}, text}));
+    EXPECT_EQ(tokens_of(batch.prompts[4]), concat({text_bos, {3}}));
+    EXPECT_EQ(tokens_of(parsed(Endpoint::Llama, R"({"prompt": {"prompt_string": " of life"}})").prompts.at(0)), text_bos);
+    const openai::ApiError images = refusal(Endpoint::Llama, R"({"prompt": {"prompt_string": "a <__media__>", "multimodal_data": ["iVBO"]}})");
+    EXPECT_EQ(images.status, 400);
+    EXPECT_EQ(images.param, "prompt");
+    EXPECT_NE(images.message.find("multimodal_data"), std::string::npos) << images.message;
+    EXPECT_NE(refusal(Endpoint::Llama, R"({"prompt": {"prompt_string": "a", "other": 1}})").message.find("other"), std::string::npos);
+    EXPECT_EQ(refusal(Endpoint::Llama, R"({"prompt": {}})").param, "prompt");
+    EXPECT_EQ(refusal(Endpoint::Llama, R"({"prompt": [{"prompt_string": {"prompt_string": "a"}}]})").param, "prompt");
+    try {  // an id of a mixed prompt is checked against the vocabulary where the others are
+        check(parsed(Endpoint::Completions, R"({"prompt": ["a", 1, )" + std::to_string(tok.n_vocab()) + "]}"), tok);
+        ADD_FAILURE() << "a mixed prompt's token outside the vocabulary was accepted";
+    } catch (const openai::ApiError & e) {
+        EXPECT_NE(e.message.find("prompt[2]"), std::string::npos) << e.message;
+    }
+}
+
+// llama-server's response fields are read (never ignored and named), as booleans.
+TEST(RequestFields, LlamaServersResponseFieldsAreRead) {
+    const openai::Request r = parsed(Endpoint::Chat, kChat + R"("verbose": true, "return_tokens": true, "timings_per_token": true, "post_sampling_probs": true})");
+    EXPECT_TRUE(r.verbose && r.return_tokens && r.timings_per_token && r.post_sampling_probs);
+    EXPECT_TRUE(r.ignored_fields.empty());
+    const openai::Request none = parsed(Endpoint::Llama, R"({"prompt": "x"})");
+    EXPECT_FALSE(none.verbose || none.return_tokens || none.timings_per_token || none.post_sampling_probs);
+    for (const char * key : {"verbose", "return_tokens", "timings_per_token", "post_sampling_probs"}) {
+        EXPECT_EQ(refusal(Endpoint::Llama, kCompletion + "\"" + key + "\": 1}").param, key);
     }
 }
 

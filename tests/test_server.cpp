@@ -400,6 +400,66 @@ TEST(Scheduler, PromptLogprobsAreTheTargetsAndTheGeneratedTokensOwn) {
     }
 }
 
+// A job's logprobs and token ids, and its text (it must end without error).
+std::string drain_logprobs(Job & job, std::vector<TokenLogprob> & logprobs, std::vector<int32_t> * ids = nullptr) {
+    std::string text;
+    while (job.next(text, nullptr, &logprobs, std::chrono::milliseconds(200), ids) != Job::Wait::Ended) {
+    }
+    EXPECT_EQ(job.result().error, "");
+    return text;
+}
+
+// llama-server's post_sampling_probs: each token's probability in the distribution it was drawn
+// from (after top-k and temperature), with and without a drafter. At T = 0 the token alone with
+// probability 1 and the text unchanged; at T = 1 with top-k 4 the same seeded tokens as without
+// it, each token's top 4 probabilities the softmax of its 4 best processed logprobs. The job's ids
+// are the tokens the logprobs name. Catches: the pre-sampling values reported, the chain applied
+// to another row than the one drawn from (a draft's), the option changing what is generated.
+TEST(Scheduler, PostSamplingProbabilitiesAreTheSampledDistributionsUnderSpeculation) {
+    for (bool speculative : {false, true}) {
+        SCOPED_TRACE(speculative ? "draft model" : "no drafter");
+        auto target = open_target(speculative);
+        Scheduler scheduler(*target, SchedulerOptions{2, 4, 7});
+        const std::vector<int32_t> prompt = target->tokenizer->tokenize(kPrompts[0]);
+        auto run = [&](float temperature, bool post, std::vector<TokenLogprob> & logprobs, std::vector<int32_t> * ids = nullptr) {
+            GenerationOptions g = fixed_length_options(24, temperature, 77);
+            g.sampling.top_k = temperature > 0 ? 4 : 0;
+            g.top_logprobs = 4;
+            g.post_sampling_logprobs = post;
+            return drain_logprobs(*scheduler.submit(prompt, g), logprobs, ids);
+        };
+        std::vector<TokenLogprob> plain, post;
+        std::vector<int32_t> ids;
+        EXPECT_EQ(run(0.0f, true, post, &ids), drain(*scheduler.submit(prompt, fixed_length_options(24))));
+        ASSERT_EQ(post.size(), 24u);
+        ASSERT_EQ(ids.size(), 24u);
+        for (size_t i = 0; i < post.size(); ++i) {
+            EXPECT_EQ(ids[i], post[i].token) << i;
+            EXPECT_EQ(post[i].logprob, 0.0f) << i;
+            ASSERT_EQ(post[i].top.size(), 1u) << i;
+            EXPECT_EQ(post[i].top[0].first, post[i].token) << i;
+        }
+        post.clear();
+        EXPECT_EQ(run(1.0f, true, post), run(1.0f, false, plain));
+        ASSERT_EQ(post.size(), 24u);
+        ASSERT_EQ(plain.size(), 24u);
+        for (size_t i = 0; i < post.size(); ++i) {
+            ASSERT_EQ(post[i].token, plain[i].token) << i;
+            ASSERT_EQ(plain[i].top.size(), 4u) << i;
+            ASSERT_EQ(post[i].top.size(), 4u) << i;
+            double z = 0.0, sum = 0.0;
+            for (const auto & [id, lp] : plain[i].top) z += std::exp(double(lp));
+            for (size_t k = 0; k < 4; ++k) {
+                EXPECT_EQ(post[i].top[k].first, plain[i].top[k].first) << i;
+                EXPECT_NEAR(std::exp(post[i].top[k].second), std::exp(plain[i].top[k].second) / z, 1e-5) << i;
+                sum += std::exp(post[i].top[k].second);
+                if (post[i].top[k].first == post[i].token) EXPECT_EQ(post[i].top[k].second, post[i].logprob) << i;
+            }
+            EXPECT_NEAR(sum, 1.0, 1e-5) << i;
+        }
+    }
+}
+
 // Embeddings are libllama's: the target's final hidden states after its output norm, pooled as
 // llama.cpp pools them (a context with embeddings on: mean, last, cls), L2-normalised; computed in
 // prefill chunks of 7 between the steps of a generating neighbour, whose text stays its own.
@@ -669,6 +729,7 @@ TEST(OpenAi, SizesBeyondTheContextAreRefusedWithoutOverflow) {
         const openai::ApiError e = refused(10);
         EXPECT_EQ(e.status, 400) << max_tokens;
         EXPECT_EQ(e.param, "max_tokens");
+        EXPECT_EQ(e.type, "invalid_request_error");
         EXPECT_EQ(e.code, "context_length_exceeded");
         EXPECT_EQ(e.message, "this model's context is 192 tokens; the prompt has 10 tokens and max_tokens is " + std::to_string(max_tokens));
     }
@@ -676,12 +737,24 @@ TEST(OpenAi, SizesBeyondTheContextAreRefusedWithoutOverflow) {
     EXPECT_EQ(openai::tokens_to_generate(r, 10, 192), 182);
     r.max_tokens = -1;  // unset: the rest of the context
     EXPECT_EQ(openai::tokens_to_generate(r, 10, 192), 182);
-    for (size_t n_prompt : {size_t(192), size_t(5000)}) {
-        const openai::ApiError e = refused(n_prompt);
-        EXPECT_EQ(e.status, 400);
-        EXPECT_EQ(e.param, "messages");
-        EXPECT_EQ(e.message, "this model's context is 192 tokens; the prompt has " + std::to_string(n_prompt) + " tokens");
+    // A prompt that fills the context is llama-server's error, whose clients read its type and
+    // sizes, whatever max_tokens asks for.
+    for (int max_tokens : {-1, 5}) {
+        r.max_tokens = max_tokens;
+        for (size_t n_prompt : {size_t(192), size_t(5000)}) {
+            const openai::ApiError e = refused(n_prompt);
+            EXPECT_EQ(e.status, 400);
+            EXPECT_EQ(e.param, "messages");
+            EXPECT_EQ(e.type, "exceed_context_size_error");
+            EXPECT_EQ(e.code, "context_length_exceeded");
+            EXPECT_EQ(e.message, "this model's context is 192 tokens; the prompt has " + std::to_string(n_prompt) + " tokens");
+            const nlohmann::json body = e.body();
+            EXPECT_EQ(body["error"]["n_prompt_tokens"], n_prompt);
+            EXPECT_EQ(body["error"]["n_ctx"], 192);
+            EXPECT_EQ(body["error"]["type"], "exceed_context_size_error");
+        }
     }
+    r.max_tokens = -1;
     r.endpoint = openai::Endpoint::Completions;
     EXPECT_EQ(refused(192).param, "prompt");
     EXPECT_EQ(refusal(openai::Endpoint::Completions, R"({"prompt": "x", "max_tokens": 2147483648})").param, "max_tokens");

@@ -56,8 +56,9 @@ void respond_choices_whole(httplib::Response & res, const std::vector<std::share
                            const openai::Completion & c, const std::shared_ptr<const ChatPrompt> & parsed_as, const std::atomic<bool> & ending) {
     std::vector<std::string> texts(jobs.size());
     std::vector<std::vector<TokenLogprob>> logprobs(jobs.size());
+    std::vector<openai::ChoiceEnd> ends(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) {
-        while (jobs[i]->next(texts[i], nullptr, c.token_text ? &logprobs[i] : nullptr) != Job::Wait::Ended) {
+        while (jobs[i]->next(texts[i], nullptr, c.token_text ? &logprobs[i] : nullptr, std::chrono::milliseconds(200), &ends[i].tokens) != Job::Wait::Ended) {
             if (ending) {
                 cancel_all(jobs);
                 return send_error(res, shutting_down_error());
@@ -65,21 +66,26 @@ void respond_choices_whole(httplib::Response & res, const std::vector<std::share
             if (GatedServer::client_gone()) return cancel_all(jobs);  // nobody reads the answer
         }
     }
-    for (const auto & job : jobs) {
-        if (!job->result().error.empty()) return send_error(res, job_error(job->result()));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        const Job::Result & result = jobs[i]->result();
+        if (!result.error.empty()) return send_error(res, job_error(result));
+        ends[i].stop_type = result.stop_type, ends[i].stopping_word = result.stopping_word;
     }
     if (c.endpoint == openai::Endpoint::Llama) {
         json answers = json::array();
         for (size_t i = 0; i < jobs.size(); ++i) {
-            answers.push_back(openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats, i));
+            answers.push_back(openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats, i, ends[i]));
             if (c.token_text) answers.back()["completion_probabilities"] = choice_logprobs(c, *jobs[i], logprobs[i])["content"];
         }
         return send_json(res, 200, answers);
     }
-    json response = openai::response(c, texts[0], jobs[0]->result().finish_reason, summed(jobs, c.n));
+    json response = openai::response(c, texts[0], jobs[0]->result().finish_reason, summed(jobs, c.n), 0, ends[0]);
+    if (c.verbose) response["__verbose"] = json::array();  // one object per choice
     json choices = json::array();
     for (size_t i = 0; i < jobs.size(); ++i) {
-        json choice = openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats, i)["choices"][0];
+        json whole = openai::response(c, texts[i], jobs[i]->result().finish_reason, jobs[i]->result().stats, i, ends[i]);
+        if (c.verbose) response["__verbose"].push_back(std::move(whole["__verbose"]));
+        json choice = std::move(whole["choices"][0]);
         if (c.token_text) choice["logprobs"] = choice_logprobs(c, leader_of(jobs, c, i), logprobs[i]);
         if (parsed_as) {
             json one = {{"choices", json::array({std::move(choice)})}};
@@ -119,10 +125,15 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                 if (!write(openai::sse(openai::chunk_start(c, i)))) return false;
             }
             std::vector<std::vector<TokenLogprob>> logprobs(n);
+            std::vector<std::vector<int32_t>> ids(n);
             std::vector<size_t> text_offset(n, 0);
-            // A choice's chunk with the logprobs of its tokens released since its last chunk.
+            // A choice's chunk with the logprobs (and llama-server's /completion: the ids) of its
+            // tokens released since its last chunk, and with timings_per_token its figures so far.
             auto choice_chunk = [&](json chunk, size_t i) {
                 chunk = with_index(std::move(chunk), i);
+                if (c.endpoint == openai::Endpoint::Llama && chunk.value("stop", true) == false) chunk["tokens"] = ids[i];
+                ids[i].clear();
+                if (c.timings_per_token && !chunk.contains("timings")) chunk["timings"] = openai::timings(jobs[i]->progress());
                 if (c.token_text && !logprobs[i].empty()) {
                     json values = openai::logprobs(c, logprobs[i], text_offset[i]);
                     if (c.endpoint == openai::Endpoint::Llama) chunk["completion_probabilities"] = std::move(values["content"]);
@@ -142,7 +153,7 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                     std::string text;
                     std::vector<TokenOrigin> origins;
                     const auto wait = std::chrono::milliseconds(running == 1 ? 200 : 10);  // one waits, several are polled in turn
-                    const Job::Wait w = jobs[i]->next(text, &origins, c.token_text ? &logprobs[i] : nullptr, wait);
+                    const Job::Wait w = jobs[i]->next(text, &origins, c.token_text ? &logprobs[i] : nullptr, wait, &ids[i]);
                     if (w == Job::Wait::Text && replies[i]) {
                         for (json & delta : replies[i]->add(text)) {
                             if (!write(choice_chunk(openai::chunk_delta(c, std::move(delta)), i))) return false;
@@ -164,8 +175,13 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                             }
                         }
                         // llama-server's /completion ends each prompt's stream with its whole answer's fields.
-                        json last = c.endpoint == openai::Endpoint::Llama ? openai::response(c, "", result.finish_reason, result.stats, i)
+                        json last = c.endpoint == openai::Endpoint::Llama ? openai::response(c, "", result.finish_reason, result.stats, i, openai::ChoiceEnd{result.stop_type, result.stopping_word, {}})
                                                                           : openai::chunk_finish(c, result.finish_reason);
+                        if (c.endpoint != openai::Endpoint::Llama) {
+                            last["timings"] = openai::timings(result.stats);  // llama-server's, on the choice's last chunk
+                            const openai::ChoiceEnd end{result.stop_type, result.stopping_word, {}};
+                            if (c.verbose) last["__verbose"] = openai::llama_object(c, "", result.finish_reason, result.stats, end, true, i);
+                        }
                         if (!write(choice_chunk(std::move(last), i))) return false;
                         ended[i] = 1;
                         --running;

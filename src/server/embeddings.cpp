@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "server/openai_fields.h"
+#include "server/openai_generation.h"
 #include "specula/error.h"
 
 namespace specula::embeddings {
@@ -49,10 +50,6 @@ std::vector<float> pool(std::span<const float> rows, int width, Pooling pooling)
 
 namespace {
 
-bool token_ids(const json & v) {
-    return v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), [](const json & x) { return x.is_number_integer(); });
-}
-
 std::string base64(const std::vector<float> & v) {
     static const char * const digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     std::string bytes(v.size() * sizeof(float), '\0');
@@ -88,32 +85,26 @@ Request parse(const std::string & text, const openai::Accepted & accepted, const
         r.base64 = f == "base64";
     }
     if (!openai::has(body, "input")) openai::bad("input", "'input' is required");
-    const json & input = body.at("input");
-    std::vector<const json *> items;
-    if (input.is_string() || token_ids(input)) {
-        items.push_back(&input);
-    } else if (input.is_array() && !input.empty() && input.size() <= kMaxInputs &&
-               std::all_of(input.begin(), input.end(), [](const json & x) { return x.is_string() || token_ids(x); })) {
-        for (const json & x : input) items.push_back(&x);
-    } else {
-        openai::must_be("input", "a string, an array of token ids, or an array of up to " + std::to_string(kMaxInputs) + " of either", input);
-    }
+    // llama-server's shapes: a text, ids, texts and ids mixed, {"prompt_string"}, or a batch of them.
+    const std::vector<openai::Prompt> items = openai::parse_prompts(body.at("input"), "input", kMaxInputs);
     for (size_t i = 0; i < items.size(); ++i) {
-        const std::string name = items[0] != &input ? "input[" + std::to_string(i) + "]" : "input";  // an array of inputs
+        const json & input = body.at("input");
+        const bool batch = input.is_array() && std::none_of(input.begin(), input.end(), [](const json & x) { return x.is_number(); });
+        const std::string name = batch ? "input[" + std::to_string(i) + "]" : "input";
+        std::vector<int32_t> ids = items[i].tokens;
+        for (const auto & [piece, id] : items[i].mixed) {
+            if (id >= 0) ids.push_back(id);
+        }
+        for (int32_t id : ids) {
+            if (id >= tokenizer.n_vocab()) {
+                openai::bad("input", "'" + name + "' holds " + std::to_string(id) + ", not a token of the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
+            }
+        }
         std::vector<int32_t> tokens;
-        if (items[i]->is_string()) {
-            try {
-                tokens = tokenizer.tokenize(items[i]->get<std::string>(), true, specials);
-            } catch (const Error & e) {
-                openai::bad("input", "cannot tokenize '" + name + "': " + e.what());
-            }
-        } else {
-            for (const json & id : *items[i]) {
-                if (id.get<int64_t>() < 0 || id.get<int64_t>() >= tokenizer.n_vocab()) {
-                    openai::bad("input", "'" + name + "' holds " + id.dump() + ", not a token of the vocabulary (0.." + std::to_string(tokenizer.n_vocab() - 1) + ")");
-                }
-                tokens.push_back(static_cast<int32_t>(id.get<int64_t>()));
-            }
+        try {
+            tokens = openai::prompt_tokens(items[i], tokenizer, specials);
+        } catch (const Error & e) {
+            openai::bad("input", "cannot tokenize '" + name + "': " + e.what());
         }
         if (tokens.empty()) openai::bad("input", "'" + name + "' is empty");
         if (static_cast<int64_t>(tokens.size()) > n_ctx) {

@@ -137,7 +137,8 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
                    const std::shared_ptr<openai::ReplyStream> & reply, const std::atomic<bool> & ending) {
     std::string text;
     std::vector<TokenLogprob> logprobs;
-    while (job->next(text, nullptr, c.token_text ? &logprobs : nullptr) != Job::Wait::Ended) {
+    openai::ChoiceEnd end;
+    while (job->next(text, nullptr, c.token_text ? &logprobs : nullptr, std::chrono::milliseconds(200), &end.tokens) != Job::Wait::Ended) {
         if (ending) {
             job->cancel();
             return send_error(res, shutting_down_error());
@@ -149,7 +150,8 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
     }
     const Job::Result & result = job->result();
     if (!result.error.empty()) return send_error(res, job_error(result));
-    json response = openai::response(c, text, result.finish_reason, result.stats);
+    end.stop_type = result.stop_type, end.stopping_word = result.stopping_word;
+    json response = openai::response(c, text, result.finish_reason, result.stats, 0, end);
     if (c.token_text) set_logprobs(c, response, choice_logprobs(c, *job, logprobs));
     if (reply) {
         const ChatReply parsed = reply->finish(text);
@@ -176,9 +178,17 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
         // The logprobs of the tokens released since the last chunk written go on the next one.
         std::vector<TokenLogprob> logprobs;
         size_t text_offset = 0;
+        // The ids of the tokens released since the last chunk written (llama-server's /completion
+        // sends them), and all of them (its last event's with return_tokens).
+        std::vector<int32_t> ids;
+        openai::ChoiceEnd end;
         auto with_logprobs = [&](json chunk) {
             if (c.token_text && !logprobs.empty()) set_logprobs(c, chunk, openai::logprobs(c, logprobs, text_offset));
             logprobs.clear();
+            if (c.endpoint == openai::Endpoint::Llama && chunk.value("stop", true) == false) chunk["tokens"] = ids;
+            if (c.timings_per_token && !chunk.contains("timings")) chunk["timings"] = openai::timings(job->progress());
+            end.tokens.insert(end.tokens.end(), ids.begin(), ids.end());
+            ids.clear();
             return chunk;
         };
         for (;;) {
@@ -191,7 +201,7 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             }
             std::string text;
             std::vector<TokenOrigin> origins;
-            const Job::Wait w = job->next(text, &origins, c.token_text ? &logprobs : nullptr);
+            const Job::Wait w = job->next(text, &origins, c.token_text ? &logprobs : nullptr, std::chrono::milliseconds(200), &ids);
             if (w == Job::Wait::Text && reply) {
                 for (json & delta : reply->add(text)) {
                     if (!write(openai::sse(with_logprobs(openai::chunk_delta(c, std::move(delta)))))) return false;
@@ -223,9 +233,16 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
                 finish_reason = openai::finish_reason(parsed, result.finish_reason);
             }
             // llama-server's /completion ends with its whole answer's fields, without the text sent.
-            json last = c.endpoint == openai::Endpoint::Llama ? openai::response(c, "", finish_reason, result.stats) : openai::chunk_finish(c, finish_reason);
-            if (!write(openai::sse(with_logprobs(std::move(last))))) return false;
-            if (include_usage && !write(openai::sse(openai::chunk_usage(c, result.stats)))) return false;
+            end.stop_type = result.stop_type, end.stopping_word = result.stopping_word;
+            json last = c.endpoint == openai::Endpoint::Llama ? openai::response(c, "", finish_reason, result.stats, 0, openai::ChoiceEnd{end.stop_type, end.stopping_word, {}})
+                                                              : openai::chunk_finish(c, finish_reason);
+            last = with_logprobs(std::move(last));
+            if (c.endpoint != openai::Endpoint::Llama && c.verbose) last["__verbose"] = openai::llama_object(c, "", finish_reason, result.stats, end, true);
+            // llama-server's timings of the whole generation on the stream's last event.
+            json usage = include_usage ? openai::chunk_usage(c, result.stats) : json();
+            (include_usage ? usage : last)["timings"] = openai::timings(result.stats);
+            if (!write(openai::sse(last))) return false;
+            if (include_usage && !write(openai::sse(usage))) return false;
         }
         write("data: [DONE]\n\n");
         sink.done();
@@ -667,7 +684,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
                     p.chat = std::move(rendered.prompt);
                 } else {
                     for (const openai::Prompt & prompt : r.prompts) {
-                        p.prompts.push_back(prompt.tokens.empty() ? t->tokenizer->tokenize(prompt.text, true, specials) : prompt.tokens);
+                        p.prompts.push_back(openai::prompt_tokens(prompt, *t->tokenizer, specials));
                     }
                 }
             } catch (const std::exception & e) {
@@ -715,6 +732,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     gen.stop_tokens = r.stop_token_ids;
     gen.min_tokens = r.min_tokens;
     gen.top_logprobs = r.top_logprobs;
+    gen.post_sampling_logprobs = r.post_sampling_probs;
     if (r.echo) gen.prompt_logprobs = r.top_logprobs;
     gen.grammar = r.grammar;
     gen.compiled_grammar = p.grammar;
@@ -755,9 +773,19 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.model = r.model;
     c.n = r.n;
     if (r.echo) {
-        for (const openai::Prompt & prompt : r.prompts) c.echo.push_back(prompt.tokens.empty() ? prompt.text : t->tokenizer->detokenize(prompt.tokens));
+        for (size_t k = 0; k < r.prompts.size(); ++k) {
+            const openai::Prompt & prompt = r.prompts[k];
+            c.echo.push_back(!prompt.mixed.empty()   ? t->tokenizer->detokenize(jobs[k * static_cast<size_t>(r.n)]->prompt())
+                             : prompt.tokens.empty() ? prompt.text
+                                                     : t->tokenizer->detokenize(prompt.tokens));
+        }
     }
     c.echo_logprobs = r.echo && r.top_logprobs >= 0;
+    c.verbose = r.verbose, c.return_tokens = r.return_tokens, c.timings_per_token = r.timings_per_token, c.post_sampling = r.post_sampling_probs;
+    for (size_t k = 0; r.verbose && k < jobs.size(); k += static_cast<size_t>(r.n)) {
+        std::string & text = c.prompt_texts.emplace_back();
+        for (int32_t id : jobs[k]->prompt()) text += t->tokenizer->piece(id, true);
+    }
     if (r.top_logprobs >= 0) c.token_text = [tokenizer = t->tokenizer.get(), special = r.special_token_text](int32_t id) { return tokenizer->piece(id, special); };
 
     if (jobs.size() > 1) {

@@ -8,12 +8,14 @@
 namespace specula {
 
 Job::Wait Job::next(std::string & text, std::vector<TokenOrigin> * origins, std::vector<TokenLogprob> * logprobs,
-                    std::chrono::milliseconds timeout) {
+                    std::chrono::milliseconds timeout, std::vector<int32_t> * ids) {
     std::unique_lock lock(mutex_);
-    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || !pending_logprobs_.empty() || finished_; });
-    if (!pending_.empty() || !pending_logprobs_.empty()) {
+    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || !pending_logprobs_.empty() || !pending_ids_.empty() || finished_; });
+    if (!pending_.empty() || !pending_logprobs_.empty() || !pending_ids_.empty()) {
         text += pending_;
         pending_.clear();
+        if (ids) ids->insert(ids->end(), pending_ids_.begin(), pending_ids_.end());
+        pending_ids_.clear();
         if (origins) origins->insert(origins->end(), pending_origins_.begin(), pending_origins_.end());
         pending_origins_.clear();
         if (logprobs) logprobs->insert(logprobs->end(), pending_logprobs_.begin(), pending_logprobs_.end());
@@ -23,14 +25,19 @@ Job::Wait Job::next(std::string & text, std::vector<TokenOrigin> * origins, std:
     return finished_ ? Wait::Ended : Wait::Idle;
 }
 
-bool Job::take(const std::string & piece, std::optional<TokenLogprob> logprob) {
+GenerationStats Job::progress() const {
+    std::lock_guard lock(mutex_);
+    return progress_;
+}
+
+bool Job::take(int32_t id, const std::string & piece, std::optional<TokenLogprob> logprob) {
     if (!limits_.any()) {
-        round_.push_back({piece.size(), stops_.empty() ? piece : stops_.push(piece), std::move(logprob)});
+        round_.push_back({id, piece.size(), stops_.empty() ? piece : stops_.push(piece), std::move(logprob)});
         return !stops_.stopped();
     }
     std::string text = piece;
     const bool within = within_limits(text);
-    round_.push_back({text.size(), stops_.empty() ? text : stops_.push(text), std::move(logprob)});
+    round_.push_back({id, text.size(), stops_.empty() ? text : stops_.push(text), std::move(logprob)});
     return within && !stops_.stopped();
 }
 
@@ -64,11 +71,13 @@ bool Job::within_limits(std::string & text) {
     return true;
 }
 
-void Job::publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of) {
+void Job::publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of, const GenerationStats & stats) {
     std::lock_guard lock(mutex_);
+    progress_.n_prompt = stats.n_prompt, progress_.n_cached = stats.n_cached, progress_.prompt_seconds = stats.prompt_seconds;
+    progress_.n_generated = stats.n_generated, progress_.generation_seconds = stats.generation_seconds;
     for (size_t i = 0; i < round_.size(); ++i) {
         const auto [kind, depth] = origin_of(i);
-        held_.push_back({round_[i].bytes, std::move(round_[i].logprob), kind, depth});
+        held_.push_back({round_[i].id, round_[i].bytes, std::move(round_[i].logprob), kind, depth});
         release(round_[i].released);
     }
     round_.clear();
@@ -81,6 +90,7 @@ void Job::release(const std::string & text) {
         // Tokens whose text has all been released are the consumer's, with their logprobs.
         while (!held_.empty() && held_.front().bytes == 0) {
             if (held_.front().logprob) pending_logprobs_.push_back(std::move(*held_.front().logprob));
+            pending_ids_.push_back(held_.front().id);
             held_.pop_front();
         }
         if (at == text.size() || held_.empty()) return;

@@ -15,11 +15,12 @@ namespace specula::openai {
 using nlohmann::json;
 
 json ApiError::body() const {
-    return json{{"error",
-                 {{"message", message},
-                  {"type", type},
-                  {"param", param.empty() ? json(nullptr) : json(param)},
-                  {"code", code.empty() ? json(nullptr) : json(code)}}}};
+    json error{{"message", message},
+               {"type", type},
+               {"param", param.empty() ? json(nullptr) : json(param)},
+               {"code", code.empty() ? json(nullptr) : json(code)}};
+    if (extra.is_object()) error.update(extra);
+    return json{{"error", std::move(error)}};
 }
 
 void bad(const std::string & param, const std::string & message) { throw ApiError{400, message, "invalid_request_error", param, ""}; }
@@ -111,24 +112,53 @@ SamplingParams openai_sampling(const RequestDefaults & defaults, bool & seeded) 
 
 namespace {
 
-bool token_ids(const json & p) {
-    return p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json & x) {
-               return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
-           });
+bool token_id(const json & x) { return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max(); }
+
+bool token_ids(const json & p) { return p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), token_id); }
+
+// One prompt of a batch, or the whole one: a string, ids, a mixed array, {"prompt_string": ...}.
+// `name` is its place in the body, for the message; `field` the param of a refusal.
+Prompt one_prompt(const json & x, const std::string & field, const std::string & name, bool object_allowed) {
+    auto refuse = [&](const std::string & message) { throw ApiError{400, message, "invalid_request_error", field, ""}; };
+    if (x.is_string()) return Prompt{x.get<std::string>(), {}, {}};
+    if (token_ids(x)) return Prompt{"", x.get<std::vector<int32_t>>(), {}};
+    if (x.is_array() && !x.empty() && std::all_of(x.begin(), x.end(), [](const json & e) { return e.is_string() || e.is_number(); })) {
+        Prompt p;
+        for (size_t i = 0; i < x.size(); ++i) {
+            const json & e = x[i];
+            if (e.is_string()) p.mixed.emplace_back(e.get<std::string>(), -1);
+            else if (token_id(e)) p.mixed.emplace_back("", static_cast<int32_t>(e.get<int64_t>()));
+            else refuse("'" + name + "[" + std::to_string(i) + "]' must be a token id (0.." + std::to_string(std::numeric_limits<int32_t>::max()) + ") or a text, got " + json_kind(e));
+        }
+        return p;
+    }
+    if (object_allowed && x.is_object()) {
+        for (const auto & [key, value] : x.items()) {
+            if (key == "multimodal_data") refuse("'" + name + ".multimodal_data': this server's model takes no images or audio (no multimodal projector)");
+            if (key != "prompt_string") refuse("'" + name + "' has the member " + json_quoted(key.size() > 40 ? key.substr(0, 40) + "..." : key) + ", which is not read (only \"prompt_string\")");
+        }
+        if (!x.contains("prompt_string")) refuse("'" + name + "' must have a 'prompt_string'");
+        return one_prompt(x.at("prompt_string"), field, name + ".prompt_string", false);
+    }
+    refuse("'" + name + "' must be a string, an array of token ids (and texts)" + (object_allowed ? ", or {\"prompt_string\": ...}" : "") + ", got " + json_kind(x));
+    return {};
 }
 
-// A string or token ids, or OpenAI's and vLLM's batch: an array of up to kMaxPrompts of either.
-void parse_prompt(const json & p, Request & r) {
-    auto one = [](const json & x) { return x.is_string() ? Prompt{x.get<std::string>(), {}} : Prompt{"", x.get<std::vector<int32_t>>()}; };
-    if (p.is_string() || token_ids(p)) {
-        r.prompts = {one(p)};
-        return;
+}  // namespace
+
+std::vector<Prompt> parse_prompts(const json & p, const std::string & field, size_t max_prompts) {
+    // An array holding ids at its top is one prompt, as llama-server reads it; else a batch.
+    const bool batch = p.is_array() && std::none_of(p.begin(), p.end(), [](const json & x) { return x.is_number(); });
+    if (!batch) return {one_prompt(p, field, field, true)};
+    if (p.empty() || p.size() > max_prompts) {
+        must_be(field, "a string, an array of token ids (and texts), or an array of up to " + std::to_string(max_prompts) + " of them (a batch)", p);
     }
-    const bool batch = p.is_array() && !p.empty() && p.size() <= kMaxPrompts &&
-                       std::all_of(p.begin(), p.end(), [](const json & x) { return x.is_string() || token_ids(x); });
-    if (!batch) must_be("prompt", "a string, an array of token ids, or an array of up to " + std::to_string(kMaxPrompts) + " of either (a batch)", p);
-    for (const json & x : p) r.prompts.push_back(one(x));
+    std::vector<Prompt> prompts;
+    for (size_t k = 0; k < p.size(); ++k) prompts.push_back(one_prompt(p[k], field, field + "[" + std::to_string(k) + "]", true));
+    return prompts;
 }
+
+namespace {
 
 Request parse_body(Endpoint endpoint, const std::string & text, const Accepted & accepted) {
     const json body = body_object(text);
@@ -145,7 +175,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
         r.chat = parse_chat(body, text);
     } else {
         if (!body.contains("prompt")) bad("prompt", "'prompt' is required");
-        parse_prompt(body.at("prompt"), r);
+        r.prompts = parse_prompts(body.at("prompt"), "prompt", kMaxPrompts);
     }
     // llama-server's n_predict, -1 unset, where the body has neither of OpenAI's names.
     const char * max_key = has(body, "max_completion_tokens") ? "max_completion_tokens" : has(body, "max_tokens") ? "max_tokens"
@@ -185,6 +215,10 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
         }
     }
     if (has(body, "specee_threshold")) r.specee_threshold = static_cast<float>(number(body, "specee_threshold", 0.0, 1.0));
+    for (const auto & [key, flag] : {std::pair{"verbose", &r.verbose}, std::pair{"return_tokens", &r.return_tokens},
+                                     std::pair{"timings_per_token", &r.timings_per_token}, std::pair{"post_sampling_probs", &r.post_sampling_probs}}) {
+        if (has(body, key)) *flag = boolean(body.at(key), key);
+    }
     if (has(body, "stream")) r.stream = boolean(body.at("stream"), "stream");
     if (has(body, "stream_options")) {
         const json & so = body.at("stream_options");
@@ -209,12 +243,14 @@ Request parse_request(Endpoint endpoint, const std::string & text, const Accepte
 int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx) {
     const int64_t room = static_cast<int64_t>(n_ctx) - static_cast<int64_t>(n_prompt);
     const bool unset = r.max_tokens < 0 || r.max_tokens_default;
-    if (unset ? room <= 0 : r.max_tokens > room) {
-        throw ApiError{400,
-                       "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) + " tokens" +
-                           (unset ? "" : " and max_tokens is " + std::to_string(r.max_tokens)),
-                       "invalid_request_error", unset ? (r.endpoint == Endpoint::Chat ? "messages" : "prompt") : "max_tokens",
-                       "context_length_exceeded"};
+    const std::string sizes = "this model's context is " + std::to_string(n_ctx) + " tokens; the prompt has " + std::to_string(n_prompt) + " tokens";
+    if (room <= 0) {  // llama-server's error, whose clients read its type and sizes
+        throw ApiError{400, sizes, "exceed_context_size_error", r.endpoint == Endpoint::Chat ? "messages" : "prompt", "context_length_exceeded",
+                       json{{"n_prompt_tokens", n_prompt}, {"n_ctx", n_ctx}}};
+    }
+    if (!unset && r.max_tokens > room) {
+        throw ApiError{400, sizes + " and max_tokens is " + std::to_string(r.max_tokens), "invalid_request_error", "max_tokens", "context_length_exceeded",
+                       json{{"n_prompt_tokens", n_prompt}, {"n_ctx", n_ctx}}};
     }
     if (r.max_tokens_default && r.max_tokens >= 0) return static_cast<int>(std::min<int64_t>(room, r.max_tokens));
     return unset ? static_cast<int>(room) : r.max_tokens;
@@ -256,42 +292,48 @@ json speculation(const GenerationStats & s) {
     return j;
 }
 
-namespace {
-// llama-server's /completion answer: the whole one (stop: true, with the counts and timings), or
-// a stream's text chunk.
-json llama_response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats) {
+json timings(const GenerationStats & stats) {
     auto per_second = [](int n, double seconds) { return seconds > 0 ? n / seconds : 0.0; };
     const int prompt_n = stats.n_prompt - stats.n_cached;
-    json timings{{"cache_n", stats.n_cached},
-                 {"prompt_n", prompt_n},
-                 {"prompt_ms", stats.prompt_seconds * 1000},
-                 {"prompt_per_token_ms", prompt_n > 0 ? stats.prompt_seconds * 1000 / prompt_n : 0.0},
-                 {"prompt_per_second", per_second(prompt_n, stats.prompt_seconds)},
-                 {"predicted_n", stats.n_generated},
-                 {"predicted_ms", stats.generation_seconds * 1000},
-                 {"predicted_per_token_ms", stats.n_generated > 0 ? stats.generation_seconds * 1000 / stats.n_generated : 0.0},
-                 {"predicted_per_second", per_second(stats.n_generated, stats.generation_seconds)}};
-    return json{{"index", 0},
-                {"content", text},
-                {"id_slot", -1},
-                {"stop", true},
-                {"model", c.model},
-                {"tokens_predicted", stats.n_generated},
-                {"tokens_evaluated", stats.n_prompt},
-                {"tokens_cached", stats.n_cached},
-                {"truncated", false},
-                {"stop_type", finish_reason == "length" ? "limit" : "eos"},
-                {"stopping_word", ""},
-                {"timings", std::move(timings)},
-                {"speculation", speculation(stats)}};
+    return json{{"cache_n", stats.n_cached},
+                {"prompt_n", prompt_n},
+                {"prompt_ms", stats.prompt_seconds * 1000},
+                {"prompt_per_token_ms", prompt_n > 0 ? stats.prompt_seconds * 1000 / prompt_n : 0.0},
+                {"prompt_per_second", per_second(prompt_n, stats.prompt_seconds)},
+                {"predicted_n", stats.n_generated},
+                {"predicted_ms", stats.generation_seconds * 1000},
+                {"predicted_per_token_ms", stats.n_generated > 0 ? stats.generation_seconds * 1000 / stats.n_generated : 0.0},
+                {"predicted_per_second", per_second(stats.n_generated, stats.generation_seconds)}};
 }
-}  // namespace
 
-json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats, size_t choice_index) {
+// llama-server's /completion answer: the whole one (stop: true, with the counts and timings), or
+// a stream's last event (its text and tokens already sent).
+json llama_object(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats, const ChoiceEnd & end,
+                  bool with_prompt, size_t choice_index) {
+    json j{{"index", choice_index},
+           {"content", text},
+           {"tokens", c.return_tokens ? json(end.tokens) : json::array()},
+           {"id_slot", -1},
+           {"stop", true},
+           {"model", c.model},
+           {"tokens_predicted", stats.n_generated},
+           {"tokens_evaluated", stats.n_prompt},
+           {"tokens_cached", stats.n_cached},
+           {"has_new_line", text.find('\n') != std::string::npos},
+           {"truncated", false},
+           {"stop_type", !end.stop_type.empty() ? end.stop_type : finish_reason == "length" ? "limit"
+                                                                                            : "eos"},
+           {"stopping_word", end.stopping_word},
+           {"timings", timings(stats)},
+           {"speculation", speculation(stats)}};
+    if (with_prompt) j["prompt"] = choice_index / c.n < c.prompt_texts.size() ? c.prompt_texts[choice_index / c.n] : "";
+    return j;
+}
+
+json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats, size_t choice_index,
+              const ChoiceEnd & end) {
     if (c.endpoint == Endpoint::Llama) {
-        json j = llama_response(c, text, finish_reason, stats);
-        j["index"] = choice_index;
-        return j;
+        return llama_object(c, text, finish_reason, stats, end, c.verbose, choice_index);
     }
     json j = envelope(c, false);
     json choice{{"index", choice_index}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
@@ -302,13 +344,17 @@ json response(const Completion & c, const std::string & text, const std::string 
     }
     j["choices"] = json::array({choice});
     j["usage"] = usage(stats);
+    j["timings"] = timings(stats);  // llama-server's, beside usage
     j["speculation"] = speculation(stats);
+    if (c.verbose) {
+        j["__verbose"] = llama_object(c, text, finish_reason, stats, end, true, choice_index);
+    }
     return j;
 }
 
 namespace {
 json chunk(const Completion & c, const std::string & text, bool first, const std::string & finish_reason, size_t choice_index = 0) {
-    if (c.endpoint == Endpoint::Llama) return json{{"index", choice_index}, {"content", text}, {"stop", false}};
+    if (c.endpoint == Endpoint::Llama) return json{{"index", choice_index}, {"content", text}, {"tokens", json::array()}, {"stop", false}};
     json j = envelope(c, true);
     json choice{{"index", choice_index}, {"finish_reason", finish_value(finish_reason)}, {"logprobs", nullptr}};
     if (c.endpoint == Endpoint::Chat) {

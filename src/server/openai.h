@@ -22,6 +22,8 @@ struct ApiError {
     std::string type = "invalid_request_error";
     std::string param;  // the offending field, or empty
     std::string code;   // e.g. "context_length_exceeded", or empty
+    // More members of the error object (llama-server's n_prompt_tokens and n_ctx); null: none.
+    nlohmann::json extra = nullptr;
     nlohmann::json body() const;
 };
 
@@ -36,11 +38,20 @@ inline constexpr int kMaxChoices = 8;
 // Most prompts in a completions batch; their choices together must also fit the slots and queue.
 inline constexpr size_t kMaxPrompts = 256;
 
-// A completions prompt: a text, or token ids (`tokens` non-empty).
+// A completions prompt: a text, or token ids (`tokens` non-empty), or llama-server's mixed
+// prompt (`mixed` non-empty): texts and ids in order ([12, 34, "text", 56]), each text (id -1)
+// tokenized on its own, with BOS only when it comes first (prompt_tokens).
 struct Prompt {
     std::string text;
     std::vector<int32_t> tokens;
+    std::vector<std::pair<std::string, int32_t>> mixed;  // (text, -1) or ("", id)
 };
+// The shapes of prompts llama-server reads (its /completion's `prompt`, /embeddings' `input`): a
+// string; token ids; a mixed array of ids and strings; {"prompt_string": any of these}; or a batch,
+// an array (without ids at its top) of up to `max_prompts` of those. Throws ApiError 400 naming
+// `field`: another shape, an id that is negative or beyond int32, an empty array, an object with
+// other members (`multimodal_data`: this server takes no images or audio).
+std::vector<Prompt> parse_prompts(const nlohmann::json & p, const std::string & field, size_t max_prompts);
 
 struct Request {
     Endpoint endpoint = Endpoint::Completions;
@@ -83,6 +94,11 @@ struct Request {
     // generation as the model's own end tokens do (their text not in the reply).
     int min_tokens = 0;
     std::vector<int32_t> stop_token_ids;
+    // llama-server's: `__verbose` (its /completion object of the answer, with the prompt's text) in
+    // the response; the generated token ids in /completion's `tokens`; `timings` in every stream
+    // chunk; logprobs of the distribution each token was drawn from (after the sampler chain:
+    // GenerationOptions::post_sampling_logprobs), in its shape (`prob`, `top_probs`).
+    bool verbose = false, return_tokens = false, timings_per_token = false, post_sampling_probs = false;
     // Top-level fields the server does not read, accepted unless --strict-fields (parse_request):
     // the server names them in its log and in the X-Specula-Ignored-Fields header.
     std::vector<std::string> ignored_fields;
@@ -128,7 +144,9 @@ Request parse_request(Endpoint endpoint, const std::string & body, const Accepte
 // The tokens the request may generate with a prompt of n_prompt tokens in a context of n_ctx:
 // max_tokens (the server's default cut to the room left), or when unset the rest of the context.
 // Throws a 400 naming both lengths when they do not fit (computed without overflow for every int
-// max_tokens and any prompt size).
+// max_tokens and any prompt size): a prompt that fills the context is llama-server's
+// `exceed_context_size_error` (with its n_prompt_tokens and n_ctx), a max_tokens beyond the room
+// left an invalid_request_error naming max_tokens; both with OpenAI's code context_length_exceeded.
 int tokens_to_generate(const Request & r, size_t n_prompt, int n_ctx);
 
 // The completed request's response, its stream chunks, and the usage/speculation objects.
@@ -145,12 +163,28 @@ struct Completion {
     // A token's text, for the logprobs of a request that asked for them (server/openai_logprobs.h);
     // empty: it did not.
     std::function<std::string(int32_t)> token_text;
+    // Request's verbose, return_tokens, timings_per_token and post_sampling_probs; with verbose,
+    // each prompt's text (its tokens' pieces, control tokens' text included).
+    bool verbose = false, return_tokens = false, timings_per_token = false, post_sampling = false;
+    std::vector<std::string> prompt_texts;
 };
+// How a choice ended, beyond its finish reason: llama-server's stop_type ("eos" | "word" | "limit";
+// empty: from the finish reason) and stopping_word, and its generated token ids (return_tokens).
+struct ChoiceEnd {
+    std::string stop_type, stopping_word;
+    std::vector<int32_t> tokens;
+};
+// llama-server's timings object of a generation (its figures so far, or its whole).
+nlohmann::json timings(const GenerationStats & stats);
 nlohmann::json usage(const GenerationStats & stats);
 nlohmann::json speculation(const GenerationStats & stats);
 // The response of choice `choice` (its index; llama-server's /completion: its object).
+// llama-server's `timings` beside OpenAI's fields; with c.verbose its `__verbose`.
 nlohmann::json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats,
-                        size_t choice = 0);
+                        size_t choice = 0, const ChoiceEnd & end = {});
+// llama-server's /completion object (`__verbose` with the prompt's text).
+nlohmann::json llama_object(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats,
+                            const ChoiceEnd & end, bool with_prompt, size_t choice = 0);
 // First chunk (chat: the role; completions: the echo of choice `choice`'s prompt), a text delta,
 // the last chunk of the choice, the usage chunk.
 // A text delta carries the extension {"specula": {"tokens": tokens}} (docs/server.md) when

@@ -202,7 +202,8 @@ std::shared_ptr<const LogitsState> check_generation(Request & r, const Tokenizer
         }
     }
     for (size_t k = 0; k < r.prompts.size(); ++k) {
-        const std::vector<int32_t> & ids = r.prompts[k].tokens;
+        std::vector<int32_t> ids = r.prompts[k].tokens;
+        for (const auto & [text, id] : r.prompts[k].mixed) ids.push_back(id);  // a text's place (-1) keeps the ids' indices
         const std::string name = r.prompts.size() > 1 ? "prompt[" + std::to_string(k) + "]" : "prompt";
         for (size_t i = 0; i < ids.size(); ++i) {
             if (ids[i] >= tokenizer.n_vocab()) {
@@ -224,13 +225,28 @@ std::shared_ptr<const LogitsState> check_generation(Request & r, const Tokenizer
     }
 }
 
+std::vector<int32_t> prompt_tokens(const Prompt & prompt, const Tokenizer & tokenizer, SpecialTokens specials) {
+    if (prompt.mixed.empty()) return prompt.tokens.empty() ? tokenizer.tokenize(prompt.text, true, specials) : prompt.tokens;
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < prompt.mixed.size(); ++i) {
+        const auto & [text, id] = prompt.mixed[i];
+        if (id >= 0) {
+            tokens.push_back(id);
+            continue;
+        }
+        const std::vector<int32_t> more = tokenizer.tokenize(text, i == 0, specials);
+        tokens.insert(tokens.end(), more.begin(), more.end());
+    }
+    return tokens;
+}
+
 std::vector<std::string> unknown_fields(const json & body, Endpoint endpoint) {
     // Read by parse_request (openai.cpp, openai_chat.cpp and the functions above).
     static const std::set<std::string, std::less<>> common = {
         "model", "max_tokens", "max_completion_tokens", "n_predict", "n", "temperature", "top_p", "top_k", "min_p", "seed",
         "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "repetition_penalty", "logit_bias", "stop", "logprobs",
         "n_probs", "grammar", "response_format", "min_tokens", "stop_token_ids", "skip_special_tokens", "ignore_eos", "specee",
-        "specee_threshold", "stream", "stream_options", "cache_salt",
+        "specee_threshold", "stream", "stream_options", "cache_salt", "verbose", "return_tokens", "timings_per_token", "post_sampling_probs",
         // Metadata: accepted, with no effect on the generation (docs/server.md).
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
         // llama-server's: every request reuses what a slot's cache holds (server/slot_prefix.h), with the same output.

@@ -11,7 +11,8 @@
 
 namespace specula {
 class Tokenizer;
-}
+enum class SpecialTokens;
+}  // namespace specula
 
 namespace specula::openai {
 
@@ -24,6 +25,10 @@ void parse_generation(const nlohmann::json & body, Request & r);
 // (GenerationOptions::compiled_grammar; nullptr without a grammar). Throws ApiError 400 naming the
 // id, or the grammar's problem.
 std::shared_ptr<const LogitsState> check_generation(Request & r, const Tokenizer & tokenizer);
+
+// A prompt's tokens: a text's with BOS as the vocabulary asks, ids as given; a mixed prompt's
+// texts each tokenized without BOS unless it comes first (llama-server's tokenize_mixed).
+std::vector<int32_t> prompt_tokens(const Prompt & prompt, const Tokenizer & tokenizer, SpecialTokens specials);
 
 // The top-level fields that are neither read by parse_request nor metadata without effect on the
 // generation (`user`, `metadata`, `store`, ...), in the body's order (names cut to 40 bytes).

@@ -1,5 +1,7 @@
 #include "server/openai_logprobs.h"
 
+#include <cmath>
+
 namespace specula::openai {
 
 using nlohmann::json;
@@ -20,8 +22,10 @@ size_t characters(const std::string & text) {
     return n;
 }
 
+// With post_sampling_probs, llama-server's `prob` (of the distribution after the sampler chain) in place of `logprob`.
 json chat_entry(const Completion & c, int32_t token, float logprob) {
     const std::string text = c.token_text(token);
+    if (c.post_sampling) return json{{"token", text}, {"prob", std::exp(logprob)}, {"bytes", bytes_of(text)}};
     return json{{"token", text}, {"logprob", logprob}, {"bytes", bytes_of(text)}};
 }
 
@@ -55,7 +59,7 @@ json logprobs(const Completion & c, const std::vector<TokenLogprob> & tokens, si
             json entry = entry_of(t.token, t.logprob);
             json top = json::array();
             for (const auto & [id, logprob] : t.top) top.push_back(entry_of(id, logprob));
-            entry["top_logprobs"] = std::move(top);
+            entry[c.post_sampling ? "top_probs" : "top_logprobs"] = std::move(top);
             content.push_back(std::move(entry));
         }
         return json{{"content", std::move(content)}, {"refusal", nullptr}};

@@ -1,7 +1,10 @@
 #pragma once
 // Logprobs in OpenAI's shapes: a chat choice's {"content": [{token, logprob, bytes, top_logprobs:
 // [{token, logprob, bytes}]}]}, a completion choice's {tokens, token_logprobs, top_logprobs:
-// [{text: logprob}], text_offset}. A stream chunk carries its own tokens' entries.
+// [{text: logprob}], text_offset}. A stream chunk carries its own tokens' entries. With
+// Completion::post_sampling the values are of the distribution after the sampler chain: in the
+// chat and /completion shapes as llama-server's `prob` and `top_probs`, in the completions shape
+// as logprobs.
 #include <cstddef>
 #include <cstdint>
 #include <span>

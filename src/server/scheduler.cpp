@@ -318,7 +318,8 @@ void Scheduler::run() {
                 const ExitStep * e = s.exit_sequence->step([&](int32_t t) { return s.take(tok, t); });
                 if (!e) continue;
                 ++lossy_tokens;
-                s.job->publish([e](size_t) { return std::pair<const char *, int>{e->exit_layer >= 0 ? "exit" : "bonus", std::max(e->exit_layer, 0)}; });
+                s.job->publish([e](size_t) { return std::pair<const char *, int>{e->exit_layer >= 0 ? "exit" : "bonus", std::max(e->exit_layer, 0)}; },
+                               s.exit_sequence->stats());
             } catch (const GrammarError & e) {
                 lossy_failure[i] = {e.what(), true};
             } catch (const std::exception & e) {

@@ -129,10 +129,14 @@ public:
     };
     // `origins` (may be null) gets the new text's tokens; their texts concatenate to the new text.
     // `logprobs` (may be null) gets the logprobs of the tokens whose text has all been released
-    // (options.on_logprob is the scheduler's); a token cut by a stop string never is.
+    // (options.on_logprob is the scheduler's); a token cut by a stop string never is. `ids` (may be
+    // null) gets those tokens' ids (an end-of-generation token's too), in order.
     Wait next(std::string & text, std::vector<TokenOrigin> * origins = nullptr, std::vector<TokenLogprob> * logprobs = nullptr,
-              std::chrono::milliseconds timeout = std::chrono::milliseconds(200));
+              std::chrono::milliseconds timeout = std::chrono::milliseconds(200), std::vector<int32_t> * ids = nullptr);
     const Result & result() const { return result_; }
+    // The generation's figures so far (prompt and cached tokens, prompt time, tokens generated and
+    // the time since the first), as of the last round published; all zero before the first.
+    GenerationStats progress() const;
     const std::vector<int32_t> & prompt() const { return prompt_; }
     // The client went away: the scheduler frees the slot at its next step.
     void cancel() { cancelled_ = true; }
@@ -144,10 +148,11 @@ private:
     // end-of-generation token) through the stop strings; false once a stop string has ended in it.
     // publish(): where the tokens taken since the last publish came from (origin_of(i): the i-th's
     // kind and depth), which makes their released text and logprobs the consumer's.
-    bool take(const std::string & piece, std::optional<TokenLogprob> logprob);
+    bool take(int32_t id, const std::string & piece, std::optional<TokenLogprob> logprob);
     // The TextLimits' verdict on a token's text, which it may cut short; false: the text ends here.
     bool within_limits(std::string & text);
-    void publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of);
+    // `stats`: the sequence's figures after the round (progress()).
+    void publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of, const GenerationStats & stats);
     void finish(Result result);
     void release(const std::string & text);  // under mutex_: the next bytes of the held tokens' text
 
@@ -160,19 +165,23 @@ private:
     int choices_ = 1;              // the first choice of a request: how many it has (Scheduler::submit_choices)
     std::shared_ptr<Job> leader_;  // a further choice: the first, whose prefilled prompt it takes
     std::atomic<bool> cancelled_{false};
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     std::condition_variable cv_;
-    std::string pending_;  // complete characters not yet taken
+    GenerationStats progress_;  // under mutex_
+    std::string pending_;       // complete characters not yet taken
     std::vector<TokenOrigin> pending_origins_;
     std::vector<TokenLogprob> pending_logprobs_;
+    std::vector<int32_t> pending_ids_;
     StopStrings stops_;  // worker side, as round_ and held_
     struct Taken {
+        int32_t id = -1;
         size_t bytes = 0;      // of the token's text
         std::string released;  // the text the stop strings released at this token
         std::optional<TokenLogprob> logprob;
     };
     std::vector<Taken> round_;  // taken, not yet published
     struct Held {
+        int32_t id = -1;
         size_t bytes = 0;  // of the token's text, not yet released
         std::optional<TokenLogprob> logprob;
         const char * kind;

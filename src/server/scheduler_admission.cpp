@@ -83,11 +83,13 @@ std::string Scheduler::start(Slot & slot, Slot * first) {
         auto on_round = [s](const RoundInfo & r) {
             const size_t n_accepted = r.result->accepted.size();
             const bool bonus = r.result->bonus;
-            s->job->publish([&](size_t i) {
-                return std::pair<const char *, int>{i < n_accepted ? "accepted" : bonus ? "bonus"
-                                                                                        : "correction",
-                                                    static_cast<int>(i) + 1};
-            });
+            s->job->publish(
+                [&](size_t i) {
+                    return std::pair<const char *, int>{i < n_accepted ? "accepted" : bonus ? "bonus"
+                                                                                            : "correction",
+                                                        static_cast<int>(i) + 1};
+                },
+                s->stats());
         };
         GenerationOptions options = job->options_;
         if (options.top_logprobs >= 0) options.on_logprob = [s](const TokenLogprob & l) { s->logprob = l; };

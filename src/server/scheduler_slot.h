@@ -45,7 +45,7 @@ struct Scheduler::Slot {
         ended_by_eog = ended_by_eog || end;
         std::optional<TokenLogprob> taken = std::move(logprob);
         logprob.reset();
-        return job->take(end ? std::string() : tok.piece(t, job->options_.special_token_text), std::move(taken)) && !job->cancelled();
+        return job->take(t, end ? std::string() : tok.piece(t, job->options_.special_token_text), std::move(taken)) && !job->cancelled();
     }
     SpeculationStats seen;             // the sequence's counters already added to the metrics
     SchedulerMetrics::Slot published;  // what metrics() reports (publish_slots)

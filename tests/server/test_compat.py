@@ -460,3 +460,81 @@ def test_a_chat_streams_first_delta_is_the_role_without_content(aliased):
     first = events[0]["choices"][0]["delta"]
     assert first == {"role": "assistant", "content": None}, events[0]
     assert all("role" not in e["choices"][0]["delta"] and e["choices"][0]["delta"].get("content") != "" for e in events[1:] if e["choices"]), events
+
+
+def test_prompts_mixing_text_and_token_ids_as_llama_server_reads_them(aliased):
+    # Catches: llama-server's mixed prompts ([ids, "text", ids]) and {"prompt_string"} objects
+    # refused or read as batches, a later text given a BOS, images in a prompt dropped silently.
+    _, base = aliased
+    status, ids = post(base, "/tokenize", {"content": PROMPT, "add_special": True})
+    tokens = ids["tokens"]
+    status, plain = post(base, "/completion", {"prompt": tokens, "n_predict": 6, "temperature": 0})
+    assert status == 200, plain
+    for batch in ([tokens, PROMPT], [tokens, {"prompt_string": PROMPT}], [PROMPT, [PROMPT]]):
+        status, body = post(base, "/completion", {"prompt": batch, "n_predict": 6, "temperature": 0})
+        assert status == 200 and [b["content"] for b in body] == [plain["content"]] * 2 and [b["index"] for b in body] == [0, 1], (batch, body)
+    status, no_bos = post(base, "/tokenize", {"content": PROMPT, "add_special": False})
+    status, body = post(base, "/completion", {"prompt": tokens[:1] + [PROMPT], "n_predict": 6, "temperature": 0})
+    assert status == 200 and body["tokens_evaluated"] == 1 + len(no_bos["tokens"]), body
+    status, body = post(base, "/completion", {"prompt": {"prompt_string": PROMPT}, "n_predict": 6, "temperature": 0})
+    assert status == 200 and body["content"] == plain["content"], body
+    status, body = post(base, "/completion", {"prompt": {"prompt_string": "<__media__>", "multimodal_data": ["iVBORw0KGgo="]}})
+    assert status == 400 and "multimodal_data" in body["error"]["message"], body
+    status, body = post(base, "/v1/completions", {"prompt": [1, 2, PROMPT, 3], "max_tokens": 2})
+    assert status == 200 and body["usage"]["prompt_tokens"] == 3 + len(no_bos["tokens"]), body
+
+
+def test_llama_servers_verbose_return_tokens_and_timings_per_token(aliased):
+    # Catches: `verbose` without llama-server's __verbose (its /completion object with the prompt's
+    # text), return_tokens' ids missing or not the tokens generated, timings only at the end of
+    # a timings_per_token stream, the stream's last event without the whole generation's timings.
+    _, base = aliased
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 3, "verbose": True, "temperature": 0})
+    assert status == 200 and "Book" in body["__verbose"]["prompt"] and body["__verbose"]["content"] == body["choices"][0]["message"]["content"], body
+    assert body["timings"]["predicted_n"] == 3, body
+    status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 3})
+    assert "__verbose" not in body, body
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0, "return_tokens": True})
+    assert status == 200 and len(body["tokens"]) == 5 and isinstance(body["has_new_line"], bool), body
+    status, detok = post(base, "/detokenize", {"tokens": body["tokens"]})
+    assert detok["content"] == body["content"], (detok, body)
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0})
+    assert body["tokens"] == [], body
+    events = stream_events(base, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0})
+    assert sum(len(e["tokens"]) for e in events[:-1]) == 5 and events[-1]["tokens"] == [], events
+    events = stream_events(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "timings_per_token": True,
+                                                          "stream_options": {"include_usage": True}})
+    assert "timings" not in events[0], events[0]
+    texts = [e for e in events[1:] if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert texts and all(0 < e["timings"]["predicted_n"] <= 6 for e in texts), events
+    assert events[-1]["choices"] == [] and events[-1]["timings"]["predicted_n"] == events[-1]["usage"]["completion_tokens"], events[-1]
+
+
+def test_a_prompt_beyond_the_context_is_llama_servers_exceed_context_size_error(aliased):
+    # Catches: the context error without llama-server's type and sizes, which its clients read.
+    _, base = aliased
+    messages = [{"role": "user", "content": "What is the best book " * 200}]
+    for stream in (False, True):
+        status, body = post(base, "/v1/chat/completions", {"messages": messages, "stream": stream})
+        assert status == 400 and body["error"]["type"] == "exceed_context_size_error" and body["error"]["n_ctx"] == 512, body
+        assert body["error"]["n_prompt_tokens"] > 512 and body["error"]["code"] == "context_length_exceeded", body
+
+
+def test_post_sampling_probs_are_the_sampled_distributions(aliased):
+    # Catches: post_sampling_probs ignored (llama-server's prob and top_probs missing), or values
+    # before the sampler chain: at T = 0 the token alone with probability 1; with top-k 3 three
+    # that sum to 1.
+    _, base = aliased
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 4, "n_probs": 5, "temperature": 0, "post_sampling_probs": True})
+    probs = body["completion_probabilities"]
+    assert status == 200 and len(probs) == 4, body
+    assert all(p["prob"] == 1.0 and [t["id"] for t in p["top_probs"]] == [p["id"]] and "logprob" not in p for p in probs), probs
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 4, "n_probs": 5, "temperature": 1, "top_k": 3, "seed": 5,
+                                              "post_sampling_probs": True})
+    for p in body["completion_probabilities"]:
+        assert len(p["top_probs"]) == 3 and abs(sum(t["prob"] for t in p["top_probs"]) - 1) < 1e-5, p
+        assert p["prob"] == next(t["prob"] for t in p["top_probs"] if t["id"] == p["id"]), p
+    status, body = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": True,
+                                                       "top_logprobs": 2, "temperature": 0, "post_sampling_probs": True})
+    assert all(e["prob"] == 1.0 and len(e["top_probs"]) == 1 for e in body["choices"][0]["logprobs"]["content"]), body
