@@ -121,7 +121,7 @@ void respond_choices_stream(httplib::Response & res, const std::vector<std::shar
                 return true;
             };
             const size_t n = jobs.size();
-            for (size_t i = 0; i < n; ++i) {
+            for (size_t i = 0; c.endpoint != openai::Endpoint::Llama && i < n; ++i) {  // llama-server's /completion has no opening events
                 if (!write(openai::sse(openai::chunk_start(c, i)))) return false;
             }
             std::vector<std::vector<TokenLogprob>> logprobs(n);

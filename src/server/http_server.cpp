@@ -161,6 +161,13 @@ void respond_whole(httplib::Response & res, const std::shared_ptr<Job> & job, co
     send_json(res, 200, response);
 }
 
+// Whether a piece of text's tokens can be sent an event each: as many as its ids (and logprobs),
+// each token's text whole (none cut by the stop strings' holding back, no character split).
+bool per_token(const openai::Completion & c, const std::vector<TokenOrigin> & origins, const std::vector<int32_t> & ids,
+               const std::vector<TokenLogprob> & logprobs) {
+    return ids.size() > 1 && origins.size() == ids.size() && (!c.token_text || logprobs.size() == ids.size());
+}
+
 // A streamed answer: server-sent events, a chunk per piece of text.
 // A parsed reply (`reply` set) streams the reasoning, content and calls' deltas the partial
 // parses add, without the tokens extension (its tokens' texts would not make up the delta).
@@ -174,7 +181,8 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             job->cancel();  // the client went away: free the slot
             return false;
         };
-        if (!write(openai::sse(openai::chunk_start(c)))) return false;
+        // llama-server's /completion streams its tokens' events alone, without an opening one.
+        if (c.endpoint != openai::Endpoint::Llama && !write(openai::sse(openai::chunk_start(c)))) return false;
         // The logprobs of the tokens released since the last chunk written go on the next one.
         std::vector<TokenLogprob> logprobs;
         size_t text_offset = 0;
@@ -205,6 +213,17 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             if (w == Job::Wait::Text && reply) {
                 for (json & delta : reply->add(text)) {
                     if (!write(openai::sse(with_logprobs(openai::chunk_delta(c, std::move(delta)))))) return false;
+                }
+            } else if (w == Job::Wait::Text && c.endpoint == openai::Endpoint::Llama && per_token(c, origins, ids, logprobs)) {
+                // llama-server's /completion sends an event per token: a round's tokens one by one.
+                const std::vector<int32_t> round_ids = std::exchange(ids, {});
+                const std::vector<TokenLogprob> round_logprobs = std::exchange(logprobs, {});
+                for (size_t k = 0; k < round_ids.size(); ++k) {
+                    const TokenOrigin & o = origins[k];
+                    ids = {round_ids[k]};
+                    if (c.token_text) logprobs = {round_logprobs[k]};
+                    const json tokens = json::array({{{"text", o.text}, {"kind", o.kind}, {"depth", o.depth}}});
+                    if (!write(openai::sse(with_logprobs(openai::chunk_text(c, o.text, tokens))))) return false;
                 }
             } else if (w == Job::Wait::Text) {
                 json tokens = json::array();

@@ -501,8 +501,10 @@ def test_llama_servers_verbose_return_tokens_and_timings_per_token(aliased):
     assert detok["content"] == body["content"], (detok, body)
     status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0})
     assert body["tokens"] == [], body
-    events = stream_events(base, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0})
-    assert sum(len(e["tokens"]) for e in events[:-1]) == 5 and events[-1]["tokens"] == [], events
+    # An event per token, as llama-server streams (a round's drafted tokens one by one), none before them.
+    events = stream_events(base, "/completion", {"prompt": PROMPT, "n_predict": 5, "temperature": 0, "n_probs": 2})
+    assert [len(e["tokens"]) for e in events[:-1]] == [1] * 5 and events[-1]["tokens"] == [], events
+    assert all([p["id"] for p in e["completion_probabilities"]] == e["tokens"] for e in events[:-1]), events
     events = stream_events(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "timings_per_token": True,
                                                           "stream_options": {"include_usage": True}})
     assert "timings" not in events[0], events[0]
