@@ -210,10 +210,10 @@ TEST(PackedMatmul, EverySimdPathStaysInsideItsBuffers) {
                 for (CpuPath path : paths()) {
                     GuardedBytes w(p.bytes.size(), at_end), xs(x.size() * sizeof(float), at_end);
                     GuardedBytes q(x.size(), at_end), d(blocks * sizeof(float), at_end), sums(blocks * sizeof(int32_t), at_end),
-                        ds(blocks * sizeof(float), at_end), y(ref.size() * sizeof(float), at_end);
+                        ds(blocks * sizeof(float), at_end), h32(2 * blocks * sizeof(int32_t), at_end), y(ref.size() * sizeof(float), at_end);
                     std::memcpy(w.as<uint8_t>(), p.bytes.data(), p.bytes.size());
                     std::memcpy(xs.as<float>(), x.data(), x.size() * sizeof(float));
-                    kernels::QuantizedActivations a{n_tokens, k, q.as<int8_t>(), d.as<float>(), sums.as<int32_t>(), ds.as<float>()};
+                    kernels::QuantizedActivations a{n_tokens, k, q.as<int8_t>(), d.as<float>(), sums.as<int32_t>(), ds.as<float>(), h32.as<int32_t>()};
                     if (!p.m.is_float()) kernels::quantize_activations_on(path, xs.as<float>(), k, a, kernels::has_min_term(p.m.format));
                     kernels::matmul_on(path, p.m, w.as<uint8_t>(), xs.as<float>(), k, a, y.as<float>(), n_rows, 0, p.m.n_groups());
                     EXPECT_EQ(0, std::memcmp(ref.data(), y.as<float>(), ref.size() * sizeof(float)))

@@ -1,7 +1,8 @@
 // Micro-benchmarks of specula's CPU kernels, one thread, each path the CPU has:
 // - packed matmul (runtime/kernels/matmul.h) on a matrix that stays in L2 (1536 x 768, about
 //   SmolLM2-135M's FFN up projection), so the figure is the kernel's arithmetic rate, not the
-//   memory's. Counter "GMAC/s" = weight x token multiply-adds per second;
+//   memory's, and Qwen2.5-Coder-1.5B's FFN matrices streamed from memory, as a forward reads
+//   them. Counter "GMAC/s" = weight x token multiply-adds per second;
 // - masked attention (runtime/kernels/attention.h), one query row of SmolLM2-135M's shape (9 heads
 //   of 64 over 3 KV heads) against n_kv visible F16 slots: the time is one row, all heads of one layer;
 // - the machine's int8 peak per core for each x86 path's instruction mixes (int8_peak): what the
@@ -52,13 +53,12 @@ Fixture make(ggml_type type, int64_t n_rows, int64_t k, int n_tokens) {
     return f;
 }
 
-// One thread's packed matmul of a 1536 x 768 matrix. copies > 1 streams the weights from memory,
-// as a forward reads them: that many copies of the matrix taken in turn (64: 47 MB of Q4_1), so no
-// call finds its weights in cache; 1 keeps them in L2.
-void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path, int copies) {
+// One thread's packed matmul of an n_rows x k matrix. copies > 1 streams the weights from memory,
+// as a forward reads them: that many copies of the matrix taken in turn, so no call finds its
+// weights in cache; 1 keeps them in cache.
+void matmul_shape(benchmark::State & state, ggml_type type, CpuPath path, int64_t n_rows, int64_t k, int copies) {
     ggml_cpu_init();
     const int n_tokens = static_cast<int>(state.range(0));
-    const int64_t n_rows = 1536, k = 768;  // k a multiple of 256 for the k-quants
     if (!cpu_can_run(path)) {
         state.SkipWithError("this CPU cannot run the path");
         return;
@@ -76,6 +76,9 @@ void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path, int c
     if (copies > 1) state.counters["GB/s"] = benchmark::Counter(double(f.packed.size()) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
     state.SetLabel(cpu_path_name(path));
 }
+
+// 1536 x 768 (k a multiple of 256 for the k-quants): in L2, or streamed as 64 copies (47 MB of Q4_1).
+void packed_matmul(benchmark::State & state, ggml_type type, CpuPath path, int copies) { matmul_shape(state, type, path, 1536, 768, copies); }
 
 BENCHMARK_CAPTURE(packed_matmul, streamed_Q4_1_Avx2, GGML_TYPE_Q4_1, CpuPath::Avx2, 64)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(8);
 BENCHMARK_CAPTURE(packed_matmul, streamed_Q4_1_Avx512Vnni, GGML_TYPE_Q4_1, CpuPath::Avx512Vnni, 64)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(8);
@@ -96,6 +99,20 @@ SPECULA_KERNEL_BENCH(Q5_0);
 SPECULA_KERNEL_BENCH(Q4_K);
 SPECULA_KERNEL_BENCH(Q6_K);
 SPECULA_KERNEL_BENCH(F16);
+
+// Qwen2.5-Coder-1.5B Q4_K_M's matrices streamed from memory as its forward reads them, each past
+// the 32 MB L3 of a Zen 4 (about 90 MB of copies): ffn_gate/up (8960 x 1536, Q4_K) and ffn_down
+// (1536 x 8960, Q6_K in half the layers; the 151936 x 1536 output matrix is Q6_K too).
+#define SPECULA_QWEN_BENCH(name, type, rows, k, copies, path)                                                        \
+    BENCHMARK_CAPTURE(matmul_shape, qwen_##name##_##type##_##path, GGML_TYPE_##type, CpuPath::path, rows, k, copies) \
+        ->Arg(1)                                                                                                     \
+        ->Arg(2)                                                                                                     \
+        ->Arg(4)                                                                                                     \
+        ->Arg(8)                                                                                                     \
+        ->Arg(16)
+SPECULA_QWEN_BENCH(ffn_up, Q4_K, 8960, 1536, 12, Avx512Vnni);
+SPECULA_QWEN_BENCH(ffn_down, Q6_K, 1536, 8960, 8, Avx512Vnni);
+SPECULA_QWEN_BENCH(ffn_down, Q6_K, 1536, 8960, 8, Avx2);
 
 void masked_attention(benchmark::State & state, CpuPath path) {
     const int n_kv = static_cast<int>(state.range(0));

@@ -147,12 +147,14 @@ struct Scratch {
     std::vector<float> d;
     std::vector<int32_t> s;
     std::vector<float> ds;
+    std::vector<int32_t> h32;
     QuantizedActivations view(int n_tokens, int64_t k) {
         q.resize(static_cast<size_t>(n_tokens) * k);
         d.resize(static_cast<size_t>(n_tokens) * (k / kBlock));
         s.resize(d.size());
         ds.resize(d.size());
-        return QuantizedActivations{n_tokens, k, q.data(), d.data(), s.data(), ds.data()};
+        h32.resize(2 * d.size());
+        return QuantizedActivations{n_tokens, k, q.data(), d.data(), s.data(), ds.data(), h32.data()};
     }
 };
 
@@ -230,8 +232,8 @@ void matmul_on(CpuPath path, const PackedMatrix & m, const uint8_t * packed, con
         return generic::matmul_float(m, packed, x, x_stride, a.n_tokens, y, y_stride, g_begin, g_end);
     }
 #if defined(SPECULA_X86_KERNELS)
-    if (path == CpuPath::Avx512Vnni && avx512::has_body(m.format)) return avx512::matmul(m, packed, a, y, y_stride, g_begin, g_end);
-    if (path == CpuPath::Avx2 || path == CpuPath::Avx512Vnni) return avx2::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+    if (path == CpuPath::Avx512Vnni) return avx512::matmul(m, packed, a, y, y_stride, g_begin, g_end);
+    if (path == CpuPath::Avx2) return avx2::matmul(m, packed, a, y, y_stride, g_begin, g_end);
 #endif
 #if defined(SPECULA_ARM64_KERNELS)
     if (path == CpuPath::NeonI8mm) return neon_i8mm::matmul(m, packed, a, y, y_stride, g_begin, g_end);

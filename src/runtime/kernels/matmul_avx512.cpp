@@ -5,11 +5,10 @@
 // stored unsigned integers meet the signed activations and the offsets are subtracted once per
 // block (the exact isum of matmul.h). Each token keeps its 16 float accumulators in one register,
 // so a tile of 8 tokens reads every weight byte once and never spills.
-// Q6_K keeps the AVX2 body (same bits, by matmul.h's order). The float formats have their own
-// here: matmul.h's 16 lane sums are exactly one zmm, so a tile of 4 weight rows x 4 tokens keeps
-// 16 sums in registers and reads each weight chunk once per 4 tokens and each activation chunk
-// once per 4 rows (the AVX2 body: 2 ymm per sum, one row at a time), which is what a verify block
-// of many sequences' rows needs.
+// The float formats have their own body here too: matmul.h's 16 lane sums are exactly one zmm,
+// so a tile of 4 weight rows x 4 tokens keeps 16 sums in registers and reads each weight chunk
+// once per 4 tokens and each activation chunk once per 4 rows (the AVX2 body: 2 ymm per sum, one
+// row at a time), which is what a verify block of many sequences' rows needs.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -66,6 +65,42 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m5
     }
 }
 
+// Plane bits 2j..2j+1 of Q6_K's slice j at bits 4-5, to be masked (the 16-bit shifts leak across
+// bytes only outside bits 4-5).
+inline __m512i q6_high_bits(__m512i plane, int j) {
+    switch (j) {
+        case 0: return _mm512_slli_epi16(plane, 4);
+        case 1: return _mm512_slli_epi16(plane, 2);
+        case 2: return plane;
+        default: return _mm512_srli_epi16(plane, 2);
+    }
+}
+
+// Q6_K's isum: each half's dots of the unsigned 6-bit weights start at h32 (-32 x the half's
+// activation sum, matmul_impl.h), so they end as dot(u - 32, q) with no signed weights to make;
+// its scale then multiplies it, exactly (|isum| < 2^24).
+template <int NT>
+inline void q6_k_isums(const uint8_t * blk, const int8_t * const (&q)[NT], const int32_t * const (&h32)[NT], __m512i (&isum)[NT]) {
+    const __m512i nibble = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi8(0x30);
+    for (int half = 0; half < 2; ++half) {  // columns 0-15 (low nibbles), then 16-31 (high)
+        const __m512i plane = load64(blk + 256 + 64 * half);
+        __m512i dot[NT];
+        for (int t = 0; t < NT; ++t) dot[t] = _mm512_set1_epi32(h32[t][half]);
+        for (int j = 0; j < 4; ++j) {
+            __m512i v = load64(blk + 64 * j);
+            if (half == 1) v = _mm512_srli_epi16(v, 4);
+            const __m512i hi = _mm512_and_si512(q6_high_bits(plane, j), high);
+            const __m512i u = _mm512_ternarylogic_epi32(v, nibble, hi, 0xea);  // (v & 0x0f) | hi
+            for (int t = 0; t < NT; ++t) dot[t] = dpbusd_broadcast(dot[t], u, q[t] + 16 * half + 4 * j);
+        }
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 384 + 16 * half)));
+        for (int t = 0; t < NT; ++t) {
+            const __m512i scaled = _mm512_mullo_epi32(dot[t], sc);
+            isum[t] = half == 0 ? scaled : _mm512_add_epi32(isum[t], scaled);
+        }
+    }
+}
+
 template <PackedFormat F, int NT>
 void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t y_stride, int64_t g) {
     constexpr size_t kBytes = packed_block_bytes(F);
@@ -89,10 +124,17 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
         const int8_t * q[NT];
         for (int t = 0; t < NT; ++t) q[t] = a.q + (t0 + t) * a.k + b * kBlock;
         __m512i isum[NT];
-        block_isums<F, NT>(blk, q, isum);
+        if constexpr (F == PackedFormat::Q6_K) {
+            const int32_t * h32[NT];
+            for (int t = 0; t < NT; ++t) h32[t] = a.h32 + 2 * ((t0 + t) * nbk + b);
+            q6_k_isums<NT>(blk, q, h32, isum);
+        } else {
+            block_isums<F, NT>(blk, q, isum);
+        }
         __m512 dw, mw = _mm512_setzero_ps();
         switch (F) {
             case PackedFormat::Q8_0: dw = load_f16x16(blk + 512); break;
+            case PackedFormat::Q6_K: dw = load_f16x16(tail); break;
             case PackedFormat::Q5_0: dw = load_f16x16(blk + 320); break;
             case PackedFormat::Q4_K:
                 dw = _mm512_mul_ps(load_f16x16(tail), load_u8x16(blk + 256));
@@ -160,8 +202,11 @@ void quantize_activations(const float * x, int64_t x_stride, QuantizedActivation
             int8_t * q = a.q + t * a.k + b * kBlock;
             _mm_storeu_si128(reinterpret_cast<__m128i *>(q), _mm512_cvtepi32_epi8(q0));
             _mm_storeu_si128(reinterpret_cast<__m128i *>(q + 16), _mm512_cvtepi32_epi8(q1));
+            const int32_t s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
             a.d[t * nb + b] = d;
-            a.s[t * nb + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            a.s[t * nb + b] = s0 + s1;
+            a.h32[2 * (t * nb + b)] = -32 * s0;
+            a.h32[2 * (t * nb + b) + 1] = -32 * s1;
         }
     }
 }
@@ -239,20 +284,6 @@ void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * 
     else float_groups<false>(m, packed, x, x_stride, n_tokens, y, y_stride, g_begin, g_end);
 }
 
-bool has_body(PackedFormat f) {
-    switch (f) {
-        case PackedFormat::Q8_0:
-        case PackedFormat::Q4_0:
-        case PackedFormat::Q4_1:
-        case PackedFormat::Q5_0:
-        case PackedFormat::Q4_K: return true;
-        case PackedFormat::Q6_K:
-        case PackedFormat::F16:
-        case PackedFormat::BF16: return false;
-    }
-    return false;
-}
-
 void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
             int64_t g_begin, int64_t g_end) {
     switch (m.format) {
@@ -261,9 +292,9 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
         case PackedFormat::Q4_1: groups<PackedFormat::Q4_1>(m, packed, a, y, y_stride, g_begin, g_end); break;
         case PackedFormat::Q5_0: groups<PackedFormat::Q5_0>(m, packed, a, y, y_stride, g_begin, g_end); break;
         case PackedFormat::Q4_K: groups<PackedFormat::Q4_K>(m, packed, a, y, y_stride, g_begin, g_end); break;
-        case PackedFormat::Q6_K:
+        case PackedFormat::Q6_K: groups<PackedFormat::Q6_K>(m, packed, a, y, y_stride, g_begin, g_end); break;
         case PackedFormat::F16:
-        case PackedFormat::BF16: break;  // has_body() is false: the AVX2 bodies run these
+        case PackedFormat::BF16: break;  // matmul_float
     }
 }
 

@@ -9,7 +9,9 @@ namespace specula::kernels {
 
 // Activations quantized per 32-block: q [n_tokens, k], d, s and ds [n_tokens, k / 32], where
 // ds = d * float(s) is the factor of the Q4_1/Q4_K min term (matmul.h), computed once per block
-// rather than once per block and row group.
+// rather than once per block and row group. The AVX-512 quantization also writes h32
+// [n_tokens, k / 16], -32 x the sum of q over each 16-column half block: its Q6_K body starts
+// each half's dot of the unsigned weights u there, so that it ends as dot(u - 32, q).
 // The bodies write token t's output row r at y[t * y_stride + r].
 struct QuantizedActivations {
     int n_tokens = 0;
@@ -18,6 +20,7 @@ struct QuantizedActivations {
     float * d = nullptr;
     int32_t * s = nullptr;
     float * ds = nullptr;
+    int32_t * h32 = nullptr;
 };
 
 // The given path's bodies (one the CPU can run), as the op runs them. with_min_factor: some
@@ -51,10 +54,9 @@ void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
             int64_t g_begin, int64_t g_end);
 }  // namespace neon_i8mm
 
-// AVX-512 VNNI: the float formats, and the integer formats that have_body(); Q6_K runs the AVX2 body.
+// AVX-512 VNNI: every format.
 namespace avx512 {
 void quantize_activations(const float * x, int64_t x_stride, QuantizedActivations & a);
-bool has_body(PackedFormat f);
 void matmul(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
             int64_t g_begin, int64_t g_end);
 void matmul_float(const PackedMatrix & m, const uint8_t * packed, const float * x, int64_t x_stride, int n_tokens, float * y,
