@@ -137,7 +137,7 @@ Prompt one_prompt(const json & x, const std::string & field, const std::string &
             if (key == "multimodal_data") refuse("'" + name + ".multimodal_data': this server's model takes no images or audio (no multimodal projector)");
             if (key != "prompt_string") refuse("'" + name + "' has the member " + json_quoted(key.size() > 40 ? key.substr(0, 40) + "..." : key) + ", which is not read (only \"prompt_string\")");
         }
-        if (!x.contains("prompt_string")) refuse("'" + name + "' must have a 'prompt_string'");
+        if (!x.contains("prompt_string")) refuse("'" + name + "' must be a string, an array of token ids (and texts), or {\"prompt_string\": ...}, got an object without 'prompt_string'");
         return one_prompt(x.at("prompt_string"), field, name + ".prompt_string", false);
     }
     refuse("'" + name + "' must be a string, an array of token ids (and texts)" + (object_allowed ? ", or {\"prompt_string\": ...}" : "") + ", got " + json_kind(x));
