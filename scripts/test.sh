@@ -5,7 +5,9 @@
 # (fuzz/replay_main.cpp), and under ASan + UBSan mutates the inputs of the targets that take a
 # client's input (grammar, openai_request, http_request) for 25 s each (fuzz_mutate_<target>,
 # findings in build-asan/fuzz/findings/). Longer runs: scripts/fuzz.sh (libFuzzer, clang, coverage
-# guided), or docs/validation.md's command for the ASan tree's binaries.
+# guided), or docs/validation.md's command for the ASan tree's binaries. Last, specula's ARM kernels
+# under qemu-aarch64: a cross build of test_kernels and its NEON parity tests
+# (scripts/test_aarch64.sh --kernels; the whole ARM run is scripts/test_aarch64.sh).
 # The suite runs once, sanitized: on a 2-core machine a second, uninstrumented run (its build and
 # its tests) would cost CI many minutes for what the sanitized run already checks (the SIMD matmul
 # bodies run fully optimised there too). `scripts/build.sh` then `ctest --test-dir build` runs it
@@ -14,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/progress.sh
-progress_start test 10 phases --lines
+progress_start test 11 phases --lines
 # phase N LABEL: the running phase ended (its wall time is printed and kept for the summary);
 # phase N, LABEL, starts.
 phase_label="" phase_t0=$(date +%s) phase_times=""
@@ -90,5 +92,11 @@ fi
 # And a 2000-token non-streamed answer, one JSON object: seconds here, minutes under the sanitizers.
 phase 9 "server load and a long answer, uninstrumented"
 ctest --test-dir build --output-on-failure -R '^server_(load|long_answer)$'
-phase 10 "all passed"
+# specula's ARM64 kernels, which no x86 test runs: test_kernels cross-compiled (scripts/build_aarch64.sh,
+# Debian's aarch64 tool chain, ggml and libllama for ARMv8.2-A) and its matmul and attention parity
+# tests under qemu-aarch64: -cpu max (neon-dotprod and neon-i8mm against the portable path, bit for
+# bit) and -cpu neoverse-n1 (neon-dotprod alone); each run checks which NEON paths it compared.
+phase 10 "ARM kernels under qemu-aarch64"
+scripts/test_aarch64.sh --kernels
+phase 11 "all passed"
 printf 'test: wall time per phase\n%s' "$phase_times" >&2
