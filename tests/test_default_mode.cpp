@@ -1,5 +1,5 @@
-// `specula generate -m MODEL` without a drafter speculates by prompt lookup (n-gram chains, priced by
-// the cost policy), and `--no-spec` decodes plainly: the same text at T = 0, the mode line naming
+// What `specula generate` runs by default. Without a drafter it speculates by prompt lookup (n-gram
+// chains, priced by the cost policy), and `--no-spec` decodes plainly: the same text at T = 0, the mode line naming
 // each, only the default's run drafting. On the shipped target, which repeats itself under greedy
 // decoding, so lookup has text to draft from.
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <regex>
 #include <string>
 
+#include "runtime/kernels/matmul.h"
 #include "test_models.h"
 
 namespace specula {
@@ -53,6 +54,29 @@ TEST(DefaultMode, NoSpecBesideADrafterIsAnError) {
     test::expect_cli_error(cli, m + "--draft " + test::shipped_model("specula-draft.gguf"), "--no-spec decodes plainly: drop --draft");
     test::expect_cli_error(cli, m + "--lookup", "--no-spec decodes plainly: drop --lookup");
     test::expect_cli_error(cli, "serve -m " + test::shipped_model("specula-target.gguf") + " --no-spec --ngram", "--no-spec decodes plainly");
+}
+
+// `--kernels auto` where specula has no SIMD body for the CPU (forced here with SPECULA_CPU_PATH):
+// ggml's kernels run, which the run summary says and the text shows (it is `--kernels ggml`'s);
+// `--kernels specula` still runs the portable body. Catches an auto that keeps the slow portable
+// loops, a fallback the summary does not mention, and an override that is silently ignored.
+TEST(KernelsAuto, FallsBackToGgmlWhereSpeculaHasNoSimdPathAndSaysSo) {
+    if (kernels::detected_cpu_path() == kernels::CpuPath::Generic) GTEST_SKIP() << "this CPU has no SIMD path to compare with";
+    const std::string run = std::string(SPECULA_CLI) + " generate -m " + test::model_path("llama_q8_0") + " -p 'the quick brown' -n 12 -t 1";
+    const std::string generic = "SPECULA_CPU_PATH=generic ";
+    const test::CommandRun fastest = test::run_command(run), fallback = test::run_command(generic + run),
+                           ggml = test::run_command(run + " --kernels ggml"), portable = test::run_command(generic + run + " --kernels specula");
+    for (const test::CommandRun * r : {&fastest, &fallback, &ggml, &portable}) ASSERT_EQ(r->exit_code, 0) << r->err;
+    EXPECT_NE(fastest.err.find(std::string("[specula] kernels: specula's, ") + kernels::cpu_path_name(kernels::detected_cpu_path()) + " path\n"),
+              std::string::npos)
+        << fastest.err;
+    EXPECT_NE(fallback.err.find("[specula] kernels: ggml's: specula has no SIMD path for this CPU"), std::string::npos) << fallback.err;
+    EXPECT_NE(ggml.err.find("[specula] kernels: ggml's (--kernels ggml)"), std::string::npos) << ggml.err;
+    EXPECT_NE(portable.err.find("[specula] kernels: specula's, generic path (portable C++"), std::string::npos) << portable.err;
+    EXPECT_EQ(fallback.out, ggml.out);
+    EXPECT_EQ(portable.out, fastest.out);  // every path gives the same bits
+    test::expect_cli_error("SPECULA_CPU_PATH=turbo " + std::string(SPECULA_CLI), run.substr(std::string(SPECULA_CLI).size() + 1),
+                           "SPECULA_CPU_PATH=turbo: not a kernel path this CPU runs (generic, ");
 }
 
 }  // namespace
