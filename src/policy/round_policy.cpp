@@ -33,12 +33,10 @@ RoundPlan RoundPolicy::plan(const RoundState & state) {
         plan_ = RoundPlan{budget};
     } else if (kept_out_) {
         // The free draft alone, where a tree policy prices it (chains have none).
-        TreeBudget free_budget = budget;
-        free_budget.depth = free_budget.max_nodes = tree_size_ ? std::min(tree_size_->max_nodes(), state.room) : 0;
-        const TokenTree * free = state.free_draft && free_budget.depth > 0 ? state.free_draft(free_budget) : nullptr;
+        const bool has_free = offer_free_draft(state, budget) != nullptr;
         asked_ = budget.depth = budget.max_nodes = 0;
         plan_ = RoundPlan{budget};
-        plan_.use_free_draft = free && !free->empty();
+        plan_.use_free_draft = has_free;
     } else if (budget.shape == TreeShape::Chain) {
         // The draft-length policy's length, as far as the cache and -n leave room.
         asked_ = length_ ? length_->next_length_in(state.step) : 0;
@@ -52,15 +50,24 @@ RoundPlan RoundPolicy::plan(const RoundState & state) {
     return plan_;
 }
 
+// The free draft within the tree policy's size and the cache's room, its chances read against the
+// policy's calibration; nullptr when none is offered (or there is no tree policy to price it).
+const TokenTree * RoundPolicy::offer_free_draft(const RoundState & state, TreeBudget budget) const {
+    if (!tree_size_ || !state.free_draft) return nullptr;
+    budget.calibration = static_cast<float>(tree_size_->gamma());
+    budget.depth = budget.max_nodes = std::min(tree_size_->max_nodes(), state.room);
+    if (budget.depth <= 0) return nullptr;
+    const TokenTree * free = state.free_draft(budget);
+    return free && !free->empty() ? free : nullptr;
+}
+
 RoundPlan RoundPolicy::plan_tree(const RoundState & state, TreeBudget budget) {
     RoundPlan plan;
     if (tree_size_) {
         budget.calibration = static_cast<float>(tree_size_->gamma());
         // A draft that costs no drafter forward (prompt lookup) sets the bar a model draft must beat.
-        TreeBudget free_budget = budget;
-        free_budget.depth = free_budget.max_nodes = std::min(tree_size_->max_nodes(), state.room);
-        const TokenTree * free = state.free_draft && free_budget.depth > 0 ? state.free_draft(free_budget) : nullptr;
-        const bool has_free = free && !free->empty();
+        const TokenTree * free = offer_free_draft(state, budget);
+        const bool has_free = free != nullptr;
         const double free_rate = has_free ? tree_size_->best_prefix(path_probs(*free), 0.0, state.step, 0).rate : 0.0;
         const TreeSizePolicy::Round round = tree_size_->plan_round(state.step, free_rate);
         skipped_ = round == TreeSizePolicy::Round::Skip;

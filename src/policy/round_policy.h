@@ -117,6 +117,7 @@ public:
 
 private:
     RoundPlan plan_tree(const RoundState & state, TreeBudget budget);
+    const TokenTree * offer_free_draft(const RoundState & state, TreeBudget budget) const;
 
     TreeBudget shape_;
     DraftLengthPolicy * length_;
