@@ -908,8 +908,9 @@ std::pair<double, int> processed_chi2(const Model & target, ModelRunner & runner
 
 // The verifier reading raw rows: processing forgotten in verification (a draft with no banned
 // node, so that the raw rows are those of the nodes).
-VerifyResult verify_unprocessed(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & sp, Rng & rng) {
-    return verify_sampled(tree, TargetLogits{logits.data, logits.n_vocab}, sp, rng);
+VerifyResult verify_unprocessed(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & sp, Rng & rng,
+                                int64_t root_position) {
+    return verify_sampled(tree, TargetLogits{logits.data, logits.n_vocab}, sp, rng, root_position);
 }
 
 TEST(LogitsProcessing, PenalisedSampledChainsAndTreesFollowTheProcessedTargetAndBrokenVerifiersFail) {
@@ -943,11 +944,11 @@ TEST(LogitsProcessing, PenalisedSampledChainsAndTreesFollowTheProcessedTargetAnd
     const auto state = make_logits_state(o.sampling, "", prompt, nullptr);
     const auto joint = exact_processed_joint(*target, runner, prompt, o.sampling, *state);
     const SamplingParams sp = o.sampling;
-    auto unprocessed = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r) { return verify_unprocessed(t, l, sp, r); };
+    auto unprocessed = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r, int64_t root_position) { return verify_unprocessed(t, l, sp, r, root_position); };
     auto [bstat, bdof] = processed_chi2(*target, runner, drafter, nullptr, prompt, o, joint, runs, {}, unprocessed);
     std::printf("[distribution] penalised chain, verifier on unprocessed rows: chi2 = %.1f (critical %.1f)\n", bstat, test::chi2_critical(bdof));
     EXPECT_GT(bstat, test::chi2_critical(bdof));
-    auto accept_all = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r) { return test::accept_everything(t, l, sp, r); };
+    auto accept_all = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r, int64_t) { return test::accept_everything(t, l, sp, r); };
     auto [astat, adof] = processed_chi2(*target, runner, drafter, nullptr, prompt, o, joint, runs, {}, accept_all);
     EXPECT_GT(astat, test::chi2_critical(adof));
 }
@@ -986,7 +987,7 @@ TEST(LogitsProcessing, GrammarConstrainedSamplingFollowsTheProcessedTargetAndABr
         EXPECT_LT(stat, test::chi2_critical(dof)) << tree_shape_name(tree.shape);
     }
     const SamplingParams sp = o.sampling;
-    auto accept_all = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r) { return test::accept_everything(t, l, sp, r); };
+    auto accept_all = [&sp](const TokenTree & t, const TargetLogits & l, Rng & r, int64_t) { return test::accept_everything(t, l, sp, r); };
     auto [bstat, bdof] = processed_chi2(*m.target, m.runner, self, &m.tokenizer, prompt, o, joint, runs, {}, accept_all);
     std::printf("[distribution] grammar, verifier accepting every draft: chi2 = %.1f (critical %.1f)\n", bstat, test::chi2_critical(bdof));
     EXPECT_GT(bstat, test::chi2_critical(bdof));

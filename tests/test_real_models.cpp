@@ -431,7 +431,7 @@ void expect_sampling_follows_the_target(const char * tag, LoadedTarget & t, cons
     EXPECT_LT(stat, test::chi2_critical(dof));
 
     // Accepted drafts leave the target's top-k at once: a few runs show it.
-    auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return test::accept_everything(tree, l, sp, rng); };
+    auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng, int64_t) { return test::accept_everything(tree, l, sp, rng); };
     const auto [broken_stat, broken_dof] = chi2(eagle, broken, kRuns / 4, drafted, rejected);
     std::printf("[%s] eagle3, verifier accepting everything: chi2 = %.2f (critical %.2f)\n", tag, broken_stat, test::chi2_critical(broken_dof));
     EXPECT_GT(broken_stat, test::chi2_critical(broken_dof)) << "the test cannot tell a verifier that accepts every draft";

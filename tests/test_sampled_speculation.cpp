@@ -49,7 +49,7 @@ TEST(Speculative, SampledOutputFollowsTheTargetDistributionAndABrokenVerifierFai
         }
         // The n-gram drafter's proposals are deterministic (no q): accepting them unchecked must
         // show as well as accepting a sampled draft model's.
-        auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return accept_everything(tree, l, sp, rng); };
+        auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng, int64_t) { return accept_everything(tree, l, sp, rng); };
         for (Drafter * d : std::vector<Drafter *>{&model_drafter, &ngram}) {
             auto [stat, dof] = t.chi2(*d, prefix, sp, joint, runs, broken);
             std::printf("[distribution] %-11s broken verifier T=%.1f: chi2 = %.1f (critical %.1f)\n", d->name(), sp.temperature, stat,
@@ -93,7 +93,7 @@ TEST(Speculative, SampledTreesFollowTheTargetDistributionAndABrokenTreeVerifierF
         std::printf("[distribution] %s tree: chi2 = %.1f, dof = %d, critical = %.1f\n", tree_shape_name(tree.shape), stat, dof, chi2_critical(dof));
         EXPECT_LT(stat, chi2_critical(dof));
     }
-    auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng) { return no_residual(tree, l, sp, rng); };
+    auto broken = [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng, int64_t) { return no_residual(tree, l, sp, rng); };
     for (TreeBudget tree : {TreeBudget{TreeShape::Dynamic, 2, 3, 9}, TreeBudget{TreeShape::Static, 3, 4, 12}}) {
         auto [stat, dof] = t.chi2(model_drafter, prefix, sp, joint, runs, broken, tree);
         std::printf("[distribution] %s tree verifier without residual: chi2 = %.1f (critical %.1f)\n", tree_shape_name(tree.shape), stat,
@@ -165,10 +165,10 @@ TEST(Speculative, SampledChainsThreeDeepFollowTheTargetDistributionAndBrokenVeri
         EXPECT_GT(accepted_three, runs / 40) << "whole 3-token chains must be accepted sometimes";
         for (auto [broken_name, broken] :
              {std::pair<const char *, VerifyFn>{"residual at depth 1 only",
-                                                [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng) {
+                                                [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng, int64_t root_position) {
                                                     return residual_at_depth_one_only(tree, l, sp, rng);
                                                 }},
-              std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng) {
+              std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng, int64_t) {
                                                     return accept_everything(tree, l, sp, rng);
                                                 }}}) {
             auto [bstat, bdof] = t.chi2(*drafter, prefix, sp, joint, runs, broken);
@@ -207,14 +207,14 @@ TEST(Speculative, SampledDraftsOfATrimmedDraftVocabularyFollowTheTargetDistribut
         EXPECT_LT(stat, chi2_critical(dof)) << tree_shape_name(tree.shape);
     }
     EXPECT_EQ(drafted_outside, 0);
-    auto spread_q = [&](const TokenTree & tree, const TargetLogits & l, Rng & rng) {
+    auto spread_q = [&](const TokenTree & tree, const TargetLogits & l, Rng & rng, int64_t root_position) {
         TokenTree wrong = tree;
         for (std::vector<float> & q : wrong.q) {
             if (q.empty()) continue;
             const float dropped = static_cast<float>(q.size() - ids.size());
             for (size_t i = 0; i < q.size(); ++i) q[i] = kept(i) ? 0.6f * q[i] : 0.4f / dropped;
         }
-        return verify_sampled(wrong, l, sp, rng);
+        return verify_sampled(wrong, l, sp, rng, root_position);
     };
     auto [bstat, bdof] = t.chi2(trimmed, prefix, sp, joint, runs, spread_q);
     std::printf("[distribution] trimmed draft vocabulary, q spread over the dropped ids: chi2 = %.1f (critical %.1f)\n", bstat,
@@ -233,8 +233,8 @@ TEST(Speculative, SampledEagleChainsAndTreesFollowTheTargetDistributionAndBroken
     const auto joint = t.exact_joint(prefix, sp);
     const int runs = 4000;
     const TreeBudget dynamic_tree{TreeShape::Dynamic, 2, 3, 9}, static_tree{TreeShape::Static, 3, 4, 12};
-    auto broken_chain = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return accept_everything(tr, l, sp, rng); };
-    auto broken_tree = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return no_residual(tr, l, sp, rng); };
+    auto broken_chain = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng, int64_t) { return accept_everything(tr, l, sp, rng); };
+    auto broken_tree = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng, int64_t) { return no_residual(tr, l, sp, rng); };
     for (const std::string kind : {"eagle1", "eagle3"}) {
         auto head = EagleHead::load(test::tiny_vocab_eagle_head(kind, kTinyVocab, 303), *t.target, t.backend);
         EagleDrafter drafter(*head, 64);
@@ -281,7 +281,7 @@ TEST(Speculative, SampledEarlyExitDraftsFollowTheTargetDistributionAndABrokenVer
     EXPECT_LT(stat, chi2_critical(dof));
     // Measured: 137 drafts accepted over the 4000 runs (one-hot drafts, accepted with p(token)).
     EXPECT_GT(accepted, runs / 40) << "the accept path must be exercised";
-    auto broken = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) { return accept_everything(tr, l, sp, rng); };
+    auto broken = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng, int64_t) { return accept_everything(tr, l, sp, rng); };
     auto [bstat, bdof] = t.chi2(drafter, prefix, sp, joint, runs, broken);
     std::printf("[distribution] specee chain, verifier accepting everything: chi2 = %.1f (critical %.1f)\n", bstat, chi2_critical(bdof));
     EXPECT_GT(bstat, chi2_critical(bdof));
@@ -309,15 +309,80 @@ TEST(Speculative, SampledTreesWithAGraftedLookupChainFollowTheTargetDistribution
                 chi2_critical(dof), one_hot_tried);
     EXPECT_LT(stat, chi2_critical(dof));
     EXPECT_GT(one_hot_tried, runs / 4);
-    auto as_draws = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng) {
+    auto as_draws = [&sp](const TokenTree & tr, const TargetLogits & l, Rng & rng, int64_t root_position) {
         TokenTree judged = tr;
         judged.one_hot.clear();
-        return verify_sampled(judged, l, sp, rng);
+        return verify_sampled(judged, l, sp, rng, root_position);
     };
     auto [bstat, bdof] = t.chi2(drafter, prefix, sp, joint, runs, as_draws, tree);
     std::printf("[distribution] eagle3 dynamic + lookup, grafted nodes judged as draws: chi2 = %.1f (critical %.1f)\n", bstat,
                 chi2_critical(bdof));
     EXPECT_GT(bstat, chi2_critical(bdof));
+}
+
+// Proposes, after a prompt of n_prompt tokens, the next tokens of `reference` (what plain decoding
+// wrote), every third round with its first token changed: drafts both accepted and refused.
+class ReferenceDrafter : public Drafter {
+public:
+    ReferenceDrafter(std::vector<int32_t> reference, size_t n_prompt, int vocab)
+        : reference_(std::move(reference)), n_prompt_(n_prompt), vocab_(vocab) {}
+    const char * name() const override { return "reference"; }
+    void start(const DraftRequest & request) override {
+        std::vector<int32_t> chain;
+        for (size_t i = request.history.size() - n_prompt_; i < reference_.size() && static_cast<int>(chain.size()) < request.budget.depth; ++i) {
+            chain.push_back(reference_[i]);
+        }
+        if (++rounds_ % 3 == 0 && !chain.empty()) chain[0] = (chain[0] + 1) % vocab_;
+        tree_ = TokenTree::chain(chain);
+    }
+    Draft take() override { return Draft{tree_, 0.0f, {}}; }
+    void accept(const Acceptance &) override {}
+    void reset() override { rounds_ = 0; }
+
+private:
+    std::vector<int32_t> reference_;
+    size_t n_prompt_;
+    int vocab_;
+    int rounds_ = 0;
+    TokenTree tree_;
+};
+
+// The token at each position is drawn at that position's keyed uniform: with a seed, drafts
+// proposed one-hot (lookup, the suffix cache, a reference) change how many tokens a forward
+// emits, never which. Drawn from one stream, the refused drafts' draws would shift every later one.
+TEST(Speculative, ASeededSampledRunWritesPlainDecodingsTextWhateverItsOneHotDraftsWere) {
+    test::Spec s;
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    const int n = 40;
+    for (uint64_t seed : {7u, 8u}) {
+        sp.seed = seed;
+        for (const std::vector<int32_t> & prompt : test::kPrompts) {
+            KvCache cache(s.backend, s.target->config(), 256);
+            GenerationOptions o;
+            o.n_predict = n;
+            o.sampling = sp;
+            o.stop_at_end_of_generation = false;
+            std::vector<int32_t> plain;
+            generate_plain(
+                s.runner, cache, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+                plain.push_back(t);
+                return true; });
+            ReferenceDrafter reference(plain, prompt.size(), s.target->config().n_vocab);
+            NgramDrafter ngram(1, 2);
+            int accepted = 0, refused = 0;
+            auto count = [&](const RoundInfo & r) {
+                for (const VerifyEvent & e : r.result->events) {
+                    accepted += e.outcome == Outcome::Accepted;
+                    refused += e.outcome == Outcome::Rejected;
+                }
+            };
+            EXPECT_EQ(s.run(reference, DraftPolicyKind::Fixed, 3, prompt, n, sp, count), plain) << "seed " << seed;
+            EXPECT_EQ(s.run(ngram, DraftPolicyKind::Fixed, 3, prompt, n, sp), plain) << "seed " << seed;
+            EXPECT_GT(accepted, n / 4);
+            EXPECT_GT(refused, 0);
+        }
+    }
 }
 
 }  // namespace

@@ -113,7 +113,7 @@ TEST(VerifySampled, ADraftDistributionEqualToTheTargetsIsAlwaysAccepted) {
         l.row(next_logits);
         l.row(root_logits);
         Rng rng(seed);
-        const VerifyResult r = verify_sampled(chain, l.view(), sp, rng);
+        const VerifyResult r = verify_sampled(chain, l.view(), sp, rng, 0);
         ASSERT_EQ(r.accepted, (std::vector<int>{0, 1})) << "seed " << seed;
         EXPECT_TRUE(r.bonus);
     }
@@ -129,7 +129,7 @@ TEST(VerifySampled, ATokenTheTargetNeverDrawsIsRejectedAndTheCorrectionComesFrom
     l.row({0.0f, 0.0f, 0.0f, 0.0f});
     for (uint64_t seed = 0; seed < 100; ++seed) {
         Rng rng(seed);
-        const VerifyResult r = verify_sampled(chain, l.view(), at_temperature_1(), rng);
+        const VerifyResult r = verify_sampled(chain, l.view(), at_temperature_1(), rng, 0);
         ASSERT_TRUE(r.accepted.empty()) << "seed " << seed;
         ASSERT_EQ(r.next_token, 1) << "seed " << seed;
         EXPECT_FALSE(r.bonus);
@@ -147,7 +147,7 @@ TEST(VerifySampled, ADeterministicProposalTheTargetRefusesIsNeverTheCorrection) 
     int ones = 0;
     for (uint64_t seed = 0; seed < 200; ++seed) {
         Rng rng(seed);
-        const VerifyResult r = verify_sampled(chain, l.view(), at_temperature_1(), rng);
+        const VerifyResult r = verify_sampled(chain, l.view(), at_temperature_1(), rng, 0);
         ASSERT_TRUE(r.accepted.empty());
         ASSERT_TRUE(r.next_token == 1 || r.next_token == 3) << "seed " << seed << ": " << r.next_token;
         ones += r.next_token == 1;
@@ -173,7 +173,7 @@ TEST(VerifySampled, ATreeWithTwoSiblingsAcceptsTheOneTheTargetDraws) {
     l.row({0.0f, kNever, kNever, kNever});  // node 2: the bonus, only 0
     for (uint64_t seed = 0; seed < 100; ++seed) {
         Rng rng(seed);
-        const VerifyResult r = verify_sampled(tree, l.view(), at_temperature_1(), rng);
+        const VerifyResult r = verify_sampled(tree, l.view(), at_temperature_1(), rng, 0);
         ASSERT_EQ(r.accepted, (std::vector<int>{second, grandchild})) << "seed " << seed;
         EXPECT_EQ(r.next_token, 0);
         EXPECT_TRUE(r.bonus);
@@ -191,7 +191,7 @@ TEST(VerifySampled, AcceptsWithProbabilityPOverQ) {
     int accepted = 0;
     for (uint64_t seed = 0; seed < 400; ++seed) {
         Rng rng(seed);
-        const VerifyResult r = verify_sampled(chain, l.view(), at_temperature_1(), rng);
+        const VerifyResult r = verify_sampled(chain, l.view(), at_temperature_1(), rng, 0);
         const VerifyEvent & e = r.events.front();
         EXPECT_NEAR(e.accept_prob, 0.25f, 1e-6f);
         EXPECT_EQ(r.accepted.size() == 1, e.draw < 0.25) << "seed " << seed;
@@ -222,7 +222,7 @@ TEST(VerifySampled, AGraftedTokenIsTriedAfterTheDrawsAndCatchesWhatTheyLeftOfIts
         tree.q = {q};
         const int grafted = tree.add_one_hot(TokenTree::kRoot, 1, 0.0f);  // first in tree order
         const int drawn = tree.add(TokenTree::kRoot, sample_from(q, rng), std::log(0.9f));
-        const VerifyResult r = verify_sampled(tree, l.view(), at_temperature_1(), rng);
+        const VerifyResult r = verify_sampled(tree, l.view(), at_temperature_1(), rng, run);  // a key per run
         ASSERT_EQ(r.events.front().node, drawn) << "run " << run;
         if (r.events.front().outcome == Outcome::Rejected && r.events.size() > 1) {
             ASSERT_EQ(r.events[1].node, grafted);
@@ -289,7 +289,7 @@ struct GraftedTrees {
                 const std::vector<float> row = logits_after(t.token[i]);  // below depth 1 only the third token reads it
                 data.insert(data.end(), row.begin(), row.end());
             }
-            const VerifyResult r = verify_sampled(t, TargetLogits{data, kV}, sp, rng);
+            const VerifyResult r = verify_sampled(t, TargetLogits{data, kV}, sp, rng, int64_t{8} * run);  // a key per run
             std::vector<int32_t> out;
             for (int node : r.accepted) out.push_back(t.token[node]);
             out.push_back(r.next_token);

@@ -37,7 +37,7 @@ struct VerifyEvent {
     float q = 1.0f;            // draft probability of the token (1 when deterministic)
     float p = 0.0f;            // target's processed probability of the token
     float accept_prob = 0.0f;  // min(1, p/q); 1/0 for greedy match/mismatch
-    double draw = -1.0;        // the uniform draw compared against accept_prob (-1 if none)
+    double draw = -1.0;        // the uniform draw (-1 if none): compared against accept_prob for a drawn child, else the position's keyed draw (Rng::at)
     Outcome outcome = Outcome::Accepted;
 };
 

@@ -116,7 +116,7 @@ GenerationStats generate_plain(ModelRunner & runner, KvCache & cache, std::span<
                 token = argmax(logits);
             } else {
                 processed_probs(logits, options.sampling, probs);
-                token = sample_from(probs, rng);
+                token = sample_at(probs, rng.at(cache.size()));  // the position it takes: as Sequence draws it
             }
             report_logprob(options, logits, token, scratch);
         }

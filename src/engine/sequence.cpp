@@ -73,8 +73,8 @@ Sequence::Sequence(SequenceParts parts, std::span<const int32_t> prompt, const G
     verify_ = p_.verify;
     if (!verify_) {
         const SamplingParams & sp = options_.sampling;
-        verify_ = [sp](const TokenTree & t, const TargetLogits & l, Rng & r) {
-            return sp.greedy() ? verify_greedy(t, l) : verify_sampled(t, l, sp, r);
+        verify_ = [sp](const TokenTree & t, const TargetLogits & l, Rng & r, int64_t root_position) {
+            return sp.greedy() ? verify_greedy(t, l) : verify_sampled(t, l, sp, r, root_position);
         };
     }
     if (options_.prompt_logprobs >= 0 && options_.on_prompt_logprob) p_.cache.rollback(0);  // every prompt row's logits are asked for
@@ -239,7 +239,7 @@ void Sequence::commit_prompt_chunk() {
 // Each node's row processed with the state after its path (verify/path_logits.h).
 VerifyResult Sequence::verify() {
     path_.set_rows(out_.logits, out_.n_vocab, round_.node_row);
-    return verify_(round_.draft.tree, path_.view(), rng_);
+    return verify_(round_.draft.tree, path_.view(), rng_, round_.base);
 }
 
 // The cache keeps the root's and the accepted path's rows (returned, block rows); the rejected nodes' rows go.

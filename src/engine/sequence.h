@@ -57,7 +57,8 @@ struct RoundInfo {
 // The public report of a round (specula/report.h), for observers.
 RoundReport round_report(const RoundInfo & round);
 
-using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &)>;
+// The tree, the target's logits, the sequence's Rng and the root's position (verify_sampled's keyed draws).
+using VerifyFn = std::function<VerifyResult(const TokenTree &, const TargetLogits &, Rng &, int64_t)>;
 
 struct SequenceParts {
     KvCache & cache;                                       // the target's cache stream of this sequence

@@ -382,9 +382,27 @@ std::vector<int32_t> sample_without_replacement(std::span<const float> probs, in
     return drawn;
 }
 
-int32_t sample_from(std::span<const float> probs, Rng & rng) {
-    const int32_t pick = draw_index(probs, rng.uniform(), {});
+int32_t sample_from(std::span<const float> probs, Rng & rng) { return sample_at(probs, rng.uniform()); }
+
+int32_t sample_at(std::span<const float> probs, double u) {
+    const int32_t pick = draw_index(probs, u, {});
     return pick < 0 ? 0 : pick;
+}
+
+namespace {
+uint64_t splitmix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+}  // namespace
+
+// Two rounds of splitmix64: the seed's hash mixed with the position, hashed again, so that
+// neighbouring seeds (choice i of a request is seeded seed + i) and positions share no draws.
+double Rng::at(int64_t position) const {
+    const uint64_t z = splitmix64(splitmix64(seed_) ^ static_cast<uint64_t>(position));
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
 }  // namespace specula

@@ -13,13 +13,19 @@
 
 namespace specula {
 
-// Deterministic per seed, identical on every platform (no std::*_distribution).
+// Deterministic per seed, identical on every platform (no std::*_distribution). Two kinds of
+// draw: uniform() takes the stream's next, and at(position) is keyed by the seed and a token's
+// position in the sequence alone. Sampling the token at a position reads at(position), so it
+// draws the same token there however many stream draws drafting and verification took before it:
+// a seeded request's text does not depend on what was drafted (verify/verify.h).
 class Rng {
 public:
-    explicit Rng(uint64_t seed) : gen_(seed) {}
+    explicit Rng(uint64_t seed) : gen_(seed), seed_(seed) {}
     double uniform() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }  // [0, 1)
+    double at(int64_t position) const;                                          // [0, 1)
 private:
     std::mt19937_64 gen_;
+    uint64_t seed_;
 };
 
 int32_t argmax(std::span<const float> logits);   // the first maximum
@@ -81,8 +87,10 @@ int32_t argmax_on(SamplerPath path, std::span<const float> logits);
 SoftmaxStats softmax_stats_on(SamplerPath path, std::span<const float> logits, std::vector<float> & scratch);
 void processed_probs_on(SamplerPath path, std::span<const float> logits, const SamplingParams & params, std::vector<float> & probs);
 
-// Draws from a distribution that sums to ~1 (tolerates rounding).
+// Draws from a distribution that sums to ~1 (tolerates rounding): the inverse of its cumulative
+// sum, in id order, at the stream's next uniform (sample_from) or at u (sample_at).
 int32_t sample_from(std::span<const float> probs, Rng & rng);
+int32_t sample_at(std::span<const float> probs, double u);
 
 // The sum of a distribution's entries, in one fixed order whatever the CPU.
 double probability_sum(std::span<const float> probs);

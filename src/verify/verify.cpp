@@ -68,42 +68,38 @@ void renormalise(std::vector<float> & p, double sum, const TargetLogits & logits
 
 }  // namespace
 
-VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng) {
+VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng,
+                            int64_t root_position) {
     VerifyResult r;
     std::vector<float> p, q_left;
     std::vector<int> order;
     int cur = TokenTree::kRoot;
     while (true) {
         processed_probs(logits.row_of(cur), params, p);
+        const int depth = cur == TokenTree::kRoot ? 1 : tree.depth[cur] + 1;  // of the token emitted here
         // The distribution the next drawn child was proposed from: the drafter's until a drawn
         // sibling is rejected, then q_left, the drafter's without the rejected drawn tokens.
         std::span<const float> q = tree.q_of(cur);
         trial_order(tree, cur, order);
         int next = -1;
-        for (size_t k = 0; k < order.size(); ++k) {
+        size_t k = 0;
+        for (; k < order.size() && !tree.proposed_one_hot(order[k]); ++k) {
             const int c = order[k];
             const int32_t t = tree.token[c];
-            const bool one_hot = tree.proposed_one_hot(c);
-            const float qc = one_hot ? 1.0f : q[t];
+            const float qc = q[t];
             const float pc = p[t];
             const float a = qc > 0.0f ? std::min(1.0f, pc / qc) : (pc > 0.0f ? 1.0f : 0.0f);
             const double u = rng.uniform();
             const bool accept = u < a;
-            r.events.push_back({c, tree.depth[c], t, qc, pc, a, u, accept ? Outcome::Accepted : Outcome::Rejected});
+            r.events.push_back({c, depth, t, qc, pc, a, u, accept ? Outcome::Accepted : Outcome::Rejected});
             if (accept) {
                 next = c;
                 break;
             }
-            // Residual: p <- norm(max(p - q, 0)), q a one-hot on t for a one-hot proposal. A token
-            // rejected once has residual probability 0, so a one-hot duplicate of a rejected draw
-            // is refused too.
-            if (one_hot) {
-                p[t] = 0.0f;
-                renormalise(p, probability_sum(p), logits, cur, params);
-                continue;
-            }
+            // Residual: p <- norm(max(p - q, 0)). A token rejected once has residual probability
+            // 0, so a one-hot duplicate of a rejected draw is refused too.
             renormalise(p, subtract_clamped(p, q), logits, cur, params);
-            if (k + 1 < order.size()) {  // the next drawn sibling was proposed from q without t
+            if (k + 1 < order.size() && !tree.proposed_one_hot(order[k + 1])) {  // the next drawn sibling was proposed from q without t
                 if (q.data() != q_left.data()) q_left.assign(q.begin(), q.end());
                 const float qt = q_left[t];
                 q_left[t] = 0.0f;
@@ -114,12 +110,31 @@ VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits,
             }
         }
         if (next < 0) {
-            r.bonus = tree.first_child_of(cur) < 0;
-            r.next_token = sample_from(p, rng);
-            const int d = cur == TokenTree::kRoot ? 1 : tree.depth[cur] + 1;
-            r.events.push_back({-1, d, r.next_token, 0.0f, p[r.next_token], 1.0f, -1.0,
-                                r.bonus ? Outcome::Bonus : Outcome::Correction});
-            return r;
+            // What is left of p is drawn at the position's keyed uniform, and a one-hot child is
+            // accepted when it is that token: with p(x) for the first, as rejection sampling
+            // would. With no drawn child tried, the token is the one plain decoding draws here,
+            // whatever the one-hot children were.
+            const double u = rng.at(root_position + depth);
+            const int32_t drawn = sample_at(p, u);
+            double left = 1.0;  // of p, after the one-hot children refused before
+            for (; k < order.size(); ++k) {
+                const int c = order[k];
+                const int32_t t = tree.token[c];
+                const bool accept = t == drawn;
+                const float a = left > 0.0 ? static_cast<float>(std::min(1.0, p[t] / left)) : 0.0f;
+                r.events.push_back({c, depth, t, 1.0f, p[t], a, u, accept ? Outcome::Accepted : Outcome::Rejected});
+                if (accept) {
+                    next = c;
+                    break;
+                }
+                left -= p[t];
+            }
+            if (next < 0) {
+                r.bonus = tree.first_child_of(cur) < 0;
+                r.next_token = drawn;
+                r.events.push_back({-1, depth, drawn, 0.0f, p[drawn], 1.0f, u, r.bonus ? Outcome::Bonus : Outcome::Correction});
+                return r;
+            }
         }
         r.accepted.push_back(next);
         cur = next;

@@ -45,14 +45,18 @@ struct TargetLogits {
 // Temperature 0: follow the target's argmax through the tree as far as a child matches.
 VerifyResult verify_greedy(const TokenTree & tree, const TargetLogits & logits);
 
-// Temperature > 0: lossless multi-draft rejection sampling. At each node the children are tried
-// in order: accept child c with min(1, p(c)/q(c)); on rejection p <- norm(max(p - q, 0)) and c is
-// removed from q (children are proposals without replacement); if every child is refused, the
-// next token is drawn from what is left of p. Children proposed one-hot (grafted lookup tokens
-// beside the drafter's samples, TokenTree::one_hot) are tried after the drawn ones, each accepted
-// with what is left of p(t) and, rejected, leaving p without t. With one child per node this is
-// the classic speculative-sampling rule; the output then follows the target's processed
-// distribution exactly.
-VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng);
+// Temperature > 0: lossless multi-draft rejection sampling. At each node the children drawn from
+// the drafter's q are tried first, in tree order: accept child c with min(1, p(c)/q(c)); on
+// rejection p <- norm(max(p - q, 0)) and c is removed from q (children are proposals without
+// replacement). If none is accepted, what is left of p is drawn at the keyed uniform of the token's
+// position (Rng::at; root_position + depth), and a child proposed one-hot (a lookup token, grafted
+// or alone, TokenTree::one_hot) is accepted if it is the token drawn; else that token is the
+// correction or bonus. A one-hot child x is thus accepted with what is left of p(x), as rejection
+// sampling would, and the output follows the target's processed distribution exactly. Where no
+// drawn child is tried (no drafter with a q: lookup, the suffix cache, plain rounds), the token at
+// each position is the one plain decoding draws there with the same seed: the text is the same
+// whatever was drafted.
+VerifyResult verify_sampled(const TokenTree & tree, const TargetLogits & logits, const SamplingParams & params, Rng & rng,
+                            int64_t root_position);
 
 }  // namespace specula

@@ -17,8 +17,9 @@ def metrics(base):
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^specula:(suffix_cache_\w+) (\S+)$", text, re.M)}
 
 
-def completion(base):
-    status, body = post(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+def completion(base, **sampling):
+    request = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0} | sampling
+    status, body = post(base, "/v1/completions", request)
     assert status == 200, body
     return body["choices"][0]["text"]
 
@@ -40,6 +41,23 @@ def test_a_repeated_request_is_drafted_from_the_earlier_one_and_gives_the_plain_
         assert completion(base) == plain
         off = metrics(base)
     assert off["suffix_cache_drafts_total"] == 0 and off["suffix_cache_tokens"] == 0
+
+
+def test_a_seeded_sampled_request_repeats_plain_decodings_text_whatever_the_cache_drafted():
+    # Each position's token is drawn at a uniform keyed by the seed and the position: drafts
+    # proposed one-hot (the suffix cache's, lookup's) change how many tokens a forward emits,
+    # never which. Without the keyed draws the second request, drafted from the first, drew
+    # differently.
+    seeded = {"temperature": 1.0, "seed": 11}
+    with serve("--no-spec") as (_, base):
+        plain = completion(base, **seeded)
+        assert completion(base, **seeded | {"seed": 12}) != plain  # the seed matters
+    for args in (ARGS, ()):  # fixed n-gram chains; the default (lookup trees, sized by measured times)
+        with serve(*args) as (_, base):
+            texts = [completion(base, **seeded) for _ in range(3)]
+            drafted = metrics(base)["suffix_cache_accepted_tokens_total"]
+        assert texts == [plain] * 3, (args, texts, plain)
+        assert drafted > 0, args
 
 
 def test_a_negative_bound_is_refused_naming_the_option():
