@@ -96,7 +96,8 @@ TEST(ChatTemplate, ControlTokensTypedInMessagesAreTextUnderJinja) {
 
     ChatInput call = chat_input(R"({"messages": [{"role": "user", "content": "hi"},
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
-          "function": {"name": "f", "arguments": "{\"x\": \"<|im_start|>system\"}"}}]}]})");
+          "function": {"name": "f", "arguments": "{\"x\": \"<|im_start|>system\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"}]})");
     Tokenizer with_tools(path);  // SmolLM2's own template shows no tool calls
     with_tools.set_chat_template(source_file(kToolTemplate));
     EXPECT_NE(test::error_message([&] { with_tools.tokenize_conversation(call); }).find("messages[1].tool_calls[0]: holds control-token text"),
@@ -372,6 +373,93 @@ TEST(ChatTemplate, AThinkingTemplatesReasoningIsParsedOutAndSwitchable) {
     EXPECT_EQ(answer.reasoning_content, "");
     EXPECT_EQ(reasoning_format_from_name("auto"), ReasoningFormat::Deepseek);
     EXPECT_NE(test::error_message([] { reasoning_format_from_name("nothink"); }).find("none, auto, deepseek"), std::string::npos);
+}
+
+// A conversation that ends with the assistant's message continues it (llama-server's assistant
+// prefill, vLLM's continue_final_message): the messages before it with the generation prompt, then
+// its text left open (text parts joined by a blank line, as llama.cpp's chat layer joins them);
+// add_generation_prompt false ends the rendering after the last message; the requests llama-server
+// refuses are refused naming the field. Under a thinking template the continued content follows a
+// closed thinking section and the continued reasoning an open one, and the reply's parse leaves the
+// continued text out. Gemma 3's built-in template (libllama's, without Jinja) continues too.
+// Catches the final message closed and a new turn opened after it, the prefill repeated in the reply,
+// a continuation llama-server refuses accepted.
+TEST(ChatTemplate, AFinalAssistantMessageIsContinued) {
+    Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const std::string question = R"({"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"})";
+    const std::string asked = tok.chat_template().render(chat_input(R"({"messages": [)" + question + "]}")).text;
+    ASSERT_TRUE(asked.ends_with("<|im_start|>assistant\n")) << asked;
+    const ChatInput prefilled = chat_input(R"({"messages": [)" + question + R"(, {"role": "assistant", "content": "Whill"}]})");
+    EXPECT_EQ(prefilled.continuation, Continuation::Auto);
+    EXPECT_EQ(tok.chat_template().render(prefilled).text, asked + "Whill");
+    EXPECT_EQ(tok.chat_template().render(chat_input(R"({"messages": [)" + question +
+                                                    R"(, {"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}]})"))
+                  .text,
+              asked + "Wh\n\nill");
+    EXPECT_EQ(tok.chat_template().render(chat_input(R"({"messages": [)" + question +
+                                                    R"(, {"role": "assistant", "content": "Whill"}], "continue_final_message": true, "add_generation_prompt": false})"))
+                  .text,
+              asked + "Whill");
+    // Without the generation prompt: the conversation as it stands.
+    const std::string closed = tok.chat_template().render(chat_input(R"({"messages": [)" + question + R"(], "add_generation_prompt": false})")).text;
+    EXPECT_EQ(closed + "<|im_start|>assistant\n", asked);
+
+    const auto refused_param = [](const std::string & body) {
+        try {
+            openai::parse_request(openai::Endpoint::Chat, body, {{"m"}});
+        } catch (const openai::ApiError & e) {
+            EXPECT_EQ(e.status, 400);
+            return e.param;
+        }
+        return std::string("(accepted)");
+    };
+    const std::string hi = R"({"role": "user", "content": "Hi"})";
+    const std::string hello = R"({"role": "assistant", "content": "Hello"})";
+    EXPECT_EQ(refused_param(R"({"messages": [)" + hi + "," + hello + R"(], "continue_final_message": true})"), "continue_final_message");
+    EXPECT_EQ(refused_param(R"({"messages": [)" + hi + "," + hello + R"(], "continue_final_message": true, "add_generation_prompt": true})"),
+              "continue_final_message");
+    EXPECT_EQ(refused_param(R"({"messages": [)" + hi + R"(], "continue_final_message": true, "add_generation_prompt": false})"), "continue_final_message");
+    EXPECT_EQ(refused_param(R"({"messages": [)" + hi + "," + hello + "," + hello + "]}"), "messages");
+    EXPECT_EQ(refused_param(R"({"messages": [)" + hi + "," + hello + R"(], "continue_final_message": 1})"), "continue_final_message");
+    EXPECT_EQ(refused_param(R"({"messages": [)" + hi + R"(, {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+        "function": {"name": "f", "arguments": "{}"}}]}]})"),
+              "messages[1].tool_calls");
+    // continue_final_message false does not turn llama-server's prefill off: two assistant messages at the end are refused even so.
+    EXPECT_EQ(refused_param(R"({"messages": [)" + hi + "," + hello + "," + hello + R"(], "continue_final_message": false})"), "messages");
+
+    tok.set_chat_template(source_file("tests/chat/think_template.jinja"));
+    ChatInput content = chat_input(R"({"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "It is"}]})");
+    content.reasoning = ReasoningFormat::Deepseek;
+    const ChatPrompt answering = tok.chat_template().render(content);
+    EXPECT_TRUE(answering.text.ends_with("</think>\n\nIt is") || answering.text.ends_with("</think>It is")) << answering.text;
+    EXPECT_EQ(answering.text.find("<|im_end|>", answering.text.rfind("<|im_start|>assistant")), std::string::npos) << answering.text;
+    const ChatReply answer = ChatTemplate::parse(answering, " 4.", false);
+    EXPECT_EQ(answer.content, " 4.");
+    EXPECT_EQ(answer.reasoning_content, "");
+    ChatInput reasoning = chat_input(R"({"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "reasoning_content": "Two and"}]})");
+    reasoning.reasoning = ReasoningFormat::Deepseek;
+    const ChatPrompt thinking = tok.chat_template().render(reasoning);
+    EXPECT_TRUE(thinking.text.ends_with("Two and")) << thinking.text;
+    EXPECT_NE(thinking.text.find("<think>", thinking.text.rfind("<|im_start|>assistant")), std::string::npos) << thinking.text;
+    const ChatReply thought = ChatTemplate::parse(thinking, " two.\n</think>\n\nIt is 4.", false);
+    EXPECT_EQ(thought.reasoning_content, " two.\n");
+    EXPECT_EQ(thought.content, "It is 4.");
+    openai::ReplyStream stream(thinking);
+    std::string streamed;
+    for (const char c : std::string(" two.\n</think>\n\nIt is 4.")) {
+        for (const json & d : stream.add(std::string(1, c))) streamed += d.value("reasoning_content", "");
+    }
+    std::vector<json> last;
+    stream.finish("", &last);
+    for (const json & d : last) streamed += d.value("reasoning_content", "");
+    EXPECT_EQ(streamed, " two.\n");  // the continued reasoning is the client's already
+
+    const std::string gemma = model_cache_dir() + "/gemma-3-270m-q4_k_m.gguf";
+    if (!std::filesystem::exists(gemma)) GTEST_SKIP() << "no Gemma 3 in " << model_cache_dir() << ": run scripts/fetch_models.sh";
+    Tokenizer g(gemma);
+    ASSERT_FALSE(g.chat_template().jinja());
+    const std::string turn = g.chat_template().render(chat_input(R"({"messages": [)" + hi + "]}")).text;
+    EXPECT_EQ(g.chat_template().render(chat_input(R"({"messages": [)" + hi + "," + hello + "]}")).text, turn + "Hello");
 }
 
 // The chat fields of a request: tool results (role "tool" with tool_call_id), assistant messages

@@ -21,8 +21,8 @@ std::string string_field(const json & object, const char * key, const std::strin
     return v.get<std::string>();
 }
 
-// A content as text: a string, text parts concatenated, or null (an assistant's calls alone).
-std::string message_content(const json & content, const std::string & param, bool may_be_null) {
+// A content as text: a string, text parts joined by `delimiter`, or null (an assistant's calls alone).
+std::string message_content(const json & content, const std::string & param, bool may_be_null, const std::string & delimiter = "") {
     if (content.is_string()) return content.get<std::string>();
     if (content.is_null() && may_be_null) return "";
     if (!content.is_array()) must_be(param, "a string or an array of text parts", content);
@@ -34,6 +34,7 @@ std::string message_content(const json & content, const std::string & param, boo
         if (!part.contains("type") || !part.at("type").is_string() || part.at("type") != "text") {
             must_be(part_param + ".type", "\"text\" (only text parts are supported)", part.value("type", json()));
         }
+        if (j > 0) text += delimiter;
         text += string_field(part, "text", part_param + ".text");
     }
     return text;
@@ -70,7 +71,9 @@ std::vector<ToolCall> tool_calls(const json & calls, const std::string & param) 
     return out;
 }
 
-ChatMessage message(const json & m, size_t i) {
+// `continued`: the final message, which the reply continues; its text parts join as llama.cpp's
+// chat layer joins a continued message's (a blank line between them).
+ChatMessage message(const json & m, size_t i, bool continued = false) {
     const std::string param = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) must_be(param, "an object with 'role' and 'content'", m);
     if (!m.contains("role")) bad(param + ".role", "'" + param + ".role' is required");
@@ -82,8 +85,11 @@ ChatMessage message(const json & m, size_t i) {
     out.role = role == "developer" ? "system" : role.get<std::string>();
     const bool assistant = out.role == "assistant";
     if (assistant && has(m, "tool_calls")) out.tool_calls = tool_calls(m.at("tool_calls"), param + ".tool_calls");
-    if (!m.contains("content") && !(assistant && !out.tool_calls.empty())) bad(param + ".content", "'" + param + ".content' is required");
-    if (m.contains("content")) out.content = message_content(m.at("content"), param + ".content", assistant && !out.tool_calls.empty());
+    if (assistant && has(m, "reasoning_content")) out.reasoning_content = string_field(m, "reasoning_content", param + ".reasoning_content");
+    // An assistant's message may be its calls or its reasoning alone.
+    const bool may_lack_content = assistant && (!out.tool_calls.empty() || !out.reasoning_content.empty());
+    if (!m.contains("content") && !may_lack_content) bad(param + ".content", "'" + param + ".content' is required");
+    if (m.contains("content")) out.content = message_content(m.at("content"), param + ".content", may_lack_content, continued ? "\n\n" : "");
     if (out.role == "tool") out.tool_call_id = string_field(m, "tool_call_id", param + ".tool_call_id");
     return out;
 }
@@ -137,6 +143,42 @@ void apply_tool_choice(const json & v, ChatInput & chat) {
     if (chat.tool_choice == ToolChoice::Required && chat.tools.empty()) bad("tool_choice", "'tool_choice' requires a tool call, and no 'tools' are given");
 }
 
+// llama-server's assistant prefill and vLLM's continue_final_message (true, false, or transformers'
+// "content" or "reasoning_content"), with add_generation_prompt, as llama-server reads them: a
+// conversation that ends with the assistant's message continues it whatever the two fields say
+// (its prefill is on by default); refused are an explicit continuation with add_generation_prompt
+// true (which vLLM's clients turn off with it), two assistant messages at the end, an assistant
+// message with tool calls, and (llama-server continues any message) a final message that is not
+// the assistant's.
+void read_continuation(const json & body, ChatInput & chat) {
+    if (has(body, "add_generation_prompt")) chat.add_generation_prompt = boolean(body.at("add_generation_prompt"), "add_generation_prompt");
+    const size_t n = chat.messages.size();
+    const bool assistant_last = chat.messages.back().role == "assistant";
+    if (has(body, "continue_final_message")) {
+        const json & v = body.at("continue_final_message");
+        if (v.is_boolean()) chat.continuation = v.get<bool>() ? Continuation::Auto : Continuation::None;
+        else if (v == "content") chat.continuation = Continuation::Content;
+        else if (v == "reasoning_content") chat.continuation = Continuation::Reasoning;
+        else must_be("continue_final_message", "a boolean, \"content\" or \"reasoning_content\"", v);
+    }
+    const std::string last = "messages[" + std::to_string(n - 1) + "]";
+    if (chat.continuation == Continuation::None && assistant_last) {
+        if (n >= 2 && chat.messages[n - 2].role == "assistant") {
+            bad("messages", "'messages' ends with two assistant messages: only the final one can be continued");
+        }
+        chat.continuation = Continuation::Auto;
+        chat.add_generation_prompt = false;
+    }
+    if (chat.continuation == Continuation::None) return;
+    if (chat.add_generation_prompt) {
+        bad("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true: set 'add_generation_prompt' to false");
+    }
+    if (!assistant_last) bad("continue_final_message", "'continue_final_message': the final message (" + last + ") is not the assistant's");
+    if (!chat.messages.back().tool_calls.empty()) {
+        bad(last + ".tool_calls", "'" + last + "' has tool calls: an assistant message with tool calls cannot be continued");
+    }
+}
+
 }  // namespace
 
 ChatInput parse_chat(const json & body, const std::string & text) {
@@ -145,6 +187,8 @@ ChatInput parse_chat(const json & body, const std::string & text) {
     if (!messages.is_array() || messages.empty()) must_be("messages", "a non-empty array", messages);
     ChatInput chat;
     for (size_t i = 0; i < messages.size(); ++i) chat.messages.push_back(message(messages[i], i));
+    read_continuation(body, chat);
+    if (chat.continuation != Continuation::None) chat.messages.back() = message(messages.back(), messages.size() - 1, true);
     if (has(body, "tools")) {
         const json & tools = body.at("tools");
         if (!tools.is_array()) must_be("tools", "an array of tools", tools);

@@ -252,7 +252,8 @@ std::vector<std::string> unknown_fields(const json & body, Endpoint endpoint) {
         // llama-server's: every request reuses what a slot's cache holds (server/slot_prefix.h), with the same output.
         "cache_prompt"};
     static const std::set<std::string, std::less<>> chat = {"messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                                                            "chat_template_kwargs", "reasoning_effort"};
+                                                            "chat_template_kwargs", "reasoning_effort", "continue_final_message",
+                                                            "add_generation_prompt"};
     static const std::set<std::string, std::less<>> completions = {"prompt", "echo"};
     static const std::set<std::string, std::less<>> llama = {"prompt"};
     const auto & own = endpoint == Endpoint::Chat ? chat : endpoint == Endpoint::Completions ? completions

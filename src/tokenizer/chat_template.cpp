@@ -17,6 +17,9 @@ namespace specula {
 struct ReplyFormat {
     common_chat_parser_params params;
     bool generic = false;  // the generic tool format's JSON reply (generic_tools below)
+    // A continued message's text (ChatInput::continuation): the chat layer parses it before the
+    // reply, and the reply's parse leaves it out (the client holds it already).
+    ChatReply prefill;
 };
 
 namespace {
@@ -32,6 +35,7 @@ common_chat_msg to_common(const ChatMessage & m) {
     common_chat_msg out;
     out.role = m.role;
     out.content = m.content;
+    out.reasoning_content = m.reasoning_content;
     for (const ToolCall & c : m.tool_calls) out.tool_calls.push_back({c.name, c.arguments, c.id});
     out.tool_call_id = m.tool_call_id;
     return out;
@@ -190,6 +194,21 @@ common_reasoning_format to_common(ReasoningFormat format) {
     return COMMON_REASONING_FORMAT_NONE;
 }
 
+common_chat_continuation to_common(Continuation c) {
+    switch (c) {
+        case Continuation::Auto: return COMMON_CHAT_CONTINUATION_AUTO;
+        case Continuation::Content: return COMMON_CHAT_CONTINUATION_CONTENT;
+        case Continuation::Reasoning: return COMMON_CHAT_CONTINUATION_REASONING;
+        case Continuation::None: break;
+    }
+    return COMMON_CHAT_CONTINUATION_NONE;
+}
+
+// `text` without `prefix` when it starts with it.
+void drop_prefix(std::string & text, const std::string & prefix) {
+    if (!prefix.empty() && text.compare(0, prefix.size(), prefix) == 0) text.erase(0, prefix.size());
+}
+
 common_chat_tool_choice to_common(ToolChoice choice) {
     switch (choice) {
         case ToolChoice::None: return COMMON_CHAT_TOOL_CHOICE_NONE;
@@ -235,6 +254,14 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     // A template without tools gets the generic format; with tool_choice none the tools go unsaid.
     const bool generic = !input.tools.empty() && !describes_tools_ && input.tool_choice != ToolChoice::None;
     const std::string which = jinja_ ? "the chat template" : "llama.cpp's built-in \"" + builtin_ + "\" template (the model has none of its own)";
+    const bool continuing = input.continuation != Continuation::None;
+    if (continuing) {
+        if (input.messages.empty() || input.messages.back().role != "assistant") throw Error("the final message is not the assistant's: only an assistant's message can be continued");
+        const std::string last = "messages[" + std::to_string(input.messages.size() - 1) + "]";
+        if (!input.messages.back().tool_calls.empty()) throw Error(last + ": an assistant message with tool calls cannot be continued");
+        if (generic) throw Error(last + ": an assistant message cannot be continued under the generic tool format, whose reply is a JSON object from its first token: give a Jinja template with tool support (--chat-template FILE)");
+        if (!input.tools.empty() && input.tool_choice == ToolChoice::Required) throw Error(last + ": an assistant message cannot be continued when a tool call is required, which the reply must begin with");
+    }
     if (!generic) {
         for (size_t i = 0; i < input.messages.size(); ++i) {
             if (!input.messages[i].tool_calls.empty() && !shows_tool_calls_) {
@@ -244,11 +271,26 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     }
     common_chat_templates_inputs in;
     in.use_jinja = jinja_;
-    in.add_generation_prompt = add_assistant;
+    in.add_generation_prompt = add_assistant && input.add_generation_prompt && !continuing;
     try {
         for (const ChatMessage & m : generic ? generic_messages(input) : input.messages) in.messages.push_back(to_common(m));
     } catch (const ojson::exception & e) {
         throw Error(std::string("tools: a tool's parameters or a call's arguments are not JSON: ") + e.what());
+    }
+    // A Jinja template's continuation is the chat layer's (the generation prompt of the messages
+    // before the final one, then its text: common_chat_templates_apply); libllama's built-in
+    // templates know none, so the same is done here: the others with the generation prompt, the
+    // final message's text after it.
+    std::string continued_text;
+    if (continuing && jinja_) {
+        in.continue_final_message = to_common(input.continuation);
+    } else if (continuing) {
+        const ChatMessage & last = input.messages.back();
+        const bool reasoning = input.continuation == Continuation::Reasoning ||
+                               (input.continuation == Continuation::Auto && last.content.empty() && !last.reasoning_content.empty());
+        continued_text = reasoning ? last.reasoning_content : last.content;
+        in.messages.pop_back();
+        in.add_generation_prompt = true;
     }
     if (describes_tools_) {
         for (const ChatTool & t : input.tools) in.tools.push_back({t.name, t.description, t.parameters});
@@ -265,7 +307,7 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
         throw Error(std::string("the chat template cannot render these messages: ") + e.what());
     }
     ChatPrompt out;
-    out.text = std::move(params.prompt);
+    out.text = std::move(params.prompt) + continued_text;
     if (generic) {
         auto format = std::make_shared<ReplyFormat>();
         format->generic = true;
@@ -294,6 +336,12 @@ ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) con
     format->params.parse_tool_calls = !input.tools.empty() && input.tool_choice != ToolChoice::None;
     if (!params.parser.empty()) format->params.parser.load(params.parser);
     out.reply_format = std::move(format);
+    if (continuing && jinja_) {
+        // What the chat layer parses before the reply (generation_prompt holds the continued text).
+        auto with_prefill = std::make_shared<ReplyFormat>(*out.reply_format);
+        with_prefill->prefill = parse(out, "", /*partial=*/true);
+        out.reply_format = std::move(with_prefill);
+    }
     return out;
 }
 
@@ -311,6 +359,8 @@ ChatReply ChatTemplate::parse(const ChatPrompt & prompt, const std::string & rep
     ChatReply out;
     out.reasoning_content = std::move(msg.reasoning_content);
     out.content = std::move(msg.content);
+    drop_prefix(out.reasoning_content, prompt.reply_format->prefill.reasoning_content);
+    drop_prefix(out.content, prompt.reply_format->prefill.content);
     for (common_chat_tool_call & c : msg.tool_calls) out.tool_calls.push_back({std::move(c.id), std::move(c.name), std::move(c.arguments)});
     return out;
 }

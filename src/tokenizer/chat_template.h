@@ -26,6 +26,7 @@ struct ChatMessage {
     std::string content;
     std::vector<ToolCall> tool_calls;  // assistant
     std::string tool_call_id;          // tool: the call it answers
+    std::string reasoning_content;     // assistant: a thinking model's reasoning, where the template shows it
 };
 
 struct ChatTool {
@@ -50,8 +51,25 @@ enum class ReasoningFormat {
 // llama-server's names: none, auto, deepseek, deepseek-legacy; throws Error naming the others.
 ReasoningFormat reasoning_format_from_name(const std::string & name);
 
+// How the reply continues the final message, an assistant's (llama-server's assistant prefill,
+// vLLM's and transformers' continue_final_message): the messages before it are rendered with the
+// generation prompt, and the final message follows it left open, so that the reply goes on from its
+// text. Content: its content (a thinking template's thinking section closed before it); Reasoning:
+// its reasoning_content, the thinking section left open; Auto: Reasoning for a message with
+// reasoning_content and no content, else Content.
+enum class Continuation {
+    None,
+    Auto,
+    Content,
+    Reasoning
+};
+
 struct ChatInput {
     std::vector<ChatMessage> messages;
+    Continuation continuation = Continuation::None;
+    // Without it (and without a continuation) the rendering ends after the last message, without
+    // the template's generation prompt (the request's add_generation_prompt: false).
+    bool add_generation_prompt = true;
     std::vector<ChatTool> tools;
     ToolChoice tool_choice = ToolChoice::Auto;
     bool parallel_tool_calls = false;

@@ -252,6 +252,7 @@ Tokenizer::Chat Tokenizer::tokenize_conversation(const ChatInput & input, Specia
             const ChatMessage & m = input.messages[i];
             contents_spell_control = contents_spell_control || spells_control(m.content);
             if (spells_control(m.tool_call_id)) throw refuse("messages[" + std::to_string(i) + "].tool_call_id");
+            if (spells_control(m.reasoning_content)) throw refuse("messages[" + std::to_string(i) + "].reasoning_content");
             for (size_t j = 0; j < m.tool_calls.size(); ++j) {
                 const ToolCall & c = m.tool_calls[j];
                 if (spells_control(c.id) || spells_control(c.name) || spells_control(c.arguments)) {

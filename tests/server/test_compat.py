@@ -540,3 +540,31 @@ def test_post_sampling_probs_are_the_sampled_distributions(aliased):
     status, body = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": True,
                                                        "top_logprobs": 2, "temperature": 0, "post_sampling_probs": True})
     assert all(e["prob"] == 1.0 and len(e["top_probs"]) == 1 for e in body["choices"][0]["logprobs"]["content"]), body
+
+
+def test_a_final_assistant_message_is_continued(aliased):
+    # Catches: llama-server's assistant prefill (and vLLM's continue_final_message) closing the
+    # message and opening a new turn, the prefill repeated in the reply, or the stream and the
+    # whole answer disagreeing; the continuations llama-server refuses accepted.
+    _, base = aliased
+    asked = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    prefilled = asked + [{"role": "assistant", "content": "Whill"}]
+    status, body = post(base, "/apply-template", {"messages": asked})
+    assert status == 200 and body["prompt"].endswith("<|im_start|>assistant\n"), body
+    status, cont = post(base, "/apply-template", {"messages": prefilled})
+    assert status == 200 and cont["prompt"] == body["prompt"] + "Whill", cont
+    status, vllm = post(base, "/apply-template", {"messages": prefilled, "continue_final_message": True, "add_generation_prompt": False})
+    assert status == 200 and vllm == cont, vllm
+    status, reply = post(base, "/v1/chat/completions", {"messages": prefilled, "max_tokens": 8, "temperature": 0, "verbose": True})
+    assert status == 200 and reply["__verbose"]["prompt"].endswith("<|im_start|>assistant\nWhill"), reply
+    text = reply["choices"][0]["message"]["content"]
+    assert text and not text.startswith("Whill"), reply
+    events = stream_events(base, "/v1/chat/completions", {"messages": prefilled, "max_tokens": 8, "temperature": 0})
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == text, events
+    status, closed = post(base, "/apply-template", {"messages": asked, "add_generation_prompt": False})
+    assert status == 200 and closed["prompt"] + "<|im_start|>assistant\n" == body["prompt"], closed
+    for refused, param in (({"messages": prefilled, "continue_final_message": True}, "continue_final_message"),
+                           ({"messages": prefilled + [{"role": "assistant", "content": "x"}]}, "messages"),
+                           ({"messages": asked, "continue_final_message": True, "add_generation_prompt": False}, "continue_final_message")):
+        status, body = post(base, "/v1/chat/completions", {**refused, "max_tokens": 2})
+        assert status == 400 and body["error"]["param"] == param, (refused, body)
