@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "specula/error.h"
@@ -52,7 +53,8 @@ struct HttpServer::Impl {
     AccessPolicy access;
     SpecialTokens prompt_specials = SpecialTokens::Text;  // in completions prompts and chat contents
     ReasoningFormat reasoning = ReasoningFormat::Deepseek;
-    bool embeddings = false;  // /v1/embeddings answers
+    std::optional<bool> thinking;  // serve --reasoning on|off; unset: the template's default
+    bool embeddings = false;       // /v1/embeddings answers
     std::atomic<uint64_t> next_id{1};
     int64_t started = 0;
     std::map<std::string, std::string> methods;  // path -> the methods it has routes for, for 405
@@ -116,6 +118,16 @@ EarlyExitRequest early_exit_request(const openai::Request & r, const ModelBundle
     }
     e.threshold = r.specee_threshold >= 0.0f ? r.specee_threshold : t.exit_threshold;
     return e;
+}
+
+// The server's chat defaults: where reasoning goes, and (serve --reasoning on|off) whether the
+// template thinks, as llama-server's --reasoning sets its enable_thinking variable, unless the
+// request's chat_template_kwargs set it.
+void chat_defaults(openai::Request & r, ReasoningFormat reasoning, std::optional<bool> thinking) {
+    r.chat.reasoning = reasoning;
+    if (!thinking || r.chat.template_kwargs.count("enable_thinking")) return;
+    r.chat.enable_thinking = *thinking;
+    r.chat.template_kwargs["enable_thinking"] = *thinking ? "true" : "false";
 }
 
 int64_t unix_now() {
@@ -385,11 +397,34 @@ void HttpServer::set_special_tokens_in_prompt(bool parse) { impl_->prompt_specia
 
 void HttpServer::set_reasoning_format(ReasoningFormat format) { impl_->reasoning = format; }
 
+void HttpServer::set_thinking(std::optional<bool> thinking) { impl_->thinking = thinking; }
+
 void HttpServer::set_embeddings(bool on) { impl_->embeddings = on; }
 
 void HttpServer::set_any_model(bool any) { impl_->accepted.any_model = any; }
 
-void HttpServer::set_request_defaults(const openai::RequestDefaults & defaults) { impl_->accepted.defaults = defaults; }
+void HttpServer::set_request_defaults(const openai::RequestDefaults & defaults) {
+    const bool verbose = impl_->accepted.defaults.verbose;  // set_verbose's
+    impl_->accepted.defaults = defaults;
+    impl_->accepted.defaults.verbose = verbose;
+}
+
+void HttpServer::set_verbose(bool on) {
+    impl_->accepted.defaults.verbose = on;
+    if (!on) {
+        impl_->http.set_logger(nullptr);
+        return;
+    }
+    impl_->http.set_logger([](const httplib::Request & req, const httplib::Response & res) {
+        static const std::set<std::string, std::less<>> polled = {"/health", "/v1/health", "/metrics", "/metrics.json", "/models", "/v1/models", "/props", "/slots", "/"};
+        if (polled.count(req.path)) return;
+        const bool stream = res.body.empty() && res.get_header_value("Content-Type").rfind("text/event-stream", 0) == 0;
+        // One write, so that the lines of requests served at once do not interleave.
+        const std::string entry = "specula: " + req.method + " " + req.path + " " + std::to_string(res.status) + "\nrequest:  " + req.body +
+                                  "\nresponse: " + (stream ? std::string("(a stream of server-sent events)") : res.body) + "\n";
+        std::fwrite(entry.data(), 1, entry.size(), stderr);
+    });
+}
 
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
     {
@@ -500,7 +535,7 @@ void HttpServer::Impl::routes() {
         const std::string tenant = tenant_of(access, [&req](const char * name) { return req.get_header_value(name); });
         json slots = json::array();
         for (const auto & slot : s->metrics().slot_states) {
-            json j = {{"id", slot.id}, {"state", slot.busy ? "processing" : "idle"}, {"n_ctx", s->context_size()}};
+            json j = {{"id", slot.id}, {"state", slot.busy ? "processing" : "idle"}, {"is_processing", slot.busy}, {"n_ctx", s->context_size()}};
             // Another tenant's request: its lengths are none of this key's business.
             if (slot.tenant.empty() || slot.tenant == tenant) {
                 j["n_prompt"] = slot.n_prompt, j["n_generated"] = slot.n_generated, j["n_cached"] = slot.n_cached;
@@ -567,7 +602,7 @@ void HttpServer::Impl::routes() {
         if (!t || !scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
         try {
             openai::Request r = openai::parse_request(openai::Endpoint::Chat, req.body, accepted);
-            r.chat.reasoning = reasoning;
+            chat_defaults(r, reasoning, thinking);
             std::string prompt;
             try {
                 prompt = t->tokenizer->chat_template().render(r.chat).text;
@@ -588,9 +623,9 @@ void HttpServer::Impl::routes() {
             if (!t || !scheduler) return send_error(res, openai::ApiError{503, "the model is loading", "unavailable_error", "", ""});
             try {
                 auto [count, ignored] = within_deadline<std::pair<size_t, std::vector<std::string>>>(
-                    [this, t, body = req.body, reasoning = reasoning, specials = prompt_specials] {
+                    [this, t, body = req.body, reasoning = reasoning, thinking = thinking, specials = prompt_specials] {
                         openai::Request r = openai::parse_request(openai::Endpoint::Chat, body, accepted);
-                        r.chat.reasoning = reasoning;
+                        chat_defaults(r, reasoning, thinking);
                         try {
                             return std::pair{t->tokenizer->tokenize_conversation(r.chat, specials).tokens.size(), r.ignored_fields};
                         } catch (const std::exception & e) {
@@ -691,13 +726,13 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     };
     Prepared p;
     try {
-        p = within_deadline<Prepared>([this, endpoint, s, t, body = req.body, reasoning = reasoning, specials = prompt_specials] {
+        p = within_deadline<Prepared>([this, endpoint, s, t, body = req.body, reasoning = reasoning, thinking = thinking, specials = prompt_specials] {
             Prepared p;
             openai::Request & r = p.r;
             r = openai::parse_request(endpoint, body, accepted);
             try {
                 if (endpoint == openai::Endpoint::Chat) {
-                    r.chat.reasoning = reasoning;
+                    chat_defaults(r, reasoning, thinking);
                     Tokenizer::Chat rendered = t->tokenizer->tokenize_conversation(r.chat, specials);
                     p.prompts.push_back(std::move(rendered.tokens));
                     p.chat = std::move(rendered.prompt);

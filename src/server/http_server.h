@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +63,10 @@ public:
     // Where a thinking chat template's reasoning goes in chat replies (serve --reasoning-format):
     // left in the content (None) or parsed into reasoning_content (the default).
     void set_reasoning_format(ReasoningFormat format);
+    // Whether a thinking chat template thinks (serve --reasoning on|off, llama-server's): its
+    // enable_thinking variable (and the chat layer's) for a request whose chat_template_kwargs do
+    // not set it; unset: the template's own default.
+    void set_thinking(std::optional<bool> thinking);
     // Whether /v1/embeddings answers (serve --embeddings; the scheduler's SchedulerOptions::embeddings
     // must agree), else 501 naming the flag.
     void set_embeddings(bool on);
@@ -71,6 +76,11 @@ public:
     // What a request that omits a sampling field or its length gets (serve --temp, --seed,
     // --n-predict, ...; the route's own default where unset).
     void set_request_defaults(const openai::RequestDefaults & defaults);
+    // serve --verbose (llama-server's): every request's method, path, status and body, and the
+    // response's body (a stream's: named as one), on stderr, but for the routes polled (/health,
+    // /metrics, /metrics.json, /models, /props, /slots); and requests get llama-server's __verbose
+    // unless they say otherwise (openai::RequestDefaults::verbose). Before start().
+    void set_verbose(bool on);
     // Stops accepting, lets the requests in flight finish for up to `grace`, then ends the rest (a
     // stream with an OpenAI error event and [DONE], other requests with 503). From any thread;
     // returns once every connection has closed.

@@ -215,6 +215,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
         }
     }
     if (has(body, "specee_threshold")) r.specee_threshold = static_cast<float>(number(body, "specee_threshold", 0.0, 1.0));
+    r.verbose = accepted.defaults.verbose;
     for (const auto & [key, flag] : {std::pair{"verbose", &r.verbose}, std::pair{"return_tokens", &r.return_tokens},
                                      std::pair{"timings_per_token", &r.timings_per_token}, std::pair{"post_sampling_probs", &r.post_sampling_probs}}) {
         if (has(body, key)) *flag = boolean(body.at(key), key);

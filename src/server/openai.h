@@ -84,7 +84,7 @@ struct Request {
     std::vector<std::pair<std::string, float>> logit_bias_texts;
     int top_logprobs = -1;
     std::string grammar;
-    std::string grammar_field;  // "grammar" or "response_format": where the grammar came from
+    std::string grammar_field;  // "grammar", "response_format" or "json_schema": where the grammar came from
     // vLLM's: the request reuses only cached prefixes and texts of requests of its tenant with the
     // same salt (server/scheduler.h, Tenancy); "" without one. At most kMaxCacheSaltBytes.
     std::string cache_salt;
@@ -117,6 +117,8 @@ struct RequestDefaults {
     // The most tokens a request that names none generates, cut to the room its context leaves
     // (llama-server's --n-predict); unset: until the context is full.
     std::optional<int> max_tokens;
+    // llama-server's `verbose` of a request that omits it (serve --verbose: HttpServer::set_verbose).
+    bool verbose = false;
     // Sets the sampling fields given on `s`; `seeded` when a seed is.
     void apply_sampling(SamplingParams & s, bool & seeded) const;
 };

@@ -109,7 +109,8 @@ void parse_logprobs(const json & body, Endpoint endpoint, Request & r) {
     }
 }
 
-// {"type": "text"} | {"type": "json_object"} | {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}.
+// {"type": "text"} | {"type": "json_object"} (llama-server's: with a "schema" beside it) |
+// {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}.
 void parse_response_format(const json & body, Request & r) {
     const json & f = body.at("response_format");
     if (!f.is_object()) must_be("response_format", "an object with a 'type'", f);
@@ -119,6 +120,10 @@ void parse_response_format(const json & body, Request & r) {
         return;
     } else if (type == "json_object") {
         schema = json{{"type", "object"}};
+        if (has(f, "schema")) {  // llama-server's: a schema beside json_object
+            schema = f.at("schema");
+            if (!schema.is_object() && !schema.is_boolean()) must_be("response_format.schema", "a JSON schema (an object)", schema);
+        }
     } else if (type == "json_schema") {
         const json spec = f.value("json_schema", json());
         if (!spec.is_object()) must_be("response_format.json_schema", "an object with a 'schema'", spec);
@@ -166,6 +171,17 @@ void parse_generation(const json & body, Request & r) {
         r.grammar_field = "grammar";
     }
     if (has(body, "response_format")) parse_response_format(body, r);
+    if (has(body, "json_schema")) {  // llama-server's: the schema itself, without response_format's wrapping
+        const json & schema = body.at("json_schema");
+        if (!schema.is_object() && !schema.is_boolean()) must_be("json_schema", "a JSON schema (an object)", schema);
+        if (!r.grammar.empty()) bad("json_schema", "'json_schema' and '" + r.grammar_field + "' cannot be combined");
+        try {
+            r.grammar = json_schema_to_gbnf(schema);
+            r.grammar_field = "json_schema";
+        } catch (const Error & e) {
+            bad("json_schema", std::string("'json_schema': ") + e.what());
+        }
+    }
     if (has(body, "min_tokens")) r.min_tokens = static_cast<int>(integer(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
     if (r.max_tokens >= 0 && !r.max_tokens_default && r.min_tokens > r.max_tokens) {
         bad("min_tokens", "'min_tokens' (" + std::to_string(r.min_tokens) + ") is more than the most tokens asked for (" + std::to_string(r.max_tokens) + ")");
@@ -245,7 +261,7 @@ std::vector<std::string> unknown_fields(const json & body, Endpoint endpoint) {
     static const std::set<std::string, std::less<>> common = {
         "model", "max_tokens", "max_completion_tokens", "n_predict", "n", "temperature", "top_p", "top_k", "min_p", "seed",
         "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "repetition_penalty", "logit_bias", "stop", "logprobs",
-        "n_probs", "grammar", "response_format", "min_tokens", "stop_token_ids", "skip_special_tokens", "ignore_eos", "specee",
+        "n_probs", "grammar", "response_format", "json_schema", "min_tokens", "stop_token_ids", "skip_special_tokens", "ignore_eos", "specee",
         "specee_threshold", "stream", "stream_options", "cache_salt", "verbose", "return_tokens", "timings_per_token", "post_sampling_probs",
         // Metadata: accepted, with no effect on the generation (docs/server.md).
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",

@@ -16,13 +16,15 @@ while [ $# -gt 0 ]; do
   flag="$1"
   shift
   case "$flag" in
-    --port | --host | --alias | --api-key | --reasoning-format) args+=("$flag" "$1"); shift ;;
+    --port | --host | --alias | --api-key | --reasoning-format | --reasoning) args+=("$flag" "$1"); shift ;;
+    -rea) args+=(--reasoning "$1"); shift ;;
     # The server-wide request defaults (a request that omits the field gets them).
     --temp | --seed | --top-k | --top-p | --min-p | --repeat-penalty | --presence-penalty | --frequency-penalty | --n-predict) args+=("$flag" "$1"); shift ;;
     --repeat-last-n) args+=(--penalty-last-n "$1"); shift ;;
     --parallel) slots="$1"; args+=(--parallel "$1"); shift ;;
     --ctx-size) ctx="$1"; shift ;;  # llama-server's is all the slots' together, specula's -c each slot's
     --embedding | --embeddings) args+=(--embeddings) ;;
+    --verbose | -v | --log-verbose) args+=(--verbose) ;;
     --pooling) case "$1" in mean | last | cls) args+=(--pooling "$1") ;; esac; shift ;;  # none and rank: not specula's
     --threads) threads="$1"; shift ;;
     --chat-template-file) args+=(--chat-template "$1"); shift ;;
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
     --model | --model-url | --hf-repo | --hf-file | --model-draft | --models-dir | --models-max | --models-preset | \
       --batch-size | --ubatch-size | --n-gpu-layers | --tags | -ctk | -ctv | -fa | --slot-save-path | \
       --grp-attn-n | --grp-attn-w | --lora | --spec-type | --spec-draft-n-max | --spec-draft-n-min | --spec-synth-len | \
-      --spec-synth-rates | --reasoning | --chat-template | --mmproj-url | --media-path | --sleep-idle-seconds | --cache-ram | \
+      --spec-synth-rates | --chat-template | --mmproj-url | --media-path | --sleep-idle-seconds | --cache-ram | \
       --tools | --tools-runtime | --mcp-servers-config | --mcp-servers-json) shift ;;
     *) ;;  # switches: --offline, --jinja (always on), --metrics, --slots (always served), --embedding, ...
   esac

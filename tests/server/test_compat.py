@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from serving import post, serve
+from serving import ROOT, post, serve
 
 PROMPT = "def f(x):"
 
@@ -568,3 +568,56 @@ def test_a_final_assistant_message_is_continued(aliased):
                            ({"messages": asked, "continue_final_message": True, "add_generation_prompt": False}, "continue_final_message")):
         status, body = post(base, "/v1/chat/completions", {**refused, "max_tokens": 2})
         assert status == 400 and body["error"]["param"] == param, (refused, body)
+
+
+def test_verbose_logs_requests_and_gives_llama_servers_verbose_object():
+    # Catches: --verbose (the shim passes llama-server's) refused, the bodies not logged, the polled
+    # routes logged, or __verbose missing from a request that does not ask for it.
+    with serve("-c", "256", "--verbose") as (proc, base):
+        status, body = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert status == 200 and "<|im_start|>user\nhi" in body["__verbose"]["prompt"], body
+        status, body = post(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "verbose": False})
+        assert status == 200 and "__verbose" not in body, body
+        request(base, "GET", "/health")
+        events = stream_events(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        assert events, events
+        deadline = time.time() + 10
+        while sum("specula: POST" in line for line in proc.log) < 3 and time.time() < deadline:
+            time.sleep(0.1)
+        log = "".join(proc.log)
+        assert "specula: POST /v1/chat/completions 200" in log and "request:  {\"messages\"" in log and "response: {\"" in log, log
+        assert "specula: POST /v1/completions 200" in log and "(a stream of server-sent events)" in log, log
+        assert "GET /health" not in log, log
+
+
+def test_reasoning_off_asks_a_thinking_template_not_to_think():
+    # Catches: llama-server's --reasoning off (the shim passes it) refused or not reaching the
+    # template's enable_thinking, or overriding a request's own chat_template_kwargs.
+    template = ROOT + "/tests/chat/think_template.jinja"
+    messages = [{"role": "user", "content": "What is today?"}]
+    with serve("-c", "256", "--chat-template", template, "--reasoning", "off") as (_, base):
+        status, body = post(base, "/apply-template", {"messages": messages})
+        assert status == 200 and body["prompt"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), body
+        status, body = post(base, "/apply-template", {"messages": messages, "chat_template_kwargs": {"enable_thinking": True}})
+        assert status == 200 and body["prompt"].endswith("<|im_start|>assistant\n"), body
+    with serve("-c", "256", "--chat-template", template) as (_, base):
+        status, body = post(base, "/apply-template", {"messages": messages})
+        assert status == 200 and body["prompt"].endswith("<|im_start|>assistant\n"), body
+
+
+def test_llama_servers_json_schema_constrains_the_reply(aliased):
+    # Catches: llama-server's top-level json_schema, or the schema beside response_format's json_object,
+    # ignored (the reply unconstrained); json_schema allowed beside a grammar.
+    _, base = aliased
+    messages = [{"role": "user", "content": "Write an example"}]
+    status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "json_schema": {"const": "42"}})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "\"42\"", body
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 6, "json_schema": {"const": "42"}})
+    assert status == 200 and body["content"] == "\"42\"", body
+    status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "json_schema": {"const": "42"}, "grammar": "root ::= \"a\""})
+    assert status == 400 and body["error"]["param"] == "json_schema", body
+    # llama-server's schema beside json_object.
+    status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "response_format": {"type": "json_object", "schema": {"const": "42"}}})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "\"42\"", body
+    status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "response_format": {"type": "json_object", "schema": 123}})
+    assert status == 400 and body["error"]["param"] == "response_format.schema", body

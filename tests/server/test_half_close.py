@@ -63,10 +63,12 @@ def test_a_half_closed_client_gets_its_whole_stream():
 def close_while_generating(base, how):
     sock = socket.create_connection(("127.0.0.1", port_of(base)))
     sock.sendall(request_bytes(LONG))
-    assert wait_for(lambda: get_json(base + "/slots")[0]["n_generated"] > 0), "the request never reached its slot"
+    # llama-server's is_processing beside specula's state, which its clients poll.
+    assert wait_for(lambda: (lambda s: s["n_generated"] > 0 and s["is_processing"] is True)(get_json(base + "/slots")[0])), \
+        "the request never reached its slot"
     how(sock)
     sock.close()
-    assert wait_for(lambda: get_json(base + "/slots")[0]["state"] == "idle"), "the slot stayed busy"
+    assert wait_for(lambda: (lambda s: s["state"] == "idle" and s["is_processing"] is False)(get_json(base + "/slots")[0])), "the slot stayed busy"
     assert counter(base, "requests_finished_total") == 0
 
 

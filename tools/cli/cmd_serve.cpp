@@ -37,6 +37,7 @@ struct ServeArgs {
     size_t max_request_bytes = 4 << 20;
     bool special_tokens_in_prompt = false;
     std::string reasoning_format = "auto";  // llama-server's default
+    std::string reasoning = "auto";
     int max_connections = 256;
     double head_timeout = 10, request_timeout = 30, shutdown_timeout = 10;  // seconds
     std::vector<std::string> api_keys, cors_origins, allowed_hosts;
@@ -46,6 +47,7 @@ struct ServeArgs {
     bool no_spec = false;
     std::string pooling = "mean";
     bool any_model = false;
+    bool verbose = false;
     openai::RequestDefaults defaults;
 };
 
@@ -126,9 +128,19 @@ void add_request_flags(CLI::App * sub, ServeArgs & a) {
                     "the content too)")
         ->check(CLI::IsMember({"none", "auto", "deepseek", "deepseek-legacy"}))
         ->capture_default_str();
+    sub->add_option("--reasoning", a.reasoning,
+                    "whether a thinking chat template thinks: on or off sets its enable_thinking variable for requests whose "
+                    "chat_template_kwargs do not (off: the reply opens with an empty thinking section); auto: the template's default "
+                    "(llama-server's --reasoning)")
+        ->check(CLI::IsMember({"on", "off", "auto"}))
+        ->capture_default_str();
     sub->add_flag("--embeddings", a.scheduler.embeddings,
                   "answer /v1/embeddings (and /embeddings): the target's final hidden states after its output norm, pooled by "
                   "--pooling and L2-normalised; without it those routes answer 501");
+    sub->add_flag("-v,--verbose", a.verbose,
+                  "log every request (method, path, status, its body and the response's) on stderr, but for the routes polled "
+                  "(/health, /metrics, /models, /props, /slots), and give every completion llama-server's __verbose object unless "
+                  "the request sets \"verbose\": false, as llama-server's --verbose does");
     sub->add_option("--pooling", a.pooling, "how --embeddings pools an input's rows: mean, last (the last token's) or cls (the first token's)")
         ->check(CLI::IsMember({"mean", "last", "cls"}))
         ->capture_default_str();
@@ -239,9 +251,11 @@ void configure(HttpServer & server, const ServeArgs & args, std::vector<std::str
         if (alias.empty()) throw Error("--alias: a model name cannot be empty");
     }
     server.set_reasoning_format(reasoning_format_from_name(args.reasoning_format));
+    server.set_thinking(args.reasoning == "auto" ? std::nullopt : std::optional<bool>(args.reasoning == "on"));
     server.set_embeddings(args.scheduler.embeddings);
     server.set_any_model(args.any_model);
     server.set_request_defaults(args.defaults);
+    server.set_verbose(args.verbose);
 }
 
 // Listens at once (the port line), then loads the model and serves until a stop signal; the exit
