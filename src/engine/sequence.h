@@ -84,6 +84,7 @@ public:
 
     bool done() const;
     bool prefilling() const { return prefilled_ < run_.n_prompt - 1; }
+    int prefilled() const { return prefilled_; }  // prompt tokens in the cache, those it held at the start included
 
     // A step is draft(), the drafter's forwards (the caller's, run_drafts), block(), the target's
     // forward of block() into output() (the caller's), commit(). While prefilling, the block is

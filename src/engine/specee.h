@@ -31,6 +31,7 @@ public:
                       std::function<bool(int32_t)> is_end, int prefill_chunk = 512);
     bool done() const;
     bool prefilling() const { return prefilled_ + 1 < static_cast<int>(history_.size()) && n_generated() == 0; }
+    int prefilled() const { return prefilled_; }  // prompt tokens in the cache
     // The next prompt chunk (nullptr returned), or one decoded token, given to `sink` (false stops
     // the sequence) and returned with where it exited.
     const ExitStep * step(const TokenSink & sink);

@@ -221,7 +221,13 @@ void respond_stream(httplib::Response & res, const std::shared_ptr<Job> & job, c
             }
             std::string text;
             std::vector<TokenOrigin> origins;
-            const Job::Wait w = job->next(text, &origins, c.token_text ? &logprobs : nullptr, std::chrono::milliseconds(200), &ids);
+            std::vector<Job::PromptProgress> progress;
+            const Job::Wait w = job->next(text, &origins, c.token_text ? &logprobs : nullptr, std::chrono::milliseconds(200), &ids,
+                                          c.return_progress ? &progress : nullptr);
+            for (const Job::PromptProgress & p : progress) {
+                if (!write(openai::sse(openai::chunk_progress(c, p.total, p.cache, p.processed, p.time_ms)))) return false;
+            }
+            if (!progress.empty() && text.empty() && origins.empty() && ids.empty()) continue;  // nothing else came
             if (w == Job::Wait::Text && reply) {
                 for (json & delta : reply->add(text)) {
                     if (!write(openai::sse(with_logprobs(openai::chunk_delta(c, std::move(delta)))))) return false;
@@ -836,6 +842,7 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     }
     c.echo_logprobs = r.echo && r.top_logprobs >= 0;
     c.verbose = r.verbose, c.return_tokens = r.return_tokens, c.timings_per_token = r.timings_per_token, c.post_sampling = r.post_sampling_probs;
+    c.return_progress = r.return_progress && r.stream;
     for (size_t k = 0; r.verbose && k < jobs.size(); k += static_cast<size_t>(r.n)) {
         std::string & text = c.prompt_texts.emplace_back();
         for (int32_t id : jobs[k]->prompt()) text += t->tokenizer->piece(id, true);

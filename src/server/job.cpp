@@ -8,9 +8,15 @@
 namespace specula {
 
 Job::Wait Job::next(std::string & text, std::vector<TokenOrigin> * origins, std::vector<TokenLogprob> * logprobs,
-                    std::chrono::milliseconds timeout, std::vector<int32_t> * ids) {
+                    std::chrono::milliseconds timeout, std::vector<int32_t> * ids, std::vector<PromptProgress> * progress) {
     std::unique_lock lock(mutex_);
-    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || !pending_logprobs_.empty() || !pending_ids_.empty() || finished_; });
+    const auto reported = [&] { return progress && !pending_progress_.empty(); };
+    cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || !pending_logprobs_.empty() || !pending_ids_.empty() || reported() || finished_; });
+    if (reported()) {  // before the text that follows them
+        progress->insert(progress->end(), pending_progress_.begin(), pending_progress_.end());
+        pending_progress_.clear();
+        if (pending_.empty() && pending_logprobs_.empty() && pending_ids_.empty()) return Wait::Text;
+    }
     if (!pending_.empty() || !pending_logprobs_.empty() || !pending_ids_.empty()) {
         text += pending_;
         pending_.clear();
@@ -106,6 +112,22 @@ void Job::release(const std::string & text) {
         h.bytes -= n;
         at += n;
     }
+}
+
+void Job::report_prompt(int total, int cache, int processed) {
+    std::lock_guard lock(mutex_);
+    if (prompt_in_) return;
+    if (!prompt_started_) {
+        pending_progress_.push_back({total, cache, cache, 0.0});
+        prompt_started_ = true;
+        processed_ = cache;
+    }
+    if (processed > processed_) {
+        pending_progress_.push_back({total, cache, processed, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - admitted_at_).count()});
+        processed_ = processed;
+    }
+    prompt_in_ = processed >= total;
+    cv_.notify_all();
 }
 
 void Job::finish(Result result) {

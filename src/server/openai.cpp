@@ -217,7 +217,8 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
     if (has(body, "specee_threshold")) r.specee_threshold = static_cast<float>(number(body, "specee_threshold", 0.0, 1.0));
     r.verbose = accepted.defaults.verbose;
     for (const auto & [key, flag] : {std::pair{"verbose", &r.verbose}, std::pair{"return_tokens", &r.return_tokens},
-                                     std::pair{"timings_per_token", &r.timings_per_token}, std::pair{"post_sampling_probs", &r.post_sampling_probs}}) {
+                                     std::pair{"timings_per_token", &r.timings_per_token}, std::pair{"post_sampling_probs", &r.post_sampling_probs},
+                                     std::pair{"return_progress", &r.return_progress}}) {
         if (has(body, key)) *flag = boolean(body.at(key), key);
     }
     if (has(body, "stream")) r.stream = boolean(body.at("stream"), "stream");
@@ -380,6 +381,17 @@ json chunk_text(const Completion & c, const std::string & text, const json & tok
     return j;
 }
 json chunk_finish(const Completion & c, const std::string & finish_reason) { return chunk(c, "", false, finish_reason); }
+
+json chunk_progress(const Completion & c, int total, int cache, int processed, double time_ms) {
+    json j = c.endpoint == Endpoint::Chat ? chunk(c, "", true, "") : chunk(c, "", false, "");
+    j["prompt_progress"] = json{{"total", total}, {"cache", cache}, {"processed", processed}, {"time_ms", time_ms}};
+    if (c.timings_per_token) {
+        GenerationStats so_far;
+        so_far.n_prompt = processed, so_far.n_cached = cache, so_far.prompt_seconds = time_ms / 1000;
+        j["timings"] = timings(so_far);
+    }
+    return j;
+}
 
 json chunk_usage(const Completion & c, const GenerationStats & stats) {
     json j = envelope(c, true);

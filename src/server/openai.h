@@ -99,6 +99,8 @@ struct Request {
     // chunk; logprobs of the distribution each token was drawn from (after the sampler chain:
     // GenerationOptions::post_sampling_logprobs), in its shape (`prob`, `top_probs`).
     bool verbose = false, return_tokens = false, timings_per_token = false, post_sampling_probs = false;
+    // llama-server's return_progress: a stream's prompt progress events (chunk_progress).
+    bool return_progress = false;
     // Top-level fields the server does not read, accepted unless --strict-fields (parse_request):
     // the server names them in its log and in the X-Specula-Ignored-Fields header.
     std::vector<std::string> ignored_fields;
@@ -168,6 +170,7 @@ struct Completion {
     // Request's verbose, return_tokens, timings_per_token and post_sampling_probs; with verbose,
     // each prompt's text (its tokens' pieces, control tokens' text included).
     bool verbose = false, return_tokens = false, timings_per_token = false, post_sampling = false;
+    bool return_progress = false;
     std::vector<std::string> prompt_texts;
 };
 // How a choice ended, beyond its finish reason: llama-server's stop_type ("eos" | "word" | "limit";
@@ -194,6 +197,10 @@ nlohmann::json llama_object(const Completion & c, const std::string & text, cons
 nlohmann::json chunk_start(const Completion & c, size_t choice = 0);
 nlohmann::json chunk_text(const Completion & c, const std::string & text, const nlohmann::json & tokens = nullptr);
 nlohmann::json chunk_finish(const Completion & c, const std::string & finish_reason);
+// llama-server's prompt progress event (return_progress): a chunk without text (a chat's with the
+// role delta of its opening chunk) with `prompt_progress` {total, cache, processed, time_ms}, and
+// with timings_per_token the prompt's timings so far (prompt_n: the tokens processed beyond the cache).
+nlohmann::json chunk_progress(const Completion & c, int total, int cache, int processed, double time_ms);
 nlohmann::json chunk_usage(const Completion & c, const GenerationStats & stats);
 // JSON as the server sends it: a model can emit bytes that are not UTF-8 (a token that ends
 // inside a character), which are replaced (U+FFFD) rather than failing the response.

@@ -262,7 +262,7 @@ std::vector<std::string> unknown_fields(const json & body, Endpoint endpoint) {
         "model", "max_tokens", "max_completion_tokens", "n_predict", "n", "temperature", "top_p", "top_k", "min_p", "seed",
         "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "repetition_penalty", "logit_bias", "stop", "logprobs",
         "n_probs", "grammar", "response_format", "json_schema", "min_tokens", "stop_token_ids", "skip_special_tokens", "ignore_eos", "specee",
-        "specee_threshold", "stream", "stream_options", "cache_salt", "verbose", "return_tokens", "timings_per_token", "post_sampling_probs",
+        "specee_threshold", "stream", "stream_options", "cache_salt", "verbose", "return_tokens", "timings_per_token", "post_sampling_probs", "return_progress",
         // Metadata: accepted, with no effect on the generation (docs/server.md).
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
         // llama-server's: every request reuses what a slot's cache holds (server/slot_prefix.h), with the same output.

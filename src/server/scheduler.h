@@ -118,8 +118,16 @@ public:
         // With GenerationOptions::prompt_logprobs, the first choice's: the prompt's tokens after the first.
         std::vector<TokenLogprob> prompt_logprobs;
     };
+    // llama-server's prompt_progress: the prompt's tokens (total), those the slot's cache held at
+    // the start (cache), those in the cache so far, the cached ones included (processed: total once
+    // the prompt is all in, the last token, which the first round computes, counted with the last
+    // chunk), and the milliseconds since the slot took the job (0 at the first report).
+    struct PromptProgress {
+        int total = 0, cache = 0, processed = 0;
+        double time_ms = 0;
+    };
     // Waits up to `timeout` for new text or the end. Text: the new text (whole UTF-8 characters
-    // only; none when only logprobs came) was appended to `text`. Ended: the job has ended and all
+    // only; none when only logprobs or progress came) was appended to `text`. Ended: the job has ended and all
     // its text was taken; result() is final. Idle: nothing happened (a chance to see whether the
     // client is still there).
     enum class Wait {
@@ -130,9 +138,12 @@ public:
     // `origins` (may be null) gets the new text's tokens; their texts concatenate to the new text.
     // `logprobs` (may be null) gets the logprobs of the tokens whose text has all been released
     // (options.on_logprob is the scheduler's); a token cut by a stop string never is. `ids` (may be
-    // null) gets those tokens' ids (an end-of-generation token's too), in order.
+    // null) gets those tokens' ids (an end-of-generation token's too), in order. `progress` (may be
+    // null) gets the prompt's progress reports since the last call, one per change: at the start,
+    // after each prefill step, the last with processed == total, all before the first token's text.
     Wait next(std::string & text, std::vector<TokenOrigin> * origins = nullptr, std::vector<TokenLogprob> * logprobs = nullptr,
-              std::chrono::milliseconds timeout = std::chrono::milliseconds(200), std::vector<int32_t> * ids = nullptr);
+              std::chrono::milliseconds timeout = std::chrono::milliseconds(200), std::vector<int32_t> * ids = nullptr,
+              std::vector<PromptProgress> * progress = nullptr);
     const Result & result() const { return result_; }
     // The generation's figures so far (prompt and cached tokens, prompt time, tokens generated and
     // the time since the first), as of the last round published; all zero before the first.
@@ -155,6 +166,9 @@ private:
     void publish(const std::function<std::pair<const char *, int>(size_t)> & origin_of, const GenerationStats & stats);
     void finish(Result result);
     void release(const std::string & text);  // under mutex_: the next bytes of the held tokens' text
+    // The prompt's progress (PromptProgress), from the worker: the first call reports the start
+    // (processed == cache) too; a report that adds nothing, or any after the prompt is all in, is dropped.
+    void report_prompt(int total, int cache, int processed);
 
     const std::vector<int32_t> prompt_;
     const GenerationOptions options_;
@@ -172,6 +186,9 @@ private:
     std::vector<TokenOrigin> pending_origins_;
     std::vector<TokenLogprob> pending_logprobs_;
     std::vector<int32_t> pending_ids_;
+    std::vector<PromptProgress> pending_progress_;  // a few per prompt: its steps' reports, until taken
+    bool prompt_started_ = false, prompt_in_ = false;
+    int processed_ = 0;  // of the prompt, at the last report
     StopStrings stops_;  // worker side, as round_ and held_
     struct Taken {
         int32_t id = -1;
@@ -314,6 +331,8 @@ private:
     // Under mutex_, on the worker: copies each slot's counters to what metrics() reads, since its
     // cache and sequence change outside the mutex while a step runs.
     void publish_slots();
+    // The slot's job's prompt progress (Job::report_prompt), at its start and after each step.
+    static void report_prompt_progress(Slot & slot);
     // From the failing thread: records the failure, ends every request in a slot or the queue.
     void fail_all(const std::string & failure);
     // Under mutex_, after a step. Ends the slots' requests with `failure` (a 5xx), freeing the slots.

@@ -130,6 +130,7 @@ std::string Scheduler::start(Slot & slot, Slot * first) {
         slot.prompt_logprobs.clear();
         slot.ended_by_eog = false;
         slot.seen = {};
+        report_prompt_progress(slot);
         return "";
     } catch (const std::exception & e) {
         slot.sequence.reset();

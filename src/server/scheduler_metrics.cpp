@@ -32,6 +32,14 @@ void Scheduler::publish_slots() {
     }
 }
 
+void Scheduler::report_prompt_progress(Slot & slot) {
+    if (!slot.job || !slot.running()) return;
+    const GenerationStats & st = slot.stats();
+    const bool prefilling = slot.sequence ? slot.sequence->prefilling() : slot.exit_sequence->prefilling();
+    const int in_cache = slot.sequence ? slot.sequence->prefilled() : slot.exit_sequence->prefilled();
+    slot.job->report_prompt(st.n_prompt, st.n_cached, prefilling ? in_cache : st.n_prompt);
+}
+
 void Scheduler::account_step(const std::vector<Slot *> & active, const std::vector<Slot *> & lossy, int busy, const StepResult & step,
                              int lossy_tokens, bool gated) {
     ++metrics_.steps;
@@ -45,9 +53,11 @@ void Scheduler::account_step(const std::vector<Slot *> & active, const std::vect
     }
     ++metrics_.busy_slots_steps[busy - 1];
     for (Slot * s : lossy) {
+        report_prompt_progress(*s);
         if (s->exit_sequence && s->exit_sequence->done()) release(*s, !s->job->cancelled());
     }
     for (Slot * s : active) {
+        report_prompt_progress(*s);
         const SpeculationStats & now = s->sequence->stats().speculation;
         metrics_.draft_tokens += now.drafted - s->seen.drafted;
         metrics_.accepted_tokens += now.accepted - s->seen.accepted;

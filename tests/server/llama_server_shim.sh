@@ -23,6 +23,8 @@ while [ $# -gt 0 ]; do
     --repeat-last-n) args+=(--penalty-last-n "$1"); shift ;;
     --parallel) slots="$1"; args+=(--parallel "$1"); shift ;;
     --ctx-size) ctx="$1"; shift ;;  # llama-server's is all the slots' together, specula's -c each slot's
+    # The most prompt tokens a step computes (llama-server's logical batch), capped at 512.
+    --batch-size) args+=(--prefill-chunk "$(( $1 < 512 ? $1 : 512 ))"); shift ;;
     --embedding | --embeddings) args+=(--embeddings) ;;
     --verbose | -v | --log-verbose) args+=(--verbose) ;;
     --pooling) case "$1" in mean | last | cls) args+=(--pooling "$1") ;; esac; shift ;;  # none and rank: not specula's
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
     # Flags with a value that specula has no counterpart for (the model's file or repository is
     # replaced by the local model above; a built-in template's name cannot be given).
     --model | --model-url | --hf-repo | --hf-file | --model-draft | --models-dir | --models-max | --models-preset | \
-      --batch-size | --ubatch-size | --n-gpu-layers | --tags | -ctk | -ctv | -fa | --slot-save-path | \
+      --ubatch-size | --n-gpu-layers | --tags | -ctk | -ctv | -fa | --slot-save-path | \
       --grp-attn-n | --grp-attn-w | --lora | --spec-type | --spec-draft-n-max | --spec-draft-n-min | --spec-synth-len | \
       --spec-synth-rates | --chat-template | --mmproj-url | --media-path | --sleep-idle-seconds | --cache-ram | \
       --tools | --tools-runtime | --mcp-servers-config | --mcp-servers-json) shift ;;

@@ -621,3 +621,28 @@ def test_llama_servers_json_schema_constrains_the_reply(aliased):
     assert status == 200 and body["choices"][0]["message"]["content"] == "\"42\"", body
     status, body = post(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6, "response_format": {"type": "json_object", "schema": 123}})
     assert status == 400 and body["error"]["param"] == "response_format.schema", body
+
+
+def test_return_progress_streams_the_prompts_progress_before_the_reply():
+    # Catches: llama-server's return_progress ignored, a report per chunk missing, reports that go
+    # backwards or end short of the prompt, a report after the reply's first token, a second turn's
+    # cached rows not counted, progress events without being asked.
+    with serve("-c", "512", "--prefill-chunk", "16") as (_, base):
+        body = {"messages": [{"role": "user", "content": "This is a test of the prompt progress. " * 8}], "max_tokens": 4,
+                "temperature": 0, "return_progress": True, "timings_per_token": True}
+        for turn in range(2):
+            events = stream_events(base, "/v1/chat/completions", body)
+            reports = [(i, e["prompt_progress"]) for i, e in enumerate(events) if "prompt_progress" in e]
+            assert len(reports) >= (4 if turn == 0 else 2), events  # the second turn's prompt is in the slot's cache but its last token
+            first, last = reports[0][1], reports[-1][1]
+            assert first["processed"] == first["cache"] and first["time_ms"] == 0 and (first["cache"] > 0) == (turn == 1), reports
+            assert events[reports[0][0]]["timings"]["prompt_n"] == 0 and events[reports[0][0]]["timings"]["prompt_ms"] == 0, events
+            assert last["processed"] == last["total"] and all(p["total"] == last["total"] and p["cache"] == first["cache"] for _, p in reports), reports
+            assert all(a["processed"] < b["processed"] and a["time_ms"] <= b["time_ms"] for (_, a), (_, b) in zip(reports, reports[1:])), reports
+            texts = [i for i, e in enumerate(events) if e.get("choices") and e["choices"][0]["delta"].get("content")]
+            assert texts and reports[-1][0] < texts[0], events
+        events = stream_events(base, "/completion", {"prompt": PROMPT * 20, "n_predict": 2, "return_progress": True})
+        reports = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+        assert len(reports) >= 3 and reports[-1]["processed"] == reports[-1]["total"] and all(e["content"] == "" for e in events if "prompt_progress" in e), events
+        events = stream_events(base, "/v1/chat/completions", {**body, "return_progress": False})
+        assert not any("prompt_progress" in e for e in events), events
