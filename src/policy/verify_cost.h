@@ -13,6 +13,12 @@
 // that all verify the same rows at one depth fit any split of their time between the two terms;
 // the measured prior keeps the depth term there, so an extra row deep in a long context is not
 // priced as cheap as at the measured depth.
+// The curve's shape is timed once, in a few repetitions, and can be wrong where the rounds run (a
+// neighbour's burst at startup can make 2 rows look as cheap as 1 where rounds of 2 rows cost
+// nearly what rounds of 5 do): fitted with rounds of one size only, the scale then prices every
+// other size by that size's error. So each size the rounds verify keeps what its rounds cost
+// against what the fit predicts for them, and is priced by that ratio, weighed against
+// kShapePriorRounds rounds at the fit's price; the sizes no round verified keep the fit.
 // The terms (round, step, row, plain step, StepShare, promised, gamma, free draft, explore, skip,
 // probe, gate, ...) are those defined at the top of policy/round_policy.h.
 #include <algorithm>
@@ -51,7 +57,8 @@ public:
           measured_depth_(std::max(0, measured_depth)),
           depth_(measured_depth_),
           row_depth_ms_(std::max(0.0, row_depth_ms)),
-          row_depth_prior_ms_(row_depth_ms_) {
+          row_depth_prior_ms_(row_depth_ms_),
+          sizes_(curve_.size()) {
         if (!curve_.empty()) s11_ = s1y_ = curve_[0] * curve_[0];  // the prior scale 1 as one round, fading with the rest
     }
 
@@ -59,7 +66,14 @@ public:
     // The context the next rounds verify at (tokens already in the cache).
     void at_depth(int tokens) { depth_ = std::max(0, tokens); }
     // Expected cost of verifying n_tokens (>= 1) now.
-    double ms(int n_tokens) const { return scale_ * curve(n_tokens) + row_depth_ms_ * (n_tokens - 1) * added_depth(); }
+    double ms(int n_tokens) const {
+        const double fitted = scale_ * curve(n_tokens) + row_depth_ms_ * (n_tokens - 1) * added_depth();
+        if (n_tokens > max_tokens()) return fitted;
+        const SizeRounds & r = sizes_[n_tokens - 1];
+        const double predicted = scale_ * r.x1 + row_depth_ms_ * r.x2;
+        if (r.weight <= 0.0 || predicted <= 0.0) return fitted;
+        return fitted * (kShapePriorRounds + r.weight * (r.ms / predicted)) / (kShapePriorRounds + r.weight);
+    }
     // A round (or a step) verified n_tokens in `measured_ms` at the current depth.
     void observe(int n_tokens, double measured_ms) {
         if (n_tokens < 1 || curve_.empty() || curve(n_tokens) <= 0) return;
@@ -68,6 +82,12 @@ public:
         // measured: it holds until rounds of several sizes well past the measured depth arrive.
         constexpr double kPriorDepth = 256.0;
         const double x1 = curve(n_tokens), x2 = double(n_tokens - 1) * added_depth();
+        if (n_tokens <= max_tokens()) {
+            constexpr double kKeepSize = 0.95;  // per round of that size: the last few dozen count
+            SizeRounds & r = sizes_[n_tokens - 1];
+            r.weight = kKeepSize * r.weight + 1.0;
+            r.ms = kKeepSize * r.ms + measured_ms, r.x1 = kKeepSize * r.x1 + x1, r.x2 = kKeepSize * r.x2 + x2;
+        }
         s11_ = kKeep * s11_ + x1 * x1, s12_ = kKeep * s12_ + x1 * x2, s22_ = kKeep * s22_ + x2 * x2;
         s1y_ = kKeep * s1y_ + x1 * measured_ms, s2y_ = kKeep * s2y_ + x2 * measured_ms;
         const double p22 = s22_ + kPriorDepth * kPriorDepth, p2y = s2y_ + kPriorDepth * kPriorDepth * row_depth_prior_ms_;
@@ -108,6 +128,12 @@ public:
     }
 
 private:
+    static constexpr double kShapePriorRounds = 2.0;
+    // Rounds of one size, decayed: their count, time, and the fit's basis terms (curve, depth).
+    struct SizeRounds {
+        double weight = 0.0, ms = 0.0, x1 = 0.0, x2 = 0.0;
+    };
+
     double curve(int n) const {
         const int m = max_tokens();
         if (n <= m) return curve_[n - 1];
@@ -122,6 +148,7 @@ private:
     double scale_ = 1.0, row_depth_ms_ = 0.0, row_depth_prior_ms_ = 0.0;
     double s11_ = 0.0, s12_ = 0.0, s22_ = 0.0, s1y_ = 0.0, s2y_ = 0.0;  // decayed sums over observed rounds
     double w_ = 0.0, sx_ = 0.0, sy_ = 0.0, sxx_ = 0.0, sxy_ = 0.0;      // decayed sums over observed steps
+    std::vector<SizeRounds> sizes_;                                     // [n - 1]: the rounds of n rows
 };
 
 }  // namespace specula
