@@ -12,7 +12,7 @@ shift
 files=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do files+=("$1"); shift; done
 [ "${1:-}" = -- ] && shift
-[ ${#files[@]} -gt 0 ] || files=(unit/test_tokenize.py)
+[ ${#files[@]} -gt 0 ] || files=(unit/test_tokenize.py unit/test_template.py)
 export LLAMA_SERVER_BIN_PATH="$root/tests/server/llama_server_shim.sh"
 # A free port (the suite's default is 8080, which another server may hold), the suite's cache and
 # Python's byte code outside the pinned sources.
