@@ -16,25 +16,27 @@ void write_metric(std::ostringstream & o, const char * prefix, const char * name
 }
 
 // The same counters under llama-server's names and meanings (its `llamacpp:` metrics), for the
-// dashboards and alerts written for it: prompt tokens without the cached ones, decodes as steps
-// (one target forward each, drafts verified in it), the busy slots averaged over them.
+// dashboards and alerts written for it: prompt tokens without the cached ones, embeddings' inputs
+// among them, decodes as steps (one target forward each, drafts verified in it) and embeddings'
+// forwards, the busy slots averaged over the steps.
 void llama_server_metrics(std::ostringstream & o, const SchedulerMetrics & m) {
     auto metric = [&](const char * name, const char * type, const char * help, auto value) { write_metric(o, "llamacpp:", name, type, help, value); };
     auto rate = [](uint64_t n, double seconds) { return seconds > 0 ? static_cast<double>(n) / seconds : 0.0; };
-    const uint64_t prefilled = m.prompt_tokens - m.prompt_tokens_cached;
+    const uint64_t prefilled = m.prompt_tokens - m.prompt_tokens_cached + m.embedding_tokens;
+    const double prompt_seconds = m.prompt_seconds + m.embedding_seconds;
     uint64_t busy = 0;
     for (size_t k = 0; k < m.busy_slots_steps.size(); ++k) busy += (k + 1) * m.busy_slots_steps[k];
     metric("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens", prefilled);
     metric("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache", m.prompt_tokens_cached);
-    metric("prompt_seconds_total", "counter", "Total time spent processing prompts", m.prompt_seconds);
+    metric("prompt_seconds_total", "counter", "Total time spent processing prompts", prompt_seconds);
     metric("tokens_predicted_total", "counter", "Number of generation tokens processed", m.generated_tokens);
     metric("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens", m.generation_seconds);
-    metric("n_decode_total", "counter", "Target forwards (scheduler steps, drafts verified in them)", m.steps);
+    metric("n_decode_total", "counter", "Target forwards (scheduler steps, drafts verified in them, and embeddings')", m.steps + m.embedding_forwards);
     metric("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)", m.longest_sequence);
     metric("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated", m.draft_tokens);
     metric("spec_decode_num_accepted_tokens_total", "counter", "Speculative: Total draft tokens accepted by the target model", m.accepted_tokens);
     metric("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps", m.drafts);
-    metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s", rate(prefilled, m.prompt_seconds));
+    metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s", rate(prefilled, prompt_seconds));
     metric("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s", rate(m.generated_tokens, m.generation_seconds));
     metric("requests_processing", "gauge", "Number of requests processing", m.processing);
     metric("requests_deferred", "gauge", "Number of requests deferred", m.deferred);
@@ -58,6 +60,8 @@ std::string prometheus(const SchedulerMetrics & m) {
     metric("tokens_predicted_total", "counter", "Tokens generated.", m.generated_tokens);
     metric("tokens_predicted_seconds_total", "counter", "Generation time.", m.generation_seconds);
     metric("steps_total", "counter", "Scheduler steps (one target forward each).", m.steps);
+    metric("embedding_tokens_total", "counter", "Embeddings' input tokens.", m.embedding_tokens);
+    metric("embedding_forwards_total", "counter", "Target forwards that computed embeddings.", m.embedding_forwards);
     metric("gated_steps_total", "counter", "Decoding steps in which the speculation gate allowed no drafts (plain steps measured faster at that load).",
            m.gated_steps);
     o << "# HELP specula:verify_batch_rows Rows of the target forward per step.\n# TYPE specula:verify_batch_rows histogram\n";

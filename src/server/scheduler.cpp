@@ -249,8 +249,12 @@ void Scheduler::run() {
             std::deque<EmbedRequest> requests = std::move(embed_queue_);
             embed_queue_.clear();
             lock.unlock();
-            run_embeddings(requests);
+            SchedulerMetrics counts;
+            run_embeddings(requests, counts);
             lock.lock();
+            metrics_.embedding_tokens += counts.embedding_tokens;
+            metrics_.embedding_forwards += counts.embedding_forwards;
+            metrics_.embedding_seconds += counts.embedding_seconds;
             if (!failure_.empty()) return;  // fail_all ended every request
         }
         const std::vector<Admitted> admitted = admit();

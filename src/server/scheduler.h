@@ -227,6 +227,9 @@ struct SchedulerMetrics {
     uint64_t longest_sequence = 0;      // the most tokens (prompt and generated) a finished request's sequence held
     double prompt_seconds = 0.0, generation_seconds = 0.0;
     uint64_t steps = 0;
+    // Embeddings (embed()): their inputs' tokens, the target forwards that computed them and their time.
+    uint64_t embedding_tokens = 0, embedding_forwards = 0;
+    double embedding_seconds = 0.0;
     uint64_t gated_steps = 0;            // decoding steps in which the speculation gate allowed no drafts
     std::vector<double> rows_bounds;     // histogram of target-forward rows per step
     std::vector<uint64_t> rows_buckets;  // cumulative counts per bound, last = +Inf
@@ -324,8 +327,9 @@ private:
         std::promise<std::vector<std::vector<float>>> done;
     };
     void start_embeddings();  // the embeddings' KV stream and the output norm's weights
-    // On the worker, without mutex_: the requests' forwards in embed_cache_, their answers set.
-    void run_embeddings(std::deque<EmbedRequest> & requests);
+    // On the worker, without mutex_: the requests' forwards in embed_cache_, their answers set;
+    // counted into `counts` (embedding_tokens, embedding_forwards, embedding_seconds).
+    void run_embeddings(std::deque<EmbedRequest> & requests, SchedulerMetrics & counts);
     // The part of the suffix cache a job's drafts read and its text goes to ("" for all when shared).
     std::string suffix_scope(const Job & job) const;
     // Under mutex_, on the worker: copies each slot's counters to what metrics() reads, since its

@@ -55,7 +55,8 @@ std::future<std::vector<std::vector<float>>> Scheduler::embed(std::vector<std::v
     return answer;
 }
 
-void Scheduler::run_embeddings(std::deque<EmbedRequest> & requests) {
+void Scheduler::run_embeddings(std::deque<EmbedRequest> & requests, SchedulerMetrics & counts) {
+    const auto t0 = std::chrono::steady_clock::now();
     const int n_layer = target_.model->config().n_layer;
     const float eps = target_.model->config().rms_eps;
     const size_t E = output_norm_.size();
@@ -71,6 +72,8 @@ void Scheduler::run_embeddings(std::deque<EmbedRequest> & requests) {
                     ForwardBatch b = ForwardBatch::causal(std::span(tokens).subspan(begin, n), embed_cache_->size(), {});
                     b.tap_layers = {n_layer};  // the residual stream after the last layer, before the output norm
                     target_.runner->forward(b, *embed_cache_, out);
+                    ++counts.embedding_forwards;
+                    counts.embedding_tokens += n;
                     rows.insert(rows.end(), out.taps.at(0).begin(), out.taps.at(0).end());
                 }
                 // The output norm (RMS norm times its weights), as the LM head reads the state.
@@ -89,6 +92,7 @@ void Scheduler::run_embeddings(std::deque<EmbedRequest> & requests) {
         }
     }
     embed_cache_->rollback(0);
+    counts.embedding_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace specula

@@ -341,6 +341,13 @@ def test_embeddings_through_the_openai_client(aliased):
         assert status == 400 and body["error"]["param"] == "input" and "input[1]" in body["error"]["message"] and "too large" in body["error"]["message"], body
         status, body = post(mean, "/v1/embeddings", {"input": [], "model": "specula-target"})
         assert status == 400 and body["error"]["param"] == "input", body
+        # llama-server counts the inputs among the prompt tokens and their forwards among the decodes.
+        with urllib.request.urlopen(mean + "/metrics") as r:
+            metrics = dict(line.split(" ") for line in r.read().decode().splitlines() if line and not line.startswith("#"))
+        embedded = float(metrics["specula:embedding_tokens_total"])
+        assert embedded >= got.usage.prompt_tokens and float(metrics["llamacpp:prompt_tokens_total"]) == embedded, metrics
+        assert float(metrics["llamacpp:n_decode_total"]) == float(metrics["specula:embedding_forwards_total"]) > 0, metrics
+        assert float(metrics["llamacpp:tokens_predicted_total"]) == 0 and float(metrics["specula:prompt_tokens_total"]) == 0, metrics
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
