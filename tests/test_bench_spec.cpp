@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@ TEST(BenchSpec, ClearErrors) {
     const std::string target = " bench spec -m " + test::shipped_model("specula-target.gguf");
     test::expect_cli_error(cli, target, "bench spec needs a drafter llama.cpp also runs: a draft model (--draft) and/or an EAGLE-3 head (--eagle3)");
     test::expect_cli_error(cli, target + " --eagle " + test::shipped_model("specula-eagle1.gguf"), "bench spec needs a drafter llama.cpp also runs");
+    test::expect_cli_error(cli, target, "with --no-llamacpp and neither, specula's plain decoding and prompt lookup alone");
     const std::string bad = test::scratch_file("bench-spec-bad-chat.json");
     std::ofstream(bad) << R"({"chat": "yes", "prompts": [{"category": "c", "name": "n", "text": "t"}]})";
     test::expect_cli_error(cli, target + " --draft " + test::shipped_model("specula-draft.gguf") + " --prompts " + bad, bad + ": expected {\"chat\": false");
@@ -39,6 +41,22 @@ TEST(BenchSpec, ClearErrors) {
     test::expect_cli_error(cli, with_draft + run, run + ": its cost curve covers 3 tokens, this run verifies up to 33");
     std::ofstream(run) << R"({"cost_curve": {"target_verify_ms": [1.0, -1.1, 1.2]}})";
     test::expect_cli_error(cli, with_draft + run, run + ": cost_curve.target_verify_ms holds a value that is not a positive number");
+}
+
+// Catches: `-m` alone (prompt lookup, the default without a drafter) unmeasurable: with
+// --no-llamacpp a run needs no drafter, and its headline is lookup's cost-policy chains.
+TEST(BenchSpec, PromptLookupAloneWithNoDrafter) {
+    const std::string prompts = test::scratch_file("bench-spec-lookup-prompts.json");
+    std::ofstream(prompts) << R"({"chat": false, "prompts": [{"category": "code", "name": "a", "text": "a b c a b c a b"}]})";
+    const std::string json_path = test::scratch_file("bench-spec-lookup.json");
+    const test::CommandRun run = test::run_command(std::string(SPECULA_CLI) + " bench spec --no-llamacpp -m " + test::shipped_model("specula-target.gguf") +
+                                                   " --prompts " + prompts + " -n 8 --reps 1 --temps 0 -t 1 --json " + json_path);
+    ASSERT_EQ(run.exit_code, 0) << run.err << run.out;
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(json_path));
+    EXPECT_EQ(j["specula_spec_mode"].get<std::string>().rfind("specula-ngram-cost (", 0), 0u) << j["specula_spec_mode"];
+    std::set<std::string> modes;
+    for (const nlohmann::json & r : j["results"]) modes.insert(r["mode"].get<std::string>());
+    EXPECT_EQ(modes, (std::set<std::string>{"specula-plain", "specula-ngram", "specula-ngram-cost"}));
 }
 
 // Catches: --cost-curve-from ignored (the run measures its own curve, and an A/B comparison's

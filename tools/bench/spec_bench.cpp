@@ -24,8 +24,10 @@ void validate(const SpecBenchOptions & o) {
     if (o.model.empty()) throw Error("bench spec needs a target (-m)");
     if (!o.specee.empty() && o.eagle3.empty()) throw Error("--specee takes its candidates from an EAGLE-3 head: add --eagle3 FILE");
     if (o.specee_threshold > 1.0f) throw Error("--specee-threshold must be within 0..1 (1: never exit)");
-    if (o.draft.empty() && o.eagle3.empty()) {
-        throw Error("bench spec needs a drafter llama.cpp also runs: a draft model (--draft) and/or an EAGLE-3 head (--eagle3)");
+    if (o.draft.empty() && o.eagle3.empty() && o.llamacpp) {
+        throw Error(
+            "bench spec needs a drafter llama.cpp also runs: a draft model (--draft) and/or an EAGLE-3 head (--eagle3); "
+            "with --no-llamacpp and neither, specula's plain decoding and prompt lookup alone");
     }
     if (o.reps < 1) throw Error("--reps must be at least 1");
     if (o.n_gen < 1) throw Error("-n must be at least 1");

@@ -78,6 +78,9 @@ inline constexpr int kPlainMode = 0;
 inline constexpr const char * kHeadlineSpecMode = "specula-draft-cost";
 inline constexpr const char * kFixedSpecMode = "specula-draft-fixed";
 inline constexpr const char * kEagle3FixedMode = "specula-eagle3-chain";
+// With no drafter (--no-llamacpp): what `-m` alone runs, prompt lookup's chains under the cost policy.
+inline constexpr const char * kLookupHeadline = "specula-ngram-cost";
+inline constexpr const char * kLookupFixedMode = "specula-ngram";
 inline constexpr const char * kAllCategories = "all";
 
 inline bool is_specula(Kind k) { return k != Kind::LlamaSpec && k != Kind::LlamaPlain && k != Kind::LlamaEagle3; }

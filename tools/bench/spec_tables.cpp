@@ -291,9 +291,13 @@ json print_tables(const SpecBenchOptions & o, const std::map<CellKey, Cell> & ce
 Headline headline(const SpecBenchOptions & o, const std::map<CellKey, Cell> & cells, const CostCurve & cost) {
     auto all = [&](const char * mode) { return make_row(cells, 0, kAllCategories, mode_index(mode), cost); };
     const bool eagle3 = !o.eagle3.empty();
-    const char * spec = eagle3 ? kEagle3Headline : kHeadlineSpecMode;
-    // The mode that drafts exactly llama.cpp's chain every round: the draft model's, else EAGLE-3's.
-    const char * fixed = o.draft.empty() ? kEagle3FixedMode : kFixedSpecMode;
+    const bool lookup_only = o.draft.empty() && !eagle3;
+    const char * spec = eagle3 ? kEagle3Headline : lookup_only ? kLookupHeadline
+                                                               : kHeadlineSpecMode;
+    // The mode that drafts exactly llama.cpp's chain every round: the draft model's, else EAGLE-3's
+    // (with no drafter, lookup's chain of --draft-max).
+    const char * fixed = lookup_only ? kLookupFixedMode : o.draft.empty() ? kEagle3FixedMode
+                                                                          : kFixedSpecMode;
     // llama.cpp's figure is the faster of its two attention settings.
     auto best_llama = [&](const char * fa_on, const char * fa_off) {
         const Row a = all(fa_on), b = all(fa_off);
@@ -358,8 +362,9 @@ json results_json(const SpecBenchOptions & o, const std::string & prompts_path, 
         {"machine_idle", load.idle()},
         {"cpu", load.cpu},
         {"headline_temperature", o.temps[0]},
-        {"specula_spec_mode", !o.eagle3.empty() ? std::string(h.spec.mode->name) + " (specula's default EAGLE-3 mode)"
-                                                : std::string(h.spec.mode->name) + " (default policy, k <= draft_max = llama.cpp's k)"},
+        {"specula_spec_mode", std::string(h.spec.mode->name) + (!o.eagle3.empty() ? " (specula's default EAGLE-3 mode)"
+                                                                : o.draft.empty() ? " (prompt lookup: the default without a drafter)"
+                                                                                  : " (default policy, k <= draft_max = llama.cpp's k)")},
         {"specula_fixed_k_tok_s", h.fixed.tok_s.median},
         {"specula_attention", attention_name(o.attention)},
         {"specula_kernels", kernels_name(o.kernels)},
