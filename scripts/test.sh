@@ -45,20 +45,30 @@ phase 3 "server test clients"
 # The openai Python client and pytest, pinned, for the server's end-to-end tests.
 scripts/setup_server_tests.sh
 
-# The build users run: `specula` alone (scripts/build.sh builds every target). It compiles ggml and
-# libllama first; the sanitized trees below take those objects from ccache (CMakeLists.txt).
+# The build users run: `specula` (scripts/build.sh builds every target), and test_real_models for
+# phase 9. It compiles ggml and libllama first; the sanitized trees below take those objects from
+# ccache (CMakeLists.txt).
 phase 4 "build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON
-cmake --build build -j"$(nproc)" --target specula 2>&1 | progress_cmake build
+cmake --build build -j"$(nproc)" --target specula test_real_models 2>&1 | progress_cmake build
 
 # The test suite: specula's own code instrumented, ggml/llama.cpp built normally beside it. As many
 # tests at once as there are CPUs; a test on two threads claims two (tests/CMakeLists.txt).
 phase 5 "ASan + UBSan build"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE=ON
 cmake --build build-asan -j"$(nproc)" 2>&1 | progress_cmake build-asan
+# Not here: the real pretrained models' numerics (test_real_models: their logits against libllama's,
+# greedy speculation equal to plain decoding, sampled speculation keeping the target's distribution,
+# with the drafters trained for them and the Qwen2.5-Coder pair). The code they run (the forward,
+# the kernels, the drafters, verification, sampling) the suite runs under the sanitizers on the
+# bundled and generated models (test_models.cpp: the same architectures, gemma3 sliding windows,
+# qwen2 biases, every packed type, EAGLE-3 heads with a d2t map, draft models with a trimmed
+# vocabulary); on the real models they took a third of the suite's time there, and phase 9 runs them
+# uninstrumented. The real models' tests of the CLI's default run and of chat templates stay here.
+real_model_numerics='^(Cached/RealModelOracle|QwenCoderPair|Gemma3Drafter|SmolLM2Drafters\.(GreedySpeculative|SampledOutput))'
 phase 6 "test suite under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure --timeout 1800 -j"$(nproc)"
+  ctest --test-dir build-asan --output-on-failure --timeout 1800 -j"$(nproc)" -E "$real_model_numerics"
 
 # ThreadSanitizer run of the code whose threads share state: the scheduler's worker, the HTTP
 # handlers, the tests' clients. Only test_server (the scheduler and the in-process HTTP server) and
@@ -90,8 +100,9 @@ fi
 # The server's memory under 32 streaming clients, in the build users run: its RSS must stay flat.
 # (The sanitized run's load test checks for leaks instead: ASan's quarantine grows the RSS by design.)
 # And a 2000-token non-streamed answer, one JSON object: seconds here, minutes under the sanitizers.
-phase 9 "server load and a long answer, uninstrumented"
-ctest --test-dir build --output-on-failure -R '^server_(load|long_answer)$'
+# And the real models' numerics (phase 6 says why here), one thread each.
+phase 9 "server load, a long answer and the real models, uninstrumented"
+ctest --test-dir build --output-on-failure -j"$(nproc)" -R "^server_(load|long_answer)\$|$real_model_numerics"
 # specula's ARM64 kernels, which no x86 test runs: test_kernels cross-compiled (scripts/build_aarch64.sh,
 # Debian's aarch64 tool chain, ggml and libllama for ARMv8.2-A) and its matmul and attention parity
 # tests under qemu-aarch64: -cpu max (neon-dotprod and neon-i8mm against the portable path, bit for
