@@ -843,6 +843,19 @@ void HttpServer::Impl::completion(openai::Endpoint endpoint, const httplib::Requ
     c.echo_logprobs = r.echo && r.top_logprobs >= 0;
     c.verbose = r.verbose, c.return_tokens = r.return_tokens, c.timings_per_token = r.timings_per_token, c.post_sampling = r.post_sampling_probs;
     c.return_progress = r.return_progress && r.stream;
+    if (r.endpoint == openai::Endpoint::Llama) {
+        c.generation_settings = json{{"n_predict", r.max_tokens},
+                                     {"seed", r.sampling.seed},
+                                     {"temperature", r.sampling.temperature},
+                                     {"top_k", r.sampling.top_k},
+                                     {"top_p", r.sampling.top_p},
+                                     {"min_p", r.sampling.min_p},
+                                     {"stop", r.stop},
+                                     {"ignore_eos", r.ignore_eos},
+                                     {"n_probs", std::max(0, r.top_logprobs)},
+                                     {"min_tokens", r.min_tokens}};
+        c.response_fields = r.response_fields;
+    }
     for (size_t k = 0; r.verbose && k < jobs.size(); k += static_cast<size_t>(r.n)) {
         std::string & text = c.prompt_texts.emplace_back();
         for (int32_t id : jobs[k]->prompt()) text += t->tokenizer->piece(id, true);

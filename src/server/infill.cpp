@@ -179,36 +179,8 @@ Request parse_body(const std::string & text, const openai::Accepted & accepted) 
     if (has(body, "ignore_eos")) r.ignore_eos = boolean(body.at("ignore_eos"), "ignore_eos");
     if (has(body, "return_prompt_tokens")) r.return_prompt_tokens = boolean(body.at("return_prompt_tokens"), "return_prompt_tokens");
     if (has(body, "id_slot")) r.id_slot = static_cast<int>(integer(body, "id_slot", -1, 1 << 20));
-    if (has(body, "response_fields")) {
-        const json & v = body.at("response_fields");
-        if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json & x) { return x.is_string(); })) {
-            must_be("response_fields", "an array of field paths (\"timings/prompt_n\")", v);
-        }
-        r.response_fields = v.get<std::vector<std::string>>();
-    }
+    if (has(body, "response_fields")) r.response_fields = openai::parse_response_fields(body.at("response_fields"));
     return r;
-}
-
-// The fields of `j` the paths name ("a/b": j["a"]["b"]), each under its path, as llama-server's json_get_nested_values.
-json nested_values(const std::vector<std::string> & paths, const json & j) {
-    json out = json::object();
-    for (const std::string & path : paths) {
-        const json * at = &j;
-        size_t from = 0;
-        for (;;) {
-            const size_t slash = path.find('/', from);
-            const std::string key = path.substr(from, slash == std::string::npos ? std::string::npos : slash - from);
-            if (!at->is_object() || !at->contains(key)) {
-                at = nullptr;
-                break;
-            }
-            at = &at->at(key);
-            if (slash == std::string::npos) break;
-            from = slash + 1;
-        }
-        if (at) out[path] = *at;
-    }
-    return out;
 }
 
 json timings(const GenerationStats & s) {
@@ -385,7 +357,7 @@ void answer(const httplib::Request & req, httplib::Response & res, const Server 
                {"timings", timings(st)},
                {"speculation", openai::speculation(st)}};
         if (r.return_prompt_tokens) j["prompt_tokens"] = prompt;
-        return r.response_fields.empty() ? j : nested_values(r.response_fields, j);
+        return r.response_fields.empty() ? j : openai::nested_values(r.response_fields, j);
     };
 
     if (!r.stream) {

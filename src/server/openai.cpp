@@ -221,6 +221,7 @@ Request parse_body(Endpoint endpoint, const std::string & text, const Accepted &
                                      std::pair{"return_progress", &r.return_progress}}) {
         if (has(body, key)) *flag = boolean(body.at(key), key);
     }
+    if (r.endpoint == Endpoint::Llama && has(body, "response_fields")) r.response_fields = parse_response_fields(body.at("response_fields"));
     if (has(body, "stream")) r.stream = boolean(body.at("stream"), "stream");
     if (has(body, "stream_options")) {
         const json & so = body.at("stream_options");
@@ -308,6 +309,34 @@ json timings(const GenerationStats & stats) {
                 {"predicted_per_second", per_second(stats.n_generated, stats.generation_seconds)}};
 }
 
+std::vector<std::string> parse_response_fields(const json & v) {
+    if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json & x) { return x.is_string(); })) {
+        must_be("response_fields", "an array of field paths (\"timings/prompt_n\")", v);
+    }
+    return v.get<std::vector<std::string>>();
+}
+
+json nested_values(const std::vector<std::string> & paths, const json & j) {
+    json out = json::object();
+    for (const std::string & path : paths) {
+        const json * at = &j;
+        size_t from = 0;
+        for (;;) {
+            const size_t slash = path.find('/', from);
+            const std::string key = path.substr(from, slash == std::string::npos ? std::string::npos : slash - from);
+            if (!at->is_object() || !at->contains(key)) {
+                at = nullptr;
+                break;
+            }
+            at = &at->at(key);
+            if (slash == std::string::npos) break;
+            from = slash + 1;
+        }
+        if (at) out[path] = *at;
+    }
+    return out;
+}
+
 // llama-server's /completion answer: the whole one (stop: true, with the counts and timings), or
 // a stream's last event (its text and tokens already sent).
 json llama_object(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats, const ChoiceEnd & end,
@@ -326,10 +355,11 @@ json llama_object(const Completion & c, const std::string & text, const std::str
            {"stop_type", !end.stop_type.empty() ? end.stop_type : finish_reason == "length" ? "limit"
                                                                                             : "eos"},
            {"stopping_word", end.stopping_word},
+           {"generation_settings", c.generation_settings},
            {"timings", timings(stats)},
            {"speculation", speculation(stats)}};
     if (with_prompt) j["prompt"] = choice_index / c.n < c.prompt_texts.size() ? c.prompt_texts[choice_index / c.n] : "";
-    return j;
+    return c.response_fields.empty() ? j : nested_values(c.response_fields, j);
 }
 
 json response(const Completion & c, const std::string & text, const std::string & finish_reason, const GenerationStats & stats, size_t choice_index,

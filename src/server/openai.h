@@ -101,6 +101,8 @@ struct Request {
     bool verbose = false, return_tokens = false, timings_per_token = false, post_sampling_probs = false;
     // llama-server's return_progress: a stream's prompt progress events (chunk_progress).
     bool return_progress = false;
+    // llama-server's response_fields (/completion): the answer reduced to these field paths.
+    std::vector<std::string> response_fields;
     // Top-level fields the server does not read, accepted unless --strict-fields (parse_request):
     // the server names them in its log and in the X-Specula-Ignored-Fields header.
     std::vector<std::string> ignored_fields;
@@ -172,6 +174,10 @@ struct Completion {
     bool verbose = false, return_tokens = false, timings_per_token = false, post_sampling = false;
     bool return_progress = false;
     std::vector<std::string> prompt_texts;
+    // /completion: the request's settings as llama-server's generation_settings reports them, and
+    // its response_fields (empty: the whole answer).
+    nlohmann::json generation_settings = nlohmann::json::object();
+    std::vector<std::string> response_fields;
 };
 // How a choice ended, beyond its finish reason: llama-server's stop_type ("eos" | "word" | "limit";
 // empty: from the finish reason) and stopping_word, and its generated token ids (return_tokens).
@@ -179,6 +185,11 @@ struct ChoiceEnd {
     std::string stop_type, stopping_word;
     std::vector<int32_t> tokens;
 };
+// llama-server's response_fields: the field paths ("timings/prompt_n", "a/b" for j["a"]["b"]) an
+// answer is reduced to, each under its path (its json_get_nested_values; a path that names nothing
+// is left out). Throws ApiError 400 for another shape than an array of strings.
+std::vector<std::string> parse_response_fields(const nlohmann::json & value);
+nlohmann::json nested_values(const std::vector<std::string> & paths, const nlohmann::json & j);
 // llama-server's timings object of a generation (its figures so far, or its whole).
 nlohmann::json timings(const GenerationStats & stats);
 nlohmann::json usage(const GenerationStats & stats);

@@ -271,7 +271,7 @@ std::vector<std::string> unknown_fields(const json & body, Endpoint endpoint) {
                                                             "chat_template_kwargs", "reasoning_effort", "continue_final_message",
                                                             "add_generation_prompt"};
     static const std::set<std::string, std::less<>> completions = {"prompt", "echo"};
-    static const std::set<std::string, std::less<>> llama = {"prompt"};
+    static const std::set<std::string, std::less<>> llama = {"prompt", "response_fields"};
     const auto & own = endpoint == Endpoint::Chat ? chat : endpoint == Endpoint::Completions ? completions
                                                                                              : llama;
     std::vector<std::string> unknown;

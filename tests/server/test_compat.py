@@ -191,6 +191,24 @@ def test_llama_servers_completion_route_answers_in_its_shape(aliased):
     assert len(probs) == 3 and all(len(p["top_logprobs"]) == 2 and isinstance(p["id"], int) for p in probs), body
 
 
+def test_completion_reports_generation_settings_and_keeps_only_the_response_fields_asked_for(aliased):
+    # Catches: /completion without llama-server's generation_settings (clients read the settings a
+    # request ran with there), or response_fields ignored (the whole answer sent back), or a path
+    # into a nested object not followed.
+    _, base = aliased
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0.5, "top_k": 7, "seed": 3})
+    assert status == 200, body
+    settings = body["generation_settings"]
+    assert settings["n_predict"] == 6 and settings["temperature"] == 0.5 and settings["top_k"] == 7 and settings["seed"] == 3, settings
+    fields = ["content", "generation_settings/n_predict", "timings/predicted_n", "no/such/field"]
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "response_fields": fields})
+    assert status == 200, body
+    assert set(body) == {"content", "generation_settings/n_predict", "timings/predicted_n"}, body
+    assert body["generation_settings/n_predict"] == 6 and body["timings/predicted_n"] == 6 and isinstance(body["content"], str), body
+    status, body = post(base, "/completion", {"prompt": PROMPT, "n_predict": 2, "response_fields": "content"})
+    assert status == 400 and "response_fields" in json.dumps(body), body
+
+
 def test_props_v1_health_and_apply_template(aliased, template):
     # Catches: llama-server's /props, /chat/completions, /v1/health or /apply-template missing, or /props not naming
     # the context, slots, model file and template the server runs with.
