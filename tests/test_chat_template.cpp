@@ -10,6 +10,7 @@
 #include "common/model_cache.h"
 #include "constrain/grammar.h"
 #include "draft/ngram.h"
+#include "llama.h"
 #include "engine/drafter_factory.h"
 #include "runtime/backend.h"
 #include "runtime/model.h"
@@ -69,6 +70,30 @@ TEST(ChatTemplate, RendersConversationsAsLlamaCppsServer) {
         }
     }
     if (checked == 0) GTEST_SKIP() << "neither SmolLM2 nor Gemma 3 in " << model_cache_dir() << ": run scripts/fetch_models.sh";
+}
+
+// llama-server's --chat-template NAME: one of libllama's built-in templates by name, rendered as
+// libllama renders it, whatever the model's own template; a name that is neither a file nor a
+// built-in template is refused listing them. Catches a name read as Jinja text (it would print
+// itself) or refused as a missing file.
+TEST(ChatTemplate, ABuiltInTemplateByNameRendersAsLibllama) {
+    Tokenizer tok(test::shipped_model("specula-target.gguf"));
+    const std::vector<std::string> names = ChatTemplate::builtin_template_names();
+    ASSERT_NE(std::find(names.begin(), names.end(), "llama3"), names.end());
+    const std::string body = R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                              {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]})";
+    for (const std::string name : {"llama3", "mistral-v7", "chatml"}) {
+        SCOPED_TRACE(name);
+        tok.set_chat_template(name);
+        const std::vector<llama_chat_message> messages = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+        std::vector<char> buf(4096);
+        const int32_t n = llama_chat_apply_template(name.c_str(), messages.data(), messages.size(), true, buf.data(), static_cast<int32_t>(buf.size()));
+        ASSERT_GT(n, 0);
+        EXPECT_EQ(tok.chat_template().render(chat_input(body)).text, std::string(buf.data(), n));
+        EXPECT_EQ(tok.chat_template().source(), name);
+    }
+    test::expect_cli_error(SPECULA_CLI, "chat -m " + test::shipped_model("specula-target.gguf") + " --chat-template nonesuch",
+                           "--chat-template nonesuch: cannot read the file, and it names none of llama.cpp's built-in templates (");
 }
 
 // Under SmolLM2's Jinja template, a user who types "<|im_start|>" opens no turn: the template's

@@ -226,10 +226,22 @@ ReasoningFormat reasoning_format_from_name(const std::string & name) {
     throw Error("reasoning format \"" + name + "\": none, auto, deepseek or deepseek-legacy");
 }
 
+std::vector<std::string> ChatTemplate::builtin_template_names() {
+    std::vector<const char *> names(static_cast<size_t>(std::max(0, llama_chat_builtin_templates(nullptr, 0))));
+    llama_chat_builtin_templates(names.data(), names.size());
+    return {names.begin(), names.end()};
+}
+
 ChatTemplate::ChatTemplate(const llama_model * vocab_model, bool gemma_turns, const std::string & source)
     : templates_(nullptr, common_chat_templates_free) {
     common_chat_templates_ptr made;
-    if (!source.empty() || llama_model_chat_template(vocab_model, nullptr)) {
+    const std::vector<std::string> builtin = builtin_template_names();
+    if (!source.empty() && std::find(builtin.begin(), builtin.end(), source) != builtin.end()) {
+        // A built-in template by name, rendered by libllama as the gemma fallback below is.
+        made = init_templates(vocab_model, source);
+        jinja_ = false;
+        builtin_ = source;
+    } else if (!source.empty() || llama_model_chat_template(vocab_model, nullptr)) {
         made = init_templates(vocab_model, source);
     } else if (gemma_turns) {
         // llama.cpp's built-in gemma template, rendered by libllama (the chat layer's route for a
@@ -253,7 +265,7 @@ ChatTemplate::~ChatTemplate() = default;
 ChatPrompt ChatTemplate::render(const ChatInput & input, bool add_assistant) const {
     // A template without tools gets the generic format; with tool_choice none the tools go unsaid.
     const bool generic = !input.tools.empty() && !describes_tools_ && input.tool_choice != ToolChoice::None;
-    const std::string which = jinja_ ? "the chat template" : "llama.cpp's built-in \"" + builtin_ + "\" template (the model has none of its own)";
+    const std::string which = jinja_ ? "the chat template" : "llama.cpp's built-in \"" + builtin_ + "\" template";
     const bool continuing = input.continuation != Continuation::None;
     if (continuing) {
         if (input.messages.empty() || input.messages.back().role != "assistant") throw Error("the final message is not the assistant's: only an assistant's message can be continued");

@@ -107,9 +107,13 @@ struct ChatReply {
 
 class ChatTemplate {
 public:
-    // `source`: Jinja text replacing the model's template; empty: the model's, or the fallback
-    // above. Throws Error for a template that does not parse.
+    // `source`: Jinja text replacing the model's template, or the name of one of llama.cpp's
+    // built-in templates (builtin_template_names(), rendered by libllama, as llama-server's
+    // --chat-template NAME); empty: the model's, or the fallback above. Throws Error for a
+    // template that does not parse.
     ChatTemplate(const llama_model * vocab_model, bool gemma_turns, const std::string & source);
+    // The names of llama.cpp's built-in templates ("chatml", "llama3", "gemma", ...).
+    static std::vector<std::string> builtin_template_names();
     ~ChatTemplate();
 
     // Tools for a template that describes none take llama.cpp's generic format (the tools in the

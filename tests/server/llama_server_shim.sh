@@ -29,14 +29,14 @@ while [ $# -gt 0 ]; do
     --verbose | -v | --log-verbose) args+=(--verbose) ;;
     --pooling) case "$1" in mean | last | cls) args+=(--pooling "$1") ;; esac; shift ;;  # none and rank: not specula's
     --threads) threads="$1"; shift ;;
-    --chat-template-file) args+=(--chat-template "$1"); shift ;;
+    --chat-template-file | --chat-template) args+=(--chat-template "$1"); shift ;;  # a file, or a built-in template's name
     --cors-origins) IFS=, read -ra origins <<<"$1"; for o in "${origins[@]}"; do args+=(--cors-origin "$o"); done; shift ;;
     # Flags with a value that specula has no counterpart for (the model's file or repository is
-    # replaced by the local model above; a built-in template's name cannot be given).
+    # replaced by the local model above).
     --model | --model-url | --hf-repo | --hf-file | --model-draft | --models-dir | --models-max | --models-preset | \
       --ubatch-size | --n-gpu-layers | --tags | -ctk | -ctv | -fa | --slot-save-path | \
       --grp-attn-n | --grp-attn-w | --lora | --spec-type | --spec-draft-n-max | --spec-draft-n-min | --spec-synth-len | \
-      --spec-synth-rates | --chat-template | --mmproj-url | --media-path | --sleep-idle-seconds | --cache-ram | \
+      --spec-synth-rates | --mmproj-url | --media-path | --sleep-idle-seconds | --cache-ram | \
       --tools | --tools-runtime | --mcp-servers-config | --mcp-servers-json) shift ;;
     *) ;;  # switches: --offline, --jinja (always on), --metrics, --slots (always served), --embedding, ...
   esac

@@ -1,6 +1,7 @@
 #include "engine_flags.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "common/model_cache.h"
 #include "specula/error.h"
 #include "specula/specula.h"
+#include "tokenizer/chat_template.h"
 
 extern "C" {
 #include "hash/sha256/sha256.h"  // llama.cpp's vendored SHA-256
@@ -31,9 +33,17 @@ void choose_drafter(DrafterSpec & spec, DrafterKind kind, const std::string & pa
     spec.path = path;
 }
 
+// A file's Jinja text, or the name of one of llama.cpp's built-in templates (llama-server's
+// --chat-template NAME); a file of that name comes first.
 std::string read_chat_template(const std::string & path) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("--chat-template " + path + ": cannot read the file");
+    if (!in) {
+        const std::vector<std::string> names = ChatTemplate::builtin_template_names();
+        if (std::find(names.begin(), names.end(), path) != names.end()) return path;
+        std::string list;
+        for (const std::string & n : names) list += (list.empty() ? "" : ", ") + n;
+        throw Error("--chat-template " + path + ": cannot read the file, and it names none of llama.cpp's built-in templates (" + list + ")");
+    }
     std::ostringstream text;
     text << in.rdbuf();
     if (text.str().empty()) throw Error("--chat-template " + path + ": the file is empty");
@@ -180,7 +190,7 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e, bool & no_spec) {
     sub->add_option("--tree-nodes", e.tree_nodes, "nodes verified per round (0 = from the measured verify cost)")->capture_default_str();
     sub->add_option_function<std::string>(
         "--chat-template", [&e](const std::string & path) { e.chat_template = read_chat_template(path); },
-        "Jinja chat template FILE used instead of the model's (chat messages, tools)");
+        "chat template used instead of the model's (chat messages, tools): a Jinja FILE, or the NAME of one of llama.cpp's built-in templates (chatml, llama3, ...)");
 }
 
 }  // namespace specula::cli
