@@ -45,11 +45,14 @@ private:
     TokenTree tree_;
 };
 
-inline std::vector<int32_t> plain_greedy(const Model & model, ModelRunner & runner, std::span<const int32_t> prompt, int n) {
+// Plain decoding's n tokens after the prompt: greedy, or sampled by `sp` with its seed.
+inline std::vector<int32_t> plain_decoding(const Model & model, ModelRunner & runner, std::span<const int32_t> prompt, int n,
+                                           const SamplingParams & sp = {}) {
     KvCache cache(model.backend(), model.config(), 256);
     std::vector<int32_t> out;
     GenerationOptions o;
     o.n_predict = n;
+    o.sampling = sp;
     o.stop_at_end_of_generation = false;
     generate_plain(
         runner, cache, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {

@@ -38,6 +38,17 @@ const std::string kToolTemplate = "tests/chat/tool_template.jinja";
 // A request body's chat fields, as the server reads them.
 ChatInput chat_input(const std::string & body) { return openai::parse_chat(json::parse(body), body); }
 
+// The field a chat request's 400 names, or "(accepted)".
+std::string refused_param(const std::string & body) {
+    try {
+        openai::parse_request(openai::Endpoint::Chat, body, {{"m"}});
+    } catch (const openai::ApiError & e) {
+        EXPECT_EQ(e.status, 400);
+        return e.param;
+    }
+    return "(accepted)";
+}
+
 // The renderings of tests/chat/conversations.json by llama.cpp's own server (/apply-template;
 // scripts/chat_renderings.py made tests/chat/renderings.json): SmolLM2 with the Jinja template in
 // its file (a system prompt and two turns; no system, where its template adds its own; a tool call
@@ -429,15 +440,6 @@ TEST(ChatTemplate, AFinalAssistantMessageIsContinued) {
     const std::string closed = tok.chat_template().render(chat_input(R"({"messages": [)" + question + R"(], "add_generation_prompt": false})")).text;
     EXPECT_EQ(closed + "<|im_start|>assistant\n", asked);
 
-    const auto refused_param = [](const std::string & body) {
-        try {
-            openai::parse_request(openai::Endpoint::Chat, body, {{"m"}});
-        } catch (const openai::ApiError & e) {
-            EXPECT_EQ(e.status, 400);
-            return e.param;
-        }
-        return std::string("(accepted)");
-    };
     const std::string hi = R"({"role": "user", "content": "Hi"})";
     const std::string hello = R"({"role": "assistant", "content": "Hello"})";
     EXPECT_EQ(refused_param(R"({"messages": [)" + hi + "," + hello + R"(], "continue_final_message": true})"), "continue_final_message");
@@ -510,15 +512,6 @@ TEST(ChatTemplate, RequestsCarryToolMessagesAndRefuseMalformedOnes) {
     EXPECT_EQ(r.chat.tool_choice, ToolChoice::Required);
     EXPECT_FALSE(r.chat.parallel_tool_calls);
 
-    const auto refused_param = [](const std::string & body) {
-        try {
-            openai::parse_request(openai::Endpoint::Chat, body, {{"m"}});
-        } catch (const openai::ApiError & e) {
-            EXPECT_EQ(e.status, 400);
-            return e.param;
-        }
-        return std::string("(accepted)");
-    };
     const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
     EXPECT_EQ(refused_param(R"({"messages": [{"role": "tool", "content": "x"}]})"), "messages[0].tool_call_id");
     EXPECT_EQ(refused_param(R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]})"),

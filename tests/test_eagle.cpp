@@ -31,7 +31,7 @@ struct Fixture {
     std::unique_ptr<Model> target = Model::load(test::model_path("llama_gqa_f32"), backend);
     ModelRunner runner{*target};
 
-    std::vector<int32_t> plain(int n) { return test::plain_greedy(*target, runner, kPrompt, n); }
+    std::vector<int32_t> plain(int n) { return test::plain_decoding(*target, runner, kPrompt, n); }
 
     std::vector<int32_t> speculative(Drafter & d, TreeBudget tree, int n, std::function<void(const RoundInfo &)> on_round = nullptr,
                                      KvCache * cache_out = nullptr) {

@@ -22,7 +22,7 @@ namespace specula {
 namespace {
 
 using test::kPrompts;
-using test::plain_greedy;
+using test::plain_decoding;
 using test::Spec;
 
 TEST(Speculative, GreedyOutputEqualsPlainDecodingForEveryDrafterLengthAndPolicy) {
@@ -33,7 +33,7 @@ TEST(Speculative, GreedyOutputEqualsPlainDecodingForEveryDrafterLengthAndPolicy)
     std::vector<Drafter *> drafters = {&self_draft, &small_draft, &ngram};
     int total_accepted = 0;
     for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
         for (Drafter * d : drafters) {
             for (int k = 1; k <= 8; ++k) {
                 for (auto policy : {DraftPolicyKind::Fixed, DraftPolicyKind::Heuristic, DraftPolicyKind::Cost}) {
@@ -55,7 +55,7 @@ TEST(Speculative, GreedyTreesEqualPlainDecoding) {
     DraftModelDrafter small_draft(*s.draft_small, 256);
     int accepted_beyond_first_child = 0;
     for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
         for (Drafter * d : std::vector<Drafter *>{&self_draft, &small_draft}) {
             for (TreeBudget tree : {TreeBudget{TreeShape::Static, 5, 4, 16}, TreeBudget{TreeShape::Dynamic, 4, 3, 12},
                                     TreeBudget{TreeShape::Dynamic, 6, 4, 40}}) {
@@ -94,7 +94,7 @@ TEST(Speculative, GreedyDraftsOfATrimmedDraftVocabularyEqualPlainDecoding) {
             }
         };
         for (const auto & prompt : kPrompts) {
-            const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+            const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
             for (int k : {1, 4, 8}) {
                 ASSERT_EQ(s.run(trimmed, DraftPolicyKind::Fixed, k, prompt, 40, {}, on_round), want) << "chain k=" << k;
             }
@@ -117,7 +117,7 @@ TEST(Speculative, GreedyChainsAndTreesEqualPlainDecodingOnSlidingWindowGemma3) {
     int accepted = 0;
     auto on_round = [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); };
     for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
         for (Drafter * d : std::vector<Drafter *>{&twin_draft, &ngram}) {
             ASSERT_EQ(s.run(*d, DraftPolicyKind::Fixed, 4, prompt, 40, {}, on_round), want) << d->name() << " chain";
         }
@@ -140,7 +140,7 @@ TEST(Speculative, GreedyPolicySizedTreesEqualPlainDecoding) {
         std::vector<double> cost;
         for (int b = 1; b <= 17; ++b) cost.push_back(1.0 + slope * (b - 1));
         for (const auto & prompt : kPrompts) {
-            const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+            const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
             TreeSizePolicy policy(cost);
             const auto got = s.run(
                 self_draft, DraftPolicyKind::Fixed, 4, prompt, 40, {},
@@ -163,7 +163,7 @@ TEST(Speculative, GreedyOutputOfAQuantizedTargetOnSpeculasKernelsEqualsPlainDeco
     NgramDrafter ngram(1, 3);
     int accepted = 0;
     for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
         for (Drafter * d : std::vector<Drafter *>{&self_draft, &small_draft, &ngram}) {
             for (int k : {1, 3, 5, 8}) {
                 for (auto policy : {DraftPolicyKind::Fixed, DraftPolicyKind::Cost}) {
@@ -246,7 +246,7 @@ TEST(Speculative, GreedyEarlyExitDraftsEqualPlainDecoding) {
             EarlyExitDrafter drafter(*s.target, *predictor, 0.5f, std::move(candidates), 256);
             int accepted = 0;
             for (const auto & prompt : kPrompts) {
-                const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+                const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
                 const auto got = s.run(drafter, DraftPolicyKind::Fixed, 4, prompt, 40, {}, [&](const RoundInfo & r) { accepted += int(r.result->accepted.size()); });
                 ASSERT_EQ(got, want) << target << " exit at " << exit_layer;
             }
@@ -273,7 +273,7 @@ TEST(Speculative, GreedyEarlyExitDraftsWithTheOnlineLevelEqualPlainDecoding) {
     auto predictor = ExitPredictor::load(test::write_predictor(spec, *s.target, "always_online_" + target), *s.target);
     EarlyExitDrafter drafter(*s.target, *predictor, 0.5f, std::make_unique<EagleDrafter>(*head, 256), 256, true);
     for (const auto & prompt : kPrompts) {
-        const auto want = plain_greedy(*s.target, s.runner, prompt, 40);
+        const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
         ASSERT_EQ(s.run(drafter, DraftPolicyKind::Fixed, 4, prompt, 40), want) << target;
     }
     EXPECT_GT(drafter.exit_stats().exits_at.at(1), 0) << "the online level must probe below the offline schedule";

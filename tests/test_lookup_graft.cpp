@@ -20,7 +20,7 @@ namespace specula {
 namespace {
 
 using test::FixedTreeDrafter;
-using test::plain_greedy;
+using test::plain_decoding;
 
 // Catches: the lookup continuation not grafted (or grafted as a duplicate of a child the model
 // already proposed), grafted nodes without a path probability below their parent's, or, at T > 0,
@@ -257,7 +257,7 @@ TEST(Speculative, RoundsWithoutAModelDraftStillVerifyTheLookupChain) {
     std::vector<int32_t> prompt = {1};
     for (int i = 0; i < 6; ++i) prompt.insert(prompt.end(), {450, 4996, 17354, 1701, 822, 5713, 13});
     for (auto & t : prompt) t %= target->config().n_vocab;
-    const auto want = plain_greedy(*target, runner, prompt, 48);
+    const auto want = plain_decoding(*target, runner, prompt, 48);
     TokenTree guess;
     guess.add(TokenTree::kRoot, want[0], 0.0f);
     LookupGraftDrafter drafter(std::make_unique<SlowTreeDrafter>(guess), 1, 3);

@@ -358,16 +358,7 @@ TEST(Speculative, ASeededSampledRunWritesPlainDecodingsTextWhateverItsOneHotDraf
     for (uint64_t seed : {7u, 8u}) {
         sp.seed = seed;
         for (const std::vector<int32_t> & prompt : test::kPrompts) {
-            KvCache cache(s.backend, s.target->config(), 256);
-            GenerationOptions o;
-            o.n_predict = n;
-            o.sampling = sp;
-            o.stop_at_end_of_generation = false;
-            std::vector<int32_t> plain;
-            generate_plain(
-                s.runner, cache, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
-                plain.push_back(t);
-                return true; });
+            const std::vector<int32_t> plain = test::plain_decoding(*s.target, s.runner, prompt, n, sp);
             ReferenceDrafter reference(plain, prompt.size(), s.target->config().n_vocab);
             NgramDrafter ngram(1, 2);
             int accepted = 0, refused = 0;
