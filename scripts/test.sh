@@ -80,22 +80,42 @@ phase 7 "TSan build"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Release -DSPECULA_SANITIZE_THREAD=ON
 cmake --build build-tsan -j"$(nproc)" --target test_server specula 2>&1 | progress_cmake build-tsan
 phase 8 "scheduler and server under TSan"
-tsan_options=halt_on_error=1:second_deadlock_stack=1
-OMP_THREAD_LIMIT=1 TSAN_OPTIONS=$tsan_options build-tsan/tests/test_server
-rm -rf build-tsan/tsan-reports && mkdir build-tsan/tsan-reports
-# Not under TSan: 2000 SmolLM2 tokens (minutes there; phase 9 runs it) and the SmolLM2 chat template
-# (one thread).
-pytest_status=0
-OMP_THREAD_LIMIT=1 TSAN_OPTIONS=$tsan_options:log_path=$PWD/build-tsan/tsan-reports/report \
-  SPECULA_CLI="$PWD/build-tsan/bin/specula" .venv-server/bin/python -m pytest -q -p no:cacheprovider tests/server \
-  -k "not test_a_long_non_streamed_answer_is_one_json_object_with_its_length and not test_real_chat_template_smollm2" ||
-  pytest_status=$?
+# As many jobs at once as there are CPUs: ggml computes on one thread here, so one job at a time
+# would leave the second CPU idle for the whole phase. The jobs are test_server and each file of
+# tests/server/ (a pytest run whose servers take ports of their own), the longest first; each job's
+# output is printed whole when it ends. Not under TSan: 2000 SmolLM2 tokens (minutes there; phase 9
+# runs it) and the SmolLM2 chat template (one thread).
+export tsan_options=halt_on_error=1:second_deadlock_stack=1
+rm -rf build-tsan/tsan-reports build-tsan/tsan-logs && mkdir build-tsan/tsan-reports build-tsan/tsan-logs
+tsan_job() {
+  local job="$1" log status=0
+  log="build-tsan/tsan-logs/$(basename "$job").log"
+  if [ "$job" = test_server ]; then
+    OMP_THREAD_LIMIT=1 TSAN_OPTIONS=$tsan_options build-tsan/tests/test_server >"$log" 2>&1 || status=$?
+  else
+    OMP_THREAD_LIMIT=1 TSAN_OPTIONS=$tsan_options:log_path=$PWD/build-tsan/tsan-reports/report \
+      SPECULA_CLI="$PWD/build-tsan/bin/specula" .venv-server/bin/python -m pytest -q -p no:cacheprovider "$job" \
+      -k "not test_a_long_non_streamed_answer_is_one_json_object_with_its_length and not test_real_chat_template_smollm2" \
+      >"$log" 2>&1 || status=$?
+  fi
+  cat "$log"
+  echo "test: $job under TSan: exit status $status" >&2
+  [ "$status" = 0 ]
+}
+export -f tsan_job
+tsan_jobs=(test_server tests/server/test_infill.py tests/server/test_http_limits.py tests/server/test_tools.py
+           tests/server/test_openai_client.py tests/server/test_shutdown.py)
+for file in tests/server/test_*.py; do
+  [[ " ${tsan_jobs[*]} " == *" $file "* ]] || tsan_jobs+=("$file")
+done
+tsan_status=0
+printf '%s\n' "${tsan_jobs[@]}" | xargs -P "$(nproc)" -I{} bash -c 'tsan_job "$1"' _ {} || tsan_status=$?
 if [ -n "$(ls -A build-tsan/tsan-reports)" ]; then
   cat build-tsan/tsan-reports/* >&2
   echo "test: ThreadSanitizer reported on specula serve (above)" >&2
   exit 1
 fi
-[ "$pytest_status" = 0 ] || exit "$pytest_status"
+[ "$tsan_status" = 0 ] || { echo "test: a job under TSan failed (its output above)" >&2; exit 1; }
 
 # The server's memory under 32 streaming clients, in the build users run: its RSS must stay flat.
 # (The sanitized run's load test checks for leaks instead: ASan's quarantine grows the RSS by design.)
