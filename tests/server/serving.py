@@ -20,26 +20,46 @@ SMOLLM2 = os.path.join(os.environ.get("SPECULA_MODEL_CACHE") or os.path.expandus
 GREEDY = {"prompt": "def f(x):", "max_tokens": 16, "temperature": 0}
 
 
+# How long a server may take to start while its process is alive: far beyond any machine's need,
+# and beyond a sanitized build's on a busy 2-core machine (a Qwen2.5-Coder server under
+# ThreadSanitizer beside other jobs took over two minutes). A server that exits fails at once.
+START_S = 900
+
+
 @contextlib.contextmanager
 def serve(*args, model=TARGET, ready=True, env=None):
     """`specula serve -m MODEL --port 0 -t 1 ARGS...` for the length of a `with`; yields (process, base URL).
     With ready=True it returns once /health answers 200, else once the port is printed. The server's
-    later stderr lines are kept in `proc.log` (a list, filled by a thread so that the pipe never fills)."""
+    later stderr lines are kept in `proc.log` (a list, filled by a thread so that the pipe never fills);
+    its start-up lines, to the one that ended the wait, in `proc.startup`."""
     proc = subprocess.Popen([CLI, "serve", "-m", model, "--port", "0", "-t", "1", *args], stderr=subprocess.PIPE, text=True,
                             env=env)
-    try:
-        port = None
-        deadline = time.time() + 120
+    proc.startup, proc.log = [], []
+    started = threading.Event()
+    port = None
+
+    def pump():
+        nonlocal port
         for line in proc.stderr:
+            if started.is_set():
+                proc.log.append(line)
+                continue
+            proc.startup.append(line)
             m = re.search(r"listening on http://[^:]+:(\d+)", line)
             port = int(m.group(1)) if m else port
-            if (port and not ready) or "ready" in line or time.time() > deadline:
-                break
-        assert port, "the server did not print its port"
-        proc.log = []
-        threading.Thread(target=lambda: proc.log.extend(proc.stderr), daemon=True).start()
+            if (port and not ready) or "ready" in line:
+                started.set()
+        started.set()  # stderr closed: the server exited
+
+    try:
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + START_S
+        while not started.wait(0.5) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        assert port, (f"the server exited with {proc.returncode}" if proc.poll() is not None else
+                      f"the server printed no port in {START_S} s") + ":\n" + "".join(proc.startup)
         base = f"http://127.0.0.1:{port}"
-        while ready and time.time() < deadline:
+        while ready and proc.poll() is None and time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(base + "/health") as r:
                     if r.status == 200:
