@@ -141,22 +141,28 @@ TEST(DraftVocabulary, AFileRoundTripsAndTheDraftModelKeepsItsIdsAndTheControlTok
 }
 
 // Catches a file of another vocabulary (or no such file) silently trimming the draft to the wrong
-// ids: each is refused, through Engine::open as `generate` and `serve` open it, naming the reason.
+// ids: each is refused, naming the reason. The reasons are read_draft_vocabulary's, checked against
+// the Qwen vocabulary loaded once; one refusal goes through Engine::open as `generate` and `serve`
+// open it (a load of the Qwen vocabulary each time, seconds under the sanitizers).
 TEST(DraftVocabulary, WrongFilesAreRefusedWithTheReason) {
     const std::string qwen = test::model_path("qwen2_bias"), llama = test::model_path("llama_gqa_f32");
     const Tokenizer qwen_vocab(qwen), llama_vocab(llama);
     auto message = [&](const std::string & file) {
+        return test::error_message([&] { read_draft_vocabulary(file, qwen_vocab); });
+    };
+    const std::string other = test::scratch_file("llama-vocab.txt");
+    write_draft_vocabulary(other, std::vector<int32_t>{1, 2, 3}, llama_vocab);
+    const std::string opened = test::error_message([&] {
         EngineOptions o;
         o.model_path = qwen;
         o.n_threads = 1;
         o.drafter = {DrafterKind::DraftModel, qwen};
-        o.drafter.vocab_file = file;
-        return test::error_message([&] { Engine::open(o); });
-    };
-    const std::string other = test::scratch_file("llama-vocab.txt");
-    write_draft_vocabulary(other, std::vector<int32_t>{1, 2, 3}, llama_vocab);
-    EXPECT_EQ(message(other).rfind(other + " was made for another vocabulary (tokenizer ", 0), 0u) << message(other);
-    EXPECT_NE(message(other).find("): make one with `specula draft-vocab -m MODEL.gguf`"), std::string::npos) << message(other);
+        o.drafter.vocab_file = other;
+        Engine::open(o);
+    });
+    EXPECT_EQ(opened.rfind(other + " was made for another vocabulary (tokenizer ", 0), 0u) << opened;
+    EXPECT_NE(opened.find("): make one with `specula draft-vocab -m MODEL.gguf`"), std::string::npos) << opened;
+    EXPECT_EQ(message(other), opened);
     EXPECT_EQ(message(qwen), qwen + " is not a draft vocabulary file (its first line is not \"specula-draft-vocab 1\"; `specula draft-vocab` writes them)");
     EXPECT_EQ(message(other + ".absent"), other + ".absent: cannot read the draft vocabulary file");
     const std::string good = test::scratch_file("qwen-vocab.txt");
@@ -168,6 +174,7 @@ TEST(DraftVocabulary, WrongFilesAreRefusedWithTheReason) {
         return message(bad);
     };
     EXPECT_EQ(with_body("ids 4\n1-3\n9\n"), "<no error>");
+    EXPECT_EQ(read_draft_vocabulary(bad, qwen_vocab), (std::vector<int32_t>{1, 2, 3, 9}));
     EXPECT_EQ(with_body("ids 5\n1-3\n9\n"), bad + ": 4 ids, not the header's 5 (a truncated file?)");
     EXPECT_EQ(with_body("ids 4\n1-3\n2\n"), bad + " line 5: ids must ascend without repeats (2 after 3)");
     EXPECT_EQ(with_body("ids 4\n1-3\nnine\n"), bad + " line 5: expected an id or a run \"<first>-<last>\", not \"nine\"");
