@@ -45,12 +45,12 @@ phase 3 "server test clients"
 # The openai Python client and pytest, pinned, for the server's end-to-end tests.
 scripts/setup_server_tests.sh
 
-# The build users run: `specula` (scripts/build.sh builds every target), and test_real_models for
-# phase 9. It compiles ggml and libllama first; the sanitized trees below take those objects from
-# ccache (CMakeLists.txt).
+# The build users run: `specula` (scripts/build.sh builds every target), and test_real_models and
+# test_grammar_mask for phase 9. It compiles ggml and libllama first; the sanitized trees below take
+# those objects from ccache (CMakeLists.txt).
 phase 4 "build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON
-cmake --build build -j"$(nproc)" --target specula test_real_models 2>&1 | progress_cmake build
+cmake --build build -j"$(nproc)" --target specula test_real_models test_grammar_mask 2>&1 | progress_cmake build
 
 # The test suite: specula's own code instrumented, ggml/llama.cpp built normally beside it. As many
 # tests at once as there are CPUs; a test on two threads claims two (tests/CMakeLists.txt).
@@ -65,6 +65,8 @@ cmake --build build-asan -j"$(nproc)" 2>&1 | progress_cmake build-asan
 # qwen2 biases, every packed type, EAGLE-3 heads with a d2t map, draft models with a trimmed
 # vocabulary); on the real models they took a third of the suite's time there, and phase 9 runs them
 # uninstrumented. The real models' tests of the CLI's default run and of chat templates stay here.
+# The grammar mask's walks against libllama's masks on the SmolLM2 and Qwen2 vocabularies run here
+# shortened (each grammar's first walk, half its steps: test_grammar_mask.cpp), and whole in phase 9.
 real_model_numerics='^(Cached/RealModelOracle|QwenCoderPair|Gemma3Drafter|SmolLM2Drafters\.(GreedySpeculative|SampledOutput))'
 phase 6 "test suite under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -120,9 +122,10 @@ fi
 # The server's memory under 32 streaming clients, in the build users run: its RSS must stay flat.
 # (The sanitized run's load test checks for leaks instead: ASan's quarantine grows the RSS by design.)
 # And a 2000-token non-streamed answer, one JSON object: seconds here, minutes under the sanitizers.
-# And the real models' numerics (phase 6 says why here), one thread each.
+# And the real models' numerics (phase 6 says why here), one thread each, and the grammar mask's
+# whole walks against libllama's.
 phase 9 "server load, a long answer and the real models, uninstrumented"
-ctest --test-dir build --output-on-failure -j"$(nproc)" -R "^server_(load|long_answer)\$|$real_model_numerics"
+ctest --test-dir build --output-on-failure -j"$(nproc)" -R "^server_(load|long_answer)\$|$real_model_numerics|^GrammarMask\.EqualsLibllama"
 # specula's ARM64 kernels, which no x86 test runs: test_kernels cross-compiled (scripts/build_aarch64.sh,
 # Debian's aarch64 tool chain, ggml and libllama for ARMv8.2-A) and its matmul and attention parity
 # tests under qemu-aarch64: -cpu max (neon-dotprod and neon-i8mm against the portable path, bit for
