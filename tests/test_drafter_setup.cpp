@@ -75,6 +75,15 @@ TEST(Speculative, DrafterSpecErrorsNameTheProblem) {
               "a trimmed draft vocabulary (--draft-vocab) is for a draft model (--draft), not the eagle3 drafter");
     EXPECT_EQ(message({DrafterKind::DraftModel, draft, 1, 3, std::nullopt, 4096, "v.txt"}),
               "a trimmed draft vocabulary (--draft-vocab) is a token count or a file, not both (4096 and v.txt)");
+    EXPECT_EQ(message({DrafterKind::Eagle3, "h.gguf", 1, 3, std::nullopt, 0, "", true}),
+              "cascade drafting (--cascade, --no-cascade) is for a draft model's chains (--draft), not the eagle3 drafter");
+    EXPECT_EQ(message({DrafterKind::Ngram, "", 1, 3, std::nullopt, 0, "", false}),
+              "cascade drafting (--cascade, --no-cascade) is for a draft model's chains (--draft), not the ngram drafter");
+    EngineOptions tree;
+    tree.drafter.cascade = true;
+    tree.tree = TreeShape::Dynamic;
+    EXPECT_EQ(test::error_message([&] { drafting_rules(tree, DrafterKind::DraftModel); }),
+              "cascade drafting (--cascade) drafts chains, not dynamic trees (--tree chain)");
 }
 
 // The trimmed draft vocabulary keeps the first N ids and every control and end-of-generation token

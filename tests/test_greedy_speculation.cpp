@@ -29,8 +29,10 @@ TEST(Speculative, GreedyOutputEqualsPlainDecodingForEveryDrafterLengthAndPolicy)
     Spec s;
     DraftModelDrafter self_draft(*s.target, 256);        // accepts (nearly) everything
     DraftModelDrafter small_draft(*s.draft_small, 256);  // accepts little
+    DraftModelDrafter cascade_draft(*s.draft_small, 256);
+    cascade_draft.cascade(1, 3, nullptr);
     NgramDrafter ngram(1, 3);
-    std::vector<Drafter *> drafters = {&self_draft, &small_draft, &ngram};
+    std::vector<Drafter *> drafters = {&self_draft, &small_draft, &cascade_draft, &ngram};
     int total_accepted = 0;
     for (const auto & prompt : kPrompts) {
         const auto want = plain_decoding(*s.target, s.runner, prompt, 40);
@@ -194,36 +196,80 @@ double max_row_diff(const KvCache & a, const KvCache & b, int slots) {
     return m;
 }
 
+// Catches: cascade drafting handing out a chain other than the draft model's own at T = 0 (a
+// lookahead token taken where the model ranks another first, or a row of logits read for the
+// wrong token), or running as many drafter forwards as drafting alone.
+TEST(Speculative, CascadeDraftsAreTheDraftModelsOwnChainsInFewerForwards) {
+    // A 10-token vocabulary, whose n-grams recur.
+    test::Tiny t;
+    ModelRunner draft_runner(*t.draft);
+    DraftModelDrafter alone(*t.draft, 256), cascade(*t.draft, 256);
+    cascade.cascade(1, 3, nullptr);
+    SamplingParams greedy;
+    int forwards_alone = 0, forwards_cascade = 0, rounds = 0;
+    // Text that repeats: a passage, the draft model's own continuation of it, the passage again
+    // and its continuation of all that, where lookup proposes what followed the passage before.
+    for (const std::vector<int32_t> & passage : {std::vector<int32_t>{4, 2, 3, 1, 2, 8, 0, 6, 5, 9, 3, 7},
+                                                 std::vector<int32_t>{7, 1, 0, 5, 2, 2, 9, 4, 6, 8, 3, 0}}) {
+        std::vector<int32_t> history = passage;
+        for (int copy = 0; copy < 2; ++copy) {
+            const auto own = plain_decoding(*t.draft, draft_runner, history, 16);
+            history.insert(history.end(), own.begin(), own.end());
+            if (copy == 0) history.insert(history.end(), passage.begin(), passage.end());
+        }
+        alone.reset();
+        cascade.reset();
+        for (size_t L = passage.size() + 1; L <= history.size(); ++L) {
+            const DraftRequest request{std::span(history).first(L), TreeBudget{TreeShape::Chain, 6, 1, 6}, &greedy, nullptr};
+            std::vector<std::vector<int32_t>> chains;
+            for (DraftModelDrafter * d : {&alone, &cascade}) {
+                d->start(request);
+                Drafter * one[] = {d};
+                (d == &alone ? forwards_alone : forwards_cascade) += run_drafts(one).forwards;
+                chains.push_back(d->take().tree.token);
+                d->accept(Acceptance{static_cast<int>(L)});
+            }
+            ASSERT_EQ(chains[1], chains[0]) << "history of " << L << " tokens";
+            ++rounds;
+        }
+    }
+    std::printf("[cascade] %d chains of 6: %d drafter forwards alone, %d with cascade drafting\n", rounds, forwards_alone, forwards_cascade);
+    EXPECT_LT(forwards_cascade, forwards_alone * 9 / 10);
+}
+
 TEST(Speculative, CachesHoldExactlyTheAcceptedSequenceAfterEveryRound) {
     Spec s;
-    DraftModelDrafter drafter(*s.draft_small, 256);
     ModelRunner draft_runner(*s.draft_small);
     const TreeBudget dynamic_tree{TreeShape::Dynamic, 4, 3, 10};
-    for (auto [temperature, tree] : {std::pair{0.0f, TreeBudget{}}, std::pair{1.0f, TreeBudget{}}, std::pair{0.0f, dynamic_tree},
-                                     std::pair{1.0f, dynamic_tree}}) {
-        SamplingParams sp;
-        sp.temperature = temperature;
-        sp.seed = 5;
-        KvCache cache(s.backend, s.target->config(), 256);
-        int checked = 0, rejected_rounds = 0;
-        auto check = [&](const RoundInfo & r) {
-            if (static_cast<int>(r.history.size()) - 1 != cache.size()) return;  // final, truncated round
-            rejected_rounds += r.result->accepted.size() < static_cast<size_t>(r.draft->tree.size());
-            KvCache plain(s.backend, s.target->config(), 256);
-            s.runner.forward(ForwardBatch::causal(r.history.first(cache.size()), 0, {}), plain);
-            EXPECT_LT(max_row_diff(cache, plain, cache.size()), 2e-3) << "round " << r.round;
+    for (bool cascade : {false, true})
+        for (auto [temperature, tree] : {std::pair{0.0f, TreeBudget{}}, std::pair{1.0f, TreeBudget{}}, std::pair{0.0f, dynamic_tree},
+                                         std::pair{1.0f, dynamic_tree}}) {
+            DraftModelDrafter drafter(*s.draft_small, 256);
+            if (cascade) drafter.cascade(1, 3, nullptr);
+            SCOPED_TRACE(cascade ? "cascade drafting" : "the draft model alone");
+            SamplingParams sp;
+            sp.temperature = temperature;
+            sp.seed = 5;
+            KvCache cache(s.backend, s.target->config(), 256);
+            int checked = 0, rejected_rounds = 0;
+            auto check = [&](const RoundInfo & r) {
+                if (static_cast<int>(r.history.size()) - 1 != cache.size()) return;  // final, truncated round
+                rejected_rounds += r.result->accepted.size() < static_cast<size_t>(r.draft->tree.size());
+                KvCache plain(s.backend, s.target->config(), 256);
+                s.runner.forward(ForwardBatch::causal(r.history.first(cache.size()), 0, {}), plain);
+                EXPECT_LT(max_row_diff(cache, plain, cache.size()), 2e-3) << "round " << r.round;
 
-            const KvCache & dc = drafter.cache();
-            ASSERT_LE(dc.size(), cache.size());
-            KvCache draft_plain(s.backend, s.draft_small->config(), 256);
-            draft_runner.forward(ForwardBatch::causal(r.history.first(dc.size()), 0, {}), draft_plain);
-            EXPECT_LT(max_row_diff(dc, draft_plain, dc.size()), 2e-3) << "draft cache, round " << r.round;
-            ++checked;
-        };
-        s.run(drafter, DraftPolicyKind::Fixed, 4, kPrompts[0], 30, sp, check, nullptr, &cache, tree);
-        EXPECT_GT(checked, 5);
-        EXPECT_GT(rejected_rounds, 0);  // rejected drafts really were rolled back
-    }
+                const KvCache & dc = drafter.cache();
+                ASSERT_LE(dc.size(), cache.size());
+                KvCache draft_plain(s.backend, s.draft_small->config(), 256);
+                draft_runner.forward(ForwardBatch::causal(r.history.first(dc.size()), 0, {}), draft_plain);
+                EXPECT_LT(max_row_diff(dc, draft_plain, dc.size()), 2e-3) << "draft cache, round " << r.round;
+                ++checked;
+            };
+            s.run(drafter, DraftPolicyKind::Fixed, 4, kPrompts[0], 30, sp, check, nullptr, &cache, tree);
+            EXPECT_GT(checked, 5);
+            EXPECT_GT(rejected_rounds, 0);  // rejected drafts really were rolled back
+        }
 }
 
 // SpecEE's lossless mode: early-exited tokens as drafts. A predictor that always exits at layer 1

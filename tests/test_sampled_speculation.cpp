@@ -138,39 +138,62 @@ VerifyResult residual_at_depth_one_only(const TokenTree & tree, const TargetLogi
 // must fail, as must one that accepts everything.
 TEST(Speculative, SampledChainsThreeDeepFollowTheTargetDistributionAndBrokenVerifiersFail) {
     Tiny t(4);
-    const std::vector<int32_t> prefix = {1, 2, 3, 1, 2};
     DraftModelDrafter model_drafter(*t.draft, 64);
+    // Cascade drafting: lookup's "2 1" after the trailing "0 1", each token taken one-hot (the
+    // draft model ranks both first there), then a draw.
+    DraftModelDrafter cascade_drafter(*t.draft, 64);
+    cascade_drafter.cascade(1, 3, nullptr);
     auto eagle1 = EagleHead::load(test::tiny_vocab_eagle_head("eagle1", 4, 303), *t.target, t.backend);
     auto eagle3 = EagleHead::load(test::tiny_vocab_eagle_head("eagle3", 4, 303), *t.target, t.backend);
     EagleDrafter eagle1_drafter(*eagle1, 64), eagle3_drafter(*eagle3, 64);
     SamplingParams sp;
     sp.temperature = 2.0f;  // flatter p and q: more of the 256 cells are populated and more chains reach depth 3
-    const auto joint = t.exact_joint(prefix, sp, 4);
     const int runs = 6000;
-    for (auto [name, drafter] : {std::pair<const char *, Drafter *>{"draft model", &model_drafter},
-                                 std::pair<const char *, Drafter *>{"eagle1", &eagle1_drafter},
-                                 std::pair<const char *, Drafter *>{"eagle3", &eagle3_drafter}}) {
+    const std::vector<int32_t> prefix = {1, 2, 3, 1, 2}, lookup_prefix = {0, 1, 2, 1, 0, 1};
+    struct Case {
+        const char * name;
+        Drafter * drafter;
+        const std::vector<int32_t> & prefix;
+    };
+    for (auto [name, drafter, prefix] : {Case{"draft model", &model_drafter, prefix}, Case{"draft model, cascade", &cascade_drafter, lookup_prefix},
+                                         Case{"eagle1", &eagle1_drafter, prefix}, Case{"eagle3", &eagle3_drafter, prefix}}) {
         SCOPED_TRACE(name);
-        int three_deep = 0, accepted_three = 0;
+        const auto joint = t.exact_joint(prefix, sp, 4);
+        int three_deep = 0, accepted_three = 0, one_hot = 0;
         auto on_round = [&](const RoundInfo & r) {
             if (r.round != 0) return;
             three_deep += r.draft->tree.max_depth() == 3;
             accepted_three += r.result->accepted.size() == 3;
+            for (int n = 0; n < r.draft->tree.size(); ++n) one_hot += r.draft->tree.proposed_one_hot(n);
         };
         auto [stat, dof] = t.chi2(*drafter, prefix, sp, joint, runs, nullptr, {}, on_round);
-        std::printf("[distribution] %s chain k=3, 4 tokens: chi2 = %.1f, dof = %d, critical = %.1f; 3 accepted in %d of %d first rounds\n",
-                    name, stat, dof, chi2_critical(dof), accepted_three, runs);
+        std::printf(
+            "[distribution] %s chain k=3, 4 tokens: chi2 = %.1f, dof = %d, critical = %.1f; 3 accepted in %d of %d first rounds, "
+            "%d one-hot nodes\n",
+            name, stat, dof, chi2_critical(dof), accepted_three, runs, one_hot);
         EXPECT_LT(stat, chi2_critical(dof));
         EXPECT_EQ(three_deep, runs) << "the first round must draft 3 tokens";
-        EXPECT_GT(accepted_three, runs / 40) << "whole 3-token chains must be accepted sometimes";
-        for (auto [broken_name, broken] :
-             {std::pair<const char *, VerifyFn>{"residual at depth 1 only",
-                                                [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng, int64_t root_position) {
-                                                    return residual_at_depth_one_only(tree, l, sp, rng);
-                                                }},
-              std::pair<const char *, VerifyFn>{"accept everything", [&sp](const TokenTree &tree, const TargetLogits &l, Rng &rng, int64_t) {
-                                                    return accept_everything(tree, l, sp, rng);
-                                                }}}) {
+        EXPECT_GT(accepted_three, runs / 100) << "whole 3-token chains must be accepted sometimes";
+        if (drafter == &cascade_drafter) EXPECT_GE(one_hot, runs) << "lookup's tokens must be proposed in the first rounds";
+        std::vector<std::pair<const char *, VerifyFn>> broken_verifiers = {
+            {"accept everything", [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng, int64_t) { return accept_everything(tree, l, sp, rng); }}};
+        if (drafter == &cascade_drafter) {
+            // Lookup's tokens judged as if drawn from a distribution (here uniform): accepted at
+            // min(1, p / q) instead of at the target's own draw.
+            broken_verifiers.emplace_back("lookahead judged as a draw", [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng, int64_t root_position) {
+                TokenTree judged = tree;
+                judged.q.resize(judged.size() + 1);
+                for (int n = 0; n < judged.size(); ++n) {
+                    if (tree.proposed_one_hot(n)) judged.q[judged.parent[n] + 1].assign(4, 0.25f);
+                }
+                return verify_sampled(judged, l, sp, rng, root_position);
+            });
+        } else {
+            broken_verifiers.emplace_back("residual at depth 1 only", [&sp](const TokenTree & tree, const TargetLogits & l, Rng & rng, int64_t) {
+                return residual_at_depth_one_only(tree, l, sp, rng);
+            });
+        }
+        for (const auto & [broken_name, broken] : broken_verifiers) {
             auto [bstat, bdof] = t.chi2(*drafter, prefix, sp, joint, runs, broken);
             std::printf("[distribution] %s, broken chain verifier (%s), k=3: chi2 = %.1f (critical %.1f)\n", name, broken_name, bstat,
                         chi2_critical(bdof));

@@ -67,6 +67,9 @@ struct DrafterSpec {
     // rank, a rougher frequency order). Neither: the whole vocabulary.
     int vocab = 0;
     std::string vocab_file = {};
+    // DraftModel chains: cascade drafting, prompt lookup's continuation checked by the draft
+    // model's first forward of each round (draft/draft_model_drafter.h). Unset: on.
+    std::optional<bool> cascade = std::nullopt;
 };
 
 }  // namespace specula

@@ -29,6 +29,9 @@ void check_drafter_spec(const DrafterSpec & spec) {
     if ((spec.vocab > 0 || !spec.vocab_file.empty()) && spec.kind != DrafterKind::DraftModel) {
         throw Error("a trimmed draft vocabulary (--draft-vocab) is for a draft model (--draft), not the " + kind + " drafter");
     }
+    if (spec.cascade.has_value() && spec.kind != DrafterKind::DraftModel) {
+        throw Error("cascade drafting (--cascade, --no-cascade) is for a draft model's chains (--draft), not the " + kind + " drafter");
+    }
     if (spec.lookup.value_or(false) && !takes_file) {
         throw Error("prompt lookup (--lookup) grafts into a model drafter's trees: add --draft, --eagle or --eagle3" +
                     std::string(spec.kind == DrafterKind::Ngram ? " (--ngram drafts by lookup alone)" : ""));
@@ -45,6 +48,9 @@ DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind) {
         throw Error("tree depth and branching must be at least 1, tree nodes at least 0");
     }
     if (r.tree.shape != TreeShape::Chain && kind == DrafterKind::Ngram) throw Error("the n-gram drafter drafts chains only (--tree chain)");
+    if (kind == DrafterKind::DraftModel && r.tree.shape != TreeShape::Chain && options.drafter.cascade.value_or(false)) {
+        throw Error(std::string("cascade drafting (--cascade) drafts chains, not ") + tree_shape_name(r.tree.shape) + " trees (--tree chain)");
+    }
     const bool model_drafter = kind == DrafterKind::DraftModel || eagle;
     r.lookup = options.drafter.lookup.value_or(model_drafter && r.tree.shape != TreeShape::Chain && r.tree.max_nodes == 0);
     if (options.draft_max < 1) throw Error("--draft-max must be at least 1");
@@ -109,7 +115,11 @@ std::vector<std::unique_ptr<Drafter>> DrafterFactory::make_group(int n_ctx, int 
             auto runner = draft_logit_ids.empty() ? std::make_shared<ModelRunner>(*draft_model)
                                                   : std::make_shared<ModelRunner>(*draft_model, draft_logit_ids);
             auto streams = KvCache::pool(draft_model->backend(), draft_model->config(), n_ctx, n);
-            for (auto & s : streams) group.push_back(std::make_unique<DraftModelDrafter>(*draft_model, runner, std::move(s)));
+            for (auto & s : streams) {
+                auto drafter = std::make_unique<DraftModelDrafter>(*draft_model, runner, std::move(s));
+                if (spec.cascade.value_or(true)) drafter->cascade(spec.ngram_min, spec.ngram_max, markup_tokens);
+                group.push_back(std::move(drafter));
+            }
             break;
         }
         case DrafterKind::Eagle:

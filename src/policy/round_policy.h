@@ -26,7 +26,8 @@
 //     forward alone, (1 + the others' tokens) per forward of (the others' rows + 1) when shared.
 //   StepShare: what the rest of a shared step carries: the other sequences' rows, the tokens they
 //     are expected to emit, their number (draft_length.h). All zero for a sequence alone.
-//   level: one drafter forward. A tree costs a level per depth, a chain a level per token.
+//   level: one drafter forward. A tree costs a level per depth, a chain a level per token (fewer
+//     under cascade drafting, whose first level may take several of prompt lookup's tokens).
 //   path probability: a node's cumulative draft probability, the product along the path from the
 //     root: the estimate that the target accepts the whole path (EAGLE-2). Prune order lists a
 //     tree's nodes by it, likeliest first, each after its parent and earlier siblings.

@@ -15,6 +15,7 @@ namespace specula::bench {
 enum class Kind {
     SpeculaPlain,
     SpeculaDraft,
+    SpeculaDraftNoCascade,  // the draft model drafting every chain token itself (--no-cascade)
     SpeculaNgram,
     SpeculaEagle1,
     SpeculaEagle3,
@@ -50,6 +51,7 @@ inline const std::vector<Mode> kModes = {
     {"specula-draft-fixed", Kind::SpeculaDraft, DraftPolicyKind::Fixed},
     {"specula-draft-heuristic", Kind::SpeculaDraft, DraftPolicyKind::Heuristic},
     {"specula-draft-cost", Kind::SpeculaDraft, DraftPolicyKind::Cost},
+    {"specula-draft-cost-no-cascade", Kind::SpeculaDraftNoCascade, DraftPolicyKind::Cost},
     {"specula-ngram", Kind::SpeculaNgram, DraftPolicyKind::Fixed},
     {"specula-ngram-cost", Kind::SpeculaNgram, DraftPolicyKind::Cost},  // generate's and serve's default without a drafter
     {"llamacpp-spec", Kind::LlamaSpec},
@@ -92,7 +94,7 @@ inline bool runs_at(const Mode & m, float temp) { return m.kind != Kind::Specula
 inline bool available(const Mode & m, const SpecBenchOptions & o) {
     if (!is_specula(m.kind) && !o.llamacpp) return false;
     if (is_specee(m.kind)) return !o.specee.empty();
-    if (m.kind == Kind::SpeculaDraft || m.kind == Kind::LlamaSpec) return !o.draft.empty();
+    if (m.kind == Kind::SpeculaDraft || m.kind == Kind::SpeculaDraftNoCascade || m.kind == Kind::LlamaSpec) return !o.draft.empty();
     if (m.kind == Kind::SpeculaEagle1) return !o.eagle.empty();
     if (m.kind == Kind::SpeculaEagle3 || m.kind == Kind::SpeculaEagle3Lookup) return !o.eagle3.empty();
     if (m.kind == Kind::LlamaEagle3) return !o.eagle3.empty() && llama_cpp_runs_eagle3_on(o.model);

@@ -181,7 +181,13 @@ SpeculaRig::SpeculaRig(const SpecBenchOptions & o, int n_ctx)
         source = DrafterFactory::open(spec, backend, *target, vocab);
         drafter = source.make(n_ctx);
     };
-    if (!o.draft.empty()) assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
+    if (!o.draft.empty()) {
+        assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
+        // The same draft model without cascade drafting, for the mode that compares it.
+        draft.spec.cascade = false;
+        draft_no_cascade_drafter = draft.make(n_ctx);
+        draft.spec.cascade.reset();
+    }
     assemble(ngram, ngram_drafter, DrafterKind::Ngram, "");
     if (!o.eagle.empty()) assemble(eagle1, eagle1_drafter, DrafterKind::Eagle, o.eagle);
     if (!o.eagle3.empty()) assemble(eagle3, eagle3_drafter, DrafterKind::Eagle3, o.eagle3);

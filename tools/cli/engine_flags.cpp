@@ -177,6 +177,11 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e, bool & no_spec) {
         "with --draft, --eagle or --eagle3: graft prompt-lookup continuations into each draft (default: on for trees the policy sizes)");
     sub->add_flag_callback(
         "--no-lookup", [&d] { d.lookup = false; }, "draft with the model alone (no prompt-lookup graft)");
+    sub->add_flag_callback(
+        "--cascade", [&d] { d.cascade = true; },
+        "with --draft: chains start from prompt lookup's continuation, checked by the draft model's first forward (the default)");
+    sub->add_flag_callback(
+        "--no-cascade", [&d] { d.cascade = false; }, "with --draft: the draft model drafts every token of its chains itself");
     sub->add_option("--ngram-min", d.ngram_min, "shortest n-gram to match")->capture_default_str();
     sub->add_option("--ngram-max", d.ngram_max, "longest n-gram to match")->capture_default_str();
     add_draft_vocab_flag(sub, d.vocab, d.vocab_file, "with --draft");
