@@ -288,27 +288,97 @@ TEST(Speculative, RoundsWithoutAModelDraftStillVerifyTheLookupChain) {
     EXPECT_GT(free_accepted, 16) << free_rounds << " rounds without a model draft";
 }
 
-// Catches: prompt lookup not grafted by default into the trees the tree policy sizes (where its
-// nodes are priced and pruned), or grafted by default into chains and fixed-size trees, where
-// nothing prices them; or an explicit --lookup / --no-lookup not obeyed.
-TEST(Speculative, PromptLookupIsGraftedByDefaultIntoPolicySizedTreesOnly) {
+// Catches: prompt lookup not on by default where a policy prices it each round (trees the tree
+// policy sizes, chains under the cost policy), or on where nothing prices it (fixed-size trees,
+// chains under the fixed or heuristic policy); an explicit --lookup / --no-lookup not obeyed, or
+// an explicit --lookup on chains that nothing would weigh silently ignored.
+TEST(Speculative, PromptLookupIsOnByDefaultWhereAPolicyPricesIt) {
     EngineOptions o;
     EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle3).lookup);
     EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle).lookup);
-    EXPECT_FALSE(drafting_rules(o, DrafterKind::DraftModel).lookup);  // a chain by default
+    EXPECT_TRUE(drafting_rules(o, DrafterKind::DraftModel).lookup);  // a chain under the cost policy
     EXPECT_FALSE(drafting_rules(o, DrafterKind::Ngram).lookup);
     o.tree = TreeShape::Dynamic;
     EXPECT_TRUE(drafting_rules(o, DrafterKind::DraftModel).lookup);
     o.tree_nodes = 8;
     EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
-    o.tree_nodes = 0;
-    o.tree = TreeShape::Chain;
-    EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
     o.drafter.lookup = true;
     EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle3).lookup);
-    o.tree.reset();
+    o.tree_nodes = 0;
+    o.drafter.lookup.reset();
+    o.tree = TreeShape::Chain;
+    EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    o.draft_policy = DraftPolicyKind::Heuristic;
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::DraftModel).lookup);
+    o.drafter.lookup = true;
+    try {
+        drafting_rules(o, DrafterKind::DraftModel);
+        ADD_FAILURE() << "--lookup on chains under the heuristic policy was accepted";
+    } catch (const Error & e) {
+        EXPECT_NE(std::string(e.what()).find("--draft-policy cost"), std::string::npos) << e.what();
+    }
+    o.draft_policy = DraftPolicyKind::Cost;
     o.drafter.lookup = false;
     EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+}
+
+// A chain drafter too slow to pay once timed: it proposes the text's next token after 30 ms.
+class SlowChainDrafter : public Drafter {
+public:
+    // text: what follows a prompt of prompt_size tokens.
+    SlowChainDrafter(std::vector<int32_t> text, size_t prompt_size) : text_(std::move(text)), prompt_size_(prompt_size) {}
+    const char * name() const override { return "slow-chain"; }
+    void start(const DraftRequest & request) override {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        draft_ = Draft{};
+        const size_t at = request.history.size() - prompt_size_;
+        if (at < text_.size()) draft_.tree.add(TokenTree::kRoot, text_[at], 0.0f);
+    }
+    Draft take() override { return std::move(draft_); }
+    void accept(const Acceptance &) override {}
+    void reset() override {}
+
+private:
+    std::vector<int32_t> text_;
+    size_t prompt_size_;
+    Draft draft_;
+};
+
+// Catches: chain rounds under the cost policy never verifying lookup's free chain where the model's
+// chain costs more than it gives, so that a text repeating itself is drafted by the slow model (or
+// decoded plainly); or a free chain changing the greedy text.
+TEST(Speculative, ChainRoundsVerifyTheLookupChainWhereTheModelsChainCostsMore) {
+    Backend backend{BackendOptions{"cpu", 1}};
+    const auto target = Model::load(test::shipped_model("specula-target.gguf"), backend);
+    ModelRunner runner(*target);
+    std::vector<int32_t> prompt = {1};
+    for (int i = 0; i < 6; ++i) prompt.insert(prompt.end(), {450, 4996, 17354, 1701, 822, 5713, 13});
+    for (auto & t : prompt) t %= target->config().n_vocab;
+    const auto want = plain_decoding(*target, runner, prompt, 48);
+    LookupGraftDrafter drafter(std::make_unique<SlowChainDrafter>(want, prompt.size()), 1, 3);
+    auto policy = make_draft_policy(DraftPolicyKind::Cost, 4, std::vector<double>{1.0, 1.1, 1.2, 1.3, 1.4});
+    KvCache cache(backend, target->config(), 256);
+    int free_rounds = 0, free_accepted = 0, model_rounds = 0;
+    SequenceParts parts{cache, &drafter, policy.get(), TreeBudget{},
+                        [&](const RoundInfo & r) {
+                            const bool free = r.decision.why.rfind("no model draft", 0) == 0;
+                            free_rounds += free;
+                            model_rounds += !free && r.draft->tree.size() > 0;
+                            if (free) free_accepted += static_cast<int>(r.result->accepted.size());
+                        },
+                        nullptr, nullptr};
+    GenerationOptions o;
+    o.n_predict = 48;
+    o.stop_at_end_of_generation = false;
+    std::vector<int32_t> got;
+    generate_speculative(
+        runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        got.push_back(t);
+        return true; });
+    EXPECT_EQ(got, want);
+    EXPECT_LE(model_rounds, 3) << "the slow model kept drafting";
+    EXPECT_GT(free_accepted, 16) << free_rounds << " rounds verified lookup's chain";
 }
 
 // Catches: a suffix cache that grows past its bound (or keeps the index entries of evicted

@@ -576,6 +576,30 @@ TEST(CostPolicy, DraftsNothingWhenDraftingCannotPay) {
     EXPECT_EQ(q->next_length(), 4);
 }
 
+// Catches: a free chain (prompt lookup's) verified where the model's chain or a plain step is
+// expected to give more per ms, or not verified where it gives more; a free chain's rounds
+// teaching the cost policy the model's acceptance or drafting time.
+TEST(CostPolicy, VerifiesAFreeChainWhereItBeatsTheModelsChainOrAPlainStep) {
+    auto p = make_draft_policy(DraftPolicyKind::Cost, 4, {10.0, 11.0, 12.0, 13.0, 14.0});
+    // The model's chains of 4: its first token accepted, 4 ms a drafted token.
+    for (int r = 0; r < 30; ++r) p->observe({4, 1, 1.0f, 0.016, 0.014, 5});
+    const int model_length = p->next_length_in(StepShare{});
+    EXPECT_GT(model_length, 0);
+    const std::vector<double> sure = {0.95, 0.9, 0.85, 0.8, 0.75}, unlikely = {0.05, 0.0025};
+    EXPECT_EQ(p->free_chain_length(sure, StepShare{}, true), 4);  // at most the longest chain the curve prices
+    EXPECT_EQ(p->free_chain_length(unlikely, StepShare{}, true), 0);
+    // Kept out, the model's chain is no option: a likely first token beats the plain step alone.
+    const std::vector<double> one_likely = {0.4, 0.01};
+    EXPECT_EQ(p->free_chain_length(one_likely, StepShare{}, true), 0);
+    EXPECT_EQ(p->free_chain_length(one_likely, StepShare{}, false), 1);
+    // Free chains accepted whole or refused whole leave the model's acceptance and time as they were.
+    for (int r = 0; r < 30; ++r) p->observe({4, r % 2 ? 4 : 0, 0.0f, 0.0, 0.014, 5, true});
+    EXPECT_EQ(p->next_length_in(StepShare{}), model_length);
+    // Neither of the other policies weighs one.
+    auto fixed = make_draft_policy(DraftPolicyKind::Fixed, 4, {});
+    EXPECT_EQ(fixed->free_chain_length(sure, StepShare{}, true), 0);
+}
+
 // Drives a gate through `steps` steps at `decoding` sequences, where a drafting step emits
 // `on_tokens` and a plain one `off_tokens` tokens, each in `ms` (plus `settle_ms` on the first step
 // of a window that switched arm: an EAGLE head catching up). Returns the drafting steps.
@@ -714,7 +738,7 @@ TEST(RoundPolicy, AModelKeptOutVerifiesTheFreeDraftAlone) {
     EXPECT_TRUE(kept_out.use_free_draft);
     EXPECT_EQ(offered, 1);
     EXPECT_EQ(round.decision(0, 0).why, "no model draft: its catch-up on the prompt costs more than the request can save");
-    // Without a free draft the round verifies the root alone; a chain has no free draft to offer.
+    // Without a free draft the round verifies the root alone; a chain under the fixed policy weighs none.
     const RoundPlan plain = round.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100, .model_draft = false});
     EXPECT_FALSE(plain.drafts());
     EXPECT_FALSE(plain.use_free_draft);
@@ -725,6 +749,42 @@ TEST(RoundPolicy, AModelKeptOutVerifiesTheFreeDraftAlone) {
     EXPECT_FALSE(chain_plan.use_free_draft);
     // Allowed, the same state drafts with the model.
     EXPECT_TRUE(chain.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100, .free_draft = free_draft}).drafts());
+}
+
+// Catches: a chain round under the cost policy not verifying the free chain where it pays more than
+// the model's chain (or verifying more of it than priced, or with no reason told), or a kept-out
+// chain request verifying the root alone while lookup's chain pays.
+TEST(RoundPolicy, AChainRoundVerifiesTheFreeChainWhereItPaysMoreThanTheModels) {
+    VerifyCostCurve cost{{10.0, 11.0, 12.0, 13.0, 14.0}, 100, 0.0};
+    RoundPolicies policies = make_round_policies(GenerationMode::Speculative, DraftPolicyKind::Cost, 4, TreeBudget{}, cost);
+    RoundPolicy round(TreeBudget{}, policies.length.get(), policies.tree_size.get());
+    // A model whose chains are mostly refused, at 4 ms a drafted token.
+    for (int r = 0; r < 30; ++r) policies.length->observe({4, 0, 1.0f, 0.016, 0.014, 5});
+    TokenTree lookup;
+    for (int i = 0; i < 6; ++i) lookup.add(i - 1, 7 + i, std::log(0.9f) * (i + 1));
+    int offered = 0;
+    auto free_draft = [&](const TreeBudget & b) -> const TokenTree * {
+        EXPECT_EQ(b.shape, TreeShape::Chain);
+        return ++offered, &lookup;
+    };
+    const RoundPlan plan = round.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 100, .free_draft = free_draft});
+    EXPECT_FALSE(plan.drafts());
+    EXPECT_TRUE(plan.use_free_draft);
+    EXPECT_EQ(offered, 1);
+    EXPECT_EQ(round.size_draft(lookup, 0, 0.0, {}), 4);
+    EXPECT_EQ(round.decision(6, 4).why.rfind("no model draft: lookup's chain expected to give more per ms; 4 lookup tokens", 0), 0u)
+        << round.decision(6, 4).why;
+    // An unlikely chain leaves the round to the model's.
+    TokenTree doubtful;
+    doubtful.add(TokenTree::kRoot, 7, std::log(0.02f));
+    const RoundPlan model = round.plan(RoundState{
+        .depth = 10, .room = 100, .tokens_left = 100, .free_draft = [&](const TreeBudget &) -> const TokenTree * { return &doubtful; }});
+    EXPECT_FALSE(model.use_free_draft);
+    // Kept out, the free chain still beats the plain step.
+    const RoundPlan kept_out = round.plan(RoundState{.depth = 10, .room = 100, .tokens_left = 2, .model_draft = false, .free_draft = free_draft});
+    EXPECT_TRUE(kept_out.use_free_draft);
+    EXPECT_EQ(round.size_draft(lookup, 0, 0.0, {}), 2);  // the tokens left
+    EXPECT_EQ(round.decision(6, 2).why.rfind("no model draft: its catch-up on the prompt costs more than the request can save; 2 lookup", 0), 0u);
 }
 
 TEST(CatchUpGate, DraftsUntilMeasuredThenKeepsTheModelOutWhereTheCatchUpCannotPay) {

@@ -122,6 +122,8 @@ void LookupGraftDrafter::start(const DraftRequest & request) {
 
 Draft LookupGraftDrafter::take() {
     Draft draft = model_->take();
+    // A chain stays one: lookup's is the round's free chain, weighed against the model's.
+    if (request_.budget.shape == TreeShape::Chain) return draft;
     const Chain chain = continuation(request_);
     const int model_nodes = draft.tree.size();
     const bool sampled = request_.sampling != nullptr && !request_.sampling->greedy();

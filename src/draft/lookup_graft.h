@@ -7,6 +7,8 @@
 // chain goes beside the model's sampled children, never merged into them: its first node is
 // flagged one-hot (TokenTree::one_hot), which the sampling verifier tries after the model's
 // children, so that each child is judged against the proposal it was really drawn from.
+// Chains are not grafted: lookup's continuation is the round's free chain (free_draft), which the
+// cost policy verifies in place of the model's chain where it expects more tokens per ms of it.
 #include <array>
 #include <cstdint>
 #include <deque>

@@ -52,7 +52,12 @@ DraftingRules drafting_rules(const EngineOptions & options, DrafterKind kind) {
         throw Error(std::string("cascade drafting (--cascade) drafts chains, not ") + tree_shape_name(r.tree.shape) + " trees (--tree chain)");
     }
     const bool model_drafter = kind == DrafterKind::DraftModel || eagle;
-    r.lookup = options.drafter.lookup.value_or(model_drafter && r.tree.shape != TreeShape::Chain && r.tree.max_nodes == 0);
+    // Lookup where a policy prices it each round: trees the tree policy sizes, chains under the cost policy.
+    const bool priced = r.tree.shape == TreeShape::Chain ? r.policy == DraftPolicyKind::Cost : r.tree.max_nodes == 0;
+    r.lookup = options.drafter.lookup.value_or(model_drafter && priced);
+    if (options.drafter.lookup.value_or(false) && model_drafter && r.tree.shape == TreeShape::Chain && !priced) {
+        throw Error("prompt lookup (--lookup) with chains is a free chain the cost policy weighs each round: use --draft-policy cost");
+    }
     if (options.draft_max < 1) throw Error("--draft-max must be at least 1");
     if (options.draft_max + 2 > options.n_ctx) {
         throw Error("draft length " + std::to_string(options.draft_max) + " does not fit the " + std::to_string(options.n_ctx) +

@@ -65,16 +65,16 @@ public:
         std::vector<double> alpha(k_max_);
         for (int i = 0; i < k_max_; ++i) alpha[i] = (accepted_[i] + 0.8 * kPrior) / (reached_[i] + kPrior);
         // Tokens per second of the whole step: a longer draft makes every sequence in it wait.
-        const int plain_rows = std::max(0, step.other_rows) + 1;
-        const double other_tokens = std::max(0.0, step.other_tokens);
-        const double plain_rate = (1.0 + other_tokens) / verify_.ms(plain_rows);
+        const StepRate step_rate = rate_of(step);
+        const double plain_rate = step_rate.tokens / step_rate.plain_ms;
         int best = 0;
         double best_rate = plain_rate;
         for (int k = 1; k <= k_max_; ++k) {
-            const double ms = k * draft_ms_per_token_ + verify_.ms(plain_rows) + verify_.extra_ms(plain_rows, k);
-            const double rate = (expected_tokens(alpha, k) + other_tokens) / ms;
+            const double rate = (expected_tokens(alpha, k) + step_rate.tokens - 1.0) / (k * draft_ms_per_token_ + step_rate.ms(k));
             if (rate > best_rate) best_rate = rate, best = k;
         }
+        model_rate_ = best_rate;
+        const int plain_rows = step_rate.plain_rows;
         // A probe delays every sequence in the step: about as often per step as alone.
         if (best > 0) {
             plain_streak_ = 0;
@@ -90,9 +90,29 @@ public:
 
     // The acceptance seen so far stays too, as the new text's prior (it decays within a few dozen
     // rounds); its first drafting round catches the drafter up on the prompt and is not timed.
-    void begin_sequence() override { n_drafting_rounds_ = 0, plain_streak_ = 0, probing_ = false; }
+    void begin_sequence() override { n_drafting_rounds_ = 0, plain_streak_ = 0, probing_ = catching_up_ = false; }
+
+    int free_chain_length(std::span<const double> path_probs, const StepShare & step, bool model_may_draft) override {
+        const StepRate step_rate = rate_of(step);
+        double best_rate = model_may_draft ? model_rate_ : step_rate.tokens / step_rate.plain_ms;
+        double expected = step_rate.tokens;
+        int best = 0;
+        for (int n = 1; n <= k_max_ && n <= static_cast<int>(path_probs.size()); ++n) {
+            expected += path_probs[n - 1];
+            const double rate = expected / step_rate.ms(n);
+            if (rate > best_rate) best_rate = rate, best = n;
+        }
+        return best;
+    }
 
     void observe(const RoundObservation & r) override {
+        verify_.observe(r.verify_tokens, 1000.0 * r.verify_seconds);
+        // A free chain tells nothing of the model's acceptance or drafting time; the model's next
+        // draft catches up on the tokens it skipped, so it is not timed either.
+        if (r.free_draft) {
+            catching_up_ = true;
+            return;
+        }
         // Recent rounds count more: acceptance drifts with the text.
         for (int i = 0; i < k_max_; ++i) reached_[i] *= kKeep, accepted_[i] *= kKeep;
         // Position i was reached if every earlier draft was accepted.
@@ -103,16 +123,29 @@ public:
         }
         // Draft time per token, except where it pays for catching up: the first drafting round
         // (the drafter's pass over the prompt) and probes after plain steps (the tokens it skipped).
-        if (r.drafted > 0 && n_drafting_rounds_++ > 0 && !probing_) {
+        if (r.drafted > 0 && n_drafting_rounds_++ > 0 && !probing_ && !catching_up_) {
             const double per_token = 1000.0 * r.draft_seconds / r.drafted;
             draft_ms_per_token_ = draft_ms_per_token_ == 0.0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
         }
-        verify_.observe(r.verify_tokens, 1000.0 * r.verify_seconds);
+        if (r.drafted > 0) catching_up_ = false;
     }
     void observe_step(int rows, double forward_ms) override { verify_.observe_step(rows, forward_ms); }
     void at_depth(int tokens) override { verify_.at_depth(tokens); }
 
 private:
+    // The step's tokens every round emits (this sequence's root and the others' expected ones),
+    // the time of its plain forward, and of one verifying n more rows.
+    struct StepRate {
+        const VerifyCost * verify;
+        int plain_rows;
+        double tokens, plain_ms;
+        double ms(int n) const { return plain_ms + verify->extra_ms(plain_rows, n); }
+    };
+    StepRate rate_of(const StepShare & step) const {
+        const int plain_rows = std::max(0, step.other_rows) + 1;
+        return StepRate{&verify_, plain_rows, 1.0 + std::max(0.0, step.other_tokens), verify_.ms(plain_rows)};
+    }
+
     static constexpr double kPrior = 2.0;
     static constexpr double kKeep = 0.98;
     static constexpr int kProbeEvery = 8;
@@ -123,6 +156,8 @@ private:
     int n_drafting_rounds_ = 0;
     int plain_streak_ = 0;
     bool probing_ = false;
+    bool catching_up_ = false;  // a free chain was verified since the model's last draft
+    double model_rate_ = 0.0;   // the best rate next_length_in() found: the model's or the plain step's
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 // The terms (round, step, row, plain step, StepShare, promised, gamma, free draft, explore, skip,
 // probe, gate, ...) are those defined at the top of policy/round_policy.h.
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct RoundObservation {
     double draft_seconds = 0.0;
     double verify_seconds = 0.0;
     int verify_tokens = 0;  // rows of the verify forward (the whole step's when shared)
+    bool free_draft = false;  // a free chain (prompt lookup's) verified in place of a model draft
 };
 
 class DraftLengthPolicy {
@@ -55,6 +57,14 @@ public:
     // The same, for a round inside a step shared with other sequences (cost policy; the others
     // ignore the share).
     virtual int next_length_in(const StepShare & step) { return next_length(); }
+    // A free chain (prompt lookup's), in place of this round's model draft: how many of its first
+    // tokens to verify (path_probs: each token's path probability, top-down) when that beats both
+    // the plain step and, unless the model drafter is kept out, the best model draft that this
+    // round's next_length_in() weighed; 0 when it does not (cost policy; the others never take one).
+    virtual int free_chain_length(std::span<const double> path_probs, const StepShare & step, bool model_may_draft) {
+        (void)path_probs, (void)step, (void)model_may_draft;
+        return 0;
+    }
     virtual void observe(const RoundObservation & round) = 0;
     // Every decoding round's step whose rows were all verify rows: its rows and forward time
     // (VerifyCost::observe_step; cost policy).

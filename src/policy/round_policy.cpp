@@ -24,30 +24,55 @@ RoundPlan RoundPolicy::plan(const RoundState & state) {
     gated_ = !state.may_draft;
     kept_out_ = !state.model_draft;
     skipped_ = sized_ = false;
-    sized_nodes_ = 0;
+    sized_nodes_ = free_chain_nodes_ = 0;
     promised_ = 0.0;
     TreeBudget budget = shape_;
     asked_ = budget.max_nodes;
     if (gated_) {
         asked_ = budget.depth = budget.max_nodes = 0;
         plan_ = RoundPlan{budget};
+    } else if (kept_out_ && budget.shape == TreeShape::Chain) {
+        asked_ = 0;
+        plan_ = plan_free_chain(state, false);
     } else if (kept_out_) {
-        // The free draft alone, where a tree policy prices it (chains have none).
+        // The free draft alone, where the tree policy prices it.
         const bool has_free = offer_free_draft(state, budget) != nullptr;
         asked_ = budget.depth = budget.max_nodes = 0;
         plan_ = RoundPlan{budget};
         plan_.use_free_draft = has_free;
     } else if (budget.shape == TreeShape::Chain) {
-        // The draft-length policy's length, as far as the cache and -n leave room.
+        // The draft-length policy's length, as far as the cache and -n leave room; or the free
+        // chain, where it is expected to give more per ms.
         asked_ = length_ ? length_->next_length_in(state.step) : 0;
-        const int k = std::max(0, std::min({asked_, state.room, state.tokens_left}));
-        budget.depth = budget.max_nodes = k;
-        budget.branching = 1;
-        plan_ = RoundPlan{budget};
+        plan_ = plan_free_chain(state, true);
+        if (!plan_.use_free_draft) {
+            const int k = std::max(0, std::min({asked_, state.room, state.tokens_left}));
+            budget.depth = budget.max_nodes = k;
+            budget.branching = 1;
+            plan_ = RoundPlan{budget};
+        }
     } else {
         plan_ = plan_tree(state, budget);
     }
     return plan_;
+}
+
+RoundPlan RoundPolicy::plan_free_chain(const RoundState & state, bool model_may_draft) {
+    TreeBudget budget = shape_;
+    budget.depth = budget.max_nodes = 0;
+    RoundPlan plan{budget};
+    const int room = std::min(state.room, state.tokens_left);
+    if (!length_ || !state.free_draft || room <= 0) return plan;
+    budget.depth = budget.max_nodes = room;
+    budget.branching = 1;
+    const TokenTree * free = state.free_draft(budget);
+    if (!free || free->empty()) return plan;
+    std::vector<double> probs = path_probs(*free);
+    probs.resize(std::min<size_t>(probs.size(), static_cast<size_t>(room)));
+    free_chain_nodes_ = length_->free_chain_length(probs, state.step, model_may_draft);
+    for (int i = 0; i < free_chain_nodes_; ++i) promised_ += probs[i];
+    plan.use_free_draft = free_chain_nodes_ > 0;
+    return plan;
 }
 
 // The free draft within the tree policy's size and the cache's room, its chances read against the
@@ -86,6 +111,7 @@ RoundPlan RoundPolicy::plan_tree(const RoundState & state, TreeBudget budget) {
 }
 
 int RoundPolicy::size_draft(const TokenTree & tree, int model_nodes, double draft_ms, std::span<const double> level_ms) {
+    if (free_chain_nodes_ > 0) return std::min(tree.size(), free_chain_nodes_);
     if (!tree_size_ || tree.empty()) return tree.size();
     // A free draft costs no drafter level to time, and verifying none of it is a choice. A model
     // draft took a drafter level per depth of the model's own nodes (a graft goes deeper).
@@ -121,7 +147,7 @@ void RoundPolicy::observe(const RoundOutcome & round) {
     }
     if (length_) {
         length_->observe({round.tree.size(), static_cast<int>(round.accepted.size()), round.mean_entropy, round.draft_ms / 1000.0,
-                          round.verify_ms / 1000.0, round.step_rows});
+                          round.verify_ms / 1000.0, round.step_rows, free_chain_nodes_ > 0});
     }
 }
 
@@ -139,7 +165,12 @@ RoundDecision RoundPolicy::decision(int drafted_nodes, int verified_nodes) const
     if (gated_) d.why = "no draft: the server measured plain steps faster at this load";
     const char * kept_out_why = "no model draft: its catch-up on the prompt costs more than the request can save";
     if (kept_out_) d.why = kept_out_why;
-    if (sized_) {
+    if (free_chain_nodes_ > 0) {
+        char why[192];
+        std::snprintf(why, sizeof(why), "%s; %d lookup tokens expected to give %.2f tokens",
+                      kept_out_ ? kept_out_why : "no model draft: lookup's chain expected to give more per ms", free_chain_nodes_, promised_);
+        d.why = why;
+    } else if (sized_) {
         char why[192];
         if (plan_.use_free_draft) {
             // Lookup's path probabilities are its chances divided by the calibration (LookupGraftDrafter):

@@ -38,7 +38,8 @@
 //   rank bar: the least path probability a node needs to be worth verifying when k likelier nodes
 //     are in the tree (TreeSizePolicy::rank_bars); the dynamic builder expands nothing below it.
 //   free draft: a draft that costs no drafter forward (prompt lookup, Drafter::free_draft). Its
-//     rate is the bar a model draft must beat; when none does, it is verified alone.
+//     rate is the bar a model draft must beat; when none does, it is verified alone. A chain
+//     round's is the free chain, priced by the draft-length policy (free_chain_length).
 //   graft: a deterministic continuation (the text a grammar forces next, else prompt lookup's
 //     continuation) added below the root of a model's tree (draft/lookup_graft.h). Its nodes come
 //     after the model's (Draft::grafted_from); the policies learn from the model's nodes only.
@@ -119,6 +120,9 @@ public:
 private:
     RoundPlan plan_tree(const RoundState & state, TreeBudget budget);
     const TokenTree * offer_free_draft(const RoundState & state, TreeBudget budget) const;
+    // A chain round's free chain, as much of it as the draft-length policy expects to pay (more than
+    // the plain step, and than its model chain where the model may draft); no draft when none does.
+    RoundPlan plan_free_chain(const RoundState & state, bool model_may_draft);
 
     TreeBudget shape_;
     DraftLengthPolicy * length_;
@@ -132,6 +136,7 @@ private:
     bool skipped_ = false;   // the tree-size policy expected no model draft to pay
     bool sized_ = false;     // size_draft priced the draft
     int sized_nodes_ = 0;
+    int free_chain_nodes_ = 0;  // a chain round's free chain, verified in place of a model draft
     double promised_ = 0.0;  // the verified nodes' summed path probabilities
 };
 

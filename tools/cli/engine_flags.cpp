@@ -174,7 +174,8 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e, bool & no_spec) {
     sub->add_flag("--no-spec", no_spec, "plain decoding: no drafter, not even prompt lookup");
     sub->add_flag_callback(
         "--lookup", [&d] { d.lookup = true; },
-        "with --draft, --eagle or --eagle3: graft prompt-lookup continuations into each draft (default: on for trees the policy sizes)");
+        "with --draft, --eagle or --eagle3: prompt lookup's continuation grafted into each tree, or weighed against each chain "
+        "as a free chain (default: on for trees the tree policy sizes and chains under the cost policy)");
     sub->add_flag_callback(
         "--no-lookup", [&d] { d.lookup = false; }, "draft with the model alone (no prompt-lookup graft)");
     sub->add_flag_callback(
