@@ -438,7 +438,7 @@ TEST(SuffixCache, ALookupFindsOnlyTheSequencesOfItsScope) {
 
 // Catches: the n-gram drafter not consulting the cache where the history holds no match (or
 // consulting it before a longer match of the history), and its counts of cache drafts and of
-// their tokens the next round accepted.
+// their tokens the next round accepted; the graft consulting it at T > 0.
 TEST(SuffixCache, TheNgramDrafterDraftsFromEarlierSequencesWhereTheHistoryHasNoMatch) {
     auto cache = std::make_shared<SuffixCache>(64, 1, 3);
     cache->add(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}, "");
@@ -460,13 +460,19 @@ TEST(SuffixCache, TheNgramDrafterDraftsFromEarlierSequencesWhereTheHistoryHasNoM
     drafter.start(DraftRequest{repeats, depth4, nullptr, nullptr});
     EXPECT_EQ(drafter.take().tree.token, (std::vector<int32_t>{0, 2, 3, 4}));
     EXPECT_EQ(cache->stats().drafts, 1u);
-    // Through the graft, at T > 0 too.
+    // Through the graft at T = 0; sampled, the graft reads the history alone: which rounds the
+    // model drafter draws in follows lookup's chains, and a seeded request's text must not depend
+    // on other requests.
     LookupGraftDrafter grafted(std::make_unique<FixedTreeDrafter>(TokenTree{}), 1, 3);
     ASSERT_TRUE(grafted.use_suffix_cache(cache, ""));
-    SamplingParams sampled;
+    SamplingParams greedy, sampled;
     sampled.temperature = 1.0f;
     const std::vector<int32_t> asks = {9, 5, 6};
-    EXPECT_EQ(grafted.free_draft(DraftRequest{asks, depth4, &sampled, nullptr}).tree.token, (std::vector<int32_t>{7}));
+    EXPECT_TRUE(grafted.free_draft(DraftRequest{asks, depth4, &sampled, nullptr}).tree.empty());
+    const std::vector<int32_t> asks_again = {9, 5, 6, 0, 5, 6};  // a new root: searched again
+    EXPECT_EQ(grafted.free_draft(DraftRequest{asks_again, depth4, &greedy, nullptr}).tree.token, (std::vector<int32_t>{0, 5, 6}));
+    const std::vector<int32_t> other = {8, 5, 6};
+    EXPECT_EQ(grafted.free_draft(DraftRequest{other, depth4, &greedy, nullptr}).tree.token, (std::vector<int32_t>{7}));
 }
 
 }  // namespace

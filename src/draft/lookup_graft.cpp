@@ -84,7 +84,11 @@ std::vector<int32_t> LookupGraftDrafter::lookup_chain(const DraftRequest & reque
         learn(request.history);
         DraftRequest chain_request = request;
         chain_request.budget = TreeBudget{TreeShape::Chain, kMaxDepth, 1, kMaxDepth};
-        lookup_.start(chain_request);
+        // Sampled, the model drafter's draws depend on which rounds it drafted, which lookup's
+        // chains decide: a seeded request's text must not depend on other requests.
+        const bool sampled = request.sampling != nullptr && !request.sampling->greedy();
+        if (sampled) lookup_.start_from_history(chain_request);
+        else lookup_.start(chain_request);
         searched_ = ProposedChain{request.history.size(), lookup_.take().tree.token};
         if (!searched_.tokens.empty()) {
             if (unchecked_.size() >= kMaxUnchecked) unchecked_.pop_front();

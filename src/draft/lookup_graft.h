@@ -55,6 +55,7 @@ public:
     // afresh, as on a cold start.
     int keep_prefix(int n_common, int n_prompt) override;
     void copy_state(const Drafter & other) override;
+    // Looked up at T = 0 only (lookup_chain).
     bool use_suffix_cache(std::shared_ptr<SuffixCache> cache, const std::string & scope) override {
         return lookup_.use_suffix_cache(std::move(cache), scope);
     }

@@ -37,7 +37,7 @@ void NgramDrafter::count_cache_draft(std::span<const int32_t> history) {
     from_cache_ = {};
 }
 
-void NgramDrafter::start(const DraftRequest & req) {
+void NgramDrafter::draft(const DraftRequest & req, bool with_cache) {
     draft_ = Draft{};
     Draft & d = draft_;
     const auto & h = req.history;
@@ -57,7 +57,7 @@ void NgramDrafter::start(const DraftRequest & req) {
             chain(proposable(h.subspan(start + n, std::min(L - start - n, std::max(0, req.budget.depth)))));
             return;
         }
-        if (!cache_) continue;
+        if (!with_cache) continue;
         std::vector<int32_t> cached = cache_->continuation(suffix, req.budget.depth, scope_);
         cached.resize(proposable(cached).size());
         if (cached.empty()) continue;

@@ -19,7 +19,9 @@ public:
     // markup: sorted tokens never proposed (none when null).
     NgramDrafter(int n_min, int n_max, std::shared_ptr<const std::vector<int32_t>> markup = nullptr);
     const char * name() const override { return "ngram"; }
-    void start(const DraftRequest & request) override;
+    void start(const DraftRequest & request) override { draft(request, cache_ != nullptr); }
+    // start(), with the history alone looked up (not the suffix cache).
+    void start_from_history(const DraftRequest & request) { draft(request, false); }
     Draft take() override { return std::move(draft_); }
     void accept(const Acceptance &) override {}
     void reset() override { from_cache_ = {}; }
@@ -30,6 +32,7 @@ public:
     bool use_suffix_cache(std::shared_ptr<SuffixCache> cache, const std::string & scope) override;
 
 private:
+    void draft(const DraftRequest & request, bool with_cache);
     // Counts how many of the last cache draft's tokens the round after it accepted: its first
     // `history - root - 1` tokens (the round's emitted tokens but the target's own) that held.
     void count_cache_draft(std::span<const int32_t> history);

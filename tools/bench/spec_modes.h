@@ -16,6 +16,7 @@ enum class Kind {
     SpeculaPlain,
     SpeculaDraft,
     SpeculaDraftNoCascade,  // the draft model drafting every chain token itself (--no-cascade)
+    SpeculaDraftNoLookup,   // the draft model's chains never weighed against lookup's (--no-lookup)
     SpeculaNgram,
     SpeculaEagle1,
     SpeculaEagle3,
@@ -52,6 +53,7 @@ inline const std::vector<Mode> kModes = {
     {"specula-draft-heuristic", Kind::SpeculaDraft, DraftPolicyKind::Heuristic},
     {"specula-draft-cost", Kind::SpeculaDraft, DraftPolicyKind::Cost},
     {"specula-draft-cost-no-cascade", Kind::SpeculaDraftNoCascade, DraftPolicyKind::Cost},
+    {"specula-draft-cost-no-lookup", Kind::SpeculaDraftNoLookup, DraftPolicyKind::Cost},
     {"specula-ngram", Kind::SpeculaNgram, DraftPolicyKind::Fixed},
     {"specula-ngram-cost", Kind::SpeculaNgram, DraftPolicyKind::Cost},  // generate's and serve's default without a drafter
     {"llamacpp-spec", Kind::LlamaSpec},
@@ -94,7 +96,10 @@ inline bool runs_at(const Mode & m, float temp) { return m.kind != Kind::Specula
 inline bool available(const Mode & m, const SpecBenchOptions & o) {
     if (!is_specula(m.kind) && !o.llamacpp) return false;
     if (is_specee(m.kind)) return !o.specee.empty();
-    if (m.kind == Kind::SpeculaDraft || m.kind == Kind::SpeculaDraftNoCascade || m.kind == Kind::LlamaSpec) return !o.draft.empty();
+    if (m.kind == Kind::SpeculaDraft || m.kind == Kind::SpeculaDraftNoCascade || m.kind == Kind::SpeculaDraftNoLookup ||
+        m.kind == Kind::LlamaSpec) {
+        return !o.draft.empty();
+    }
     if (m.kind == Kind::SpeculaEagle1) return !o.eagle.empty();
     if (m.kind == Kind::SpeculaEagle3 || m.kind == Kind::SpeculaEagle3Lookup) return !o.eagle3.empty();
     if (m.kind == Kind::LlamaEagle3) return !o.eagle3.empty() && llama_cpp_runs_eagle3_on(o.model);

@@ -182,11 +182,16 @@ SpeculaRig::SpeculaRig(const SpecBenchOptions & o, int n_ctx)
         drafter = source.make(n_ctx);
     };
     if (!o.draft.empty()) {
-        assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
-        // The same draft model without cascade drafting, for the mode that compares it.
+        // As generate drafts by default: chains from lookup's continuation (cascade), weighed
+        // against lookup's chain alone each round; the same draft model without either, for the
+        // modes that compare them.
+        assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft, true);
         draft.spec.cascade = false;
         draft_no_cascade_drafter = draft.make(n_ctx);
         draft.spec.cascade.reset();
+        draft.spec.lookup = false;
+        draft_no_lookup_drafter = draft.make(n_ctx);
+        draft.spec.lookup = true;
     }
     assemble(ngram, ngram_drafter, DrafterKind::Ngram, "");
     if (!o.eagle.empty()) assemble(eagle1, eagle1_drafter, DrafterKind::Eagle, o.eagle);
