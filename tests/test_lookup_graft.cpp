@@ -288,15 +288,14 @@ TEST(Speculative, RoundsWithoutAModelDraftStillVerifyTheLookupChain) {
     EXPECT_GT(free_accepted, 16) << free_rounds << " rounds without a model draft";
 }
 
-// Catches: prompt lookup not on by default where a policy prices it each round (trees the tree
-// policy sizes, chains under the cost policy), or on where nothing prices it (fixed-size trees,
-// chains under the fixed or heuristic policy); an explicit --lookup / --no-lookup not obeyed, or
-// an explicit --lookup on chains that nothing would weigh silently ignored.
-TEST(Speculative, PromptLookupIsOnByDefaultWhereAPolicyPricesIt) {
+// Catches: prompt lookup not grafted by default into the trees the tree policy sizes, or on by
+// default for chains and fixed-size trees; an explicit --lookup / --no-lookup not obeyed, or an
+// explicit --lookup on chains that no policy would weigh (fixed, heuristic) silently ignored.
+TEST(Speculative, PromptLookupIsOnByDefaultForPolicySizedTreesAndAskedForChains) {
     EngineOptions o;
     EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle3).lookup);
     EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle).lookup);
-    EXPECT_TRUE(drafting_rules(o, DrafterKind::DraftModel).lookup);  // a chain under the cost policy
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::DraftModel).lookup);  // a chain by default
     EXPECT_FALSE(drafting_rules(o, DrafterKind::Ngram).lookup);
     o.tree = TreeShape::Dynamic;
     EXPECT_TRUE(drafting_rules(o, DrafterKind::DraftModel).lookup);
@@ -307,7 +306,10 @@ TEST(Speculative, PromptLookupIsOnByDefaultWhereAPolicyPricesIt) {
     o.tree_nodes = 0;
     o.drafter.lookup.reset();
     o.tree = TreeShape::Chain;
-    EXPECT_TRUE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
+    o.drafter.lookup = true;
+    EXPECT_TRUE(drafting_rules(o, DrafterKind::DraftModel).lookup);  // under the cost policy
+    o.drafter.lookup.reset();
     o.draft_policy = DraftPolicyKind::Heuristic;
     EXPECT_FALSE(drafting_rules(o, DrafterKind::Eagle3).lookup);
     EXPECT_FALSE(drafting_rules(o, DrafterKind::DraftModel).lookup);

@@ -600,6 +600,26 @@ TEST(CostPolicy, VerifiesAFreeChainWhereItBeatsTheModelsChainOrAPlainStep) {
     EXPECT_EQ(fixed->free_chain_length(sure, StepShare{}, true), 0);
 }
 
+// Catches: a model draft after free chains priced without its catch-up on the tokens they emitted
+// (the draft model then looks as cheap as ever while the free chains run, and each return to it
+// costs a pass over those tokens), or that catch-up taken for the model's drafting time.
+TEST(CostPolicy, ADraftAfterFreeChainsPaysForItsCatchUp) {
+    auto p = make_draft_policy(DraftPolicyKind::Cost, 4, {10.0, 11.0, 12.0, 13.0, 14.0});
+    for (int r = 0; r < 30; ++r) p->observe({4, 3, 1.0f, 0.016, 0.014, 5});  // 4 ms a drafted token
+    const int model_length = p->next_length_in(StepShare{});
+    const std::vector<double> lookup = {0.4, 0.2, 0.1, 0.05};
+    ASSERT_EQ(p->free_chain_length(lookup, StepShare{}, true), 0);
+    // Five free chains emit 25 tokens; the model's next draft of 4 takes 16 ms + 25 x 2 ms.
+    for (int r = 0; r < 5; ++r) p->observe({4, 4, 0.0f, 0.0, 0.014, 5, true});
+    p->observe({4, 3, 1.0f, 0.066, 0.014, 5});
+    EXPECT_EQ(p->next_length_in(StepShare{}), model_length);  // its drafting time is still 4 ms a token
+    EXPECT_EQ(p->free_chain_length(lookup, StepShare{}, true), 0);
+    // After as many free chains again, the model's draft costs 50 ms more: lookup's chain pays.
+    for (int r = 0; r < 5; ++r) p->observe({4, 4, 0.0f, 0.0, 0.014, 5, true});
+    p->next_length_in(StepShare{});
+    EXPECT_GT(p->free_chain_length(lookup, StepShare{}, true), 0);
+}
+
 // Drives a gate through `steps` steps at `decoding` sequences, where a drafting step emits
 // `on_tokens` and a plain one `off_tokens` tokens, each in `ms` (plus `settle_ms` on the first step
 // of a window that switched arm: an EAGLE head catching up). Returns the drafting steps.

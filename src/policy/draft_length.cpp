@@ -70,7 +70,8 @@ public:
         int best = 0;
         double best_rate = plain_rate;
         for (int k = 1; k <= k_max_; ++k) {
-            const double rate = (expected_tokens(alpha, k) + step_rate.tokens - 1.0) / (k * draft_ms_per_token_ + step_rate.ms(k));
+            const double draft_ms = k * draft_ms_per_token_ + lag_ * catch_up_ms_per_token_;
+            const double rate = (expected_tokens(alpha, k) + step_rate.tokens - 1.0) / (draft_ms + step_rate.ms(k));
             if (rate > best_rate) best_rate = rate, best = k;
         }
         model_rate_ = best_rate;
@@ -90,7 +91,7 @@ public:
 
     // The acceptance seen so far stays too, as the new text's prior (it decays within a few dozen
     // rounds); its first drafting round catches the drafter up on the prompt and is not timed.
-    void begin_sequence() override { n_drafting_rounds_ = 0, plain_streak_ = 0, probing_ = catching_up_ = false; }
+    void begin_sequence() override { n_drafting_rounds_ = 0, plain_streak_ = 0, lag_ = 0, probing_ = false; }
 
     int free_chain_length(std::span<const double> path_probs, const StepShare & step, bool model_may_draft) override {
         const StepRate step_rate = rate_of(step);
@@ -107,10 +108,10 @@ public:
 
     void observe(const RoundObservation & r) override {
         verify_.observe(r.verify_tokens, 1000.0 * r.verify_seconds);
-        // A free chain tells nothing of the model's acceptance or drafting time; the model's next
-        // draft catches up on the tokens it skipped, so it is not timed either.
+        // A free chain tells nothing of the model's acceptance or drafting time. The model's next
+        // draft first reads the tokens the free chains emitted: that time is the catch-up's.
         if (r.free_draft) {
-            catching_up_ = true;
+            lag_ += r.accepted + 1;
             return;
         }
         // Recent rounds count more: acceptance drifts with the text.
@@ -123,11 +124,17 @@ public:
         }
         // Draft time per token, except where it pays for catching up: the first drafting round
         // (the drafter's pass over the prompt) and probes after plain steps (the tokens it skipped).
-        if (r.drafted > 0 && n_drafting_rounds_++ > 0 && !probing_ && !catching_up_) {
-            const double per_token = 1000.0 * r.draft_seconds / r.drafted;
-            draft_ms_per_token_ = draft_ms_per_token_ == 0.0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
+        if (r.drafted > 0 && n_drafting_rounds_++ > 0 && !probing_) {
+            const double ms = 1000.0 * r.draft_seconds;
+            if (lag_ > 0) {
+                const double per_token = std::max(0.0, ms - r.drafted * draft_ms_per_token_) / lag_;
+                catch_up_ms_per_token_ = catch_up_ms_per_token_ == 0.0 ? per_token : 0.8 * catch_up_ms_per_token_ + 0.2 * per_token;
+            } else {
+                const double per_token = ms / r.drafted;
+                draft_ms_per_token_ = draft_ms_per_token_ == 0.0 ? per_token : 0.9 * draft_ms_per_token_ + 0.1 * per_token;
+            }
         }
-        if (r.drafted > 0) catching_up_ = false;
+        if (r.drafted > 0) lag_ = 0;
     }
     void observe_step(int rows, double forward_ms) override { verify_.observe_step(rows, forward_ms); }
     void at_depth(int tokens) override { verify_.at_depth(tokens); }
@@ -156,8 +163,11 @@ private:
     int n_drafting_rounds_ = 0;
     int plain_streak_ = 0;
     bool probing_ = false;
-    bool catching_up_ = false;  // a free chain was verified since the model's last draft
-    double model_rate_ = 0.0;   // the best rate next_length_in() found: the model's or the plain step's
+    // Tokens the free chains emitted since the model's last draft, which its next one reads first,
+    // at the catch-up's measured ms per token (0 until measured).
+    int lag_ = 0;
+    double catch_up_ms_per_token_ = 0.0;
+    double model_rate_ = 0.0;  // the best rate next_length_in() found: the model's or the plain step's
 };
 
 }  // namespace

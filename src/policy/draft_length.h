@@ -5,7 +5,8 @@
 //               with a confident draft, mean entropy < 2 nats), shrink it after one accepting < 30%;
 //   cost      - choose k in 0..k_max maximising expected tokens per second, from the measured
 //               per-position acceptance and the measured cost of drafting and of verifying k + 1
-//               tokens (in a shared step, extra rows priced as TreeSizePolicy prices them: the
+//               tokens (a draft after free chains also prices its catch-up on the tokens they
+//               emitted; in a shared step, extra rows priced as TreeSizePolicy prices them: the
 //               curve, or the line through the server's steps if higher); k = 0 (a plain step)
 //               when no draft pays, with a one-token probe now and then (less often the more
 //               sequences the step holds, never where even a draft accepted whole cannot pay) so
@@ -45,7 +46,7 @@ struct RoundObservation {
     float mean_entropy = 0.0f;
     double draft_seconds = 0.0;
     double verify_seconds = 0.0;
-    int verify_tokens = 0;  // rows of the verify forward (the whole step's when shared)
+    int verify_tokens = 0;    // rows of the verify forward (the whole step's when shared)
     bool free_draft = false;  // a free chain (prompt lookup's) verified in place of a model draft
 };
 

@@ -137,7 +137,7 @@ private:
     bool sized_ = false;     // size_draft priced the draft
     int sized_nodes_ = 0;
     int free_chain_nodes_ = 0;  // a chain round's free chain, verified in place of a model draft
-    double promised_ = 0.0;  // the verified nodes' summed path probabilities
+    double promised_ = 0.0;     // the verified nodes' summed path probabilities
 };
 
 }  // namespace specula

@@ -16,7 +16,7 @@ enum class Kind {
     SpeculaPlain,
     SpeculaDraft,
     SpeculaDraftNoCascade,  // the draft model drafting every chain token itself (--no-cascade)
-    SpeculaDraftNoLookup,   // the draft model's chains never weighed against lookup's (--no-lookup)
+    SpeculaDraftLookup,     // the draft model's chains weighed against lookup's free chain (--lookup)
     SpeculaNgram,
     SpeculaEagle1,
     SpeculaEagle3,
@@ -53,7 +53,7 @@ inline const std::vector<Mode> kModes = {
     {"specula-draft-heuristic", Kind::SpeculaDraft, DraftPolicyKind::Heuristic},
     {"specula-draft-cost", Kind::SpeculaDraft, DraftPolicyKind::Cost},
     {"specula-draft-cost-no-cascade", Kind::SpeculaDraftNoCascade, DraftPolicyKind::Cost},
-    {"specula-draft-cost-no-lookup", Kind::SpeculaDraftNoLookup, DraftPolicyKind::Cost},
+    {"specula-draft-cost-lookup", Kind::SpeculaDraftLookup, DraftPolicyKind::Cost},
     {"specula-ngram", Kind::SpeculaNgram, DraftPolicyKind::Fixed},
     {"specula-ngram-cost", Kind::SpeculaNgram, DraftPolicyKind::Cost},  // generate's and serve's default without a drafter
     {"llamacpp-spec", Kind::LlamaSpec},
@@ -96,7 +96,7 @@ inline bool runs_at(const Mode & m, float temp) { return m.kind != Kind::Specula
 inline bool available(const Mode & m, const SpecBenchOptions & o) {
     if (!is_specula(m.kind) && !o.llamacpp) return false;
     if (is_specee(m.kind)) return !o.specee.empty();
-    if (m.kind == Kind::SpeculaDraft || m.kind == Kind::SpeculaDraftNoCascade || m.kind == Kind::SpeculaDraftNoLookup ||
+    if (m.kind == Kind::SpeculaDraft || m.kind == Kind::SpeculaDraftNoCascade || m.kind == Kind::SpeculaDraftLookup ||
         m.kind == Kind::LlamaSpec) {
         return !o.draft.empty();
     }

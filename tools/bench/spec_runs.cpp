@@ -182,16 +182,15 @@ SpeculaRig::SpeculaRig(const SpecBenchOptions & o, int n_ctx)
         drafter = source.make(n_ctx);
     };
     if (!o.draft.empty()) {
-        // As generate drafts by default: chains from lookup's continuation (cascade), weighed
-        // against lookup's chain alone each round; the same draft model without either, for the
-        // modes that compare them.
-        assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft, true);
+        // As generate drafts by default (cascade drafting); for the modes that compare, the same
+        // draft model without cascade drafting, and with lookup's free chain weighed each round.
+        assemble(draft, draft_drafter, DrafterKind::DraftModel, o.draft);
         draft.spec.cascade = false;
         draft_no_cascade_drafter = draft.make(n_ctx);
         draft.spec.cascade.reset();
-        draft.spec.lookup = false;
-        draft_no_lookup_drafter = draft.make(n_ctx);
         draft.spec.lookup = true;
+        draft_lookup_drafter = draft.make(n_ctx);
+        draft.spec.lookup = false;
     }
     assemble(ngram, ngram_drafter, DrafterKind::Ngram, "");
     if (!o.eagle.empty()) assemble(eagle1, eagle1_drafter, DrafterKind::Eagle, o.eagle);

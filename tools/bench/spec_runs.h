@@ -95,7 +95,7 @@ struct SpeculaRig {
     ModelRunner runner;
     KvCache cache;
     DrafterFactory draft, ngram, eagle1, eagle3, eagle3_lookup;
-    std::unique_ptr<Drafter> draft_drafter, draft_no_cascade_drafter, draft_no_lookup_drafter, ngram_drafter, eagle1_drafter, eagle3_drafter, eagle3_lookup_drafter;
+    std::unique_ptr<Drafter> draft_drafter, draft_no_cascade_drafter, draft_lookup_drafter, ngram_drafter, eagle1_drafter, eagle3_drafter, eagle3_lookup_drafter;
     std::unique_ptr<ExitPredictor> exit_predictor;  // SpecEE: the lossy mode's decoder, the lossless mode's drafter
     float exit_threshold = 1.0f;
     std::unique_ptr<EarlyExitDecoder> exit_decoder;
@@ -109,7 +109,7 @@ struct SpeculaRig {
     Drafter & drafter_for(Kind k) {
         switch (k) {
             case Kind::SpeculaDraftNoCascade: return *draft_no_cascade_drafter;
-            case Kind::SpeculaDraftNoLookup: return *draft_no_lookup_drafter;
+            case Kind::SpeculaDraftLookup: return *draft_lookup_drafter;
             case Kind::SpeculaNgram: return *ngram_drafter;
             case Kind::SpeculaEagle1: return *eagle1_drafter;
             case Kind::SpeculaEagle3: return *eagle3_drafter;

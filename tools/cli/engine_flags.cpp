@@ -175,7 +175,7 @@ void add_engine_flags(CLI::App * sub, EngineOptions & e, bool & no_spec) {
     sub->add_flag_callback(
         "--lookup", [&d] { d.lookup = true; },
         "with --draft, --eagle or --eagle3: prompt lookup's continuation grafted into each tree, or weighed against each chain "
-        "as a free chain (default: on for trees the tree policy sizes and chains under the cost policy)");
+        "as a free chain under the cost policy (default: on for trees the tree policy sizes)");
     sub->add_flag_callback(
         "--no-lookup", [&d] { d.lookup = false; }, "draft with the model alone (no prompt-lookup graft)");
     sub->add_flag_callback(
