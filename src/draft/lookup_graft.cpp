@@ -111,7 +111,7 @@ LookupGraftDrafter::Chain LookupGraftDrafter::continuation(const DraftRequest & 
         std::vector<int32_t> forced = request.processing->forced_tokens(depth);
         if (!forced.empty()) {
             const size_t n = forced.size();
-            return Chain{std::move(forced), std::vector<float>(n, static_cast<float>(std::log(kForcedStepProb)))};
+            return Chain{std::move(forced), std::vector<float>(n, static_cast<float>(std::log(kForcedStepProb))), true};
         }
     }
     std::vector<int32_t> chain = lookup_chain(request, depth);
@@ -126,9 +126,9 @@ void LookupGraftDrafter::start(const DraftRequest & request) {
 
 Draft LookupGraftDrafter::take() {
     Draft draft = model_->take();
-    // A chain stays one: lookup's is the round's free chain, weighed against the model's.
-    if (request_.budget.shape == TreeShape::Chain) return draft;
     const Chain chain = continuation(request_);
+    // Lookup's continuation is a chain round's free chain, weighed against the model's, not grafted.
+    if (request_.budget.shape == TreeShape::Chain && !chain.forced) return draft;
     const int model_nodes = draft.tree.size();
     const bool sampled = request_.sampling != nullptr && !request_.sampling->greedy();
     if (graft_chain(draft.tree, chain.tokens, chain.step_logp, root_logp(request_.budget), sampled) > 0) draft.grafted_from = model_nodes;

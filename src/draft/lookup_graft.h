@@ -7,8 +7,9 @@
 // chain goes beside the model's sampled children, never merged into them: its first node is
 // flagged one-hot (TokenTree::one_hot), which the sampling verifier tries after the model's
 // children, so that each child is judged against the proposal it was really drawn from.
-// Chains are not grafted: lookup's continuation is the round's free chain (free_draft), which the
-// cost policy verifies in place of the model's chain where it expects more tokens per ms of it.
+// A chain gets the grammar's forced text grafted, not lookup's continuation: that is the round's
+// free chain (free_draft), which the cost policy verifies in place of the model's chain where it
+// expects more tokens per ms of it.
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -72,6 +73,7 @@ private:
     struct Chain {
         std::vector<int32_t> tokens;
         std::vector<float> step_logp;
+        bool forced = false;  // the grammar's
     };
     Chain continuation(const DraftRequest & request);
     // Checks the chains proposed so far against the tokens that followed their roots in `history`:
