@@ -92,6 +92,26 @@ set(LLAMA_CURL OFF CACHE BOOL "" FORCE)
 
 # EXCLUDE_FROM_ALL: only what specula links (ggml, llama) and the peer tools it asks for get built.
 add_subdirectory("${LLAMA_CPP_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/llama.cpp" EXCLUDE_FROM_ALL)
+# Without llama.cpp's tools, the common library is specula's alone, and specula links only its chat
+# layer (chat.cpp, its parsers, the Jinja engine, json-schema-to-grammar) and what those reach
+# (common.cpp and through it sampling, speculative, fit, ngram-*, log). The files nothing of that
+# calls are left out of the build: the command-line parser arg.cpp (the slowest file of the whole
+# build to compile), the model downloader and its cache (download, hf-cache, preset), console,
+# debug, imatrix-loader, subproc. The linker drops them from every specula binary anyway: the
+# binaries are the same. With the tools (the peers use all of it) the library stays whole.
+if(NOT SPECULA_LLAMA_TOOLS)
+  set(specula_common_unused arg.cpp console.cpp debug.cpp download.cpp hf-cache.cpp imatrix-loader.cpp
+      preset.cpp subproc.cpp)
+  get_target_property(specula_common_sources llama-common SOURCES)
+  foreach(unused ${specula_common_unused})
+    if(NOT "${unused}" IN_LIST specula_common_sources)
+      message(FATAL_ERROR "specula: llama.cpp's common library has no ${unused} to leave out (cmake/LlamaCpp.cmake)")
+    endif()
+  endforeach()
+  list(REMOVE_ITEM specula_common_sources ${specula_common_unused})
+  set_property(TARGET llama-common PROPERTY SOURCES ${specula_common_sources})
+endif()
+
 # The rpc-server (target ggml-rpc-server, which test_rpc starts) is one of llama.cpp's tools: without
 # the others, its folder alone.
 if(SPECULA_RPC AND NOT SPECULA_LLAMA_TOOLS)
