@@ -112,6 +112,26 @@ if(NOT SPECULA_LLAMA_TOOLS)
   set_property(TARGET llama-common PROPERTY SOURCES ${specula_common_sources})
 endif()
 
+# SPECULA_FAST_BUILD (CMakeLists.txt): what of llama.cpp specula runs once per model or request, at
+# -O1: libllama's model loading (specula loads a vocabulary through it), its chat templates and
+# adapters; without the tools (the peers keep theirs at -O3) also cpp-httplib and the common library
+# (chat templates, their parsers, JSON-schema grammars). libllama's tokenizer, grammar, graph and KV
+# cache (the LlamaPeer oracle decodes with them), ggml and ggml-cpu stay at -O3.
+if(SPECULA_FAST_BUILD AND CMAKE_BUILD_TYPE STREQUAL "Release")
+  set(specula_llama_cold)
+  foreach(f llama-model-loader.cpp llama-model.cpp llama-chat.cpp llama-adapter.cpp llama-model-saver.cpp)
+    if(NOT EXISTS "${LLAMA_CPP_SOURCE_DIR}/src/${f}")
+      message(FATAL_ERROR "specula: llama.cpp has no src/${f} (cmake/LlamaCpp.cmake)")
+    endif()
+    list(APPEND specula_llama_cold "${LLAMA_CPP_SOURCE_DIR}/src/${f}")
+  endforeach()
+  set_property(SOURCE ${specula_llama_cold} DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" APPEND PROPERTY COMPILE_OPTIONS -O1)
+  if(NOT SPECULA_LLAMA_TOOLS)
+    target_compile_options(cpp-httplib PRIVATE -O1)
+    target_compile_options(llama-common PRIVATE -O1)
+  endif()
+endif()
+
 # The rpc-server (target ggml-rpc-server, which test_rpc starts) is one of llama.cpp's tools: without
 # the others, its folder alone.
 if(SPECULA_RPC AND NOT SPECULA_LLAMA_TOOLS)

@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
 # The tests and llama.cpp's tools (the benchmark peers) explicitly: scripts/demo.sh configures the
 # same build/ without them.
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON -DSPECULA_LLAMA_TOOLS=ON "$@"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON -DSPECULA_LLAMA_TOOLS=ON -DSPECULA_FAST_BUILD=OFF "$@"
 cmake --build build -j"$(nproc)" 2>&1 | progress_cmake build
