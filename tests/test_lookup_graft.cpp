@@ -239,6 +239,33 @@ TEST(Speculative, PromptLookupStopsItsChainBeforeAMarkupToken) {
     EXPECT_TRUE(grafted.free_draft(DraftRequest{turn, depth4, &greedy, nullptr}).tree.empty());
 }
 
+// 48 greedy tokens of speculative decoding, and its rounds without a model draft (the decision's
+// reason says so) and with one.
+struct FreeRounds {
+    std::vector<int32_t> tokens;
+    int free_rounds = 0, free_accepted = 0, model_rounds = 0;
+};
+FreeRounds run_counting_free_rounds(ModelRunner & runner, KvCache & cache, Drafter & drafter, DraftLengthPolicy & policy,
+                                    const TreeBudget & shape, TreeSizePolicy * tree_size, std::span<const int32_t> prompt) {
+    FreeRounds run;
+    SequenceParts parts{cache, &drafter, &policy, shape,
+                        [&](const RoundInfo & r) {
+                            const bool free = r.decision.why.rfind("no model draft", 0) == 0;
+                            run.free_rounds += free;
+                            run.model_rounds += !free && r.draft->tree.size() > 0;
+                            if (free) run.free_accepted += static_cast<int>(r.result->accepted.size());
+                        },
+                        nullptr, tree_size};
+    GenerationOptions o;
+    o.n_predict = 48;
+    o.stop_at_end_of_generation = false;
+    generate_speculative(
+        runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
+        run.tokens.push_back(t);
+        return true; });
+    return run;
+}
+
 // A model drafter too slow to ever pay: the tree policy stops drafting with it after its first round.
 class SlowTreeDrafter : public FixedTreeDrafter {
 public:
@@ -266,23 +293,8 @@ TEST(Speculative, RoundsWithoutAModelDraftStillVerifyTheLookupChain) {
     TreeSizePolicy tree_size(curve);
     auto policy = make_draft_policy(DraftPolicyKind::Fixed, 4, std::vector<double>(5, 1.0));
     KvCache cache(backend, target->config(), 256);
-    int free_rounds = 0, free_accepted = 0, model_rounds = 0;
-    SequenceParts parts{cache, &drafter, policy.get(), TreeBudget{TreeShape::Dynamic, 6, 2, 16},
-                        [&](const RoundInfo & r) {
-                            const bool free = r.decision.why.rfind("no model draft", 0) == 0;
-                            free_rounds += free;
-                            model_rounds += !free && r.draft->tree.size() > 0;
-                            if (free) free_accepted += static_cast<int>(r.result->accepted.size());
-                        },
-                        nullptr, &tree_size};
-    GenerationOptions o;
-    o.n_predict = 48;
-    o.stop_at_end_of_generation = false;
-    std::vector<int32_t> got;
-    generate_speculative(
-        runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
-        got.push_back(t);
-        return true; });
+    const FreeRounds run = run_counting_free_rounds(runner, cache, drafter, *policy, TreeBudget{TreeShape::Dynamic, 6, 2, 16}, &tree_size, prompt);
+    const auto & [got, free_rounds, free_accepted, model_rounds] = run;
     EXPECT_EQ(got, want);
     EXPECT_EQ(model_rounds, 1);
     EXPECT_GT(free_accepted, 16) << free_rounds << " rounds without a model draft";
@@ -361,23 +373,8 @@ TEST(Speculative, ChainRoundsVerifyTheLookupChainWhereTheModelsChainCostsMore) {
     LookupGraftDrafter drafter(std::make_unique<SlowChainDrafter>(want, prompt.size()), 1, 3);
     auto policy = make_draft_policy(DraftPolicyKind::Cost, 4, std::vector<double>{1.0, 1.1, 1.2, 1.3, 1.4});
     KvCache cache(backend, target->config(), 256);
-    int free_rounds = 0, free_accepted = 0, model_rounds = 0;
-    SequenceParts parts{cache, &drafter, policy.get(), TreeBudget{},
-                        [&](const RoundInfo & r) {
-                            const bool free = r.decision.why.rfind("no model draft", 0) == 0;
-                            free_rounds += free;
-                            model_rounds += !free && r.draft->tree.size() > 0;
-                            if (free) free_accepted += static_cast<int>(r.result->accepted.size());
-                        },
-                        nullptr, nullptr};
-    GenerationOptions o;
-    o.n_predict = 48;
-    o.stop_at_end_of_generation = false;
-    std::vector<int32_t> got;
-    generate_speculative(
-        runner, parts, prompt, o, [](int32_t) { return false; }, [&](int32_t t) {
-        got.push_back(t);
-        return true; });
+    const FreeRounds run = run_counting_free_rounds(runner, cache, drafter, *policy, TreeBudget{}, nullptr, prompt);
+    const auto & [got, free_rounds, free_accepted, model_rounds] = run;
     EXPECT_EQ(got, want);
     EXPECT_LE(model_rounds, 3) << "the slow model kept drafting";
     EXPECT_GT(free_accepted, 16) << free_rounds << " rounds verified lookup's chain";

@@ -68,7 +68,7 @@ void DraftModelDrafter::expand_along_lookahead(const DraftVocabulary & vocab) {
     // at the target's own keyed draw, so sampling stays lossless whatever lookup proposed.
     DraftRequest ranked = req_;
     ranked.sampling = nullptr;
-    const bool sampled = req_.sampling != nullptr && !req_.sampling->greedy();
+    const bool sampled = req_.sampled();
     size_t taken = 0;  // lookahead tokens that became nodes 0..taken-1, at slots L..L+taken-1
     while (true) {
         const int node = g.frontier().front();

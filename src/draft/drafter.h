@@ -27,6 +27,8 @@ struct DraftRequest {
     // The request's logit processing after `history` (nullptr: none): model drafters propose only
     // tokens each path's state allows, so that a grammar does not reject most of a draft.
     const LogitsState * processing = nullptr;
+    // Drafts are drawn from the draft distribution (T > 0), not taken greedily.
+    bool sampled() const { return sampling != nullptr && !sampling->greedy(); }
 };
 
 // What verification settled, told to the drafter after every round (and after the prompt).

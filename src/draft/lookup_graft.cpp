@@ -86,8 +86,7 @@ std::vector<int32_t> LookupGraftDrafter::lookup_chain(const DraftRequest & reque
         chain_request.budget = TreeBudget{TreeShape::Chain, kMaxDepth, 1, kMaxDepth};
         // Sampled, the model drafter's draws depend on which rounds it drafted, which lookup's
         // chains decide: a seeded request's text must not depend on other requests.
-        const bool sampled = request.sampling != nullptr && !request.sampling->greedy();
-        if (sampled) lookup_.start_from_history(chain_request);
+        if (request.sampled()) lookup_.start_from_history(chain_request);
         else lookup_.start(chain_request);
         searched_ = ProposedChain{request.history.size(), lookup_.take().tree.token};
         if (!searched_.tokens.empty()) {
@@ -130,8 +129,7 @@ Draft LookupGraftDrafter::take() {
     // Lookup's continuation is a chain round's free chain, weighed against the model's, not grafted.
     if (request_.budget.shape == TreeShape::Chain && !chain.forced) return draft;
     const int model_nodes = draft.tree.size();
-    const bool sampled = request_.sampling != nullptr && !request_.sampling->greedy();
-    if (graft_chain(draft.tree, chain.tokens, chain.step_logp, root_logp(request_.budget), sampled) > 0) draft.grafted_from = model_nodes;
+    if (graft_chain(draft.tree, chain.tokens, chain.step_logp, root_logp(request_.budget), request_.sampled()) > 0) draft.grafted_from = model_nodes;
     return draft;
 }
 
