@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/progress.sh
 scripts/setup.sh --tests
-# The tests and llama.cpp's tools (the benchmark peers) explicitly: scripts/demo.sh configures the
-# same build/ without them.
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON -DSPECULA_LLAMA_TOOLS=ON -DSPECULA_FAST_BUILD=OFF "$@"
+# The tests, llama.cpp's tools (the benchmark peers) and every command of the CLI explicitly:
+# scripts/demo.sh configures the same build/ without them.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON -DSPECULA_LLAMA_TOOLS=ON -DSPECULA_FAST_BUILD=OFF -DSPECULA_ALL_COMMANDS=ON "$@"
 cmake --build build -j"$(nproc)" 2>&1 | progress_cmake build

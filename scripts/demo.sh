@@ -12,11 +12,13 @@ progress_start demo 5 steps --lines
 progress_step 0 "install the build's Debian packages (scripts/setup.sh)"
 scripts/setup.sh
 progress_step 1 "build the specula command (the first build also fetches and compiles ggml, libllama and llama.cpp's common library)"
-# A fresh build/ leaves out the test suite (GoogleTest is scripts/test.sh's) and llama.cpp's tools
-# (the benchmark peers, scripts/build.sh's), and compiles the code off the decode path at -O1
-# (SPECULA_FAST_BUILD, CMakeLists.txt); an existing configuration is kept as it is.
+# A fresh build/ leaves out the test suite (GoogleTest is scripts/test.sh's), llama.cpp's tools
+# (the benchmark peers, scripts/build.sh's) and the commands the demo does not run (serve, bench,
+# the converters: SPECULA_ALL_COMMANDS, which scripts/build.sh turns on), and compiles the code off
+# the decode path at -O1 (SPECULA_FAST_BUILD, CMakeLists.txt); an existing configuration is kept as
+# it is.
 fresh=()
-[ -f build/CMakeCache.txt ] || fresh=(-DSPECULA_BUILD_TESTS=OFF -DSPECULA_LLAMA_TOOLS=OFF -DSPECULA_FAST_BUILD=ON)
+[ -f build/CMakeCache.txt ] || fresh=(-DSPECULA_BUILD_TESTS=OFF -DSPECULA_LLAMA_TOOLS=OFF -DSPECULA_FAST_BUILD=ON -DSPECULA_ALL_COMMANDS=OFF)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${fresh[@]}"
 cmake --build build -j"$(nproc)" --target specula 2>&1 | progress_cmake build
 progress_step 2 "fetch SmolLM2-135M-Instruct"

@@ -49,7 +49,7 @@ scripts/setup_server_tests.sh
 # test_grammar_mask for phase 9. It compiles ggml and libllama first; the sanitized trees below take
 # those objects from ccache (CMakeLists.txt).
 phase 4 "build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON -DSPECULA_FAST_BUILD=OFF
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_TESTS=ON -DSPECULA_FAST_BUILD=OFF -DSPECULA_ALL_COMMANDS=ON
 cmake --build build -j"$(nproc)" --target specula test_real_models test_grammar_mask 2>&1 | progress_cmake build
 
 # The test suite: specula's own code instrumented, ggml/llama.cpp built normally beside it. As many

@@ -2,6 +2,7 @@
 // a converter with a bug, cut short). One test per class of input in docs/validation.md; each
 // asserts the one-line Error naming the file, the key or tensor, the value and the expectation.
 // The CLI cases also assert exit code 1, exactly one `specula: error:` line on stderr and no signal.
+#include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -27,6 +28,7 @@
 #include "runtime/gguf_file.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
+#include "commands.h"  // tools/cli
 #include "specee_predictor.h"
 #include "test_models.h"
 #include "tokenizer/tokenizer.h"
@@ -562,6 +564,49 @@ TEST(HostileCli, BenchTwinOfATargetWithZeroHeads) {  // divided the width by the
     const std::string p = edited(target(), "heads-0", [](gguf_context * g) { gguf_set_val_u32(g, "llama.attention.head_count", 0); });
     expect_cli_error("make-twin --target " + p + " --shape twin-test -o " + test::scratch_file("hostile-twin.gguf"),
                      p + ": metadata key llama.attention.head_count is 0");
+}
+
+// Catches a command missing from the CLI this suite runs (built with every command,
+// SPECULA_ALL_COMMANDS), or a left-out command's stand-in (tools/cli/cmd_left_out.cpp) linked into it.
+TEST(HostileCli, EveryCommandIsInTheTestedBuild) {
+    for (const char * name : {"generate", "chat", "report", "bench", "make-model", "make-twin", "compact-eagle3", "convert-eagle", "serve",
+                              "specee-features", "specee-eval", "target-features", "draft-vocab"}) {
+        const test::CommandRun r = test::run_command(std::string(SPECULA_CLI) + " " + name + " --help");
+        EXPECT_EQ(r.exit_code, 0) << name << ": " << r.err;
+        EXPECT_NE(r.out.find("Usage:"), std::string::npos) << name << ": " << r.out;
+    }
+    const test::CommandRun r = test::run_command(std::string(SPECULA_CLI) + " --help");
+    EXPECT_EQ(r.out.find("not in this build"), std::string::npos) << r.out;
+}
+
+// The stand-ins of a build configured with -DSPECULA_ALL_COMMANDS=OFF (scripts/demo.sh's first),
+// compiled into this test (the CLI under test has the real commands): any arguments, --help
+// included, fail while parsing with the one line naming scripts/build.sh, and nothing runs.
+// Catches a stand-in that parses its command's flags, answers --help, or hands arguments to the
+// main command.
+TEST(HostileCli, LeftOutCommandsNameTheBuildThatHasThem) {
+    const std::vector<std::vector<std::string>> runs = {{"serve", "-m", "model.gguf", "--port", "8080"}, {"serve", "--help"}, {"bench", "spec", "-m", "model.gguf", "--temps", "0,x"}, {"convert-eagle"}, {"make-twin", "--quiet"}, {"target-features", "-h"}, {"draft-vocab", "--bogus"}};
+    for (const auto & args : runs) {
+        CLI::App app;
+        app.require_subcommand(1);
+        bool quiet = false;
+        app.add_flag("-q,--quiet", quiet);
+        app.fallthrough();  // as tools/cli/main.cpp
+        cli::Commands commands;
+        cli::register_bench(app, commands);
+        cli::register_make_model(app, commands);
+        cli::register_convert(app, commands);
+        cli::register_serve(app, commands);
+        cli::register_features(app, commands);
+        cli::register_draft_vocab(app, commands);
+        std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+        const std::string what = test::error_message([&] { app.parse(reversed); });
+        EXPECT_EQ(what, cli::left_out_message(args[0])) << args[0] << " " << args[1 % args.size()];
+        EXPECT_NE(what.find("-DSPECULA_ALL_COMMANDS=OFF"), std::string::npos);
+        EXPECT_NE(what.find("run scripts/build.sh"), std::string::npos);
+        EXPECT_FALSE(commands.run) << args[0];
+        EXPECT_FALSE(quiet) << args[0];
+    }
 }
 
 }  // namespace
