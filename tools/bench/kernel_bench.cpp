@@ -2,7 +2,9 @@
 // - packed matmul (runtime/kernels/matmul.h) on a matrix that stays in L2 (1536 x 768, about
 //   SmolLM2-135M's FFN up projection), so the figure is the kernel's arithmetic rate, not the
 //   memory's, and Qwen2.5-Coder-1.5B's FFN matrices streamed from memory, as a forward reads
-//   them. Counter "GMAC/s" = weight x token multiply-adds per second;
+//   them, beside ggml's own matmul on the same matrices (`ggml_matmul_shape/qwen_*_ggml`: one
+//   thread of its CPU backend, the weights in the buffer llama-bench gives them). Counter
+//   "GMAC/s" = weight x token multiply-adds per second;
 // - masked attention (runtime/kernels/attention.h), one query row of SmolLM2-135M's shape (9 heads
 //   of 64 over 3 KV heads) against n_kv visible F16 slots: the time is one row, all heads of one layer;
 // - the machine's int8 peak per core for each x86 path's instruction mixes (int8_peak): what the
@@ -16,9 +18,12 @@
 #include <immintrin.h>
 #endif
 
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "runtime/kernels/attention_impl.h"
@@ -111,8 +116,83 @@ SPECULA_KERNEL_BENCH(F16);
         ->Arg(8)                                                                                                     \
         ->Arg(16)
 SPECULA_QWEN_BENCH(ffn_up, Q4_K, 8960, 1536, 12, Avx512Vnni);
+SPECULA_QWEN_BENCH(ffn_up, Q4_K, 8960, 1536, 12, Avx2);
 SPECULA_QWEN_BENCH(ffn_down, Q6_K, 1536, 8960, 8, Avx512Vnni);
 SPECULA_QWEN_BENCH(ffn_down, Q6_K, 1536, 8960, 8, Avx2);
+
+// ggml's own matmul on the same matrices, one thread of its CPU backend: a graph of one mul_mat,
+// the weights in the buffer ggml gives them under llama-bench (repack: its CPU_REPACK buffer,
+// which on AVX2 and AVX-512 holds Q4_K interleaved 8 rows x 8 bytes for its gemv/gemm kernels;
+// otherwise the file's layout and ggml's vec_dot). The activations are quantized inside the op,
+// as specula's are inside matmul_groups.
+void ggml_matmul_shape(benchmark::State & state, ggml_type type, int64_t n_rows, int64_t k, int copies, bool repack) {
+    ggml_cpu_init();
+    const int n_tokens = static_cast<int>(state.range(0));
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(cpu, 1);
+    ggml_backend_buffer_type_t wbuft = repack ? nullptr : ggml_backend_cpu_buffer_type();
+    if (repack) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(cpu));
+        auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+            ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+        for (ggml_backend_buffer_type_t * p = get_extra ? get_extra(ggml_backend_get_device(cpu)) : nullptr; p && *p; ++p) {
+            if (std::strcmp(ggml_backend_buft_name(*p), "CPU_REPACK") == 0) wbuft = *p;
+        }
+        if (!wbuft) {
+            ggml_backend_free(cpu);
+            state.SkipWithError("ggml's CPU backend has no CPU_REPACK buffer");
+            return;
+        }
+    }
+    ggml_init_params wparams{ggml_tensor_overhead() * static_cast<size_t>(copies), nullptr, true};
+    ggml_context * wctx = ggml_init(wparams);
+    std::vector<ggml_tensor *> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(ggml_new_tensor_2d(wctx, type, k, n_rows));
+    ggml_backend_buffer_t wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, wbuft);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    {
+        std::vector<float> w(static_cast<size_t>(n_rows * k));
+        for (float & v : w) v = normal(rng);
+        std::vector<uint8_t> q(ggml_row_size(type, k) * n_rows);
+        ggml_quantize_chunk(type, w.data(), q.data(), 0, n_rows, k, nullptr);
+        for (ggml_tensor * t : ws) ggml_backend_tensor_set(t, q.data(), 0, q.size());
+    }
+    ggml_init_params gparams{(ggml_tensor_overhead() + ggml_graph_overhead()) * static_cast<size_t>(copies + 1), nullptr, true};
+    ggml_context * gctx = ggml_init(gparams);
+    ggml_tensor * x = ggml_new_tensor_2d(gctx, GGML_TYPE_F32, k, n_tokens);
+    std::vector<ggml_cgraph *> graphs;
+    for (ggml_tensor * w : ws) {
+        graphs.push_back(ggml_new_graph(gctx));
+        ggml_build_forward_expand(graphs.back(), ggml_mul_mat(gctx, w, x));
+    }
+    ggml_backend_buffer_t gbuf = ggml_backend_alloc_ctx_tensors(gctx, cpu);
+    std::vector<float> xs(static_cast<size_t>(n_tokens * k));
+    for (float & v : xs) v = normal(rng);
+    ggml_backend_tensor_set(x, xs.data(), 0, xs.size() * sizeof(float));
+    int c = 0;
+    for (auto _ : state) {
+        ggml_backend_graph_compute(cpu, graphs[c]);
+        c = (c + 1) % copies;
+    }
+    state.counters["GMAC/s"] = benchmark::Counter(double(n_rows) * k * n_tokens * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+    state.SetLabel(ggml_backend_buft_name(wbuft));
+    ggml_backend_buffer_free(gbuf);
+    ggml_free(gctx);
+    ggml_backend_buffer_free(wbuf);
+    ggml_free(wctx);
+    ggml_backend_free(cpu);
+}
+
+#define SPECULA_QWEN_GGML_BENCH(name, type, rows, k, copies, repack)                                             \
+    BENCHMARK_CAPTURE(ggml_matmul_shape, qwen_##name##_##type##_ggml, GGML_TYPE_##type, rows, k, copies, repack) \
+        ->Arg(1)                                                                                                 \
+        ->Arg(2)                                                                                                 \
+        ->Arg(4)                                                                                                 \
+        ->Arg(8)                                                                                                 \
+        ->Arg(16)
+SPECULA_QWEN_GGML_BENCH(ffn_up, Q4_K, 8960, 1536, 12, true);
+SPECULA_QWEN_GGML_BENCH(ffn_down, Q6_K, 1536, 8960, 8, false);
 
 void masked_attention(benchmark::State & state, CpuPath path) {
     const int n_kv = static_cast<int>(state.range(0));
