@@ -40,14 +40,21 @@ struct Fixture {
     std::vector<float> x, y;
 };
 
-Fixture make(ggml_type type, int64_t n_rows, int64_t k, int n_tokens) {
-    Fixture f;
-    std::mt19937 rng(1);
+// An n_rows x k matrix of normal weights, quantized to `type` by ggml.
+std::vector<uint8_t> random_quantized(ggml_type type, int64_t n_rows, int64_t k, std::mt19937 & rng) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> w(static_cast<size_t>(n_rows * k));
     for (float & v : w) v = normal(rng);
     std::vector<uint8_t> q(ggml_row_size(type, k) * n_rows);
     ggml_quantize_chunk(type, w.data(), q.data(), 0, n_rows, k, nullptr);
+    return q;
+}
+
+Fixture make(ggml_type type, int64_t n_rows, int64_t k, int n_tokens) {
+    Fixture f;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const std::vector<uint8_t> q = random_quantized(type, n_rows, k, rng);
     if (!packable(type, k, &f.m.format)) std::abort();
     f.m.source_type = type, f.m.k = k, f.m.n_rows = n_rows;
     f.packed.resize(f.m.n_groups() * f.m.group_bytes());
@@ -152,10 +159,7 @@ void ggml_matmul_shape(benchmark::State & state, ggml_type type, int64_t n_rows,
     std::mt19937 rng(1);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     {
-        std::vector<float> w(static_cast<size_t>(n_rows * k));
-        for (float & v : w) v = normal(rng);
-        std::vector<uint8_t> q(ggml_row_size(type, k) * n_rows);
-        ggml_quantize_chunk(type, w.data(), q.data(), 0, n_rows, k, nullptr);
+        const std::vector<uint8_t> q = random_quantized(type, n_rows, k, rng);
         for (ggml_tensor * t : ws) ggml_backend_tensor_set(t, q.data(), 0, q.size());
     }
     ggml_init_params gparams{(ggml_tensor_overhead() + ggml_graph_overhead()) * static_cast<size_t>(copies + 1), nullptr, true};
