@@ -609,5 +609,30 @@ TEST(HostileCli, LeftOutCommandsNameTheBuildThatHasThem) {
     }
 }
 
+// A stand-in's --help line is its command's (commands.h's table), marked as not in the build.
+// Catches a stand-in or a registration that spells its own description.
+TEST(HostileCli, LeftOutCommandsDescribeThemselvesAsTheRealOnes) {
+    CLI::App app;
+    cli::Commands commands;
+    cli::register_bench(app, commands);
+    cli::register_make_model(app, commands);
+    cli::register_convert(app, commands);
+    cli::register_serve(app, commands);
+    cli::register_specee(app, commands);
+    cli::register_features(app, commands);
+    cli::register_draft_vocab(app, commands);
+    const std::vector<CLI::App *> stand_ins = app.get_subcommands([](CLI::App *) { return true; });
+    ASSERT_EQ(stand_ins.size(), 10u);
+    const test::CommandRun real = test::run_command(std::string(SPECULA_CLI) + " --help");
+    for (const CLI::App * sub : stand_ins) {
+        const std::string marked = sub->get_description();
+        const std::string suffix = " [not in this build: scripts/build.sh]";
+        ASSERT_GT(marked.size(), suffix.size()) << sub->get_name();
+        EXPECT_EQ(marked.substr(marked.size() - suffix.size()), suffix) << sub->get_name();
+        const std::string description = marked.substr(0, marked.size() - suffix.size());
+        EXPECT_NE(real.out.find(description), std::string::npos) << sub->get_name() << ": the CLI's --help has no line \"" << description << "\"";
+    }
+}
+
 }  // namespace
 }  // namespace specula

@@ -11,7 +11,7 @@
 namespace specula::cli {
 
 void register_bench(CLI::App & app, Commands & commands) {
-    CLI::App * bench = app.add_subcommand("bench", "benchmarks against llama.cpp on the same model (not tests)");
+    CLI::App * bench = app.add_subcommand(command::bench.name, command::bench.description);
     bench->require_subcommand(1);
 
     auto o = std::make_shared<bench::DecodeBenchOptions>();

@@ -10,7 +10,7 @@ namespace specula::cli {
 
 void register_convert(CLI::App & app, Commands & commands) {
     auto opts = std::make_shared<EagleConvertOptions>();
-    CLI::App * sub = app.add_subcommand("convert-eagle", "convert a public EAGLE-1 / EAGLE-3 checkpoint (config.json + safetensors) to GGUF");
+    CLI::App * sub = app.add_subcommand(command::convert_eagle.name, command::convert_eagle.description);
     sub->add_option("--kind", opts->kind, "eagle3 (llama.cpp's eagle3 layout) | eagle1 (specula-eagle1 layout)")->required()->check(CLI::IsMember({"eagle3", "eagle1"}));
     sub->add_option("--checkpoint", opts->checkpoint_dir, "checkpoint directory: config.json + *.safetensors")->required();
     sub->add_option("--target", opts->target_gguf, "the target model's GGUF (sizes are checked, tokenizer copied)")->required();

@@ -53,7 +53,7 @@ int run(const Args & a) {
 
 void register_draft_vocab(CLI::App & app, Commands & commands) {
     auto a = std::make_shared<Args>();
-    CLI::App * sub = app.add_subcommand("draft-vocab", "a trimmed draft vocabulary for --draft-vocab FILE: a corpus's most frequent tokens");
+    CLI::App * sub = app.add_subcommand(command::draft_vocab.name, command::draft_vocab.description);
     sub->add_option("-m,--model", a->model, "a GGUF whose tokenizer to count with (the draft model's or the target's: they share it)")->required();
     sub->add_option("-n,--n-tokens", a->n, "how many of the most frequent tokens to keep (the control tokens come on top)")->capture_default_str();
     sub->add_option("-o,--output", a->out_path, "the draft vocabulary file to write")->required();

@@ -140,8 +140,7 @@ int run(const Args & a) {
 void register_features(CLI::App & app, Commands & commands) {
     auto a = std::make_shared<Args>();
     a->engine.n_ctx = 2048;
-    CLI::App * sub = app.add_subcommand("target-features",
-                                        "drafter training data: the target's layer features and top-k log-probabilities for token sequences (tools/train/target_features.py)");
+    CLI::App * sub = app.add_subcommand(command::target_features.name, command::target_features.description);
     sub->add_option("-m,--model", a->engine.model_path, "target model GGUF")->required();
     sub->add_option("--tokens", a->tokens_path, "JSON lines, one {\"ids\": [...]} per sequence")->required();
     sub->add_option("-o,--out", a->out_path, "output file (format: tools/cli/cmd_features.cpp)")->required();

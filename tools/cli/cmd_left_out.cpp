@@ -19,8 +19,9 @@ std::string left_out_message(const std::string & name) {
 
 namespace {
 
-void register_left_out(CLI::App & app, const std::string & name, const std::string & description) {
-    CLI::App * sub = app.add_subcommand(name, description + " [not in this build: scripts/build.sh]");
+void register_left_out(CLI::App & app, const CommandHelp & command) {
+    const std::string name = command.name;
+    CLI::App * sub = app.add_subcommand(name, std::string(command.description) + " [not in this build: scripts/build.sh]");
     sub->set_help_flag();     // `specula NAME --help` fails too: this build has no such command to describe
     sub->prefix_command();    // every argument after the name is left unparsed
     sub->fallthrough(false);  // not even --help or --quiet is handed to the main command
@@ -30,33 +31,25 @@ void register_left_out(CLI::App & app, const std::string & name, const std::stri
 
 }  // namespace
 
-void register_bench(CLI::App & app, Commands &) { register_left_out(app, "bench", "benchmarks against llama.cpp on the same model (not tests)"); }
+void register_bench(CLI::App & app, Commands &) { register_left_out(app, command::bench); }
 
 void register_make_model(CLI::App & app, Commands &) {
-    register_left_out(app, "make-model", "write a random-weight llama-family or Gemma 3 GGUF (tests, cost benchmarks)");
-    register_left_out(app, "make-twin", "write a bench twin: a bigger-shaped model computing the same function as a llama target");
-    register_left_out(app, "compact-eagle3", "give an EAGLE-3 head a compact draft vocabulary: the corpus's most frequent tokens, via d2t");
+    register_left_out(app, command::make_model);
+    register_left_out(app, command::make_twin);
+    register_left_out(app, command::compact_eagle3);
 }
 
-void register_convert(CLI::App & app, Commands &) {
-    register_left_out(app, "convert-eagle", "convert a public EAGLE-1 / EAGLE-3 checkpoint (config.json + safetensors) to GGUF");
-}
+void register_convert(CLI::App & app, Commands &) { register_left_out(app, command::convert_eagle); }
 
-void register_serve(CLI::App & app, Commands &) {
-    register_left_out(app, "serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
-}
+void register_serve(CLI::App & app, Commands &) { register_left_out(app, command::serve); }
 
 void register_specee(CLI::App & app, Commands &) {
-    register_left_out(app, "specee-features", "SpecEE training data: the target's replies, its EAGLE-3 head's top 4 and their logits at every layer");
-    register_left_out(app, "specee-eval", "SpecEE predictors on held-out prompts against plain decoding in the same run");
+    register_left_out(app, command::specee_features);
+    register_left_out(app, command::specee_eval);
 }
 
-void register_features(CLI::App & app, Commands &) {
-    register_left_out(app, "target-features", "drafter training data: the target's layer features and top-k log-probabilities for token sequences");
-}
+void register_features(CLI::App & app, Commands &) { register_left_out(app, command::target_features); }
 
-void register_draft_vocab(CLI::App & app, Commands &) {
-    register_left_out(app, "draft-vocab", "a trimmed draft vocabulary for --draft-vocab FILE: a corpus's most frequent tokens");
-}
+void register_draft_vocab(CLI::App & app, Commands &) { register_left_out(app, command::draft_vocab); }
 
 }  // namespace specula::cli

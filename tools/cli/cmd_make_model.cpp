@@ -18,7 +18,7 @@ void register_make_model(CLI::App & app, Commands & commands) {
         std::string shape, vocab_dir, out;
     };
     auto args = std::make_shared<Args>();
-    CLI::App * sub = app.add_subcommand("make-model", "write a random-weight llama-family or Gemma 3 GGUF (tests, cost benchmarks)");
+    CLI::App * sub = app.add_subcommand(command::make_model.name, command::make_model.description);
     sub->add_option("-o,--output", args->out, "output GGUF path")->required();
     sub->add_option("--shape", args->shape, "named shape: llama-1b, smol-1b, smol-3b, smol-8b, llama-100m, tiny");
     sub->add_option("--vocab-dir", args->vocab_dir, "directory with llama.cpp's ggml-vocab-*.gguf")->default_val(SPECULA_VOCAB_DIR);
@@ -46,7 +46,7 @@ void register_make_model(CLI::App & app, Commands & commands) {
         std::string target, shape = "llama-1b", type = "q8_0", out, eagle3, eagle3_out;
     };
     auto twin = std::make_shared<TwinArgs>();
-    CLI::App * t = app.add_subcommand("make-twin", "write a bench twin: a bigger-shaped model computing the same function as a llama target");
+    CLI::App * t = app.add_subcommand(command::make_twin.name, command::make_twin.description);
     t->add_option("--target", twin->target, "trained llama GGUF to embed")->required();
     t->add_option("--shape", twin->shape, "named shape: llama-1b (Llama-3.2-1B), smol-1b / smol-3b / smol-8b (1B / 3B / 8B widths, 30+ layers, head size 64: SmolLM2)")->capture_default_str();
     t->add_option("--type", twin->type, "matrix type: f32 f16 q8_0 q4_0 (Q4_K_M: llama-quantize a q8_0 twin)")->capture_default_str();
@@ -73,7 +73,7 @@ void register_make_model(CLI::App & app, Commands & commands) {
         long long max_bytes = 64ll << 20;
     };
     auto compact = std::make_shared<CompactArgs>();
-    CLI::App * c = app.add_subcommand("compact-eagle3", "give an EAGLE-3 head a compact draft vocabulary: the corpus's most frequent tokens, via d2t");
+    CLI::App * c = app.add_subcommand(command::compact_eagle3.name, command::compact_eagle3.description);
     c->add_option("--head", compact->head, "EAGLE-3 head GGUF (full target vocabulary)")->required();
     c->add_option("--target", compact->target, "the target GGUF (its tokenizer counts the corpus)")->required();
     c->add_option("--corpus", compact->corpus, "text files or directories (read recursively; binary files skipped)")->required();

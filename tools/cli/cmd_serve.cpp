@@ -311,7 +311,7 @@ int serve(ServeArgs & args) {
 
 void register_serve(CLI::App & app, Commands & commands) {
     auto args = std::make_shared<ServeArgs>();
-    CLI::App * sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server: many sequences speculate at once, one target forward per step");
+    CLI::App * sub = app.add_subcommand(command::serve.name, command::serve.description);
     sub->add_option("-m,--model", args->engine.model_path,
                     "target model GGUF (default: SmolLM2-135M-Instruct from the model cache, fetched if absent, with its "
                     "EAGLE-3 head unless another drafter is given)");

@@ -264,7 +264,7 @@ void register_specee(CLI::App & app, Commands & commands) {
         std::string out;
     };
     auto fa = std::make_shared<Args>();
-    CLI::App * feat = app.add_subcommand("specee-features", "SpecEE training data: the target's replies, its EAGLE-3 head's top 4 and their logits at every layer (JSON lines)");
+    CLI::App * feat = app.add_subcommand(command::specee_features.name, command::specee_features.description);
     add_common(feat, fa->engine, fa->prompts, fa->n_predict);
     feat->add_option("-o,--out", fa->out, "output JSON-lines file")->required();
     feat->add_option("--specee", fa->engine.specee_path, "exit predictors GGUF: decode with their exits (on-policy data for the next predictors)");
@@ -273,7 +273,7 @@ void register_specee(CLI::App & app, Commands & commands) {
 
     auto ea = std::make_shared<Args>();
     ea->prompts.split = "heldout";
-    CLI::App * eval = app.add_subcommand("specee-eval", "SpecEE predictors on held-out prompts against plain decoding in the same run: speed, exits, agreement");
+    CLI::App * eval = app.add_subcommand(command::specee_eval.name, command::specee_eval.description);
     add_common(eval, ea->engine, ea->prompts, ea->n_predict);
     eval->add_option("--specee", ea->engine.specee_path, "exit predictors GGUF")->required();
     eval->add_option("--specee-threshold", ea->engine.specee_threshold, "exit above this probability (default: the file's)");
