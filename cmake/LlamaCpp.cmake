@@ -125,11 +125,61 @@ if(SPECULA_FAST_BUILD AND CMAKE_BUILD_TYPE STREQUAL "Release")
     endif()
     list(APPEND specula_llama_cold "${LLAMA_CPP_SOURCE_DIR}/src/${f}")
   endforeach()
-  set_property(SOURCE ${specula_llama_cold} DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" APPEND PROPERTY COMPILE_OPTIONS -O1)
+  if(NOT SPECULA_DEMO_BUILD)
+    set_property(SOURCE ${specula_llama_cold} DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" APPEND PROPERTY COMPILE_OPTIONS -O1)
+  endif()
   if(NOT SPECULA_LLAMA_TOOLS)
     target_compile_options(cpp-httplib PRIVATE -O1)
-    target_compile_options(llama-common PRIVATE -O1)
+    target_compile_options(llama-common PRIVATE $<IF:$<BOOL:${SPECULA_DEMO_BUILD}>,-O0,-O1>)
   endif()
+endif()
+
+# SPECULA_DEMO_BUILD (CMakeLists.txt: scripts/demo.sh's first build, where nothing decodes with
+# libllama: no tests and their LlamaPeer oracle, no benchmarks, no llama.cpp tools). specula runs of
+# libllama its vocabulary (loaded once, the tokenizer, a token's text per generated token) and its
+# grammar stacks (per token under a grammar): llama-vocab, unicode and llama-grammar stay at -O3.
+# The rest, the model builders, graph, KV caches, context, sampler, quantizer and loader, runs
+# never or once per model: at -O0, in unity batches as llama.cpp builds its model builders (the
+# headers, most of a file's time at -O0, are then parsed once per batch). The common library, the
+# chat layer specula calls once per request, the same; without its downloader (left out above)
+# nothing of it uses cpp-httplib, which is then not built. A build of the whole libllama at -O3
+# beside it takes about three times the compiler's time.
+if(SPECULA_DEMO_BUILD)
+  set(specula_llama_hot llama-grammar.cpp llama-vocab.cpp unicode.cpp)
+  get_target_property(specula_llama_sources llama SOURCES)
+  foreach(f ${specula_llama_hot})
+    if(NOT "${f}" IN_LIST specula_llama_sources)
+      message(FATAL_ERROR "specula: libllama has no ${f} to keep at -O3 (cmake/LlamaCpp.cmake)")
+    endif()
+  endforeach()
+  target_compile_options(llama PRIVATE -O0)
+  # Sources with their own COMPILE_OPTIONS stay out of the unity batches.
+  foreach(f ${specula_llama_sources})
+    if(NOT f MATCHES "\\.cpp$")
+      continue()
+    endif()
+    cmake_path(ABSOLUTE_PATH f BASE_DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" OUTPUT_VARIABLE path)
+    if("${f}" IN_LIST specula_llama_hot)
+      set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY COMPILE_OPTIONS -O3)
+    else()
+      set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY SKIP_UNITY_BUILD_INCLUSION OFF)
+    endif()
+  endforeach()
+  set_target_properties(llama-common PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 9)
+  # json.cpp's own ordered_json (common_json) clashes with the other files' alias of nlohmann's.
+  if(NOT EXISTS "${LLAMA_CPP_SOURCE_DIR}/common/json.cpp")
+    message(FATAL_ERROR "specula: llama.cpp has no common/json.cpp (cmake/LlamaCpp.cmake)")
+  endif()
+  set_property(SOURCE "${LLAMA_CPP_SOURCE_DIR}/common/json.cpp" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/common" PROPERTY SKIP_UNITY_BUILD_INCLUSION ON)
+  get_target_property(specula_common_links llama-common LINK_LIBRARIES)
+  if(NOT "cpp-httplib" IN_LIST specula_common_links)
+    message(FATAL_ERROR "specula: llama.cpp's common library no longer links cpp-httplib (cmake/LlamaCpp.cmake)")
+  endif()
+  list(REMOVE_ITEM specula_common_links cpp-httplib)
+  set_property(TARGET llama-common PROPERTY LINK_LIBRARIES ${specula_common_links})
+  get_target_property(specula_common_iface llama-common INTERFACE_LINK_LIBRARIES)
+  list(REMOVE_ITEM specula_common_iface "$<LINK_ONLY:cpp-httplib>")
+  set_property(TARGET llama-common PROPERTY INTERFACE_LINK_LIBRARIES ${specula_common_iface})
 endif()
 
 # The rpc-server (target ggml-rpc-server, which test_rpc starts) is one of llama.cpp's tools: without

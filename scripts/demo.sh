@@ -15,8 +15,8 @@ progress_step 1 "build the specula command (the first build also fetches and com
 # A fresh build/ leaves out the test suite (GoogleTest is scripts/test.sh's), llama.cpp's tools
 # (the benchmark peers, scripts/build.sh's) and the commands the demo does not run (serve, bench,
 # the converters: SPECULA_ALL_COMMANDS, which scripts/build.sh turns on), and compiles the code off
-# the decode path at -O1 (SPECULA_FAST_BUILD, CMakeLists.txt); an existing configuration is kept as
-# it is.
+# the decode path at -O0, libllama's and llama.cpp's common library's in unity batches
+# (SPECULA_FAST_BUILD without the rest: CMakeLists.txt); an existing configuration is kept as it is.
 fresh=()
 [ -f build/CMakeCache.txt ] || fresh=(-DSPECULA_BUILD_TESTS=OFF -DSPECULA_LLAMA_TOOLS=OFF -DSPECULA_FAST_BUILD=ON -DSPECULA_ALL_COMMANDS=OFF)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${fresh[@]}"
