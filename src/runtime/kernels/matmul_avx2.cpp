@@ -1,8 +1,8 @@
 // The AVX2 body of kernels/matmul.h (built with -mavx2 -mfma -mf16c, run only where the CPU has
 // them). AVX2 has no vpdpbusd: `vpmaddubsw` (u8 x s8 -> pairs of s16) then `vpmaddwd` with ones
 // (-> s32) take its place. Q8_0 uses the sign trick (|w| x sign(w) * a, so no pair can
-// saturate s16) and needs no offset (so does Q6_K, after subtracting its 32); Q4 nibbles are small
-// enough to sum all 8 slices in s16, Q5_0's 5-bit weights 4.
+// saturate s16) and needs no offset; Q4 nibbles are small enough to sum all 8 slices in s16, Q5_0's
+// 5-bit weights 4, Q6_K's 6-bit ones 2 (its `vpmaddwd` takes the row's scale in place of the ones).
 // Each (row, token) float accumulator takes one FMA per block in block order, as in matmul.h.
 #include <immintrin.h>
 
@@ -37,16 +37,27 @@ void quantize_activations(const float * x, int64_t x_stride, QuantizedActivation
             const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
             _mm256_storeu_si256(reinterpret_cast<__m256i *>(a.q + t * a.k + b * kBlock),
                                 _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-            const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-            const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-            a.s[t * nb + b] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1)));
+            // The halves' sums (columns 0-15 in the low 128-bit lane, 16-31 in the high one).
+            const __m256i s8 = _mm256_add_epi32(_mm256_permute2x128_si256(q[0], q[2], 0x20), _mm256_permute2x128_si256(q[0], q[2], 0x31));
+            const __m256i t8 = _mm256_add_epi32(_mm256_permute2x128_si256(q[1], q[3], 0x20), _mm256_permute2x128_si256(q[1], q[3], 0x31));
+            const __m256i s4 = _mm256_add_epi32(s8, t8);
+            const __m256i s2 = _mm256_add_epi32(s4, _mm256_shuffle_epi32(s4, 0x4e));
+            const __m256i s1 = _mm256_add_epi32(s2, _mm256_shuffle_epi32(s2, 0xb1));
+            const int32_t s_lo = _mm256_cvtsi256_si32(s1), s_hi = _mm256_extract_epi32(s1, 4);
+            a.s[t * nb + b] = s_lo + s_hi;
+            a.h32[2 * (t * nb + b)] = -32 * s_lo;
+            a.h32[2 * (t * nb + b) + 1] = -32 * s_hi;
             a.d[t * nb + b] = d;
         }
     }
 }
 
 namespace {
+
+// How far ahead of the block it reads a pass prefetches: 4 blocks, or 4 KB for the k-quants (14
+// Q4_K blocks, about 10 of Q6_K), whose passes over Qwen2.5-Coder-1.5B's FFN matrices left a Zen 3
+// core waiting on memory 4 blocks ahead (docs/runtime.md).
+constexpr size_t prefetch_ahead(PackedFormat f) { return is_k_quant(f) ? 4096 : 4 * packed_block_bytes(f); }
 
 // GCC 12 reassociates the integer sums below into trees that need all of a block's products at
 // once, which spills them to the stack: an empty asm on each running sum keeps it a chain that
@@ -58,6 +69,17 @@ inline __m256i broadcast4(const int8_t * p) {
     int32_t v;
     std::memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
+}
+
+// broadcast4 as one `vpbroadcastd` from memory (a load, no vector ALU op): GCC otherwise loads the
+// 4 bytes into a general register, hoists them out of loops (spilling them) and broadcasts from
+// there (vmovd + vpbroadcastd, two vector ops per use).
+inline __m256i broadcast4_mem(const int8_t * p) {
+    __m256i v;
+    __asm__("vpbroadcastd %1, %0"
+            : "=x"(v)
+            : "m"(*reinterpret_cast<const int32_t *>(p)));
+    return v;
 }
 
 // Bits 4-5 of Q6_K's unsigned weights for slice j: plane bits 2j..2j+1, moved into place (the
@@ -78,8 +100,8 @@ inline __m256i q5_high_bit(__m256i plane, int bit) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(plane, b), b), _mm256_set1_epi8(0x10));
 }
 
-// The exact integer dots of one block (matmul.h's isum before the offset correction; Q6_K's
-// with its two 16-column scales applied) for NT tokens, rows 0-7 in [t][0] and 8-15 in [t][1].
+// The exact integer dots of one block (matmul.h's isum before the offset correction) for NT
+// tokens, rows 0-7 in [t][0] and 8-15 in [t][1]; Q6_K's are q6_k_half_isums'.
 template <PackedFormat F, int NT>
 inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m256i (&isum)[NT][2]) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -97,38 +119,6 @@ inline void block_isums(const uint8_t * blk, const int8_t * const (&q)[NT], __m2
                 isum[t][0] = _mm256_add_epi32(isum[t][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)), ones));
                 isum[t][1] = _mm256_add_epi32(isum[t][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)), ones));
                 keep_in_register(isum[t][0]), keep_in_register(isum[t][1]);
-            }
-        }
-    } else if constexpr (F == PackedFormat::Q6_K) {
-        // Signed weights u - 32 with the sign trick: 4 slices x pairs of 32 * 127 stay below 2^15.
-        const __m256i sc[2][2] = {
-            {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 384))),
-             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 392)))},
-            {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 400))),
-             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 408)))}};
-        const __m256i offset = _mm256_set1_epi8(32);
-        for (int t = 0; t < NT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
-        for (int part = 0; part < 2; ++part) {  // columns 0-15 (low nibbles), then 16-31 (high)
-            const __m256i plane0 = load(256 + 64 * part), plane1 = load(256 + 64 * part + 32);
-            __m256i p16[NT][2];
-            for (int t = 0; t < NT; ++t) p16[t][0] = p16[t][1] = _mm256_setzero_si256();
-            for (int j = 0; j < 4; ++j) {
-                __m256i v0 = load(64 * j), v1 = load(64 * j + 32);
-                if (part == 1) v0 = _mm256_srli_epi16(v0, 4), v1 = _mm256_srli_epi16(v1, 4);
-                const __m256i w0 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v0, nibble), q6_high_bits(plane0, j)), offset);
-                const __m256i w1 = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v1, nibble), q6_high_bits(plane1, j)), offset);
-                const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
-                for (int t = 0; t < NT; ++t) {
-                    const __m256i x = broadcast4(q[t] + 16 * part + 4 * j);
-                    p16[t][0] = _mm256_add_epi16(p16[t][0], _mm256_maddubs_epi16(a0, _mm256_sign_epi8(x, w0)));
-                    p16[t][1] = _mm256_add_epi16(p16[t][1], _mm256_maddubs_epi16(a1, _mm256_sign_epi8(x, w1)));
-                    keep_in_register(p16[t][0]), keep_in_register(p16[t][1]);
-                }
-            }
-            for (int t = 0; t < NT; ++t) {
-                for (int h = 0; h < 2; ++h) {
-                    isum[t][h] = _mm256_add_epi32(isum[t][h], _mm256_mullo_epi32(_mm256_madd_epi16(p16[t][h], ones), sc[part][h]));
-                }
             }
         }
     } else {
@@ -206,7 +196,7 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t * blk = wg + packed_block_offset(F, b);
         const uint8_t * tail = wg + packed_super_tail_offset(F, b);
-        for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + 4 * kBytes + line), _MM_HINT_T0);
+        for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + prefetch_ahead(F) + line), _MM_HINT_T0);
         const int8_t * q[NT];
         for (int t = 0; t < NT; ++t) q[t] = a.q + (t0 + t) * a.k + b * kBlock;
         __m256i isum[NT][2];
@@ -220,7 +210,6 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
                     dw = _mm256_mul_ps(load_f16x8(tail + 16 * h), load_u8x8(blk + 256 + 8 * h));
                     mw = _mm256_xor_ps(_mm256_mul_ps(load_f16x8(tail + 32 + 16 * h), load_u8x8(blk + 272 + 8 * h)), _mm256_set1_ps(-0.0f));
                     break;
-                case PackedFormat::Q6_K: dw = load_f16x8(tail + 16 * h); break;
                 default:  // Q4_0, Q4_1
                     dw = load_f16x8(blk + 256 + 16 * h);
                     if (F == PackedFormat::Q4_1) mw = load_f16x8(blk + 288 + 16 * h);
@@ -243,13 +232,104 @@ void tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations
     for (int t = 0; t < NT; ++t) std::memcpy(y + (t0 + t) * y_stride + row0, acc[t], sizeof(float) * rows);
 }
 
+// Q6_K's integer dots of one block for the 8 rows of half h (rows 8h..8h+7) and NT tokens, from
+// the unsigned 6-bit weights u: sc0 * dot(u, q) over columns 0-15 + sc1 * the same over 16-31, plus
+// -32 (sc0 S0 + sc1 S1), S the halves' activation sums (neg_s: -S0 and -S1 as s16 in every 32-bit
+// lane), which is exactly matmul.h's sc0 * dot(u - 32, q) + sc1 * ... u <= 63 and |q| <= 127: a
+// `vpmaddubsw` pair is at most 16002, so two slices sum in s16, and `vpmaddwd` against the row's
+// scale (an s16 in both halves of its lane) widens and scales in one step. One half at a time
+// keeps NT + 6 ymm live, so 8 tokens share each unpacked slice without spilling.
+template <int NT>
+inline void q6_k_half_isums(const uint8_t * blk, int h, const int8_t * const (&q)[NT], const __m256i * neg_s, __m256i (&isum)[NT]) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    auto load = [&](size_t at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + at)); };
+    // Each row's s8 scale sign-extended to s32, its low s16 copied into the high one.
+    const __m256i dup = _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,  //
+                                         0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+    __m256i sc[2];
+    for (int part = 0; part < 2; ++part) {
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(blk + 384 + 16 * part + 8 * h));
+        sc[part] = _mm256_shuffle_epi8(_mm256_cvtepi8_epi32(b), dup);
+    }
+    // (sc0, sc1) per row against (-S0, -S1): the offset term over 32 (|S| <= 2032 fits s16).
+    const __m256i sc01 = _mm256_blend_epi16(sc[0], sc[1], 0xaa);
+    for (int t = 0; t < NT; ++t) isum[t] = _mm256_slli_epi32(_mm256_madd_epi16(sc01, neg_s[t]), 5);
+    for (int part = 0; part < 2; ++part) {  // columns 0-15 (low nibbles), then 16-31 (high)
+        const __m256i plane = load(256 + 64 * part + 32 * h);
+        for (int pair = 0; pair < 2; ++pair) {  // slices 0-1, then 2-3
+            __m256i w[2];
+            for (int i = 0; i < 2; ++i) {
+                const int j = 2 * pair + i;
+                __m256i v = load(64 * j + 32 * h);
+                if (part == 1) v = _mm256_srli_epi16(v, 4);
+                w[i] = _mm256_or_si256(_mm256_and_si256(v, nibble), q6_high_bits(plane, j));
+            }
+            const int col = 16 * part + 8 * pair;
+            for (int t = 0; t < NT; ++t) {
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], broadcast4_mem(q[t] + col)),
+                                                   _mm256_maddubs_epi16(w[1], broadcast4_mem(q[t] + col + 4)));
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(p, sc[part]));
+                keep_in_register(isum[t]);
+            }
+        }
+    }
+}
+
+// tile for Q6_K: within each block one half (8 rows) at a time, for up to 8 tokens.
+template <int NT>
+__attribute__((noinline)) void q6_k_tile(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y,
+                                         int64_t y_stride, int64_t g) {
+    constexpr PackedFormat F = PackedFormat::Q6_K;
+    constexpr size_t kBytes = packed_block_bytes(F);
+    const int64_t nb = m.n_blocks();
+    const int64_t nbk = a.k / kBlock;
+
+    alignas(32) float acc[NT][16] = {};
+    const float * d[NT];
+    for (int t = 0; t < NT; ++t) d[t] = a.d + (t0 + t) * nbk;
+
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t * blk = wg + packed_block_offset(F, b);
+        const uint8_t * tail = wg + packed_super_tail_offset(F, b);
+        for (size_t line = 0; line < kBytes; line += 64) _mm_prefetch(reinterpret_cast<const char *>(blk + prefetch_ahead(F) + line), _MM_HINT_T0);
+        const int8_t * q[NT];
+        for (int t = 0; t < NT; ++t) q[t] = a.q + (t0 + t) * a.k + b * kBlock;
+        __m256i neg_s[NT];
+        for (int t = 0; t < NT; ++t) {
+            const int32_t * h32 = a.h32 + 2 * ((t0 + t) * nbk + b);  // -32 S: exact over 32
+            const uint32_t pair = (static_cast<uint32_t>(h32[0] >> 5) & 0xffffu) | (static_cast<uint32_t>(h32[1] >> 5) << 16);
+            neg_s[t] = _mm256_set1_epi32(static_cast<int32_t>(pair));
+        }
+        for (int h = 0; h < 2; ++h) {
+            __m256i isum[NT];
+            q6_k_half_isums<NT>(blk, h, q, neg_s, isum);
+            const __m256 dw = load_f16x8(tail + 16 * h);
+            for (int t = 0; t < NT; ++t) {
+                const __m256 r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(dw, _mm256_set1_ps(d[t][b])), _mm256_load_ps(acc[t] + 8 * h));
+                _mm256_store_ps(acc[t] + 8 * h, r);
+            }
+        }
+    }
+    const int64_t row0 = g * kGroupRows;
+    const int64_t rows = m.n_rows - row0 < kGroupRows ? m.n_rows - row0 : kGroupRows;
+    for (int t = 0; t < NT; ++t) std::memcpy(y + (t0 + t) * y_stride + row0, acc[t], sizeof(float) * rows);
+}
+
+// One pass of NT tokens over a group.
+template <PackedFormat F, int NT>
+inline void pass(const PackedMatrix & m, const uint8_t * wg, const QuantizedActivations & a, int t0, float * y, int64_t y_stride, int64_t g) {
+    if constexpr (F == PackedFormat::Q6_K) q6_k_tile<NT>(m, wg, a, t0, y, y_stride, g);
+    else if constexpr (NT <= 4) tile<F, NT>(m, wg, a, t0, y, y_stride, g);
+}
+
 template <PackedFormat F>
 void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActivations & a, float * y, int64_t y_stride,
             int64_t g_begin, int64_t g_end) {
-    // Up to 4 tokens per pass; more tokens make further passes over the group while its weights
-    // are in L1/L2, as even as can be (5 tokens as 3 + 2, not 4 + 1: a one-token pass unpacks
-    // each weight block for a single token).
-    constexpr int kTile = 4;
+    // Up to 4 tokens per pass (Q6_K 8: its tile keeps NT + 6 ymm live, the others 2 NT + a few);
+    // more tokens make further passes over the group while its weights are in L1/L2, as even as
+    // can be (5 tokens as 3 + 2, not 4 + 1: a one-token pass unpacks each weight block for a
+    // single token).
+    constexpr int kTile = F == PackedFormat::Q6_K ? 8 : 4;
     const int passes = (a.n_tokens + kTile - 1) / kTile;
     for (int64_t g = g_begin; g < g_end; ++g) {
         const uint8_t * wg = packed + g * m.group_bytes();
@@ -258,10 +338,14 @@ void groups(const PackedMatrix & m, const uint8_t * packed, const QuantizedActiv
             const int first = t0;
             t0 += n;
             switch (n) {
-                case 1: tile<F, 1>(m, wg, a, first, y, y_stride, g); break;
-                case 2: tile<F, 2>(m, wg, a, first, y, y_stride, g); break;
-                case 3: tile<F, 3>(m, wg, a, first, y, y_stride, g); break;
-                default: tile<F, 4>(m, wg, a, first, y, y_stride, g); break;
+                case 1: pass<F, 1>(m, wg, a, first, y, y_stride, g); break;
+                case 2: pass<F, 2>(m, wg, a, first, y, y_stride, g); break;
+                case 3: pass<F, 3>(m, wg, a, first, y, y_stride, g); break;
+                case 4: pass<F, 4>(m, wg, a, first, y, y_stride, g); break;
+                case 5: pass<F, 5>(m, wg, a, first, y, y_stride, g); break;
+                case 6: pass<F, 6>(m, wg, a, first, y, y_stride, g); break;
+                case 7: pass<F, 7>(m, wg, a, first, y, y_stride, g); break;
+                default: pass<F, 8>(m, wg, a, first, y, y_stride, g); break;
             }
         }
     }

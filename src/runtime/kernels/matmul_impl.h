@@ -9,9 +9,9 @@ namespace specula::kernels {
 
 // Activations quantized per 32-block: q [n_tokens, k], d, s and ds [n_tokens, k / 32], where
 // ds = d * float(s) is the factor of the Q4_1/Q4_K min term (matmul.h), computed once per block
-// rather than once per block and row group. The AVX-512 quantization also writes h32
-// [n_tokens, k / 16], -32 x the sum of q over each 16-column half block: its Q6_K body starts
-// each half's dot of the unsigned weights u there, so that it ends as dot(u - 32, q).
+// rather than once per block and row group. The AVX-512 and AVX2 quantizations also write h32
+// [n_tokens, k / 16], -32 x the sum of q over each 16-column half block: their Q6_K bodies take
+// the dots of the unsigned weights u and add h32 (scaled), so that they end as dot(u - 32, q).
 // The bodies write token t's output row r at y[t * y_stride + r].
 struct QuantizedActivations {
     int n_tokens = 0;
