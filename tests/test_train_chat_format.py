@@ -1,6 +1,7 @@
 """The training tools feed a chat target the text `specula serve` renders for the same messages:
 the default system turn a Jinja template writes when the messages bring none (SmolLM2's) comes
-first, and a template without one (Gemma 3's) adds nothing. Usage: test_train_chat_format.py [tools/train dir]."""
+first, Qwen2.5's (the else branch of its system check) too, and a template without one (Gemma 3's)
+adds nothing. Usage: test_train_chat_format.py [tools/train dir]."""
 import pathlib
 import sys
 
@@ -16,6 +17,17 @@ SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'
 GEMMA3 = ("{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
           "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}{%- endif -%}")
 
+# Qwen2.5-Coder-Instruct's opening as its GGUF stores it (a \n in a literal is a newline), the
+# tools branch's text shortened: the default system turn is the else branch of the system check,
+# after the tools branch's bare text
+QWEN25 = ("{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
+          "        {{- messages[0]['content'] }}\n    {%- else %}\n"
+          "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n"
+          "{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n"
+          "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
+          "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
+          "    {%- endif %}\n{%- endif %}\n")
+
 failures = []
 
 
@@ -28,6 +40,8 @@ chatml = CHAT_FORMATS["llama"][0]
 check("SmolLM2's default system turn", default_system_turn(SMOLLM2, chatml),
       "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n")
 check("a template without a default system turn", default_system_turn(GEMMA3, CHAT_FORMATS["gemma3"][0]), "")
+check("Qwen2.5's default system turn", default_system_turn(QWEN25, CHAT_FORMATS["qwen2"][0]),
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n")
 check("a chatml template that does not write one", default_system_turn(SMOLLM2.replace("!= 'system'", "== 'tool'"), chatml), "")
 
 chat = ChatFormat.__new__(ChatFormat)  # the format's fields without reading a GGUF
@@ -40,4 +54,4 @@ check("a later turn after its context", chat.text("and b?", [{"role": "user", "c
 
 if failures:
     sys.exit("\n".join(failures))
-print("chat format: 4 checks passed")
+print("chat format: 5 checks passed")

@@ -6,7 +6,8 @@ it): the template's default system turn first where it has one (SmolLM2's "You a
 assistant named SmolLM, ..."), then the earlier turns of a prompt's "context", each in the same
 form as the prompt's:
   llama (SmolLM2, chatml): <|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n
-  gemma3: <start_of_turn>user\\n{prompt}<end_of_turn>\\n<start_of_turn>model\\n"""
+  gemma3: <start_of_turn>user\\n{prompt}<end_of_turn>\\n<start_of_turn>model\\n
+  qwen2 (Qwen2.5-Coder): as llama's, after Qwen's default system turn"""
 import json, os, re, subprocess, sys, urllib.request
 
 # architecture -> (one turn's chat text, the opening of the model's turn, the model's role name, the
@@ -15,6 +16,7 @@ CHAT_FORMATS = {
     "llama": ("<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n", "assistant", "<|im_end|>"),
     "gemma3": ("<start_of_turn>{role}\n{content}<end_of_turn>\n", "<start_of_turn>model\n", "model", "<end_of_turn>"),
 }
+CHAT_FORMATS["qwen2"] = CHAT_FORMATS["llama"]  # Qwen2.5(-Coder): ChatML
 
 
 def messages(prompt):
@@ -58,12 +60,28 @@ class ChatFormat:
 
 def default_system_turn(template, turn):
     """The system turn a Jinja chat template writes as a literal when the messages bring none
-    (SmolLM2: `{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system ...' }}`),
-    or "" for a template without one."""
+    (SmolLM2: `{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system ...' }}`;
+    Qwen2.5: `{%- if messages[0]['role'] == 'system' %}...{%- else %}{{- '<|im_start|>system\\n...' }}`,
+    a \\n in the literal being a newline), or "" for a template without one."""
     opening, closing = turn.split("{content}")
     opening = opening.format(role="system")
-    m = re.search(r"messages\[0\]\[.role.\]\s*!=\s*.system.\s*%\}\{\{\s*'(" + re.escape(opening) + r".*?" + re.escape(closing) + r")'", template, re.S)
+    template = template.replace("\\n", "\n")
+    literal = r"\{\{-?\s*'(" + re.escape(opening) + r"[^']*?" + re.escape(closing) + r")'"
+    m = re.search(r"messages\[0\]\[.role.\]\s*!=\s*.system.\s*%\}" + literal, template, re.S) or \
+        re.search(r"messages\[0\]\[.role.\]\s*==\s*.system.\s*-?%\}.*?\{%-?\s*else\s*-?%\}\s*" + literal, template, re.S)
     return m.group(1) if m else ""
+
+
+def prompt_and_reply(bin_path, model, chat, r, n, teacher_forced=False):
+    """A reply record's (prompt ids, reply ids) as the target reads them: the reply's ids are those
+    of the whole text after the prompt's, and a reply that ended before its n-token budget gets the
+    end-of-turn token its text does not show (not a teacher-forced text, which spells any end token)."""
+    text = chat.text(r["prompt"], r.get("context", ()))
+    prompt = tokenize(bin_path, model, text)
+    reply = tokenize(bin_path, model, text + r["response"])[len(prompt):]
+    if not teacher_forced and len(reply) < n - 4:
+        reply.append(chat.end_id)
+    return prompt, reply
 
 
 _servers = {}
@@ -73,25 +91,30 @@ def tokenize(bin_path, model, text):
     """Token ids of text as llama-tokenize (bin_path) gives them: BOS added where the model asks for
     it, special tokens parsed. Through one llama-server per model beside bin_path (its /tokenize),
     started on first use: llama-tokenize reloads the vocabulary on every call, 0.4 s for Gemma 3's
-    262144 tokens, which was most of the feature extraction's time."""
+    262144 tokens, which was most of the feature extraction's time. bin_path may be specula itself:
+    then `specula serve`'s /tokenize (the same tokenizer, llama.cpp's), for a build without llama.cpp's tools."""
     key = (bin_path, model)
     if key not in _servers:
-        _servers[key] = _start_tokenizer_server(os.path.join(os.path.dirname(bin_path), "llama-server"), model)
+        if os.path.basename(bin_path) == "specula":
+            _servers[key] = _start_tokenizer_server(bin_path, model, specula=True)
+        else:
+            _servers[key] = _start_tokenizer_server(os.path.join(os.path.dirname(bin_path), "llama-server"), model)
     req = urllib.request.Request(_servers[key][1] + "/tokenize", headers={"Content-Type": "application/json"},
                                  data=json.dumps({"content": text, "add_special": True, "parse_special": True}).encode())
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.load(r)["tokens"]
 
 
-def _start_tokenizer_server(server_bin, model):
+def _start_tokenizer_server(server_bin, model, specula=False):
     import atexit, socket, time, urllib.error
     if not os.path.exists(server_bin):
         sys.exit(f"chat_format: {server_bin} is missing: cmake --build build --target llama-server")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([server_bin, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-t", "1",
-                             "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-t", "1"]
+    cmd = [server_bin, "-q", "serve", "-m", model, "--no-spec"] + args if specula else [server_bin, "-m", model, "--no-webui"] + args
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     atexit.register(proc.terminate)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):

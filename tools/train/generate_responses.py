@@ -65,7 +65,7 @@ server = subprocess.Popen([a.specula, "-q", "serve", "-m", a.model, "--parallel"
                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
 
 
-def wait_ready(timeout=300):
+def wait_ready(timeout=900):  # a server loading beside other work (nice 19) can take minutes
     t0 = time.time()
     while time.time() - t0 < timeout:
         if server.poll() is not None:

@@ -307,18 +307,23 @@ def load_gguf_tensors(path, names):
     return {n: dequantized(tensors[n]) for n in names}
 
 
+def gguf_llama_config(kv, tensors, arch="llama"):
+    """The LlamaConfig of a llama-shaped GGUF (llama; qwen2, whose attention biases it does not
+    record) from its metadata `kv` and tensors by name."""
+    return LlamaConfig(vocab_size=int(tensors["token_embd.weight"].shape[1]), dim=int(kv[f"{arch}.embedding_length"]),
+                       n_layers=int(kv[f"{arch}.block_count"]), n_heads=int(kv[f"{arch}.attention.head_count"]),
+                       n_kv_heads=int(kv[f"{arch}.attention.head_count_kv"]),
+                       ffn_dim=int(kv[f"{arch}.feed_forward_length"]), ctx=int(kv[f"{arch}.context_length"]),
+                       rope_base=float(kv[f"{arch}.rope.freq_base"]),
+                       norm_eps=float(kv[f"{arch}.attention.layer_norm_rms_epsilon"]),
+                       tie_embeddings="output.weight" not in tensors)
+
+
 def load_gguf_llama(kv, tensors):
     """A llama-architecture GGUF (e.g. SmolLM2-135M-Instruct; its metadata `kv`, tensors by name) as
     a frozen fp32 Llama. Quantized tensors are dequantized with the pinned `gguf` package; Q/K are
     used as stored (GGUF llama weights are already permuted for NORM RoPE, like this model)."""
-    arch = "llama"
-    c = LlamaConfig(vocab_size=int(tensors["token_embd.weight"].shape[1]), dim=int(kv[f"{arch}.embedding_length"]),
-                    n_layers=int(kv[f"{arch}.block_count"]), n_heads=int(kv[f"{arch}.attention.head_count"]),
-                    n_kv_heads=int(kv[f"{arch}.attention.head_count_kv"]),
-                    ffn_dim=int(kv[f"{arch}.feed_forward_length"]), ctx=int(kv[f"{arch}.context_length"]),
-                    rope_base=float(kv[f"{arch}.rope.freq_base"]),
-                    norm_eps=float(kv[f"{arch}.attention.layer_norm_rms_epsilon"]),
-                    tie_embeddings="output.weight" not in tensors)
+    c = gguf_llama_config(kv, tensors)
 
     def w(name):
         return dequantized(tensors[name])

@@ -6,13 +6,16 @@ Features are the inputs of --layers (llama.cpp `layer_inp` semantics, as the eng
 plus the final pre-norm hidden state, stored bf16; labels are the target's top-k
 log-probabilities (fp16). Training uses split == "train" (--split train stores only those).
 With --specula, `specula target-features` computes them with the engine's own kernels (the
-features a head is fed when it drafts, and several times faster than the fp32 torch port)."""
+features a head is fed when it drafts, and several times faster than the fp32 torch port; the only
+way for a qwen2 target). --teacher-forced: the responses are given text (code_corpus.py's FIM
+middles and file continuations, not the target's replies), whole: no end-of-turn token is added
+(a FIM middle spells its own <|endoftext|>)."""
 import argparse, json, os, subprocess, sys, tempfile, time
 import numpy as np
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_target import load_gguf_target
-from chat_format import ChatFormat, tokenize
+from gguf_target import load_gguf_target, target_config
+from chat_format import ChatFormat, prompt_and_reply
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", required=True)
@@ -26,9 +29,12 @@ ap.add_argument("--threads", type=int, default=1)
 ap.add_argument("--split", default=None, help="only replies of this split (train / heldout)")
 ap.add_argument("--frame", default=None, help="the completion frame the replies were generated with (generate_responses.py --frame)")
 ap.add_argument("--specula", default=None, help="specula binary: the features from its target-features command, not the torch port")
+ap.add_argument("--teacher-forced", action="store_true",
+                help="the responses are whole given texts (code_corpus.py's): no end-of-turn token added after them")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
-m = load_gguf_target(a.model)
+m = None if a.specula else load_gguf_target(a.model)
+config = target_config(a.model) if a.specula else m.c
 chat = ChatFormat(a.model, a.frame)
 layers = [int(x) for x in a.layers.split(",")]
 
@@ -41,7 +47,7 @@ def specula_features(ids_list, out_dir):
             f.write(json.dumps({"ids": ids}) + "\n")
     ctx = max(len(ids) for ids in ids_list)
     subprocess.run([a.specula, "-q", "target-features", "-m", a.model, "--tokens", ids_path, "-o", bin_path, "-t", str(a.threads),
-                    "-c", str(ctx), "--top-k", str(a.topk), "--layers", ",".join(map(str, layers + [m.c.n_layers]))], check=True)
+                    "-c", str(ctx), "--top-k", str(a.topk), "--layers", ",".join(map(str, layers + [config.n_layers]))], check=True)
     raw = np.fromfile(bin_path, dtype=np.uint8)
     if raw[:8].tobytes() != b"SPFEAT01":
         sys.exit(f"target_features: {bin_path} is not a specula target-features file")
@@ -69,11 +75,7 @@ for path in a.gen:
         r = json.loads(line)
         if a.split and r["split"] != a.split:
             continue
-        prompt = tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ())))
-        reply = tokenize(a.tokenize, a.model, chat.text(r["prompt"], r.get("context", ())) + r["response"])[len(prompt):]
-        if len(reply) < a.n - 4:  # the reply ended at the end-of-turn token, which the text does not show
-            reply.append(chat.end_id)
-        records.append((r, prompt, reply))
+        records.append((r, *prompt_and_reply(a.tokenize, a.model, chat, r, a.n, a.teacher_forced)))
 
 
 def record(r, prompt, ids, feat, hfin, top_ids, top_logp):
@@ -86,7 +88,7 @@ t0 = time.time()
 if a.specula:
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(a.out))) as tmp:
         feats = specula_features([prompt + reply for _, prompt, reply in records], tmp)
-    E = m.c.dim
+    E = config.dim
     for (r, prompt, reply), (taps, top_ids, top_logp) in zip(records, feats):
         seqs.append(record(r, prompt, torch.tensor(prompt + reply), taps[:, :-E].contiguous(), taps[:, -E:].contiguous(),
                            top_ids, top_logp.to(torch.float16)))
@@ -99,7 +101,7 @@ for r, prompt, reply in ([] if a.specula else records):
     seqs.append(record(r, prompt, ids, torch.cat([caps[l][0] for l in layers], -1).to(torch.bfloat16), hfin[0].to(torch.bfloat16),
                        top.indices.to(torch.int32), top.values.to(torch.float16)))
     if len(seqs) % 5 == 0:  # saved as it goes: a run cut short still yields training data
-        torch.save({"layers": layers, "config": m.c.__dict__, "seqs": seqs}, a.out)
+        torch.save({"layers": layers, "config": config.__dict__, "seqs": seqs}, a.out)
         print(f"{len(seqs)} sequences, {sum(len(s['ids']) for s in seqs)} tokens, {time.time() - t0:.0f}s", flush=True)
-torch.save({"layers": layers, "config": m.c.__dict__, "seqs": seqs}, a.out)
+torch.save({"layers": layers, "config": config.__dict__, "seqs": seqs}, a.out)
 print("wrote", a.out, len(seqs), "sequences", sum(len(s["ids"]) for s in seqs), "tokens", f"{time.time() - t0:.0f}s")
