@@ -579,6 +579,17 @@ TEST(HostileCli, EveryCommandIsInTheTestedBuild) {
     EXPECT_EQ(r.out.find("not in this build"), std::string::npos) << r.out;
 }
 
+// Every stand-in of tools/cli/cmd_left_out.cpp, registered as tools/cli/main.cpp registers the commands.
+void register_left_out_commands(CLI::App & app, cli::Commands & commands) {
+    cli::register_bench(app, commands);
+    cli::register_make_model(app, commands);
+    cli::register_convert(app, commands);
+    cli::register_serve(app, commands);
+    cli::register_specee(app, commands);
+    cli::register_features(app, commands);
+    cli::register_draft_vocab(app, commands);
+}
+
 // The stand-ins of a build configured with -DSPECULA_ALL_COMMANDS=OFF (scripts/demo.sh's first),
 // compiled into this test (the CLI under test has the real commands): any arguments, --help
 // included, fail while parsing with the one line naming scripts/build.sh, and nothing runs.
@@ -593,12 +604,7 @@ TEST(HostileCli, LeftOutCommandsNameTheBuildThatHasThem) {
         app.add_flag("-q,--quiet", quiet);
         app.fallthrough();  // as tools/cli/main.cpp
         cli::Commands commands;
-        cli::register_bench(app, commands);
-        cli::register_make_model(app, commands);
-        cli::register_convert(app, commands);
-        cli::register_serve(app, commands);
-        cli::register_features(app, commands);
-        cli::register_draft_vocab(app, commands);
+        register_left_out_commands(app, commands);
         std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
         const std::string what = test::error_message([&] { app.parse(reversed); });
         EXPECT_EQ(what, cli::left_out_message(args[0])) << args[0] << " " << args[1 % args.size()];
@@ -614,13 +620,7 @@ TEST(HostileCli, LeftOutCommandsNameTheBuildThatHasThem) {
 TEST(HostileCli, LeftOutCommandsDescribeThemselvesAsTheRealOnes) {
     CLI::App app;
     cli::Commands commands;
-    cli::register_bench(app, commands);
-    cli::register_make_model(app, commands);
-    cli::register_convert(app, commands);
-    cli::register_serve(app, commands);
-    cli::register_specee(app, commands);
-    cli::register_features(app, commands);
-    cli::register_draft_vocab(app, commands);
+    register_left_out_commands(app, commands);
     const std::vector<CLI::App *> stand_ins = app.get_subcommands([](CLI::App *) { return true; });
     ASSERT_EQ(stand_ins.size(), 10u);
     const test::CommandRun real = test::run_command(std::string(SPECULA_CLI) + " --help");
