@@ -4,7 +4,9 @@
   step 0 and computed no further. Both heads (EAGLE-3, EAGLE-1), a batch whose sequences start
   scoring at different positions, fp32;
 - --init_grow_ffn's widened head computes what the narrower one did;
-- a --vocab larger than the target's vocabulary is an error naming both sizes.
+- a --vocab larger than the target's vocabulary is an error naming both sizes;
+- --vocab_file's draft vocabulary is the file's ids, and ids beyond the target are refused;
+- a new EAGLE-3 head's lm_head starts from the target's lm_head rows (tied or untied).
 Needs torch (tools/train/requirements.txt): exits 77 (skipped) without it.
 Usage: test_train_eagle.py [tools/train dir]."""
 import pathlib
@@ -88,16 +90,49 @@ if wide.mlp.w_gate.weight[c.ffn_dim:].abs().sum() == 0:
 
 # A draft vocabulary larger than the target's is a clear error, not a shape error later.
 try:
-    train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=c.vocab_size + 1, init_grow_vocab=False, init_new_vocab=False),
+    train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=c.vocab_size + 1, vocab_file=None, init_grow_vocab=False, init_new_vocab=False),
                                  torch.ones(c.vocab_size, dtype=torch.long), None, None)
     failures.append(f"--vocab {c.vocab_size + 1} over a {c.vocab_size}-token target was accepted")
 except SystemExit as e:
     if "larger than the target's vocabulary" not in str(e.code):
         failures.append(f"--vocab too large: the error says {e.code!r}")
-d2t = train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=c.vocab_size, init_grow_vocab=False, init_new_vocab=False),
+d2t = train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=c.vocab_size, vocab_file=None, init_grow_vocab=False, init_new_vocab=False),
                                    torch.ones(c.vocab_size, dtype=torch.long), None, None)
 if len(d2t) != c.vocab_size:
     failures.append(f"--vocab {c.vocab_size} (the whole target vocabulary) gave {len(d2t)} tokens")
+
+# --vocab_file: the draft vocabulary a `specula draft-vocab` file lists (id runs "a-b").
+import tempfile  # noqa: E402
+with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+    f.write("specula-draft-vocab 1\ntokenizer 0123456789abcdef 40\n# a comment\nids 6\n0-2\n17\n30-31\n")
+    f.flush()
+    d2t = train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=8, vocab_file=f.name, init_grow_vocab=False,
+                                                             init_new_vocab=False), torch.ones(c.vocab_size, dtype=torch.long), None, None)
+    if d2t.tolist() != [0, 1, 2, 17, 30, 31]:
+        failures.append(f"--vocab_file: the draft vocabulary is {d2t.tolist()}, not the file's ids 0-2, 17, 30-31")
+    try:
+        train_eagle.draft_vocabulary(types.SimpleNamespace(vocab=8, vocab_file=f.name, init_grow_vocab=False, init_new_vocab=False),
+                                     torch.ones(20, dtype=torch.long), None, None)
+        failures.append("--vocab_file with ids beyond the target's vocabulary was accepted")
+    except SystemExit as e:
+        if "beyond the target's 20 tokens" not in str(e.code):
+            failures.append(f"--vocab_file beyond the target: the error says {e.code!r}")
+
+# A new EAGLE-3 head's lm_head starts from the target's lm_head rows of the draft vocabulary: the
+# token embedding's when the target ties them (SmolLM2), its own output.weight when not (Qwen2.5-Coder-1.5B).
+gguf_tensors = {"token_embd.weight": torch.randn(c.vocab_size, c.dim), "output_norm.weight": torch.rand(c.dim) + 0.5,
+                "output.weight": torch.randn(c.vocab_size, c.dim)}
+train_eagle.load_gguf_tensors = lambda path, names: {n: gguf_tensors[n] for n in names}
+pick = torch.tensor([3, 7, 8, 30])
+for tied, lm_head_rows in ((True, gguf_tensors["token_embd.weight"]), (False, gguf_tensors["output.weight"])):
+    w = train_eagle.target_tensors("target.gguf", tied)
+    if not torch.equal(w["output.weight"], lm_head_rows):
+        failures.append(f"target_tensors(tied={tied}): output.weight is not the target's lm_head")
+    head, _ = train_eagle.new_head(types.SimpleNamespace(kind="eagle3"), LlamaConfig(**{**c.__dict__, "vocab_size": len(pick)}),
+                                   [1, 3, 5], w, pick)
+    if not torch.equal(head.output.weight.detach(), lm_head_rows[pick]):
+        failures.append(f"a new EAGLE-3 head of a {'tied' if tied else 'untied'} target: its lm_head does not start "
+                        "from the target's lm_head rows of the draft vocabulary")
 
 for f in failures:
     print("FAIL:", f)

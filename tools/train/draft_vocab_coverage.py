@@ -16,14 +16,14 @@ def read_draft_vocab(path):
     """The ids of a `specula draft-vocab` file (format: src/tokenizer/draft_vocabulary.cpp)."""
     lines = [l.strip() for l in open(path) if l.strip() and not l.startswith("#")]
     if not lines or not lines[0].startswith("specula-draft-vocab "):
-        sys.exit(f"draft_vocab_coverage: {path} is not a specula draft vocabulary file")
+        sys.exit(f"{path} is not a specula draft vocabulary file (specula draft-vocab writes one)")
     count = int(lines[2].split()[1])
     ids = set()
     for run in lines[3:]:
         first, _, last = run.partition("-")
         ids.update(range(int(first), int(last or first) + 1))
     if len(ids) != count:
-        sys.exit(f"draft_vocab_coverage: {path} lists {len(ids)} ids, its header {count}")
+        sys.exit(f"{path} lists {len(ids)} ids, its header {count}")
     return ids
 
 

@@ -2,9 +2,7 @@
 # The data of an EAGLE-3 head for Qwen2.5-Coder-1.5B-Instruct, distilled on real code, in stages
 # that each skip what an earlier run finished (a run killed at any point resumes where it stopped):
 #   tools/train/make_qwen_coder_eagle3.sh [WORK_DIR]   (default ~/.cache/specula/train/qwen-coder)
-# STOP=corpus|replies|features ends the run after that stage (default: after the features; the
-# training itself is not wired yet: train_eagle.py reads tied-embedding targets only, and this one
-# has its own output.weight).
+# STOP=corpus|replies|features ends the run after that stage (default: after the training).
 # Stages (docs/eagle.md, "EAGLE-3 data for Qwen2.5-Coder": measured costs and the budget):
 # 1 corpus    code_corpus.py: real source files of the installed Debian packages and the cached
 #             pure-Python wheels (/opt/pypi*/files), licences recorded per package, held out by
@@ -25,6 +23,13 @@
 #             replies, the first FIM_LIMIT / CONT_LIMIT training FIM spans / continuations and the
 #             first HELDOUT_TF of each held-out kind -> WORK/feats_<set>_<first>_<count>.pt; a
 #             chunk whose file exists is skipped, so a larger LIMIT adds chunks only. Prefill only.
+# 4 training  train_eagle.py --kind eagle3 on every training features file, the held-out chat
+#             replies' file scored every EVAL_EVERY steps, MINUTES of wall clock (cosine over them),
+#             the draft vocabulary WORK/draft-vocab.txt, TTT training-time-test steps (as deep as the
+#             trees the engine grows); a run cut short resumes from WORK/eagle3.pt (train_eagle.py
+#             --resume, a larger MINUTES extends it). Then the head exported (Q8_0, export_gguf.py)
+#             and its layers requantized to Q4_0, lm_head kept (requantize_gguf.py) ->
+#             WORK/qwen2.5-coder-1.5b-eagle3.gguf, for `specula generate --eagle3 FILE`.
 # Every step's wall time goes to WORK/times.tsv (stage, file, seconds, load average, and for features
 # sequences, tokens and scored tokens).
 # Needs: pip install -r tools/train/requirements.txt (torch: the features files); SPECULA (default
@@ -49,6 +54,9 @@ HELDOUT_TF="${HELDOUT_TF:-200}"
 CHUNK="${CHUNK:-200}"
 VOCAB_N="${VOCAB_N:-32768}"
 LAYERS="${LAYERS:-2,14,25}"  # llama.cpp's EAGLE-3 taps of a 28-layer target: 2, n/2, n-3
+MINUTES="${MINUTES:-60}"
+TTT="${TTT:-6}"
+EVAL_EVERY="${EVAL_EVERY:-200}"
 STOP="${STOP:-}"
 case "$STOP" in ""|corpus|replies|features) ;; *) echo "make_qwen_coder_eagle3.sh: STOP is corpus, replies or features, not '$STOP'" >&2; exit 2 ;; esac
 [ -x "$SPECULA" ] || { echo "make_qwen_coder_eagle3.sh: no specula binary at $SPECULA (scripts/build.sh, or SPECULA=)" >&2; exit 2; }
@@ -143,4 +151,21 @@ features "$C/cont_train.jsonl" train "$CONT_LIMIT" --frame '{}' --teacher-forced
 features "$C/fim_heldout.jsonl" heldout "$HELDOUT_TF" --frame '{}' --teacher-forced
 features "$C/cont_heldout.jsonl" heldout "$HELDOUT_TF" --frame '{}' --teacher-forced
 [ "$STOP" = features ] && exit 0
-echo "make_qwen_coder_eagle3.sh: the features are in $WORK; training is the next stage (train_eagle.py needs an untied-output target's lm_head first)" >&2
+
+# 4 training
+feats=()
+for f in "$WORK"/feats_*.pt; do
+  case "$(basename "$f")" in feats_heldout_*|feats_fim_heldout_*|feats_cont_heldout_*) ;; *) feats+=(--feats "$f") ;; esac
+done
+heldout=$(ls "$WORK"/feats_heldout_0_1_0_*.pt | head -1)
+resume=()
+[ -f "$WORK/eagle3.pt" ] && resume=(--resume "$WORK/eagle3.pt") || resume=(--vocab_file "$WORK/draft-vocab.txt")
+bf16=()
+if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
+timed training "$WORK/eagle3.pt" python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" \
+  --name qwen2.5-coder-1.5b-eagle3 --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --batch 4 --lr 1e-3 \
+  --warmup 20 --ttt_steps "$TTT" --save_every 25 --eval_every "$EVAL_EVERY" --heldout "$heldout" "${resume[@]}" "${bf16[@]}"
+python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$WORK/eagle3-q8_0.gguf" \
+  --name qwen2.5-coder-1.5b-eagle3 --type q8_0
+python3 "$HERE/requantize_gguf.py" --input "$WORK/eagle3-q8_0.gguf" --output "$WORK/qwen2.5-coder-1.5b-eagle3.gguf"
+echo "make_qwen_coder_eagle3.sh: the head is $WORK/qwen2.5-coder-1.5b-eagle3.gguf" >&2

@@ -24,7 +24,8 @@ Two targets, one training-time test:
                columns start at zero, so the wider head starts as the --init head's function.
                EAGLE-3 drafts over a compact vocabulary (d2t): the --vocab most frequent target
                tokens of the replies (ties: lower id), in id order; its lm_head starts from those
-               rows of the target's tied embedding and fc as "take the high tap".
+               rows of the target's lm_head (its tied embedding, or its own output.weight) and fc
+               as "take the high tap".
 EAGLE-3: g = fc(the inputs of the target layers it taps); loss: soft cross-entropy against the
   target's next-token distribution (--feats: its top-k, restricted to the draft vocabulary).
 EAGLE-1: the feature is the target's final pre-norm hidden state, with uniform noise (+-0.1 RMS)
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from draft_vocab_coverage import read_draft_vocab
 from feats_files import weighted_feats
 from model import ROPE_BASE, Eagle1Head, Eagle3Head, LlamaConfig, load_gguf_tensors, load_llama
 from schedule import budget_cosine_lr, optimizer_step, step_cosine_lr
@@ -75,6 +77,8 @@ def parse_args():
     ap.add_argument("--heldout", help="--feats: target_features.py's output for held-out prompts (--split heldout): the head's "
                                       "agreement on it at the start, every --eval_every steps and at the end, in the log")
     ap.add_argument("--vocab", type=int, default=8192, help="--feats, EAGLE-3: the draft vocabulary's size")
+    ap.add_argument("--vocab_file", help="--feats, EAGLE-3: the draft vocabulary a `specula draft-vocab` file lists (counted on "
+                                         "a corpus far larger than the replies) instead of the --vocab most frequent reply tokens")
     ap.add_argument("--heads", type=int, default=0, help="--feats: query heads of the head's attention (0: the target's)")
     ap.add_argument("--kv_heads", type=int, default=0, help="--feats: its KV heads (0: the target's)")
     ap.add_argument("--ffn", type=int, default=0, help="--feats: its FFN width (0: the target's)")
@@ -111,6 +115,8 @@ def parse_args():
         ap.error("--init_new_vocab and --init_grow_vocab re-choose an EAGLE-3 --init head's draft vocabulary")
     if a.init_new_vocab and a.init_grow_vocab:
         ap.error("--init_new_vocab or --init_grow_vocab, not both")
+    if a.vocab_file and (a.init or a.resume or a.kind != "eagle3" or not a.feats):
+        ap.error("--vocab_file chooses a new EAGLE-3 --feats head's draft vocabulary (an --init or --resume head has its own)")
     if a.init_grow_ffn and (not a.init or not a.ffn):
         ap.error("--init_grow_ffn widens an --init head's FFN to --ffn units: give both")
     if a.work and a.minutes is not None:
@@ -341,8 +347,8 @@ def read_features(a):
 
 def draft_vocabulary(a, counts, init, resumed):
     """The draft vocabulary d2t (target ids, ascending), a.vocab set to its size: the --init head's
-    (grown by --init_grow_vocab, re-chosen by --init_new_vocab), the resumed run's, or the --vocab
-    most frequent reply tokens."""
+    (grown by --init_grow_vocab, re-chosen by --init_new_vocab), the resumed run's, --vocab_file's,
+    or the --vocab most frequent reply tokens."""
     def by_count():  # reply tokens, most frequent first (ties: lower id)
         return sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
     chosen_here = a.init_grow_vocab or not ((init is not None and "d2t" in init) or (resumed is not None and "d2t" in resumed))
@@ -358,6 +364,10 @@ def draft_vocabulary(a, counts, init, resumed):
         d2t = init["d2t"]
     elif resumed is not None and "d2t" in resumed:
         d2t = resumed["d2t"]  # the head's output rows belong to this vocabulary, whatever the new data's counts
+    elif a.vocab_file:
+        d2t = torch.tensor(sorted(read_draft_vocab(a.vocab_file)))
+        if d2t[-1] >= len(counts):
+            sys.exit(f"train_eagle: error: {a.vocab_file} lists id {int(d2t[-1])}, beyond the target's {len(counts)} tokens")
     else:
         return torch.tensor(sorted(by_count()[:a.vocab]))
     a.vocab = len(d2t)
@@ -375,6 +385,16 @@ def head_config(a, target_config):
     return c
 
 
+def target_tensors(model, tied):
+    """The target's tensors a head starts from and reads: token embedding, output norm, and its
+    lm_head as "output.weight" (the token embedding again when tied, as SmolLM2's; Qwen2.5-Coder-1.5B
+    has its own)."""
+    w = load_gguf_tensors(model, ["token_embd.weight", "output_norm.weight"] + ([] if tied else ["output.weight"]))
+    if tied:
+        w["output.weight"] = w["token_embd.weight"]
+    return w
+
+
 def new_head(a, c, layers, w, d2t):
     """A fresh head started from the target's tensors w, and for EAGLE-1 the target's frozen output
     norm (None for EAGLE-3)."""
@@ -384,7 +404,7 @@ def new_head(a, c, layers, w, d2t):
             torch.nn.init.normal_(mod.weight, std=0.02)
     if a.kind == "eagle3":
         with torch.no_grad():  # lm_head and final norm start from the target's (rows of the draft vocabulary)
-            head.output.weight.copy_(w["token_embd.weight"][d2t])
+            head.output.weight.copy_(w["output.weight"][d2t])
             head.norm.weight.copy_(w["output_norm.weight"])
             # fc starts as "take the high tap": g begins in the target's own hidden space (a short CPU
             # budget gets far less out of a random fc)
@@ -457,7 +477,7 @@ def feature_batch(a, c, seqs):
     return x, feat, hfin, top_ids, top_p, valid
 
 
-def feature_loss(a, head, embd, target_norm, d2t, t2d, batch, train_mode=True):
+def feature_loss(a, head, embd, target_norm, target_lm_head, d2t, t2d, batch, train_mode=True):
     """unrolled_loss on a feature_batch: soft cross-entropy against the target's top-k over the draft
     vocabulary (EAGLE-1: plus the smooth L1 to the target's next state); (loss, top-1 agreement by step)."""
     x, feat, hfin, top_ids, top_p, valid = batch
@@ -483,7 +503,7 @@ def feature_loss(a, head, embd, target_norm, d2t, t2d, batch, train_mode=True):
     # and a sequence's first scored position is its first valid one.
     first_valid = valid.float().argmax(1).min().item()
     lo = max(0, min(first_valid - a.ttt_steps, x.shape[1] - 1 - a.ttt_steps))
-    return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ embd.weight.T, score, train_mode, lo)
+    return unrolled_loss(a, head, x, feat, embd, lambda out: target_norm(out) @ target_lm_head.T, score, train_mode, lo)
 
 
 def evaluate_heldout(a, log, heldout, step, make_batch, run):
@@ -527,13 +547,12 @@ def train_on_features(a, log):
 
     c = head_config(a, data["config"])
     ROPE_BASE[0] = c.rope_base
-    if not data["config"]["tie_embeddings"]:
-        sys.exit("train_eagle: error: expects a target with tied embeddings (its lm_head is token_embd)")
-    w = load_gguf_tensors(a.model, ["token_embd.weight", "output_norm.weight"])
+    w = target_tensors(a.model, data["config"]["tie_embeddings"])
     head, target_norm = new_head(a, c, layers, w, d2t)
     if init is not None:
         load_init_weights(a, head, c, init, d2t)
     embd = torch.nn.Embedding.from_pretrained(w["token_embd.weight"])  # frozen: the engine feeds the target's
+    target_lm_head = w["output.weight"]  # EAGLE-1's logits: the target's own (frozen)
     nparam = sum(p.numel() for p in head.parameters())
     print(f"{a.kind} head: {nparam / 1e6:.2f}M params", flush=True)
     opt = optimizer(a, head)
@@ -547,7 +566,7 @@ def train_on_features(a, log):
         return feature_batch(a, c, seqs)
 
     def run(batch, train_mode=True):
-        return feature_loss(a, head, embd, target_norm, d2t, t2d, batch, train_mode)
+        return feature_loss(a, head, embd, target_norm, target_lm_head, d2t, t2d, batch, train_mode)
 
     heldout = [] if not a.heldout else [s for s in torch.load(a.heldout, mmap=True)["seqs"] if s["split"] == "heldout"]
     if a.heldout and not heldout:
