@@ -26,7 +26,9 @@
 # 4 training  train_eagle.py --kind eagle3 on every training features file, the held-out chat
 #             replies' file scored every EVAL_EVERY steps, MINUTES of wall clock (cosine over them),
 #             the draft vocabulary WORK/draft-vocab.txt, TTT training-time-test steps (as deep as the
-#             trees the engine grows); a run cut short resumes from WORK/eagle3.pt (train_eagle.py
+#             trees the engine grows), an FFN of FFN units (the target's 8960 would cost a quarter more
+#             of every training step and draft level; train_eagle.py --init_grow_ffn widens a head
+#             later); a run cut short resumes from WORK/eagle3.pt (train_eagle.py
 #             --resume, a larger MINUTES extends it). Then the head exported (Q8_0, export_gguf.py)
 #             and its layers requantized to Q4_0, lm_head kept (requantize_gguf.py) ->
 #             WORK/qwen2.5-coder-1.5b-eagle3.gguf, for `specula generate --eagle3 FILE`.
@@ -55,7 +57,8 @@ CHUNK="${CHUNK:-200}"
 VOCAB_N="${VOCAB_N:-32768}"
 LAYERS="${LAYERS:-2,14,25}"  # llama.cpp's EAGLE-3 taps of a 28-layer target: 2, n/2, n-3
 MINUTES="${MINUTES:-60}"
-TTT="${TTT:-6}"
+TTT="${TTT:-5}"
+FFN="${FFN:-4096}"
 EVAL_EVERY="${EVAL_EVERY:-200}"
 STOP="${STOP:-}"
 case "$STOP" in ""|corpus|replies|features) ;; *) echo "make_qwen_coder_eagle3.sh: STOP is corpus, replies or features, not '$STOP'" >&2; exit 2 ;; esac
@@ -163,8 +166,8 @@ resume=()
 bf16=()
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16=(--bf16); fi
 timed training "$WORK/eagle3.pt" python3 "$HERE/train_eagle.py" --kind eagle3 "${feats[@]}" --model "$MODEL" --out "$WORK/eagle3.pt" \
-  --name qwen2.5-coder-1.5b-eagle3 --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --batch 4 --lr 1e-3 \
-  --warmup 20 --ttt_steps "$TTT" --save_every 25 --eval_every "$EVAL_EVERY" --heldout "$heldout" "${resume[@]}" "${bf16[@]}"
+  --name qwen2.5-coder-1.5b-eagle3 --log "$WORK/train_log.jsonl" --minutes "$MINUTES" --threads "$THREADS" --batch 4 --lr 2e-3 \
+  --warmup 20 --ttt_steps "$TTT" --ffn "$FFN" --save_every 25 --eval_every "$EVAL_EVERY" --heldout "$heldout" "${resume[@]}" "${bf16[@]}"
 python3 "$HERE/export_gguf.py" --kind eagle3 --ckpt "$WORK/eagle3.pt" --target "$MODEL" --out "$WORK/eagle3-q8_0.gguf" \
   --name qwen2.5-coder-1.5b-eagle3 --type q8_0
 python3 "$HERE/requantize_gguf.py" --input "$WORK/eagle3-q8_0.gguf" --output "$WORK/qwen2.5-coder-1.5b-eagle3.gguf"
