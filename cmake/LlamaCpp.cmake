@@ -73,8 +73,14 @@ endif()
 
 set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
 # ggml's RPC backend: `--device RPC[host:port]` runs the model on an rpc-server (tests/test_rpc.cpp).
+# Not in the demo's build (SPECULA_DEMO_BUILD, CMakeLists.txt), which runs on the local CPU; a
+# configuration without the demo's options (scripts/build.sh's) has it again as SPECULA_RPC says.
 option(SPECULA_RPC "build ggml's RPC backend and its rpc-server" ON)
-set(GGML_RPC ${SPECULA_RPC} CACHE BOOL "" FORCE)
+set(specula_rpc ${SPECULA_RPC})
+if(SPECULA_DEMO_BUILD)
+  set(specula_rpc OFF)
+endif()
+set(GGML_RPC ${specula_rpc} CACHE BOOL "" FORCE)
 set(GGML_NATIVE ON CACHE BOOL "")
 # specula links libllama and llama.cpp's common library (its chat layer, Jinja engine, cpp-httplib).
 set(LLAMA_BUILD_COMMON ON CACHE BOOL "" FORCE)
@@ -137,8 +143,9 @@ endif()
 # SPECULA_DEMO_BUILD (CMakeLists.txt: scripts/demo.sh's first build, where nothing decodes with
 # libllama: no tests and their LlamaPeer oracle, no benchmarks, no llama.cpp tools). specula runs of
 # libllama its vocabulary (loaded once, the tokenizer, a token's text per generated token) and its
-# grammar stacks (per token under a grammar): llama-vocab, unicode and llama-grammar stay at -O3.
-# The rest, the model builders, graph, KV caches, context, sampler, quantizer and loader, runs
+# grammar stacks (per token under a grammar): llama-vocab, unicode and llama-grammar at -O1, whose
+# calls per token take microseconds beside a forward pass's milliseconds, and which -O3 takes half
+# as long again to compile (unicode's regular expressions most). The rest, the model builders, graph, KV caches, context, sampler, quantizer and loader, runs
 # never or once per model: at -O0, in unity batches as llama.cpp builds its model builders (the
 # headers, most of a file's time at -O0, are then parsed once per batch). The common library, the
 # chat layer specula calls once per request, the same; without its downloader (left out above)
@@ -149,23 +156,37 @@ if(SPECULA_DEMO_BUILD)
   get_target_property(specula_llama_sources llama SOURCES)
   foreach(f ${specula_llama_hot})
     if(NOT "${f}" IN_LIST specula_llama_sources)
-      message(FATAL_ERROR "specula: libllama has no ${f} to keep at -O3 (cmake/LlamaCpp.cmake)")
+      message(FATAL_ERROR "specula: libllama has no ${f} to keep at -O1 (cmake/LlamaCpp.cmake)")
     endif()
   endforeach()
   target_compile_options(llama PRIVATE -O0)
-  # Sources with their own COMPILE_OPTIONS stay out of the unity batches.
+  # Sources with their own COMPILE_OPTIONS stay out of the unity batches. The batches: the core
+  # files (before the model builders) in batches of llama.cpp's 16, the model builders in batches
+  # of 50, as a model builder takes little more at -O0 than the headers every batch parses again.
+  set_target_properties(llama PROPERTIES UNITY_BUILD_MODE GROUP)
+  set(specula_unity_n 0)
   foreach(f ${specula_llama_sources})
     if(NOT f MATCHES "\\.cpp$")
       continue()
     endif()
     cmake_path(ABSOLUTE_PATH f BASE_DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" OUTPUT_VARIABLE path)
     if("${f}" IN_LIST specula_llama_hot)
-      set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY COMPILE_OPTIONS -O3)
+      set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY COMPILE_OPTIONS -O1)
     else()
+      if(specula_unity_n LESS 32)
+        math(EXPR batch "${specula_unity_n} / 16")
+      else()
+        math(EXPR batch "2 + (${specula_unity_n} - 32) / 50")
+      endif()
       set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY SKIP_UNITY_BUILD_INCLUSION OFF)
+      set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY UNITY_GROUP "batch_${batch}")
+      math(EXPR specula_unity_n "${specula_unity_n} + 1")
     endif()
   endforeach()
-  set_target_properties(llama-common PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 9)
+  # Batches of 27 files: the chat layer's files, its model-specific parsers and the common library's
+  # core share most of their templates (nlohmann/json, the PEG parser), instantiated once then; the
+  # rest (sampling, n-grams, the Jinja engine) in a second batch.
+  set_target_properties(llama-common PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 27)
   # json.cpp's own ordered_json (common_json) clashes with the other files' alias of nlohmann's.
   if(NOT EXISTS "${LLAMA_CPP_SOURCE_DIR}/common/json.cpp")
     message(FATAL_ERROR "specula: llama.cpp has no common/json.cpp (cmake/LlamaCpp.cmake)")
@@ -184,7 +205,7 @@ endif()
 
 # The rpc-server (target ggml-rpc-server, which test_rpc starts) is one of llama.cpp's tools: without
 # the others, its folder alone.
-if(SPECULA_RPC AND NOT SPECULA_LLAMA_TOOLS)
+if(specula_rpc AND NOT SPECULA_LLAMA_TOOLS)
   add_subdirectory("${LLAMA_CPP_SOURCE_DIR}/tools/rpc" "${CMAKE_BINARY_DIR}/llama.cpp/tools/rpc" EXCLUDE_FROM_ALL)
 endif()
 

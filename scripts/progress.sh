@@ -37,18 +37,23 @@ progress_step() {
   return 0
 }
 
-# progress_cmake NAME: reads a cmake build's output on stdin. Its "[ NN%] ..." lines drive the bar
-# on a terminal (and pass through as they are otherwise); every other line (warnings, errors, test
-# output) is printed as it comes.
+# progress_cmake NAME: reads a cmake build's output on stdin. Its progress lines, Make's "[ NN%] ..."
+# or Ninja's "[n/N] ...", drive the bar on a terminal (and pass through as they are otherwise);
+# every other line (warnings, errors, test output) is printed as it comes.
 progress_cmake() {
-  local line pct tty=0
+  local line pct label tty=0
   [ -t 2 ] && tty=1
   progress_start "$1" 100 "%"
   while IFS= read -r line; do
+    pct=""
     if [[ "$line" =~ ^\[\ *([0-9]+)%\]\ (.*)$ ]]; then
-      pct="${BASH_REMATCH[1]}"
+      pct="${BASH_REMATCH[1]}" label="${BASH_REMATCH[2]}"
+    elif [[ "$line" =~ ^\[([0-9]+)/([1-9][0-9]*)\]\ (.*)$ ]]; then
+      pct=$((BASH_REMATCH[1] * 100 / BASH_REMATCH[2])) label="${BASH_REMATCH[3]}"
+    fi
+    if [ -n "$pct" ]; then
       if [ $tty -eq 1 ]; then
-        progress_step "$pct" "${BASH_REMATCH[2]}"
+        progress_step "$pct" "$label"
       elif [ "${SPECULA_QUIET:-0}" != 1 ]; then
         echo "$line"
       fi

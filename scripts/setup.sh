@@ -6,7 +6,7 @@
 #   scripts/setup.sh --fuzz   also clang + libFuzzer (scripts/fuzz.sh)
 set -euo pipefail
 . "$(dirname "$0")/progress.sh"
-packages=(g++ cmake make git ca-certificates npm ccache libbenchmark-dev
+packages=(g++ cmake make ninja-build git ca-certificates npm ccache libbenchmark-dev
           nlohmann-json3-dev libcli11-dev python3-pip unzip)
 case "${1:-}" in
   "") ;;
