@@ -145,8 +145,8 @@ endif()
 # libllama its vocabulary (loaded once, the tokenizer, a token's text per generated token) and its
 # grammar stacks (per token under a grammar): llama-vocab, unicode and llama-grammar at -O1, whose
 # calls per token take microseconds beside a forward pass's milliseconds, and which -O3 takes half
-# as long again to compile (unicode's regular expressions most). The rest, the model builders, graph, KV caches, context, sampler, quantizer and loader, runs
-# never or once per model: at -O0, in unity batches as llama.cpp builds its model builders (the
+# as long again to compile (unicode's regular expressions most). The rest, the model builders,
+# graph, KV caches, context, sampler, quantizer and loader, runs never or once per model: at -O0, in unity batches as llama.cpp builds its model builders (the
 # headers, most of a file's time at -O0, are then parsed once per batch). The common library, the
 # chat layer specula calls once per request, the same; without its downloader (left out above)
 # nothing of it uses cpp-httplib, which is then not built. Both take less than half the compiler's
@@ -164,7 +164,8 @@ if(SPECULA_DEMO_BUILD)
   # files (before the model builders) in batches of llama.cpp's 16, the model builders in batches
   # of 50, as a model builder takes little more at -O0 than the headers every batch parses again.
   set_target_properties(llama PROPERTIES UNITY_BUILD_MODE GROUP)
-  set(specula_unity_n 0)
+  set(specula_core_n 0)
+  set(specula_models_n 0)
   foreach(f ${specula_llama_sources})
     if(NOT f MATCHES "\\.cpp$")
       continue()
@@ -173,14 +174,17 @@ if(SPECULA_DEMO_BUILD)
     if("${f}" IN_LIST specula_llama_hot)
       set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY COMPILE_OPTIONS -O1)
     else()
-      if(specula_unity_n LESS 32)
-        math(EXPR batch "${specula_unity_n} / 16")
+      if(path MATCHES "/src/models/[^/]+\\.cpp$")
+        math(EXPR batch "${specula_models_n} / 50")
+        set(group "models_${batch}")
+        math(EXPR specula_models_n "${specula_models_n} + 1")
       else()
-        math(EXPR batch "2 + (${specula_unity_n} - 32) / 50")
+        math(EXPR batch "${specula_core_n} / 16")
+        set(group "core_${batch}")
+        math(EXPR specula_core_n "${specula_core_n} + 1")
       endif()
       set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY SKIP_UNITY_BUILD_INCLUSION OFF)
-      set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY UNITY_GROUP "batch_${batch}")
-      math(EXPR specula_unity_n "${specula_unity_n} + 1")
+      set_property(SOURCE "${path}" DIRECTORY "${LLAMA_CPP_SOURCE_DIR}/src" PROPERTY UNITY_GROUP "${group}")
     endif()
   endforeach()
   # Batches of 27 files: the chat layer's files, its model-specific parsers and the common library's
